@@ -1,0 +1,1 @@
+"""rlver_jax: reinforcement learning with verifiable emotion rewards, in JAX."""

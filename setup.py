@@ -1,0 +1,32 @@
+"""rlver_jax: RL from verifiable emotion rewards for empathetic dialogue agents, in JAX."""
+
+import pathlib
+
+import setuptools
+
+_HERE = pathlib.Path(__file__).parent
+
+
+def _requirements() -> list[str]:
+    lines = (_HERE / "requirements.txt").read_text().splitlines()
+    return [l.strip() for l in lines if l.strip() and not l.startswith("#")]
+
+
+setuptools.setup(
+    name="rlver_jax",
+    version="0.1.0",
+    description="RLVER (RL with verifiable emotion rewards) in JAX/Flax.",
+    long_description=(_HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["rlver_jax", "rlver_jax.*"]),
+    package_data={"rlver_jax": ["simulator/data/*.jsonl", "simulator/prompts/*.txt"]},
+    install_requires=_requirements(),
+    extras_require={
+        # torch is only for the parity tests against transformers' PyTorch Qwen2 and the
+        # PyTorch baselines in benchmarks/; 2.13.0 is the CPU wheel this project pins.
+        "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0"],
+        # The simulator host serves an LLM with SGLang; the trainer never imports it.
+        "serve": ["sglang[all]>=0.4"],
+    },
+)
