@@ -1,0 +1,93 @@
+"""Qwen2 / Qwen2.5 model configuration and named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_REMAT = ("none", "full", "dots")
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen2Config:
+    """Architecture plus numerics of a Qwen2 decoder (hashable: usable as a static jit argument)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    tie_word_embeddings: bool
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+    initializer_range: float = 0.02
+    param_dtype: str = "float32"  # storage dtype of the parameters ("master weights")
+    dtype: str = "float32"  # compute dtype of matmuls; norms, softmax and logits stay fp32
+    remat: str = "none"  # none | full | dots (save only matmul outputs) per decoder layer
+    scan_layers: bool = False  # one scanned layer: compile time independent of depth
+    value_head: bool = False  # scalar value head on the final hidden state (PPO critic)
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        for field in ("param_dtype", "dtype"):
+            if getattr(self, field) not in _DTYPES:
+                raise ValueError(f"{field}={getattr(self, field)!r}; use one of {sorted(_DTYPES)}")
+        if self.remat not in _REMAT:
+            raise ValueError(f"remat={self.remat!r}; use one of {_REMAT}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def jnp_param_dtype(self):
+        return _DTYPES[self.param_dtype]
+
+    @property
+    def jnp_dtype(self):
+        return _DTYPES[self.dtype]
+
+    def replace(self, **changes) -> "Qwen2Config":
+        return dataclasses.replace(self, **changes)
+
+    def num_params(self) -> int:
+        """Parameter count (without the value head), for FLOP and memory estimates."""
+        d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = d * (self.num_heads + 2 * self.num_kv_heads) * h + (self.num_heads + 2 * self.num_kv_heads) * h
+        attn += self.num_heads * h * d
+        layer = attn + 3 * d * f + 2 * d
+        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        return self.vocab_size * d + self.num_layers * layer + d + head
+
+
+# Architecture numbers of the released checkpoints (see docs: rlver-facts.md).
+PRESETS: dict[str, Qwen2Config] = {
+    "qwen2.5-0.5b": Qwen2Config(
+        vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
+        intermediate_size=4864, tie_word_embeddings=True),
+    "qwen2.5-1.5b": Qwen2Config(
+        vocab_size=151936, hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2,
+        intermediate_size=8960, tie_word_embeddings=True),
+    "qwen2.5-7b": Qwen2Config(
+        vocab_size=152064, hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4,
+        intermediate_size=18944, tie_word_embeddings=False),
+    # CPU tests and the tiny training preset; vocab matches rlver_jax.tiny_tokenizer.
+    "tiny": Qwen2Config(
+        vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        intermediate_size=128, tie_word_embeddings=True, rope_theta=10_000.0,
+        max_position_embeddings=4096),
+}
+
+
+def get_preset(name: str, **overrides) -> Qwen2Config:
+    """A preset by name, with field overrides (e.g. dtype="bfloat16", scan_layers=True)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides)

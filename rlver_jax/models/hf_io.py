@@ -1,0 +1,311 @@
+"""Read and write Hugging Face Qwen2 checkpoints (config.json + safetensors).
+
+Loading streams tensor by tensor: each Hugging Face tensor is read, converted to our layout and,
+when shardings are given, placed on the mesh with `jax.make_array_from_callback`, so every device
+receives only its own shard and the host holds at most one (stacked, for scanned layers) tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from rlver_jax.models.config import Qwen2Config
+from rlver_jax.models.qwen2 import abstract_params
+
+Params = Any
+_SINGLE = "model.safetensors"
+_INDEX = "model.safetensors.index.json"
+_NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+class CheckpointError(ValueError):
+    """A Hugging Face checkpoint that cannot be loaded as a Qwen2 model."""
+
+
+def config_from_hf(hf: dict[str, Any], path: str = "config.json", **overrides) -> Qwen2Config:
+    """Our config from a Hugging Face Qwen2 `config.json` dict."""
+    model_type = hf.get("model_type")
+    if model_type != "qwen2":
+        raise CheckpointError(
+            f"{path}: model_type={model_type!r}, expected 'qwen2' (Qwen2/Qwen2.5 checkpoints only)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{path}: hidden_act={hf['hidden_act']!r}, expected 'silu'")
+    if hf.get("use_sliding_window", False):
+        raise CheckpointError(f"{path}: use_sliding_window=true is not supported")
+    try:
+        fields = dict(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+            num_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+            intermediate_size=hf["intermediate_size"],
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+            initializer_range=float(hf.get("initializer_range", 0.02)))
+    except KeyError as e:
+        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
+    scaling = hf.get("rope_scaling") or {}
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        raise CheckpointError(f"{path}: rope_scaling={scaling} is not supported")
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and head_dim != fields["hidden_size"] // fields["num_heads"]:
+        raise CheckpointError(f"{path}: head_dim={head_dim} differs from hidden_size/num_attention_heads")
+    fields.update(overrides)
+    return Qwen2Config(**fields)
+
+
+def config_to_hf(config: Qwen2Config, torch_dtype: str) -> dict[str, Any]:
+    """A Hugging Face `config.json` dict for `Qwen2ForCausalLM`."""
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "initializer_range": config.initializer_range,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": config.num_layers,
+        "attention_dropout": 0.0,
+        "use_cache": True,
+        "torch_dtype": torch_dtype,
+    }
+
+
+# --------------------------------------------------------------------------- name mapping
+# Each of our parameters is built from Hugging Face tensors by a `(hf_names, to_ours, to_hf)`
+# rule: `to_ours` maps the list of HF arrays to our array, `to_hf` maps back.
+
+
+def _layer_rules(config: Qwen2Config) -> dict[tuple[str, ...], tuple[str, Callable, Callable]]:
+    d, n, k, h = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    return {
+        ("input_norm", "scale"): ("input_layernorm.weight", lambda w: w, lambda w: w),
+        ("post_attn_norm", "scale"): ("post_attention_layernorm.weight", lambda w: w, lambda w: w),
+        ("attn", "q_kernel"): ("self_attn.q_proj.weight", lambda w: w.T.reshape(d, n, h), lambda w: w.reshape(d, n * h).T),
+        ("attn", "q_bias"): ("self_attn.q_proj.bias", lambda w: w.reshape(n, h), lambda w: w.reshape(n * h)),
+        ("attn", "k_kernel"): ("self_attn.k_proj.weight", lambda w: w.T.reshape(d, k, h), lambda w: w.reshape(d, k * h).T),
+        ("attn", "k_bias"): ("self_attn.k_proj.bias", lambda w: w.reshape(k, h), lambda w: w.reshape(k * h)),
+        ("attn", "v_kernel"): ("self_attn.v_proj.weight", lambda w: w.T.reshape(d, k, h), lambda w: w.reshape(d, k * h).T),
+        ("attn", "v_bias"): ("self_attn.v_proj.bias", lambda w: w.reshape(k, h), lambda w: w.reshape(k * h)),
+        ("attn", "o_kernel"): ("self_attn.o_proj.weight", lambda w: w.T.reshape(n, h, d), lambda w: w.reshape(n * h, d).T),
+        ("mlp", "gate_kernel"): ("mlp.gate_proj.weight", lambda w: w.T, lambda w: w.T),
+        ("mlp", "up_kernel"): ("mlp.up_proj.weight", lambda w: w.T, lambda w: w.T),
+        ("mlp", "down_kernel"): ("mlp.down_proj.weight", lambda w: w.T, lambda w: w.T),
+    }
+
+
+def _hf_expected_shape(name: str, config: Qwen2Config) -> tuple[int, ...]:
+    d, f, h = config.hidden_size, config.intermediate_size, config.head_dim
+    n, k, v = config.num_heads, config.num_kv_heads, config.vocab_size
+    suffix_shapes = {
+        "input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
+        "self_attn.q_proj.weight": (n * h, d), "self_attn.q_proj.bias": (n * h,),
+        "self_attn.k_proj.weight": (k * h, d), "self_attn.k_proj.bias": (k * h,),
+        "self_attn.v_proj.weight": (k * h, d), "self_attn.v_proj.bias": (k * h,),
+        "self_attn.o_proj.weight": (d, n * h),
+        "mlp.gate_proj.weight": (f, d), "mlp.up_proj.weight": (f, d), "mlp.down_proj.weight": (d, f),
+        "model.embed_tokens.weight": (v, d), "lm_head.weight": (v, d), "model.norm.weight": (d,),
+    }
+    key = name.split(".", 3)[-1] if name.startswith("model.layers.") else name
+    return suffix_shapes[key]
+
+
+def _param_plan(config: Qwen2Config) -> list[tuple[tuple[str, ...], list[str], Callable, Callable]]:
+    """(our path, HF tensor names, to_ours(list of arrays), to_hf(array) -> list of arrays)."""
+    plan = [
+        (("embed", "embedding"), ["model.embed_tokens.weight"], lambda ws: ws[0], lambda w: [w]),
+        (("final_norm", "scale"), ["model.norm.weight"], lambda ws: ws[0], lambda w: [w]),
+    ]
+    if not config.tie_word_embeddings:
+        plan.append((("lm_head",), ["lm_head.weight"], lambda ws: ws[0].T, lambda w: [w.T]))
+    layers = range(config.num_layers)
+    for sub, (hf_suffix, fwd, bwd) in _layer_rules(config).items():
+        names = [f"model.layers.{i}.{hf_suffix}" for i in layers]
+        if config.scan_layers:
+            plan.append((("layers",) + sub, names,
+                         lambda ws, fwd=fwd: np.stack([fwd(w) for w in ws]),
+                         lambda w, bwd=bwd: [bwd(x) for x in w]))
+        else:
+            for i, name in zip(layers, names):
+                plan.append(((f"layer_{i}",) + sub, [name],
+                             lambda ws, fwd=fwd: fwd(ws[0]), lambda w, bwd=bwd: [bwd(w)]))
+    return plan
+
+
+def _tree_get(tree, path):
+    for p in path:
+        tree = tree[p]
+    return tree
+
+
+def _tree_set(tree: dict, path, value) -> None:
+    for p in path[:-1]:
+        tree = tree.setdefault(p, {})
+    tree[path[-1]] = value
+
+
+class _TensorReader:
+    """Finds each tensor's safetensors file (single file or sharded index) and reads it."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        single, index = path / _SINGLE, path / _INDEX
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.file_of = {name: path / fname for name, fname in weight_map.items()}
+        elif single.exists():
+            with safe_open(str(single), "numpy") as f:
+                self.file_of = {name: single for name in f.keys()}
+        else:
+            raise CheckpointError(f"{path}: neither {_SINGLE} nor {_INDEX} found")
+        for fname in sorted(set(self.file_of.values())):
+            if not fname.exists():
+                raise CheckpointError(f"{fname}: listed in {index} but missing")
+        self._open: dict[pathlib.Path, Any] = {}
+
+    def read(self, name: str, expected_shape: tuple[int, ...]) -> np.ndarray:
+        if name not in self.file_of:
+            raise CheckpointError(f"{self.path}: tensor {name!r} not found in the checkpoint")
+        fname = self.file_of[name]
+        if fname not in self._open:
+            self._open[fname] = safe_open(str(fname), "numpy")
+        arr = self._open[fname].get_tensor(name)
+        if tuple(arr.shape) != tuple(expected_shape):
+            raise CheckpointError(
+                f"{fname}: tensor {name!r} has shape {tuple(arr.shape)}, config.json implies {expected_shape}")
+        return arr
+
+
+def load_pretrained(
+    path: str | os.PathLike,
+    dtype: str = "float32",
+    shardings: Params | None = None,
+    compute_dtype: str | None = None,
+    **config_overrides,
+) -> tuple[Qwen2Config, Params]:
+    """Load a Hugging Face Qwen2 directory as `(config, params)`.
+
+    dtype: parameter dtype to load into ("float32" or "bfloat16"); compute_dtype defaults to it.
+    shardings: optional pytree of
+    `jax.sharding.Sharding` matching the params; each tensor then goes straight to its shards.
+    config_overrides: other Qwen2Config fields (compute dtype, scan_layers, remat, value_head...).
+    A value head, when asked for, is initialised to zero (it is not part of HF checkpoints).
+    """
+    path = pathlib.Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"{cfg_file}: not found (expected a Hugging Face model directory)")
+    config = config_from_hf(json.loads(cfg_file.read_text()), str(cfg_file), param_dtype=dtype,
+                            dtype=compute_dtype or dtype, **config_overrides)
+    reader = _TensorReader(path)
+    np_dtype = _NP_DTYPES[dtype]
+    abstract = abstract_params(config)
+    params: dict = {}
+    for our_path, names, to_ours, _ in _param_plan(config):
+        arr = to_ours([reader.read(n, _hf_expected_shape(n, config)) for n in names]).astype(np_dtype)
+        expected = _tree_get(abstract, our_path).shape
+        assert arr.shape == expected, (our_path, arr.shape, expected)  # our own mapping, not input
+        _tree_set(params, our_path, _place(arr, None if shardings is None else _tree_get(shardings, our_path)))
+    if config.value_head:
+        for name in ("value_kernel", "value_bias"):
+            leaf = abstract[name]
+            sharding = None if shardings is None else shardings[name]
+            _tree_set(params, (name,), _place(np.zeros(leaf.shape, np.float32), sharding))
+    return config, params
+
+
+def _place(arr: np.ndarray, sharding) -> jax.Array:
+    if sharding is None:
+        return jnp.asarray(arr)
+    return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    """Gather a (possibly sharded, possibly multi-host) array to a host numpy array."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
+
+
+def save_pretrained(
+    config: Qwen2Config,
+    params: Params,
+    path: str | os.PathLike,
+    dtype: str | None = None,
+    max_shard_bytes: int = 5 * 1024**3,
+) -> pathlib.Path:
+    """Write a directory that `transformers.AutoModelForCausalLM.from_pretrained` loads.
+
+    Written atomically (a temporary sibling directory renamed into place), in `dtype` (default:
+    the parameter dtype), sharded with an index file above `max_shard_bytes`. The value head is
+    not part of a causal-LM checkpoint and is left out. In multi-host runs every process must call
+    this (arrays are gathered); only process 0 writes.
+    """
+    path = pathlib.Path(path)
+    dtype = dtype or config.param_dtype
+    np_dtype = _NP_DTYPES[dtype]
+    tensors: dict[str, np.ndarray] = {}
+    for our_path, names, _, to_hf in _param_plan(config):
+        arrays = to_hf(_to_host(_tree_get(params, our_path)))
+        for name, arr in zip(names, arrays):
+            tensors[name] = np.ascontiguousarray(np.asarray(arr).astype(np_dtype))
+    if jax.process_index() != 0:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config_to_hf(config, dtype), indent=2))
+        shards, current, size = [], {}, 0
+        for name, arr in tensors.items():
+            if current and size + arr.nbytes > max_shard_bytes:
+                shards.append(current)
+                current, size = {}, 0
+            current[name] = arr
+            size += arr.nbytes
+        shards.append(current)
+        metadata = {"format": "pt"}  # transformers refuses safetensors files without it
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / _SINGLE), metadata=metadata)
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards):
+                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / fname), metadata=metadata)
+                weight_map.update({name: fname for name in shard})
+            total = sum(a.nbytes for a in tensors.values())
+            (tmp / _INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path

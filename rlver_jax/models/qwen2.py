@@ -1,0 +1,311 @@
+"""Qwen2 / Qwen2.5 decoder in Flax linen, used functionally.
+
+Parameters are a plain nested-dict pytree; every function here is pure. Each parameter carries
+logical axis names (see `logical_axes`) so sharding is a table of rules elsewhere, never code here.
+
+Shape letters: B batch, T new tokens, S key/value slots (cache length or T), D model width,
+N query heads, K kv heads, G = N // K query heads per kv head, H head dim, F mlp width,
+V vocab, L layers.
+
+Attention masking is by slot: a query at slot q attends to slot s when s <= q and slot s holds a
+real token (`kv_mask`). Left-padded batches therefore need no special casing, and the same code
+serves a full forward (slots = the T tokens) and incremental decoding with a KV cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rlver_jax.models.config import Qwen2Config
+
+Params = Any  # nested dict of arrays
+_NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
+
+
+class KVCache(NamedTuple):
+    """Static-shape cache of keys and values for incremental decoding.
+
+    k, v: [L, B, S, K, H]; mask: [B, S] bool, slots that hold real tokens;
+    index: int32 scalar, the next slot to write (shared by all rows: batches are left-padded).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+    index: jax.Array
+
+
+def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> KVCache:
+    """An empty cache of `max_len` slots per row."""
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    dtype = dtype or config.jnp_dtype
+    return KVCache(
+        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+        mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
+
+
+def _param(module: nn.Module, name: str, shape, names, init):
+    cfg = module.config
+    return module.param(name, nn.with_logical_partitioning(init, names), shape, cfg.jnp_param_dtype)
+
+
+def _normal(config: Qwen2Config):
+    return nn.initializers.normal(config.initializer_range)
+
+
+class RMSNorm(nn.Module):
+    config: Qwen2Config
+
+    @nn.compact
+    def __call__(self, x):
+        scale = _param(self, "scale", (x.shape[-1],), ("norm",), nn.initializers.ones)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.config.rms_norm_eps)
+        return (y * scale.astype(jnp.float32)).astype(self.config.jnp_dtype)
+
+
+def rotary(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, half-split layout (as in Hugging Face Qwen2), computed in fp32."""
+    h = x_BTNH.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+    cos = jnp.cos(angles_BTh)[:, :, None, :]
+    sin = jnp.sin(angles_BTh)[:, :, None, :]
+    x = x_BTNH.astype(jnp.float32)
+    x1, x2 = x[..., : h // 2], x[..., h // 2:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BTNH.dtype)
+
+
+class Attention(nn.Module):
+    config: Qwen2Config
+
+    @nn.compact
+    def __call__(self, x_BTD, positions_BT, bias_BTS, layer_kv, index):
+        cfg = self.config
+        d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        dt = cfg.jnp_dtype
+        init = _normal(cfg)
+        wq = _param(self, "q_kernel", (d, n, h), ("embed", "heads", "head_dim"), init)
+        bq = _param(self, "q_bias", (n, h), ("heads", "head_dim"), nn.initializers.zeros)
+        wk = _param(self, "k_kernel", (d, k, h), ("embed", "kv_heads", "head_dim"), init)
+        bk = _param(self, "k_bias", (k, h), ("kv_heads", "head_dim"), nn.initializers.zeros)
+        wv = _param(self, "v_kernel", (d, k, h), ("embed", "kv_heads", "head_dim"), init)
+        bv = _param(self, "v_bias", (k, h), ("kv_heads", "head_dim"), nn.initializers.zeros)
+        wo = _param(self, "o_kernel", (n, h, d), ("heads", "head_dim", "embed"), init)
+
+        q = jnp.einsum("BTD,DNH->BTNH", x_BTD, wq.astype(dt)) + bq.astype(dt)
+        kk = jnp.einsum("BTD,DKH->BTKH", x_BTD, wk.astype(dt)) + bk.astype(dt)
+        vv = jnp.einsum("BTD,DKH->BTKH", x_BTD, wv.astype(dt)) + bv.astype(dt)
+        q = rotary(q, positions_BT, cfg.rope_theta)
+        kk = rotary(kk, positions_BT, cfg.rope_theta)
+
+        if layer_kv is None:  # no cache: the keys are exactly the new tokens
+            keys, values, new_kv = kk, vv, None
+        else:
+            cache_k, cache_v = layer_kv
+            keys = jax.lax.dynamic_update_slice(cache_k, kk.astype(cache_k.dtype), (0, index, 0, 0))
+            values = jax.lax.dynamic_update_slice(cache_v, vv.astype(cache_v.dtype), (0, index, 0, 0))
+            new_kv = (keys, values)
+            keys, values = keys.astype(dt), values.astype(dt)
+
+        b, t = x_BTD.shape[:2]
+        q_BTKGH = q.reshape(b, t, k, n // k, h)
+        logits = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, keys, preferred_element_type=jnp.float32)
+        logits = logits * (h ** -0.5) + bias_BTS[:, None, None, :, :]
+        probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+        out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, values).reshape(b, t, n, h)
+        return jnp.einsum("BTNH,NHD->BTD", out, wo.astype(dt)), new_kv
+
+
+class MLP(nn.Module):
+    config: Qwen2Config
+
+    @nn.compact
+    def __call__(self, x_BTD):
+        cfg = self.config
+        d, f, dt = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_dtype
+        init = _normal(cfg)
+        wg = _param(self, "gate_kernel", (d, f), ("embed", "mlp"), init)
+        wu = _param(self, "up_kernel", (d, f), ("embed", "mlp"), init)
+        wd = _param(self, "down_kernel", (f, d), ("mlp", "embed"), init)
+        gate = jnp.einsum("BTD,DF->BTF", x_BTD, wg.astype(dt))
+        up = jnp.einsum("BTD,DF->BTF", x_BTD, wu.astype(dt))
+        return jnp.einsum("BTF,FD->BTD", nn.silu(gate) * up, wd.astype(dt))
+
+
+class DecoderLayer(nn.Module):
+    config: Qwen2Config
+
+    @nn.compact
+    def __call__(self, x_BTD, positions_BT, bias_BTS, layer_kv, index):
+        attn_out, new_kv = Attention(self.config, name="attn")(
+            RMSNorm(self.config, name="input_norm")(x_BTD), positions_BT, bias_BTS, layer_kv, index)
+        x_BTD = x_BTD + attn_out
+        x_BTD = x_BTD + MLP(self.config, name="mlp")(RMSNorm(self.config, name="post_attn_norm")(x_BTD))
+        return x_BTD, new_kv
+
+
+def _layer_class(config: Qwen2Config):
+    if config.remat == "none":
+        return DecoderLayer
+    policy = None if config.remat == "full" else jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims
+    # index (arg 5 counting self) is a traced scalar, but layer_kv may be None: mark nothing static.
+    return nn.remat(DecoderLayer, policy=policy, prevent_cse=not config.scan_layers)
+
+
+class Qwen2(nn.Module):
+    """The decoder stack; `__call__` returns final-normed hidden states and the updated cache."""
+
+    config: Qwen2Config
+
+    def setup(self):
+        cfg = self.config
+        self.embed = nn.Embed(
+            cfg.vocab_size, cfg.hidden_size, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
+            embedding_init=nn.with_logical_partitioning(_normal(cfg), ("vocab", "embed")))
+        layer = _layer_class(cfg)
+        if cfg.scan_layers:
+            self.layers = nn.scan(
+                layer, variable_axes={"params": 0}, split_rngs={"params": True},
+                in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
+        else:
+            self.layers = [layer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
+        self.final_norm = RMSNorm(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = self.param(
+                "lm_head", nn.with_logical_partitioning(_normal(cfg), ("embed", "vocab")),
+                (cfg.hidden_size, cfg.vocab_size), cfg.jnp_param_dtype)
+        if cfg.value_head:
+            self.value_kernel = self.param(
+                "value_kernel", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                (cfg.hidden_size,), jnp.float32)
+            self.value_bias = self.param(
+                "value_bias", nn.with_logical_partitioning(nn.initializers.zeros, ()), (), jnp.float32)
+
+    def __call__(self, input_ids_BT, positions_BT, bias_BTS, cache_kv, index):
+        x = self.embed(input_ids_BT)
+        if self.config.scan_layers:
+            x, new_kv = self.layers(x, positions_BT, bias_BTS, cache_kv, index)
+        else:
+            new_kv = []
+            for i, layer in enumerate(self.layers):
+                layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
+                x, kv = layer(x, positions_BT, bias_BTS, layer_kv, index)
+                new_kv.append(kv)
+            new_kv = None if cache_kv is None else (
+                jnp.stack([kv[0] for kv in new_kv]), jnp.stack([kv[1] for kv in new_kv]))
+        return self.final_norm(x), new_kv
+
+    def logits(self, h_BTD):
+        """LM-head logits in fp32 (matmul in the compute dtype, fp32 accumulation)."""
+        dt = self.config.jnp_dtype
+        if self.config.tie_word_embeddings:
+            w_DV = self.embed.embedding.astype(dt).T
+        else:
+            w_DV = self.lm_head.astype(dt)
+        return jnp.einsum("BTD,DV->BTV", h_BTD.astype(dt), w_DV, preferred_element_type=jnp.float32)
+
+    def values(self, h_BTD):
+        """Scalar value per position in fp32 (PPO critic)."""
+        return jnp.einsum("BTD,D->BT", h_BTD.astype(jnp.float32), self.value_kernel) + self.value_bias
+
+
+# ----------------------------------------------------------------------------- functional API
+
+
+def _boxed_init(config: Qwen2Config, rng: jax.Array):
+    ids = jnp.zeros((1, 1), jnp.int32)
+    bias = jnp.zeros((1, 1, 1), jnp.float32)
+    return Qwen2(config).init(rng, ids, ids, bias, None, 0)["params"]
+
+
+def init_params(config: Qwen2Config, rng: jax.Array) -> Params:
+    """Random parameters (normal(initializer_range) kernels, zero biases, unit norms) as a plain pytree."""
+    return nn.meta.unbox(_boxed_init(config, rng))
+
+
+def abstract_params(config: Qwen2Config) -> Params:
+    """Shapes and dtypes of the parameters, without allocating them."""
+    return nn.meta.unbox(jax.eval_shape(lambda: _boxed_init(config, jax.random.key(0))))
+
+
+def logical_axes(config: Qwen2Config) -> Params:
+    """A PartitionSpec of logical axis names for every parameter (same tree as the params)."""
+    boxed = jax.eval_shape(lambda: _boxed_init(config, jax.random.key(0)))
+    return nn.get_partition_spec(boxed)
+
+
+def positions_from_mask(attention_mask_BT: jax.Array) -> jax.Array:
+    """Position ids that skip left padding: 0 at each row's first real token."""
+    return jnp.maximum(jnp.cumsum(attention_mask_BT.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def _slot_bias(q_slots_T: jax.Array, kv_mask_BS: jax.Array) -> jax.Array:
+    """Additive attention bias [B, T, S]: causal by slot, and only slots holding real tokens."""
+    s = kv_mask_BS.shape[-1]
+    allowed = (jnp.arange(s)[None, None, :] <= q_slots_T[None, :, None]) & kv_mask_BS[:, None, :]
+    return jnp.where(allowed, 0.0, _NEG_INF).astype(jnp.float32)
+
+
+def hidden_states(
+    config: Qwen2Config,
+    params: Params,
+    input_ids: jax.Array,
+    attention_mask: jax.Array | None = None,
+    position_ids: jax.Array | None = None,
+    cache: KVCache | None = None,
+) -> tuple[jax.Array, KVCache | None]:
+    """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
+
+    attention_mask [B, T]: 1 for real tokens, 0 for padding (default all ones). position_ids
+    default to `positions_from_mask(attention_mask)` without a cache; with a cache the caller
+    passes them (they continue each row's own count). With a cache the T new tokens are written
+    at slots [cache.index, cache.index + T).
+    """
+    b, t = input_ids.shape
+    if attention_mask is None:
+        attention_mask = jnp.ones((b, t), bool)
+    attention_mask = attention_mask.astype(bool)
+    if position_ids is None:
+        if cache is not None:
+            raise ValueError("position_ids are required when decoding with a cache")
+        position_ids = positions_from_mask(attention_mask)
+    model = Qwen2(config)
+    if cache is None:
+        bias = _slot_bias(jnp.arange(t), attention_mask)
+        h, _ = model.apply({"params": params}, input_ids, position_ids, bias, None, 0)
+        return h, None
+    kv_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
+    bias = _slot_bias(cache.index + jnp.arange(t), kv_mask)
+    h, (k, v) = model.apply({"params": params}, input_ids, position_ids, bias, (cache.k, cache.v), cache.index)
+    return h, KVCache(k=k, v=v, mask=kv_mask, index=cache.index + t)
+
+
+def logits_from_hidden(config: Qwen2Config, params: Params, h_BTD: jax.Array) -> jax.Array:
+    """fp32 logits [B, T, V] from hidden states."""
+    return Qwen2(config).apply({"params": params}, h_BTD, method=Qwen2.logits)
+
+
+def values_from_hidden(config: Qwen2Config, params: Params, h_BTD: jax.Array) -> jax.Array:
+    """fp32 scalar values [B, T] from hidden states; needs config.value_head."""
+    if not config.value_head:
+        raise ValueError("this model has no value head; build the critic with value_head=True")
+    return Qwen2(config).apply({"params": params}, h_BTD, method=Qwen2.values)
+
+
+def forward(
+    config: Qwen2Config,
+    params: Params,
+    input_ids: jax.Array,
+    attention_mask: jax.Array | None = None,
+    position_ids: jax.Array | None = None,
+) -> jax.Array:
+    """Logits [B, T, V] in fp32 for a (possibly left-padded) batch, as transformers' Qwen2ForCausalLM."""
+    h, _ = hidden_states(config, params, input_ids, attention_mask, position_ids)
+    return logits_from_hidden(config, params, h)
