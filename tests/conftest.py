@@ -11,6 +11,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 
+pytest_plugins = ["tests.fixtures_tokenizer"]
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data" / "rlver"
 

@@ -1,0 +1,246 @@
+"""Tests for rlver_jax.chat: exact ChatML ids, the policy-token mask, think-then-say parsing.
+
+The reference is the tokenizer's own `apply_chat_template` on the tiny tokenizer. Where the two
+cannot agree, a test below shows the difference and why ours is the sequence the policy sees:
+`test_assistant_content_starting_with_newline` and `test_control_token_text_stays_text`.
+"""
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from rlver_jax import chat
+
+CONVERSATIONS = {
+    "english_with_system": [
+        {"role": "system", "content": "You are a warm, caring friend."},
+        {"role": "user", "content": "My boss yelled at me in front of everyone."},
+        {"role": "assistant", "content": "That sounds really hard. I'm here for you."},
+        {"role": "user", "content": "Thanks... I just feel so tired."},
+        {"role": "assistant", "content": "It's okay to rest. You've worked so hard!"},
+    ],
+    "chinese_without_system": [
+        {"role": "user", "content": "今天工作好累，我真的撑不住了。"},
+        {"role": "assistant", "content": "听起来真的很难，我一直都在。"},
+        {"role": "user", "content": "谢谢你 😊"},
+        {"role": "assistant", "content": "休息一下也没关系 🌙，你已经很努力了。"},
+    ],
+    "think_mode": [
+        {"role": "system", "content": "先在<think></think>里思考，再回复。"},
+        {"role": "user", "content": "我们吵架了，她不回我的消息。"},
+        {
+            "role": "assistant",
+            "content": "<think>\n她很难过，我先安慰她。\n</think>\n\n这一定让你很难受。",
+        },
+    ],
+    "whitespace_and_empty": [
+        {"role": "system", "content": ""},
+        {"role": "user", "content": "\n\nline one\n\n  line two  \n"},
+        {"role": "assistant", "content": "  spaced reply\n\nwith a blank line  "},
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": ""},
+    ],
+    "ends_with_user": [
+        {"role": "user", "content": "How are you feeling right now?"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer_dir):  # noqa: F811
+    return chat.load_tokenizer(tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def chat_tokens(tokenizer):
+    return chat.ChatTokens.from_tokenizer(tokenizer)
+
+
+def _masked_runs(tokenizer, ids, mask):
+    """Decodes each maximal run of masked tokens."""
+    runs, run = [], []
+    for token, m in zip(ids + [None], mask + [0]):
+        if m:
+            run.append(token)
+        elif run:
+            runs.append(tokenizer.decode(run))
+            run = []
+    return runs
+
+
+def test_chat_tokens(tokenizer, chat_tokens):
+    assert (chat_tokens.im_start, chat_tokens.im_end, chat_tokens.end_of_text) == (510, 511, 509)
+    assert tokenizer.decode(list(chat_tokens.newline)) == "\n"
+    for role in chat.ROLES:
+        header = chat_tokens.header(role)
+        assert tokenizer.decode(list(header)) == f"<|im_start|>{role}\n"
+    assert chat.generation_prompt_ids(tokenizer) == list(chat_tokens.assistant_header)
+    with pytest.raises(ValueError, match="unsupported chat role 'tool'"):
+        chat_tokens.header("tool")
+
+
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("add_generation_prompt", [False, True])
+def test_matches_apply_chat_template(tokenizer, chat_tokens, name, add_generation_prompt):
+    messages = CONVERSATIONS[name]
+    ids, mask = chat.conversation_ids(
+        chat_tokens, messages, add_generation_prompt=add_generation_prompt
+    )
+    reference = tokenizer.apply_chat_template(
+        messages,
+        tokenize=True,
+        add_generation_prompt=add_generation_prompt,
+        return_assistant_tokens_mask=True,
+    )
+    assert ids == reference["input_ids"]
+    # The tiny template marks assistant content + <|im_end|> as a `generation` block.
+    assert mask == reference["assistant_masks"]
+    # Decoding: the masked tokens are exactly each assistant content plus its <|im_end|>.
+    expected = [m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant"]
+    assert _masked_runs(tokenizer, ids, mask) == expected
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    # A tokenizer works in place of ChatTokens.
+    assert chat.conversation_ids(
+        tokenizer, messages, add_generation_prompt=add_generation_prompt
+    ) == (ids, mask)
+
+
+def test_rollout_assembly_equals_conversation(tokenizer, chat_tokens):
+    """A dialogue built turn by turn from sampled ids equals the whole conversation's ids."""
+    messages = CONVERSATIONS["english_with_system"]
+    ids, mask = chat.conversation_ids(chat_tokens, messages[:2], add_generation_prompt=True)
+    for message in messages[2:]:
+        if message["role"] == "assistant":
+            # What a sampler that stopped on <|im_end|> returns.
+            sampled = tokenizer.encode(message["content"], add_special_tokens=False)
+            turn_ids, turn_mask = chat.assistant_turn_ids(chat_tokens, sampled + [511])
+        else:
+            turn_ids, turn_mask = chat.encode_message(chat_tokens, "user", message["content"])
+            prompt = chat.generation_prompt_ids(chat_tokens)
+            turn_ids, turn_mask = turn_ids + prompt, turn_mask + [0] * len(prompt)
+        ids, mask = ids + turn_ids, mask + turn_mask
+    # The final assistant turn was preceded by its prompt, so this is the full conversation.
+    assert (ids, mask) == chat.conversation_ids(chat_tokens, messages)
+
+
+def test_sampled_ids_are_kept_exactly(tokenizer, chat_tokens):
+    """Non-canonical sampled tokens stay as sampled; re-tokenising the text would change them."""
+    text = "你好"
+    # One token per byte: a valid sample whose decoding re-tokenises to fewer, merged tokens.
+    sampled = [tokenizer.convert_tokens_to_ids(c) for c in "".join(tokenizer.tokenize(text))]
+    assert tokenizer.decode(sampled) == text
+    assert tokenizer.encode(text, add_special_tokens=False) != sampled
+    ids, mask = chat.assistant_turn_ids(chat_tokens, sampled + [511])
+    assert ids == sampled + [511] + list(chat_tokens.newline)
+    assert mask == [1] * (len(sampled) + 1) + [0]
+
+
+def test_assistant_turn_cut_before_stop(chat_tokens):
+    """A turn cut at the token limit is closed by the template's <|im_end|>, which is masked 0."""
+    ids, mask = chat.assistant_turn_ids(chat_tokens, [40, 41, 42])
+    assert ids == [40, 41, 42, 511, *chat_tokens.newline]
+    assert mask == [1, 1, 1, 0] + [0] * len(chat_tokens.newline)
+    with pytest.raises(ValueError, match="before their last position"):
+        chat.assistant_turn_ids(chat_tokens, [40, 511, 42, 511])
+
+
+def test_assistant_content_starting_with_newline(tokenizer, chat_tokens):
+    """Documented disagreement 1: assistant content that starts with a newline.
+
+    The policy samples after the generation prompt's "\\n" token, so its content starts a new
+    token. The template renders "assistant\\n\\nHi" as one text and the Qwen2 pre-tokeniser
+    joins the two newlines into one token. Both decode to the same text; ours is the exact
+    sequence the policy sees and samples. System and user contents agree (encoded with their
+    header, as the template does).
+    """
+    messages = [{"role": "user", "content": "\nhi"}, {"role": "assistant", "content": "\nHi"}]
+    ids, mask = chat.conversation_ids(chat_tokens, messages)
+    reference = tokenizer.apply_chat_template(messages, tokenize=True)["input_ids"]
+    assert ids != reference
+    assert tokenizer.decode(ids) == tokenizer.decode(reference)
+    # The user message still agrees; the difference starts in the assistant's header.
+    user_ids, _ = chat.encode_message(chat_tokens, "user", "\nhi")
+    assert reference[: len(user_ids)] == user_ids
+    header = list(chat_tokens.assistant_header)
+    start = len(user_ids)
+    assert ids[start : start + len(header)] == header
+    assert reference[start : start + len(header)] != header  # "\n\n" merged into one token
+    assert _masked_runs(tokenizer, ids, mask) == ["\nHi<|im_end|>"]
+
+
+def test_control_token_text_stays_text(tokenizer, chat_tokens):
+    """Documented disagreement 2: content that spells a control token.
+
+    We encode such text as text (apply_chat_template's sanitize_control_tokens=True does the
+    same); the default template tokenisation would make it a real <|im_end|>.
+    """
+    messages = [
+        {"role": "user", "content": "what does <|im_end|> mean?"},
+        {"role": "assistant", "content": "It ends a turn: <|im_end|>"},
+    ]
+    ids, mask = chat.conversation_ids(chat_tokens, messages)
+    sanitized = tokenizer.apply_chat_template(messages, sanitize_control_tokens=True)
+    assert ids == sanitized["input_ids"]
+    default = tokenizer.apply_chat_template(messages)["input_ids"]
+    assert default.count(511) == ids.count(511) + 2
+    assert ids.count(511) == 2  # Only the two turn ends.
+    assert _masked_runs(tokenizer, ids, mask) == ["It ends a turn: <|im_end|><|im_end|>"]
+
+
+def test_bad_role(chat_tokens):
+    with pytest.raises(ValueError, match="unsupported chat role 'tool'"):
+        chat.conversation_ids(chat_tokens, [{"role": "tool", "content": "{}"}])
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["今天工作好累，我真的撑不住了。", "谢谢 😊🙏🏽 👨‍👩‍👧", "mixed 中文 and English\n\n再见！"],
+)
+def test_round_trip_through_message(tokenizer, chat_tokens, text):
+    for role in chat.ROLES:
+        ids, _ = chat.encode_message(chat_tokens, role, text)
+        assert tokenizer.decode(ids) == f"<|im_start|>{role}\n{text}<|im_end|>\n"
+
+
+def test_load_tokenizer_errors(tmp_path):
+    missing = tmp_path / "no_such_dir"
+    with pytest.raises(FileNotFoundError, match="no_such_dir.*build_tiny_tokenizer"):
+        chat.load_tokenizer(missing)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="could not load a tokenizer from .*empty"):
+        chat.load_tokenizer(empty)
+    # A valid tokenizer directory without the ChatML special tokens.
+    backend = Tokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    plain = tmp_path / "plain"
+    PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(plain)
+    assert AutoTokenizer.from_pretrained(plain) is not None
+    with pytest.raises(ValueError, match=r"plain.*lacks the ChatML special tokens.*im_start"):
+        chat.load_tokenizer(plain)
+
+
+def test_load_tokenizer_accepts_str(tiny_tokenizer_dir):  # noqa: F811
+    tokenizer = chat.load_tokenizer(str(tiny_tokenizer_dir))
+    assert tokenizer.eos_token_id == 511
+
+
+@pytest.mark.parametrize(
+    "text, think, expected",
+    [
+        ("<think>she is sad</think>  I'm here. ", True, ("she is sad", "I'm here.", True)),
+        ("\n<think>\n想一想\n</think>\n\n别担心，我在。", True, ("想一想", "别担心，我在。", True)),
+        ("no opening tag</think>reply", True, ("no opening tag", "reply", True)),
+        ("<think>a</think>b</think>c", True, ("a", "b</think>c", True)),
+        ("<think>never closed, reply lost", True, ("never closed, reply lost", "", False)),
+        ("<think>thought</think>   \n", True, ("thought", "", False)),
+        ("plain reply without tags", True, ("plain reply without tags", "", False)),
+        ("", True, ("", "", False)),
+        ("  just talk <think>kept</think> \n", False, ("", "just talk <think>kept</think>", True)),
+        (" \n ", False, ("", "", False)),
+    ],
+)
+def test_split_think(text, think, expected):
+    assert chat.split_think(text, think=think) == chat.ThinkSplit(*expected)

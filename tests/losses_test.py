@@ -1,0 +1,260 @@
+"""Tests for rlver_jax.rl.losses against plain numpy loops and hand-computed values."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlver_jax.rl import losses
+
+
+@pytest.fixture(autouse=True)
+def _strict_ranks():
+    with jax.numpy_rank_promotion("raise"):
+        yield
+
+
+def random_policy_mask(rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
+    """Rows of alternating user (0) / assistant (1) segments, each with its own padded length."""
+    mask = np.zeros((batch, length), np.float32)
+    for b in range(batch):
+        row_len = rng.integers(length // 2, length + 1)
+        t, policy = 0, False
+        while t < row_len:
+            seg = int(rng.integers(1, 6))
+            mask[b, t : min(t + seg, row_len)] = float(policy)
+            t, policy = t + seg, not policy
+    return mask
+
+
+def _random_policy_inputs(seed: int, batch: int = 5, length: int = 40):
+    rng = np.random.default_rng(seed)
+    mask = random_policy_mask(rng, batch, length)
+    old = -rng.uniform(0.1, 4.0, size=mask.shape).astype(np.float32)
+    new = (old + rng.normal(size=mask.shape) * 0.8).astype(np.float32)
+    advantages = rng.normal(size=mask.shape).astype(np.float32)
+    return new, old, advantages, mask
+
+
+def numpy_ppo(new, old, advantages, lo, hi, dual):
+    """Reference, written per sign of A: pessimistic clip, then the dual bound for A < 0."""
+    loss = np.zeros(new.shape, np.float64)
+    clipped = np.zeros(new.shape, bool)
+    dual_hit = np.zeros(new.shape, bool)
+    for idx in np.ndindex(new.shape):
+        a = float(advantages[idx])
+        r = np.exp(float(new[idx]) - float(old[idx]))
+        if a >= 0:
+            loss[idx] = -a * min(r, 1 + hi)
+            clipped[idx] = a > 0 and r > 1 + hi
+        else:
+            loss[idx] = -a * max(r, 1 - lo)
+            clipped[idx] = r < 1 - lo
+            if dual is not None and loss[idx] > -a * dual:
+                loss[idx] = -a * dual
+                dual_hit[idx] = True
+    return loss, clipped, dual_hit
+
+
+@pytest.mark.parametrize("lo,hi,dual", [(0.2, 0.2, None), (0.2, 0.28, 3.0), (0.1, 0.3, 1.5)])
+def test_ppo_policy_loss_matches_numpy(lo, hi, dual):
+    new, old, advantages, mask = _random_policy_inputs(0)
+    loss, metrics = losses.ppo_policy_loss(
+        new, old, advantages, mask, clip_eps_low=lo, clip_eps_high=hi, dual_clip=dual
+    )
+    want, clipped, dual_hit = numpy_ppo(new, old, advantages, lo, hi, dual)
+    np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-5)
+    sel = mask > 0
+    assert 0 < clipped[sel].mean() < 1
+    np.testing.assert_allclose(metrics["clip_frac"], clipped[sel].mean(), atol=1e-6)
+    log_ratio = (new - old).astype(np.float64)[sel]
+    np.testing.assert_allclose(
+        metrics["approx_kl"], np.mean(np.exp(log_ratio) - 1 - log_ratio), rtol=1e-5
+    )
+    if dual is None:
+        assert "dual_clip_frac" not in metrics
+    else:
+        assert dual_hit[sel].any()
+        np.testing.assert_allclose(metrics["dual_clip_frac"], dual_hit[sel].mean(), atol=1e-6)
+
+
+def test_ppo_golden():
+    # eps 0.2, dual clip 3:
+    #   A=2,  rho=1.5: max(-3, -2.4) = -2.4        A=-1, rho=4:   max(4, 1.2) = 4 -> dual 3
+    #   A=1,  rho=4:   max(-4, -1.2) = -1.2        A=-1, rho=0.5: max(0.5, 0.8) = 0.8
+    #   A=-1, rho=2:   max(2, 1.2) = 2 (< 3, dual bound not reached)
+    ratio = np.array([[1.5, 4.0, 4.0, 0.5, 2.0]], np.float32)
+    advantages = np.array([[2.0, -1.0, 1.0, -1.0, -1.0]], np.float32)
+    old = np.full_like(ratio, -1.0)
+    loss, metrics = losses.ppo_policy_loss(
+        old + np.log(ratio), old, advantages, np.ones_like(ratio), dual_clip=3.0
+    )
+    np.testing.assert_allclose(loss, [[-2.4, 3.0, -1.2, 0.8, 2.0]], rtol=1e-5)
+    # Clipped branch taken for tokens 0, 2, 3 (token 1 is bounded by the dual clip instead).
+    np.testing.assert_allclose(metrics["clip_frac"], 3 / 5, atol=1e-6)
+    np.testing.assert_allclose(metrics["dual_clip_frac"], 1 / 5, atol=1e-6)
+
+
+def test_dual_clip_only_for_negative_advantages():
+    # Huge ratio: the plain clip bounds a positive-advantage token but not a negative one.
+    ratio = np.array([[20.0, 20.0]], np.float32)
+    advantages = np.array([[1.0, -1.0]], np.float32)
+    old = np.full_like(ratio, -2.0)
+    args = (old + np.log(ratio), old, advantages, np.ones_like(ratio))
+    plain, _ = losses.ppo_policy_loss(*args)
+    dual, _ = losses.ppo_policy_loss(*args, dual_clip=3.0)
+    np.testing.assert_allclose(plain, [[-1.2, 20.0]], rtol=1e-5)
+    np.testing.assert_allclose(dual, [[-1.2, 3.0]], rtol=1e-5)
+    with pytest.raises(ValueError, match="dual_clip"):
+        losses.ppo_policy_loss(*args, dual_clip=1.0)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean"])
+def test_ppo_gradient_at_ratio_one(mode):
+    _, old, advantages, mask = _random_policy_inputs(1)
+
+    def objective(logprobs):
+        per_token, _ = losses.ppo_policy_loss(logprobs, old, advantages, mask, dual_clip=3.0)
+        return losses.aggregate_loss(per_token, mask, mode)
+
+    grad = np.asarray(jax.grad(objective)(jnp.asarray(old)))
+    if mode == "token_mean":
+        weight = mask / mask.sum()
+    else:
+        weight = mask / mask.sum(axis=1, keepdims=True) / mask.shape[0]
+    # Descending the loss raises log-probs of positive-advantage tokens.
+    np.testing.assert_allclose(grad, -advantages * weight, rtol=1e-5, atol=1e-7)
+
+
+def numpy_value_loss(values, old_values, returns, clip_range):
+    loss = np.zeros(values.shape, np.float64)
+    for idx in np.ndindex(values.shape):
+        v, v_old, ret = float(values[idx]), float(old_values[idx]), float(returns[idx])
+        v_clip = v_old + min(max(v - v_old, -clip_range), clip_range)
+        loss[idx] = 0.5 * max((v - ret) ** 2, (v_clip - ret) ** 2)
+    return loss
+
+
+def test_value_loss_matches_numpy_and_golden():
+    rng = np.random.default_rng(2)
+    mask = random_policy_mask(rng, 4, 30)
+    old_values = rng.normal(size=mask.shape).astype(np.float32)
+    values = (old_values + rng.normal(size=mask.shape) * 0.5).astype(np.float32)
+    returns = rng.normal(size=mask.shape).astype(np.float32)
+    loss, metrics = losses.value_loss(values, old_values, returns, mask, clip_range=0.2)
+    np.testing.assert_allclose(loss, numpy_value_loss(values, old_values, returns, 0.2),
+                               rtol=1e-5, atol=1e-6)
+    assert 0 < float(metrics["vf_clip_frac"]) < 1
+
+    # old 0, new 1, return 2, clip 0.2: unclipped (1-2)^2 = 1, clipped (0.2-2)^2 = 3.24 -> 1.62.
+    # old 0, new 1, return 0: unclipped 1, clipped 0.04 -> 0.5.
+    loss, metrics = losses.value_loss(
+        np.array([[1.0, 1.0]]), np.zeros((1, 2)), np.array([[2.0, 0.0]]), np.ones((1, 2)),
+        clip_range=0.2,
+    )
+    np.testing.assert_allclose(loss, [[1.62, 0.5]], rtol=1e-5)
+    np.testing.assert_allclose(metrics["vf_clip_frac"], 0.5)
+
+
+def test_entropy_from_logits():
+    rng = np.random.default_rng(3)
+    logits = (rng.normal(size=(2, 3, 11)) * 4).astype(np.float32)
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    got = losses.entropy_from_logits(jnp.asarray(logits, jnp.bfloat16))
+    assert got.dtype == jnp.float32 and got.shape == (2, 3)
+    np.testing.assert_allclose(losses.entropy_from_logits(logits), -(p * np.log(p)).sum(-1),
+                               rtol=1e-5)
+    # Uniform over V gives log V, even for huge logits.
+    np.testing.assert_allclose(losses.entropy_from_logits(np.full((4,), 1e4)), np.log(4), rtol=1e-6)
+
+
+def test_entropy_with_masked_vocabulary_is_finite():
+    logits = jnp.array([0.0, 0.0, -jnp.inf, -jnp.inf])
+    np.testing.assert_allclose(losses.entropy_from_logits(logits), np.log(2), rtol=1e-6)
+    grad = jax.grad(losses.entropy_from_logits)(jnp.array([0.3, -0.2, -jnp.inf]))
+    assert np.all(np.isfinite(grad))
+
+
+def test_kl_estimators_formulas():
+    logp = np.array([-1.0, -2.0, -0.5], np.float32)
+    ref = np.array([-1.5, -2.0, -0.1], np.float32)
+    np.testing.assert_allclose(losses.kl_divergence(logp, ref, "k1"), logp - ref, rtol=1e-6)
+    d = (ref - logp).astype(np.float64)
+    np.testing.assert_allclose(losses.kl_divergence(logp, ref, "k3"), np.exp(d) - d - 1,
+                               rtol=1e-5, atol=1e-7)
+    assert set(losses.KL_ESTIMATORS) == {"k1", "k3"}
+    with pytest.raises(ValueError, match="k1"):
+        losses.kl_divergence(logp, ref, "k2")
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_estimators_are_unbiased(estimator):
+    # E_{x ~ pi}[k(x)] = KL(pi || ref), computed exactly by enumerating a small vocabulary.
+    rng = np.random.default_rng(4)
+    logp = np.log(rng.dirichlet(np.ones(6)))
+    ref = np.log(rng.dirichlet(np.ones(6)))
+    per_token = np.asarray(losses.kl_divergence(logp, ref, estimator), np.float64)
+    exact = np.sum(np.exp(logp) * (logp - ref))
+    np.testing.assert_allclose(np.sum(np.exp(logp) * per_token), exact, rtol=1e-5)
+
+
+def test_apply_kl_penalty():
+    rng = np.random.default_rng(5)
+    mask = random_policy_mask(rng, 3, 20)
+    rewards = (rng.normal(size=mask.shape) * mask).astype(np.float32)
+    logp = -rng.uniform(0.1, 3, size=mask.shape).astype(np.float32)
+    ref = -rng.uniform(0.1, 3, size=mask.shape).astype(np.float32)
+    got = losses.apply_kl_penalty(rewards, logp, ref, mask, coef=0.1, estimator="k3")
+    d = (ref - logp).astype(np.float64)
+    np.testing.assert_allclose(got, rewards - 0.1 * (np.exp(d) - d - 1) * mask, rtol=1e-5,
+                               atol=1e-6)
+    grad = jax.grad(lambda lp: losses.apply_kl_penalty(rewards, lp, ref, mask, coef=0.1).sum())(
+        jnp.asarray(logp)
+    )
+    np.testing.assert_array_equal(grad, np.zeros_like(logp))
+
+
+def test_aggregate_loss_modes():
+    rng = np.random.default_rng(6)
+    mask = random_policy_mask(rng, 4, 25)
+    mask[2] = 0.0  # a padding row without policy tokens
+    x = rng.normal(size=mask.shape).astype(np.float32)
+    total, count = 0.0, 0
+    seq_means = []
+    for b in range(4):
+        for t in range(25):
+            if mask[b, t]:
+                total, count = total + float(x[b, t]), count + 1
+        if mask[b].any():
+            seq_means.append(np.mean(x[b][mask[b] > 0]))
+    np.testing.assert_allclose(losses.aggregate_loss(x, mask, "token_mean"), total / count,
+                               rtol=1e-5)
+    np.testing.assert_allclose(losses.aggregate_loss(x, mask > 0, "seq_mean_token_mean"),
+                               np.mean(seq_means), rtol=1e-5)
+    with pytest.raises(ValueError, match="seq_mean_token_mean"):
+        losses.aggregate_loss(x, mask, "seq_sum")
+
+
+def test_losses_jit():
+    new, old, advantages, mask = _random_policy_inputs(7)
+
+    @functools.partial(jax.jit, static_argnames="mode")
+    def total_loss(new, old, advantages, mask, mode):
+        pg, metrics = losses.ppo_policy_loss(new, old, advantages, mask, dual_clip=3.0)
+        vf, _ = losses.value_loss(new, old, advantages, mask, clip_range=0.2)
+        kl = losses.kl_divergence(new, old, "k3")
+        per_token = pg + 0.5 * vf + 0.01 * kl
+        return losses.aggregate_loss(per_token, mask, mode), metrics
+
+    for mode in losses.AGG_MODES:
+        got, metrics = total_loss(new, old, advantages, mask, mode)
+        pg, want_metrics = losses.ppo_policy_loss(new, old, advantages, mask, dual_clip=3.0)
+        vf, _ = losses.value_loss(new, old, advantages, mask, clip_range=0.2)
+        want = losses.aggregate_loss(pg + 0.5 * vf + 0.01 * (np.exp(old - new) - (old - new) - 1),
+                                     mask, mode)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+        np.testing.assert_allclose(metrics["clip_frac"], want_metrics["clip_frac"])
