@@ -1,0 +1,64 @@
+"""Checkpoints of the whole train state with orbax: save every N steps, keep K, resume exactly.
+
+A checkpoint holds the TrainState pytree (actor, critic, optimizer states, step, RNG) and a JSON
+record of host-side progress (the data cursor, the profile sampler's RNG state, anything else the
+loop needs to continue exactly where it stopped). Orbax writes each step into a temporary
+directory and renames it when complete, so a crash never leaves a half-written checkpoint that
+looks finished.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+def make_manager(directory: str | os.PathLike, *, save_every: int, keep: int,
+                 async_save: bool = True) -> ocp.CheckpointManager:
+    """A manager for `directory` (created if missing) that saves every `save_every` steps."""
+    if save_every < 1 or keep < 1:
+        raise ValueError(f"config.checkpoint.save_every={save_every} and keep={keep} must both be >= 1")
+    options = ocp.CheckpointManagerOptions(
+        save_interval_steps=save_every, max_to_keep=keep, enable_async_checkpointing=async_save,
+        create=True)
+    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+
+def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any],
+         *, force: bool = False) -> bool:
+    """Save `state` and `meta` at `step` when the interval says so (or `force`). Async: returns
+    once the arrays are copied off the device; `wait(manager)` blocks until written."""
+    return manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      meta=ocp.args.JsonSave(meta)), force=force)
+
+
+def wait(manager: ocp.CheckpointManager) -> None:
+    manager.wait_until_finished()
+
+
+def latest_step(manager: ocp.CheckpointManager) -> int | None:
+    return manager.latest_step()
+
+
+def _abstract(tree: Any) -> Any:
+    """ShapeDtypeStructs carrying the template's shardings: restore allocates nothing twice."""
+    def leaf(x):
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        return x
+    return jax.tree.map(leaf, tree)
+
+
+def restore(manager: ocp.CheckpointManager, step: int | None, template: Any) -> tuple[Any, dict[str, Any]]:
+    """Restore (state, meta) at `step` (default: the latest) into `template`'s structure,
+    dtypes and shardings."""
+    step = manager.latest_step() if step is None else step
+    if step is None or step not in manager.all_steps():
+        raise FileNotFoundError(
+            f"no checkpoint at step {step} in {manager.directory}; available: {sorted(manager.all_steps())}")
+    out = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(_abstract(template)), meta=ocp.args.JsonRestore()))
+    return out.state, dict(out.meta)
