@@ -1,0 +1,59 @@
+"""Atomic file writes: a crash never leaves a half-written transcript, metrics or report file."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
+    """Write `text` to a temporary file beside `path`, then rename it into place."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> pathlib.Path:
+    """Write one JSON object per line, atomically."""
+    return atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Append one JSON line and flush it (a crash loses at most the line being written)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read JSON lines, ignoring a torn last line left by a crash mid-append."""
+    lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}:{i + 1}: not valid JSON") from None
+    return out

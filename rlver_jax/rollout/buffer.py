@@ -1,0 +1,120 @@
+"""The async rollout buffer: a producer thread keeps dialogues in flight while the trainer trains.
+
+Versions count trainer updates: the parameters after update s are version s + 1. Batch i is
+consumed by train step i and is generated with a version v >= i - max_staleness:
+  max_staleness = 0: batch i waits for version i (strictly on-policy, the paper's setting);
+  max_staleness = 1: batch i + 1 is generated with version i while the trainer updates to i + 1.
+The producer snapshots the newest parameters at the start of each batch, so one batch never
+mixes versions. Queues are bounded, and an exception in the producer is raised in the consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rlver_jax.rollout.sequence import DialogueSequence
+
+MakeBatch = Callable[[int, int, Any], Awaitable[list[DialogueSequence]]]
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+    index: int  # the train step that consumes it
+    version: int  # the parameter version that generated it
+    sequences: list[DialogueSequence]
+    seconds: float  # wall time spent producing it
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class RolloutBuffer:
+    """Produces batch after batch with `make_batch(index, version, params)` in its own thread
+    and event loop; `get()` returns them in order."""
+
+    def __init__(self, make_batch: MakeBatch, *, max_staleness: int, start_index: int = 0,
+                 finalize: Callable[[], Awaitable[None]] | None = None):
+        if max_staleness < 0:
+            raise ValueError(f"config.rollout.max_staleness={max_staleness} must be >= 0")
+        self._make_batch = make_batch
+        self._finalize = finalize  # run in the producer's event loop when it stops (close clients)
+        self.max_staleness = max_staleness
+        self._next_index = start_index
+        self._queue: queue.Queue = queue.Queue(maxsize=max(max_staleness, 1))
+        self._cond = threading.Condition()
+        self._version, self._params = -1, None
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
+
+    def publish(self, version: int, params: Any) -> None:
+        """Make `params` (version `version`) available to batches that start from now on.
+
+        With max_staleness > 0 the trainer keeps updating while the producer samples, so pass
+        parameters the update will not donate (a device copy)."""
+        with self._cond:
+            self._version, self._params = version, params
+            self._cond.notify_all()
+        if not self._thread.is_alive() and not self._stop:
+            self._thread.start()
+
+    def get(self, timeout: float | None = None) -> RolloutBatch:
+        """The next batch; re-raises the producer's exception if it failed."""
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0 if timeout is None else timeout)
+                break
+            except queue.Empty:
+                if timeout is not None:
+                    raise TimeoutError(f"no rollout batch within {timeout} s") from None
+                if not self._thread.is_alive():
+                    raise RuntimeError("the rollout producer stopped without a batch or an error")
+        if isinstance(item, _Failure):
+            raise RuntimeError(f"rollout producer failed: {item.exc!r}") from item.exc
+        return item
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        while True:  # unblock a producer waiting on a full queue
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            while True:
+                index = self._next_index
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stop or self._version >= index - self.max_staleness)
+                    if self._stop:
+                        return
+                    version, params = self._version, self._params
+                start = time.perf_counter()
+                seqs = loop.run_until_complete(self._make_batch(index, version, params))
+                batch = RolloutBatch(index, version, seqs, time.perf_counter() - start)
+                while not self._stop:
+                    try:
+                        self._queue.put(batch, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                self._next_index += 1
+        except BaseException as exc:  # surfaces in get(), never a silent hang
+            self._queue.put(_Failure(exc))
+        finally:
+            if self._finalize is not None:
+                loop.run_until_complete(self._finalize())
+            loop.close()

@@ -1,0 +1,183 @@
+"""Multi-turn rollouts: exact token assembly, masks, log-probs, think-then-say, the async buffer."""
+
+import asyncio
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.simulator import get_simulator_config
+from rlver_jax import chat
+from rlver_jax.models import qwen2
+from rlver_jax.models.config import get_preset
+from rlver_jax.rl.batch import collate
+from rlver_jax.rl.trainer import token_logprobs
+from rlver_jax.rollout.buffer import RolloutBuffer
+from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
+from rlver_jax.rollout.policy import JaxPolicy, PolicyTurn, SamplingSettings
+from rlver_jax.simulator.factory import build_simulator
+from rlver_jax.simulator.profiles import load_profiles
+from tests.scripted_server import ScriptedServer, route
+
+
+@pytest.fixture(scope="module")
+def chat_tokens(tiny_tokenizer_dir):
+    return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tiny_tokenizer_dir))
+
+
+def embedded_simulator(**overrides):
+    cfg = get_simulator_config()
+    cfg.backend = "embedded"
+    cfg.update(overrides)
+    return build_simulator(cfg)
+
+
+class ScriptedTokenPolicy:
+    """Answers every turn with the next text of a script, tokenised like a sampler would emit."""
+
+    def __init__(self, chat_tokens, texts):
+        self.chat, self.texts, self.calls = chat_tokens, list(texts), 0
+
+    async def act(self, requests):
+        text = self.texts[min(self.calls, len(self.texts) - 1)]
+        self.calls += 1
+        ids = chat._text_ids(self.chat.tokenizer, text) + [self.chat.im_end]
+        turns = []
+        for r in requests:  # like a sampler, stop at the request's token budget
+            cut = ids[:r.max_new_tokens]
+            turns.append(PolicyTurn(text=self.chat.tokenizer.decode(cut[:-1] if cut == ids else cut),
+                                    token_ids=cut, logprobs=[-1.0] * len(cut), stopped=cut == ids))
+        return turns
+
+
+def _requests(n_profiles=2, n=2):
+    profiles = [p for p in load_profiles() if p.language == "en"][:n_profiles]
+    return [EpisodeRequest(p, g) for g, p in enumerate(profiles) for _ in range(n)]
+
+
+def test_random_policy_sequences_are_exact(chat_tokens):
+    cfg = get_preset("tiny")
+    params = qwen2.init_params(cfg, jax.random.key(0))
+    policy = JaxPolicy(cfg, chat_tokens, SamplingSettings(max_new_tokens=12), params, jax.random.key(1))
+    runner = EpisodeRunner(policy, embedded_simulator(max_turns=3), chat_tokens,
+                           RolloutSettings(think=False, max_new_tokens=12, max_total_tokens=2048))
+    seqs = asyncio.run(runner.run(_requests()))
+    assert [s.group for s in seqs] == [0, 0, 1, 1]
+    assert len({s.profile_id for s in seqs[:2]}) == 1 and seqs[0].profile_id != seqs[2].profile_id
+    tok = chat_tokens.tokenizer
+    for s in seqs:
+        s.check()
+        # Masked tokens, split at the turn ends, are exactly the sampled turns (+ stop token).
+        mask = np.asarray(s.policy_mask, bool)
+        starts = [i for i in range(len(mask)) if mask[i] and not mask[i - 1]]
+        assert len(starts) == len(s.turn_ends) == len(s.transcript["turns"])
+        for start, end, turn in zip(starts, s.turn_ends, s.transcript["turns"]):
+            assert mask[start:end + 1].all() and not mask[end + 1]
+            ids = s.tokens[start:end + 1]
+            stop = ids[-1] in (chat_tokens.im_end, chat_tokens.end_of_text)
+            assert tok.decode(ids[:-1] if stop else ids) == turn["raw"]
+            # Each policy turn follows the generation prompt.
+            assert s.tokens[start - len(chat_tokens.assistant_header):start] == list(chat_tokens.assistant_header)
+        assert not np.asarray(s.logprobs)[~mask].any()
+    # Recorded sampling log-probs equal a fresh forward pass over the whole sequence.
+    batch = collate(seqs, batch_size=4, reward_mode="final", length_multiple=64)
+    lp = np.asarray(token_logprobs(cfg, params, jnp.asarray(batch.tokens), jnp.asarray(batch.attention_mask)))
+    m = batch.policy_mask > 0
+    np.testing.assert_allclose(batch.sample_logprobs[m], lp[m], atol=1e-4)
+    # The reward sits on the last policy token and nowhere else.
+    for b, s in enumerate(seqs):
+        assert np.flatnonzero(batch.rewards[b]).tolist() in ([s.turn_ends[-1]], [])
+        assert batch.rewards[b, s.turn_ends[-1]] == pytest.approx(s.reward)
+
+
+def test_think_mode_sends_only_the_reply_and_matches_template(chat_tokens):
+    text = "<think>They sound tired; ask gently.</think>I'm sorry you had such a hard day. What happened?"
+    sim = embedded_simulator(max_turns=2)
+    runner = EpisodeRunner(ScriptedTokenPolicy(chat_tokens, [text]), sim, chat_tokens,
+                           RolloutSettings(think=True, max_total_tokens=4096))
+    (seq,) = asyncio.run(runner.run(_requests(1, 1)))
+    sent = [m["content"] for m in seq.transcript["simulator_state"]["history"] if m["role"] == "assistant"]
+    assert sent and all(m == "I'm sorry you had such a hard day. What happened?" for m in sent)
+    # The thinking stays in the training sequence, under the policy mask.
+    masked = chat_tokens.tokenizer.decode([t for t, m in zip(seq.tokens, seq.policy_mask) if m])
+    assert masked.count("<think>They sound tired") == len(seq.turn_ends)
+    # Canonically tokenised turns: the sequence equals the chat template's rendering of the
+    # conversation with the full (thinking included) assistant texts.
+    messages = [dict(m) for m in seq.transcript["messages"]]
+    for m in messages:
+        if m["role"] == "assistant":
+            m["content"] = text
+    if messages[-1]["role"] == "user":  # a goodbye after the last policy turn is not tokenised
+        messages = messages[:-1]
+    ids, _ = chat.conversation_ids(chat_tokens, messages)
+    assert seq.tokens == ids
+    assert ids == chat_tokens.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
+
+
+@pytest.mark.parametrize("text", ["no closing tag here", "<think>only thinking</think>   "])
+def test_format_failure_ends_with_zero_reward(chat_tokens, text):
+    runner = EpisodeRunner(ScriptedTokenPolicy(chat_tokens, [text]), embedded_simulator(), chat_tokens,
+                           RolloutSettings(think=True))
+    (seq,) = asyncio.run(runner.run(_requests(1, 1)))
+    assert seq.format_failure and seq.end_reason == "format_failure" and seq.reward == 0.0
+    assert len(seq.turn_ends) == 1 and seq.trainable
+
+
+def test_scripted_openai_simulator_drives_the_dialogue(chat_tokens):
+    # The emotion step always answers +15 (clipped to +10): 30 -> 40 -> 50 -> 60 over 3 turns.
+    script = route(emotion=lambda r: "Analysis: warm.\nChange: +15",
+                   reply=lambda r: "Plan: keep talking.\nResponse: go on")
+    with ScriptedServer(script) as server:
+        cfg = get_simulator_config()
+        cfg.update(base_url=server.base_url, max_turns=3, backoff_initial_s=0.01)
+        sim = build_simulator(cfg)
+        runner = EpisodeRunner(ScriptedTokenPolicy(chat_tokens, ["That sounds hard."]), sim, chat_tokens,
+                               RolloutSettings(think=False))
+        seqs = asyncio.run(runner.run(_requests(2, 2)))
+    assert all(s.emotions == [30.0, 40.0, 50.0, 60.0] and s.end_reason == "turn_limit" for s in seqs)
+    assert all(s.reward == pytest.approx(0.6) and len(s.turn_ends) == 3 for s in seqs)
+
+
+def test_truncation_at_the_token_budget(chat_tokens):
+    runner = EpisodeRunner(ScriptedTokenPolicy(chat_tokens, ["That sounds really hard, tell me more."]),
+                           embedded_simulator(), chat_tokens,
+                           RolloutSettings(think=False, max_total_tokens=260))
+    (seq,) = asyncio.run(runner.run(_requests(1, 1)))
+    assert seq.truncated and seq.end_reason == "truncated" and len(seq.tokens) <= 260
+
+
+def _fake_batches(delay=0.0, fail_at=None):
+    async def make_batch(index, version, params):
+        if index == fail_at:
+            raise ValueError("simulator exploded")
+        await asyncio.sleep(delay)
+        return [params]
+    return make_batch
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_buffer_respects_max_staleness(staleness):
+    buf = RolloutBuffer(_fake_batches(0.01), max_staleness=staleness)
+    buf.publish(0, "v0")
+    seen = []
+    for step in range(5):
+        batch = buf.get(timeout=10)
+        assert batch.index == step and step - staleness <= batch.version <= step
+        assert batch.sequences == [f"v{batch.version}"]  # the snapshot matches the version
+        seen.append(batch.version)
+        time.sleep(0.05)  # "training"
+        buf.publish(step + 1, f"v{step + 1}")
+    buf.close()
+    if staleness == 1:
+        assert any(v == s - 1 for s, v in enumerate(seen))  # it did overlap
+
+
+def test_buffer_surfaces_producer_failure():
+    buf = RolloutBuffer(_fake_batches(fail_at=1), max_staleness=1)
+    buf.publish(0, "v0")
+    buf.get(timeout=10)
+    with pytest.raises(RuntimeError, match="simulator exploded"):
+        buf.get(timeout=10)
+    buf.close()
