@@ -10,9 +10,12 @@ printable characters (ByteLevel) and decodes them back, so any Unicode text roun
 and emoji included. Unlike Qwen2 it has no NFC normaliser, so even non-NFC text round-trips
 byte for byte.
 
-Token ids: ids 0..vocab_size-4 are the byte alphabet and the learnt merges; the three special
-tokens come last, in the order of `SPECIAL_TOKENS` (as in Qwen2, where they follow the BPE
-vocabulary):
+Token ids: ids 0..vocab_size-6 are the byte alphabet and the learnt merges; then the think tags
+`<think>` = vocab_size - 5 and `</think>` = vocab_size - 4 as single ordinary (non-special)
+tokens, so a random tiny policy can stumble on the think-then-say format often enough for RL to
+learn it (spelt in three byte-level pieces, a random model would essentially never write it);
+the three special tokens come last, in the order of `SPECIAL_TOKENS` (as in Qwen2, where they
+follow the BPE vocabulary):
 
     <|endoftext|> = vocab_size - 3   (pad)
     <|im_start|>  = vocab_size - 2
@@ -28,6 +31,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+THINK_TOKENS = ("<think>", "</think>")
 
 # Qwen2's pre-tokenisation split: contractions, letter runs with one optional leading
 # non-letter, single digits, punctuation runs, newline runs, and other whitespace.
@@ -111,13 +115,14 @@ _CORPUS = (
 def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = 512) -> Path:
     """Trains the tiny tokenizer and saves it to `out_dir`; returns the directory.
 
-    Deterministic: the same arguments write the same files. `vocab_size` counts the three
-    special tokens; it must leave room for the 256-byte alphabet and fit what the corpus can
+    Deterministic: the same arguments write the same files. `vocab_size` counts the think
+    tags and the three special tokens; it must leave room for the 256-byte alphabet and fit what the corpus can
     merge (a ValueError says so otherwise).
     """
-    if vocab_size <= 256 + len(SPECIAL_TOKENS):
+    n_added = len(SPECIAL_TOKENS) + len(THINK_TOKENS)
+    if vocab_size <= 256 + n_added:
         raise ValueError(f"vocab_size={vocab_size} leaves no room for the 256-byte alphabet")
-    n_regular = vocab_size - len(SPECIAL_TOKENS)
+    n_regular = vocab_size - n_added
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -136,8 +141,9 @@ def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = 512) -> Path:
     if backend.get_vocab_size() != n_regular:
         raise ValueError(
             f"vocab_size={vocab_size} is more than the built-in corpus supports "
-            f"({backend.get_vocab_size() + len(SPECIAL_TOKENS)} at most)"
+            f"({backend.get_vocab_size() + n_added} at most)"
         )
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     backend.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
     )

@@ -47,7 +47,7 @@ CONVERSATIONS = {
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer_dir):  # noqa: F811
+def tokenizer(tiny_tokenizer_dir):
     return chat.load_tokenizer(tiny_tokenizer_dir)
 
 
@@ -222,7 +222,7 @@ def test_load_tokenizer_errors(tmp_path):
         chat.load_tokenizer(plain)
 
 
-def test_load_tokenizer_accepts_str(tiny_tokenizer_dir):  # noqa: F811
+def test_load_tokenizer_accepts_str(tiny_tokenizer_dir):
     tokenizer = chat.load_tokenizer(str(tiny_tokenizer_dir))
     assert tokenizer.eos_token_id == 511
 

@@ -24,13 +24,15 @@ ROUND_TRIP_TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer_dir):  # noqa: F811
+def tokenizer(tiny_tokenizer_dir):
     return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
 
 
 def test_special_token_ids_and_roles(tokenizer):
     assert len(tokenizer) == 512
     assert tokenizer.get_added_vocab() == {
+        "<think>": 507,
+        "</think>": 508,
         "<|endoftext|>": 509,
         "<|im_start|>": 510,
         "<|im_end|>": 511,
@@ -38,6 +40,10 @@ def test_special_token_ids_and_roles(tokenizer):
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 511
     assert tokenizer.pad_token == "<|endoftext|>" and tokenizer.pad_token_id == 509
     assert tokenizer.bos_token is None
+    # The think tags are single ordinary tokens: decoding keeps them.
+    ids = tokenizer.encode("<think>hm</think>ok", add_special_tokens=False)
+    assert ids[0] == 507 and 508 in ids
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<think>hm</think>ok"
     # No BOS or other tokens are added around plain text.
     assert tokenizer("hi")["input_ids"] == tokenizer.encode("hi", add_special_tokens=False)
 
@@ -75,7 +81,7 @@ def test_chat_template_renders_chatml(tokenizer):
         tokenizer.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
 
 
-def test_deterministic_and_fast(tmp_path, tiny_tokenizer_dir):  # noqa: F811
+def test_deterministic_and_fast(tmp_path, tiny_tokenizer_dir):
     start = time.perf_counter()
     out = build_tiny_tokenizer(tmp_path / "again")
     assert time.perf_counter() - start < 2.0

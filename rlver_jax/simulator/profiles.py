@@ -1,0 +1,238 @@
+"""Simulated-user profiles: load and validate JSON Lines in the SAGE/RLVER format.
+
+One profile per line, a JSON object with the fields
+
+  id          non-empty string, unique within the file
+  player      the persona (markdown)
+  scene       the background story, hidden theme and likely reactions (markdown)
+  main_cha    personality type: 负面型/被动型/回避型 or negative/passive/avoidant
+  cha_group   list of trait strings
+  task        the user's hidden goal (free text; the eight standard goals are recognised)
+  first_talk  optional: the user's fixed opening line
+
+Every problem is reported with the file, the line number and the field, all problems of a file
+at once. The language (zh or en) is detected from the text. `load_profiles()` with no path
+returns the project's own shipped set (data/profiles.jsonl).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULT_PROFILES = pathlib.Path(__file__).parent / "data" / "profiles.jsonl"
+
+REQUIRED_FIELDS = ("id", "player", "scene", "main_cha", "cha_group", "task")
+OPTIONAL_FIELDS = ("first_talk",)
+
+# Personality types: the reference data's Chinese names and our English names, one canonical key.
+PERSONALITIES: dict[str, str] = {
+    "负面型": "negative",
+    "被动型": "passive",
+    "回避型": "avoidant",
+    "negative": "negative",
+    "passive": "passive",
+    "avoidant": "avoidant",
+}
+
+# The eight kinds of hidden goal. The Chinese texts are the exact `task` values of the reference
+# data; the English texts are the ones our own English profiles use.
+GOALS: dict[str, tuple[str, str]] = {
+    "empathy": (
+        "你希望对方深刻共情你的感受，而不是简单的安慰",
+        "You want the other person to truly feel with you, not just offer easy comfort.",
+    ),
+    "listening": (
+        "你希望对方用心倾听你的情绪宣泄",
+        "You want the other person to listen closely while you let your feelings out.",
+    ),
+    "advice": (
+        "你想获得能真实帮助你解决当下困境的建议",
+        "You want advice that really helps you get out of the problem you are in now.",
+    ),
+    "praise": (
+        "你希望对方真诚地夸奖你在事件中的具体行为",
+        "You want the other person to sincerely praise specific things you did in this situation.",
+    ),
+    "not_at_fault": (
+        "你认为自己在事件中没有任何责任和错误，你想要对方也认同你没有错",
+        "You believe you did nothing wrong in this situation, and you want the other person to"
+        " agree that you are not at fault.",
+    ),
+    "reflection": (
+        "你希望对方引导你针对事件进行自我反思，收获自我成长",
+        "You want the other person to guide you to reflect on what happened and grow from it.",
+    ),
+    "balanced_view": (
+        "你希望对方辩证地分析事件中的问题",
+        "You want the other person to weigh the problems in this situation from more than one"
+        " side.",
+    ),
+    "others_motives": (
+        "你想分析事件中其他人物这么做的原因",
+        "You want to understand why the other people in this situation acted as they did.",
+    ),
+}
+
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN = re.compile(r"[A-Za-z]")
+_NON_WORD = re.compile(r"[\W_]+")
+
+
+class ProfileError(ValueError):
+    """A profile file or record is invalid; the message names file, line and field."""
+
+
+def detect_language(text: str) -> str:
+    """Returns "zh" when the text is mostly Chinese, else "en".
+
+    One Chinese character carries about as much as a short English word (three letters), so
+    Chinese wins when CJK characters times three reach the number of Latin letters.
+    """
+    cjk = len(_CJK.findall(text))
+    return "zh" if cjk and 3 * cjk >= len(_LATIN.findall(text)) else "en"
+
+
+def _goal_key(text: str) -> str:
+    return _NON_WORD.sub("", text).lower()
+
+
+_GOAL_BY_TEXT = {_goal_key(t): kind for kind, texts in GOALS.items() for t in texts}
+
+
+def goal_kind(task: str) -> str | None:
+    """The standard goal kind of a `task` text (ignoring punctuation and case), or None."""
+    return _GOAL_BY_TEXT.get(_goal_key(task))
+
+
+def goal_text(kind: str, language: str) -> str:
+    """The standard `task` text of a goal kind in "zh" or "en"."""
+    zh, en = GOALS[kind]
+    return zh if language == "zh" else en
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """One simulated user, as read from a profile line."""
+
+    id: str
+    player: str
+    scene: str
+    main_cha: str
+    cha_group: tuple[str, ...]
+    task: str
+    first_talk: str | None = None
+
+    @property
+    def language(self) -> str:
+        """"zh" or "en", detected from persona, scene and opening line."""
+        return detect_language(" ".join((self.player, self.scene, self.first_talk or "")))
+
+    @property
+    def personality(self) -> str:
+        """Canonical personality type: "negative", "passive" or "avoidant"."""
+        return PERSONALITIES[self.main_cha.strip().lower()]
+
+    @property
+    def goal(self) -> str | None:
+        """The standard hidden-goal kind (a key of GOALS), or None for a free-text goal."""
+        return goal_kind(self.task)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a profile line (first_talk omitted when absent)."""
+        d = dataclasses.asdict(self)
+        d["cha_group"] = list(self.cha_group)
+        if self.first_talk is None:
+            del d["first_talk"]
+        return d
+
+
+def _check_text(value: Any, name: str, problems: list[str]) -> None:
+    if not isinstance(value, str):
+        problems.append(f"field '{name}': expected a string, got {type(value).__name__}")
+    elif not value.strip():
+        problems.append(f"field '{name}': must not be empty")
+
+
+def parse_profile(record: Any, *, where: str = "<record>") -> Profile:
+    """Validates one decoded JSON record and returns a Profile.
+
+    Raises ProfileError listing every problem, each prefixed by `where` (e.g. "file.jsonl:12").
+    """
+    if not isinstance(record, Mapping):
+        raise ProfileError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    problems: list[str] = []
+    allowed = REQUIRED_FIELDS + OPTIONAL_FIELDS
+    for name in REQUIRED_FIELDS:
+        if name not in record:
+            problems.append(f"field '{name}': missing; every profile needs "
+                            + ", ".join(REQUIRED_FIELDS))
+    for name in sorted(set(record) - set(allowed)):
+        problems.append(f"field '{name}': unknown field; allowed: {', '.join(allowed)}")
+    for name in ("id", "player", "scene", "main_cha", "task"):
+        if name in record:
+            _check_text(record[name], name, problems)
+    main_cha = record.get("main_cha")
+    if isinstance(main_cha, str) and main_cha.strip() and (
+            main_cha.strip().lower() not in PERSONALITIES):
+        problems.append(f"field 'main_cha': {main_cha!r} is not a personality type; use one of "
+                        + ", ".join(PERSONALITIES))
+    traits = record.get("cha_group", [])
+    if not (isinstance(traits, list) and all(isinstance(t, str) and t.strip() for t in traits)):
+        problems.append("field 'cha_group': expected a list of non-empty strings")
+    first_talk = record.get("first_talk")
+    if first_talk is not None and not (isinstance(first_talk, str) and first_talk.strip()):
+        problems.append("field 'first_talk': expected a non-empty string, or leave the field out")
+    if problems:
+        raise ProfileError("\n".join(f"{where}: {p}" for p in problems))
+    return Profile(id=record["id"], player=record["player"], scene=record["scene"],
+                   main_cha=main_cha, cha_group=tuple(traits), task=record["task"],
+                   first_talk=first_talk)
+
+
+def load_profiles(path: str | os.PathLike[str] | None = None) -> list[Profile]:
+    """Reads a JSON Lines profile file (default: the project's shipped set).
+
+    Blank lines are skipped. Raises ProfileError naming file, line and field of every problem,
+    including duplicate ids.
+    """
+    path = pathlib.Path(path) if path is not None else DEFAULT_PROFILES
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: profile file not found") from None
+    profiles: list[Profile] = []
+    problems: list[str] = []
+    first_line_of: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append(f"{where}: not valid JSON ({e.msg} at column {e.colno})")
+            continue
+        try:
+            profile = parse_profile(record, where=where)
+        except ProfileError as e:
+            problems.append(str(e))
+            continue
+        if profile.id in first_line_of:
+            problems.append(
+                f"{where}: field 'id': duplicate id {profile.id!r} (first on line "
+                f"{first_line_of[profile.id]}); ids must be unique"
+            )
+            continue
+        first_line_of[profile.id] = number
+        profiles.append(profile)
+    if problems:
+        raise ProfileError("\n".join(problems))
+    if not profiles:
+        raise ProfileError(f"{path}: no profiles in file")
+    return profiles

@@ -1,0 +1,122 @@
+"""The embedded simulator: graded, deterministic, in the profile's language."""
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from configs.simulator import get_simulator_config
+from rlver_jax import simulator
+from rlver_jax.simulator.embedded import score_reply
+
+PROFILES = simulator.load_profiles()
+EN = next(p for p in PROFILES if p.language == "en" and p.goal == "empathy")
+ZH = next(p for p in PROFILES if p.language == "zh" and p.goal == "empathy")
+
+# From worst to best; each language's list must score in strictly increasing order.
+LADDERS = {
+    "en": (EN, [
+        "!!!! $$$ ### @@@ :-) 123 456 ???",
+        "Just get over it, it's not a big deal.",
+        "Okay. I see what you mean.",
+        "I'm so sorry. That sounds really exhausting.",
+        "I'm so sorry you're going through this. That sounds really exhausting, and it makes "
+        "sense you feel this way. What happened?",
+        "I'm so sorry about your father. It must feel so heavy, carrying it alone while everyone "
+        "says you're fine. I'm here for you. How have you been sleeping since that call?",
+    ]),
+    "zh": (ZH, [
+        "！！！￥￥￥###@@@……",
+        "你想多了吧。",
+        "嗯，我知道了，你说的这个事情。",
+        "听起来真的很辛苦，我很心疼你。",
+        "三个月的心血一句话就没了，换作是我也会特别委屈、特别难受。你现在心里一定很不是滋味吧？"
+        "愿意跟我说说吗？",
+    ]),
+}
+
+
+def _change(profile, reply, *, history=None, difficulty="vanilla"):
+    history = history or [{"role": "user", "content": profile.first_talk}]
+    return score_reply(reply, profile=profile, language=profile.language,
+                       difficulty=difficulty, history=history).change
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_warmer_replies_score_higher(language):
+    profile, ladder = LADDERS[language]
+    changes = [_change(profile, reply) for reply in ladder]
+    assert changes == sorted(set(changes)), changes  # strictly increasing: a graded signal
+    assert changes[0] <= -8  # garbage
+    assert changes[1] < 0  # dismissive
+    assert changes[-2] > 0  # warm
+
+
+def test_hidden_goal_and_blame_matter():
+    teacher = next(p for p in PROFILES if p.language == "en" and p.goal == "not_at_fault")
+    cleared = "I'm sorry, that sounds unfair. It's not your fault; you did nothing wrong."
+    blamed = "I'm sorry, that sounds unfair. But honestly it's partly your fault."
+    assert _change(teacher, cleared) > _change(teacher, blamed) + 3
+    shop = next(p for p in PROFILES if p.language == "zh" and p.goal == "advice")
+    advice = "可以试试先跟房东谈谈，争取一个折中的涨幅，也不妨先算算搬店的成本。"
+    comfort = "别担心，一切都会好起来的，加油。"
+    assert _change(shop, advice) > _change(shop, comfort)
+
+
+def test_penalties_for_repetition_length_and_language():
+    reply = "I'm so sorry. That sounds really exhausting. What happened after that?"
+    history = [{"role": "user", "content": EN.first_talk}, {"role": "assistant", "content": reply},
+               {"role": "user", "content": "It's complicated."}]
+    assert _change(EN, reply, history=history) < _change(EN, reply)
+    assert _change(EN, "ok") < 0
+    rambling = " ".join(["I'm sorry, that sounds hard, and I keep thinking about it."] * 5 + [
+        f"Another thought number {i} about work, sleep, family and everything else." for i in
+        range(30)])
+    assert _change(EN, rambling) < _change(EN, reply)
+    assert _change(ZH, "I'm so sorry, that sounds exhausting. What happened?") < 0
+
+
+def test_challenging_users_are_harder_to_please():
+    reply = LADDERS["en"][1][4]
+    assert 0 < _change(EN, reply, difficulty="challenging") < _change(EN, reply)
+
+
+def _dialogue(profile, replies, **overrides):
+    cfg = get_simulator_config()
+    cfg.backend = "embedded"
+    cfg.update(overrides)
+
+    async def run():
+        async with simulator.build_simulator(cfg) as sim:
+            state = await sim.start(profile)
+            for reply in replies:
+                if not state.done:
+                    state = await sim.respond(state, reply)
+            return state
+    return asyncio.run(run())
+
+
+def test_dialogues_are_deterministic_and_move_the_emotion():
+    warm = [LADDERS["en"][1][4], "That must have been so lonely. I'm here. What was he like?",
+            "It makes sense you can't sleep. How are you holding up at work?"]
+    first, second = _dialogue(EN, warm), _dialogue(EN, warm)
+    assert first.to_dict() == second.to_dict()
+    assert first.emotion > 30 and all(c > 0 for c in (r.change for r in first.records[1:]))
+    assert all(r.utterance and r.raw_emotion.endswith(f"Change: {r.change_proposed:+d}")
+               for r in first.records[1:])
+
+
+def test_dismissive_users_leave_in_their_language():
+    state = _dialogue(ZH, ["@@@###", "！！！", "你想多了吧。", "随便你"])
+    # 30 -> 20 -> 10 -> 4, band F: the user says goodbye (in Chinese) before the floor.
+    assert state.end_reason == "goodbye" and state.emotion < 10
+    assert simulator.is_goodbye(state.history[-1]["content"])
+    assert simulator.detect_language(state.history[-1]["content"]) == "zh"
+    assert all(simulator.detect_language(r.utterance) == "zh" for r in state.records[1:])
+
+
+def test_opening_line_without_first_talk():
+    state = _dialogue(dataclasses.replace(EN, first_talk=None), [])
+    assert state.history[0]["role"] == "user"
+    assert simulator.detect_language(state.history[0]["content"]) == "en"
+    assert not simulator.is_goodbye(state.history[0]["content"])

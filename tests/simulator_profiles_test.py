@@ -1,0 +1,113 @@
+"""Profiles: the shipped set, the reference data, validation errors, language detection."""
+
+import collections
+import json
+
+import pytest
+
+from rlver_jax.simulator import profiles as P
+
+
+def test_shipped_profiles_cover_types_goals_and_languages():
+    shipped = P.load_profiles()
+    assert len(shipped) >= 12
+    assert len({p.id for p in shipped}) == len(shipped)
+    assert all(p.first_talk for p in shipped)
+    by_language = collections.Counter(p.language for p in shipped)
+    assert by_language["zh"] >= 4 and by_language["en"] >= 4
+    assert {p.personality for p in shipped} == {"negative", "passive", "avoidant"}
+    assert {p.goal for p in shipped} == set(P.GOALS)
+    for language in ("zh", "en"):  # every goal in each language
+        assert {p.goal for p in shipped if p.language == language} == set(P.GOALS)
+
+
+def test_every_reference_profile_loads(shared_profiles_dir):
+    files = sorted(shared_profiles_dir.glob("*.jsonl"))
+    assert files
+    for path in files:
+        loaded = P.load_profiles(path)
+        lines = [l for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+        assert len(loaded) == len(lines)
+        assert all(p.language == "zh" for p in loaded)
+        assert all(p.goal is not None for p in loaded), "a reference task is not a known goal"
+        if path.name.startswith("test"):
+            assert all(p.first_talk for p in loaded)
+
+
+def _good(**changes):
+    record = dict(id="a", player="* Name: Ann", scene="She lost her job.", main_cha="passive",
+                  cha_group=["shy"], task="You want advice.", first_talk="Hi.")
+    record.update(changes)
+    return {k: v for k, v in record.items() if v is not DELETE}
+
+
+DELETE = object()
+
+
+def test_broken_lines_name_file_line_and_field(tmp_path):
+    lines = [
+        json.dumps(_good()),                                   # 1 fine
+        "{not json",                                           # 2
+        json.dumps(_good(id="b", scene=DELETE)),               # 3 missing field
+        json.dumps(_good(id="c", cha_group="shy")),            # 4 wrong type
+        json.dumps(_good(id="d", main_cha="grumpy")),          # 5 unknown personality
+        json.dumps(_good(id="e", frist_talk="typo")),          # 6 unknown field
+        "",                                                    # 7 blank: skipped
+        json.dumps(_good(id="f", first_talk="  ")),            # 8 empty optional
+        json.dumps(_good()),                                   # 9 duplicate id "a"
+        json.dumps(["a", "list"]),                             # 10 not an object
+        json.dumps(_good(id="g", player=3)),                   # 11 wrong type
+    ]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(P.ProfileError) as info:
+        P.load_profiles(path)
+    message = str(info.value)
+    expected = [
+        (2, "not valid JSON"),
+        (3, "field 'scene': missing"),
+        (4, "field 'cha_group'"),
+        (5, "field 'main_cha': 'grumpy'"),
+        (6, "field 'frist_talk': unknown field"),
+        (8, "field 'first_talk'"),
+        (9, "field 'id': duplicate id 'a' (first on line 1)"),
+        (10, "expected a JSON object"),
+        (11, "field 'player': expected a string"),
+    ]
+    for line, text in expected:
+        assert any(l.startswith(f"{path}:{line}: ") and text in l for l in message.splitlines()), (
+            line, text, message)
+    assert f"{path}:1:" not in message and f"{path}:7:" not in message
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(P.ProfileError, match="not found"):
+        P.load_profiles(tmp_path / "nope.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(P.ProfileError, match="no profiles"):
+        P.load_profiles(tmp_path / "empty.jsonl")
+
+
+def test_profile_round_trip_and_optional_first_talk():
+    profile = P.parse_profile(_good(first_talk=DELETE))
+    assert profile.first_talk is None
+    assert "first_talk" not in profile.to_dict()
+    assert P.parse_profile(profile.to_dict()) == profile
+    assert P.parse_profile(_good(main_cha="被动型")).personality == "passive"
+
+
+@pytest.mark.parametrize("text,language", [
+    ("最近有点烦，总感觉有人盯着我似的。", "zh"),
+    ("I keep replaying the fight in my head.", "en"),
+    ("我今天和 manager 吵了一架，真的很 annoying。", "zh"),
+    ("My friend 小雨 stopped answering my messages weeks ago and I am worried.", "en"),
+    ("", "en"),
+])
+def test_detect_language(text, language):
+    assert P.detect_language(text) == language
+
+
+def test_goal_kinds_recognise_both_languages_and_punctuation():
+    assert P.goal_kind("你希望对方辩证地分析事件中的问题。") == "balanced_view"
+    assert P.goal_kind(P.goal_text("praise", "en").upper()) == "praise"
+    assert P.goal_kind("You want a pony.") is None
