@@ -20,7 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+from rlver_jax import sharding
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import advantages as adv_lib
@@ -225,9 +227,11 @@ def _critic_loss(rl: RLSettings, cfg: Qwen2Config, params, mb):
 
 
 def update_minibatch(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
-                     actor_tx, critic_tx, state: TrainState, mb: dict) -> tuple[TrainState, dict]:
-    """One optimizer step on a mini-batch, gradients accumulated over its micro-batches."""
-    mb = dict(mb)
+                     actor_tx, critic_tx, state: TrainState, batch: dict, rows: jax.Array
+                     ) -> tuple[TrainState, dict]:
+    """One optimizer step on the mini-batch `batch[rows]`, gradients accumulated over its
+    micro-batches. The rows are gathered inside the program, so the batch stays on the mesh."""
+    mb = {k: v[rows] for k, v in batch.items()}
     mb["weights"] = losses.loss_weights(mb["policy_mask"], rl.loss_agg_mode)
     mb["value_weights"] = losses.loss_weights(mb["policy_mask"], "token_mean")
     n_micro = mb["tokens"].shape[0] // rl.micro_batch_size
@@ -274,20 +278,22 @@ class UpdateFns:
 
 
 def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
-                    actor_tx, critic_tx, state_shardings=None, batch_sharding=None) -> UpdateFns:
+                    actor_tx, critic_tx, mesh=None, state_shardings=None, ref_shardings=None) -> UpdateFns:
     """Jit `prepare` and `update_minibatch`; the state buffer is donated to the update.
 
-    With shardings (see rlver_jax.sharding), parameters and optimizer states keep their layout
-    across steps and batches are split over the data axes.
+    With a mesh and the state's shardings (rlver_jax.sharding), parameters and optimizer states
+    keep their layout across steps, and every batch array is split over the batch axes.
     """
     prep = functools.partial(prepare, rl, actor_cfg, critic_cfg)
     upd = functools.partial(update_minibatch, rl, actor_cfg, critic_cfg, actor_tx, critic_tx)
-    if state_shardings is None:
+    if mesh is None:
         return UpdateFns(jax.jit(prep), jax.jit(upd, donate_argnums=(0,)), rl)
+    batch = NamedSharding(mesh, P(sharding.BATCH_AXES))  # a prefix: every leaf of the batch dict
+    replicated = NamedSharding(mesh, P())
     return UpdateFns(
-        jax.jit(prep, in_shardings=(state_shardings, None, batch_sharding)),
-        jax.jit(upd, in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, None),
-                donate_argnums=(0,)),
+        sharding.jit_sharded(prep, (state_shardings, ref_shardings, batch), batch),
+        sharding.jit_sharded(upd, (state_shardings, batch, replicated), (state_shardings, replicated),
+                             donate_argnums=(0,)),
         rl)
 
 
@@ -306,16 +312,16 @@ def train_on_batch(fns: UpdateFns, state: TrainState, batch: TrainBatch,
                          f"{rl.mini_batch_size}")
     device_batch = {k: place(v) for k, v in arrays.items()}
     prepared = fns.prepare(state, ref_params, device_batch)
-    full = {**device_batch, **prepared}
+    full = {k: v for k, v in {**device_batch, **prepared}.items()
+            if k not in ("sample_logprobs", "group", "rewards")}  # what the update reads
     # Host-side shuffling, seeded by the step, so resume replays the same order.
     order_rng = np.random.default_rng([int(jax.device_get(state.step)), 0x5EED])
     history = []
     for _ in range(rl.ppo_epochs):
         perm = order_rng.permutation(bsz)
         for start in range(0, bsz, rl.mini_batch_size):
-            idx = np.sort(perm[start:start + rl.mini_batch_size])
-            mb = {k: v[idx] for k, v in full.items() if k not in ("sample_logprobs", "group", "rewards")}
-            state, m = fns.update_minibatch(state, mb)
+            rows = np.sort(perm[start:start + rl.mini_batch_size]).astype(np.int32)
+            state, m = fns.update_minibatch(state, full, rows)
             history.append(m)
     metrics = {k: float(np.mean([jax.device_get(h[k]) for h in history])) for k in history[0]}
     mask = arrays["policy_mask"]

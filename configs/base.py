@@ -1,0 +1,114 @@
+"""The base training config: every field of a run, with the paper's values for the 7B presets.
+
+The paper configs (ppo_think.py, grpo_think.py, ...) call `base.get_base_config(preset, algo,
+think)`. Presets:
+  tiny: CPU, random-init tiny Qwen2, the locally built tiny tokenizer, the embedded simulator and
+        the project's own profiles; a few minutes.
+  0.5b: Qwen2.5-0.5B-Instruct from --config.model.path, a served simulator.
+  7b:   Qwen2.5-7B-Instruct, the paper's setting (default).
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from configs.mesh import get_mesh_config
+from configs.simulator import get_simulator_config
+
+PRESETS = ("tiny", "0.5b", "7b")
+_MODEL_PRESETS = {"tiny": "tiny", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b"}
+
+
+def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.ConfigDict:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; use one of {PRESETS} (e.g. configs/grpo_think.py:tiny)")
+    tiny = preset == "tiny"
+    grpo = algo == "grpo"
+    c = ml_collections.ConfigDict()
+    c.workdir = f"runs/{algo}_{'think' if think else 'nothink'}_{preset}"  # metrics, checkpoints, transcripts
+    c.seed = 0
+
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = _MODEL_PRESETS[preset]  # architecture (rlver_jax.models.config.PRESETS)
+    c.model.path = ""  # Hugging Face directory of the policy; "" = random init (tiny only)
+    c.model.tokenizer_path = ""  # "" = model.path; tiny: built locally into WORKDIR/tokenizer
+    c.model.param_dtype = "float32"  # master weights
+    c.model.dtype = "float32" if tiny else "bfloat16"  # compute dtype
+    c.model.scan_layers = not tiny  # compile one layer, not 28
+    c.model.remat = "none" if tiny else "full"  # recompute activations in the backward pass
+
+    c.critic = ml_collections.ConfigDict()
+    c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)
+
+    c.mesh = get_mesh_config(shape=(1, -1, 1), rules="fsdp")
+    c.simulator = get_simulator_config()
+    if tiny:
+        c.simulator.backend = "embedded"
+        c.simulator.max_turns = 3  # short dialogues keep the CPU run to minutes
+
+    c.data = ml_collections.ConfigDict()
+    c.data.train_profiles = ""  # JSONL of training profiles; "" = the project's own (tiny only)
+    c.data.eval_profiles = ""  # held-out profiles for in-loop evaluation; "" = hold out from train
+    c.data.eval_holdout = 4 if tiny else 0  # with eval_profiles "": the last N train profiles
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.think = think  # think-then-say: reason in <think>...</think> before replying
+    c.rollout.n = 4 if grpo else 1  # dialogues per profile (a GRPO group)
+    c.rollout.profiles_per_step = 8 if tiny else 32  # profiles per step (paper: 32), x n dialogues
+    c.rollout.max_new_tokens = 32 if tiny else 5000  # tokens per policy turn
+    c.rollout.max_total_tokens = 1024 if tiny else 15000  # per dialogue (prompt 5000 + response 10000)
+    c.rollout.temperature = 1.0  # paper: 1.0
+    c.rollout.top_p = 1.0  # paper: 1.0
+    c.rollout.top_k = 0  # 0 = off
+    c.rollout.max_staleness = 0  # policy versions a batch may lag; 0 = strictly on-policy (paper)
+    c.rollout.pipeline_groups = 1 if tiny else 4  # concurrent dialogue groups per batch
+    c.rollout.format_failure = "end"  # think-mode reply without </think>: end with reward 0
+
+    c.rl = ml_collections.ConfigDict()
+    c.rl.algo = algo  # ppo | grpo
+    c.rl.reward_mode = "final"  # final (paper): final emotion / 100; per_turn: emotion changes
+    c.rl.gamma = 1.0  # GAE discount over policy tokens
+    c.rl.lam = 1.0  # GAE lambda
+    c.rl.whiten_advantages = True  # PPO: normalise GAE advantages over the batch's policy tokens
+    c.rl.grpo_normalize_std = True  # GRPO: divide by the group's std
+    c.rl.grpo_eps = 1e-6
+    c.rl.clip_eps_low = 0.2  # PPO ratio clip
+    c.rl.clip_eps_high = 0.2
+    c.rl.dual_clip = 0.0  # 0 = off; else c > 1 bounds the loss of negative advantages
+    c.rl.value_clip = 0.5  # critic value clip range
+    c.rl.entropy_coef = 0.0  # entropy bonus
+    c.rl.kl_coef = 0.0  # paper: no KL; non-zero builds a frozen reference model
+    c.rl.kl_mode = "loss"  # loss | reward (penalty on token rewards)
+    c.rl.kl_estimator = "k3"  # k1 | k3
+    c.rl.loss_agg_mode = "token_mean"  # token_mean | seq_mean_token_mean
+    c.rl.ppo_epochs = 1
+    c.rl.mini_batch_size = 0  # in dialogues; 0 = the whole batch (paper: mini-batch = batch = 32)
+    c.rl.micro_batch_size = 8 if tiny else 4  # gradient accumulation unit (memory)
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.actor = ml_collections.ConfigDict(dict(
+        lr=2e-3 if tiny else 1e-6,  # paper: 1e-6 (a random tiny model needs far more)
+        warmup_ratio=0.02,  # paper: 0.02
+        weight_decay=0.01, grad_clip=1.0, b1=0.9, b2=0.999, eps=1e-8))
+    c.optim.critic = ml_collections.ConfigDict(dict(
+        lr=2e-3 if tiny else 5e-6,  # paper: 5e-6
+        warmup_ratio=0.05,  # paper: 0.05
+        weight_decay=0.01, grad_clip=1.0, b1=0.9, b2=0.999, eps=1e-8))
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 40 if tiny else 1000  # rollout batches (paper: 1000)
+    c.train.length_multiple = 64 if tiny else 512  # training sequence length bucket
+    c.train.eval_every = 10 if tiny else 25  # in-loop Sentient evaluation; 0 = off
+    c.train.eval_max_profiles = 0  # 0 = every eval profile
+    c.train.transcripts = True  # write every batch's dialogues to WORKDIR/transcripts
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.save_every = 10 if tiny else 5  # paper: every 5 steps
+    c.checkpoint.keep = 3
+    c.checkpoint.async_save = True
+    c.checkpoint.resume = True  # resume from the newest checkpoint in WORKDIR/checkpoints
+    return c
+
+
+def parse_preset(arg: str | None, default: str = "7b") -> str:
+    """The preset from `--config=configs/X.py:PRESET`."""
+    return arg or default

@@ -1,0 +1,7 @@
+"""RLVER GRPO, think-then-say: `python launch/train.py --config=configs/grpo_think.py[:tiny|0.5b|7b]`."""
+
+from configs.base import get_base_config, parse_preset
+
+
+def get_config(arg: str | None = None):
+    return get_base_config(parse_preset(arg), algo="grpo", think=True)

@@ -1,0 +1,103 @@
+"""End to end: the tiny GRPO and PPO configs train on CPU, log, checkpoint and resume exactly."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import grpo_think, ppo_nothink
+from rlver_jax import checkpoint, training
+from rlver_jax.simulator.profiles import DEFAULT_PROFILES, load_profiles
+from tests.conftest import REPO
+
+REQUIRED_METRICS = {"step", "reward_mean", "emotion_mean", "success_rate", "failure_rate", "policy_loss",
+                    "entropy", "tokens_per_second"}
+
+
+def small(config, workdir, steps):
+    """The tiny preset cut down to seconds: 2 profiles x n dialogues of 2 short turns."""
+    config.workdir = str(workdir)
+    config.train.steps = steps
+    config.rollout.profiles_per_step = 2
+    config.rollout.max_new_tokens = 8
+    config.simulator.max_turns = 2
+    config.rl.micro_batch_size = 2
+    config.train.eval_every = 2
+    config.data.eval_holdout = 2
+    config.train.eval_max_profiles = 2
+    config.checkpoint.save_every = 2
+    config.checkpoint.async_save = False
+    return config
+
+
+def _actor(workdir):
+    manager = checkpoint.make_manager(workdir / "checkpoints", save_every=1, keep=5)
+    restored = manager.restore(manager.latest_step())
+    manager.close()
+    return restored["state"]["actor"]
+
+
+def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
+    straight = small(grpo_think.get_config("tiny"), tmp_path / "straight", steps=3)
+    training.train(straight, progress=False)
+    lines = [json.loads(l) for l in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1, 2]
+    assert REQUIRED_METRICS <= set(lines[0]) and "eval_score" in lines[1]
+    assert all(np.isfinite(m["policy_loss"]) for m in lines)
+    transcripts = sorted(p.name for p in (tmp_path / "straight" / "transcripts").iterdir())
+    assert transcripts[:3] == ["eval_000001.jsonl", "train_000000.jsonl", "train_000001.jsonl"]
+    assert any((tmp_path / "straight" / "tensorboard").iterdir())
+
+    resumed = small(grpo_think.get_config("tiny"), tmp_path / "resumed", steps=2)
+    training.train(resumed, progress=False)
+    resumed.train.steps = 3
+    training.train(resumed, progress=False)
+    a, b = _actor(tmp_path / "straight"), _actor(tmp_path / "resumed")
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+    steps = [json.loads(l)["step"] for l in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2]
+
+
+def test_ppo_tiny_trains_with_a_critic(tmp_path):
+    config = small(ppo_nothink.get_config("tiny"), tmp_path / "ppo", steps=2)
+    config.train.eval_every = 0
+    config.mesh.shape = (1, 1, -1)  # 2 dialogues a step: tensor parallelism over the 8 devices
+    metrics = training.train(config, progress=False)
+    assert metrics["value_loss"] >= 0 and metrics["critic_grad_norm"] > 0
+
+
+def test_config_errors_name_the_fix(tmp_path):
+    config = small(grpo_think.get_config("tiny"), tmp_path / "bad", steps=1)
+    config.rollout.n = 1
+    with pytest.raises(ValueError, match="config.rollout.n"):
+        training.train(config, progress=False)
+    config = small(grpo_think.get_config("tiny"), tmp_path / "bad_mesh", steps=1)
+    config.rollout.profiles_per_step = 1  # 4 dialogues cannot split over 8 fsdp shards
+    with pytest.raises(ValueError, match="config.mesh.shape"):
+        training.train(config, progress=False)
+    config = small(grpo_think.get_config("7b"), tmp_path / "bad7b", steps=1)
+    with pytest.raises(ValueError, match="config.data.train_profiles"):
+        training.train(config, progress=False)
+    config.data.train_profiles = str(DEFAULT_PROFILES)
+    config.simulator.backend = "embedded"
+    with pytest.raises(ValueError, match="config.model.path"):
+        training.train(config, progress=False)
+
+
+def test_profiles_for_step_is_a_pure_function_of_step():
+    profiles = load_profiles()
+    a = [p.id for p in training.profiles_for_step(profiles, 5, 3, seed=0)]
+    assert a == [p.id for p in training.profiles_for_step(profiles, 5, 3, seed=0)]
+    epoch = [p.id for s in range(len(profiles)) for p in training.profiles_for_step(profiles, s, 1, seed=0)]
+    assert sorted(epoch) == sorted(p.id for p in profiles)  # every profile once per epoch
+
+
+def test_launch_train_rejects_unknown_override(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "launch/train.py", "--config=configs/grpo_think.py:tiny",
+         f"--config.workdir={tmp_path}", "--config.rl.clip_epsilon=0.1"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "clip_epsilon" in out.stderr
