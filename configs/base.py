@@ -43,7 +43,10 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.simulator = get_simulator_config()
     if tiny:
         c.simulator.backend = "embedded"
-        c.simulator.max_turns = 3  # short dialogues keep the CPU run to minutes
+        # Short dialogues keep the CPU run to minutes. In think mode a random tiny model must
+        # first discover "</think>", and a format failure in any turn zeroes the dialogue's
+        # reward: one-turn dialogues give it a learning signal from the start.
+        c.simulator.max_turns = 1 if think else 3
 
     c.data = ml_collections.ConfigDict()
     c.data.train_profiles = ""  # JSONL of training profiles; "" = the project's own (tiny only)
@@ -53,8 +56,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout = ml_collections.ConfigDict()
     c.rollout.think = think  # think-then-say: reason in <think>...</think> before replying
     c.rollout.n = 4 if grpo else 1  # dialogues per profile (a GRPO group)
-    c.rollout.profiles_per_step = 8 if tiny else 32  # profiles per step (paper: 32), x n dialogues
-    c.rollout.max_new_tokens = 32 if tiny else 5000  # tokens per policy turn
+    c.rollout.profiles_per_step = (8 if grpo else 16) if tiny else 32  # per step (paper: 32), x n dialogues
+    c.rollout.max_new_tokens = 48 if tiny else 5000  # tokens per policy turn
     c.rollout.max_total_tokens = 1024 if tiny else 15000  # per dialogue (prompt 5000 + response 10000)
     c.rollout.temperature = 1.0  # paper: 1.0
     c.rollout.top_p = 1.0  # paper: 1.0

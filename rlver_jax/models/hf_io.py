@@ -201,7 +201,7 @@ class _TensorReader:
 def load_pretrained(
     path: str | os.PathLike,
     dtype: str = "float32",
-    shardings: Params | None = None,
+    shardings: Params | Callable[[Qwen2Config], Params] | None = None,
     compute_dtype: str | None = None,
     **config_overrides,
 ) -> tuple[Qwen2Config, Params]:
@@ -209,7 +209,9 @@ def load_pretrained(
 
     dtype: parameter dtype to load into ("float32" or "bfloat16"); compute_dtype defaults to it.
     shardings: optional pytree of
-    `jax.sharding.Sharding` matching the params; each tensor then goes straight to its shards.
+    `jax.sharding.Sharding` matching the params, or a function of the loaded config returning one
+    (e.g. `lambda c: sharding.param_shardings(c, mesh, rules)`: the config is known only once
+    config.json is read); each tensor then goes straight to its shards.
     config_overrides: other Qwen2Config fields (compute dtype, scan_layers, remat, value_head...).
     A value head, when asked for, is initialised to zero (it is not part of HF checkpoints).
     """
@@ -219,6 +221,8 @@ def load_pretrained(
         raise CheckpointError(f"{cfg_file}: not found (expected a Hugging Face model directory)")
     config = config_from_hf(json.loads(cfg_file.read_text()), str(cfg_file), param_dtype=dtype,
                             dtype=compute_dtype or dtype, **config_overrides)
+    if callable(shardings):
+        shardings = shardings(config)
     reader = _TensorReader(path)
     np_dtype = _NP_DTYPES[dtype]
     abstract = abstract_params(config)

@@ -1,0 +1,404 @@
+"""Device meshes, logical-axis sharding rules, sharded placement, and multi-host start-up.
+
+The mesh axes are fixed: `data` (parameters replicated, batch split), `fsdp` (parameters,
+optimizer state and batch split; weights are all-gathered layer by layer) and `tensor`
+(Megatron-style split of heads, MLP width and vocabulary inside every layer). The model names
+each parameter dimension with a logical axis (`qwen2.logical_axes`); one rules table, a config
+field (`mesh.rules`), maps logical names to mesh axes. Batches, and the activations of model
+calls inside `jit_sharded`, are split over `BATCH_AXES` on their leading dimension.
+
+Indivisible dimensions: a parameter dimension whose size is not a multiple of its mesh axes'
+product keeps the longest prefix of those axes that divides it (possibly none: replicated) and a
+warning is logged once, e.g. the tiny model's 2 kv heads on tensor=4. Replicating a small
+dimension costs memory, never correctness. Batches are never replicated silently: a batch size
+that the batch axes do not divide is an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from rlver_jax.models import qwen2
+from rlver_jax.models.config import Qwen2Config
+
+Params = Any
+# A preset name, (logical_name, mesh axes) pairs, or a table from `resolve_rules`.
+RulesLike = str | Sequence[Sequence[Any]] | Mapping[str, Any]
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+_MULTIHOST_ENV = "RLVER_MULTIHOST"  # exported by launch/tpu_pod.sh on every pod worker
+
+# Every logical name the model uses appears in every preset, so a preset works for any mesh
+# shape; axes of size 1 shard nothing.
+RULE_PRESETS: dict[str, tuple[tuple[str, Any], ...]] = {
+    # ZeRO-3 style: every matrix split along its model-width dimension.
+    "fsdp": (
+        ("vocab", None), ("embed", "fsdp"), ("heads", None), ("kv_heads", None),
+        ("head_dim", None), ("mlp", None), ("norm", None), ("layers", None)),
+    # Megatron style: attention heads, MLP width and vocabulary split; model width replicated.
+    "tensor": (
+        ("vocab", "tensor"), ("embed", None), ("heads", "tensor"), ("kv_heads", "tensor"),
+        ("head_dim", None), ("mlp", "tensor"), ("norm", None), ("layers", None)),
+    # Both: model width over fsdp, the Megatron dimensions over tensor.
+    "fsdp_tensor": (
+        ("vocab", "tensor"), ("embed", "fsdp"), ("heads", "tensor"), ("kv_heads", "tensor"),
+        ("head_dim", None), ("mlp", "tensor"), ("norm", None), ("layers", None)),
+}
+
+_log = logging.getLogger(__name__)
+_warned: set[tuple] = set()
+
+
+# ----------------------------------------------------------------------------- mesh
+
+
+def resolve_mesh_shape(shape: Sequence[int], device_count: int) -> tuple[int, int, int]:
+    """`mesh.shape` (data, fsdp, tensor) with at most one -1 replaced by the remaining devices."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != len(MESH_AXES):
+        raise ValueError(f"mesh.shape={shape} must have {len(MESH_AXES)} entries {MESH_AXES}")
+    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"mesh.shape={shape}: use positive sizes and at most one -1 (the rest of the devices)")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if device_count % known:
+            raise ValueError(
+                f"mesh.shape={shape}: the fixed axes multiply to {known}, which does not divide "
+                f"jax.device_count()={device_count}; change mesh.shape")
+        shape = tuple(device_count // known if s == -1 else s for s in shape)
+    if math.prod(shape) != device_count:
+        raise ValueError(
+            f"mesh.shape={shape} multiplies to {math.prod(shape)} devices but jax.device_count()="
+            f"{device_count}; set mesh.shape so the product is {device_count} (or put -1 on one axis)")
+    return shape
+
+
+def _dcn_split(shape: tuple[int, int, int], num_slices: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(per-slice ICI shape, DCN shape): the data axis spans slices, the only traffic it carries
+    is one gradient all-reduce per step, which the slow data-centre network can afford."""
+    if shape[0] % num_slices:
+        raise ValueError(
+            f"mesh.shape={shape} on {num_slices} TPU slices: the data axis spans the slices, so "
+            f"mesh.shape[0] must be a multiple of {num_slices}")
+    return (shape[0] // num_slices, shape[1], shape[2]), (num_slices, 1, 1)
+
+
+def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The ('data', 'fsdp', 'tensor') mesh of `mesh.shape` over all (or the given) devices.
+
+    Device order follows the hardware: `jax.make_mesh` lays axes on the ICI topology (the last
+    axis, tensor, on the closest devices); across TPU slices, `data` runs over DCN.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = resolve_mesh_shape(shape, len(devices))
+    axis_types = (AxisType.Auto,) * len(MESH_AXES)  # shardings chosen by jit, not by array types
+    num_slices = len({getattr(d, "slice_index", 0) for d in devices})
+    if num_slices > 1:
+        ici, dcn = _dcn_split(shape, num_slices)
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+        return Mesh(grid, MESH_AXES, axis_types=axis_types)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def resolve_rules(rules: RulesLike) -> dict[str, tuple[str, ...]]:
+    """`mesh.rules` (a preset name or (logical_name, mesh axes) pairs) as {logical: mesh axes}."""
+    if isinstance(rules, str):
+        if rules not in RULE_PRESETS:
+            raise ValueError(
+                f"mesh.rules={rules!r} is not a preset; use one of {sorted(RULE_PRESETS)} or a list "
+                f"of (logical_name, mesh_axis | None | tuple of mesh axes) pairs")
+        rules = RULE_PRESETS[rules]
+    elif isinstance(rules, Mapping):
+        rules = rules.items()
+    table: dict[str, tuple[str, ...]] = {}
+    for pair in rules:
+        if len(pair) != 2 or not isinstance(pair[0], str):
+            raise ValueError(f"mesh.rules entry {pair!r} is not a (logical_name, mesh axes) pair")
+        name, axes = pair
+        if name in table:
+            raise ValueError(f"mesh.rules names logical axis {name!r} twice; keep one entry")
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        unknown = [a for a in axes if a not in MESH_AXES]
+        if unknown or len(set(axes)) != len(axes):
+            raise ValueError(
+                f"mesh.rules maps {name!r} to {axes}; use distinct mesh axes from {MESH_AXES} or None")
+        table[name] = axes
+    return table
+
+
+def _divisible_prefix(axes: tuple[str, ...], size: int, mesh: Mesh) -> tuple[str, ...]:
+    for n in range(len(axes), 0, -1):
+        if size % math.prod(mesh.shape[a] for a in axes[:n]) == 0:
+            return axes[:n]
+    return ()
+
+
+def logical_to_mesh(logical: P, shape: Sequence[int], mesh: Mesh, rules: RulesLike, name: str = "array") -> P:
+    """The mesh PartitionSpec of an array whose dimensions carry the logical names `logical`."""
+    table = resolve_rules(rules)
+    if len(logical) != len(shape):
+        raise ValueError(f"{name}: logical axes {logical} do not match its shape {tuple(shape)}")
+    used: dict[str, str] = {}
+    spec = []
+    for logical_name, size in zip(logical, shape):
+        if logical_name is None:
+            spec.append(None)
+            continue
+        if logical_name not in table:
+            raise ValueError(
+                f"logical axis {logical_name!r} of {name} has no rule in mesh.rules; add "
+                f"({logical_name!r}, None) to replicate it, or map it to mesh axes from {MESH_AXES}")
+        axes = table[logical_name]
+        for a in axes:
+            if a in used:
+                raise ValueError(
+                    f"mesh.rules map both {used[a]!r} and {logical_name!r} of {name} to mesh axis "
+                    f"{a!r}; a mesh axis can split only one dimension of an array")
+            used[a] = logical_name
+        kept = _divisible_prefix(axes, size, mesh)
+        if kept != axes:
+            key = (logical_name, size, axes, tuple(mesh.shape.items()))
+            if key not in _warned:
+                _warned.add(key)
+                _log.warning(
+                    "logical axis %r (size %d, e.g. %s) is not divisible by mesh axes %s of sizes %s; "
+                    "split over %s instead", logical_name, size, name, axes,
+                    [mesh.shape[a] for a in axes], kept or "none (replicated)")
+        spec.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return P(*spec)
+
+
+def _path_name(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def param_shardings(config: Qwen2Config, mesh: Mesh, rules: RulesLike) -> Params:
+    """A NamedSharding for every parameter of the model `config` (same tree as the params)."""
+    table = resolve_rules(rules)
+    abstract = qwen2.abstract_params(config)
+    logical = qwen2.logical_axes(config)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, spec, leaf: NamedSharding(
+            mesh, logical_to_mesh(spec, leaf.shape, mesh, table, _path_name(path))),
+        logical, abstract, is_leaf=lambda x: isinstance(x, P))
+
+
+def with_shardings(tree: Any, shardings: Any) -> Any:
+    """`jax.ShapeDtypeStruct`s (shape, dtype of `tree`'s leaves) carrying `shardings`: the abstract
+    inputs for ahead-of-time compilation and for restoring checkpoints onto a mesh."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def init_sharded_params(config: Qwen2Config, rng: jax.Array, mesh: Mesh, rules: RulesLike) -> Params:
+    """Random parameters created directly in their shards (never whole on one device)."""
+    shardings = param_shardings(config, mesh, rules)
+    return jax.jit(lambda key: qwen2.init_params(config, key), out_shardings=shardings)(rng)
+
+
+# ----------------------------------------------------------------------------- optimizer state
+
+
+def opt_state_shardings(optimizer: optax.GradientTransformation, params: Params, shardings: Params) -> Any:
+    """Shardings of `optimizer.init(params)`: every sub-tree shaped like the params (Adam moments,
+    accumulated gradients) takes the parameter shardings, every other leaf (step counts) is
+    replicated. `params` may be arrays or `jax.ShapeDtypeStruct`s."""
+    mesh = jax.tree.leaves(shardings)[0].mesh
+    replicated = NamedSharding(mesh, P())
+    param_def = jax.tree.structure(params)
+    param_shapes = [x.shape for x in jax.tree.leaves(params)]
+
+    def mirrors_params(node) -> bool:
+        return (jax.tree.structure(node) == param_def
+                and [x.shape for x in jax.tree.leaves(node)] == param_shapes)
+
+    def assign(node):
+        if mirrors_params(node):
+            return shardings
+        if node.ndim:  # an optimizer with non-mirrored state (e.g. factored moments)
+            _log.warning("optimizer state leaf of shape %s does not mirror a parameter; replicated", node.shape)
+        return replicated
+
+    state = jax.eval_shape(optimizer.init, params)
+    return jax.tree.map(assign, state, is_leaf=mirrors_params)
+
+
+def init_opt_state(optimizer: optax.GradientTransformation, params: Params, shardings: Params) -> Any:
+    """`optimizer.init(params)` created directly in its shards (see `opt_state_shardings`)."""
+    out = opt_state_shardings(optimizer, params, shardings)
+    return jax.jit(optimizer.init, in_shardings=(shardings,), out_shardings=out)(params)
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def _batch_shards(mesh: Mesh) -> int:
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def batch_shardings(mesh: Mesh, batch: Any) -> Any:
+    """Shardings for a global batch: leading dimension over BATCH_AXES; 0-d leaves replicated."""
+    n = _batch_shards(mesh)
+
+    def one(x) -> NamedSharding:
+        if not np.ndim(x):
+            return NamedSharding(mesh, P())
+        if np.shape(x)[0] % n:
+            raise ValueError(
+                f"a batch of {np.shape(x)[0]} rows does not split over mesh axes {BATCH_AXES} "
+                f"({n} shards, mesh.shape={tuple(mesh.shape.values())}); make the batch size a multiple of {n}")
+        return NamedSharding(mesh, P(BATCH_AXES))
+
+    return jax.tree.map(one, batch)
+
+
+def _local_row_blocks(mesh: Mesh) -> list[int]:
+    """Indices of the batch shards held by this process's devices, in row order."""
+    n = _batch_shards(mesh)
+    index_map = NamedSharding(mesh, P(BATCH_AXES)).addressable_devices_indices_map((n,))
+    return sorted({idx[0].start or 0 for idx in index_map.values()})
+
+
+def host_batch_rows(mesh: Mesh, global_batch_size: int) -> np.ndarray:
+    """Rows of a global batch that this process loads and passes to `shard_host_batch`, in order.
+
+    Each host reads only these rows of its data. When every host's devices form one block of
+    the batch axes (single host; GPU nodes; `make_mesh` on most pods) this is the contiguous
+    slice process_index/process_count of the batch.
+    """
+    n = _batch_shards(mesh)
+    if global_batch_size % n:
+        raise ValueError(
+            f"global batch size {global_batch_size} does not split over mesh axes {BATCH_AXES} "
+            f"({n} shards); make it a multiple of {n}")
+    per = global_batch_size // n
+    return np.concatenate([np.arange(b * per, (b + 1) * per) for b in _local_row_blocks(mesh)])
+
+
+def shard_host_batch(mesh: Mesh, batch: Any) -> Any:
+    """Place this process's rows of a batch (numpy pytree, rows from `host_batch_rows`) on the
+    mesh as global arrays split over BATCH_AXES; single-process: the whole batch."""
+    local_blocks = len(_local_row_blocks(mesh))
+    n = _batch_shards(mesh)
+
+    def place(x):
+        x = np.asarray(x)
+        if not x.ndim:
+            return jax.make_array_from_process_local_data(NamedSharding(mesh, P()), x, ())
+        if x.shape[0] % local_blocks:
+            raise ValueError(
+                f"this process passed {x.shape[0]} rows, not a multiple of the {local_blocks} batch "
+                f"shards on its devices; pass the rows from host_batch_rows")
+        global_shape = (x.shape[0] // local_blocks * n,) + x.shape[1:]
+        return jax.make_array_from_process_local_data(NamedSharding(mesh, P(BATCH_AXES)), x, global_shape)
+
+    return jax.tree.map(place, batch)
+
+
+# ----------------------------------------------------------------------------- jit
+
+
+def _split_batch_of_module_calls(mesh: Mesh):
+    """A Flax method interceptor that pins the leading (batch) dimension of every module call's
+    first argument and array result (token ids, hidden states [B, T, D], logits) to BATCH_AXES,
+    other dimensions left to XLA. Without it, XLA's propagation follows the FSDP-split embedding
+    table and splits the model width instead, replicating the batch on every device (0.5B, 16
+    devices: 85 GB of temporaries per device instead of 12). The model stays free of sharding."""
+    n = _batch_shards(mesh)
+
+    def split(x):
+        if isinstance(x, jax.Array) and x.ndim >= 2 and x.shape[0] % n == 0:
+            spec = P(BATCH_AXES, *[P.UNCONSTRAINED] * (x.ndim - 1))
+            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        return x
+
+    def interceptor(next_fun, args, kwargs, context):
+        if args:
+            args = (split(args[0]),) + tuple(args[1:])
+        return split(next_fun(*args, **kwargs))
+
+    return nn.intercept_methods(interceptor)
+
+
+def jit_sharded(
+    fn: Callable,
+    in_shardings: Any,
+    out_shardings: Any,
+    donate_argnums: int | Sequence[int] = (),
+) -> Any:
+    """`jax.jit(fn)` with explicit in/out shardings, donated buffers, and the batch dimension of
+    model activations kept split over BATCH_AXES while `fn` is traced. The result also serves
+    `.lower(...).compile()`. All shardings must be NamedShardings of one mesh (None leaves: XLA
+    chooses): a mix of meshes would make XLA reshard silently on every call."""
+    leaves = jax.tree.leaves((in_shardings, out_shardings))
+    meshes = {s.mesh for s in leaves if isinstance(s, NamedSharding)}
+    others = [s for s in leaves if not isinstance(s, NamedSharding)]
+    if len(meshes) != 1 or others:
+        raise ValueError(
+            f"jit_sharded takes NamedShardings of one mesh; got {len(meshes)} meshes and "
+            f"{len(others)} other shardings {others[:1]}")
+    (mesh,) = meshes
+
+    @functools.wraps(fn)
+    def traced(*args):
+        with _split_batch_of_module_calls(mesh):
+            return fn(*args)
+
+    return jax.jit(traced, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums)
+
+
+# ----------------------------------------------------------------------------- multi-host
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def maybe_initialize_distributed(cfg: Any) -> bool:
+    """Start JAX's multi-process runtime when `cfg` (the `mesh.distributed` section) or the
+    environment asks for it; returns whether the process is part of a multi-process run.
+
+    Call first, before anything touches a device. `cfg.initialize`:
+    'never'; 'always' (Cloud TPU pods: fields left empty, JAX finds the workers); 'auto'
+    (default): initialise when a coordinator address or num_processes > 1 is set in the config or
+    in JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES, or when RLVER_MULTIHOST=1 (set by
+    launch/tpu_pod.sh). Missing fields are read from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES
+    and JAX_PROCESS_ID, and otherwise left to JAX's cluster detection (TPU, SLURM, Open MPI).
+    """
+    mode = cfg.initialize
+    if mode not in ("auto", "always", "never"):
+        raise ValueError(f"mesh.distributed.initialize={mode!r}; use 'auto', 'always' or 'never'")
+    if jax.distributed.is_initialized():
+        return True
+    if mode == "never":
+        return False
+    address = cfg.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    num_processes = cfg.num_processes if cfg.num_processes is not None else _env_int("JAX_NUM_PROCESSES")
+    process_id = cfg.process_id if cfg.process_id is not None else _env_int("JAX_PROCESS_ID")
+    if mode == "auto" and not (
+            address or (num_processes or 1) > 1 or os.environ.get(_MULTIHOST_ENV) == "1"):
+        return False
+    jax.distributed.initialize(coordinator_address=address, num_processes=num_processes, process_id=process_id)
+    _log.info("process %d of %d, %d local / %d global devices", jax.process_index(),
+              jax.process_count(), jax.local_device_count(), jax.device_count())
+    return True
