@@ -10,14 +10,14 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
-    """Write `text` to a temporary file beside `path`, then rename it into place."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> pathlib.Path:
+    """Write `data` to a temporary file beside `path`, then rename it into place."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -26,6 +26,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
+    """`atomic_write_bytes` of UTF-8 text."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> pathlib.Path:
