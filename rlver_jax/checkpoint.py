@@ -62,3 +62,27 @@ def restore(manager: ocp.CheckpointManager, step: int | None, template: Any) -> 
     out = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(_abstract(template)), meta=ocp.args.JsonRestore()))
     return out.state, dict(out.meta)
+
+
+def restore_actor(directory: str | os.PathLike, step: int | None, abstract_actor: Any) -> tuple[Any, int]:
+    """Only the actor parameters of the TrainState saved at `step` (default: the latest) in
+    `directory` (a run's WORKDIR/checkpoints), for sampling or export.
+
+    The directory is opened read-only and the restore is partial: the critic and the optimizer
+    states are never read, so a policy needs the memory of its own parameters only.
+    `abstract_actor`: ShapeDtypeStructs (with shardings) of the actor, as saved. Returns
+    (params, step).
+    """
+    manager = ocp.CheckpointManager(os.path.abspath(directory),
+                                    options=ocp.CheckpointManagerOptions(read_only=True))
+    try:
+        steps = sorted(manager.all_steps())
+        step = manager.latest_step() if step is None else step
+        if step is None or step not in steps:
+            raise FileNotFoundError(f"no checkpoint at step {step} in {manager.directory}; available: {steps}")
+        item = {"actor": abstract_actor}  # the TrainState field; everything else stays on disk
+        out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True)))
+        return out.state["actor"], step
+    finally:
+        manager.close()

@@ -20,6 +20,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> pathlib.Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -11,6 +11,7 @@ same simulator code path, so reward hacking shows up as a gap between the two.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import pathlib
@@ -206,11 +207,11 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
     mesh = sharding.make_mesh(config.mesh.shape)
     rules = config.mesh.rules
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    if rl.mini_batch_size % shards or rl.micro_batch_size % shards:
+    if rl.mini_batch_size % shards:
         raise ValueError(
-            f"mini-batches of {rl.mini_batch_size} and micro-batches of {rl.micro_batch_size} dialogues must split "
-            f"over the {shards} data x fsdp shards of config.mesh.shape={tuple(config.mesh.shape)}: change "
-            "config.rollout.profiles_per_step / config.rl.micro_batch_size, or move devices to the tensor axis")
+            f"mini-batches of {rl.mini_batch_size} dialogues must split over the {shards} data x fsdp shards of "
+            f"config.mesh.shape={tuple(config.mesh.shape)}: change config.rollout.profiles_per_step or "
+            "config.rl.mini_batch_size, or move devices to the tensor axis")
     actor_cfg, actor = load_policy(config, mesh, rules)
     if actor_cfg.vocab_size < len(chat_tokens.tokenizer):
         raise ValueError(f"tokenizer has {len(chat_tokens.tokenizer)} tokens but the model's vocab_size is "
@@ -337,6 +338,10 @@ def evaluate(config, actor_cfg, chat_tokens, params, profiles, rollout: RolloutS
         profiles = profiles[:config.train.eval_max_profiles]
     policy = JaxPolicy(actor_cfg, chat_tokens, sampling_settings, params,
                        jax.random.fold_in(jax.random.PRNGKey(config.seed + 2), step))
+
+    # As in the benchmark (configs/eval.py), a reply that breaks the think format is shown to the
+    # user as it is rather than ending the dialogue at its current emotion.
+    rollout = dataclasses.replace(rollout, format_failure="continue")
 
     async def run():
         async with build_simulator(config.simulator) as sim:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlver_jax import chat
@@ -91,14 +91,16 @@ class EpisodeRunner:
         """Template tokens after a turn's sampled ids: <|im_end|> (when cut) and "\n"."""
         return 1 + len(self.chat.newline)
 
-    async def run(self, requests: Sequence[EpisodeRequest], version: int = 0) -> list[DialogueSequence]:
-        """All dialogues of `requests` to the end, in the order given."""
+    async def run(self, requests: Sequence[EpisodeRequest], version: int = 0,
+                  on_finish: Callable[[DialogueSequence], None] | None = None) -> list[DialogueSequence]:
+        """All dialogues of `requests` to the end, in the order given. `on_finish` is called with
+        each dialogue as soon as it ends (evaluation saves it then, so a crash loses no result)."""
         n_groups = min(self.settings.pipeline_groups, max(len(requests), 1))
         chunks = [list(range(i, len(requests), n_groups)) for i in range(n_groups)]
         results: list[DialogueSequence | None] = [None] * len(requests)
 
         async def run_chunk(idx):
-            seqs = await self._run_group([requests[i] for i in idx], version)
+            seqs = await self._run_group([requests[i] for i in idx], version, on_finish)
             for i, s in zip(idx, seqs):
                 results[i] = s
 
@@ -107,9 +109,20 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ one pipeline group
 
-    async def _run_group(self, requests: list[EpisodeRequest], version: int) -> list[DialogueSequence]:
+    async def _run_group(self, requests: list[EpisodeRequest], version: int,
+                         on_finish: Callable[[DialogueSequence], None] | None) -> list[DialogueSequence]:
         states = await asyncio.gather(*(self.simulator.start(r.profile) for r in requests))
         episodes = [self._open(r, s) for r, s in zip(requests, states)]
+        finished: dict[int, DialogueSequence] = {}
+
+        def collect():
+            for i, e in enumerate(episodes):
+                if e.done and i not in finished:
+                    finished[i] = self._finish(e, version)
+                    if on_finish is not None:
+                        on_finish(finished[i])
+
+        collect()
         while live := [e for e in episodes if not e.done]:
             turns = await self.policy.act([self._turn_request(e) for e in live])
             replies = [self._record_policy_turn(e, t) for e, t in zip(live, turns)]
@@ -117,7 +130,8 @@ class EpisodeRunner:
             new_states = await asyncio.gather(*(self.simulator.respond(e.state, r) for e, r in judged))
             for (e, _), state in zip(judged, new_states):
                 self._record_user_turn(e, state)
-        return [self._finish(e, version) for e in episodes]
+            collect()
+        return [finished[i] for i in range(len(episodes))]
 
     def _open(self, request: EpisodeRequest, state: DialogueState) -> _Episode:
         lang = state.language

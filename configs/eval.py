@@ -1,0 +1,83 @@
+"""The Sentient benchmark under the SAGE protocol: `python launch/eval.py --config=configs/eval.py[:tiny]`.
+
+The simulated user opens with each profile's `first_talk`, starts at emotion 40, and the dialogue
+ends on a goodbye, at 100 (success), below 10 (failure) or after 10 rounds, the 10th reply not
+judged (configs/simulator.py with eval_mode=True).
+
+A checkpoint of ours, on a served simulator, with the 100 SAGE test profiles:
+  python launch/eval.py --config=configs/eval.py --config.workdir=runs/eval_ppo_think \\
+      --config.policy.checkpoint=runs/ppo_think_7b \\
+      --config.eval.profiles=../shared/data/rlver/test_profile.jsonl \\
+      --config.simulator.base_url=http://simhost:30000/v1 --config.simulator.model=simulator
+A served or API model (the key, if any, in the environment variable policy.api_key_env names):
+  python launch/eval.py --config=configs/eval.py --config.workdir=runs/eval_qwen7b \\
+      --config.eval.profiles=../shared/data/rlver/test_profile.jsonl \\
+      --config.policy.backend=openai --config.policy.base_url=http://policyhost:8000/v1 \\
+      --config.policy.model=Qwen2.5-7B-Instruct \\
+      --config.simulator.backend=openai --config.simulator.base_url=http://simhost:30000/v1 \\
+      --config.simulator.model=simulator
+Presets:
+  sage (default): the protocol above; policy and simulator are yours to point at.
+  tiny: CPU, minutes: the tiny policy of a training run (--config.policy.checkpoint=RUN), or a
+        freshly initialised one when no checkpoint is given; the embedded rule-based simulator and
+        the project's own profiles. A smoke test of the pipeline, not a benchmark.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from configs.mesh import get_mesh_config
+from configs.simulator import get_simulator_config
+from rlver_jax.simulator.profiles import DEFAULT_PROFILES
+
+PRESETS = ("sage", "tiny")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    preset = arg or "sage"
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; use one of {PRESETS} (e.g. configs/eval.py:tiny)")
+    tiny = preset == "tiny"
+    c = ml_collections.ConfigDict()
+    c.workdir = ""  # required: sentient.json, transcripts.jsonl, report.md and plots go here
+    c.seed = 0  # sampling key of a JAX policy; the init of a fresh tiny policy
+
+    c.eval = ml_collections.ConfigDict()
+    # JSONL profiles with first_talk (SAGE: ../shared/data/rlver/test_profile.jsonl); tiny: our own.
+    c.eval.profiles = str(DEFAULT_PROFILES) if tiny else ""
+    c.eval.max_profiles = 0  # 0 = every profile of the file; else the first N
+    c.eval.max_concurrency = 16 if tiny else 64  # dialogues in flight at once
+    # Dialogues per policy call: a JAX policy samples a group as one batch; the dialogues of a
+    # group advance in lockstep, so an endpoint policy does best with small groups. With several
+    # groups in flight a JAX policy's draws depend on the order of calls; max_concurrency equal
+    # to group_size makes a run exactly reproducible.
+    c.eval.group_size = 8
+
+    c.policy = ml_collections.ConfigDict()
+    c.policy.backend = "jax"  # jax: our sampler on a checkpoint; openai: a chat endpoint
+    c.policy.checkpoint = ""  # jax: a training WORKDIR (latest step) or WORKDIR/checkpoints/STEP
+    c.policy.path = ""  # jax: a Hugging Face Qwen2 directory instead of a checkpoint
+    c.policy.fresh_tiny = tiny  # jax with neither checkpoint nor path: a randomly initialised tiny model
+    c.policy.dtype = "float32" if tiny else "bfloat16"  # jax with policy.path (a run keeps its own)
+    c.policy.base_path = ""  # jax: HF dir for the run's architecture and tokenizer if its model.path moved
+    # Think-then-say; None = the run's own setting for a checkpoint, else no-think.
+    c.policy.think = config_dict.placeholder(bool)
+    c.policy.temperature = 0.7  # both backends
+    c.policy.top_p = 1.0  # jax only
+    c.policy.top_k = 0  # jax only; 0 = off
+    c.policy.max_new_tokens = 32 if tiny else 2048  # per policy turn
+    c.policy.max_total_tokens = 1024 if tiny else 16384  # jax: per dialogue, then "truncated"
+    # A think-mode reply without </think>: "continue" lets the simulated user judge the raw text
+    # (as an API model's output would be); "end" would freeze the emotion at its last value.
+    c.policy.format_failure = "continue"
+    c.policy.base_url = "http://127.0.0.1:8000/v1"  # openai
+    c.policy.model = "policy"  # openai: the served model name
+    c.policy.api_key_env = "POLICY_API_KEY"  # openai: env var holding the key; unset for local servers
+    c.policy.timeout_s = 300.0  # openai: per request
+    c.policy.max_retries = 5  # openai: on connection errors, 429 and 5xx
+
+    c.mesh = get_mesh_config(shape=(1, 1, -1), rules="tensor")  # sampling: heads split, no gathers
+    c.simulator = get_simulator_config(eval_mode=True)
+    if tiny:
+        c.simulator.backend = "embedded"
+    return c

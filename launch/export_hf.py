@@ -1,0 +1,50 @@
+"""Export a trained policy as a Hugging Face directory (weights, config, tokenizer files) that
+transformers and SGLang load, e.g. to serve it and evaluate it with --config.policy.backend=openai.
+
+  python launch/export_hf.py --checkpoint=runs/ppo_think_7b --out=exports/ppo_think_7b
+  python launch/export_hf.py --checkpoint=/tmp/rlver_tiny/checkpoints/2 --out=/tmp/rlver_tiny_hf --dtype=float32
+
+--checkpoint is a training run's work directory (its latest step) or WORKDIR/checkpoints/STEP.
+Only the actor is read; the critic and optimizer states stay on disk.
+"""
+
+import logging
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # rlver_jax/
+
+from absl import app, flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+
+from rlver_jax import sharding  # noqa: E402
+from rlver_jax.eval.export import export_hf  # noqa: E402
+from rlver_jax.eval.policy_loading import load_checkpoint_policy, locate_checkpoint  # noqa: E402
+from rlver_jax.models.hf_io import CheckpointError  # noqa: E402
+
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training WORKDIR (latest step) or WORKDIR/checkpoints/STEP.")
+_OUT = flags.DEFINE_string("out", None, "New directory for the Hugging Face checkpoint.")
+_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32", "float16"], "Dtype of the written weights.")
+_BASE_PATH = flags.DEFINE_string("base_path", "", "Hugging Face directory of the run's base model, if it moved "
+                                 "since training (its architecture and tokenizer).")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax reports every file it reads
+    logging.getLogger("rlver_jax").setLevel(logging.INFO)
+    try:
+        ckpt = locate_checkpoint(_CHECKPOINT.value, "--checkpoint")
+        # Any layout will do: writing gathers every parameter to the host.
+        mesh = sharding.make_mesh((1, -1, 1))
+        policy = load_checkpoint_policy(ckpt, mesh, "fsdp", _BASE_PATH.value)
+        out = export_hf(policy, _OUT.value, _DTYPE.value)
+    except (ValueError, FileNotFoundError, FileExistsError, CheckpointError) as e:
+        sys.exit(f"export_hf.py: error: {e}")
+    print(f"exported {policy.source} ({policy.model.num_params():,} parameters, {_DTYPE.value}) to {out}")
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["checkpoint", "out"])
+    app.run(main)

@@ -1,0 +1,212 @@
+"""The Sentient benchmark behind launch/eval.py: every profile's dialogue with the policy under
+test, under the SAGE rules of `config.simulator`, then scores, report and plots.
+
+Resumable: each dialogue is appended to WORKDIR/transcripts.jsonl the moment it ends, and a rerun
+skips the profiles found there. WORKDIR/setup.json records what defines the results (the resolved
+policy, sampling, simulator and rules); a rerun with a different set-up is refused rather than
+mixed in. Outputs (report.write_outputs): sentient.json, report.md, trajectories.png,
+final_emotions.png.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+from typing import Any
+
+import jax
+import ml_collections
+import openai
+from tqdm import tqdm
+
+from rlver_jax import sharding
+from rlver_jax.eval import policy_loading, report
+from rlver_jax.eval.endpoint import EndpointUnavailableError, check_chat_endpoint
+from rlver_jax.eval.resume import check_setup, load_records
+from rlver_jax.files import append_jsonl
+from rlver_jax.models.hf_io import CheckpointError
+from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
+from rlver_jax.rollout.policy import JaxPolicy, OpenAIPolicy, SamplingSettings
+from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.simulator import (ProfileError, SimulatorUnavailableError, build_simulator, check_endpoint,
+                                 load_profiles)
+from rlver_jax.simulator.profiles import Profile
+
+log = logging.getLogger(__name__)
+
+POLICY_BACKENDS = ("jax", "openai")
+TRANSCRIPTS = "transcripts.jsonl"
+SETUP = "setup.json"
+# Errors of configuration or environment, reported to the user without a traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, ProfileError, CheckpointError, SimulatorUnavailableError,
+               EndpointUnavailableError)
+# Fields that change how results are fetched, not what they are (a resumed run may change them).
+_TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries", "max_concurrency",
+                        "backoff_initial_s", "backoff_max_s", "malformed_retries", "cache_dir",
+                        "cache_replay_only"})
+
+
+def load_eval_profiles(config: ml_collections.ConfigDict) -> list[Profile]:
+    if not config.eval.profiles:
+        raise ValueError("config.eval.profiles is empty: set it to a JSONL file of profiles with first_talk, "
+                         "e.g. --config.eval.profiles=../shared/data/rlver/test_profile.jsonl")
+    try:
+        profiles = load_profiles(config.eval.profiles)
+    except ProfileError as e:
+        raise ProfileError(f"config.eval.profiles: {e}") from None
+    if config.eval.max_profiles:
+        profiles = profiles[:config.eval.max_profiles]
+    if missing := [p.id for p in profiles if p.first_talk is None]:
+        log.warning("%d profiles lack first_talk (SAGE opens with it); the simulator writes their opening: %s",
+                    len(missing), missing[:5])
+    return profiles
+
+
+class _PolicySpec:
+    """The policy of `config.policy`, resolved without loading any weights: what it is (for
+    setup.json and reports), its think mode, and how to load it."""
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        p = config.policy
+        if p.backend not in POLICY_BACKENDS:
+            raise ValueError(f"config.policy.backend={p.backend!r}: use one of {POLICY_BACKENDS}")
+        self.config, self.ckpt = config, None
+        run_think = None
+        if p.backend == "openai":
+            self.source = self.label = p.model
+        elif p.checkpoint and p.path:
+            raise ValueError("set one of config.policy.checkpoint (a training run) and config.policy.path "
+                             "(a Hugging Face directory), not both")
+        elif p.checkpoint:
+            self.ckpt = policy_loading.locate_checkpoint(p.checkpoint, "config.policy.checkpoint")
+            step = self.ckpt.resolved_step()
+            self.source = str((self.ckpt.checkpoints / str(step)).resolve())
+            self.label = f"{self.ckpt.run_dir.resolve().name} step {step}"
+            run_think = bool(self.ckpt.config().rollout.think)
+        elif p.path:
+            if not pathlib.Path(p.path, "config.json").exists():
+                raise FileNotFoundError(f"config.policy.path={p.path!r}: no config.json there; it must be a "
+                                        "Hugging Face Qwen2 directory (e.g. one written by launch/export_hf.py)")
+            self.source = str(pathlib.Path(p.path).resolve())
+            self.label = pathlib.Path(self.source).name
+        elif p.fresh_tiny:
+            self.source = self.label = f"fresh tiny model (seed {config.seed})"
+        else:
+            raise ValueError("no policy to evaluate: set --config.policy.checkpoint=TRAIN_WORKDIR (a run of "
+                             "launch/train.py), --config.policy.path=HF_DIR, or --config.policy.backend=openai "
+                             "with --config.policy.base_url and --config.policy.model")
+        self.think = p.think if p.think is not None else bool(run_think)
+        self.backend = p.backend
+
+    def setup(self) -> dict[str, Any]:
+        """What defines the results, for setup.json."""
+        c = self.config
+        out: dict[str, Any] = {"policy.source": self.source, "policy.think": self.think, "seed": c.seed,
+                               "eval.profiles": str(pathlib.Path(c.eval.profiles).resolve())}
+        skip = _TRANSPORT | {"checkpoint", "path", "base_path", "think", "fresh_tiny"}
+        out.update({f"policy.{k}": v for k, v in c.policy.items() if k not in skip})
+        out.update({f"simulator.{k}": v for k, v in c.simulator.items() if k not in _TRANSPORT})
+        return out
+
+    def build(self, workdir: pathlib.Path):
+        """(policy, chat tokens or None for a text policy) ready to play."""
+        c, p = self.config, self.config.policy
+        if self.backend == "openai":
+            return OpenAIPolicy(base_url=p.base_url, model=p.model, api_key_env=p.api_key_env,
+                                temperature=p.temperature, max_tokens=p.max_new_tokens, timeout_s=p.timeout_s,
+                                max_concurrency=c.eval.max_concurrency, max_retries=p.max_retries), None
+        mesh = sharding.make_mesh(c.mesh.shape)
+        if self.ckpt is not None:
+            loaded = policy_loading.load_checkpoint_policy(self.ckpt, mesh, c.mesh.rules, p.base_path)
+        elif p.path:
+            loaded = policy_loading.load_hf_policy(p.path, mesh, c.mesh.rules, p.dtype)
+        else:
+            loaded = policy_loading.fresh_tiny_policy(workdir / "tokenizer", c.seed, mesh, c.mesh.rules)
+        settings = SamplingSettings(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                                    max_new_tokens=p.max_new_tokens)
+        return JaxPolicy(loaded.model, loaded.chat, settings, loaded.params, jax.random.PRNGKey(c.seed)), loaded.chat
+
+    def run_info(self) -> dict[str, Any]:
+        c = self.config
+        s = c.simulator
+        rules = ("initial_emotion", "max_change", "ceiling", "floor", "floor_inclusive", "max_turns",
+                 "score_final_turn")
+        return {"policy": self.label, "source": self.source, "backend": self.backend, "think": self.think,
+                "simulator": f"{s.backend}" + (f" {s.model} at {s.base_url}" if s.backend == "openai" else ""),
+                "difficulty": s.difficulty, "profiles": c.eval.profiles, "rules": {k: s[k] for k in rules}}
+
+
+async def _play(runner: EpisodeRunner, requests: list[EpisodeRequest], group_size: int, max_concurrency: int,
+                on_finish) -> None:
+    """All dialogues, `group_size` per policy call, at most `max_concurrency` in flight."""
+    group_size = max(1, min(group_size, max_concurrency))
+    slots = asyncio.Semaphore(max(1, max_concurrency // group_size))
+
+    async def group(chunk):
+        async with slots:
+            await runner.run(chunk, on_finish=on_finish)
+
+    await asyncio.gather(*(group(requests[i:i + group_size]) for i in range(0, len(requests), group_size)))
+
+
+def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str, Any]:
+    """Evaluate (or finish evaluating) the policy of `config`; returns the scores of sentient.json."""
+    if not config.workdir:
+        raise ValueError("config.workdir is empty: set --config.workdir=DIR (results, report and plots go there)")
+    workdir = pathlib.Path(config.workdir)
+    profiles = load_eval_profiles(config)
+    spec = _PolicySpec(config)
+    workdir.mkdir(parents=True, exist_ok=True)
+    transcripts = workdir / TRANSCRIPTS
+    check_setup(workdir / SETUP, spec.setup(), transcripts)
+    finished = {r["profile_id"] for r in load_records(transcripts)}
+    pending = [p for p in profiles if p.id not in finished]
+    log.info("%d profiles: %d already evaluated in %s, %d to go", len(profiles), len(profiles) - len(pending),
+             transcripts, len(pending))
+    if pending:
+        _evaluate(config, spec, pending, workdir, progress)
+    done = {r["profile_id"]: r for r in load_records(transcripts)}
+    s = config.simulator
+    return report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
+                                spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling))
+
+
+def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: list[Profile],
+              workdir: pathlib.Path, progress: bool) -> None:
+    """Play the dialogues of `profiles`, appending each to the transcripts as it ends."""
+    check_endpoint(config.simulator)
+    if spec.backend == "openai":
+        check_chat_endpoint(config.policy.base_url, config.policy.model, config.policy.api_key_env,
+                            "--config.policy.")
+    policy, chat_tokens = spec.build(workdir)
+    settings = RolloutSettings(think=spec.think, max_new_tokens=config.policy.max_new_tokens,
+                               max_total_tokens=config.policy.max_total_tokens,
+                               format_failure=config.policy.format_failure)
+    transcripts = workdir / TRANSCRIPTS
+    bar = tqdm(total=len(profiles), disable=not progress, desc="sentient", unit="dialogue", dynamic_ncols=True)
+
+    def on_finish(seq: DialogueSequence) -> None:
+        append_jsonl(transcripts, seq.transcript)
+        bar.update(1)
+
+    async def play():
+        async with build_simulator(config.simulator) as sim:
+            runner = EpisodeRunner(policy, sim, chat_tokens, settings)
+            try:
+                await _play(runner, [EpisodeRequest(p, i) for i, p in enumerate(profiles)],
+                            config.eval.group_size, config.eval.max_concurrency, on_finish)
+            finally:
+                if isinstance(policy, OpenAIPolicy):
+                    await policy.aclose()
+
+    resume = f"The finished dialogues are saved in {transcripts}; rerun the same command to resume."
+    try:
+        asyncio.run(play())
+    except SimulatorUnavailableError as e:
+        raise SimulatorUnavailableError(f"{e}\n{resume}") from e
+    except openai.APIError as e:  # the simulator wraps its own errors: this is the policy's endpoint
+        raise EndpointUnavailableError(
+            f"the policy endpoint --config.policy.base_url={config.policy.base_url} failed: {e}.\n{resume}") from e
+    finally:
+        bar.close()

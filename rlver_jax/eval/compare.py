@@ -1,0 +1,100 @@
+"""Evaluation runs side by side, paired per profile: `launch/eval.py --compare=DIR_A,DIR_B --out=DIR`.
+
+Every run's sentient.json is read; the comparison uses the profiles every run scored (simulator
+errors and profiles missing from a run are left out and counted). The first run is the baseline:
+for each other run, the mean paired difference in final emotion with a 95% bootstrap interval
+(resampling profiles), and the profiles it did better, equal and worse on.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlver_jax.eval import plots
+from rlver_jax.eval.report import json_text, table
+from rlver_jax.files import atomic_write_text
+
+BOOTSTRAP_SAMPLES = 2000
+
+
+def _load(directory: pathlib.Path) -> dict[str, Any]:
+    path = directory / "sentient.json"
+    if not path.exists():
+        raise FileNotFoundError(f"--compare: {path} not found; evaluate into {directory} first "
+                                "(launch/eval.py --config.workdir=...)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def run_labels(dirs: Sequence[pathlib.Path]) -> list[str]:
+    """Directory names, or the whole paths when two names are the same."""
+    names = [d.name for d in dirs]
+    return names if len(set(names)) == len(names) else [str(d) for d in dirs]
+
+
+def paired_difference(base: np.ndarray, other: np.ndarray, seed: int = 0) -> dict[str, Any]:
+    """Mean of other - base over profiles, its 95% bootstrap interval, and wins/ties/losses."""
+    diff = other - base
+    if not len(diff):
+        return {"mean_diff": float("nan"), "ci95": [float("nan")] * 2, "wins": 0, "ties": 0, "losses": 0}
+    idx = np.random.default_rng(seed).integers(0, len(diff), (BOOTSTRAP_SAMPLES, len(diff)))
+    lo, hi = np.percentile(diff[idx].mean(axis=1), [2.5, 97.5])
+    return {"mean_diff": float(diff.mean()), "ci95": [float(lo), float(hi)], "wins": int((diff > 0).sum()),
+            "ties": int((diff == 0).sum()), "losses": int((diff < 0).sum())}
+
+
+def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path) -> dict[str, Any]:
+    """Write compare.json, compare.md and compare.png into `out`; returns the comparison."""
+    dirs = [pathlib.Path(d) for d in dirs]
+    if len(dirs) < 2:
+        raise ValueError(f"--compare needs at least two run directories separated by commas, got {dirs}")
+    labels = run_labels(dirs)
+    runs = {label: {p["id"]: p for p in _load(d)["per_profile"]} for label, d in zip(labels, dirs)}
+    base = labels[0]
+    common = [pid for pid in runs[base]
+              if all(pid in r and r[pid]["end_reason"] != "simulator_error" for r in runs.values())]
+    finals = {label: np.array([runs[label][pid]["final_emotion"] for pid in common], dtype=float)
+              for label in labels}
+    result: dict[str, Any] = {"baseline": base, "paired_profiles": len(common), "runs": {}}
+    for label, d in zip(labels, dirs):
+        ends = [runs[label][pid]["end_reason"] for pid in common]
+        entry = {"dir": str(d), "unpaired_profiles": len(runs[label]) - len(common),
+                 "score": float(finals[label].mean()) if common else float("nan"),
+                 "success": ends.count("success"), "failure": ends.count("failure")}
+        if label != base:
+            entry["vs_baseline"] = paired_difference(finals[base], finals[label])
+        result["runs"][label] = entry
+    result["per_profile"] = [{"id": pid, **{label: float(finals[label][i]) for label in labels}}
+                             for i, pid in enumerate(common)]
+    out = pathlib.Path(out)
+    atomic_write_text(out / "compare.json", json_text(result))
+    plots.paired_scatter(base, {label: finals[label].tolist() for label in labels}, out / "compare.png")
+    atomic_write_text(out / "compare.md", render(result))
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    base = result["baseline"]
+    rows = []
+    for label, r in result["runs"].items():
+        v = r.get("vs_baseline")
+        rows.append([label, r["score"], r["success"], r["failure"], r["unpaired_profiles"],
+                     None if v is None else v["mean_diff"],
+                     None if v is None else f"[{v['ci95'][0]:.1f}, {v['ci95'][1]:.1f}]",
+                     None if v is None else f"{v['wins']} / {v['ties']} / {v['losses']}"])
+    labels = list(result["runs"])
+    others = labels[1:]
+    return "".join([
+        f"# Sentient benchmark: paired comparison against {base}\n\n"
+        f"{result['paired_profiles']} profiles scored in every run; scores below are over these.\n\n",
+        table(["run", "score", "success", "failure", "unpaired", f"mean diff vs {base}", "95% CI",
+               "better / equal / worse"], rows),
+        "\n![paired final emotions](compare.png)\n\n## Per profile (final emotion)\n\n",
+        table(["profile", *labels, *(f"{o} - {base}" for o in others)],
+              [[p["id"], *(p[label] for label in labels), *(p[o] - p[base] for o in others)]
+               for p in result["per_profile"]]),
+    ])

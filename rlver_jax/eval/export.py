@@ -1,0 +1,35 @@
+"""A loaded policy as a Hugging Face directory that transformers and SGLang load (launch/export_hf.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+
+from rlver_jax.eval.policy_loading import LoadedPolicy
+from rlver_jax.files import atomic_write_text
+from rlver_jax.models import hf_io
+
+
+def export_hf(policy: LoadedPolicy, out: str | os.PathLike, dtype: str) -> pathlib.Path:
+    """Write config.json, safetensors weights, generation_config.json and the tokenizer files to
+    `out`, which must not exist yet. Everything is written beside it first and renamed into place
+    at the end, so `out` is either absent or complete."""
+    out = pathlib.Path(out)
+    if out.exists():
+        raise FileExistsError(f"--out={out} exists; choose a new directory or remove it first")
+    stage = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(stage, ignore_errors=True)  # left by an export that crashed
+    hf_io.save_pretrained(policy.model, policy.params, stage, dtype=dtype)
+    try:
+        policy.chat.tokenizer.save_pretrained(stage)
+        # A chat turn ends at <|im_end|>: generation must stop there, not only at <|endoftext|>.
+        ct = policy.chat
+        atomic_write_text(stage / "generation_config.json", json.dumps(
+            {"eos_token_id": [ct.im_end, ct.end_of_text], "pad_token_id": ct.end_of_text}, indent=2) + "\n")
+        stage.rename(out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,136 @@
+"""PNG figures of evaluation results: emotion trajectories, final emotions, paired comparisons,
+judged capabilities and response strategies.
+
+Figures are built on matplotlib's object API with the Agg canvas (no pyplot, no global backend,
+no display needed) and written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from rlver_jax.files import atomic_write_bytes
+
+# One colour per way a dialogue can end (rlver_jax.rollout.sequence.DialogueSequence.end_reason).
+END_COLORS = {
+    "success": "#2a9d4a", "turn_limit": "#1f77b4", "goodbye": "#ff7f0e", "failure": "#d62728",
+    "truncated": "#9467bd", "format_failure": "#8c564b", "simulator_error": "#7f7f7f",
+}
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: pathlib.Path) -> pathlib.Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _color(end_reason: str) -> str:
+    return END_COLORS.get(end_reason, "#17becf")
+
+
+def emotion_trajectories(transcripts: Sequence[dict[str, Any]], path: pathlib.Path, *, title: str,
+                         levels: Sequence[float]) -> pathlib.Path:
+    """One line per dialogue (emotion after each judged turn), coloured by how it ended, and the
+    mean over dialogues with each final emotion carried forward (as SAGE scores it); dotted lines
+    at the band `levels`."""
+    fig = _figure(8, 4.5)
+    ax = fig.add_subplot()
+    rows = [t for t in transcripts if not t["simulator_error"] and t["emotions"]]
+    for t in rows:
+        ax.plot(range(len(t["emotions"])), t["emotions"], color=_color(t["end_reason"]), alpha=0.45,
+                linewidth=1.0, marker="o", markersize=2.5)
+    if rows:
+        width = max(len(t["emotions"]) for t in rows)
+        padded = np.array([t["emotions"] + [t["emotions"][-1]] * (width - len(t["emotions"])) for t in rows],
+                          dtype=float)
+        ax.plot(range(width), padded.mean(axis=0), color="black", linewidth=2.5, label="mean (final carried)")
+        for reason in sorted({t["end_reason"] for t in rows}):
+            ax.plot([], [], color=_color(reason), label=reason)
+        ax.legend(loc="lower left", fontsize=8, ncol=2)
+    for level in levels:
+        ax.axhline(level, color="grey", linestyle=":", linewidth=0.8)
+    ax.set(xlabel="judged policy turn", ylabel="emotion", ylim=(-2, 102), title=title)
+    return _save(fig, path)
+
+
+def final_emotion_histogram(transcripts: Sequence[dict[str, Any]], path: pathlib.Path, *,
+                            title: str) -> pathlib.Path:
+    """Final emotions in bins of 10 (the last bin holds 100), stacked by how the dialogue ended,
+    with the score (their mean) marked."""
+    fig = _figure(7, 4)
+    ax = fig.add_subplot()
+    rows = [t for t in transcripts if not t["simulator_error"]]
+    reasons = sorted({t["end_reason"] for t in rows})
+    values = [[float(np.clip(t["final_emotion"], 0, 100)) for t in rows if t["end_reason"] == r] for r in reasons]
+    if rows:
+        ax.hist(values, bins=np.arange(0, 101, 10), stacked=True, color=[_color(r) for r in reasons],
+                label=reasons, edgecolor="white")
+        score = float(np.mean([t["final_emotion"] for t in rows]))
+        ax.axvline(score, color="black", linestyle="--", label=f"score {score:.1f}")
+        ax.legend(fontsize=8)
+    ax.set(xlabel="final emotion", ylabel="dialogues", xlim=(0, 100), title=title)
+    return _save(fig, path)
+
+
+def paired_scatter(baseline: str, finals: Mapping[str, Sequence[float]], path: pathlib.Path) -> pathlib.Path:
+    """Per profile: the baseline run's final emotion (x) against each other run's (y); points
+    above the diagonal are profiles the other run did better on. `finals[label]` are aligned by
+    profile; the baseline's entry is the x axis."""
+    fig = _figure(5.5, 5.5)
+    ax = fig.add_subplot()
+    x = np.asarray(finals[baseline], dtype=float)
+    for label, ys in finals.items():
+        if label != baseline:
+            ax.scatter(x, np.asarray(ys, dtype=float), alpha=0.6, s=22, label=label)
+    ax.plot([0, 100], [0, 100], color="grey", linestyle=":")
+    ax.set(xlabel=f"{baseline}: final emotion", ylabel="final emotion", xlim=(-2, 102), ylim=(-2, 102),
+           title="paired per profile")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def capability_radar(labels: Sequence[str], scores: Mapping[str, Sequence[float]], path: pathlib.Path) -> pathlib.Path:
+    """One polygon per model over the capability axes `labels` (scale 1 to 5)."""
+    fig = _figure(6, 6)
+    ax = fig.add_subplot(projection="polar")
+    angles = np.linspace(0, 2 * np.pi, len(labels), endpoint=False)
+    closed = np.concatenate([angles, angles[:1]])
+    for model, values in scores.items():
+        v = np.asarray(values, dtype=float)
+        ax.plot(closed, np.concatenate([v, v[:1]]), linewidth=1.5, label=model)
+        ax.fill(closed, np.concatenate([v, v[:1]]), alpha=0.1)
+    ax.set_xticks(angles)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylim(0, 5)
+    ax.set_yticks([1, 2, 3, 4, 5])
+    ax.set_title("judged dialogue capabilities (1 to 5)", pad=24)
+    ax.legend(loc="upper right", bbox_to_anchor=(1.3, 1.1), fontsize=8)
+    return _save(fig, path)
+
+
+def strategy_bars(strategies: Sequence[str], rates: Mapping[str, Sequence[float]], path: pathlib.Path) -> pathlib.Path:
+    """Grouped bars: how often each model uses each response strategy, per policy reply."""
+    fig = _figure(max(7.0, 0.7 * len(strategies) * max(len(rates), 1)), 4)
+    ax = fig.add_subplot()
+    x = np.arange(len(strategies))
+    width = 0.8 / max(len(rates), 1)
+    for i, (model, values) in enumerate(rates.items()):
+        ax.bar(x + (i - (len(rates) - 1) / 2) * width, values, width, label=model)
+    ax.set_xticks(x)
+    ax.set_xticklabels(strategies, rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="uses per policy reply", title="response strategies")
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,128 @@
+"""The policy to sample from: a training run's checkpoint, a Hugging Face directory, or a fresh
+tiny model. Shared by launch/eval.py and launch/export_hf.py.
+
+A run's checkpoint holds the whole TrainState; only the actor is read (checkpoint.restore_actor).
+Its architecture and parameter layout (scan_layers, dtypes) come from the run's config.json: the
+model preset, or the Hugging Face config.json at the run's config.model.path; its tokenizer from
+config.model.tokenizer_path, config.model.path, or WORKDIR/tokenizer (tiny runs). When the base
+model has moved since training, `base_path` names its new place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+import jax
+import ml_collections
+from jax.sharding import Mesh
+
+from rlver_jax import chat, checkpoint, sharding
+from rlver_jax.models import hf_io, qwen2
+from rlver_jax.models.config import Qwen2Config, get_preset
+from rlver_jax.tiny_tokenizer import build_tiny_tokenizer
+from rlver_jax.training import model_config
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedPolicy:
+    model: Qwen2Config
+    params: Any
+    chat: chat.ChatTokens
+    source: str  # what was loaded, for reports
+
+
+@dataclasses.dataclass(frozen=True)
+class RunCheckpoint:
+    """Where a training run's checkpoint lies; `step` None = the latest."""
+
+    run_dir: pathlib.Path
+    checkpoints: pathlib.Path
+    step: int | None
+
+    def config(self) -> ml_collections.ConfigDict:
+        return ml_collections.ConfigDict(json.loads((self.run_dir / "config.json").read_text()))
+
+    def resolved_step(self) -> int:
+        """The step to load (the latest one when none was named); lists the directory only."""
+        steps = sorted(int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit())
+        if self.step is not None:
+            if self.step not in steps:
+                raise FileNotFoundError(f"{self.checkpoints}: no step {self.step}; available: {steps}")
+            return self.step
+        if not steps:
+            raise FileNotFoundError(f"{self.checkpoints}: no finished checkpoint yet")
+        return steps[-1]
+
+
+def locate_checkpoint(path: str | pathlib.Path, field: str) -> RunCheckpoint:
+    """A run's checkpoint from WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/STEP; errors
+    name `field` (the flag that gave the path)."""
+    p = pathlib.Path(path).expanduser()
+    step = None
+    if p.name.isdigit() and p.parent.name == "checkpoints":
+        p, step = p.parent, int(p.name)
+    if p.name == "checkpoints":
+        p = p.parent
+    hint = (f"{field} must be a training run's work directory (holding config.json and checkpoints/) "
+            "or one of its steps, WORKDIR/checkpoints/STEP")
+    if not p.is_dir():
+        raise FileNotFoundError(f"{field}={str(path)!r}: no such directory. {hint}")
+    for needed in ("config.json", "checkpoints"):
+        if not (p / needed).exists():
+            raise FileNotFoundError(f"{field}={str(path)!r}: {p / needed} is missing. {hint}")
+    return RunCheckpoint(p, p / "checkpoints", step)
+
+
+_MOVED = ("If the base model named by config.model.path in {run} has moved, give its new Hugging Face "
+          "directory as base_path (--config.policy.base_path in launch/eval.py, --base_path in "
+          "launch/export_hf.py).")
+
+
+def _abstract(cfg: Qwen2Config, mesh: Mesh, rules: sharding.RulesLike) -> Any:
+    return sharding.with_shardings(qwen2.abstract_params(cfg), sharding.param_shardings(cfg, mesh, rules))
+
+
+def load_checkpoint_policy(ckpt: RunCheckpoint, mesh: Mesh, rules: sharding.RulesLike,
+                           base_path: str = "") -> LoadedPolicy:
+    """The actor of a run's checkpoint, placed on `mesh`, with the run's tokenizer."""
+    run = ckpt.config()
+    base = base_path or run.model.path  # the run's Hugging Face base model, if it had one
+    overrides = model_config(run)
+    if base:
+        cfg_file = pathlib.Path(base) / "config.json"
+        if not cfg_file.exists():
+            raise FileNotFoundError(f"{cfg_file}: not found; the run's architecture comes from its base model. "
+                                    + _MOVED.format(run=ckpt.run_dir / "config.json"))
+        cfg = hf_io.config_from_hf(json.loads(cfg_file.read_text()), str(cfg_file), **overrides)
+    else:
+        cfg = get_preset(run.model.preset, **overrides)
+    tokenizer_dir = base_path or run.model.tokenizer_path or run.model.path or ckpt.run_dir / "tokenizer"
+    try:
+        chat_tokens = chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tokenizer_dir))
+    except FileNotFoundError as e:
+        hint = _MOVED.format(run=ckpt.run_dir / "config.json")
+        raise FileNotFoundError(f"the run's tokenizer: {e}\n{hint}") from None
+    params, step = checkpoint.restore_actor(ckpt.checkpoints, ckpt.resolved_step(), _abstract(cfg, mesh, rules))
+    return LoadedPolicy(cfg, params, chat_tokens, str(ckpt.checkpoints / str(step)))
+
+
+def load_hf_policy(path: str, mesh: Mesh, rules: sharding.RulesLike, dtype: str = "float32") -> LoadedPolicy:
+    """A Hugging Face Qwen2 directory (weights and tokenizer), placed on `mesh`."""
+    cfg, params = hf_io.load_pretrained(path, dtype=dtype,
+                                        shardings=lambda c: sharding.param_shardings(c, mesh, rules))
+    return LoadedPolicy(cfg, params, chat.ChatTokens.from_tokenizer(chat.load_tokenizer(path)), str(path))
+
+
+def fresh_tiny_policy(tokenizer_dir: pathlib.Path, seed: int, mesh: Mesh,
+                      rules: sharding.RulesLike) -> LoadedPolicy:
+    """A randomly initialised tiny model with the locally built tiny tokenizer (built into
+    `tokenizer_dir` when missing): the baseline an untrained policy scores."""
+    if not (tokenizer_dir / "tokenizer.json").exists():
+        build_tiny_tokenizer(tokenizer_dir, vocab_size=get_preset("tiny").vocab_size)
+    cfg = get_preset("tiny")
+    params = sharding.init_sharded_params(cfg, jax.random.PRNGKey(seed), mesh, rules)
+    return LoadedPolicy(cfg, params, chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tokenizer_dir)),
+                        f"fresh tiny model (seed {seed})")

@@ -1,0 +1,101 @@
+"""An evaluation's outputs from its transcripts: sentient.json, report.md and the PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlver_jax.eval import plots
+from rlver_jax.eval.sentient import breakdown, summarize_transcripts
+from rlver_jax.files import atomic_write_text
+from rlver_jax.simulator.profiles import Profile
+
+TRAJECTORIES_PNG = "trajectories.png"
+FINAL_EMOTIONS_PNG = "final_emotions.png"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table; floats with one decimal, None as a dash."""
+    def cell(v: Any) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return f"{v:.1f}" if isinstance(v, float) else str(v).replace("|", "\\|").replace("\n", " ")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def json_text(obj: Any) -> str:
+    """Strict JSON: NaN (a score over no dialogue) becomes null."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+    return json.dumps(clean(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
+                  profiles: Mapping[str, Profile], run: dict[str, Any], levels: Sequence[float]) -> dict[str, Any]:
+    """Write sentient.json (the scores, `run` describing what was evaluated), the plots and
+    report.md for `transcripts` (one per profile, in profile order); returns the scores."""
+    summary = {**summarize_transcripts(transcripts), "run": run}
+    atomic_write_text(workdir / "sentient.json", json_text(summary))
+    plots.emotion_trajectories(transcripts, workdir / TRAJECTORIES_PNG, title=f"emotion per dialogue: {run['policy']}",
+                               levels=levels)
+    plots.final_emotion_histogram(transcripts, workdir / FINAL_EMOTIONS_PNG,
+                                  title=f"final emotions: {run['policy']}")
+    atomic_write_text(workdir / "report.md", render(summary, transcripts, profiles))
+    return summary
+
+
+def _group_rows(transcripts: Sequence[dict[str, Any]], profiles: Mapping[str, Profile]) -> list[list[Any]]:
+    keys = {
+        "end reason": lambda t: t["end_reason"],
+        "language": lambda t: t["language"],
+        "personality": lambda t: profiles[t["profile_id"]].personality,
+        "hidden goal": lambda t: profiles[t["profile_id"]].goal or "other",
+    }
+    rows = []
+    for name, key in keys.items():
+        for g in breakdown(transcripts, key):
+            rows.append([name, g["group"], g["n"], g["score"], g["success"], g["failure"], g["simulator_errors"]])
+    return rows
+
+
+def render(summary: dict[str, Any], transcripts: Sequence[dict[str, Any]], profiles: Mapping[str, Profile]) -> str:
+    """report.md: the scores, the protocol, breakdowns, the plots and one row per dialogue."""
+    run, n = summary["run"], summary["n"]
+    rules = run["rules"]
+    out = [f"# Sentient benchmark: {run['policy']}\n\n"]
+    out.append(table(["metric", "value"], [
+        ["score (mean final emotion)", summary["score"]],
+        ["success (reached 100)", f"{summary['success']} / {n}"],
+        ["failure (left below the floor)", f"{summary['failure']} / {n}"],
+        ["dialogues scored", n],
+        ["simulator errors (not scored)", summary["simulator_errors"]],
+        ["mean policy turns", summary["mean_turns"]],
+    ]))
+    out.append(
+        f"\nPolicy: {run['source']} ({run['backend']}, {'think' if run['think'] else 'no-think'}). "
+        f"Simulator: {run['simulator']} ({run['difficulty']}). Profiles: {run['profiles']}.\n"
+        f"Protocol: initial emotion {rules['initial_emotion']}, at most {rules['max_turns']} rounds"
+        f"{'' if rules['score_final_turn'] else ' (the last reply not judged)'}, success at {rules['ceiling']}, "
+        f"failure {'at or ' if rules['floor_inclusive'] else ''}below {rules['floor']}, "
+        f"change per turn clipped to +-{rules['max_change']}.\n")
+    out.append("\n## Breakdown\n\n")
+    out.append(table(["by", "group", "n", "score", "success", "failure", "simulator errors"],
+                     _group_rows(transcripts, profiles)))
+    out.append(f"\n## Plots\n\n![emotion trajectories]({TRAJECTORIES_PNG})\n\n"
+               f"![final emotions]({FINAL_EMOTIONS_PNG})\n")
+    out.append("\n## Dialogues\n\n")
+    out.append(table(["profile", "language", "final emotion", "turns", "end reason", "trajectory"], [
+        [t["profile_id"], t["language"], t["final_emotion"], len(t["turns"]), t["end_reason"],
+         " ".join(str(e) for e in t["emotions"])] for t in transcripts]))
+    return "".join(out)

@@ -1,0 +1,267 @@
+"""The Sentient benchmark end to end, with the scripted server playing the policy and the
+simulated user: hand-computed scores, resume, simulator errors, outputs, comparison, a checkpoint
+policy and the command line."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from configs.eval import get_config
+from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.compare import compare_runs
+from rlver_jax.eval.endpoint import EndpointUnavailableError
+from rlver_jax.eval.sentient import summarize_transcripts
+from rlver_jax.files import read_jsonl
+from rlver_jax.simulator.profiles import GOALS
+from tests.conftest import REPO
+from tests.export_test import make_run
+from tests.scripted_server import Reply, ScriptedServer, route
+
+# Per profile, the emotion change the simulated user gives each judged reply, and the reply turn
+# after which the user says goodbye. From 40 under the SAGE rules (end at 100, below 10, after 10
+# rounds with the 10th reply not judged):
+#   P1 +10 x6 -> 100, success after 6 replies     P2 -10 x4 -> 0, failure after 4 replies
+#   P3 +1 x9 -> 49, turn limit after 10 replies    P4 +5 x2 -> 50, goodbye after 2 replies
+#   P5 answers malformed text: a simulator error, not scored
+CHANGES = {"P1": 10, "P2": -10, "P3": 1, "P4": 5}
+GOODBYE_AFTER = {"P4": 2}
+EXPECTED = {"P1": (100, 6, "success"), "P2": (0, 4, "failure"), "P3": (49, 10, "turn_limit"),
+            "P4": (50, 2, "goodbye")}
+SCORE = (100 + 0 + 49 + 50) / 4
+
+
+def _profile(name):
+    return {"id": f"id-{name}", "player": f"Name: {name}\nA tired office worker.",
+            "scene": "Had a rough week at work and wants to talk.", "main_cha": "passive",
+            "cha_group": ["quiet"], "task": GOALS["listening"][1], "first_talk": f"[{name}] Long week, honestly."}
+
+
+def _profiles_file(tmp_path, names=("P1", "P2", "P3", "P4")):
+    path = tmp_path / "profiles.jsonl"
+    path.write_text("".join(json.dumps(_profile(n)) + "\n" for n in names))
+    return path
+
+
+def _last(pattern, text):
+    return re.findall(pattern, text)[-1]
+
+
+def _policy(request):
+    """Answers with the turn number, so the simulator's scripts know which reply they judge."""
+    name = _last(r"\[(P\d)\]", request["messages"][1]["content"])
+    turn = sum(m["role"] == "assistant" for m in request["messages"]) + 1
+    return f"That sounds heavy, {name}. I am here. [t{turn}]"
+
+
+def _emotion(changes):
+    def script(request):
+        name = _last(r"Name: (P\d)", request["messages"][0]["content"])
+        if name == "P5":
+            return "I feel a little better, I think."
+        return f"Intent: comfort\nFit: fine\nInner reaction: ok\nFeeling: moved\nChange: {changes[name]:+d}"
+    return script
+
+
+def _reply(request):
+    system, user = request["messages"][0]["content"], request["messages"][1]["content"]
+    name, turn = _last(r"Name: (P\d)", system), int(_last(r"\[t(\d+)\]", user))
+    return "Plan: wrap up\nResponse: Bye, I have to go." if GOODBYE_AFTER.get(name) == turn else \
+        "Plan: go on\nResponse: Yeah... it has been a lot."
+
+
+class Servers:
+    """The policy endpoint and the simulator endpoint, each a scripted server."""
+
+    def __init__(self, changes=CHANGES):
+        self.changes = changes
+
+    def __enter__(self):
+        self.policy = ScriptedServer(_policy, model="policy").__enter__()
+        self.simulator = ScriptedServer(route(emotion=_emotion(self.changes), reply=_reply)).__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.simulator.__exit__(*exc)
+        self.policy.__exit__(*exc)
+
+    def policy_requests(self, name):
+        return sum(f"[{name}]" in r["messages"][1]["content"] for r in self.policy.requests)
+
+
+def _config(tmp_path, servers, profiles, workdir="eval", **overrides):
+    return _config_urls(tmp_path / workdir, servers.policy.base_url, servers.simulator.base_url, profiles,
+                        **overrides)
+
+
+def _config_urls(workdir, policy_url, simulator_url, profiles, **overrides):
+    c = get_config()
+    c.workdir = str(workdir)
+    c.eval.profiles = str(profiles)
+    c.eval.group_size = 1
+    c.policy.backend = "openai"
+    c.policy.base_url = policy_url
+    c.simulator.base_url = simulator_url
+    c.simulator.backoff_initial_s = 0.001
+    c.simulator.malformed_retries = 1
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        c[section][field] = value
+    return c
+
+
+def test_scores_equal_hand_computed_values(tmp_path):
+    with Servers() as servers:
+        config = _config(tmp_path, servers, _profiles_file(tmp_path), **{"eval.max_concurrency": 3})
+        summary = run_benchmark(config, progress=False)
+        assert servers.policy.peak_in_flight <= 3
+    assert summary["score"] == pytest.approx(SCORE)
+    assert (summary["success"], summary["failure"], summary["n"], summary["simulator_errors"]) == (1, 1, 4, 0)
+    assert summary["per_profile"] == [
+        {"id": f"id-{n}", "final_emotion": e, "turns": t, "end_reason": r} for n, (e, t, r) in EXPECTED.items()]
+    # SAGE: the 10th reply is generated but never judged, so P3 has 9 emotion updates.
+    workdir = tmp_path / "eval"
+    p3 = next(t for t in read_jsonl(workdir / "transcripts.jsonl") if t["profile_id"] == "id-P3")
+    assert p3["emotions"] == list(range(40, 50))
+    assert json.loads((workdir / "sentient.json").read_text())["score"] == pytest.approx(SCORE)
+    report = (workdir / "report.md").read_text()
+    assert "| score (mean final emotion) | 49.8 |" in report
+    assert "| id-P2 | en | 0 | 4 | failure | 40 30 20 10 0 |" in report
+    for png in ("trajectories.png", "final_emotions.png"):
+        assert (workdir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_dialogue_is_saved_when_it_ends(tmp_path):
+    with Servers() as servers:  # one group of four dialogues in lockstep; they end at different turns
+        run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path), **{"eval.group_size": 4}),
+                      progress=False)
+    order = [r["profile_id"] for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")]
+    assert order == ["id-P4", "id-P2", "id-P1", "id-P3"]  # after 2, 4, 6 and 10 replies
+
+
+def test_resume_skips_finished_profiles(tmp_path):
+    profiles = _profiles_file(tmp_path)
+    with Servers() as servers:
+        run_benchmark(_config(tmp_path, servers, profiles, **{"eval.max_profiles": 2}), progress=False)
+        assert servers.policy_requests("P1") == 6 and servers.policy_requests("P3") == 0
+    # A crash mid-append leaves a torn last line; the rerun drops it and starts a clean one.
+    with open(tmp_path / "eval" / "transcripts.jsonl", "a") as f:
+        f.write('{"profile_id": "id-P3", "turns": [')
+    with Servers() as servers:
+        summary = run_benchmark(_config(tmp_path, servers, profiles), progress=False)
+        assert servers.policy_requests("P1") == servers.policy_requests("P2") == 0
+        assert (servers.policy_requests("P3"), servers.policy_requests("P4")) == (10, 2)
+    assert summary["score"] == pytest.approx(SCORE)
+    records = read_jsonl(tmp_path / "eval" / "transcripts.jsonl")
+    assert sorted(r["profile_id"] for r in records) == ["id-P1", "id-P2", "id-P3", "id-P4"]
+    with Servers() as servers:  # a different set-up is not mixed into these results
+        with pytest.raises(ValueError, match="different set-up .*policy.temperature: 0.7 -> 1.0"):
+            run_benchmark(_config(tmp_path, servers, profiles, **{"policy.temperature": 1.0}), progress=False)
+        assert not servers.policy.requests
+
+
+def test_a_policy_endpoint_failing_mid_run_keeps_the_finished_dialogues(tmp_path):
+    def failing_policy(request):
+        return Reply(status=400) if "[P3]" in request["messages"][1]["content"] else _policy(request)
+
+    profiles = _profiles_file(tmp_path)
+    with Servers() as servers:
+        servers.policy.script = failing_policy
+        config = _config(tmp_path, servers, profiles, **{"eval.max_concurrency": 1, "policy.max_retries": 0})
+        with pytest.raises(EndpointUnavailableError, match="rerun the same command to resume"):
+            run_benchmark(config, progress=False)
+    saved = [r["profile_id"] for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")]
+    assert saved == ["id-P1", "id-P2"]  # one dialogue at a time: P3 failed before P4 started
+    with Servers() as servers:
+        assert run_benchmark(_config(tmp_path, servers, profiles), progress=False)["score"] == pytest.approx(SCORE)
+        assert servers.policy_requests("P1") == servers.policy_requests("P2") == 0
+
+
+def test_a_simulator_answering_malformed_text_is_counted_not_fatal(tmp_path):
+    with Servers() as servers:
+        summary = run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path, ("P1", "P5"))),
+                                progress=False)
+        p5_judgements = [r for r in servers.simulator.requests if "Name: P5" in r["messages"][0]["content"]]
+        assert len(p5_judgements) == 2  # the first answer and one retry (malformed_retries=1)
+    assert (summary["simulator_errors"], summary["n"], summary["score"]) == (1, 1, 100)
+    assert summary["per_profile"][1] == {"id": "id-P5", "final_emotion": 40, "turns": 1,
+                                         "end_reason": "simulator_error"}
+    assert "| simulator errors (not scored) | 1 |" in (tmp_path / "eval" / "report.md").read_text()
+
+
+def test_all_simulator_errors_give_a_null_score(tmp_path):
+    with Servers() as servers:
+        run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path, ("P5",))), progress=False)
+    saved = json.loads((tmp_path / "eval" / "sentient.json").read_text())
+    assert (saved["score"], saved["n"], saved["simulator_errors"]) == (None, 0, 1)
+
+
+def test_bad_input_names_the_field(tmp_path):
+    with Servers() as servers:
+        with pytest.raises(ValueError, match="config.policy.backend='vllm'"):
+            run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path), **{"policy.backend": "vllm"}))
+        with pytest.raises(ValueError, match="config.eval.profiles: .*nowhere.jsonl: profile file not found"):
+            run_benchmark(_config(tmp_path, servers, tmp_path / "nowhere.jsonl"))
+        with pytest.raises(FileNotFoundError, match="config.policy.checkpoint='.*no_run': no such directory"):
+            run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path), **{
+                "policy.backend": "jax", "policy.checkpoint": str(tmp_path / "no_run")}))
+        with pytest.raises(EndpointUnavailableError, match="--config.policy.model='gpt'"):
+            run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path), **{"policy.model": "gpt"}))
+        stopped = servers.policy.base_url
+    with ScriptedServer(route(emotion=_emotion(CHANGES), reply=_reply)) as simulator:
+        with pytest.raises(EndpointUnavailableError, match="no server answers at --config.policy.base_url"):
+            run_benchmark(_config_urls(tmp_path / "eval", stopped, simulator.base_url, _profiles_file(tmp_path)))
+
+
+def test_compare_pairs_runs_per_profile(tmp_path):
+    profiles = _profiles_file(tmp_path)
+    with Servers() as servers:
+        run_benchmark(_config(tmp_path, servers, profiles, workdir="a"), progress=False)
+    # b: P2 +5 x9 -> 85 at the turn limit (better); P4 -10 x2 -> 20, goodbye (worse); P1, P3 equal
+    with Servers({"P1": 10, "P2": 5, "P3": 1, "P4": -10}) as servers:
+        run_benchmark(_config(tmp_path, servers, profiles, workdir="b"), progress=False)
+    result = compare_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp")
+    b = result["runs"]["b"]
+    assert b["score"] == pytest.approx((100 + 85 + 49 + 20) / 4)
+    assert b["vs_baseline"]["mean_diff"] == pytest.approx(((85 - 0) + (20 - 50)) / 4)
+    assert (b["vs_baseline"]["wins"], b["vs_baseline"]["ties"], b["vs_baseline"]["losses"]) == (1, 2, 1)
+    assert (tmp_path / "cmp" / "compare.png").exists() and "paired comparison" in \
+        (tmp_path / "cmp" / "compare.md").read_text()
+
+
+def test_checkpoint_and_fresh_policies_on_the_cpu(tmp_path, tiny_tokenizer_dir):
+    make_run(tmp_path / "run", tiny_tokenizer_dir, think=False)
+    config = get_config("tiny")
+    config.workdir = str(tmp_path / "eval")
+    config.policy.checkpoint = str(tmp_path / "run")
+    config.eval.max_profiles = 1  # one dialogue of two turns: few shapes to compile
+    config.policy.max_new_tokens = 8
+    config.simulator.max_turns = 2
+    summary = run_benchmark(config, progress=False)
+    assert summary["n"] == 1 and summary["run"]["policy"] == "run step 3" and summary["run"]["think"] is False
+    [dialogue] = read_jsonl(tmp_path / "eval" / "transcripts.jsonl")
+    assert len(dialogue["turns"]) == 2 and dialogue["turns"][0]["raw"]  # the sampler wrote both replies
+
+    config.workdir, config.policy.checkpoint = str(tmp_path / "fresh"), ""
+    summary = run_benchmark(config, progress=False)
+    assert summary["run"]["policy"] == "fresh tiny model (seed 0)" and summary["n"] == 1
+    assert (tmp_path / "fresh" / "tokenizer" / "tokenizer.json").exists()
+
+
+def test_command_line_contract(tmp_path):
+    with Servers() as servers:
+        cmd = [sys.executable, str(REPO / "launch" / "eval.py"), "--config=configs/eval.py",
+               f"--config.workdir={tmp_path / 'dir'}", f"--config.eval.profiles={_profiles_file(tmp_path)}",
+               "--config.policy.backend=openai", f"--config.policy.base_url={servers.policy.base_url}",
+               "--config.policy.model=policy", "--config.simulator.backend=openai",
+               f"--config.simulator.base_url={servers.simulator.base_url}", "--config.simulator.model=simulator"]
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120,
+                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert done.returncode == 0, done.stderr
+    assert "score 49.8  success 1  failure 1  n 4" in done.stdout
+    saved = json.loads((tmp_path / "dir" / "sentient.json").read_text())
+    assert set(saved) >= {"score", "success", "failure", "n", "simulator_errors", "per_profile"}
+    assert summarize_transcripts(read_jsonl(tmp_path / "dir" / "transcripts.jsonl"))["score"] == saved["score"]
