@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rlver_jax import chat, checkpoint, sharding
-from rlver_jax.curves import plot_training_curves
+from rlver_jax.eval.plots import training_curves
 from rlver_jax.eval.sentient import summarize
 from rlver_jax.files import append_jsonl
 from rlver_jax.models import hf_io, qwen2
@@ -314,7 +314,7 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
         manager.close()
         writers.close()
     if jax.process_index() == 0 and writers.metrics_path.exists():
-        plot_training_curves(writers.metrics_path, workdir / "reward.png", title=workdir.name)
+        training_curves(writers.metrics_path, workdir / "reward.png", title=workdir.name)
     return metrics
 
 

@@ -8,6 +8,7 @@ no display needed) and written atomically.
 from __future__ import annotations
 
 import io
+import os
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from rlver_jax.files import atomic_write_bytes
+from rlver_jax.files import atomic_write_bytes, read_jsonl
 
 # One colour per way a dialogue can end (rlver_jax.rollout.sequence.DialogueSequence.end_reason).
 END_COLORS = {
@@ -134,3 +135,32 @@ def strategy_bars(strategies: Sequence[str], rates: Mapping[str, Sequence[float]
     ax.set(ylabel="uses per policy reply", title="response strategies")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def training_curves(metrics_path: str | os.PathLike, path: str | os.PathLike, *, title: str = "") -> pathlib.Path:
+    """Reward against train step from a run's metrics.jsonl: the batch mean, its 10-step moving
+    average, and the in-loop held-out score and format-failure rate where logged."""
+    rows = read_jsonl(metrics_path)
+    if not rows:
+        raise ValueError(f"{metrics_path}: no metrics to plot")
+    steps = [r["step"] for r in rows]
+    reward = [r["reward_mean"] for r in rows]
+    fig = _figure(7, 4)
+    ax = fig.add_subplot()
+    ax.plot(steps, reward, color="#9ecae1", label="reward (batch mean)")
+    window = 10
+    if len(reward) >= window:
+        avg = np.convolve(reward, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1:], avg, color="#08519c", label=f"reward ({window}-step mean)")
+    evals = [(r["step"], r["eval_score"] / 100) for r in rows if r.get("eval_score") is not None]
+    if evals:
+        ax.plot(*zip(*evals), "o-", color="#e6550d", label="held-out score / 100")
+    if any("format_failure_rate" in r for r in rows):
+        ax.plot(steps, [r.get("format_failure_rate", 0.0) for r in rows], color="#bdbdbd", linestyle="--",
+                label="format failure rate")
+    ax.set_xlabel("train step")
+    ax.set_ylabel("reward = final emotion / 100")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    return _save(fig, pathlib.Path(path))

@@ -13,10 +13,10 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from rlver_jax.files import atomic_write_text
 from rlver_jax.simulator.backend import SimulatorUnavailableError
 
 
@@ -48,13 +48,5 @@ class RequestCache:
 
     def put(self, request: Mapping[str, Any], content: str) -> None:
         """Records the answer; the request is stored beside it for inspection."""
-        path = self._path(self.key(request))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"request": request, "content": content}, f, ensure_ascii=False)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        atomic_write_text(self._path(self.key(request)),
+                          json.dumps({"request": request, "content": content}, ensure_ascii=False))
