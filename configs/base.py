@@ -59,6 +59,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout.profiles_per_step = (8 if grpo else 16) if tiny else 32  # per step (paper: 32), x n dialogues
     c.rollout.max_new_tokens = 48 if tiny else 5000  # tokens per policy turn
     c.rollout.max_total_tokens = 1024 if tiny else 15000  # per dialogue (prompt 5000 + response 10000)
+    # KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
+    # 0 re-encodes the history every turn (less memory held between turns: the 7B default).
+    c.rollout.cache_slots = 2 * c.rollout.max_total_tokens if tiny else 0
     c.rollout.temperature = 1.0  # paper: 1.0
     c.rollout.top_p = 1.0  # paper: 1.0
     c.rollout.top_k = 0  # 0 = off

@@ -67,6 +67,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.policy.top_k = 0  # jax only; 0 = off
     c.policy.max_new_tokens = 32 if tiny else 2048  # per policy turn
     c.policy.max_total_tokens = 1024 if tiny else 16384  # jax: per dialogue, then "truncated"
+    # jax: KV-cache slots kept per dialogue between turns (0: re-encode the history every turn).
+    c.policy.cache_slots = 2 * c.policy.max_total_tokens if tiny else 0
     # A think-mode reply without </think>: "continue" lets the simulated user judge the raw text
     # (as an API model's output would be); "end" would freeze the emotion at its last value.
     c.policy.format_failure = "continue"

@@ -199,7 +199,7 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
         pipeline_groups=config.rollout.pipeline_groups)
     sampling_settings = SamplingSettings(
         temperature=config.rollout.temperature, top_p=config.rollout.top_p, top_k=config.rollout.top_k,
-        max_new_tokens=config.rollout.max_new_tokens)
+        max_new_tokens=config.rollout.max_new_tokens, cache_slots=config.rollout.cache_slots)
     train_profiles, eval_profiles = split_profiles(config)
     check_endpoint(config.simulator)
     chat_tokens = load_tokenizer(config, workdir)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs.simulator import get_simulator_config
-from rlver_jax import chat
+from rlver_jax import chat, sampling
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl.batch import collate
@@ -51,18 +51,24 @@ class ScriptedTokenPolicy:
                                     token_ids=cut, logprobs=[-1.0] * len(cut), stopped=cut == ids))
         return turns
 
+    def release(self, session):
+        pass
+
 
 def _requests(n_profiles=2, n=2):
     profiles = [p for p in load_profiles() if p.language == "en"][:n_profiles]
     return [EpisodeRequest(p, g) for g, p in enumerate(profiles) for _ in range(n)]
 
 
-def test_random_policy_sequences_are_exact(chat_tokens):
+@pytest.mark.parametrize("cache_slots", [0, 2048])
+def test_random_policy_sequences_are_exact(chat_tokens, cache_slots):
     cfg = get_preset("tiny")
     params = qwen2.init_params(cfg, jax.random.key(0))
-    policy = JaxPolicy(cfg, chat_tokens, SamplingSettings(max_new_tokens=12), params, jax.random.key(1))
+    policy = JaxPolicy(cfg, chat_tokens, SamplingSettings(max_new_tokens=12, cache_slots=cache_slots), params,
+                       jax.random.key(1))
     runner = EpisodeRunner(policy, embedded_simulator(max_turns=3), chat_tokens,
-                           RolloutSettings(think=False, max_new_tokens=12, max_total_tokens=2048))
+                           RolloutSettings(think=False, max_new_tokens=12, max_total_tokens=1024,
+                                           pipeline_groups=2))
     seqs = asyncio.run(runner.run(_requests()))
     assert [s.group for s in seqs] == [0, 0, 1, 1]
     assert len({s.profile_id for s in seqs[:2]}) == 1 and seqs[0].profile_id != seqs[2].profile_id
@@ -90,6 +96,47 @@ def test_random_policy_sequences_are_exact(chat_tokens):
     for b, s in enumerate(seqs):
         assert np.flatnonzero(batch.rewards[b]).tolist() in ([s.turn_ends[-1]], [])
         assert batch.rewards[b, s.turn_ends[-1]] == pytest.approx(s.reward)
+
+
+def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
+    """Greedy dialogues are identical with the cache kept between turns (tight enough to force
+    compaction) and with the whole history re-encoded every turn."""
+    cfg = get_preset("tiny")
+    params = qwen2.init_params(cfg, jax.random.key(0))
+
+    def rollout(cache_slots):
+        sampling_settings = SamplingSettings(temperature=0.0, max_new_tokens=10, cache_slots=cache_slots)
+        policy = JaxPolicy(cfg, chat_tokens, sampling_settings, params, jax.random.key(1))
+        # Greedy on random weights says nothing ("continue" keeps such dialogues going).
+        runner = EpisodeRunner(policy, embedded_simulator(max_turns=4), chat_tokens,
+                               RolloutSettings(think=False, max_new_tokens=10, max_total_tokens=1024,
+                                               format_failure="continue"))
+        return asyncio.run(runner.run(_requests(2, 1))), policy
+
+    compactions = []
+    compact = sampling.compact_cache
+    monkeypatch.setattr(sampling, "compact_cache", lambda c: compactions.append(1) or compact(c))
+    fed = []  # each row's cached tokens at the end of every call
+    generate = JaxPolicy._generate_with_sessions
+
+    def spy(self, requests, key):
+        out = generate(self, requests, key)
+        (sess,) = self._sessions.values()
+        fed.append([(r.prompt_ids, list(sess.fed[r.slot])) for r in requests])
+        return out
+
+    monkeypatch.setattr(JaxPolicy, "_generate_with_sessions", spy)
+    fresh, _ = rollout(0)
+    reused, policy = rollout(460)
+    assert compactions
+    assert [s.tokens for s in reused] == [s.tokens for s in fresh]
+    assert max(len(s.turn_ends) for s in fresh) >= 3
+    np.testing.assert_allclose(np.concatenate([s.logprobs for s in reused]),
+                               np.concatenate([s.logprobs for s in fresh]), atol=1e-4)
+    assert not policy._sessions  # released when the dialogues ended
+    # The cache of a row holds exactly its history: the prompt, then what was fed of the turn.
+    assert all(cached[:len(prompt)] == prompt for call in fed for prompt, cached in call)
+
 
 
 def test_think_mode_sends_only_the_reply_and_matches_template(chat_tokens):

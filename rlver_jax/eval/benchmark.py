@@ -124,7 +124,7 @@ class _PolicySpec:
         else:
             loaded = policy_loading.fresh_tiny_policy(workdir / "tokenizer", c.seed, mesh, c.mesh.rules)
         settings = SamplingSettings(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                                    max_new_tokens=p.max_new_tokens)
+                                    max_new_tokens=p.max_new_tokens, cache_slots=p.cache_slots)
         return JaxPolicy(loaded.model, loaded.chat, settings, loaded.params, jax.random.PRNGKey(c.seed)), loaded.chat
 
     def run_info(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,6 +63,9 @@ class _Episode:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     turn_ends: list[int] = dataclasses.field(default_factory=list)
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    session: int = 0  # the pipeline group, its row in it, and a unique id (see TurnRequest)
+    slot: int = 0
+    episode: int = 0
     end_reason: str | None = None
     truncated: bool = False
     format_failure: bool = False
@@ -85,6 +89,8 @@ class EpisodeRunner:
         self.simulator = simulator
         self.chat = chat_tokens  # None for text-only policies (an OpenAI endpoint under evaluation)
         self.settings = settings
+        self._episode_ids = itertools.count()
+        self._session_ids = itertools.count()
 
     @property
     def _closing(self) -> int:
@@ -99,20 +105,23 @@ class EpisodeRunner:
         chunks = [list(range(i, len(requests), n_groups)) for i in range(n_groups)]
         results: list[DialogueSequence | None] = [None] * len(requests)
 
-        async def run_chunk(idx):
-            seqs = await self._run_group([requests[i] for i in idx], version, on_finish)
+        async def run_chunk(session, idx):
+            seqs = await self._run_group(session, [requests[i] for i in idx], version, on_finish)
             for i, s in zip(idx, seqs):
                 results[i] = s
 
-        await asyncio.gather(*(run_chunk(idx) for idx in chunks if idx))
+        # Session ids are unique across calls, so concurrent runs on one policy never share one.
+        await asyncio.gather(*(run_chunk(next(self._session_ids), idx) for idx in chunks if idx))
         return results  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ one pipeline group
 
-    async def _run_group(self, requests: list[EpisodeRequest], version: int,
+    async def _run_group(self, session: int, requests: list[EpisodeRequest], version: int,
                          on_finish: Callable[[DialogueSequence], None] | None) -> list[DialogueSequence]:
         states = await asyncio.gather(*(self.simulator.start(r.profile) for r in requests))
         episodes = [self._open(r, s) for r, s in zip(requests, states)]
+        for slot, e in enumerate(episodes):
+            e.session, e.slot, e.episode = session, slot, next(self._episode_ids)
         finished: dict[int, DialogueSequence] = {}
 
         def collect():
@@ -131,6 +140,7 @@ class EpisodeRunner:
             for (e, _), state in zip(judged, new_states):
                 self._record_user_turn(e, state)
             collect()
+        self.policy.release(session)
         return [finished[i] for i in range(len(episodes))]
 
     def _open(self, request: EpisodeRequest, state: DialogueState) -> _Episode:
@@ -159,12 +169,13 @@ class EpisodeRunner:
             episode.extend(ids, mask)
 
     def _turn_request(self, episode: _Episode) -> TurnRequest:
+        ident = dict(session=episode.session, slot=episode.slot, episode=episode.episode)
         if self.chat is None:
             return TurnRequest(prompt_ids=None, messages=list(episode.messages),
-                               max_new_tokens=self.settings.max_new_tokens)
+                               max_new_tokens=self.settings.max_new_tokens, **ident)
         prompt = episode.tokens + list(self.chat.assistant_header)
         budget = min(self.settings.max_new_tokens, self.settings.max_total_tokens - len(prompt) - self._closing)
-        return TurnRequest(prompt_ids=prompt, messages=list(episode.messages), max_new_tokens=budget)
+        return TurnRequest(prompt_ids=prompt, messages=list(episode.messages), max_new_tokens=budget, **ident)
 
     def _record_policy_turn(self, episode: _Episode, turn: PolicyTurn) -> str | None:
         """Append the sampled turn; return the text for the user, or None when the dialogue ends."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from rlver_jax import sampling
 from rlver_jax.chat import ChatTokens
+from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 
 
@@ -26,6 +27,11 @@ class TurnRequest:
     prompt_ids: list[int] | None  # the ChatML history plus "<|im_start|>assistant\n" (token policies)
     messages: list[dict[str, str]]  # the same history as messages (text policies)
     max_new_tokens: int
+    # Identity of the dialogue, so a policy can keep its KV cache from turn to turn: `session`
+    # (a group of dialogues generated together), `slot` (its row there), `episode` (unique id).
+    session: int = 0
+    slot: int = 0
+    episode: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +44,10 @@ class PolicyTurn:
 
 class Policy(Protocol):
     async def act(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
-        ...
+        """One turn for each request (all of one session)."""
+
+    def release(self, session: int) -> None:
+        """The dialogues of `session` are over: drop anything kept for them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +56,24 @@ class SamplingSettings:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     max_new_tokens: int = 512  # static per compile; requests may ask for fewer
+    # KV-cache slots kept per dialogue between turns (0: re-encode the whole history every
+    # turn). Reuse makes a turn's prefill cost its new tokens only; the cache must hold a whole
+    # dialogue plus one turn's padding, e.g. 2 x max_total_tokens.
+    cache_slots: int = 0
+
+
+# Prompt-length buckets: powers of two and 1.5x powers of two (at most a third is padding).
+LENGTH_BUCKETS = tuple(sorted({2**k for k in range(4, 18)} | {3 * 2**k for k in range(3, 17)}))
+
+
+@dataclasses.dataclass
+class _Session:
+    """One group of dialogues whose caches persist between turns (host bookkeeping + the cache)."""
+
+    cache: qwen2.KVCache  # [L, B, S, K, H]
+    owners: list[int | None]  # the episode each row belongs to
+    fed: list[list[int]]  # the tokens each row has in the cache, in order
+    next_pos: list[int]  # each row's next position id
 
 
 class JaxPolicy:
@@ -65,12 +92,15 @@ class JaxPolicy:
         self._params, self.version = params, version
         self._rng, self._calls = rng, 0
         self._device_lock = threading.Lock()
+        self._sessions: dict[int, _Session] = {}
         self.stop_ids = (chat_tokens.im_end, chat_tokens.end_of_text)
 
     def set_params(self, params: Any, version: int, rng: jax.Array | None = None) -> None:
-        """Point the sampler at new parameters (no copy) and optionally reseed."""
+        """Point the sampler at new parameters (no copy) and optionally reseed. Cached keys and
+        values of earlier turns were computed with the old parameters: they are dropped."""
         with self._device_lock:
             self._params, self.version = params, version
+            self._sessions.clear()
             if rng is not None:
                 self._rng, self._calls = rng, 0
 
@@ -78,14 +108,16 @@ class JaxPolicy:
         with self._device_lock:
             key = jax.random.fold_in(self._rng, self._calls)
             self._calls += 1
-            prompts = [r.prompt_ids for r in requests]
-            ids, mask = pad_left(prompts, max(len(p) for p in prompts), self.chat.end_of_text)
-            gen = sampling.generate(
-                self.model_cfg, self._params, ids, mask, max_new_tokens=self.settings.max_new_tokens,
-                rng=key, temperature=self.settings.temperature, top_p=self.settings.top_p,
-                top_k=self.settings.top_k, stop_ids=self.stop_ids, pad_id=self.chat.end_of_text)
-            tokens, lps, lengths = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths))
-        out = [(tokens[b, :n].tolist(), lps[b, :n].tolist()) for b, n in enumerate(lengths)]
+            if self.settings.cache_slots:
+                out = self._generate_with_sessions(requests, key)
+            else:
+                prompts = [r.prompt_ids for r in requests]
+                ids, mask = pad_left(prompts, max(len(p) for p in prompts), self.chat.end_of_text)
+                gen = sampling.generate(
+                    self.model_cfg, self._params, ids, mask, rng=key, length_buckets=LENGTH_BUCKETS,
+                    **self._sampling_kwargs())
+                tokens, lps, lengths = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths))
+                out = [(tokens[b, :n].tolist(), lps[b, :n].tolist()) for b, n in enumerate(lengths)]
         turns = []
         for req, (ids, lps) in zip(requests, out):
             ids, lps = ids[:req.max_new_tokens], lps[:req.max_new_tokens]
@@ -95,8 +127,67 @@ class JaxPolicy:
             turns.append(PolicyTurn(text=text, token_ids=ids, logprobs=lps, stopped=stopped))
         return turns
 
+    def _sampling_kwargs(self) -> dict[str, Any]:
+        st = self.settings
+        return dict(max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_p=st.top_p,
+                    top_k=st.top_k, stop_ids=self.stop_ids, pad_id=self.chat.end_of_text)
+
+    def _session(self, requests: list[TurnRequest]) -> _Session:
+        rows = sampling.bucket(max(r.slot for r in requests) + 1, None)
+        sess = self._sessions.get(requests[0].session)
+        if sess is None or len(sess.owners) < rows:
+            cache = qwen2.init_cache(self.model_cfg, rows, self.settings.cache_slots)
+            sess = _Session(cache, [None] * rows, [[] for _ in range(rows)], [0] * rows)
+            self._sessions[requests[0].session] = sess
+        return sess
+
+    def _generate_with_sessions(self, requests: list[TurnRequest], key: jax.Array):
+        """One turn for dialogues whose earlier turns are already in their rows' caches."""
+        if len({r.session for r in requests}) != 1:
+            raise ValueError("one act() call must hold the dialogues of one session")
+        sess = self._session(requests)
+        new: dict[int, list[int]] = {}
+        for r in requests:
+            row, prompt = r.slot, r.prompt_ids
+            if sess.owners[row] != r.episode or prompt[:len(sess.fed[row])] != sess.fed[row]:
+                # A new dialogue in this row (or a history we did not write): start it afresh.
+                sess.owners[row], sess.fed[row], sess.next_pos[row] = r.episode, [], 0
+                sess.cache = sess.cache._replace(mask=sess.cache.mask.at[row].set(False))
+            new[row] = prompt[len(sess.fed[row]):]
+        width = sampling.bucket(max(len(v) for v in new.values()), LENGTH_BUCKETS)
+        slots, n = self.settings.cache_slots, self.settings.max_new_tokens
+        if int(sess.cache.index) + width + n > slots:
+            sess.cache = sampling.compact_cache(sess.cache)
+            if int(sess.cache.index) + width + n > slots:
+                raise ValueError(
+                    f"KV cache of {slots} slots cannot hold a dialogue of {int(sess.cache.index)} tokens plus "
+                    f"{width + n} for the next turn; raise the cache (config.rollout.cache_slots) or lower "
+                    "config.rollout.max_total_tokens")
+        rows = len(sess.owners)
+        ids = np.full((rows, width), self.chat.end_of_text, np.int32)
+        mask = np.zeros((rows, width), bool)
+        for row, toks in new.items():
+            ids[row, width - len(toks):] = toks
+            mask[row, width - len(toks):] = True
+        settings = sampling.SamplingSettings(**self._sampling_kwargs())
+        gen, sess.cache, fed = sampling.continue_generation(
+            self.model_cfg, self._params, sess.cache, ids, mask, np.asarray(sess.next_pos, np.int32),
+            settings=settings, rng=key)
+        tokens, lps, lengths, fed = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths, fed))
+        out = []
+        for r in requests:
+            row, k = r.slot, int(lengths[r.slot])
+            sess.fed[row] += new[row] + tokens[row, :fed[row]].tolist()
+            sess.next_pos[row] += len(new[row]) + int(fed[row])
+            out.append((tokens[row, :k].tolist(), lps[row, :k].tolist()))
+        return out
+
     async def act(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
         return await asyncio.to_thread(self._generate, requests)
+
+    def release(self, session: int) -> None:
+        with self._device_lock:
+            self._sessions.pop(session, None)
 
 
 class OpenAIPolicy:
@@ -123,6 +214,9 @@ class OpenAIPolicy:
 
     async def act(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    def release(self, session: int) -> None:
+        """Nothing is kept between turns."""
 
     async def aclose(self) -> None:
         await self.client.close()
