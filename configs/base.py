@@ -9,7 +9,6 @@ think)`. Presets:
 """
 
 import ml_collections
-from ml_collections import config_dict
 
 from configs.mesh import get_mesh_config
 from configs.simulator import get_simulator_config

@@ -28,7 +28,7 @@ from rlver_jax import chat, checkpoint, sharding
 from rlver_jax.eval.plots import training_curves
 from rlver_jax.eval.sentient import summarize
 from rlver_jax.files import append_jsonl
-from rlver_jax.models import hf_io, qwen2
+from rlver_jax.models import hf_io
 from rlver_jax.models.config import Qwen2Config, get_preset
 from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import collate

@@ -8,25 +8,9 @@ import numpy as np
 import pytest
 
 from rlver_jax.rl import losses
+from tests.rl_helpers import random_policy_mask, strict_ranks  # noqa: F401 (autouse fixture)
 
 
-@pytest.fixture(autouse=True)
-def _strict_ranks():
-    with jax.numpy_rank_promotion("raise"):
-        yield
-
-
-def random_policy_mask(rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
-    """Rows of alternating user (0) / assistant (1) segments, each with its own padded length."""
-    mask = np.zeros((batch, length), np.float32)
-    for b in range(batch):
-        row_len = rng.integers(length // 2, length + 1)
-        t, policy = 0, False
-        while t < row_len:
-            seg = int(rng.integers(1, 6))
-            mask[b, t : min(t + seg, row_len)] = float(policy)
-            t, policy = t + seg, not policy
-    return mask
 
 
 def _random_policy_inputs(seed: int, batch: int = 5, length: int = 40):
