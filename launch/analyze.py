@@ -20,7 +20,7 @@ from absl import logging as absl_logging  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
 from rlver_jax.eval.analysis import analyze  # noqa: E402
-from rlver_jax.eval.endpoint import EndpointUnavailableError  # noqa: E402
+from rlver_jax.endpoint import EndpointUnavailableError  # noqa: E402
 from rlver_jax.eval.judge import JudgeSettings  # noqa: E402
 
 _SIMULATOR = get_simulator_config(eval_mode=True)

@@ -13,7 +13,7 @@ import pytest
 from configs.eval import get_config
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.eval.compare import compare_runs
-from rlver_jax.eval.endpoint import EndpointUnavailableError
+from rlver_jax.endpoint import EndpointUnavailableError
 from rlver_jax.eval.sentient import summarize_transcripts
 from rlver_jax.files import read_jsonl
 from rlver_jax.simulator.profiles import GOALS

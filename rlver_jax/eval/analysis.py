@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from rlver_jax.eval import plots
 from rlver_jax.eval.compare import run_labels
-from rlver_jax.eval.endpoint import EndpointUnavailableError, check_chat_endpoint
+from rlver_jax.endpoint import EndpointUnavailableError, check_chat_endpoint
 from rlver_jax.eval.judge import CAPABILITIES, OTHER, STRATEGIES, Judge, JudgeSettings
 from rlver_jax.eval.report import json_text, table
 from rlver_jax.eval.resume import check_setup, load_records

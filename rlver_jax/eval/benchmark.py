@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from rlver_jax import sharding
 from rlver_jax.eval import policy_loading, report
-from rlver_jax.eval.endpoint import EndpointUnavailableError, check_chat_endpoint
+from rlver_jax.endpoint import EndpointUnavailableError, check_chat_endpoint
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
 from rlver_jax.models.hf_io import CheckpointError

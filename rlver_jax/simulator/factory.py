@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import openai
 from ml_collections import config_dict
 
+from rlver_jax.endpoint import EndpointUnavailableError, check_chat_endpoint
 from rlver_jax.simulator.agent import EmotionRules, Simulator
 from rlver_jax.simulator.backend import Backend, SimulatorUnavailableError
 from rlver_jax.simulator.embedded import EmbeddedBackend
-from rlver_jax.simulator.openai_backend import OpenAIBackend, api_key_from_env
+from rlver_jax.simulator.openai_backend import OpenAIBackend
 from rlver_jax.simulator.templates import DIFFICULTIES, LANGUAGES
 
 BACKENDS = ("openai", "embedded")
@@ -39,35 +39,10 @@ def check_endpoint(cfg: config_dict.ConfigDict) -> None:
     """
     if cfg.backend != "openai" or cfg.cache_replay_only:
         return
-    url = cfg.base_url
-    client = openai.OpenAI(base_url=url, api_key=api_key_from_env(cfg.api_key_env),
-                           timeout=min(cfg.timeout_s, 30.0), max_retries=0)
+    hint = ("Start one with `bash launch/serve_simulator.sh --model-path <model dir> --port <port>` "
+            "(it prints the base URL), use --config.simulator.backend=embedded for a CPU demo")
     try:
-        served = [m.id for m in client.models.list()]
-    except openai.APIConnectionError as e:
-        raise SimulatorUnavailableError(
-            f"No simulator answers at {url} ({e.__class__.__name__}: {e}). Start one with\n"
-            "  bash launch/serve_simulator.sh --model-path <hf-model-or-dir> --port <port>\n"
-            "(it prints the base URL), or set --config.simulator.base_url to a running "
-            "OpenAI-compatible server, or use --config.simulator.backend=embedded for a CPU demo."
-        ) from e
-    except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
-        raise SimulatorUnavailableError(
-            f"The simulator server at {url} rejected the API key (HTTP {e.status_code}). Put the "
-            f"key in the environment variable ${cfg.api_key_env} "
-            "(config.simulator.api_key_env names it)."
-        ) from e
-    except openai.NotFoundError:
-        return  # up, but does not list models: nothing more to check
-    except openai.APIStatusError as e:
-        raise SimulatorUnavailableError(
-            f"The simulator server at {url} answered HTTP {e.status_code}: {e.message}"
-        ) from e
-    finally:
-        client.close()
-    if served and cfg.model not in served:
-        raise SimulatorUnavailableError(
-            f"The simulator server at {url} serves {served}, not {cfg.model!r}. Set "
-            "--config.simulator.model to one of those (or start the server with "
-            "--served-model-name)."
-        )
+        check_chat_endpoint(cfg.base_url, cfg.model, cfg.api_key_env, "--config.simulator.", start_hint=hint,
+                            timeout_s=min(cfg.timeout_s, 30.0))
+    except EndpointUnavailableError as e:
+        raise SimulatorUnavailableError(f"simulator: {e}") from e
