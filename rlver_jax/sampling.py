@@ -157,7 +157,8 @@ def sample_logits(
     x_BV = logits_BV if temperature == 1 else logits_BV / temperature
     vocab = x_BV.shape[-1]
     if 0 < top_k < vocab:
-        kth_B1 = jax.lax.top_k(x_BV, top_k)[0][:, -1:]
+        # min, not [:, -1]: XLA rewrites a slice of top_k into a full sort of the vocabulary.
+        kth_B1 = jnp.min(jax.lax.top_k(x_BV, top_k)[0], axis=-1, keepdims=True)
         x_BV = jnp.where(x_BV >= kth_B1, x_BV, -jnp.inf)
     max_B1 = jnp.max(x_BV, axis=-1, keepdims=True)
     e_BV = jnp.exp(x_BV - max_B1)  # unnormalised probabilities, max 1; removed tokens 0
@@ -355,3 +356,13 @@ def compact_cache(cache: qwen2.KVCache) -> qwen2.KVCache:
     mask = jnp.take_along_axis(cache.mask, order_BS, axis=-1)
     return qwen2.KVCache(k=take(cache.k), v=take(cache.v), mask=mask,
                          index=jnp.max(jnp.sum(mask, axis=-1, dtype=jnp.int32)))
+
+
+@functools.partial(jax.jit, static_argnums=(1,))  # a new shape: nothing to donate into
+def grow_cache(cache: qwen2.KVCache, slots: int) -> qwen2.KVCache:
+    """The same cache with `slots` slots (new ones empty): decoding attends over every slot, so
+    a multi-turn cache starts small and grows with its dialogues."""
+    extra = slots - cache.mask.shape[1]
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0)))  # noqa: E731
+    return qwen2.KVCache(k=pad(cache.k), v=pad(cache.v), mask=jnp.pad(cache.mask, ((0, 0), (0, extra))),
+                         index=cache.index)

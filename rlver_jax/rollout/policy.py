@@ -56,9 +56,10 @@ class SamplingSettings:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     max_new_tokens: int = 512  # static per compile; requests may ask for fewer
-    # KV-cache slots kept per dialogue between turns (0: re-encode the whole history every
-    # turn). Reuse makes a turn's prefill cost its new tokens only; the cache must hold a whole
-    # dialogue plus one turn's padding, e.g. 2 x max_total_tokens.
+    # At most this many KV-cache slots kept per dialogue between turns (0: re-encode the whole
+    # history every turn). Reuse makes a turn's prefill cost its new tokens only; the cache grows
+    # with the dialogue up to this bound, which must hold a whole dialogue plus one turn's
+    # padding, e.g. 2 x max_total_tokens.
     cache_slots: int = 0
 
 
@@ -136,10 +137,29 @@ class JaxPolicy:
         rows = sampling.bucket(max(r.slot for r in requests) + 1, None)
         sess = self._sessions.get(requests[0].session)
         if sess is None or len(sess.owners) < rows:
-            cache = qwen2.init_cache(self.model_cfg, rows, self.settings.cache_slots)
+            # Starts small and grows (see _make_room): decoding attends over every slot.
+            cache = qwen2.init_cache(self.model_cfg, rows, LENGTH_BUCKETS[0])
             sess = _Session(cache, [None] * rows, [[] for _ in range(rows)], [0] * rows)
             self._sessions[requests[0].session] = sess
         return sess
+
+    def _make_room(self, sess: _Session, needed: int) -> None:
+        """Ensure `needed` free slots after the cache's index: compact out the slots of padding
+        and finished rows, else grow the cache to the next length bucket (at most cache_slots)."""
+        capacity = sess.cache.mask.shape[1]
+        if int(sess.cache.index) + needed <= capacity:
+            return
+        sess.cache = sampling.compact_cache(sess.cache)
+        if int(sess.cache.index) + needed <= capacity:
+            return
+        total = int(sess.cache.index) + needed
+        if total > self.settings.cache_slots:
+            raise ValueError(
+                f"a dialogue of {int(sess.cache.index)} cached tokens needs {needed} more slots, beyond "
+                f"config.rollout.cache_slots={self.settings.cache_slots}; raise it (about 2 x "
+                "config.rollout.max_total_tokens) or lower config.rollout.max_total_tokens")
+        sess.cache = sampling.grow_cache(sess.cache, min(sampling.bucket(total, LENGTH_BUCKETS),
+                                                         self.settings.cache_slots))
 
     def _generate_with_sessions(self, requests: list[TurnRequest], key: jax.Array):
         """One turn for dialogues whose earlier turns are already in their rows' caches."""
@@ -155,14 +175,7 @@ class JaxPolicy:
                 sess.cache = sess.cache._replace(mask=sess.cache.mask.at[row].set(False))
             new[row] = prompt[len(sess.fed[row]):]
         width = sampling.bucket(max(len(v) for v in new.values()), LENGTH_BUCKETS)
-        slots, n = self.settings.cache_slots, self.settings.max_new_tokens
-        if int(sess.cache.index) + width + n > slots:
-            sess.cache = sampling.compact_cache(sess.cache)
-            if int(sess.cache.index) + width + n > slots:
-                raise ValueError(
-                    f"KV cache of {slots} slots cannot hold a dialogue of {int(sess.cache.index)} tokens plus "
-                    f"{width + n} for the next turn; raise the cache (config.rollout.cache_slots) or lower "
-                    "config.rollout.max_total_tokens")
+        self._make_room(sess, width + self.settings.max_new_tokens)
         rows = len(sess.owners)
         ids = np.full((rows, width), self.chat.end_of_text, np.int32)
         mask = np.zeros((rows, width), bool)
