@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -129,9 +129,10 @@ def test_truncation_that_removes_nothing_equals_plain_sampling(hf_tiny):
     # Unit level: top-k and top-p that only remove impossible tokens leave the draw unchanged.
     logits = jax.random.normal(jax.random.key(0), (64, 40)).at[:, 20:].set(-jnp.inf)
     key = jax.random.key(1)
-    base = sampling.sample_logits(logits, key, 1.0)
-    for kw in (dict(top_k=20), dict(top_p=1 - 1e-6), dict(top_k=30, top_p=1 - 1e-6)):
-        got = sampling.sample_logits(logits, key, 1.0, **kw)
+    sample = jax.jit(sampling.sample_logits, static_argnums=(2, 3, 4))
+    base = sample(logits, key, 1.0, 0, 1.0)
+    for top_k, top_p in ((20, 1.0), (0, 1 - 1e-6), (30, 1 - 1e-6)):
+        got = sample(logits, key, 1.0, top_k, top_p)
         np.testing.assert_array_equal(got[0], base[0])
         np.testing.assert_allclose(got[1], base[1], atol=1e-6)
     assert np.all(np.asarray(base[0]) < 20)
