@@ -28,6 +28,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
     logging.getLogger("rlver_jax").setLevel(logging.INFO)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every checkpoint file at INFO
     training.train(_CONFIG.value)
 
 
