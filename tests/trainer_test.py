@@ -9,7 +9,7 @@ import pytest
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import trainer
-from rlver_jax.rl.batch import collate, token_rewards
+from rlver_jax.rl.batch import collate, policy_positions, token_rewards
 from rlver_jax.rollout.sequence import DialogueSequence
 
 
@@ -47,6 +47,15 @@ def test_collate_pads_rows_and_length():
     assert b.rewards[0, seqs[0].turn_ends[-1]] == pytest.approx(0.6)
     assert b.rewards.sum() == pytest.approx(0.7) and b.policy_mask[2:].sum() == 0
     assert set(b.group[2:]) == {6, 7}
+
+
+def test_policy_positions_pad_rows_to_a_quarter_bucket():
+    mask = np.zeros((3, 16), np.float32)
+    mask[0, [3, 4, 9, 10, 11]] = 1
+    mask[1, [15]] = 1
+    pos = policy_positions(mask)  # longest row 5 -> width 8 (quarters of 16)
+    np.testing.assert_array_equal(pos, [[3, 4, 9, 10, 11, 0, 0, 0], [15, 0, 0, 0, 0, 0, 0, 0], [0] * 8])
+    assert policy_positions(np.ones((2, 10), np.float32)).shape == (2, 10)  # T not a multiple of 4
 
 
 def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):
@@ -110,3 +119,48 @@ def test_settings_errors_name_the_field():
         trainer.RLSettings(algo="dpo")
     with pytest.raises(ValueError, match="config.rl.micro_batch_size"):
         trainer.RLSettings(mini_batch_size=6, micro_batch_size=4)
+
+
+def test_token_logprobs_value_and_gradient_match_plain_log_softmax():
+    """The custom-VJP head (no [B, T, V] log-softmax kept) against autodiff of the textbook form."""
+    cfg = get_preset("tiny")
+    params = qwen2.init_params(cfg, jax.random.key(3))
+    rng = np.random.default_rng(3)
+    tokens = jnp.asarray(rng.integers(1, cfg.vocab_size, (3, 12)), jnp.int32)
+    mask = jnp.asarray(np.arange(12)[None, :] >= np.array([[0], [4], [1]]), jnp.int32)  # left padding
+    w_lp, w_ent = (jnp.asarray(rng.normal(size=(3, 12)), jnp.float32) for _ in range(2))
+
+    def ours(p):
+        lp, ent = trainer.token_logprobs(cfg, p, tokens, mask, with_entropy=True)
+        return jnp.sum(w_lp * lp + w_ent * ent)
+
+    def reference(p):
+        logp = jax.nn.log_softmax(qwen2.forward(cfg, p, tokens, mask)[:, :-1], axis=-1)
+        lp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+        ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+        return jnp.sum(w_lp[:, 1:] * lp + w_ent[:, 1:] * ent)
+
+    (v1, g1), (v2, g2) = jax.value_and_grad(ours)(params), jax.value_and_grad(reference)(params)
+    np.testing.assert_allclose(v1, v2, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4), g1, g2)
+
+
+def test_token_logprobs_at_policy_positions_match_the_full_head():
+    cfg = get_preset("tiny")
+    params = qwen2.init_params(cfg, jax.random.key(4))
+    batch = _batch()
+    tokens, attn = jnp.asarray(batch.tokens), jnp.asarray(batch.attention_mask)
+    mask = batch.policy_mask
+    positions = jnp.asarray(policy_positions(mask))
+    assert positions.shape[1] < tokens.shape[1]
+
+    def masked_sum(p, pos):
+        lp, ent = trainer.token_logprobs(cfg, p, tokens, attn, with_entropy=True, positions=pos)
+        return jnp.sum((lp + 0.3 * ent) * mask), (lp, ent)
+
+    (v_full, (lp_full, ent_full)), g_full = jax.value_and_grad(masked_sum, has_aux=True)(params, None)
+    (v_sel, (lp_sel, ent_sel)), g_sel = jax.value_and_grad(masked_sum, has_aux=True)(params, positions)
+    np.testing.assert_allclose(v_sel, v_full, rtol=1e-6)
+    np.testing.assert_allclose(lp_sel, np.asarray(lp_full) * mask, atol=1e-6)
+    np.testing.assert_allclose(ent_sel, np.asarray(ent_full) * mask, atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), g_sel, g_full)

@@ -25,7 +25,8 @@ class TrainBatch:
     group: np.ndarray  # int32 [B], GRPO group id; padding rows get their own ids
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return dataclasses.asdict(self)
+        """The fields, plus `policy_positions` derived from the policy mask."""
+        return {**dataclasses.asdict(self), "policy_positions": policy_positions(self.policy_mask)}
 
 
 def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
@@ -52,6 +53,22 @@ def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
 
 def bucket_length(n: int, multiple: int) -> int:
     return max(multiple, int(math.ceil(n / multiple)) * multiple)
+
+
+def policy_positions(policy_mask: np.ndarray) -> np.ndarray:
+    """int32 [B, C]: each row's policy-token indices, ascending, right-padded with 0.
+
+    The update scores only these tokens. C is the longest row's count rounded up to a quarter of
+    T, so a run compiles at most four widths per sequence-length bucket.
+    """
+    b, t = policy_mask.shape
+    count = int((policy_mask > 0).sum(-1).max(initial=0))
+    width = min(bucket_length(count, t // 4), t) if t % 4 == 0 else t
+    out = np.zeros((b, width), np.int32)
+    for row in range(b):
+        idx = np.flatnonzero(policy_mask[row] > 0)
+        out[row, :len(idx)] = idx
+    return out
 
 
 def collate(

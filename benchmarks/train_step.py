@@ -1,0 +1,250 @@
+r"""Train-step benchmark (issue 7): our jitted policy update vs a PyTorch step of transformers' Qwen2.
+
+  .venv/bin/python benchmarks/train_step.py                               # tiny and 0.5B
+  .venv/bin/python benchmarks/train_step.py --runs=tiny:16x512 --steps=3  # seconds
+
+For each run (preset:BATCHxTOKENS), random weights are drawn once (our init), written as a
+Hugging Face directory and loaded by transformers, so both sides train the same model on the same
+batch: B rows of T random tokens, every row full length, alternating 64-token user and policy
+segments (the policy mask covers half the tokens), a GRPO reward on each row's last policy token.
+
+  ours: exactly what training runs per mini-batch: `make_update_fns(...).update_minibatch` with
+    GRPO settings (no critic, no reference), the whole batch one mini-batch; old log-probs and
+    advantages come from `prepare` once, outside the timing. Forward, backward of the PPO loss
+    (plus the entropy metric), global-norm clipping and optax AdamW, one jitted program. The LM
+    head runs only at policy tokens (TrainBatch.arrays()["policy_positions"]), as in training.
+  ours, all tokens: the same program with every token scored, as a plain step would.
+  torch: transformers' Qwen2ForCausalLM in train mode: logits -> log_softmax -> gather -> the same
+    token-mean PPO clipped loss on the same old log-probs and advantages -> backward ->
+    clip_grad_norm_ -> torch.optim.AdamW step.
+
+The two sides run one after the other and each frees its memory before the next (0.5B in fp32 with
+AdamW is ~8 GB per side). One warm-up step (ours compiles) precedes --steps timed steps; the
+median is reported.
+
+  model FLOPs per step = 6 x P x B x T + 6 x V x D x S + 6 x L x N x H x T (T + 1) x B
+    P: parameters a token meets in the decoder layers (no embedding table, no LM head); the LM
+    head (V x D) at the S tokens a side scores (ours: the policy tokens; the other sides: all);
+    the last term is causal attention: QK^T and PV, 2 FLOPs per multiply-add, forward plus a
+    twice-as-costly backward, over the T (T + 1) / 2 (query, key) pairs a causal row has.
+  MFU: a side's model FLOPs / its step seconds / the measured fp32 matmul peak (best of 5
+    4096x4096 jnp.dot). "vs torch" compares step times, which is what a run waits for.
+"""
+
+import dataclasses
+import gc
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs from a checkout
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from rlver_jax.models import hf_io, qwen2  # noqa: E402
+from rlver_jax.models.config import Qwen2Config, get_preset  # noqa: E402
+from rlver_jax.rl import trainer  # noqa: E402
+from rlver_jax.rl.batch import TrainBatch  # noqa: E402
+
+_RUNS = flags.DEFINE_list("runs", ["tiny:16x512", "qwen2.5-0.5b:2x512"], "preset:BATCHxTOKENS per run.")
+_STEPS = flags.DEFINE_integer("steps", 3, "Timed steps per side (the median is reported).")
+_REMAT = flags.DEFINE_enum("remat", "none", ["none", "dots", "full"], "Our decoder-layer remat.")
+_SCAN = flags.DEFINE_bool("scan_layers", False, "Our scanned decoder layers.")
+_MICRO = flags.DEFINE_integer("micro_batch_size", 0, "Our micro-batch rows; 0: the whole batch at once.")
+_TORCH = flags.DEFINE_bool("torch", True, "Also run the PyTorch step (off: ours only, for profiling).")
+_THREADS = flags.DEFINE_integer("torch_threads", 2, "torch.set_num_threads.")
+_SEED = flags.DEFINE_integer("seed", 0, "Weights and batch seed.")
+
+_SEGMENT = 64  # tokens per user / policy segment of the synthetic dialogues
+_CLIP_EPS = 0.2
+
+
+@dataclasses.dataclass
+class Result:
+    side: str
+    step_s: float  # median
+    load: float  # 1-minute load average after the timed steps
+    scored: int = 0  # tokens the LM head ran on
+
+
+def matmul_peak(repeats: int = 5) -> float:
+    """FLOP/s of a 4096x4096 fp32 jnp.dot, best of `repeats`."""
+    n = 4096
+    a = jnp.ones((n, n), jnp.float32)
+    dot = jax.jit(jnp.dot)
+    dot(a, a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dot(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def step_flops(config: Qwen2Config, batch: int, tokens: int, scored: int) -> float:
+    """Model FLOPs of one forward + backward over `batch` rows of `tokens`, the LM head at
+    `scored` tokens (formula in the docstring)."""
+    head = config.vocab_size * config.hidden_size
+    layer_params = config.num_params() - head * (1 if config.tie_word_embeddings else 2)
+    attention = 6 * config.num_layers * config.num_heads * config.head_dim * tokens * (tokens + 1)
+    return float(batch * (6 * layer_params * tokens + attention) + 6 * head * scored)
+
+
+def make_batch(config: Qwen2Config, batch: int, tokens: int, rng: np.random.Generator) -> TrainBatch:
+    """Full-length rows of alternating user / policy segments; groups of 2 rows for GRPO."""
+    shape = (batch, tokens)
+    policy = (np.arange(tokens) // _SEGMENT) % 2 == 1
+    last_policy = int(np.flatnonzero(policy)[-1])
+    rewards = np.zeros(shape, np.float32)
+    rewards[:, last_policy] = rng.uniform(0.0, 1.0, batch)
+    return TrainBatch(
+        tokens=rng.integers(1, config.vocab_size, shape, dtype=np.int32),
+        attention_mask=np.ones(shape, np.int32),
+        policy_mask=np.broadcast_to(policy, shape).astype(np.float32),
+        rewards=rewards, sample_logprobs=np.zeros(shape, np.float32),
+        group=np.arange(batch, dtype=np.int32) // 2)
+
+
+def median_step_seconds(step: Callable[[], None]) -> tuple[float, float]:
+    """Median seconds of --steps steps after one warm-up step (which compiles ours), and the load."""
+    step()
+    times = []
+    for _ in range(_STEPS.value):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), os.getloadavg()[0]
+
+
+def init_params(config: Qwen2Config):
+    """The random weights every side starts from (the update donates its copy)."""
+    return qwen2.init_params(config, jax.random.key(_SEED.value))
+
+
+def run_ours(config: Qwen2Config, batch: TrainBatch, score_all: bool) -> tuple[Result, dict[str, np.ndarray]]:
+    """Our update step; also returns the prepared old log-probs and advantages for torch."""
+    rows, length = batch.tokens.shape
+    arrays = batch.arrays()
+    if score_all:  # every index (0 is the pad index: position 0 has no log-prob anyway)
+        arrays["policy_positions"] = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))
+    rl = trainer.RLSettings(algo="grpo", mini_batch_size=rows, micro_batch_size=_MICRO.value or rows)
+    tx = trainer.make_optimizer(trainer.OptimSettings(), total_steps=100)
+    state = trainer.init_train_state(init_params(config), tx, None, None, seed=_SEED.value)
+    fns = trainer.make_update_fns(rl, config, None, tx, None)
+    device_batch = {k: jnp.asarray(v) for k, v in arrays.items()}
+    prepared = fns.prepare(state, None, device_batch)
+    full = {**device_batch, **prepared}
+    all_rows = jnp.arange(rows, dtype=jnp.int32)
+
+    def step() -> None:
+        nonlocal state
+        state, metrics = fns.update_minibatch(state, full, all_rows)
+        jax.block_until_ready(metrics)
+
+    host = {k: np.asarray(prepared[k]) for k in ("old_logprobs", "advantages")}
+    scored = rows * length if score_all else int((batch.policy_mask > 0).sum())
+    return Result("ours, all tokens" if score_all else "ours", *median_step_seconds(step), scored), host
+
+
+def run_torch(model_dir: pathlib.Path, batch: TrainBatch, prepared: dict[str, np.ndarray]) -> tuple[Result, float]:
+    """transformers Qwen2ForCausalLM: forward, PPO loss, backward, clipping, AdamW.
+
+    Also returns max |log-prob difference| to ours' old log-probs on policy tokens at the initial
+    weights (the first step's forward): both sides run the same model on the same batch.
+    """
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    opt = trainer.OptimSettings()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=(opt.b1, opt.b2), eps=opt.eps,
+                                  weight_decay=opt.weight_decay)
+    ids = torch.from_numpy(batch.tokens.astype(np.int64))
+    attn = torch.from_numpy(batch.attention_mask.astype(np.int64))
+    # Targets are tokens 1..T-1 predicted from positions 0..T-2, as in trainer.token_logprobs.
+    mask = torch.from_numpy(batch.policy_mask[:, 1:])
+    old_lp = torch.tensor(prepared["old_logprobs"][:, 1:])
+    adv = torch.tensor(prepared["advantages"][:, 1:])
+    weights = mask / mask.sum().clamp(min=1.0)
+    first_logprobs = []
+
+    def step() -> None:
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+        if not first_logprobs:
+            first_logprobs.append(lp.detach())
+        ratio = torch.exp(lp - old_lp)
+        pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - _CLIP_EPS, 1 + _CLIP_EPS))
+        loss = (pg * weights).sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), opt.grad_clip)
+        optimizer.step()
+
+    result = Result("torch", *median_step_seconds(step), ids.numel())
+    parity = float(((first_logprobs[0] - old_lp).abs() * mask).max())
+    return result, parity
+
+
+def free_memory() -> None:
+    gc.collect()
+    jax.clear_caches()
+
+
+def bench(spec: str) -> tuple[str, Qwen2Config, int, int, list[Result]]:
+    """Both sides on one preset:BATCHxTOKENS, one after the other."""
+    preset, shape = spec.split(":")
+    batch_size, tokens = (int(x) for x in shape.split("x"))
+    config = get_preset(preset, remat=_REMAT.value, scan_layers=_SCAN.value)
+    batch = make_batch(config, batch_size, tokens, np.random.default_rng(_SEED.value))
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = hf_io.save_pretrained(config, init_params(config), pathlib.Path(tmp) / preset)
+        free_memory()
+        for score_all in (False, True):
+            result, prepared = run_ours(config, batch, score_all)
+            results.append(result)
+            print(f"  {spec} {result.side}: {result.step_s:.3f} s/step, load {result.load:.1f}", flush=True)
+            free_memory()
+        if _TORCH.value:
+            result, parity = run_torch(model_dir, batch, prepared)
+            results.append(result)
+            print(f"  {spec} torch: {result.step_s:.3f} s/step, load {result.load:.1f}; "
+                  f"max |log-prob ours - torch| on policy tokens at the initial weights: {parity:.1e}", flush=True)
+            free_memory()
+    return preset, config, batch_size, tokens, results
+
+
+def main(argv):
+    del argv
+    torch.set_num_threads(_THREADS.value)
+    print(f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"transformers {transformers.__version__}, {jax.devices()[0].device_kind}; ours: "
+          f"remat={_REMAT.value}, scan_layers={_SCAN.value}, micro_batch_size={_MICRO.value or 'batch'}")
+    peaks = [matmul_peak()]
+    print(f"fp32 matmul peak {peaks[0] / 1e9:.1f} GFLOP/s, load {os.getloadavg()[0]:.1f}", flush=True)
+    runs = [bench(spec) for spec in _RUNS.value]
+    peaks.append(matmul_peak())  # again after the runs: the load of a shared host drifts
+    peak = max(peaks)
+    print(f"\nfp32 matmul peak {peak / 1e9:.1f} GFLOP/s (best of the measurements before and after: "
+          f"{', '.join(f'{p / 1e9:.1f}' for p in peaks)})")
+    print("| model | B x T | side | step s | tokens/s | model GFLOP/s | MFU | vs torch | load |\n"
+          "|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for preset, config, batch_size, tokens, results in runs:
+        torch_s = results[-1].step_s if results[-1].side == "torch" else None
+        for r in results:
+            flops = step_flops(config, batch_size, tokens, r.scored)
+            speedup = f"{torch_s / r.step_s:.2f}x" if torch_s else "-"
+            print(f"| {preset} | {batch_size} x {tokens} | {r.side} | {r.step_s:.2f} | "
+                  f"{batch_size * tokens / r.step_s:,.0f} | {flops / r.step_s / 1e9:.1f} | {flops / r.step_s / peak:.1%} "
+                  f"| {speedup} | {r.load:.1f} |")
+
+
+if __name__ == "__main__":
+    app.run(main)
