@@ -2,6 +2,8 @@ r"""Train-step benchmark (issue 7): our jitted policy update vs a PyTorch step o
 
   .venv/bin/python benchmarks/train_step.py                               # tiny and 0.5B
   .venv/bin/python benchmarks/train_step.py --runs=tiny:16x512 --steps=3  # seconds
+  python benchmarks/train_step.py --dtype=bfloat16 --peak_tflops=989 \
+      --runs=qwen2.5-0.5b:8x2048,qwen2.5-1.5b:8x2048                     # an H200 (torch on CUDA)
 
 For each run (preset:BATCHxTOKENS), random weights are drawn once (our init), written as a
 Hugging Face directory and loaded by transformers, so both sides train the same model on the same
@@ -27,8 +29,8 @@ median is reported.
     head (V x D) at the S tokens a side scores (ours: the policy tokens; the other sides: all);
     the last term is causal attention: QK^T and PV, 2 FLOPs per multiply-add, forward plus a
     twice-as-costly backward, over the T (T + 1) / 2 (query, key) pairs a causal row has.
-  MFU: a side's model FLOPs / its step seconds / the measured fp32 matmul peak (best of 5
-    4096x4096 jnp.dot). "vs torch" compares step times, which is what a run waits for.
+  MFU: a side's model FLOPs / its step seconds / the measured matmul peak (best of 5 4096x4096
+    jnp.dot in --dtype, or --peak_tflops). "vs torch" compares step times (what a run waits for).
 """
 
 import dataclasses
@@ -42,6 +44,8 @@ import time
 from collections.abc import Callable
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs from a checkout
+# On a GPU both sides share the device: JAX must not reserve most of its memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -63,6 +67,10 @@ _MICRO = flags.DEFINE_integer("micro_batch_size", 0, "Our micro-batch rows; 0: t
 _TORCH = flags.DEFINE_bool("torch", True, "Also run the PyTorch step (off: ours only, for profiling).")
 _THREADS = flags.DEFINE_integer("torch_threads", 2, "torch.set_num_threads.")
 _SEED = flags.DEFINE_integer("seed", 0, "Weights and batch seed.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "Matmul compute dtype (weights stay fp32 master copies; torch: autocast).")
+_PEAK = flags.DEFINE_float("peak_tflops", 0.0, "MFU denominator in TFLOP/s (e.g. 989 for an H200 in bf16); "
+                           "0: measure a 4096x4096 jnp.dot in --dtype.")
 
 _SEGMENT = 64  # tokens per user / policy segment of the synthetic dialogues
 _CLIP_EPS = 0.2
@@ -77,9 +85,9 @@ class Result:
 
 
 def matmul_peak(repeats: int = 5) -> float:
-    """FLOP/s of a 4096x4096 fp32 jnp.dot, best of `repeats`."""
+    """FLOP/s of a 4096x4096 jnp.dot in --dtype, best of `repeats`."""
     n = 4096
-    a = jnp.ones((n, n), jnp.float32)
+    a = jnp.ones((n, n), _DTYPE.value)
     dot = jax.jit(jnp.dot)
     dot(a, a).block_until_ready()
     best = float("inf")
@@ -161,21 +169,24 @@ def run_torch(model_dir: pathlib.Path, batch: TrainBatch, prepared: dict[str, np
     Also returns max |log-prob difference| to ours' old log-probs on policy tokens at the initial
     weights (the first step's forward): both sides run the same model on the same batch.
     """
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).train()
     opt = trainer.OptimSettings()
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=(opt.b1, opt.b2), eps=opt.eps,
                                   weight_decay=opt.weight_decay)
-    ids = torch.from_numpy(batch.tokens.astype(np.int64))
-    attn = torch.from_numpy(batch.attention_mask.astype(np.int64))
+    ids = torch.from_numpy(batch.tokens.astype(np.int64)).to(device)
+    attn = torch.from_numpy(batch.attention_mask.astype(np.int64)).to(device)
     # Targets are tokens 1..T-1 predicted from positions 0..T-2, as in trainer.token_logprobs.
-    mask = torch.from_numpy(batch.policy_mask[:, 1:])
-    old_lp = torch.tensor(prepared["old_logprobs"][:, 1:])
-    adv = torch.tensor(prepared["advantages"][:, 1:])
+    mask = torch.from_numpy(batch.policy_mask[:, 1:]).to(device)
+    old_lp = torch.tensor(prepared["old_logprobs"][:, 1:]).to(device)
+    adv = torch.tensor(prepared["advantages"][:, 1:]).to(device)
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=_DTYPE.value == "bfloat16")
     weights = mask / mask.sum().clamp(min=1.0)
     first_logprobs = []
 
     def step() -> None:
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        with autocast:
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
         lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
         if not first_logprobs:
             first_logprobs.append(lp.detach())
@@ -186,6 +197,8 @@ def run_torch(model_dir: pathlib.Path, batch: TrainBatch, prepared: dict[str, np
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), opt.grad_clip)
         optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     result = Result("torch", *median_step_seconds(step), ids.numel())
     parity = float(((first_logprobs[0] - old_lp).abs() * mask).max())
@@ -201,7 +214,7 @@ def bench(spec: str) -> tuple[str, Qwen2Config, int, int, list[Result]]:
     """Both sides on one preset:BATCHxTOKENS, one after the other."""
     preset, shape = spec.split(":")
     batch_size, tokens = (int(x) for x in shape.split("x"))
-    config = get_preset(preset, remat=_REMAT.value, scan_layers=_SCAN.value)
+    config = get_preset(preset, remat=_REMAT.value, scan_layers=_SCAN.value, dtype=_DTYPE.value)
     batch = make_batch(config, batch_size, tokens, np.random.default_rng(_SEED.value))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -227,12 +240,13 @@ def main(argv):
     print(f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"transformers {transformers.__version__}, {jax.devices()[0].device_kind}; ours: "
           f"remat={_REMAT.value}, scan_layers={_SCAN.value}, micro_batch_size={_MICRO.value or 'batch'}")
-    peaks = [matmul_peak()]
-    print(f"fp32 matmul peak {peaks[0] / 1e9:.1f} GFLOP/s, load {os.getloadavg()[0]:.1f}", flush=True)
+    peaks = [_PEAK.value * 1e12 or matmul_peak()]
+    print(f"{_DTYPE.value} matmul peak {peaks[0] / 1e9:.1f} GFLOP/s, load {os.getloadavg()[0]:.1f}", flush=True)
     runs = [bench(spec) for spec in _RUNS.value]
-    peaks.append(matmul_peak())  # again after the runs: the load of a shared host drifts
+    if not _PEAK.value:
+        peaks.append(matmul_peak())  # again after the runs: the load of a shared host drifts
     peak = max(peaks)
-    print(f"\nfp32 matmul peak {peak / 1e9:.1f} GFLOP/s (best of the measurements before and after: "
+    print(f"\n{_DTYPE.value} matmul peak {peak / 1e9:.1f} GFLOP/s (best of: "
           f"{', '.join(f'{p / 1e9:.1f}' for p in peaks)})")
     print("| model | B x T | side | step s | tokens/s | model GFLOP/s | MFU | vs torch | load |\n"
           "|---|---|---|---:|---:|---:|---:|---:|---:|")
