@@ -24,7 +24,6 @@ import functools
 import pathlib
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs from a checkout
@@ -36,6 +35,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from benchmarks.measure import best_of, matmul_params, matmul_peak  # noqa: E402
 from rlver_jax import sampling  # noqa: E402
 from rlver_jax.models import hf_io, qwen2  # noqa: E402
 from rlver_jax.models.config import Qwen2Config, get_preset  # noqa: E402
@@ -62,36 +62,12 @@ class Row:
     kv_bytes: int
 
 
-def best_of(fn: Callable[[], None], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def matmul_peak(dtype) -> float:
-    """FLOP/s of a large square jnp.dot in `dtype` (fp32 accumulation)."""
-    n = 4096
-    a = jnp.ones((n, n), dtype)
-    dot = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
-    dot(a).block_until_ready()
-    return 2 * n**3 / best_of(lambda: dot(a).block_until_ready(), 3)
-
-
 def stream_bandwidth() -> float:
     """Bytes/s of reading a 1 GiB array once (a sum): the memory roofline of a decode step."""
     x = jnp.ones((256 * 1024**2,), jnp.float32)
     total = jax.jit(jnp.sum)
     total(x).block_until_ready()
     return x.nbytes / best_of(lambda: total(x).block_until_ready(), 3)
-
-
-def matmul_params(config: Qwen2Config) -> int:
-    """Parameters a token meets in a matmul: all but the embedding table, plus the LM head."""
-    embed = config.vocab_size * config.hidden_size
-    return config.num_params() - (0 if config.tie_word_embeddings else embed)
 
 
 def gemm_stream(dtype, rows: int = 8) -> float:

@@ -54,6 +54,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from benchmarks.measure import matmul_params, matmul_peak  # noqa: E402
 from rlver_jax.models import hf_io, qwen2  # noqa: E402
 from rlver_jax.models.config import Qwen2Config, get_preset  # noqa: E402
 from rlver_jax.rl import trainer  # noqa: E402
@@ -84,25 +85,11 @@ class Result:
     scored: int = 0  # tokens the LM head ran on
 
 
-def matmul_peak(repeats: int = 5) -> float:
-    """FLOP/s of a 4096x4096 jnp.dot in --dtype, best of `repeats`."""
-    n = 4096
-    a = jnp.ones((n, n), _DTYPE.value)
-    dot = jax.jit(jnp.dot)
-    dot(a, a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dot(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
-
-
 def step_flops(config: Qwen2Config, batch: int, tokens: int, scored: int) -> float:
     """Model FLOPs of one forward + backward over `batch` rows of `tokens`, the LM head at
     `scored` tokens (formula in the docstring)."""
     head = config.vocab_size * config.hidden_size
-    layer_params = config.num_params() - head * (1 if config.tie_word_embeddings else 2)
+    layer_params = matmul_params(config) - head
     attention = 6 * config.num_layers * config.num_heads * config.head_dim * tokens * (tokens + 1)
     return float(batch * (6 * layer_params * tokens + attention) + 6 * head * scored)
 
@@ -240,11 +227,11 @@ def main(argv):
     print(f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"transformers {transformers.__version__}, {jax.devices()[0].device_kind}; ours: "
           f"remat={_REMAT.value}, scan_layers={_SCAN.value}, micro_batch_size={_MICRO.value or 'batch'}")
-    peaks = [_PEAK.value * 1e12 or matmul_peak()]
+    peaks = [_PEAK.value * 1e12 or matmul_peak(_DTYPE.value, repeats=5)]
     print(f"{_DTYPE.value} matmul peak {peaks[0] / 1e9:.1f} GFLOP/s, load {os.getloadavg()[0]:.1f}", flush=True)
     runs = [bench(spec) for spec in _RUNS.value]
     if not _PEAK.value:
-        peaks.append(matmul_peak())  # again after the runs: the load of a shared host drifts
+        peaks.append(matmul_peak(_DTYPE.value, repeats=5))  # again after the runs: the load of a shared host drifts
     peak = max(peaks)
     print(f"\n{_DTYPE.value} matmul peak {peak / 1e9:.1f} GFLOP/s (best of: "
           f"{', '.join(f'{p / 1e9:.1f}' for p in peaks)})")

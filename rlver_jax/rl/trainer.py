@@ -196,23 +196,21 @@ def token_logprobs(cfg: Qwen2Config, params: Params, tokens, attention_mask, wit
     """log pi(token_t | tokens_<t) aligned to t (0 at t = 0), and optionally the entropy at t.
 
     positions [B, C] (rlver_jax.rl.batch.policy_positions): run the LM head only at these token
-    indices (0 pads a row) and return 0 elsewhere. The head is a quarter of a 0.5B model's FLOPs
-    and its [tokens, vocab] logits the largest activation at 7B; the losses never read the
-    user and template tokens, so scoring only policy tokens saves both.
+    indices (0 pads a row) and return 0 elsewhere; None scores every token. The head is a quarter
+    of a 0.5B model's FLOPs and its [tokens, vocab] logits the largest activation at 7B; the
+    losses never read the user and template tokens, so scoring only policy tokens saves both.
     """
     h, _ = qwen2.hidden_states(cfg, params, tokens, attention_mask)
     if positions is None:
-        lp, ent = _head_logprobs(cfg, params, h[:, :-1], tokens[:, 1:])
-        lp, ent = (jnp.pad(x, ((0, 0), (1, 0))) for x in (lp, ent))
-    else:
-        # Token t is predicted from the hidden state at t - 1; the pad index 0 reads h[0] and
-        # its result is dropped below (t = 0 has no log-prob in either branch).
-        h_sel = jnp.take_along_axis(h, jnp.maximum(positions - 1, 0)[..., None], axis=1)
-        lp_sel, ent_sel = _head_logprobs(cfg, params, h_sel, jnp.take_along_axis(tokens, positions, axis=1))
-        rows = jnp.arange(tokens.shape[0])[:, None]
-        keep = positions > 0
-        lp, ent = (jnp.zeros(tokens.shape, jnp.float32).at[rows, positions].add(jnp.where(keep, x, 0.0))
-                   for x in (lp_sel, ent_sel))
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    # Token t is predicted from the hidden state at t - 1; the pad index 0 reads h[0] and its
+    # result is dropped below (t = 0 has no log-prob).
+    h_sel = jnp.take_along_axis(h, jnp.maximum(positions - 1, 0)[..., None], axis=1)
+    lp_sel, ent_sel = _head_logprobs(cfg, params, h_sel, jnp.take_along_axis(tokens, positions, axis=1))
+    rows = jnp.arange(tokens.shape[0])[:, None]
+    keep = positions > 0
+    lp, ent = (jnp.zeros(tokens.shape, jnp.float32).at[rows, positions].add(jnp.where(keep, x, 0.0))
+               for x in (lp_sel, ent_sel))
     return (lp, ent) if with_entropy else lp
 
 
