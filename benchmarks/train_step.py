@@ -62,6 +62,8 @@ from rlver_jax.rl.batch import TrainBatch  # noqa: E402
 
 _RUNS = flags.DEFINE_list("runs", ["tiny:16x512", "qwen2.5-0.5b:2x512"], "preset:BATCHxTOKENS per run.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps per side (the median is reported).")
+_PROFILE = flags.DEFINE_string("profile_dir", "", "Also write a jax.profiler trace of one more step of "
+                               "each of our sides to DIR/PRESET-SIDE (open *.trace.json.gz in Perfetto).")
 _REMAT = flags.DEFINE_enum("remat", "none", ["none", "dots", "full"], "Our decoder-layer remat.")
 _SCAN = flags.DEFINE_bool("scan_layers", False, "Our scanned decoder layers.")
 _MICRO = flags.DEFINE_integer("micro_batch_size", 0, "Our micro-batch rows; 0: the whole batch at once.")
@@ -125,7 +127,8 @@ def init_params(config: Qwen2Config):
     return qwen2.init_params(config, jax.random.key(_SEED.value))
 
 
-def run_ours(config: Qwen2Config, batch: TrainBatch, score_all: bool) -> tuple[Result, dict[str, np.ndarray]]:
+def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: bool
+             ) -> tuple[Result, dict[str, np.ndarray]]:
     """Our update step; also returns the prepared old log-probs and advantages for torch."""
     rows, length = batch.tokens.shape
     arrays = batch.arrays()
@@ -147,7 +150,12 @@ def run_ours(config: Qwen2Config, batch: TrainBatch, score_all: bool) -> tuple[R
 
     host = {k: np.asarray(prepared[k]) for k in ("old_logprobs", "advantages")}
     scored = rows * length if score_all else int((batch.policy_mask > 0).sum())
-    return Result("ours, all tokens" if score_all else "ours", *median_step_seconds(step), scored), host
+    result = Result("ours, all tokens" if score_all else "ours", *median_step_seconds(step), scored)
+    if _PROFILE.value:
+        name = f"{preset}-{'all-tokens' if score_all else 'policy-tokens'}"
+        with jax.profiler.trace(str(pathlib.Path(_PROFILE.value) / name), create_perfetto_trace=True):
+            step()
+    return result, host
 
 
 def run_torch(model_dir: pathlib.Path, batch: TrainBatch, prepared: dict[str, np.ndarray]) -> tuple[Result, float]:
@@ -208,7 +216,7 @@ def bench(spec: str) -> tuple[str, Qwen2Config, int, int, list[Result]]:
         model_dir = hf_io.save_pretrained(config, init_params(config), pathlib.Path(tmp) / preset)
         free_memory()
         for score_all in (False, True):
-            result, prepared = run_ours(config, batch, score_all)
+            result, prepared = run_ours(preset, config, batch, score_all)
             results.append(result)
             print(f"  {spec} {result.side}: {result.step_s:.3f} s/step, load {result.load:.1f}", flush=True)
             free_memory()

@@ -62,8 +62,8 @@ def _dense(x: jax.Array, w: jax.Array, in_dims: int = 1, **kwargs) -> jax.Array:
     """x [M, *in] @ w [*in, *out] -> [M, *out] as one 2-D matmul over a flat token axis M.
 
     Not an einsum over [B, T, ...]: XLA's CPU backend lays out the backward pass of a matmul with
-    two token axes with extra transposes (flat, the 0.5B policy update is ~11% faster; see
-    benchmarks/train_step.py). On accelerators both forms compile to the same matmuls.
+    two token axes with extra transposes (flat is faster; see benchmarks/train_step.py). On
+    accelerators both forms compile to the same matmuls.
     """
     m, out_shape = x.shape[0], w.shape[in_dims:]
     w_2d = w.reshape(math.prod(w.shape[:in_dims]), math.prod(out_shape))
@@ -103,7 +103,7 @@ def _attend(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.Array, bia
 
     The G x T queries of each kv head form one [G*T, H] matrix (M rows), so both matmuls are
     plain batched matmuls over (B, K): on XLA's CPU backend this beats a [B, K, G, T, S] einsum
-    (which transposes the probabilities) by ~1.4x in training and ~1.1x in cached decoding.
+    (which transposes the probabilities), in training and in cached decoding.
     """
     b, t, n, h = q_BTNH.shape
     s, k = keys_BSKH.shape[1:3]
