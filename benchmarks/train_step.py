@@ -37,6 +37,7 @@ import dataclasses
 import gc
 import os
 import pathlib
+import re
 import statistics
 import sys
 import tempfile
@@ -205,10 +206,18 @@ def free_memory() -> None:
     jax.clear_caches()
 
 
-def bench(spec: str) -> tuple[str, Qwen2Config, int, int, list[Result]]:
-    """Both sides on one preset:BATCHxTOKENS, one after the other."""
-    preset, shape = spec.split(":")
-    batch_size, tokens = (int(x) for x in shape.split("x"))
+def parse_run(spec: str) -> tuple[str, int, int]:
+    """A --runs entry PRESET:BATCHxTOKENS as (preset, batch, tokens)."""
+    match = re.fullmatch(r"([\w.-]+):(\d+)x(\d+)", spec)
+    if not match:
+        raise app.UsageError(f"--runs entry {spec!r}: write PRESET:BATCHxTOKENS, e.g. qwen2.5-0.5b:2x512")
+    get_preset(match[1])  # an unknown preset fails here, before any measurement
+    return match[1], int(match[2]), int(match[3])
+
+
+def bench(preset: str, batch_size: int, tokens: int) -> tuple[str, Qwen2Config, int, int, list[Result]]:
+    """Both sides on one preset and batch shape, one after the other."""
+    spec = f"{preset}:{batch_size}x{tokens}"
     config = get_preset(preset, remat=_REMAT.value, scan_layers=_SCAN.value, dtype=_DTYPE.value)
     batch = make_batch(config, batch_size, tokens, np.random.default_rng(_SEED.value))
     results = []
@@ -235,9 +244,10 @@ def main(argv):
     print(f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"transformers {transformers.__version__}, {jax.devices()[0].device_kind}; ours: "
           f"remat={_REMAT.value}, scan_layers={_SCAN.value}, micro_batch_size={_MICRO.value or 'batch'}")
+    shapes = [parse_run(spec) for spec in _RUNS.value]
     peaks = [_PEAK.value * 1e12 or matmul_peak(_DTYPE.value, repeats=5)]
     print(f"{_DTYPE.value} matmul peak {peaks[0] / 1e9:.1f} GFLOP/s, load {os.getloadavg()[0]:.1f}", flush=True)
-    runs = [bench(spec) for spec in _RUNS.value]
+    runs = [bench(*shape) for shape in shapes]
     if not _PEAK.value:
         peaks.append(matmul_peak(_DTYPE.value, repeats=5))  # again after the runs: the load of a shared host drifts
     peak = max(peaks)
