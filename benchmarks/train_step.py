@@ -10,9 +10,10 @@ Hugging Face directory and loaded by transformers, so both sides train the same 
 batch: B rows of T random tokens, every row full length, alternating 64-token user and policy
 segments (the policy mask covers half the tokens), a GRPO reward on each row's last policy token.
 
-  ours: exactly what training runs per mini-batch: `make_update_fns(...).update_minibatch` with
-    GRPO settings (no critic, no reference), the whole batch one mini-batch; old log-probs and
-    advantages come from `prepare` once, outside the timing. Forward, backward of the PPO loss
+  ours: exactly what training runs per mini-batch (the body of `trainer.train_step`'s loop over
+    mini-batches): `trainer.update_minibatch`, jitted with the state donated, with GRPO settings
+    (no critic, no reference), the whole batch one mini-batch; old log-probs and advantages come
+    from `trainer.prepare` once, outside the timing. Forward, backward of the PPO loss
     (plus the entropy metric), global-norm clipping and optax AdamW, one jitted program. The LM
     head runs only at policy tokens (TrainBatch.arrays()["policy_positions"]), as in training.
   ours, all tokens: the same program with every token scored, as a plain step would.
@@ -34,6 +35,7 @@ median is reported.
 """
 
 import dataclasses
+import functools
 import gc
 import os
 import pathlib
@@ -136,17 +138,18 @@ def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: boo
     if score_all:  # every index (0 is the pad index: position 0 has no log-prob anyway)
         arrays["policy_positions"] = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))
     rl = trainer.RLSettings(algo="grpo", mini_batch_size=rows, micro_batch_size=_MICRO.value or rows)
-    tx = trainer.make_optimizer(trainer.OptimSettings(), total_steps=100)
-    state = trainer.init_train_state(init_params(config), tx, None, None, seed=_SEED.value)
-    fns = trainer.make_update_fns(rl, config, None, tx, None)
+    tx = trainer.make_optimizer(trainer.OptimSettings(), total_steps=100).tx
+    state = trainer.init_train_state(init_params(config), tx, seed=_SEED.value)
+    prepare = jax.jit(functools.partial(trainer.prepare, rl, config, None))
+    update = jax.jit(functools.partial(trainer.update_minibatch, rl, config, None, tx, None), donate_argnums=(0,))
     device_batch = {k: jnp.asarray(v) for k, v in arrays.items()}
-    prepared = fns.prepare(state, None, device_batch)
+    prepared = prepare(state, None, device_batch)
     full = {**device_batch, **prepared}
     all_rows = jnp.arange(rows, dtype=jnp.int32)
 
     def step() -> None:
         nonlocal state
-        state, metrics = fns.update_minibatch(state, full, all_rows)
+        state, metrics = update(state, full, all_rows)
         jax.block_until_ready(metrics)
 
     host = {k: np.asarray(prepared[k]) for k in ("old_logprobs", "advantages")}
@@ -172,7 +175,7 @@ def run_torch(model_dir: pathlib.Path, batch: TrainBatch, prepared: dict[str, np
                                   weight_decay=opt.weight_decay)
     ids = torch.from_numpy(batch.tokens.astype(np.int64)).to(device)
     attn = torch.from_numpy(batch.attention_mask.astype(np.int64)).to(device)
-    # Targets are tokens 1..T-1 predicted from positions 0..T-2, as in trainer.token_logprobs.
+    # Targets are tokens 1..T-1 predicted from positions 0..T-2, as in rlver_jax.rl.logprobs.token_logprobs.
     mask = torch.from_numpy(batch.policy_mask[:, 1:]).to(device)
     old_lp = torch.tensor(prepared["old_logprobs"][:, 1:]).to(device)
     adv = torch.tensor(prepared["advantages"][:, 1:]).to(device)

@@ -20,6 +20,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
+import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -35,6 +36,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax reports every file it reads
+    jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
     logging.getLogger("rlver_jax").setLevel(logging.INFO)
     try:
         if _COMPARE.value:

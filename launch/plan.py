@@ -150,7 +150,8 @@ def format_report(cfg: ml_collections.ConfigDict, r: dict[str, Any]) -> str:
 def main(argv):
     del argv
     cfg = _CONFIG.value
-    sharding.maybe_initialize_distributed(cfg.mesh.distributed)
+    jax.config.update("jax_threefry_partitionable", True)
+    sharding.maybe_initialize_distributed(sharding.DistributedSettings.from_config(cfg.mesh.distributed))
     print(format_report(cfg, plan(cfg)), flush=True)
 
 

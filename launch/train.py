@@ -16,10 +16,11 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
+import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from rlver_jax import training  # noqa: E402
+from rlver_jax import sharding, training  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file[:preset].", lock_config=True)
 
@@ -29,6 +30,10 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
     logging.getLogger("rlver_jax").setLevel(logging.INFO)
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every checkpoint file at INFO
+    # Launch-time guards, before anything touches a device: random draws split over the mesh
+    # give the same numbers on any mesh, and every process joins the multi-host run.
+    jax.config.update("jax_threefry_partitionable", True)
+    sharding.maybe_initialize_distributed(sharding.DistributedSettings.from_config(_CONFIG.value.mesh.distributed))
     training.train(_CONFIG.value)
 
 

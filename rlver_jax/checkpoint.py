@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import jax
 import orbax.checkpoint as ocp
+
+from rlver_jax import sharding
 
 
 def make_manager(directory: str | os.PathLike, *, save_every: int, keep: int,
@@ -43,24 +44,15 @@ def latest_step(manager: ocp.CheckpointManager) -> int | None:
     return manager.latest_step()
 
 
-def _abstract(tree: Any) -> Any:
-    """ShapeDtypeStructs carrying the template's shardings: restore allocates nothing twice."""
-    def leaf(x):
-        if isinstance(x, jax.Array):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-        return x
-    return jax.tree.map(leaf, tree)
-
-
 def restore(manager: ocp.CheckpointManager, step: int | None, template: Any) -> tuple[Any, dict[str, Any]]:
     """Restore (state, meta) at `step` (default: the latest) into `template`'s structure,
-    dtypes and shardings."""
+    dtypes and shardings (each array is read straight into its shards)."""
     step = manager.latest_step() if step is None else step
     if step is None or step not in manager.all_steps():
         raise FileNotFoundError(
             f"no checkpoint at step {step} in {manager.directory}; available: {sorted(manager.all_steps())}")
     out = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(_abstract(template)), meta=ocp.args.JsonRestore()))
+        state=ocp.args.StandardRestore(sharding.with_shardings(template)), meta=ocp.args.JsonRestore()))
     return out.state, dict(out.meta)
 
 

@@ -16,6 +16,7 @@ that the batch axes do not divide is an error.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -198,15 +199,26 @@ def param_shardings(config: Qwen2Config, mesh: Mesh, rules: RulesLike) -> Params
         logical, abstract, is_leaf=lambda x: isinstance(x, P))
 
 
-def with_shardings(tree: Any, shardings: Any) -> Any:
-    """`jax.ShapeDtypeStruct`s (shape, dtype of `tree`'s leaves) carrying `shardings`: the abstract
-    inputs for ahead-of-time compilation and for restoring checkpoints onto a mesh."""
+def with_shardings(tree: Any, shardings: Any = None) -> Any:
+    """`jax.ShapeDtypeStruct`s (shape, dtype of `tree`'s leaves) carrying `shardings`, or with
+    `shardings` None each array's own sharding (other leaves kept as they are): the abstract
+    inputs for ahead-of-time compilation and for restoring checkpoints onto a mesh, so a restore
+    allocates nothing twice."""
+    if shardings is None:
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if isinstance(x, jax.Array) else x,
+            tree)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def init_sharded_params(config: Qwen2Config, rng: jax.Array, mesh: Mesh, rules: RulesLike) -> Params:
-    """Random parameters created directly in their shards (never whole on one device)."""
-    shardings = param_shardings(config, mesh, rules)
+def init_sharded_params(config: Qwen2Config, rng: jax.Array, mesh: Mesh | None = None,
+                        rules: RulesLike | None = None, *, shardings: Params | None = None) -> Params:
+    """Random parameters created directly in their shards (never whole on one device): the
+    `param_shardings` of (mesh, rules), or `shardings` when the caller has computed them."""
+    if (shardings is None) == (mesh is None or rules is None):
+        raise ValueError("init_sharded_params takes either mesh and rules, or shardings")
+    if shardings is None:
+        shardings = param_shardings(config, mesh, rules)
     return jax.jit(lambda key: qwen2.init_params(config, key), out_shardings=shardings)(rng)
 
 
@@ -237,9 +249,11 @@ def opt_state_shardings(optimizer: optax.GradientTransformation, params: Params,
     return jax.tree.map(assign, state, is_leaf=mirrors_params)
 
 
-def init_opt_state(optimizer: optax.GradientTransformation, params: Params, shardings: Params) -> Any:
-    """`optimizer.init(params)` created directly in its shards (see `opt_state_shardings`)."""
-    out = opt_state_shardings(optimizer, params, shardings)
+def init_opt_state(optimizer: optax.GradientTransformation, params: Params, shardings: Params,
+                   opt_shardings: Any | None = None) -> Any:
+    """`optimizer.init(params)` created directly in its shards: `opt_shardings`, by default
+    `opt_state_shardings(optimizer, params, shardings)`."""
+    out = opt_state_shardings(optimizer, params, shardings) if opt_shardings is None else opt_shardings
     return jax.jit(optimizer.init, in_shardings=(shardings,), out_shardings=out)(params)
 
 
@@ -374,28 +388,45 @@ def _env_int(name: str) -> int | None:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def maybe_initialize_distributed(cfg: Any) -> bool:
-    """Start JAX's multi-process runtime when `cfg` (the `mesh.distributed` section) or the
-    environment asks for it; returns whether the process is part of a multi-process run.
+@dataclasses.dataclass(frozen=True)
+class DistributedSettings:
+    """The `mesh.distributed` section (configs/mesh.py) as a typed record.
 
-    Call first, before anything touches a device. `cfg.initialize`:
-    'never'; 'always' (Cloud TPU pods: fields left empty, JAX finds the workers); 'auto'
-    (default): initialise when a coordinator address or num_processes > 1 is set in the config or
-    in JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES, or when RLVER_MULTIHOST=1 (set by
-    launch/tpu_pod.sh). Missing fields are read from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES
-    and JAX_PROCESS_ID, and otherwise left to JAX's cluster detection (TPU, SLURM, Open MPI).
+    initialize: 'never'; 'always' (Cloud TPU pods: fields left empty, JAX finds the workers);
+    'auto' (default): start when a coordinator address or num_processes > 1 is set here or in
+    JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES, or when RLVER_MULTIHOST=1 (launch/tpu_pod.sh).
+    Empty fields are read from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, and
+    otherwise left to JAX's cluster detection (TPU, SLURM, Open MPI).
     """
-    mode = cfg.initialize
-    if mode not in ("auto", "always", "never"):
-        raise ValueError(f"mesh.distributed.initialize={mode!r}; use 'auto', 'always' or 'never'")
+
+    initialize: str = "auto"
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+    def __post_init__(self):
+        if self.initialize not in ("auto", "always", "never"):
+            raise ValueError(f"mesh.distributed.initialize={self.initialize!r}; use 'auto', 'always' or 'never'")
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]) -> "DistributedSettings":
+        return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})
+
+
+def maybe_initialize_distributed(settings: DistributedSettings) -> bool:
+    """Start JAX's multi-process runtime when `settings` or the environment ask for it (see
+    DistributedSettings); returns whether the process is part of a multi-process run.
+
+    Call first, at program start, before anything touches a device.
+    """
     if jax.distributed.is_initialized():
         return True
-    if mode == "never":
+    if settings.initialize == "never":
         return False
-    address = cfg.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
-    num_processes = cfg.num_processes if cfg.num_processes is not None else _env_int("JAX_NUM_PROCESSES")
-    process_id = cfg.process_id if cfg.process_id is not None else _env_int("JAX_PROCESS_ID")
-    if mode == "auto" and not (
+    address = settings.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    num_processes = settings.num_processes if settings.num_processes is not None else _env_int("JAX_NUM_PROCESSES")
+    process_id = settings.process_id if settings.process_id is not None else _env_int("JAX_PROCESS_ID")
+    if settings.initialize == "auto" and not (
             address or (num_processes or 1) > 1 or os.environ.get(_MULTIHOST_ENV) == "1"):
         return False
     jax.distributed.initialize(coordinator_address=address, num_processes=num_processes, process_id=process_id)

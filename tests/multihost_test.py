@@ -15,7 +15,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -48,8 +47,8 @@ def row_losses(config, params, batch) -> jax.Array:
 
 def worker(process_id: int, port: int) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    started = sharding.maybe_initialize_distributed(ml_collections.ConfigDict(dict(
-        initialize="auto", coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id)))
+    started = sharding.maybe_initialize_distributed(sharding.DistributedSettings(
+        initialize="auto", coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id))
     assert started and jax.process_count() == 2 and jax.device_count() == 4
 
     config = get_preset("tiny")

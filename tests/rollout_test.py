@@ -193,38 +193,3 @@ def test_truncation_at_the_token_budget(chat_tokens):
                            RolloutSettings(think=False, max_total_tokens=260))
     (seq,) = asyncio.run(runner.run(_requests(1, 1)))
     assert seq.truncated and seq.end_reason == "truncated" and len(seq.tokens) <= 260
-
-
-def _fake_batches(delay=0.0, fail_at=None):
-    async def make_batch(index, version, params):
-        if index == fail_at:
-            raise ValueError("simulator exploded")
-        await asyncio.sleep(delay)
-        return [params]
-    return make_batch
-
-
-@pytest.mark.parametrize("staleness", [0, 1])
-def test_buffer_respects_max_staleness(staleness):
-    buf = RolloutBuffer(_fake_batches(0.01), max_staleness=staleness)
-    buf.publish(0, "v0")
-    seen = []
-    for step in range(5):
-        batch = buf.get(timeout=10)
-        assert batch.index == step and step - staleness <= batch.version <= step
-        assert batch.sequences == [f"v{batch.version}"]  # the snapshot matches the version
-        seen.append(batch.version)
-        time.sleep(0.05)  # "training"
-        buf.publish(step + 1, f"v{step + 1}")
-    buf.close()
-    if staleness == 1:
-        assert any(v == s - 1 for s, v in enumerate(seen))  # it did overlap
-
-
-def test_buffer_surfaces_producer_failure():
-    buf = RolloutBuffer(_fake_batches(fail_at=1), max_staleness=1)
-    buf.publish(0, "v0")
-    buf.get(timeout=10)
-    with pytest.raises(RuntimeError, match="simulator exploded"):
-        buf.get(timeout=10)
-    buf.close()

@@ -265,7 +265,7 @@ def _dist(initialize="auto", **fields):
     cfg.initialize = initialize
     for k, v in fields.items():
         setattr(cfg, k, v)
-    return cfg
+    return sharding.DistributedSettings.from_config(cfg)
 
 
 @pytest.fixture

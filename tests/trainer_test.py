@@ -1,15 +1,18 @@
 """The PPO/GRPO update: batching, reward placement, accumulation, and the direction of learning."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from rlver_jax import builders, sharding
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import collate, policy_positions, token_rewards
+from rlver_jax.rl.logprobs import token_logprobs
 from rlver_jax.rollout.sequence import DialogueSequence
 
 
@@ -64,14 +67,15 @@ def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):
     rl = trainer.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=micro, ppo_epochs=epochs)
     opt = trainer.OptimSettings(lr=lr, warmup_ratio=0.0, weight_decay=0.0)
     # Plain SGD makes the parameter change the gradient itself (Adam would normalise it away).
-    make_tx = (lambda: optax.sgd(lr)) if sgd else (lambda: trainer.make_optimizer(opt, 10))
-    actor_tx = make_tx()
-    critic_cfg, critic, critic_tx = None, None, None
+    make_opt = ((lambda: trainer.Optimizer(optax.sgd(lr), optax.constant_schedule(lr))) if sgd
+                else (lambda: trainer.make_optimizer(opt, 10)))
+    actor_opt = make_opt()
+    critic_cfg, critic, critic_opt = None, None, None
     if rl.uses_critic:
-        critic_cfg, critic = trainer.critic_from_actor(cfg, actor)
-        critic_tx = make_tx()
-    state = trainer.init_train_state(actor, actor_tx, critic, critic_tx, seed=0)
-    fns = trainer.make_update_fns(rl, cfg, critic_cfg, actor_tx, critic_tx)
+        critic_cfg, critic = builders.critic_from_actor(cfg, actor)
+        critic_opt = make_opt()
+    state = trainer.init_train_state(actor, actor_opt.tx, critic, critic_opt and critic_opt.tx, seed=0)
+    fns = trainer.make_update_fns(rl, cfg, critic_cfg, actor_opt, critic_opt)
     return cfg, state, fns
 
 
@@ -83,7 +87,7 @@ def _batch():
 
 
 def _policy_logprob(cfg, params, batch):
-    lp = trainer.token_logprobs(cfg, params, jnp.asarray(batch.tokens), jnp.asarray(batch.attention_mask))
+    lp = token_logprobs(cfg, params, jnp.asarray(batch.tokens), jnp.asarray(batch.attention_mask))
     return np.asarray((lp * batch.policy_mask).sum(-1))
 
 
@@ -121,46 +125,68 @@ def test_settings_errors_name_the_field():
         trainer.RLSettings(mini_batch_size=6, micro_batch_size=4)
 
 
-def test_token_logprobs_value_and_gradient_match_plain_log_softmax():
-    """The custom-VJP head (no [B, T, V] log-softmax kept) against autodiff of the textbook form."""
+def _placed_setup(mesh, rl, opt):
+    """A tiny actor (and critic) and their state on `mesh`, as rlver_jax.run builds them."""
     cfg = get_preset("tiny")
-    params = qwen2.init_params(cfg, jax.random.key(3))
-    rng = np.random.default_rng(3)
-    tokens = jnp.asarray(rng.integers(1, cfg.vocab_size, (3, 12)), jnp.int32)
-    mask = jnp.asarray(np.arange(12)[None, :] >= np.array([[0], [4], [1]]), jnp.int32)  # left padding
-    w_lp, w_ent = (jnp.asarray(rng.normal(size=(3, 12)), jnp.float32) for _ in range(2))
-
-    def ours(p):
-        lp, ent = trainer.token_logprobs(cfg, p, tokens, mask, with_entropy=True)
-        return jnp.sum(w_lp * lp + w_ent * ent)
-
-    def reference(p):
-        logp = jax.nn.log_softmax(qwen2.forward(cfg, p, tokens, mask)[:, :-1], axis=-1)
-        lp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-        ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-        return jnp.sum(w_lp[:, 1:] * lp + w_ent[:, 1:] * ent)
-
-    (v1, g1), (v2, g2) = jax.value_and_grad(ours)(params), jax.value_and_grad(reference)(params)
-    np.testing.assert_allclose(v1, v2, rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4), g1, g2)
+    actor_sh = sharding.param_shardings(cfg, mesh, "fsdp_tensor")
+    actor = sharding.init_sharded_params(cfg, jax.random.key(0), shardings=actor_sh)
+    actor_opt = trainer.make_optimizer(opt, 10)
+    critic_cfg = critic = critic_opt = critic_sh = None
+    if rl.uses_critic:
+        critic_cfg, critic = builders.critic_from_actor(cfg, actor)
+        critic_sh = sharding.param_shardings(critic_cfg, mesh, "fsdp_tensor")
+        critic, critic_opt = jax.device_put(critic, critic_sh), trainer.make_optimizer(opt, 10)
+    critic_tx = critic_opt and critic_opt.tx
+    state_sh = trainer.state_shardings(actor_opt.tx, actor, actor_sh, critic_tx, critic, critic_sh)
+    state = trainer.init_train_state(actor, actor_opt.tx, critic, critic_tx, seed=0, shardings=state_sh)
+    return state, trainer.make_update_fns(rl, cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh)
 
 
-def test_token_logprobs_at_policy_positions_match_the_full_head():
-    cfg = get_preset("tiny")
-    params = qwen2.init_params(cfg, jax.random.key(4))
-    batch = _batch()
-    tokens, attn = jnp.asarray(batch.tokens), jnp.asarray(batch.attention_mask)
-    mask = batch.policy_mask
-    positions = jnp.asarray(policy_positions(mask))
-    assert positions.shape[1] < tokens.shape[1]
+def test_train_step_compiles_once_and_stays_on_the_device(monkeypatch):
+    """Two steps on the mesh (two epochs of two mini-batches each): one trace of the jitted
+    step, and the second step moves nothing between host and device but the batch (placed
+    explicitly) and the metrics (fetched explicitly)."""
+    monkeypatch.setattr(trainer, "train_step", chex.assert_max_traces(trainer.train_step, n=1))
+    rl = trainer.RLSettings(algo="ppo", mini_batch_size=2, micro_batch_size=1, ppo_epochs=2)
+    state, fns = _placed_setup(sharding.make_mesh((1, 2, 4)), rl, trainer.OptimSettings(lr=1e-3))
+    state, _ = trainer.train_on_batch(fns, state, _batch())
+    with jax.transfer_guard("disallow"):
+        state, metrics = trainer.train_on_batch(fns, state, _batch())
+    assert int(jax.device_get(state.step)) == 2 and all(np.isfinite(v) for v in metrics.values())
 
-    def masked_sum(p, pos):
-        lp, ent = trainer.token_logprobs(cfg, p, tokens, attn, with_entropy=True, positions=pos)
-        return jnp.sum((lp + 0.3 * ent) * mask), (lp, ent)
 
-    (v_full, (lp_full, ent_full)), g_full = jax.value_and_grad(masked_sum, has_aux=True)(params, None)
-    (v_sel, (lp_sel, ent_sel)), g_sel = jax.value_and_grad(masked_sum, has_aux=True)(params, positions)
-    np.testing.assert_allclose(v_sel, v_full, rtol=1e-6)
-    np.testing.assert_allclose(lp_sel, np.asarray(lp_full) * mask, atol=1e-6)
-    np.testing.assert_allclose(ent_sel, np.asarray(ent_full) * mask, atol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), g_sel, g_full)
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_norm_and_learning_rate_metrics_match_numpy(algo):
+    """One mini-batch per step: the update norm is |new - old|, the parameter norm |new|, and
+    the learning rate follows the warmup by hand: lr 1e-2, 10 steps, warmup ratio 0.5 -> 5
+    warmup steps from lr / 5 to lr: 2e-3 at the first step, 4e-3 at the second."""
+    rl = trainer.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2)
+    opt = trainer.OptimSettings(lr=1e-2, warmup_ratio=0.5)
+    state, fns = _placed_setup(sharding.make_mesh((1, 4, 2)), rl, opt)
+    models = ("actor", "critic") if algo == "ppo" else ("actor",)
+
+    def norm(tree):
+        return np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree)))
+
+    for expected_lr in (2e-3, 4e-3):
+        old = {m: jax.device_get(getattr(state, m)) for m in models}  # host copies: the step donates
+        state, metrics = trainer.train_on_batch(fns, state, _batch())
+        for m in models:
+            new = jax.device_get(getattr(state, m))
+            assert metrics[f"{m}_update_norm"] == pytest.approx(norm(jax.tree.map(np.subtract, new, old[m])), rel=1e-4)
+            assert metrics[f"{m}_param_norm"] == pytest.approx(norm(new), rel=1e-5)
+            assert metrics[f"{m}_lr"] == pytest.approx(expected_lr, rel=1e-6)
+    assert ("critic_lr" in metrics) == (algo == "ppo")
+
+
+def test_step_keys_are_a_function_of_the_run_key_and_the_step():
+    rng = trainer.seed_keys(0).run
+    a, b = trainer.step_keys(rng, 3), trainer.step_keys(rng, 4)
+    np.testing.assert_array_equal(a.rollout, trainer.step_keys(np.asarray(rng), 3).rollout)  # host or device
+    keys = [np.asarray(k).tolist() for k in (*a, *b, trainer.seed_keys(0).init, rng)]
+    assert len({tuple(k) for k in keys}) == len(keys)  # every stream and step draws apart
+    rows = np.asarray(trainer.minibatch_rows(trainer.RLSettings(mini_batch_size=2, micro_batch_size=1, ppo_epochs=3),
+                                             a.order, 6))
+    assert rows.shape == (9, 2)
+    for epoch in rows.reshape(3, 3, 2):  # each epoch visits every row once, sorted within a mini-batch
+        assert sorted(epoch.ravel().tolist()) == list(range(6)) and (np.diff(epoch, axis=1) > 0).all()

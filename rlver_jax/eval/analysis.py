@@ -18,7 +18,7 @@ from typing import Any
 import openai
 from tqdm import tqdm
 
-from rlver_jax.eval import plots
+from rlver_jax import plots
 from rlver_jax.eval.compare import run_labels
 from rlver_jax.endpoint import EndpointUnavailableError, check_chat_endpoint
 from rlver_jax.eval.judge import CAPABILITIES, OTHER, STRATEGIES, Judge, JudgeSettings

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlver_jax.eval import plots
+from rlver_jax import plots
 from rlver_jax.eval.report import json_text, table
 from rlver_jax.files import atomic_write_text
 

@@ -20,10 +20,9 @@ import ml_collections
 from jax.sharding import Mesh
 
 from rlver_jax import chat, checkpoint, sharding
+from rlver_jax.builders import model_config, tiny_tokenizer
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import Qwen2Config, get_preset
-from rlver_jax.tiny_tokenizer import build_tiny_tokenizer
-from rlver_jax.training import model_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +80,6 @@ _MOVED = ("If the base model named by config.model.path in {run} has moved, give
           "launch/export_hf.py).")
 
 
-def _abstract(cfg: Qwen2Config, mesh: Mesh, rules: sharding.RulesLike) -> Any:
-    return sharding.with_shardings(qwen2.abstract_params(cfg), sharding.param_shardings(cfg, mesh, rules))
-
-
 def load_checkpoint_policy(ckpt: RunCheckpoint, mesh: Mesh, rules: sharding.RulesLike,
                            base_path: str = "") -> LoadedPolicy:
     """The actor of a run's checkpoint, placed on `mesh`, with the run's tokenizer."""
@@ -105,7 +100,8 @@ def load_checkpoint_policy(ckpt: RunCheckpoint, mesh: Mesh, rules: sharding.Rule
     except FileNotFoundError as e:
         hint = _MOVED.format(run=ckpt.run_dir / "config.json")
         raise FileNotFoundError(f"the run's tokenizer: {e}\n{hint}") from None
-    params, step = checkpoint.restore_actor(ckpt.checkpoints, ckpt.resolved_step(), _abstract(cfg, mesh, rules))
+    abstract = sharding.with_shardings(qwen2.abstract_params(cfg), sharding.param_shardings(cfg, mesh, rules))
+    params, step = checkpoint.restore_actor(ckpt.checkpoints, ckpt.resolved_step(), abstract)
     return LoadedPolicy(cfg, params, chat_tokens, str(ckpt.checkpoints / str(step)))
 
 
@@ -120,9 +116,7 @@ def fresh_tiny_policy(tokenizer_dir: pathlib.Path, seed: int, mesh: Mesh,
                       rules: sharding.RulesLike) -> LoadedPolicy:
     """A randomly initialised tiny model with the locally built tiny tokenizer (built into
     `tokenizer_dir` when missing): the baseline an untrained policy scores."""
-    if not (tokenizer_dir / "tokenizer.json").exists():
-        build_tiny_tokenizer(tokenizer_dir, vocab_size=get_preset("tiny").vocab_size)
+    chat_tokens = tiny_tokenizer(tokenizer_dir)
     cfg = get_preset("tiny")
     params = sharding.init_sharded_params(cfg, jax.random.PRNGKey(seed), mesh, rules)
-    return LoadedPolicy(cfg, params, chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tokenizer_dir)),
-                        f"fresh tiny model (seed {seed})")
+    return LoadedPolicy(cfg, params, chat_tokens, f"fresh tiny model (seed {seed})")

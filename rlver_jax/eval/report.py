@@ -8,7 +8,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlver_jax.eval import plots
+from rlver_jax import plots
 from rlver_jax.eval.sentient import breakdown, summarize_transcripts
 from rlver_jax.files import atomic_write_text
 from rlver_jax.simulator.profiles import Profile

@@ -1,33 +1,36 @@
 """PPO and GRPO updates: a train-state pytree and pure, jitted update functions.
 
-One update consumes a TrainBatch of whole dialogues:
+One train step (`train_step`, one jitted program) consumes a TrainBatch of whole dialogues:
   prepare:    old log-probs (actor), reference log-probs (only with a KL term), values (critic),
               token rewards (minus a KL penalty in "reward" mode) -> advantages and returns;
   epochs x mini-batches of `update_minibatch`: gradients accumulated over micro-batches with
-              exact mini-batch loss weights, then one AdamW step for the actor (and the critic).
-Per-token arrays follow rlver_jax.rl.losses: logprobs[b, t] = log pi(token_t | tokens_<t), and
-values[b, t] is the critic's value of the state before token t.
+              exact mini-batch loss weights, then one AdamW step for the actor (and the critic);
+  step + 1.
+Per-token arrays follow rlver_jax.rl.losses (rlver_jax.rl.logprobs computes them).
+
+Randomness (big_vision style): the state keeps one run key; the draws of train step s (its
+rollout batch, its mini-batch order, the evaluation after it) are `step_keys(rng, s)`, split
+from fold_in(rng, s). Resuming at step s therefore replays exactly the draws of an unbroken run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rlver_jax import sharding
-from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import advantages as adv_lib
 from rlver_jax.rl import losses
 from rlver_jax.rl.batch import TrainBatch
+from rlver_jax.rl.logprobs import token_logprobs, token_values
 
 Params = Any
 ALGOS = ("ppo", "grpo")
@@ -95,129 +98,89 @@ class OptimSettings:
     eps: float = 1e-8
 
 
-def make_optimizer(opt: OptimSettings, total_steps: int) -> optax.GradientTransformation:
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """An optax transformation and its learning rate at an optimizer step (for the metrics)."""
+
+    tx: optax.GradientTransformation
+    learning_rate: optax.Schedule
+
+
+def make_optimizer(opt: OptimSettings, total_steps: int) -> Optimizer:
     """`total_steps` counts optimizer steps (train steps x epochs x mini-batches)."""
     warmup = max(int(opt.warmup_ratio * total_steps), 1)
     schedule = optax.join_schedules(
         [optax.linear_schedule(opt.lr / warmup, opt.lr, warmup - 1), optax.constant_schedule(opt.lr)], [warmup - 1])
-    return optax.chain(
+    tx = optax.chain(
         optax.clip_by_global_norm(opt.grad_clip),
         optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay))
+    return Optimizer(tx, schedule)
+
+
+# ----------------------------------------------------------------------------- state and keys
 
 
 @flax.struct.dataclass
 class TrainState:
     step: jax.Array  # int32 scalar: completed train steps (one per rollout batch)
-    rng: jax.Array  # uint32[2] raw key, checkpointable as a plain array
+    rng: jax.Array  # uint32[2] raw key of the run, checkpointable as a plain array; never advanced
     actor: Params
     actor_opt: Any
     critic: Params | None
     critic_opt: Any | None
 
 
-def init_train_state(actor: Params, actor_tx, critic: Params | None, critic_tx, seed: int) -> TrainState:
+class SeedKeys(NamedTuple):
+    init: jax.Array  # the policy's random initialisation
+    run: jax.Array  # TrainState.rng
+
+
+def seed_keys(seed: int) -> SeedKeys:
+    """The two keys split from a run's seed."""
+    return SeedKeys(*jax.random.split(jax.random.PRNGKey(seed)))
+
+
+class StepKeys(NamedTuple):
+    rollout: jax.Array  # the dialogues of the step's batch
+    order: jax.Array  # the step's mini-batch order
+    eval: jax.Array  # the in-loop evaluation after the step
+
+
+def step_keys(rng: jax.Array, step: int | jax.Array) -> StepKeys:
+    """The draws of train step `step` from the run key: on the host or traced inside a jit."""
+    return StepKeys(*jax.random.split(jax.random.fold_in(rng, step), len(StepKeys._fields)))
+
+
+def state_shardings(actor_tx: optax.GradientTransformation, actor: Params, actor_sh: Params,
+                    critic_tx: optax.GradientTransformation | None = None, critic: Params | None = None,
+                    critic_sh: Params | None = None) -> TrainState:
+    """NamedShardings of the TrainState: parameters as given, optimizer states mirroring them
+    (rlver_jax.sharding.opt_state_shardings), step and key replicated."""
+    replicated = NamedSharding(jax.tree.leaves(actor_sh)[0].mesh, P())
     return TrainState(
-        step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(seed), actor=actor,
-        actor_opt=actor_tx.init(actor), critic=critic,
-        critic_opt=None if critic is None else critic_tx.init(critic))
+        step=replicated, rng=replicated, actor=actor_sh,
+        actor_opt=sharding.opt_state_shardings(actor_tx, actor, actor_sh), critic=critic_sh,
+        critic_opt=None if critic is None else sharding.opt_state_shardings(critic_tx, critic, critic_sh))
 
 
-def critic_from_actor(actor_cfg: Qwen2Config, actor: Params) -> tuple[Qwen2Config, Params]:
-    """A critic initialised from the actor's weights, with a zero-initialised value head."""
-    critic_cfg = actor_cfg.replace(value_head=True)
-    head = {k: v for k, v in qwen2.init_params(critic_cfg.replace(num_layers=0), jax.random.key(0)).items()
-            if k.startswith("value_")}
-    return critic_cfg, {**jax.tree.map(jnp.array, actor), **head}
+def init_train_state(actor: Params, actor_tx: optax.GradientTransformation, critic: Params | None = None,
+                     critic_tx: optax.GradientTransformation | None = None, seed: int = 0,
+                     shardings: TrainState | None = None) -> TrainState:
+    """The state before step 0 (the key from `seed_keys(seed).run`). With `shardings`
+    (`state_shardings`), optimizer states are created in their shards and step and key placed;
+    the parameters must already be in theirs."""
+    step, rng = jnp.zeros((), jnp.int32), seed_keys(seed).run
+    if shardings is None:
+        return TrainState(step=step, rng=rng, actor=actor, actor_opt=actor_tx.init(actor), critic=critic,
+                          critic_opt=None if critic is None else critic_tx.init(critic))
+    return TrainState(
+        step=jax.device_put(step, shardings.step), rng=jax.device_put(rng, shardings.rng), actor=actor,
+        actor_opt=sharding.init_opt_state(actor_tx, actor, shardings.actor, shardings.actor_opt), critic=critic,
+        critic_opt=None if critic is None else sharding.init_opt_state(
+            critic_tx, critic, shardings.critic, shardings.critic_opt))
 
 
-# ----------------------------------------------------------------------------- model outputs
-
-
-def _shift_right(x_BT: jax.Array) -> jax.Array:
-    return jnp.pad(x_BT[:, :-1], ((0, 0), (1, 0)))
-
-
-def _logit_stats(logits_NV: jax.Array, targets_N: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """log-softmax at the targets, entropy and log-sum-exp per row, without a [N, V] log-softmax.
-
-    Rows are flattened to 2-D: XLA's CPU backend reduces a product over the last axis of a 3-D
-    array several times slower than over a 2-D one. The two sums are one variadic reduction so
-    exp runs once per logit without materialising it.
-    """
-    row_max = jnp.max(logits_NV, axis=-1, keepdims=True)
-    shifted = logits_NV - row_max  # exp cannot overflow
-    e = jnp.exp(shifted)
-    zero = np.float32(0)
-    sum_e, sum_e_shifted = jax.lax.reduce(
-        (e, e * shifted), (zero, zero), lambda a, b: (a[0] + b[0], a[1] + b[1]), (1,))
-    log_sum_e = jnp.log(sum_e)
-    # H = log sum e - E_p[shifted], since log p = shifted - log sum e and sum p = 1.
-    entropy = log_sum_e - sum_e_shifted / sum_e
-    logprob = jnp.take_along_axis(shifted, targets_N[:, None], axis=-1)[:, 0] - log_sum_e
-    return logprob, entropy, row_max[:, 0] + log_sum_e
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _head_logprobs(cfg: Qwen2Config, params: Params, h_BTD: jax.Array, targets_BT: jax.Array):
-    """log pi(target) and entropy [B, T] from hidden states through the LM head, in fp32.
-
-    A custom VJP because autodiff of log_softmax + entropy keeps several fp32 [B, T, V] arrays
-    alive and re-runs exp over them; here the backward pass needs only the logits and one exp.
-    """
-    return _head_logprobs_fwd(cfg, params, h_BTD, targets_BT)[0]
-
-
-def _head_logprobs_fwd(cfg: Qwen2Config, params: Params, h_BTD: jax.Array, targets_BT: jax.Array):
-    b, t = targets_BT.shape
-    logits = qwen2.logits_from_hidden(cfg, params, h_BTD).reshape(b * t, -1)
-    logprob, entropy, lse = _logit_stats(logits, targets_BT.reshape(-1))
-    out = (logprob.reshape(b, t), entropy.reshape(b, t))
-    return out, (params, h_BTD, targets_BT, logits, lse, entropy)
-
-
-def _head_logprobs_bwd(cfg: Qwen2Config, residuals, cotangents):
-    params, h_BTD, targets_BT, logits, lse, entropy = residuals
-    g_lp, g_ent = (c.reshape(-1, 1) for c in cotangents)
-    logp = logits - lse[:, None]
-    p = jnp.exp(logp)
-    onehot = jnp.arange(logits.shape[-1])[None, :] == targets_BT.reshape(-1, 1)
-    # d logp_target / dz = onehot - p;  dH / dz = -p (log p + H).
-    d_logits = g_lp * (onehot - p) - g_ent * p * (logp + entropy[:, None])
-    _, head_vjp = jax.vjp(lambda pr, h: qwen2.logits_from_hidden(cfg, pr, h), params, h_BTD)
-    d_params, d_h = head_vjp(d_logits.reshape(h_BTD.shape[:2] + logits.shape[-1:]))
-    return d_params, d_h, None
-
-
-_head_logprobs.defvjp(_head_logprobs_fwd, _head_logprobs_bwd)
-
-
-def token_logprobs(cfg: Qwen2Config, params: Params, tokens, attention_mask, with_entropy: bool = False,
-                   positions: jax.Array | None = None):
-    """log pi(token_t | tokens_<t) aligned to t (0 at t = 0), and optionally the entropy at t.
-
-    positions [B, C] (rlver_jax.rl.batch.policy_positions): run the LM head only at these token
-    indices (0 pads a row) and return 0 elsewhere; None scores every token. The head is a quarter
-    of a 0.5B model's FLOPs and its [tokens, vocab] logits the largest activation at 7B; the
-    losses never read the user and template tokens, so scoring only policy tokens saves both.
-    """
-    h, _ = qwen2.hidden_states(cfg, params, tokens, attention_mask)
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    # Token t is predicted from the hidden state at t - 1; the pad index 0 reads h[0] and its
-    # result is dropped below (t = 0 has no log-prob).
-    h_sel = jnp.take_along_axis(h, jnp.maximum(positions - 1, 0)[..., None], axis=1)
-    lp_sel, ent_sel = _head_logprobs(cfg, params, h_sel, jnp.take_along_axis(tokens, positions, axis=1))
-    rows = jnp.arange(tokens.shape[0])[:, None]
-    keep = positions > 0
-    lp, ent = (jnp.zeros(tokens.shape, jnp.float32).at[rows, positions].add(jnp.where(keep, x, 0.0))
-               for x in (lp_sel, ent_sel))
-    return (lp, ent) if with_entropy else lp
-
-
-def token_values(cfg: Qwen2Config, params: Params, tokens, attention_mask) -> jax.Array:
-    """V(state before token t), aligned to t."""
-    h, _ = qwen2.hidden_states(cfg, params, tokens, attention_mask)
-    return _shift_right(qwen2.values_from_hidden(cfg, params, h))
+# ----------------------------------------------------------------------------- pure updates
 
 
 def _micro_split(x, n_micro: int):
@@ -228,9 +191,6 @@ def _micro_map(fn, n_micro: int, *arrays):
     """fn over micro-batches (bounded activation memory), results concatenated back."""
     out = jax.lax.map(lambda xs: fn(*xs), tuple(_micro_split(a, n_micro) for a in arrays))
     return jax.tree.map(lambda y: y.reshape((-1,) + y.shape[2:]), out)
-
-
-# ----------------------------------------------------------------------------- pure updates
 
 
 def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
@@ -296,7 +256,8 @@ def update_minibatch(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Co
                      actor_tx, critic_tx, state: TrainState, batch: dict, rows: jax.Array
                      ) -> tuple[TrainState, dict]:
     """One optimizer step on the mini-batch `batch[rows]`, gradients accumulated over its
-    micro-batches. The rows are gathered inside the program, so the batch stays on the mesh."""
+    micro-batches. The rows are gathered inside the program, so the batch stays on the mesh.
+    Metrics include the global norm of the step's parameter change (`*_update_norm`)."""
     mb = {k: v[rows] for k, v in batch.items()}
     mb["weights"] = losses.loss_weights(mb["policy_mask"], rl.loss_agg_mode)
     mb["value_weights"] = losses.loss_weights(mb["policy_mask"], "token_mean")
@@ -319,16 +280,55 @@ def update_minibatch(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Co
 
     metrics = {}
     g, m = accumulate(lambda p, x: _actor_loss(rl, actor_cfg, p, x), state.actor)
-    metrics.update(m, actor_grad_norm=optax.global_norm(g))
     updates, actor_opt = actor_tx.update(jax.tree.map(lambda u, p: u.astype(p.dtype), g, state.actor),
                                          state.actor_opt, state.actor)
+    metrics.update(m, actor_grad_norm=optax.global_norm(g), actor_update_norm=optax.global_norm(updates))
     state = state.replace(actor=optax.apply_updates(state.actor, updates), actor_opt=actor_opt)
     if rl.uses_critic:
         g, m = accumulate(lambda p, x: _critic_loss(rl, critic_cfg, p, x), state.critic)
-        metrics.update(m, critic_grad_norm=optax.global_norm(g))
         updates, critic_opt = critic_tx.update(g, state.critic_opt, state.critic)
+        metrics.update(m, critic_grad_norm=optax.global_norm(g), critic_update_norm=optax.global_norm(updates))
         state = state.replace(critic=optax.apply_updates(state.critic, updates), critic_opt=critic_opt)
     return state, metrics
+
+
+def minibatch_rows(rl: RLSettings, key: jax.Array, batch_size: int) -> jax.Array:
+    """[ppo_epochs x mini-batches, mini_batch_size] row indices: each epoch a fresh permutation
+    of the batch cut into mini-batches (rows sorted within one)."""
+    perms = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(jax.random.split(key, rl.ppo_epochs))
+    return jnp.sort(perms.reshape(-1, rl.mini_batch_size), axis=-1).astype(jnp.int32)
+
+
+def train_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None, actor_opt: Optimizer,
+               critic_opt: Optimizer | None, state: TrainState, ref_params: Params | None, batch: dict
+               ) -> tuple[TrainState, dict]:
+    """One train step: prepare, then `ppo_epochs` passes over mini-batches in the order of
+    `step_keys(state.rng, state.step).order`, then step + 1. Metrics are means over the
+    mini-batches (the learning rate of each), and the parameter norms after the step."""
+    prepared = prepare(rl, actor_cfg, critic_cfg, state, ref_params, batch)
+    full = {k: v for k, v in {**batch, **prepared}.items()
+            if k not in ("sample_logprobs", "group", "rewards")}  # what the update reads
+    rows = minibatch_rows(rl, step_keys(state.rng, state.step).order, batch["tokens"].shape[0])
+    first_update = state.step * rows.shape[0]  # optimizer steps before this train step
+
+    def body(st, xs):
+        i, r = xs
+        st, m = update_minibatch(rl, actor_cfg, critic_cfg, actor_opt.tx, None if critic_opt is None else critic_opt.tx,
+                                 st, full, r)
+        m["actor_lr"] = actor_opt.learning_rate(first_update + i)
+        if critic_opt is not None:
+            m["critic_lr"] = critic_opt.learning_rate(first_update + i)
+        return st, m
+
+    state, history = jax.lax.scan(body, state, (jnp.arange(rows.shape[0]), rows))
+    metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), history)
+    mask = batch["policy_mask"]
+    diff = jnp.abs(prepared["old_logprobs"] - batch["sample_logprobs"])
+    metrics["logprob_diff_sampler"] = jnp.sum(diff * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    metrics["actor_param_norm"] = optax.global_norm(state.actor)
+    if state.critic is not None:
+        metrics["critic_param_norm"] = optax.global_norm(state.critic)
+    return state.replace(step=state.step + 1), metrics
 
 
 # ----------------------------------------------------------------------------- host driver
@@ -336,62 +336,42 @@ def update_minibatch(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Co
 
 @dataclasses.dataclass(frozen=True)
 class UpdateFns:
-    """The jitted functions of one training run (built once; shardings fixed at build time)."""
+    """The jitted train step of one run (built once; shardings fixed at build time)."""
 
-    prepare: Callable
-    update_minibatch: Callable
+    train_step: Callable
     rl: RLSettings
+    mesh: Any = None  # batches are split over its batch axes; None: the default device
 
 
 def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
-                    actor_tx, critic_tx, mesh=None, state_shardings=None, ref_shardings=None) -> UpdateFns:
-    """Jit `prepare` and `update_minibatch`; the state buffer is donated to the update.
+                    actor_opt: Optimizer, critic_opt: Optimizer | None, mesh=None, state_shardings=None,
+                    ref_shardings=None) -> UpdateFns:
+    """Jit `train_step`; the state buffer is donated to it.
 
-    With a mesh and the state's shardings (rlver_jax.sharding), parameters and optimizer states
+    With a mesh and the state's shardings (`state_shardings`), parameters and optimizer states
     keep their layout across steps, and every batch array is split over the batch axes.
     """
-    prep = functools.partial(prepare, rl, actor_cfg, critic_cfg)
-    upd = functools.partial(update_minibatch, rl, actor_cfg, critic_cfg, actor_tx, critic_tx)
+    step = functools.partial(train_step, rl, actor_cfg, critic_cfg, actor_opt, critic_opt)
     if mesh is None:
-        return UpdateFns(jax.jit(prep), jax.jit(upd, donate_argnums=(0,)), rl)
+        return UpdateFns(jax.jit(step, donate_argnums=(0,)), rl)
     batch = NamedSharding(mesh, P(sharding.BATCH_AXES))  # a prefix: every leaf of the batch dict
     replicated = NamedSharding(mesh, P())
     return UpdateFns(
-        sharding.jit_sharded(prep, (state_shardings, ref_shardings, batch), batch),
-        sharding.jit_sharded(upd, (state_shardings, batch, replicated), (state_shardings, replicated),
+        sharding.jit_sharded(step, (state_shardings, ref_shardings, batch), (state_shardings, replicated),
                              donate_argnums=(0,)),
-        rl)
+        rl, mesh)
 
 
 def train_on_batch(fns: UpdateFns, state: TrainState, batch: TrainBatch,
-                   ref_params: Params | None = None, place: Callable = jnp.asarray) -> tuple[TrainState, dict]:
-    """One train step: prepare, then `ppo_epochs` passes over shuffled mini-batches.
-
-    `place` puts host arrays on the device mesh (default: the default device). Returns the new
-    state (step + 1) and host metrics averaged over mini-batches.
-    """
-    rl = fns.rl
-    arrays = {k: v for k, v in batch.arrays().items()}
+                   ref_params: Params | None = None) -> tuple[TrainState, dict[str, float]]:
+    """One train step on the device: the batch is placed explicitly (this process's rows on the
+    mesh: rlver_jax.sharding.shard_host_batch), the jitted step runs, and its metrics come back
+    as floats; nothing else crosses between host and device. Returns the new state (step + 1)."""
+    arrays = batch.arrays()
     bsz = arrays["tokens"].shape[0]
-    if bsz % rl.mini_batch_size:
+    if bsz % fns.rl.mini_batch_size:
         raise ValueError(f"batch of {bsz} dialogues is not a multiple of config.rl.mini_batch_size="
-                         f"{rl.mini_batch_size}")
-    device_batch = {k: place(v) for k, v in arrays.items()}
-    prepared = fns.prepare(state, ref_params, device_batch)
-    full = {k: v for k, v in {**device_batch, **prepared}.items()
-            if k not in ("sample_logprobs", "group", "rewards")}  # what the update reads
-    # Host-side shuffling, seeded by the step, so resume replays the same order.
-    order_rng = np.random.default_rng([int(jax.device_get(state.step)), 0x5EED])
-    history = []
-    for _ in range(rl.ppo_epochs):
-        perm = order_rng.permutation(bsz)
-        for start in range(0, bsz, rl.mini_batch_size):
-            rows = np.sort(perm[start:start + rl.mini_batch_size]).astype(np.int32)
-            state, m = fns.update_minibatch(state, full, rows)
-            history.append(m)
-    metrics = {k: float(np.mean([jax.device_get(h[k]) for h in history])) for k in history[0]}
-    mask = arrays["policy_mask"]
-    old_lp = np.asarray(jax.device_get(prepared["old_logprobs"]))
-    metrics["logprob_diff_sampler"] = float(np.abs(old_lp - arrays["sample_logprobs"])[mask > 0].mean()) \
-        if mask.sum() else 0.0
-    return state.replace(step=state.step + 1), metrics
+                         f"{fns.rl.mini_batch_size}")
+    device_batch = jax.device_put(arrays) if fns.mesh is None else sharding.shard_host_batch(fns.mesh, arrays)
+    state, metrics = fns.train_step(state, ref_params, device_batch)
+    return state, {k: float(v) for k, v in jax.device_get(metrics).items()}

@@ -18,6 +18,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 from rlver_jax.rollout.sequence import DialogueSequence
 
 MakeBatch = Callable[[int, int, Any], Awaitable[list[DialogueSequence]]]
@@ -57,8 +60,12 @@ class RolloutBuffer:
     def publish(self, version: int, params: Any) -> None:
         """Make `params` (version `version`) available to batches that start from now on.
 
-        With max_staleness > 0 the trainer keeps updating while the producer samples, so pass
-        parameters the update will not donate (a device copy)."""
+        The trainer's update donates its parameters. With max_staleness = 0 the producer has
+        finished sampling before the next update starts, so it samples on them directly; with
+        max_staleness > 0 it samples while the trainer updates, so it gets its own device copy
+        of every array in `params`."""
+        if self.max_staleness > 0:
+            params = jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, params)
         with self._cond:
             self._version, self._params = version, params
             self._cond.notify_all()

@@ -1,5 +1,6 @@
-"""PNG figures of evaluation results: emotion trajectories, final emotions, paired comparisons,
-judged capabilities and response strategies.
+"""PNG figures of training and evaluation results: training curves (launch/train.py), emotion
+trajectories, final emotions, paired comparisons, judged capabilities and response strategies
+(rlver_jax.eval).
 
 Figures are built on matplotlib's object API with the Agg canvas (no pyplot, no global backend,
 no display needed) and written atomically.

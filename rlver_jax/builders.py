@@ -1,0 +1,94 @@
+"""The models and tokenizer a config names, built for training (rlver_jax.run) and evaluation
+(rlver_jax.eval.policy_loading) alike.
+
+A config's `model` section names the policy: a Hugging Face directory (`model.path`), or for the
+tiny preset a random model and a tokenizer built locally. The PPO critic is the actor's weights
+with a zero-initialised value head, or the Hugging Face directory `critic.path`.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from rlver_jax import chat, sharding
+from rlver_jax.models import hf_io, qwen2
+from rlver_jax.models.config import Qwen2Config, get_preset
+from rlver_jax.tiny_tokenizer import build_tiny_tokenizer
+
+Params = Any
+
+
+def model_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The Qwen2Config fields a run's `config.model` sets on top of the architecture."""
+    m = config.model
+    return dict(param_dtype=m.param_dtype, dtype=m.dtype, scan_layers=m.scan_layers, remat=m.remat)
+
+
+def tiny_tokenizer(directory: pathlib.Path) -> chat.ChatTokens:
+    """The locally built tiny tokenizer in `directory` (built there when missing)."""
+    if not (directory / "tokenizer.json").exists():
+        build_tiny_tokenizer(directory, vocab_size=get_preset("tiny").vocab_size)
+    return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(directory))
+
+
+def load_tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat.ChatTokens:
+    """The tokenizer of `config.model`; a tiny run without a path builds one in WORKDIR/tokenizer."""
+    path = config.model.tokenizer_path or config.model.path
+    if not path:
+        if config.model.preset != "tiny":
+            raise ValueError("config.model.path is empty: set --config.model.path=/path/to/Qwen2.5-7B-Instruct "
+                             "(a local Hugging Face directory), or use a :tiny config for a random CPU model")
+        return tiny_tokenizer(workdir / "tokenizer")
+    return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(path))
+
+
+def policy_architecture(config: ml_collections.ConfigDict) -> Qwen2Config:
+    """The actor's architecture: the Hugging Face config.json at `config.model.path`, or the tiny preset."""
+    overrides = model_config(config)
+    if config.model.path:
+        cfg_file = pathlib.Path(config.model.path) / "config.json"
+        if not cfg_file.exists():
+            raise FileNotFoundError(f"{cfg_file}: not found; config.model.path must be a Hugging Face model directory")
+        return hf_io.config_from_hf(json.loads(cfg_file.read_text()), **overrides)
+    if config.model.preset != "tiny":
+        raise ValueError(f"config.model.path is empty for preset {config.model.preset!r}: set "
+                         "--config.model.path to a local Hugging Face directory (random init is for tiny only)")
+    return get_preset("tiny", **overrides)
+
+
+def load_policy(config: ml_collections.ConfigDict, cfg: Qwen2Config, shardings: Params,
+                init_key: jax.Array) -> Params:
+    """The actor of architecture `cfg` (from `policy_architecture`) in `shardings`: a Hugging Face
+    checkpoint placed shard by shard, or random tiny weights drawn from `init_key`."""
+    if config.model.path:
+        _, params = hf_io.load_pretrained(config.model.path, dtype=cfg.param_dtype, shardings=shardings,
+                                          compute_dtype=cfg.dtype, scan_layers=cfg.scan_layers, remat=cfg.remat)
+        return params
+    return sharding.init_sharded_params(cfg, init_key, shardings=shardings)
+
+
+def critic_from_actor(actor_cfg: Qwen2Config, actor: Params) -> tuple[Qwen2Config, Params]:
+    """A critic initialised from the actor's weights (a copy), with a zero-initialised value head."""
+    critic_cfg = actor_cfg.replace(value_head=True)
+    abstract = qwen2.abstract_params(critic_cfg.replace(num_layers=0))
+    head = {k: jnp.zeros(v.shape, v.dtype) for k, v in abstract.items() if k.startswith("value_")}
+    return critic_cfg, {**jax.tree.map(jnp.array, actor), **head}
+
+
+def load_critic(config: ml_collections.ConfigDict, critic_cfg: Qwen2Config, actor: Params,
+                shardings: Params) -> Params:
+    """The PPO critic (`critic_cfg`: the actor's architecture with a value head) in `shardings`:
+    the Hugging Face directory `config.critic.path`, or the actor's weights."""
+    if config.critic.path:
+        _, params = hf_io.load_pretrained(
+            config.critic.path, dtype=critic_cfg.param_dtype, compute_dtype=critic_cfg.dtype,
+            scan_layers=critic_cfg.scan_layers, remat=critic_cfg.remat, value_head=True, shardings=shardings)
+        return params
+    _, params = critic_from_actor(critic_cfg, actor)
+    return jax.device_put(params, shardings)

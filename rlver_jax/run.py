@@ -1,0 +1,128 @@
+"""A training run built from its config, once: settings, profiles, tokenizer, models, optimizers,
+shardings, the initial train state and the jitted update (`build_run` -> `Run`).
+
+Errors in the config surface here, before any model is loaded or compiled, each naming the
+config field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import Mesh
+
+from rlver_jax import builders, chat, sharding
+from rlver_jax.models.config import Qwen2Config
+from rlver_jax.rl import trainer
+from rlver_jax.rollout.episodes import RolloutSettings
+from rlver_jax.rollout.policy import SamplingSettings
+from rlver_jax.simulator.factory import check_endpoint
+from rlver_jax.simulator.profiles import Profile, load_profiles
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """Everything a training run needs, built from its config by `build_run`."""
+
+    workdir: pathlib.Path
+    rl: trainer.RLSettings
+    rollout: RolloutSettings
+    sampling: SamplingSettings
+    chat: chat.ChatTokens
+    train_profiles: list[Profile]
+    eval_profiles: list[Profile]
+    mesh: Mesh
+    actor_cfg: Qwen2Config
+    critic_cfg: Qwen2Config | None  # None: no critic (GRPO)
+    actor_opt: trainer.Optimizer
+    critic_opt: trainer.Optimizer | None
+    shardings: trainer.TrainState  # NamedShardings of every state leaf, computed once per model
+    state: trainer.TrainState  # before step 0; the first update donates it
+    ref_params: Any | None  # the frozen reference policy (a KL term only)
+    fns: trainer.UpdateFns
+
+
+def rl_settings(config: ml_collections.ConfigDict) -> trainer.RLSettings:
+    dialogues = config.rollout.profiles_per_step * config.rollout.n
+    fields = config.rl.to_dict()
+    fields["mini_batch_size"] = fields["mini_batch_size"] or dialogues
+    fields["micro_batch_size"] = min(fields["micro_batch_size"], fields["mini_batch_size"])
+    rl = trainer.RLSettings(**fields)
+    if rl.algo == "grpo" and config.rollout.n < 2:
+        raise ValueError(f"config.rl.algo='grpo' needs config.rollout.n >= 2 dialogues per profile "
+                         f"(got {config.rollout.n}); e.g. --config.rollout.n=4")
+    if dialogues % rl.mini_batch_size:
+        raise ValueError(f"{dialogues} dialogues per step (config.rollout.profiles_per_step x n) are not a "
+                         f"multiple of config.rl.mini_batch_size={rl.mini_batch_size}")
+    return rl
+
+
+def split_profiles(config: ml_collections.ConfigDict) -> tuple[list[Profile], list[Profile]]:
+    """(training, held-out) profiles: `data.eval_profiles`, or the last `data.eval_holdout` of training's."""
+    train = load_profiles(config.data.train_profiles or None)
+    if not config.data.train_profiles and config.model.preset != "tiny":
+        raise ValueError("config.data.train_profiles is empty: set it to a JSONL profile file, e.g. "
+                         "--config.data.train_profiles=../shared/data/rlver/train_profile.jsonl")
+    if config.data.eval_profiles:
+        return train, load_profiles(config.data.eval_profiles)
+    k = config.data.eval_holdout
+    if k >= len(train):
+        raise ValueError(f"config.data.eval_holdout={k} leaves no training profiles out of {len(train)}")
+    return (train[:-k], train[-k:]) if k else (train, [])
+
+
+def _check_mesh(rl: trainer.RLSettings, mesh: Mesh, config: ml_collections.ConfigDict) -> None:
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    if rl.mini_batch_size % shards:
+        raise ValueError(
+            f"mini-batches of {rl.mini_batch_size} dialogues must split over the {shards} data x fsdp shards of "
+            f"config.mesh.shape={tuple(config.mesh.shape)}: change config.rollout.profiles_per_step or "
+            "config.rl.mini_batch_size, or move devices to the tensor axis")
+
+
+def build_run(config: ml_collections.ConfigDict) -> Run:
+    """Build the run of `config` (configs/base.py); creates the work directory and writes its config.json."""
+    workdir = pathlib.Path(config.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    rl = rl_settings(config)
+    r = config.rollout
+    rollout = RolloutSettings(think=r.think, max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
+                              format_failure=r.format_failure, pipeline_groups=r.pipeline_groups)
+    sampling_settings = SamplingSettings(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                         max_new_tokens=r.max_new_tokens, cache_slots=r.cache_slots)
+    train_profiles, eval_profiles = split_profiles(config)
+    check_endpoint(config.simulator)
+    chat_tokens = builders.load_tokenizer(config, workdir)
+
+    mesh = sharding.make_mesh(config.mesh.shape)
+    _check_mesh(rl, mesh, config)
+    actor_cfg = builders.policy_architecture(config)
+    if actor_cfg.vocab_size < len(chat_tokens.tokenizer):
+        raise ValueError(f"tokenizer has {len(chat_tokens.tokenizer)} tokens but the model's vocab_size is "
+                         f"{actor_cfg.vocab_size}: config.model.tokenizer_path does not match the model")
+    actor_sh = sharding.param_shardings(actor_cfg, mesh, config.mesh.rules)
+    actor = builders.load_policy(config, actor_cfg, actor_sh, trainer.seed_keys(config.seed).init)
+    ref_params = jax.tree.map(jnp.copy, actor) if rl.uses_reference else None
+    optimizer_steps = config.train.steps * rl.ppo_epochs * (r.profiles_per_step * r.n // rl.mini_batch_size)
+    actor_opt = trainer.make_optimizer(trainer.OptimSettings(**config.optim.actor), optimizer_steps)
+    critic_cfg = critic = critic_opt = critic_tx = critic_sh = None
+    if rl.uses_critic:
+        critic_cfg = actor_cfg.replace(value_head=True)
+        critic_sh = sharding.param_shardings(critic_cfg, mesh, config.mesh.rules)
+        critic = builders.load_critic(config, critic_cfg, actor, critic_sh)
+        critic_opt = trainer.make_optimizer(trainer.OptimSettings(**config.optim.critic), optimizer_steps)
+        critic_tx = critic_opt.tx
+    state_sh = trainer.state_shardings(actor_opt.tx, actor, actor_sh, critic_tx, critic, critic_sh)
+    state = trainer.init_train_state(actor, actor_opt.tx, critic, critic_tx, config.seed, shardings=state_sh)
+    fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh,
+                                  None if ref_params is None else actor_sh)
+    return Run(workdir=workdir, rl=rl, rollout=rollout, sampling=sampling_settings, chat=chat_tokens,
+               train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh, actor_cfg=actor_cfg,
+               critic_cfg=critic_cfg, actor_opt=actor_opt, critic_opt=critic_opt, shardings=state_sh, state=state,
+               ref_params=ref_params, fns=fns)

@@ -1,0 +1,69 @@
+"""Checkpoints of the whole train state: exact round trips onto the mesh, the actor alone onto
+another layout, the save interval and retention, and errors that say what is there."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rlver_jax import checkpoint, sharding
+from rlver_jax.rl import trainer
+
+
+def _state(mesh, seed):
+    """A small TrainState on `mesh`: numbers drawn with numpy, the actor split over fsdp."""
+    rng = np.random.default_rng(seed)
+    split = NamedSharding(mesh, P("fsdp"))
+    actor = {"w": jax.device_put(rng.normal(size=(8, 4)).astype(np.float32), split),
+             "b": jax.device_put(rng.normal(size=(8,)).astype(np.float32), split)}
+    tx = optax.adam(1e-3)
+    shardings = trainer.state_shardings(tx, actor, jax.tree.map(lambda x: x.sharding, actor))
+    return trainer.init_train_state(actor, tx, seed=seed, shardings=shardings)
+
+
+def _manager(path, **kw):
+    return checkpoint.make_manager(path, **{"save_every": 1, "keep": 5, "async_save": False, **kw})
+
+
+def test_restore_is_exact_and_keeps_the_template_shardings(tmp_path):
+    mesh = sharding.make_mesh((1, 8, 1))
+    saved = _state(mesh, seed=1)
+    expected = jax.device_get(saved)
+    manager = _manager(tmp_path)
+    checkpoint.save(manager, 3, saved, {"step": 3, "seed": 1}, force=True)
+    template = _state(mesh, seed=2)  # other values, same structure and layout
+    restored, meta = checkpoint.restore(manager, None, template)
+    manager.close()
+    assert meta == {"step": 3, "seed": 1}
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), expected)
+    jax.tree.map(lambda r, t: r.sharding.is_equivalent_to(t.sharding, r.ndim) or pytest.fail(str(r.sharding)),
+                 restored, template)
+
+
+def test_restore_actor_reads_only_the_actor_onto_another_layout(tmp_path):
+    saved = _state(sharding.make_mesh((1, 8, 1)), seed=1)
+    expected = jax.device_get(saved.actor)
+    manager = _manager(tmp_path)
+    checkpoint.save(manager, 2, saved, {"step": 2}, force=True)
+    manager.close()
+    mesh = sharding.make_mesh((1, 2, 4))
+    target = {"w": NamedSharding(mesh, P(None, "tensor")), "b": NamedSharding(mesh, P())}
+    actor, step = checkpoint.restore_actor(tmp_path, None, sharding.with_shardings(expected, target))
+    assert step == 2
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(actor), expected)
+    assert actor["w"].sharding == target["w"]
+
+
+def test_save_interval_retention_and_errors(tmp_path):
+    state = _state(sharding.make_mesh((1, 8, 1)), seed=0)
+    manager = _manager(tmp_path, save_every=2, keep=2)
+    saved = [step for step in range(1, 6) if checkpoint.save(manager, step, state, {"step": step})]
+    assert saved == [1, 2, 4]  # the first step orbax sees, then every second
+    checkpoint.save(manager, 5, state, {"step": 5}, force=True)
+    assert checkpoint.latest_step(manager) == 5 and sorted(manager.all_steps()) == [4, 5]  # the newest two
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at step 2 .*available: \[4, 5\]"):
+        checkpoint.restore(manager, 2, state)
+    manager.close()
+    with pytest.raises(ValueError, match="config.checkpoint.save_every=0"):
+        checkpoint.make_manager(tmp_path / "other", save_every=0, keep=1)
