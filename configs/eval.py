@@ -46,10 +46,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # JSONL profiles with first_talk (SAGE: ../shared/data/rlver/test_profile.jsonl); tiny: our own.
     c.eval.profiles = str(DEFAULT_PROFILES) if tiny else ""
     c.eval.max_profiles = 0  # 0 = every profile of the file; else the first N
-    c.eval.max_concurrency = 16 if tiny else 64  # dialogues in flight at once
+    # Dialogues in flight at once (simulator.max_concurrency bounds the simulator's requests); an
+    # openai policy also has at most this many requests in flight.
+    c.eval.max_dialogues = 16 if tiny else 64
     # Dialogues per policy call: a JAX policy samples a group as one batch; the dialogues of a
     # group advance in lockstep, so an endpoint policy does best with small groups. With several
-    # groups in flight a JAX policy's draws depend on the order of calls; max_concurrency equal
+    # groups in flight a JAX policy's draws depend on the order of calls; max_dialogues equal
     # to group_size makes a run exactly reproducible.
     c.eval.group_size = 8
 
@@ -76,7 +78,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.policy.model = "policy"  # openai: the served model name
     c.policy.api_key_env = "POLICY_API_KEY"  # openai: env var holding the key; unset for local servers
     c.policy.timeout_s = 300.0  # openai: per request
-    c.policy.max_retries = 5  # openai: on connection errors, 429 and 5xx
+    c.policy.max_retries = 5  # openai: on connection errors, timeouts, 408/409/429 and 5xx
+    c.policy.backoff_initial_s = 1.0  # openai: first retry waits about this long, doubling each time
+    c.policy.backoff_max_s = 30.0  # openai: cap of one wait
 
     c.mesh = get_mesh_config(shape=(1, 1, -1), rules="tensor")  # sampling: heads split, no gathers
     c.simulator = get_simulator_config(eval_mode=True)

@@ -20,8 +20,8 @@ from absl import logging as absl_logging  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
 from rlver_jax.eval.analysis import analyze  # noqa: E402
-from rlver_jax.endpoint import EndpointUnavailableError  # noqa: E402
 from rlver_jax.eval.judge import JudgeSettings  # noqa: E402
+from rlver_jax.llm_client import EndpointUnavailableError  # noqa: E402
 
 _SIMULATOR = get_simulator_config(eval_mode=True)
 _RUNS = flags.DEFINE_list("runs", None, "Evaluation directories (launch/eval.py work directories), one model each.")
@@ -33,6 +33,9 @@ _API_KEY_ENV = flags.DEFINE_string("api_key_env", "JUDGE_API_KEY", "Environment 
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Judge sampling temperature.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 1024, "Judge answer length limit.")
 _MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", 16, "Judge requests in flight.")
+_TIMEOUT_S = flags.DEFINE_float("timeout_s", 120.0, "Per judge request, in seconds.")
+_MAX_RETRIES = flags.DEFINE_integer("max_retries", 5, "Retries of a judge request after a connection error, a "
+                                    "timeout, 408/409/429 or 5xx.")
 _MALFORMED_RETRIES = flags.DEFINE_integer("malformed_retries", 2, "Fresh answers after an unparsable one.")
 _MAX_DIALOGUES = flags.DEFINE_integer("max_dialogues", 0, "Judge the first N dialogues of each run; 0 = all.")
 
@@ -44,7 +47,8 @@ def main(argv):
     logging.getLogger("rlver_jax").setLevel(logging.INFO)
     settings = JudgeSettings(base_url=_BASE_URL.value, model=_MODEL.value, api_key_env=_API_KEY_ENV.value,
                              temperature=_TEMPERATURE.value, max_tokens=_MAX_TOKENS.value,
-                             max_concurrency=_MAX_CONCURRENCY.value, malformed_retries=_MALFORMED_RETRIES.value)
+                             max_concurrency=_MAX_CONCURRENCY.value, timeout_s=_TIMEOUT_S.value,
+                             max_retries=_MAX_RETRIES.value, malformed_retries=_MALFORMED_RETRIES.value)
     try:
         summary = analyze(_RUNS.value, _OUT.value, settings, max_dialogues=_MAX_DIALOGUES.value)
     except (ValueError, FileNotFoundError, EndpointUnavailableError) as e:

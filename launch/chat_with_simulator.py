@@ -90,13 +90,13 @@ def main(argv: list[str]) -> None:
             print(f"{i:3d}  {p.id}  {p.language}  {p.personality:9s} {p.goal or '-':15s} {opening}")
         return
     profile = _choose(profiles, _PROFILE.value)
-    cfg = _CONFIG.value
-    simulator.check_endpoint(cfg)
+    settings = simulator.SimulatorSettings.from_config(_CONFIG.value)
+    simulator.check_endpoint(settings)
     print(f"profile {profile.id} ({profile.language}, {profile.main_cha}, "
-          f"{', '.join(profile.cha_group)}); backend {cfg.backend}, {cfg.difficulty}")
+          f"{', '.join(profile.cha_group)}); backend {settings.backend}, {settings.difficulty}")
     if _REVEAL_GOAL.value:
         print(f"hidden goal: {profile.task}")
-    state = asyncio.run(_chat(simulator.build_simulator(cfg), profile))
+    state = asyncio.run(_chat(simulator.build_simulator(settings), profile))
     if _TRANSCRIPT.value:
         pathlib.Path(_TRANSCRIPT.value).write_text(
             json.dumps(state.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")

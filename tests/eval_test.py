@@ -13,9 +13,9 @@ import pytest
 from configs.eval import get_config
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.eval.compare import compare_runs
-from rlver_jax.endpoint import EndpointUnavailableError
 from rlver_jax.eval.sentient import summarize_transcripts
 from rlver_jax.files import read_jsonl
+from rlver_jax.llm_client import EndpointUnavailableError
 from rlver_jax.simulator.profiles import GOALS
 from tests.conftest import REPO
 from tests.export_test import make_run
@@ -115,7 +115,7 @@ def _config_urls(workdir, policy_url, simulator_url, profiles, **overrides):
 
 def test_scores_equal_hand_computed_values(tmp_path):
     with Servers() as servers:
-        config = _config(tmp_path, servers, _profiles_file(tmp_path), **{"eval.max_concurrency": 3})
+        config = _config(tmp_path, servers, _profiles_file(tmp_path), **{"eval.max_dialogues": 3})
         summary = run_benchmark(config, progress=False)
         assert servers.policy.peak_in_flight <= 3
     assert summary["score"] == pytest.approx(SCORE)
@@ -170,7 +170,7 @@ def test_a_policy_endpoint_failing_mid_run_keeps_the_finished_dialogues(tmp_path
     profiles = _profiles_file(tmp_path)
     with Servers() as servers:
         servers.policy.script = failing_policy
-        config = _config(tmp_path, servers, profiles, **{"eval.max_concurrency": 1, "policy.max_retries": 0})
+        config = _config(tmp_path, servers, profiles, **{"eval.max_dialogues": 1, "policy.max_retries": 0})
         with pytest.raises(EndpointUnavailableError, match="rerun the same command to resume"):
             run_benchmark(config, progress=False)
     saved = [r["profile_id"] for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")]

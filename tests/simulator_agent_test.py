@@ -21,7 +21,7 @@ def _config(server, *, eval_mode=False, **overrides):
     cfg.base_url = server.base_url
     cfg.backoff_initial_s = 0.001
     cfg.update(overrides)
-    return cfg
+    return simulator.SimulatorSettings.from_config(cfg)
 
 
 def _changes(*values):
@@ -184,8 +184,8 @@ def test_bad_config_values_are_named():
     cfg = get_simulator_config()
     cfg.difficulty = "hard"
     with pytest.raises(ValueError, match="config.simulator.difficulty"):
-        simulator.build_simulator(cfg)
+        simulator.build_simulator(simulator.SimulatorSettings.from_config(cfg))
     cfg = get_simulator_config()
     cfg.backend = "vllm"
     with pytest.raises(ValueError, match="config.simulator.backend"):
-        simulator.build_simulator(cfg)
+        simulator.build_simulator(simulator.SimulatorSettings.from_config(cfg))

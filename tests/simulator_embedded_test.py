@@ -52,6 +52,37 @@ def test_warmer_replies_score_higher(language):
     assert changes[-2] > 0  # warm
 
 
+BY_ID = {p.id: p for p in PROFILES}
+
+
+@pytest.mark.parametrize("profile_id,difficulty,previous,reply,parts,change", [
+    # Empathy goal, avoidant: "sorry" and "must feel" (2 x 1.5); one "?" plus "what happened"
+    # (1 + 1); "heavy" is a topic word of the scene, not of the first line (0.5); "it must" and
+    # "heavy" meet the goal (2 x 1.5); 9 words is neither curt (< 4) nor comfortable (12 to 120).
+    # -2 + 3 + 2 + 0.5 + 3 = 6.5, rounded half to even: 6.
+    ("rlverjax-en-01", "vanilla", None, "I'm so sorry. It must feel heavy. What happened?",
+     {"baseline": -2.0, "empathy": 3.0, "curiosity": 2.0, "on topic": 0.5, "goal empathy": 3.0}, 6),
+    # Negative personality: "calm down" and "not a big deal" (2 x -3) felt 1.25 times: -7.5.
+    # -2 - 7.5 = -9.5, rounded half to even: -10.
+    ("rlverjax-en-02", "vanilla", None, "Just calm down. It's not a big deal.",
+     {"baseline": -2.0, "dismissive": -7.5}, -10),
+    # Challenging, advice goal, the previous reply repeated word for word: "pension" and "numbers"
+    # are scene words (2 x 0.5, halved: 0.5); "you could" and "try" meet the goal (2 x 1.5, goal
+    # fit is not halved); the repetition (-4) weighs 1.25 times: -5. -2 + 0.5 + 3 - 5 = -3.5: -4.
+    ("rlverjax-en-03", "challenging", "You could try asking HR about the pension numbers first.",
+     "You could try asking HR about the pension numbers first.",
+     {"baseline": -2.0, "on topic": 0.5, "goal advice": 3.0, "repeats the previous reply": -5.0}, -4),
+])
+def test_scores_equal_hand_computed_values(profile_id, difficulty, previous, reply, parts, change):
+    profile = BY_ID[profile_id]
+    history = [{"role": "user", "content": profile.first_talk}]
+    if previous is not None:
+        history += [{"role": "assistant", "content": previous}, {"role": "user", "content": "Maybe."}]
+    score = score_reply(reply, profile=profile, language="en", difficulty=difficulty, history=history)
+    assert {name: points for name, points, _ in score.parts if points} == parts
+    assert score.change == change
+
+
 def test_hidden_goal_and_blame_matter():
     teacher = next(p for p in PROFILES if p.language == "en" and p.goal == "not_at_fault")
     cleared = "I'm sorry, that sounds unfair. It's not your fault; you did nothing wrong."
@@ -87,7 +118,7 @@ def _dialogue(profile, replies, **overrides):
     cfg.update(overrides)
 
     async def run():
-        async with simulator.build_simulator(cfg) as sim:
+        async with simulator.build_simulator(simulator.SimulatorSettings.from_config(cfg)) as sim:
             state = await sim.start(profile)
             for reply in replies:
                 if not state.done:

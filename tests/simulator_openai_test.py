@@ -21,7 +21,7 @@ def _config(url, **overrides):
     cfg.base_url = url
     cfg.backoff_initial_s = 0.001
     cfg.update(overrides)
-    return cfg
+    return simulator.SimulatorSettings.from_config(cfg)
 
 
 def _judge(change=3):

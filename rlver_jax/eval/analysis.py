@@ -15,16 +15,15 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import openai
 from tqdm import tqdm
 
 from rlver_jax import plots
 from rlver_jax.eval.compare import run_labels
-from rlver_jax.endpoint import EndpointUnavailableError, check_chat_endpoint
 from rlver_jax.eval.judge import CAPABILITIES, OTHER, STRATEGIES, Judge, JudgeSettings
 from rlver_jax.eval.report import json_text, table
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl, atomic_write_text, read_jsonl
+from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint
 
 JUDGEMENTS = "judgements.jsonl"
 STRATEGY_LABELS = (*STRATEGIES, OTHER)
@@ -69,7 +68,7 @@ def analyze(run_dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, set
     done = {(r["dir"], r["profile_id"]) for r in load_records(path)}
     pending = [(d, t) for d in dirs for t in dialogues[d] if (str(d), t["profile_id"]) not in done]
     if pending:
-        check_chat_endpoint(settings.base_url, settings.model, settings.api_key_env, "--")
+        check_chat_endpoint(settings.client)
         bar = tqdm(total=len(pending), disable=not progress, desc="judge", unit="dialogue", dynamic_ncols=True)
 
         async def run():
@@ -87,10 +86,9 @@ def analyze(run_dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, set
 
         try:
             asyncio.run(run())
-        except openai.APIError as e:
+        except EndpointUnavailableError as e:
             raise EndpointUnavailableError(
-                f"the judge at --base_url={settings.base_url} failed: {e}. The judgements so far are saved "
-                f"in {path}; rerun the same command to resume") from e
+                f"{e}\nThe judgements so far are saved in {path}; rerun the same command to resume") from e
         finally:
             bar.close()
     wanted = {(str(d), t["profile_id"]) for d in dirs for t in dialogues[d]}

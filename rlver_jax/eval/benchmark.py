@@ -17,20 +17,19 @@ from typing import Any
 
 import jax
 import ml_collections
-import openai
 from tqdm import tqdm
 
 from rlver_jax import sharding
 from rlver_jax.eval import policy_loading, report
-from rlver_jax.endpoint import EndpointUnavailableError, check_chat_endpoint
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
+from rlver_jax.llm_client import ClientSettings, EndpointUnavailableError, check_chat_endpoint
 from rlver_jax.models.hf_io import CheckpointError
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.policy import JaxPolicy, OpenAIPolicy, SamplingSettings
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.simulator import (ProfileError, SimulatorUnavailableError, build_simulator, check_endpoint,
-                                 load_profiles)
+from rlver_jax.simulator import (ProfileError, SimulatorSettings, SimulatorUnavailableError, build_simulator,
+                                 check_endpoint, load_profiles)
 from rlver_jax.simulator.profiles import Profile
 
 log = logging.getLogger(__name__)
@@ -71,10 +70,14 @@ class _PolicySpec:
         p = config.policy
         if p.backend not in POLICY_BACKENDS:
             raise ValueError(f"config.policy.backend={p.backend!r}: use one of {POLICY_BACKENDS}")
-        self.config, self.ckpt = config, None
+        self.config, self.ckpt, self.client = config, None, None
         run_think = None
         if p.backend == "openai":
             self.source = self.label = p.model
+            self.client = ClientSettings(
+                name="policy endpoint", flag_prefix="--config.policy.", base_url=p.base_url, model=p.model,
+                api_key_env=p.api_key_env, timeout_s=p.timeout_s, max_concurrency=config.eval.max_dialogues,
+                max_retries=p.max_retries, backoff_initial_s=p.backoff_initial_s, backoff_max_s=p.backoff_max_s)
         elif p.checkpoint and p.path:
             raise ValueError("set one of config.policy.checkpoint (a training run) and config.policy.path "
                              "(a Hugging Face directory), not both")
@@ -112,10 +115,8 @@ class _PolicySpec:
     def build(self, workdir: pathlib.Path):
         """(policy, chat tokens or None for a text policy) ready to play."""
         c, p = self.config, self.config.policy
-        if self.backend == "openai":
-            return OpenAIPolicy(base_url=p.base_url, model=p.model, api_key_env=p.api_key_env,
-                                temperature=p.temperature, max_tokens=p.max_new_tokens, timeout_s=p.timeout_s,
-                                max_concurrency=c.eval.max_concurrency, max_retries=p.max_retries), None
+        if self.client is not None:
+            return OpenAIPolicy(self.client, temperature=p.temperature, max_tokens=p.max_new_tokens), None
         mesh = sharding.make_mesh(c.mesh.shape)
         if self.ckpt is not None:
             loaded = policy_loading.load_checkpoint_policy(self.ckpt, mesh, c.mesh.rules, p.base_path)
@@ -137,11 +138,11 @@ class _PolicySpec:
                 "difficulty": s.difficulty, "profiles": c.eval.profiles, "rules": {k: s[k] for k in rules}}
 
 
-async def _play(runner: EpisodeRunner, requests: list[EpisodeRequest], group_size: int, max_concurrency: int,
+async def _play(runner: EpisodeRunner, requests: list[EpisodeRequest], group_size: int, max_dialogues: int,
                 on_finish) -> None:
-    """All dialogues, `group_size` per policy call, at most `max_concurrency` in flight."""
-    group_size = max(1, min(group_size, max_concurrency))
-    slots = asyncio.Semaphore(max(1, max_concurrency // group_size))
+    """All dialogues, `group_size` per policy call, at most `max_dialogues` in flight."""
+    group_size = max(1, min(group_size, max_dialogues))
+    slots = asyncio.Semaphore(max(1, max_dialogues // group_size))
 
     async def group(chunk):
         async with slots:
@@ -175,10 +176,10 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
 def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: list[Profile],
               workdir: pathlib.Path, progress: bool) -> None:
     """Play the dialogues of `profiles`, appending each to the transcripts as it ends."""
-    check_endpoint(config.simulator)
-    if spec.backend == "openai":
-        check_chat_endpoint(config.policy.base_url, config.policy.model, config.policy.api_key_env,
-                            "--config.policy.")
+    simulator_settings = SimulatorSettings.from_config(config.simulator)
+    check_endpoint(simulator_settings)
+    if spec.client is not None:
+        check_chat_endpoint(spec.client)
     policy, chat_tokens = spec.build(workdir)
     settings = RolloutSettings(think=spec.think, max_new_tokens=config.policy.max_new_tokens,
                                max_total_tokens=config.policy.max_total_tokens,
@@ -191,11 +192,11 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: li
         bar.update(1)
 
     async def play():
-        async with build_simulator(config.simulator) as sim:
+        async with build_simulator(simulator_settings) as sim:
             runner = EpisodeRunner(policy, sim, chat_tokens, settings)
             try:
                 await _play(runner, [EpisodeRequest(p, i) for i, p in enumerate(profiles)],
-                            config.eval.group_size, config.eval.max_concurrency, on_finish)
+                            config.eval.group_size, config.eval.max_dialogues, on_finish)
             finally:
                 if isinstance(policy, OpenAIPolicy):
                     await policy.aclose()
@@ -205,7 +206,7 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: li
         asyncio.run(play())
     except SimulatorUnavailableError as e:
         raise SimulatorUnavailableError(f"{e}\n{resume}") from e
-    except openai.APIError as e:  # the simulator wraps its own errors: this is the policy's endpoint
+    except EndpointUnavailableError as e:  # not the simulator's (caught above): the policy's endpoint
         raise EndpointUnavailableError(
             f"the policy endpoint --config.policy.base_url={config.policy.base_url} failed: {e}.\n{resume}") from e
     finally:

@@ -1,24 +1,23 @@
 """An LLM judge of finished dialogues: the five dialogue capabilities of the RLVER paper, rated 1
 to 5, and the response strategies of every policy reply (launch/analyze.py).
 
-The judge is any OpenAI-compatible chat endpoint. The prompt is this project's own; the judge
-answers with one JSON object, and parsing tolerates what models do to it (a <think> block, code
-fences, prose around the object, "4/5" or "4" for 4, other spellings of the names). An answer
-without all five ratings is asked for again, then recorded as a judge error, never guessed.
+The judge is any OpenAI-compatible chat endpoint, called through rlver_jax.llm_client. The prompt
+is this project's own; the judge answers with one JSON object, and parsing tolerates what models
+do to it (a <think> block, code fences, prose around the object, "4/5" or "4" for 4, other
+spellings of the names). An answer without all five ratings is asked for again, then recorded as
+a judge error, never guessed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import re
 from collections import Counter
 from typing import Any
 
-import openai
-
-from rlver_jax.simulator.openai_backend import api_key_from_env
+from rlver_jax.llm_client import ChatClient, ClientSettings
+from rlver_jax.simulator.patterns import THINK_BLOCK
 
 # key -> (display name, what it measures), in the paper's order.
 CAPABILITIES: dict[str, tuple[str, str]] = {
@@ -110,7 +109,6 @@ _STRATEGY_STEMS = (("validat", "validation"), ("reflect", "reflection"), ("parap
                    ("affirm", "affirmation"), ("prais", "affirmation"), ("disclos", "self_disclosure"),
                    ("self", "self_disclosure"), ("inform", "information"), ("explain", "information"),
                    ("humo", "humor"))
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"(?<![\d.])([1-5](?:\.\d+)?)(?![\d.])")
 _SCORE_LINE = re.compile(r"^[\s\-*#>\"'`]*([A-Za-z][A-Za-z _\-]*?)[\s*_\"'`]*[:：=]\s*[*_\"'`]*\s*([0-9.]+)")
 _STRATEGY_LINE = re.compile(r"strateg[a-z]*[^:：]*[:：](.*)$", re.IGNORECASE | re.MULTILINE)
@@ -187,7 +185,7 @@ class Judgement:
 def parse_judgement(text: str) -> Judgement:
     """The ratings, strategy counts and comment in a judge's answer; JudgeOutputError when a
     rating is missing or out of range."""
-    text = _THINK.sub("", text)
+    text = THINK_BLOCK.sub("", text)
     text = text.rsplit("</think>", 1)[-1]  # an answer whose opening <think> tag was cut
     for obj in reversed(_json_objects(text)):
         scores = _scores_from(obj["scores"]) if isinstance(obj.get("scores"), dict) else _scores_from(obj)
@@ -222,9 +220,20 @@ class JudgeSettings:
     temperature: float = 0.0
     max_tokens: int = 1024
     timeout_s: float = 120.0
-    max_retries: int = 5  # connection errors, 429 and 5xx (the client's backoff)
+    max_retries: int = 5  # connection errors, timeouts, 408/409/429 and 5xx
     malformed_retries: int = 2  # fresh answers after one that cannot be parsed
-    max_concurrency: int = 16
+    max_concurrency: int = 16  # requests in flight
+    backoff_initial_s: float = 1.0  # first retry waits about this long, doubling each time
+    backoff_max_s: float = 30.0  # cap of one wait
+
+    @property
+    def client(self) -> ClientSettings:
+        """The judge's endpoint; its fields are flags of launch/analyze.py."""
+        return ClientSettings(
+            name="judge", flag_prefix="--", base_url=self.base_url, model=self.model,
+            api_key_env=self.api_key_env, timeout_s=self.timeout_s, max_concurrency=self.max_concurrency,
+            max_retries=self.max_retries, backoff_initial_s=self.backoff_initial_s,
+            backoff_max_s=self.backoff_max_s)
 
 
 class Judge:
@@ -232,19 +241,14 @@ class Judge:
 
     def __init__(self, settings: JudgeSettings):
         self.settings = settings
-        self.client = openai.AsyncOpenAI(base_url=settings.base_url, api_key=api_key_from_env(settings.api_key_env),
-                                         timeout=settings.timeout_s, max_retries=settings.max_retries)
-        self._slots = asyncio.Semaphore(settings.max_concurrency)
+        self.client = ChatClient(settings.client)
 
     async def rate(self, transcript: dict[str, Any]) -> dict[str, Any]:
         """A record of the judgement: scores, strategies, the raw answer, or the error."""
         s, messages = self.settings, judge_messages(transcript)
         raws: list[str] = []
         for _ in range(s.malformed_retries + 1):
-            async with self._slots:
-                completion = await self.client.chat.completions.create(
-                    model=s.model, messages=messages, temperature=s.temperature, max_tokens=s.max_tokens)
-            raw = (completion.choices[0].message.content or "") if completion.choices else ""
+            raw = (await self.client.complete(messages, temperature=s.temperature, max_tokens=s.max_tokens)).text
             raws.append(raw)
             try:
                 j = parse_judgement(raw)
@@ -259,4 +263,4 @@ class Judge:
                 "attempts": len(raws), "error": f"judge answer malformed {len(raws)} times (last: {error})"}
 
     async def aclose(self) -> None:
-        await self.client.close()
+        await self.client.aclose()

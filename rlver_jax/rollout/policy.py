@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import threading
 from typing import Any, Protocol
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from rlver_jax import sampling
 from rlver_jax.chat import ChatTokens
+from rlver_jax.llm_client import ChatClient, ClientSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 
@@ -204,26 +204,17 @@ class JaxPolicy:
 
 
 class OpenAIPolicy:
-    """A policy served behind an OpenAI-compatible chat API (vLLM, SGLang, a provider)."""
+    """A policy served behind an OpenAI-compatible chat API (vLLM, SGLang, a provider), called
+    through rlver_jax.llm_client: its timeout, retries and bound on requests in flight."""
 
-    def __init__(self, *, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY",
-                 temperature: float = 0.7, max_tokens: int = 1024, timeout_s: float = 120.0,
-                 max_concurrency: int = 32, max_retries: int = 5):
-        import openai  # only text policies need the client
-
-        key = os.environ.get(api_key_env) or "EMPTY"  # local servers need no key
-        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s,
-                                         max_retries=max_retries)
-        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
-        self._sem = asyncio.Semaphore(max_concurrency)
+    def __init__(self, client: ClientSettings, *, temperature: float = 0.7, max_tokens: int = 1024):
+        self.client = ChatClient(client)
+        self.temperature, self.max_tokens = temperature, max_tokens
 
     async def _one(self, req: TurnRequest) -> PolicyTurn:
-        async with self._sem:
-            resp = await self.client.chat.completions.create(
-                model=self.model, messages=req.messages, temperature=self.temperature,
-                max_tokens=min(self.max_tokens, req.max_new_tokens))
-        choice = resp.choices[0]
-        return PolicyTurn(text=choice.message.content or "", stopped=choice.finish_reason != "length")
+        answer = await self.client.complete(req.messages, temperature=self.temperature,
+                                            max_tokens=min(self.max_tokens, req.max_new_tokens))
+        return PolicyTurn(text=answer.text, stopped=answer.finish_reason != "length")
 
     async def act(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
@@ -232,7 +223,7 @@ class OpenAIPolicy:
         """Nothing is kept between turns."""
 
     async def aclose(self) -> None:
-        await self.client.close()
+        await self.client.aclose()
 
 
 def pad_left(prompts: list[list[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

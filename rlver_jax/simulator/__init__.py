@@ -4,8 +4,9 @@ Usage (rollout and evaluation code):
 
     from rlver_jax import simulator
 
-    sim = simulator.build_simulator(config.simulator)   # backend chosen by config.simulator.backend
-    simulator.check_endpoint(config.simulator)          # at startup: fail fast if it is down
+    settings = simulator.SimulatorSettings.from_config(config.simulator)  # read and checked once
+    simulator.check_endpoint(settings)                  # at startup: fail fast if it is down
+    sim = simulator.build_simulator(settings)           # backend chosen by config.simulator.backend
     profiles = simulator.load_profiles(path)            # None -> the project's shipped profiles
     async with sim:
         state = await sim.start(profile)                # optional 2nd arg: EmotionRules
@@ -14,7 +15,7 @@ Usage (rollout and evaluation code):
             state = await sim.respond(state, reply)     # emotion step, end checks, reply step
 
 Run many dialogues at once with asyncio.gather over start/respond; the openai backend bounds
-in-flight requests with one semaphore (config.simulator.max_concurrency).
+in-flight requests with one semaphore (config.simulator.max_concurrency; rlver_jax.llm_client).
 
 DialogueState (frozen, JSON via to_dict()/DialogueState.from_dict()):
   emotion      current emotion (int; capped at rules.ceiling, not clipped below)
@@ -28,27 +29,31 @@ DialogueState (frozen, JSON via to_dict()/DialogueState.from_dict()):
 Reward for RL: max(state.emotion, 0) / 100. A dialogue with end_reason "simulator_error" has
 no valid reward: keep it in transcripts, leave it out of training and scoring.
 
-Errors: SimulatorUnavailableError (server down or refusing after retries; stop the run),
-ProfileError (bad profile file: names file, line and field).
+Errors: SimulatorUnavailableError (server down or refusing after retries; stop the run; a
+llm_client.EndpointUnavailableError), ProfileError (bad profile file: names file, line and field).
 
 Modules: profiles (loading, validation, language), templates + prompts/ (the LLM prompts, zh/en,
-vanilla/challenging), parsing (tolerant answer parsing, label neutralising), agent (the emotion
-state machine and Simulator), backend (the backend interface), openai_backend, embedded (a
-deterministic stand-in for demos and tests, not a benchmark), cache (record/replay), factory.
+vanilla/challenging), parsing (tolerant answer parsing, label neutralising), patterns (regexes
+shared by several modules), state (DialogueState, TurnRecord, EmotionRules), settings
+(SimulatorSettings), agent (the emotion state machine and Simulator), backend (the backend
+interface), openai_backend, embedded (a deterministic stand-in for demos and tests, not a
+benchmark), cache (record/replay), factory.
 """
 
-from rlver_jax.simulator.agent import (END_REASONS, DialogueState, EmotionRules, Simulator,
-                                       TurnRecord, is_goodbye)
-from rlver_jax.simulator.backend import (Backend, Judgement, SimulatorOutputError,
+from rlver_jax.simulator.agent import Simulator, is_goodbye
+from rlver_jax.simulator.backend import (Backend, EmotionJudgement, SimulatorOutputError,
                                          SimulatorUnavailableError, Utterance)
 from rlver_jax.simulator.cache import CacheMissError
 from rlver_jax.simulator.factory import build_simulator, check_endpoint
 from rlver_jax.simulator.profiles import (DEFAULT_PROFILES, Profile, ProfileError,
                                           detect_language, load_profiles)
+from rlver_jax.simulator.settings import SimulatorSettings
+from rlver_jax.simulator.state import END_REASONS, DialogueState, EmotionRules, TurnRecord
 
 __all__ = [
     "Backend", "CacheMissError", "DEFAULT_PROFILES", "DialogueState", "END_REASONS",
-    "EmotionRules", "Judgement", "Profile", "ProfileError", "Simulator", "SimulatorOutputError",
-    "SimulatorUnavailableError", "TurnRecord", "Utterance", "build_simulator", "check_endpoint",
-    "detect_language", "is_goodbye", "load_profiles",
+    "EmotionJudgement", "EmotionRules", "Profile", "ProfileError", "Simulator",
+    "SimulatorOutputError", "SimulatorSettings", "SimulatorUnavailableError", "TurnRecord",
+    "Utterance", "build_simulator", "check_endpoint", "detect_language", "is_goodbye",
+    "load_profiles",
 ]

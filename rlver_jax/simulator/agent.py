@@ -9,22 +9,20 @@ Per policy turn (`Simulator.respond`):
 A malformed simulator answer that survives the retries ends the dialogue as "simulator_error";
 such dialogues are kept for transcripts and must not be scored or trained on.
 
-All state lives in the frozen DialogueState, which round-trips through JSON (`to_dict`,
-`from_dict`); `respond` returns a new state and never changes the one it was given.
+All state lives in the frozen DialogueState (state.py); `respond` returns a new state and never
+changes the one it was given.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
 
-from ml_collections import config_dict
-
-from rlver_jax.simulator.backend import Backend, SimulatorOutputError
-from rlver_jax.simulator.profiles import Profile, parse_profile
-
-END_REASONS = ("goodbye", "success", "failure", "turn_limit", "simulator_error")
+from rlver_jax.simulator.backend import Backend, EmotionJudgement, SimulatorOutputError
+from rlver_jax.simulator.profiles import Profile
+# DialogueState, EmotionRules and TurnRecord live in state.py; imported here for the machine and
+# for callers that import them from agent.
+from rlver_jax.simulator.state import DialogueState, EmotionRules, TurnRecord
 
 # The reference code looks for 再见 and 拜拜; English profiles need the English equivalents.
 _GOODBYE = re.compile(
@@ -39,116 +37,44 @@ def is_goodbye(utterance: str) -> bool:
     return bool(_GOODBYE.search(utterance))
 
 
-@dataclasses.dataclass(frozen=True)
-class EmotionRules:
-    """The numbers of the emotion machine. Defaults: RLVER training; see configs/simulator.py."""
-
-    initial_emotion: int = 30
-    max_change: int = 10  # per-turn change is clipped to [-max_change, +max_change]
-    ceiling: int = 100  # emotion is capped here; reaching it ends the dialogue ("success"), band S
-    floor: int = 0  # reaching it ends the dialogue ("failure")
-    floor_inclusive: bool = True  # True: ends at emotion <= floor; False: at emotion < floor
-    band_a: int = 70  # band A from here up to the ceiling
-    band_b: int = 40
-    band_c: int = 10  # band F below this
-    max_turns: int = 8  # policy turns per dialogue
-    score_final_turn: bool = True  # False (SAGE): the last policy reply is not judged
-
-    def __post_init__(self):
-        problems = []
-        if not self.ceiling > self.band_a > self.band_b > self.band_c:
-            problems.append("need ceiling > band_a > band_b > band_c")
-        if not self.floor < self.initial_emotion < self.ceiling:
-            problems.append("need floor < initial_emotion < ceiling")
-        if self.max_change < 0:
-            problems.append("max_change must be >= 0")
-        if self.max_turns < 1:
-            problems.append("max_turns must be >= 1")
-        if problems:
-            raise ValueError(f"config.simulator emotion rules {self}: " + "; ".join(problems))
-
-    @classmethod
-    def from_config(cls, cfg: config_dict.ConfigDict) -> EmotionRules:
-        """Reads the fields of the same names from the `config.simulator` section."""
-        return cls(**{f.name: cfg[f.name] for f in dataclasses.fields(cls)})
-
-    def band(self, emotion: int) -> str:
-        """S at the ceiling, then A, B, C at their thresholds, F below."""
-        for name, low in (("S", self.ceiling), ("A", self.band_a), ("B", self.band_b),
-                          ("C", self.band_c)):
-            if emotion >= low:
-                return name
-        return "F"
-
-    def clip(self, change: int) -> int:
-        return max(-self.max_change, min(self.max_change, change))
-
-    def at_floor(self, emotion: int) -> bool:
-        return emotion <= self.floor if self.floor_inclusive else emotion < self.floor
+def _end_reason(rules: EmotionRules, emotion: int, turn: int) -> str | None:
+    """The end check after the emotion step of policy turn `turn`."""
+    if emotion >= rules.ceiling:
+        return "success"
+    if rules.at_floor(emotion):
+        return "failure"
+    if turn >= rules.max_turns:
+        return "turn_limit"
+    return None
 
 
-@dataclasses.dataclass(frozen=True)
-class TurnRecord:
-    """Everything the simulator did in one turn, for transcripts."""
-
-    turn: int  # 0: the user's opening line; k: the reaction to policy turn k
-    policy_reply: str | None  # None for the opening
-    scored: bool  # whether an emotion step moved the emotion
-    change_proposed: int | None  # the simulator's change before clipping
-    change: int  # the change applied
-    emotion: int  # emotion after this turn
-    band: str
-    thoughts: str  # emotion-step analysis
-    utterance: str | None  # the user's next words; None when the dialogue ended without them
-    reply_thoughts: str  # reply/opening-step plan
-    raw_emotion: str  # raw simulator answers
-    raw_reply: str
-    attempts: int  # simulator answers requested in this turn, retries of malformed ones included
-    error: str | None = None
+def _unscored(state: DialogueState, turn: int, reply: str | None, **fields) -> TurnRecord:
+    """The record of a turn in which the emotion did not move; unnamed fields are empty."""
+    record = dict(turn=turn, policy_reply=reply, scored=False, change_proposed=None, change=0,
+                  emotion=state.emotion, band=state.band, thoughts="", utterance=None,
+                  reply_thoughts="", raw_emotion="", raw_reply="", attempts=0)
+    return TurnRecord(**{**record, **fields})
 
 
-@dataclasses.dataclass(frozen=True)
-class DialogueState:
-    """One dialogue between a policy and a simulated user. JSON-serialisable via to_dict()."""
+def _judged(state: DialogueState, history: tuple[dict[str, str], ...], turn: int, reply: str,
+            judgement: EmotionJudgement) -> tuple[DialogueState, dict]:
+    """The emotion step applied: the new state (with `history`, which ends with the reply) and the
+    judged fields of the turn's record."""
+    rules = state.rules
+    change = rules.clip(judgement.change)
+    emotion = min(state.emotion + change, rules.ceiling)
+    fields = dict(turn=turn, policy_reply=reply, scored=True, change_proposed=judgement.change,
+                  change=change, emotion=emotion, band=rules.band(emotion),
+                  thoughts=judgement.thoughts, raw_emotion=judgement.raw)
+    return dataclasses.replace(state, emotion=emotion, emotions=state.emotions + (emotion,),
+                               history=history), fields
 
-    profile: Profile
-    rules: EmotionRules
-    language: str  # "zh" or "en": prompts, templates
-    difficulty: str  # "vanilla" or "challenging"
-    emotion: int
-    emotions: tuple[int, ...]  # trajectory: initial emotion, then after every judged turn
-    history: tuple[dict[str, str], ...]  # {"role": "user"|"assistant", "content"}, policy's view
-    records: tuple[TurnRecord, ...]  # records[0] is the opening
-    done: bool = False
-    end_reason: str | None = None  # one of END_REASONS once done
-    error: str | None = None  # why the simulator failed, for "simulator_error"
 
-    @property
-    def turns(self) -> int:
-        """Policy turns taken so far."""
-        return sum(1 for r in self.records if r.turn > 0)
-
-    @property
-    def band(self) -> str:
-        return self.rules.band(self.emotion)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["profile"] = self.profile.to_dict()
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DialogueState:
-        return cls(
-            **{
-                **d,
-                "profile": parse_profile(d["profile"], where="dialogue state"),
-                "rules": EmotionRules(**d["rules"]),
-                "emotions": tuple(d["emotions"]),
-                "history": tuple(dict(m) for m in d["history"]),
-                "records": tuple(TurnRecord(**r) for r in d["records"]),
-            }
-        )
+def _finish(state: DialogueState, record: TurnRecord, end_reason: str, error: str | None = None,
+            **changes) -> DialogueState:
+    """The state ended by `record`'s turn."""
+    return dataclasses.replace(state, records=state.records + (record,), done=True,
+                               end_reason=end_reason, error=error, **changes)
 
 
 class Simulator:
@@ -173,22 +99,18 @@ class Simulator:
             difficulty=self.difficulty, emotion=rules.initial_emotion,
             emotions=(rules.initial_emotion,), history=(), records=(),
         )
-        opening = dict(turn=0, policy_reply=None, scored=False, change_proposed=None, change=0,
-                       emotion=state.emotion, band=state.band, thoughts="", raw_emotion="")
         if profile.first_talk is not None:
             text, plan, raw, attempts = profile.first_talk, "", "", 0
         else:
             try:
                 u = await self.backend.open(state)
             except SimulatorOutputError as e:
-                record = TurnRecord(**opening, utterance=None, reply_thoughts="",
-                                    raw_reply=e.raw_outputs[-1],
-                                    attempts=len(e.raw_outputs), error=str(e))
-                return dataclasses.replace(state, records=(record,), done=True,
-                                           end_reason="simulator_error", error=str(e))
+                record = _unscored(state, 0, None, raw_reply=e.raw_outputs[-1],
+                                   attempts=len(e.raw_outputs), error=str(e))
+                return _finish(state, record, "simulator_error", str(e))
             text, plan, raw, attempts = u.text, u.thoughts, u.raw, u.attempts
-        record = TurnRecord(**opening, utterance=text, reply_thoughts=plan, raw_reply=raw,
-                            attempts=attempts)
+        record = _unscored(state, 0, None, utterance=text, reply_thoughts=plan, raw_reply=raw,
+                           attempts=attempts)
         return dataclasses.replace(state, history=({"role": "user", "content": text},),
                                    records=(record,))
 
@@ -200,63 +122,39 @@ class Simulator:
             raise TypeError(f"the policy reply must be text, got {type(reply).__name__}")
         rules, turn = state.rules, state.turns + 1
         history = state.history + ({"role": "assistant", "content": reply},)
-        base = dict(turn=turn, policy_reply=reply)
-
         if turn >= rules.max_turns and not rules.score_final_turn:
             # SAGE: the final policy reply is generated but never judged.
-            record = TurnRecord(**base, scored=False, change_proposed=None, change=0,
-                                emotion=state.emotion, band=state.band, thoughts="",
-                                utterance=None, reply_thoughts="", raw_emotion="", raw_reply="",
-                                attempts=0)
-            return dataclasses.replace(state, history=history, records=state.records + (record,),
-                                       done=True, end_reason="turn_limit")
-
+            return _finish(state, _unscored(state, turn, reply), "turn_limit", history=history)
         try:
             judgement = await self.backend.judge(state, reply)
         except SimulatorOutputError as e:
-            record = TurnRecord(**base, scored=False, change_proposed=None, change=0,
-                                emotion=state.emotion, band=state.band, thoughts="",
-                                utterance=None, reply_thoughts="",
-                                raw_emotion=e.raw_outputs[-1],
-                                raw_reply="", attempts=len(e.raw_outputs), error=str(e))
-            return dataclasses.replace(state, history=history, records=state.records + (record,),
-                                       done=True, end_reason="simulator_error", error=str(e))
-
-        change = rules.clip(judgement.change)
-        emotion = min(state.emotion + change, rules.ceiling)
-        judged = dict(**base, scored=True, change_proposed=judgement.change, change=change,
-                      emotion=emotion, band=rules.band(emotion), thoughts=judgement.thoughts,
-                      raw_emotion=judgement.raw)
-        state = dataclasses.replace(state, emotion=emotion, emotions=state.emotions + (emotion,),
-                                    history=history)
-        if emotion >= rules.ceiling:
-            end_reason = "success"
-        elif rules.at_floor(emotion):
-            end_reason = "failure"
-        elif turn >= rules.max_turns:
-            end_reason = "turn_limit"
-        else:
-            end_reason = None
+            record = _unscored(state, turn, reply, raw_emotion=e.raw_outputs[-1],
+                               attempts=len(e.raw_outputs), error=str(e))
+            return _finish(state, record, "simulator_error", str(e), history=history)
+        state, judged = _judged(state, history, turn, reply, judgement)
+        end_reason = _end_reason(rules, state.emotion, turn)
         if end_reason is not None:
             # The user's last words could not change the outcome: skip the reply step.
             record = TurnRecord(**judged, utterance=None, reply_thoughts="", raw_reply="",
                                 attempts=judgement.attempts)
-            return dataclasses.replace(state, records=state.records + (record,), done=True,
-                                       end_reason=end_reason)
+            return _finish(state, record, end_reason)
+        return await self._reply_step(state, judged, judgement)
 
+    async def _reply_step(self, state: DialogueState, judged: dict,
+                          judgement: EmotionJudgement) -> DialogueState:
+        """The user's next words in a dialogue that goes on; a goodbye ends it."""
         try:
             u = await self.backend.speak(state, judgement.thoughts)
         except SimulatorOutputError as e:
             record = TurnRecord(**judged, utterance=None, reply_thoughts="",
                                 raw_reply=e.raw_outputs[-1],
                                 attempts=judgement.attempts + len(e.raw_outputs), error=str(e))
-            return dataclasses.replace(state, records=state.records + (record,), done=True,
-                                       end_reason="simulator_error", error=str(e))
+            return _finish(state, record, "simulator_error", str(e))
         record = TurnRecord(**judged, utterance=u.text, reply_thoughts=u.thoughts,
                             raw_reply=u.raw, attempts=judgement.attempts + u.attempts)
         goodbye = is_goodbye(u.text)
         return dataclasses.replace(
-            state, history=history + ({"role": "user", "content": u.text},),
+            state, history=state.history + ({"role": "user", "content": u.text},),
             records=state.records + (record,), done=goodbye,
             end_reason="goodbye" if goodbye else None,
         )

@@ -1,21 +1,22 @@
 """The small interface every simulator backend implements, its results and its errors.
 
-A backend turns a dialogue state into the simulated user's judgements and words; the emotion
-state machine (agent.py) decides what they mean. Backends: openai_backend.OpenAIBackend (an LLM
-behind an OpenAI-compatible API) and embedded.EmbeddedBackend (deterministic rules, no network).
+A backend turns a dialogue state (state.py) into the simulated user's judgements and words; the
+emotion state machine (agent.py) decides what they mean. Backends: openai_backend.OpenAIBackend
+(an LLM behind an OpenAI-compatible API) and embedded.EmbeddedBackend (deterministic rules, no
+network).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from rlver_jax.simulator.agent import DialogueState
+from rlver_jax.llm_client import EndpointUnavailableError
+from rlver_jax.simulator.state import DialogueState
 
 
 @dataclasses.dataclass(frozen=True)
-class Judgement:
+class EmotionJudgement:
     """Result of the emotion step."""
 
     change: int  # proposed emotion change, before clipping
@@ -42,7 +43,7 @@ class SimulatorOutputError(RuntimeError):
         self.raw_outputs = raw_outputs  # every rejected answer, oldest first; never empty
 
 
-class SimulatorUnavailableError(RuntimeError):
+class SimulatorUnavailableError(EndpointUnavailableError):
     """The simulator service could not be reached or refused the request (after retries)."""
 
 
@@ -56,7 +57,7 @@ class Backend(Protocol):
     async def open(self, state: DialogueState) -> Utterance:
         """The user's first words, for profiles without `first_talk`."""
 
-    async def judge(self, state: DialogueState, reply: str) -> Judgement:
+    async def judge(self, state: DialogueState, reply: str) -> EmotionJudgement:
         """Emotion step: how the policy's `reply` to `state.history` moves the user's mood."""
 
     async def speak(self, state: DialogueState, thoughts: str) -> Utterance:

@@ -29,11 +29,13 @@ import re
 from collections.abc import Sequence
 
 from rlver_jax.simulator import lexicon
-from rlver_jax.simulator.agent import DialogueState
-from rlver_jax.simulator.backend import Judgement, Utterance
+from rlver_jax.simulator.backend import EmotionJudgement, Utterance
+from rlver_jax.simulator.patterns import CJK
 from rlver_jax.simulator.profiles import Profile, detect_language
+from rlver_jax.simulator.state import DialogueState
 
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+Part = tuple[str, float, str]  # (feature, points, evidence)
+Parts = tuple[list[Part], list[Part]]  # (positive parts, negative parts) of one feature group
 _EN_WORD = re.compile(r"[a-z][a-z']*")
 _QUESTION = re.compile(r"[?？]")
 # Comfortable reply lengths, and the limits past which a reply is curt or rambling
@@ -45,7 +47,7 @@ _LENGTH = {"en": dict(curt=4, low=12, high=120, ramble=200),
 @dataclasses.dataclass(frozen=True)
 class Score:
     change: int
-    parts: tuple[tuple[str, float, str], ...]  # (feature, points, evidence)
+    parts: tuple[Part, ...]
 
     def explain(self) -> str:
         shown = [f"{name} {points:+.1f}" + (f" [{evidence}]" if evidence else "")
@@ -66,14 +68,14 @@ def _hits(text: str, phrases: Sequence[str], language: str) -> list[str]:
 
 def _units(text: str) -> list[str]:
     """Words (English) and characters (Chinese) of a normalised text."""
-    return _EN_WORD.findall(text) + _CJK.findall(text)
+    return _EN_WORD.findall(text) + CJK.findall(text)
 
 
 def _topic_keys(text: str) -> set[str]:
     """Content-word stems (first 5 letters) and Chinese content-character bigrams."""
     words = {w[:5] for w in _EN_WORD.findall(text)
              if len(w) >= 4 and w not in lexicon.STOPWORDS_EN}
-    chars = [c if _CJK.match(c) and c not in lexicon.STOPCHARS_ZH else " " for c in text]
+    chars = [c if CJK.match(c) and c not in lexicon.STOPCHARS_ZH else " " for c in text]
     bigrams = {a + b for a, b in zip(chars, chars[1:]) if a != " " and b != " "}
     return words | bigrams
 
@@ -88,59 +90,84 @@ def score_reply(reply: str, *, profile: Profile, language: str, difficulty: str,
                 history: Sequence[dict[str, str]]) -> Score:
     """Scores a policy reply; `history` is the dialogue before it (policy's point of view)."""
     text = _normalise(reply)
+    units = _units(text)
+    garbage = _garbage(text, units, language)
+    if garbage is not None:
+        return garbage
+    groups = (_warmth(text, language, profile.personality), _on_topic(text, profile, history),
+              _goal_fit(text, profile, language), _dismissive(text, language),
+              _form(reply, text, units, language, history))
+    positive = [part for pos, _ in groups for part in pos]
+    negative = [part for _, neg in groups for part in neg]
+    return _weigh(positive, negative, profile.personality, difficulty)
+
+
+def _garbage(text: str, units: list[str], language: str) -> Score | None:
+    """The outright score of an empty or garbage reply; None for a real one."""
     nonspace = [c for c in text if not c.isspace()]
     if not nonspace:
         return Score(-10, (("empty reply", -10.0, ""),))
-    letters = sum(c.isalpha() for c in nonspace)
-    if letters / len(nonspace) < 0.5:
+    if sum(c.isalpha() for c in nonspace) / len(nonspace) < 0.5:
         return Score(-10, (("garbage: mostly non-letters", -10.0, ""),))
-    units = _units(text)
     if len(units) >= 12 and len(set(units)) / len(units) < (0.25 if language == "zh" else 0.4):
         return Score(-6, (("garbage: the same few words over and over", -6.0, ""),))
+    return None
 
-    positive: list[tuple[str, float, str]] = []
-    negative: list[tuple[str, float, str]] = []
-    personality = profile.personality
 
+def _warmth(text: str, language: str, personality: str) -> Parts:
+    """Empathy and curiosity; too many questions feel like an interrogation."""
     empathy = _hits(text, lexicon.EMPATHY[language], language)
-    positive.append(("empathy", min(len(empathy), 3) * 1.5, ", ".join(empathy[:3])))
-
     questions = len(_QUESTION.findall(text))
     invitations = _hits(text, lexicon.CURIOUS[language], language)
     curiosity = min(questions, 1) + min(len(invitations), 1) * (
         1.5 if personality == "passive" else 1.0)
-    positive.append(("curiosity", min(curiosity, 2.0), ", ".join(invitations[:2])))
+    positive = [("empathy", min(len(empathy), 3) * 1.5, ", ".join(empathy[:3])),
+                ("curiosity", min(curiosity, 2.0), ", ".join(invitations[:2]))]
     pushy_at = 3 if personality == "avoidant" else 4
-    if questions >= pushy_at:
-        negative.append(("interrogation", -2.0 if personality == "avoidant" else -1.0,
-                         f"{questions} questions"))
+    negative = [("interrogation", -2.0 if personality == "avoidant" else -1.0,
+                 f"{questions} questions")] if questions >= pushy_at else []
+    return positive, negative
 
+
+def _on_topic(text: str, profile: Profile, history: Sequence[dict[str, str]]) -> Parts:
+    """Topic words shared with the user's first and last lines, then with the profile."""
     users = [m["content"] for m in history if m["role"] == "user"]
     recent = _topic_keys(_normalise(" ".join(users[-1:] + users[:1])))
     background = _topic_keys(_normalise(profile.scene + " " + profile.player)) - recent
     mine = _topic_keys(text)
     shared_recent, shared_background = sorted(mine & recent), sorted(mine & background)
     topic = min(len(shared_recent) * 0.75, 2.0) + min(len(shared_background) * 0.5, 1.0)
-    positive.append(("on topic", topic, ", ".join((shared_recent + shared_background)[:4])))
+    return [("on topic", topic, ", ".join((shared_recent + shared_background)[:4]))], []
 
-    if profile.goal is not None:
-        fit_phrases = lexicon.GOAL_FIT[profile.goal][language]
-        fit = _hits(text, fit_phrases, language)
-        goal_points = min(len(fit), 2) * 1.5
-        positive.append((f"goal {profile.goal}", goal_points, ", ".join(fit[:2])))
-        if profile.goal == "not_at_fault":
-            cleared = text
-            for phrase in fit_phrases:  # "not your fault" must not count as blame
-                cleared = cleared.replace(phrase, " ")
-            blame = _hits(cleared, lexicon.BLAME[language], language)
-            if blame:
-                negative.append(("blame", -3.0, ", ".join(blame[:2])))
 
+def _goal_fit(text: str, profile: Profile, language: str) -> Parts:
+    """Phrases that meet the hidden goal; blame hurts a user who wants to hear it was not theirs."""
+    if profile.goal is None:
+        return [], []
+    fit_phrases = lexicon.GOAL_FIT[profile.goal][language]
+    fit = _hits(text, fit_phrases, language)
+    positive = [(f"goal {profile.goal}", min(len(fit), 2) * 1.5, ", ".join(fit[:2]))]
+    if profile.goal != "not_at_fault":
+        return positive, []
+    cleared = text
+    for phrase in fit_phrases:  # "not your fault" must not count as blame
+        cleared = cleared.replace(phrase, " ")
+    blame = _hits(cleared, lexicon.BLAME[language], language)
+    return positive, [("blame", -3.0, ", ".join(blame[:2]))] if blame else []
+
+
+def _dismissive(text: str, language: str) -> Parts:
     dismissive = _hits(text, lexicon.DISMISSIVE[language], language)
-    if dismissive:
-        negative.append(("dismissive", max(-3.0 * len(dismissive), -8.0),
-                         ", ".join(dismissive[:3])))
+    if not dismissive:
+        return [], []
+    return [], [("dismissive", max(-3.0 * len(dismissive), -8.0), ", ".join(dismissive[:3]))]
 
+
+def _form(reply: str, text: str, units: list[str], language: str,
+          history: Sequence[dict[str, str]]) -> Parts:
+    """Language, length, and repeating the previous reply."""
+    positive: list[Part] = []
+    negative: list[Part] = []
     if detect_language(reply) != language:
         negative.append(("wrong language", -3.0, ""))
     limits, n = _LENGTH[language], len(units)
@@ -151,19 +178,20 @@ def score_reply(reply: str, *, profile: Profile, language: str, difficulty: str,
     elif n > limits["ramble"]:
         negative.append(("rambling", max(-1.0 - (n - limits["ramble"]) / limits["ramble"], -4.0),
                          f"{n} units"))
-
     previous = [m["content"] for m in history if m["role"] == "assistant"]
     if previous and _trigram_similarity(text, _normalise(previous[-1])) >= 0.6:
         negative.append(("repeats the previous reply", -4.0, ""))
+    return positive, negative
 
+
+def _weigh(positive: list[Part], negative: list[Part], personality: str, difficulty: str) -> Score:
+    """Personality and difficulty weights, the baseline, and the rounded sum."""
     if difficulty == "challenging":
         positive = [(k, v if k.startswith("goal") else v / 2, e) for k, v, e in positive]
     scale = (1.25 if personality == "negative" else 1.0) * (
         1.25 if difficulty == "challenging" else 1.0)
-    negative = [(k, v * scale, e) for k, v, e in negative]
-    parts = [("baseline", -2.0, "")] + positive + negative
-    total = sum(v for _, v, _ in parts)
-    return Score(int(round(total)), tuple(parts))
+    parts = [("baseline", -2.0, "")] + positive + [(k, v * scale, e) for k, v, e in negative]
+    return Score(int(round(sum(v for _, v, _ in parts))), tuple(parts))
 
 
 # Band S is the ceiling, which ends the dialogue before any reply step: it needs no lines.
@@ -227,11 +255,11 @@ class EmbeddedBackend:
         text = _OPENINGS[state.language][state.profile.personality]
         return Utterance(text, f"embedded opening ({state.profile.personality})", text)
 
-    async def judge(self, state: DialogueState, reply: str) -> Judgement:
+    async def judge(self, state: DialogueState, reply: str) -> EmotionJudgement:
         score = score_reply(reply, profile=state.profile, language=state.language,
                             difficulty=state.difficulty, history=state.history)
         thoughts = score.explain()
-        return Judgement(score.change, thoughts, f"{thoughts}\nChange: {score.change:+d}")
+        return EmotionJudgement(score.change, thoughts, f"{thoughts}\nChange: {score.change:+d}")
 
     async def speak(self, state: DialogueState, thoughts: str) -> Utterance:
         band = state.band

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from rlver_jax.simulator.patterns import THINK_BLOCK
+
 _CHANGE_LABELS = r"change|情绪变化|变化"
 _RESPONSE_LABELS = r"response|回复|回应"
 _LEAD = r"[ \t*_#\-•·\[(（【「“\"'`]*"  # emphasis, heading, list markers, opening brackets/quotes
@@ -35,7 +37,6 @@ _RESPONSE_LINE = _label_line(_RESPONSE_LABELS)
 _ANY_LABEL = re.compile(
     rf"(?P<label>{_CHANGE_LABELS}|{_RESPONSE_LABELS})(?P<trail>{_TRAIL}){_COLON}", re.IGNORECASE
 )
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _SIGNED_INT = re.compile(r"^(?P<sign>[+\-＋－−–]?)\s*(?P<digits>\d+)")
 _VALUE_WRAPPING = " \t*_`\"'“”‘’「」『』[]【】()（）<>《》"
 _MINUS = "-－−–"
@@ -62,7 +63,7 @@ class ParsedResponse:
 
 def _final_label(text: str, pattern: re.Pattern[str], name: str) -> tuple[str, str, str]:
     """Finds the last line matching `pattern`: (text before it, its value, text after it)."""
-    lines = _THINK.sub("", text).splitlines()
+    lines = THINK_BLOCK.sub("", text).splitlines()
     for i in range(len(lines) - 1, -1, -1):
         match = pattern.match(lines[i].strip())
         if match:

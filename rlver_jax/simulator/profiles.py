@@ -25,6 +25,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from rlver_jax.simulator.patterns import CJK
+
 DEFAULT_PROFILES = pathlib.Path(__file__).parent / "data" / "profiles.jsonl"
 
 REQUIRED_FIELDS = ("id", "player", "scene", "main_cha", "cha_group", "task")
@@ -79,7 +81,6 @@ GOALS: dict[str, tuple[str, str]] = {
     ),
 }
 
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _LATIN = re.compile(r"[A-Za-z]")
 _NON_WORD = re.compile(r"[\W_]+")
 
@@ -94,7 +95,7 @@ def detect_language(text: str) -> str:
     One Chinese character carries about as much as a short English word (three letters), so
     Chinese wins when CJK characters times three reach the number of Latin letters.
     """
-    cjk = len(_CJK.findall(text))
+    cjk = len(CJK.findall(text))
     return "zh" if cjk and 3 * cjk >= len(_LATIN.findall(text)) else "en"
 
 

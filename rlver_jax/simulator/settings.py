@@ -1,0 +1,52 @@
+"""SimulatorSettings: the `config.simulator` section (configs/simulator.py) read and checked once,
+then handed to the factory, the backends and the start-up check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ml_collections import config_dict
+
+from rlver_jax.llm_client import ClientSettings
+from rlver_jax.simulator.state import EmotionRules
+from rlver_jax.simulator.templates import DIFFICULTIES, LANGUAGES
+
+BACKENDS = ("openai", "embedded")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatorSettings:
+    backend: str  # one of BACKENDS
+    client: ClientSettings  # the openai backend's endpoint
+    temperature: float  # simulator sampling temperature
+    max_tokens: int  # per simulator answer
+    malformed_retries: int  # fresh samples after an answer breaks the format; then simulator_error
+    difficulty: str  # one of templates.DIFFICULTIES
+    language: str  # "" = each profile's own, or one of templates.LANGUAGES
+    cache_dir: str  # record/replay directory for simulator answers; "" = off
+    cache_replay_only: bool  # answer only from cache_dir, never call the server
+    rules: EmotionRules
+
+    @classmethod
+    def from_config(cls, cfg: config_dict.ConfigDict) -> SimulatorSettings:
+        """Reads the section; a bad value raises ValueError naming its config.simulator field."""
+        if cfg.backend not in BACKENDS:
+            raise ValueError(f"config.simulator.backend={cfg.backend!r}: use one of {BACKENDS}")
+        if cfg.difficulty not in DIFFICULTIES:
+            raise ValueError(f"config.simulator.difficulty={cfg.difficulty!r}: use one of {DIFFICULTIES}")
+        if cfg.language not in ("",) + LANGUAGES:
+            raise ValueError(
+                f"config.simulator.language={cfg.language!r}: use '' (each profile's own), 'zh' or 'en'")
+        if cfg.cache_replay_only and not cfg.cache_dir:
+            raise ValueError("config.simulator.cache_replay_only needs config.simulator.cache_dir")
+        if cfg.malformed_retries < 0:
+            raise ValueError(f"config.simulator.malformed_retries={cfg.malformed_retries} is out of range")
+        client = ClientSettings(
+            name="simulator", flag_prefix="--config.simulator.", base_url=cfg.base_url, model=cfg.model,
+            api_key_env=cfg.api_key_env, timeout_s=cfg.timeout_s, max_concurrency=cfg.max_concurrency,
+            max_retries=cfg.max_retries, backoff_initial_s=cfg.backoff_initial_s,
+            backoff_max_s=cfg.backoff_max_s)
+        return cls(backend=cfg.backend, client=client, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                   malformed_retries=cfg.malformed_retries, difficulty=cfg.difficulty, language=cfg.language,
+                   cache_dir=cfg.cache_dir, cache_replay_only=cfg.cache_replay_only,
+                   rules=EmotionRules.from_config(cfg))

@@ -1,0 +1,197 @@
+"""The one OpenAI-compatible client against the scripted server: retries, refusals with their
+hints, timeouts; and the simulator, the policy under test and the LLM judge all go through it."""
+
+import ast
+import asyncio
+import json
+import pathlib
+import time
+
+import pytest
+
+from configs.simulator import get_simulator_config
+from rlver_jax import simulator
+from rlver_jax.eval.judge import Judge, JudgeSettings
+from rlver_jax.llm_client import ChatClient, ClientSettings, EndpointUnavailableError, check_chat_endpoint
+from rlver_jax.rollout.policy import OpenAIPolicy, TurnRequest
+from tests.scripted_server import ScriptedServer, route
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+HELLO = [{"role": "user", "content": "hello"}]
+RATING = json.dumps({"scores": {k: 4 for k in ("empathy_depth", "insight", "solution_crafting",
+                                                "dialogue_guidance", "style_adaptability")},
+                     "strategies": [["question"]]})
+
+
+def _settings(url, **overrides):
+    fields = dict(name="policy endpoint", flag_prefix="--config.policy.", base_url=url, model="served",
+                  api_key_env="TEST_KEY", timeout_s=5.0, max_concurrency=4, max_retries=3,
+                  backoff_initial_s=0.001, backoff_max_s=0.01)
+    return ClientSettings(**{**fields, **overrides})
+
+
+def _complete(settings):
+    async def run():
+        client = ChatClient(settings)
+        try:
+            return await client.complete(HELLO, temperature=0.0, max_tokens=8)
+        finally:
+            await client.aclose()
+    return asyncio.run(run())
+
+
+def test_a_500_is_retried_after_a_backoff_then_the_answer_is_used():
+    with ScriptedServer(lambda r: "hi there", fail_statuses=[500]) as server:
+        start = time.perf_counter()
+        answer = _complete(_settings(server.base_url, backoff_initial_s=0.2, backoff_max_s=1.0))
+        elapsed = time.perf_counter() - start
+        assert len(server.requests) == 2
+        assert server.requests[1]["messages"] == HELLO and server.requests[1]["model"] == "served"
+    assert (answer.text, answer.finish_reason) == ("hi there", "stop")
+    assert elapsed >= 0.5 * 0.2  # the first wait: 0.2 s scaled by a jitter in [0.5, 1]
+
+
+def test_408_409_429_and_5xx_are_retried_until_the_retries_run_out():
+    with ScriptedServer(lambda r: "ok", fail_statuses=[408, 409, 429, 502]) as server:
+        assert _complete(_settings(server.base_url, max_retries=4)).text == "ok"
+        assert len(server.requests) == 5
+    with ScriptedServer(lambda r: "ok", fail_statuses=[503] * 3) as server:
+        with pytest.raises(EndpointUnavailableError, match="policy endpoint at .* failed 3 times; last error"):
+            _complete(_settings(server.base_url, max_retries=2))
+        assert len(server.requests) == 3
+
+
+def test_a_timeout_is_retried():
+    with ScriptedServer(lambda r: "late but fine", delays=[2.0]) as server:
+        start = time.perf_counter()
+        answer = _complete(_settings(server.base_url, timeout_s=0.3))
+        assert time.perf_counter() - start < 1.5
+        assert len(server.requests) == 2
+    assert answer.text == "late but fine"
+
+
+@pytest.mark.parametrize("status,hint", [
+    (401, r"Put the key in the environment variable \$TEST_KEY \(named by --config.policy.api_key_env\)"),
+    (403, r"Put the key in the environment variable \$TEST_KEY"),
+    (404, r"Check --config.policy.model \('served'\) and --config.policy.base_url"),
+    (400, r"Check --config.policy.model \('served'\) and the API key in \$TEST_KEY"),
+])
+def test_client_errors_stop_at_once_with_the_fix(status, hint):
+    with ScriptedServer(lambda r: "never", fail_statuses=[status]) as server:
+        with pytest.raises(EndpointUnavailableError, match=f"refused the request with HTTP {status}: .*{hint}"):
+            _complete(_settings(server.base_url))
+        assert len(server.requests) == 1  # not retried
+
+
+def test_the_semaphore_bounds_requests_in_flight():
+    async def run(settings):
+        client = ChatClient(settings)
+        await asyncio.gather(*(client.complete(HELLO, temperature=0.0, max_tokens=8) for _ in range(10)))
+        await client.aclose()
+
+    with ScriptedServer(lambda r: "ok", delay_s=0.05) as server:
+        asyncio.run(run(_settings(server.base_url, max_concurrency=3)))
+        assert 2 <= server.peak_in_flight <= 3 and len(server.requests) == 10
+
+
+def test_settings_out_of_range_name_the_flag():
+    with pytest.raises(ValueError, match="--config.policy.max_concurrency=0 is out of range"):
+        _settings("http://x", max_concurrency=0)
+    with pytest.raises(ValueError, match="--config.policy.max_retries=-1 is out of range"):
+        _settings("http://x", max_retries=-1)
+
+
+def test_endpoint_check():
+    with ScriptedServer(lambda r: "ok", model="served") as server:
+        check_chat_endpoint(_settings(server.base_url))
+        with pytest.raises(EndpointUnavailableError,
+                           match=r"serves \['served'\], not --config.policy.model='other'"):
+            check_chat_endpoint(_settings(server.base_url, model="other"))
+        dead = server.base_url
+    with pytest.raises(EndpointUnavailableError,
+                       match="no server answers at --config.policy.base_url=.*Start an OpenAI-compatible server"):
+        check_chat_endpoint(_settings(dead))
+
+
+# ----------------------------------------------------------------------------- every caller uses it
+
+def test_only_the_client_module_constructs_an_openai_client():
+    constructors = {"OpenAI", "AsyncOpenAI"}
+    found = []
+    for path in sorted((REPO / "rlver_jax").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if name in constructors:
+                    found.append(path.relative_to(REPO).as_posix())
+    assert sorted(set(found)) == ["rlver_jax/llm_client.py"]
+
+
+def _simulator_turn(url, **overrides):
+    cfg = get_simulator_config()
+    cfg.update(base_url=url, backoff_initial_s=0.001, api_key_env="TEST_KEY", **overrides)
+    profile = next(p for p in simulator.load_profiles() if p.language == "en")
+
+    async def run():
+        async with simulator.build_simulator(simulator.SimulatorSettings.from_config(cfg)) as sim:
+            return await sim.respond(await sim.start(profile), "That sounds hard.")
+    return asyncio.run(run())
+
+
+def _policy_turn(url):
+    policy = OpenAIPolicy(_settings(url), temperature=0.3, max_tokens=16)
+
+    async def run():
+        try:
+            return await policy.act([TurnRequest(prompt_ids=None, messages=HELLO, max_new_tokens=8)])
+        finally:
+            await policy.aclose()
+    return asyncio.run(run())
+
+
+def _judge_rating(url):
+    judge = Judge(JudgeSettings(base_url=url, model="served", api_key_env="TEST_KEY", backoff_initial_s=0.001))
+    transcript = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+
+    async def run():
+        try:
+            return await judge.rate(transcript)
+        finally:
+            await judge.aclose()
+    return asyncio.run(run())
+
+
+def test_simulator_policy_and_judge_retry_a_500_through_the_client():
+    script = route(emotion=lambda r: "Feeling: better\nChange: +4", reply=lambda r: "Response: Thanks.")
+    with ScriptedServer(script, fail_statuses=[500]) as server:
+        state = _simulator_turn(server.base_url)
+        assert len(server.requests) == 1 + 2  # the failed emotion step, its retry, the reply step
+    assert state.emotion == 34
+
+    with ScriptedServer(lambda r: "I hear you.", fail_statuses=[500], model="served") as server:
+        [turn] = _policy_turn(server.base_url)
+        assert len(server.requests) == 2
+        assert server.requests[1]["max_tokens"] == 8 and server.requests[1]["temperature"] == 0.3
+    assert (turn.text, turn.stopped) == ("I hear you.", True)
+
+    with ScriptedServer(lambda r: RATING, fail_statuses=[500], model="served") as server:
+        record = _judge_rating(server.base_url)
+        assert len(server.requests) == 2
+    assert record["error"] is None and record["scores"]["insight"] == 4 and record["attempts"] == 1
+
+
+def test_simulator_policy_and_judge_stop_on_401_with_the_key_hint():
+    with ScriptedServer(lambda r: "x", fail_statuses=[401]) as server:
+        with pytest.raises(simulator.SimulatorUnavailableError,
+                           match=r"simulator at .*HTTP 401.*\$TEST_KEY \(named by --config.simulator.api_key_env\)"):
+            _simulator_turn(server.base_url)
+    with ScriptedServer(lambda r: "x", fail_statuses=[401]) as server:
+        with pytest.raises(EndpointUnavailableError,
+                           match=r"policy endpoint at .*HTTP 401.*\$TEST_KEY \(named by --config.policy.api_key_env\)"):
+            _policy_turn(server.base_url)
+    with ScriptedServer(lambda r: "x", fail_statuses=[401]) as server:
+        with pytest.raises(EndpointUnavailableError,
+                           match=r"judge at .*HTTP 401.*\$TEST_KEY \(named by --api_key_env\)"):
+            _judge_rating(server.base_url)
+    assert issubclass(simulator.SimulatorUnavailableError, EndpointUnavailableError)
