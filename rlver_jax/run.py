@@ -22,6 +22,7 @@ from rlver_jax.rl import trainer
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.rollout.policy import SamplingSettings
 from rlver_jax.simulator.factory import check_endpoint
+from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.profiles import Profile, load_profiles
 
 
@@ -33,6 +34,7 @@ class Run:
     rl: trainer.RLSettings
     rollout: RolloutSettings
     sampling: SamplingSettings
+    simulator: SimulatorSettings
     chat: chat.ChatTokens
     train_profiles: list[Profile]
     eval_profiles: list[Profile]
@@ -97,7 +99,8 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     sampling_settings = SamplingSettings(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                          max_new_tokens=r.max_new_tokens, cache_slots=r.cache_slots)
     train_profiles, eval_profiles = split_profiles(config)
-    check_endpoint(config.simulator)
+    simulator = SimulatorSettings.from_config(config.simulator)
+    check_endpoint(simulator)
     chat_tokens = builders.load_tokenizer(config, workdir)
 
     mesh = sharding.make_mesh(config.mesh.shape)
@@ -122,7 +125,8 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     state = trainer.init_train_state(actor, actor_opt.tx, critic, critic_tx, config.seed, shardings=state_sh)
     fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh,
                                   None if ref_params is None else actor_sh)
-    return Run(workdir=workdir, rl=rl, rollout=rollout, sampling=sampling_settings, chat=chat_tokens,
+    return Run(workdir=workdir, rl=rl, rollout=rollout, sampling=sampling_settings, simulator=simulator,
+               chat=chat_tokens,
                train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh, actor_cfg=actor_cfg,
                critic_cfg=critic_cfg, actor_opt=actor_opt, critic_opt=critic_opt, shardings=state_sh, state=state,
                ref_params=ref_params, fns=fns)

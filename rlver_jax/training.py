@@ -97,7 +97,7 @@ def _resume(config: ml_collections.ConfigDict, manager, state: trainer.TrainStat
 def _rollout_buffer(config: ml_collections.ConfigDict, run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
     """The producer of batch after batch from `start` on: batch i holds the dialogues of
     `profiles_for_step(i)`, sampled with the rollout key of step i."""
-    simulator = build_simulator(config.simulator)
+    simulator = build_simulator(run.simulator)
     policy = JaxPolicy(run.actor_cfg, run.chat, run.sampling, run.state.actor, trainer.step_keys(rng, start).rollout)
     runner = EpisodeRunner(policy, simulator, run.chat, run.rollout)
     k, n = config.rollout.profiles_per_step, config.rollout.n
@@ -148,7 +148,7 @@ def evaluate(config: ml_collections.ConfigDict, run: Run, params: Any, step: int
     rollout = dataclasses.replace(run.rollout, format_failure="continue")
 
     async def rollouts():
-        async with build_simulator(config.simulator) as sim:
+        async with build_simulator(run.simulator) as sim:
             runner = EpisodeRunner(policy, sim, run.chat, rollout)
             return await runner.run([EpisodeRequest(p, i) for i, p in enumerate(profiles)], step)
 
