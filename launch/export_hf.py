@@ -1,5 +1,6 @@
 """Export a trained policy as a Hugging Face directory (weights, config, tokenizer files) that
-transformers and SGLang load, e.g. to serve it and evaluate it with --config.policy.backend=openai.
+transformers 4.45+ and 5.x, vLLM and SGLang load, e.g. to serve it and evaluate it with
+--config.policy.backend=openai. The tokenizer files follow Qwen2.5's own release (docs/tokenizers.md).
 
   python launch/export_hf.py --checkpoint=runs/ppo_think_7b --out=exports/ppo_think_7b
   python launch/export_hf.py --checkpoint=/tmp/rlver_tiny/checkpoints/2 --out=/tmp/rlver_tiny_hf --dtype=float32

@@ -18,9 +18,18 @@ equal, with two documented exceptions.
    the newlines into one piece, which BPE may merge into one token. Our ids are what the
    policy actually sees and samples. System and user messages are encoded as one text with
    their "role\\n" header, so they agree.
-2. Content that spells a control token, such as the text "<|im_end|>", stays text here (as with
-   `apply_chat_template(..., sanitize_control_tokens=True)`); the template's default turns it
-   into the control token, letting a user or simulator utterance end a turn early.
+2. Content that spells a control token, such as the text "<|im_end|>", stays text here: the
+   template's default turns it into the control token, letting a user or simulator utterance end
+   a turn early. Control tokens are the tokenizer's special tokens (for Qwen2.5 also its
+   image/video slots); such text is tokenised as ordinary text in one pass, like tiktoken's
+   encoding without special tokens. `apply_chat_template(..., sanitize_control_tokens=True)`
+   keeps it text as well but tokenises the pieces around each spelled token apart, so with Qwen2.5
+   the ids can differ where a space or punctuation touches it (the decoded text is the same).
+Added tokens without the special flag (Qwen2.5's <tool_call>, </tool_call>, <|fim_*|>,
+<|repo_name|>, <|file_sep|>; the tiny tokenizer's <think> tags) are ordinary vocabulary: one
+token wherever their text appears, as transformers, and so any server rendering the template,
+encodes them, and decoding keeps them. Sanitising them too would make training see other ids
+than a server feeds the exported model for the same conversation (docs/tokenizers.md).
 Also note: Qwen2.5's own template inserts a default system message when a conversation has
 none; this module never does (rollouts pass the project's own system prompt).
 """
@@ -46,7 +55,8 @@ _FIX = (
 
 
 def _text_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    # split_special_tokens: text that spells a control token is encoded as plain text.
+    # split_special_tokens: text that spells a special (control) token is encoded as plain text;
+    # non-special added tokens stay one token (see the module docstring).
     return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
 

@@ -2,13 +2,14 @@
 
 Nothing is downloaded: the tokenizer is trained in well under a second on the built-in corpus
 below (short English and Chinese sentences about feelings and friendship, written for this
-project) and saved as a Hugging Face tokenizer directory that
-`transformers.AutoTokenizer.from_pretrained` loads.
+project) and saved as a Hugging Face tokenizer directory (`hf_io.save_tokenizer`) that
+`transformers.AutoTokenizer.from_pretrained` loads, in transformers 4.x and 5.x alike.
 
 Like Qwen2's tokenizer it splits text with Qwen2's pre-tokenisation regex, maps bytes to
 printable characters (ByteLevel) and decodes them back, so any Unicode text round-trips, Chinese
 and emoji included. Unlike Qwen2 it has no NFC normaliser, so even non-NFC text round-trips
-byte for byte.
+byte for byte (and its tokenizer_config.json names the generic PreTrainedTokenizerFast class, not
+Qwen2Tokenizer, whose loader in transformers 5 would add NFC).
 
 Token ids: ids 0..vocab_size-6 are the byte alphabet and the learnt merges; then the think tags
 `<think>` = vocab_size - 5 and `</think>` = vocab_size - 4 as single ordinary (non-special)
@@ -30,15 +31,10 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from rlver_jax.models.hf_io import QWEN2_SPLIT, save_tokenizer
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 THINK_TOKENS = ("<think>", "</think>")
-
-# Qwen2's pre-tokenisation split: contractions, letter runs with one optional leading
-# non-letter, single digits, punctuation runs, newline runs, and other whitespace.
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 
 # ChatML without a default system message. The `generation` block marks what the policy writes
 # (assistant content plus its closing <|im_end|>), so `apply_chat_template(...,
@@ -126,7 +122,7 @@ def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = 512) -> Path:
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
             # The split above replaces ByteLevel's GPT-2 regex, as in Qwen2.
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
@@ -156,6 +152,4 @@ def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = 512) -> Path:
         model_max_length=32768,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
-    out = Path(out_dir)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_tokenizer(tokenizer, out_dir)

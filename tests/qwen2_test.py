@@ -161,3 +161,56 @@ def test_remat_does_not_change_gradients():
     g0 = jax.grad(loss)(params, base)
     g1 = jax.grad(loss)(params, base.replace(remat="full"))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
+
+
+# --------------------------------------------------------------------------- config_from_hf: RoPE spellings
+
+_HF_CONFIG = dict(_HF_TINY, model_type="qwen2")
+
+
+def test_config_from_hf_reads_plain_rope_in_both_spellings():
+    """transformers 4 writes rope_theta; 5 writes rope_parameters (rope_theta beside it or not).
+    The reference is transformers' own Qwen2Config reading the same dict."""
+    base = {k: v for k, v in _HF_CONFIG.items() if k != "rope_theta"}
+    spellings = [
+        {"rope_theta": 5e5},
+        {"rope_theta": 5e5, "rope_scaling": None},
+        {"rope_theta": 5e5, "rope_scaling": {"rope_type": "default"}},
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}},
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}, "rope_theta": 5e5},
+        {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5}}},
+    ]
+    for extra in spellings:
+        hf = {**base, **extra}
+        assert hf_io.config_from_hf(hf).rope_theta == 5e5, extra
+        if "full_attention" not in extra.get("rope_parameters", {}):
+            assert transformers.Qwen2Config(**hf).rope_parameters["rope_theta"] == 5e5, extra
+    # Neither spelling: Qwen2's default theta, as transformers.
+    assert hf_io.config_from_hf(base).rope_theta == transformers.Qwen2Config(**base).rope_parameters["rope_theta"]
+
+
+@pytest.mark.parametrize("field", ["rope_scaling", "rope_parameters"])
+@pytest.mark.parametrize("spec", [
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},  # transformers < 4.45
+    {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+])
+def test_config_from_hf_rejects_other_rope_types(field, spec):
+    kind = spec.get("rope_type", spec.get("type"))
+    hf = {**_HF_CONFIG, field: {**spec, "rope_theta": 10000.0}}
+    with pytest.raises(hf_io.CheckpointError, match=rf"config.json: {field} has rope_type='{kind}'.*not supported"):
+        hf_io.config_from_hf(hf)
+    nested = {**_HF_CONFIG, "rope_parameters": {"full_attention": {**spec, "rope_theta": 10000.0}}}
+    with pytest.raises(hf_io.CheckpointError, match=rf"rope_parameters.full_attention has rope_type='{kind}'"):
+        hf_io.config_from_hf(nested)
+
+
+def test_config_from_hf_rejects_ambiguous_rope():
+    with pytest.raises(hf_io.CheckpointError, match=r"RoPE thetas disagree.*rope_parameters.*rope_theta"):
+        hf_io.config_from_hf({**_HF_CONFIG, "rope_theta": 1e6,
+                              "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+    with pytest.raises(hf_io.CheckpointError, match="partial_rotary_factor=0.5"):
+        hf_io.config_from_hf({**_HF_CONFIG, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                                "partial_rotary_factor": 0.5}})

@@ -1,5 +1,6 @@
 """Tests for rlver_jax.tiny_tokenizer: a locally trained Qwen2-style ChatML tokenizer."""
 
+import json
 import time
 import unicodedata
 
@@ -102,3 +103,14 @@ def test_other_vocab_sizes(tmp_path):
         build_tiny_tokenizer(tmp_path / "small", vocab_size=259)
     with pytest.raises(ValueError, match="more than the built-in corpus supports"):
         build_tiny_tokenizer(tmp_path / "huge", vocab_size=100_000)
+
+
+def test_files_read_by_transformers_4_and_5(tiny_tokenizer_dir):
+    """Written by hf_io.save_tokenizer: the generic fast class (transformers 5 would give a
+    "Qwen2Tokenizer" Qwen2's NFC normaliser, which this tokenizer lacks) and no 5-only keys."""
+    config = json.loads((tiny_tokenizer_dir / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert not config.keys() & {"backend", "extra_special_tokens", "is_local", "local_files_only"}
+    assert config["additional_special_tokens"] == ["<|im_start|>"]
+    assert {p.name for p in tiny_tokenizer_dir.iterdir()} == {
+        "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"}

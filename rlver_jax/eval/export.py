@@ -1,4 +1,5 @@
-"""A loaded policy as a Hugging Face directory that transformers and SGLang load (launch/export_hf.py)."""
+"""A loaded policy as a Hugging Face directory that transformers (4.45+ and 5.x), vLLM and SGLang load
+(launch/export_hf.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from rlver_jax.models import hf_io
 
 
 def export_hf(policy: LoadedPolicy, out: str | os.PathLike, dtype: str) -> pathlib.Path:
-    """Write config.json, safetensors weights, generation_config.json and the tokenizer files to
-    `out`, which must not exist yet. Everything is written beside it first and renamed into place
-    at the end, so `out` is either absent or complete."""
+    """Write config.json, safetensors weights, generation_config.json and the tokenizer files (in
+    the layout of Qwen2.5's release, `hf_io.save_tokenizer`) to `out`, which must not exist yet.
+    Everything is written beside it first and renamed into place at the end, so `out` is either
+    absent or complete."""
     out = pathlib.Path(out)
     if out.exists():
         raise FileExistsError(f"--out={out} exists; choose a new directory or remove it first")
@@ -23,7 +25,8 @@ def export_hf(policy: LoadedPolicy, out: str | os.PathLike, dtype: str) -> pathl
     shutil.rmtree(stage, ignore_errors=True)  # left by an export that crashed
     hf_io.save_pretrained(policy.model, policy.params, stage, dtype=dtype)
     try:
-        policy.chat.tokenizer.save_pretrained(stage)
+        # Not save_pretrained: transformers 5 writes a tokenizer_config.json that 4.x cannot read.
+        hf_io.save_tokenizer(policy.chat.tokenizer, stage)
         # A chat turn ends at <|im_end|>: generation must stop there, not only at <|endoftext|>.
         ct = policy.chat
         atomic_write_text(stage / "generation_config.json", json.dumps(

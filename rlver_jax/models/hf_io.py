@@ -1,4 +1,4 @@
-"""Read and write Hugging Face Qwen2 checkpoints (config.json + safetensors).
+"""Read and write Hugging Face Qwen2 checkpoints (config.json + safetensors) and their tokenizer files.
 
 Loading streams tensor by tensor: each Hugging Face tensor is read, converted to our layout and,
 when shardings are given, placed on the mesh with `jax.make_array_from_callback`, so every device
@@ -12,7 +12,7 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,14 +20,26 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
+from tokenizers import Tokenizer
 
+from rlver_jax.files import atomic_write_text
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.models.qwen2 import abstract_params
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 Params = Any
 _SINGLE = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+# Qwen2's pre-tokenisation split: contractions, letter runs with one optional leading
+# non-letter, single digits, punctuation runs, newline runs, and other whitespace.
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 class CheckpointError(ValueError):
@@ -51,20 +63,48 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json", **overrides) -
             num_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
             intermediate_size=hf["intermediate_size"],
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+            rope_theta=_rope_theta(hf, path),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
             initializer_range=float(hf.get("initializer_range", 0.02)))
     except KeyError as e:
         raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    scaling = hf.get("rope_scaling") or {}
-    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        raise CheckpointError(f"{path}: rope_scaling={scaling} is not supported")
     head_dim = hf.get("head_dim")
     if head_dim is not None and head_dim != fields["hidden_size"] // fields["num_heads"]:
         raise CheckpointError(f"{path}: head_dim={head_dim} differs from hidden_size/num_attention_heads")
     fields.update(overrides)
     return Qwen2Config(**fields)
+
+
+def _rope_theta(hf: dict[str, Any], path: str) -> float:
+    """The theta of plain RoPE, the only variant our model implements, from either spelling:
+    transformers 4's `rope_theta` (+ `rope_scaling`), transformers 5's `rope_parameters` (flat, or
+    one dict per layer type). Any other rope type, or thetas that disagree, is an error."""
+    specs = []  # (field name, dict)
+    for field in ("rope_scaling", "rope_parameters"):
+        value = hf.get(field) or {}
+        if not isinstance(value, dict):
+            raise CheckpointError(f"{path}: {field}={value!r} is not a dict")
+        if value and all(isinstance(v, dict) for v in value.values()):  # one dict per layer type
+            specs += [(f"{field}.{k}", v) for k, v in value.items()]
+        elif value:
+            specs.append((field, value))
+    for field, spec in specs:
+        kind = spec.get("rope_type", spec.get("type", "default"))
+        if kind != "default":
+            raise CheckpointError(
+                f"{path}: {field} has rope_type={kind!r}, which is not supported: only plain RoPE "
+                "(rope_type 'default') is implemented, and reading it as plain RoPE would give wrong positions")
+        if spec.get("partial_rotary_factor", 1.0) != 1.0:
+            raise CheckpointError(f"{path}: {field} has partial_rotary_factor={spec['partial_rotary_factor']}; "
+                                  "only full rotary embeddings (1.0) are supported")
+    thetas = {field: float(spec["rope_theta"]) for field, spec in specs if "rope_theta" in spec}
+    if "rope_theta" in hf:
+        thetas["rope_theta"] = float(hf["rope_theta"])
+    if len(set(thetas.values())) > 1:
+        raise CheckpointError(f"{path}: the RoPE thetas disagree ({thetas}); transformers 4 reads rope_theta, "
+                              "5 reads rope_parameters: make them equal")
+    return next(iter(thetas.values()), 10000.0)
 
 
 def config_to_hf(config: Qwen2Config, torch_dtype: str) -> dict[str, Any]:
@@ -312,4 +352,83 @@ def save_pretrained(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return path
+
+
+# --------------------------------------------------------------------------- tokenizer files
+
+
+def _is_qwen2_pipeline(backend: dict[str, Any]) -> bool:
+    """Whether a tokenizer.json holds exactly Qwen2's text pipeline: NFC, Qwen2's split, byte-level
+    BPE. Readers that rebuild that pipeline from the class name (transformers 5's Qwen2Tokenizer,
+    4.x's slow one) then tokenise as tokenizer.json does."""
+    pre = backend.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
+    model = backend.get("model") or {}
+    return (backend.get("normalizer") == {"type": "NFC"} and len(steps) == 2
+            and steps[0].get("type") == "Split" and steps[0].get("pattern") == {"Regex": QWEN2_SPLIT}
+            and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert")
+            and steps[1].get("type") == "ByteLevel" and not steps[1].get("add_prefix_space")
+            and not steps[1].get("use_regex")
+            and (backend.get("decoder") or {}).get("type") == "ByteLevel"
+            and model.get("type") == "BPE" and not model.get("byte_fallback"))
+
+
+def _extra_special_tokens(tokenizer: PreTrainedTokenizerFast) -> list[str]:
+    # transformers 5 keeps the list as extra_special_tokens; 4.x as additional_special_tokens (its
+    # extra_special_tokens is a dict of named tokens).
+    extra = getattr(tokenizer, "extra_special_tokens", None)
+    if not isinstance(extra, (list, tuple)):
+        extra = getattr(tokenizer, "additional_special_tokens", None) or []
+    return [str(t) for t in extra]
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, path: str | os.PathLike) -> pathlib.Path:
+    """Write a fast (tokenizers-backed) tokenizer into directory `path` in the layout of Qwen2.5's
+    own release, which transformers 4.45+ and 5.x (and the servers built on either) read alike.
+
+    Files: tokenizer.json; vocab.json + merges.txt (the same BPE, for slow-tokenizer readers);
+    tokenizer_config.json with `added_tokens_decoder`, `additional_special_tokens`, the chat
+    template, eos/pad tokens and the 4.x fields, and none of transformers 5's own (its
+    `TokenizersBackend` class, `extra_special_tokens` as a list), which 4.x cannot read. The class
+    is `Qwen2Tokenizer` when tokenizer.json holds Qwen2's exact pipeline, else the generic
+    `PreTrainedTokenizerFast`: transformers 5 rebuilds a Qwen2Tokenizer's pipeline from the class
+    (NFC and Qwen2's split), so naming another pipeline Qwen2 would change its token ids.
+    """
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_padding()
+    backend.no_truncation()
+    spec = json.loads(backend.to_str())
+    model = spec["model"]
+    if model.get("type") != "BPE":
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r}: a {model.get('type')} model, expected byte-level BPE")
+    atomic_write_text(path / "tokenizer.json", json.dumps(spec, ensure_ascii=False, indent=2) + "\n")
+    vocab = dict(sorted(model["vocab"].items(), key=lambda kv: kv[1]))
+    atomic_write_text(path / "vocab.json", json.dumps(vocab, ensure_ascii=False) + "\n")
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    atomic_write_text(path / "merges.txt", "".join(f"{m}\n" for m in ["#version: 0.2", *merges]))
+    added = {
+        str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
+        for t in spec["added_tokens"]}
+    config = {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": _extra_special_tokens(tokenizer),
+        "bos_token": tokenizer.bos_token,
+        "chat_template": tokenizer.chat_template,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": tokenizer.eos_token,
+        "errors": "replace",
+        "model_max_length": int(tokenizer.model_max_length),
+        "pad_token": tokenizer.pad_token,
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer" if _is_qwen2_pipeline(spec) else "PreTrainedTokenizerFast",
+        "unk_token": tokenizer.unk_token,
+    }
+    if config["chat_template"] is None:
+        del config["chat_template"]
+    atomic_write_text(path / "tokenizer_config.json", json.dumps(config, ensure_ascii=False, indent=2) + "\n")
     return path
