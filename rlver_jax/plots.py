@@ -39,7 +39,7 @@ def _save(fig: Figure, path: pathlib.Path) -> pathlib.Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def _color(end_reason: str) -> str:
+def end_color(end_reason: str) -> str:
     return END_COLORS.get(end_reason, "#17becf")
 
 
@@ -52,7 +52,7 @@ def emotion_trajectories(transcripts: Sequence[dict[str, Any]], path: pathlib.Pa
     ax = fig.add_subplot()
     rows = [t for t in transcripts if not t["simulator_error"] and t["emotions"]]
     for t in rows:
-        ax.plot(range(len(t["emotions"])), t["emotions"], color=_color(t["end_reason"]), alpha=0.45,
+        ax.plot(range(len(t["emotions"])), t["emotions"], color=end_color(t["end_reason"]), alpha=0.45,
                 linewidth=1.0, marker="o", markersize=2.5)
     if rows:
         width = max(len(t["emotions"]) for t in rows)
@@ -60,7 +60,7 @@ def emotion_trajectories(transcripts: Sequence[dict[str, Any]], path: pathlib.Pa
                           dtype=float)
         ax.plot(range(width), padded.mean(axis=0), color="black", linewidth=2.5, label="mean (final carried)")
         for reason in sorted({t["end_reason"] for t in rows}):
-            ax.plot([], [], color=_color(reason), label=reason)
+            ax.plot([], [], color=end_color(reason), label=reason)
         ax.legend(loc="lower left", fontsize=8, ncol=2)
     for level in levels:
         ax.axhline(level, color="grey", linestyle=":", linewidth=0.8)
@@ -78,7 +78,7 @@ def final_emotion_histogram(transcripts: Sequence[dict[str, Any]], path: pathlib
     reasons = sorted({t["end_reason"] for t in rows})
     values = [[float(np.clip(t["final_emotion"], 0, 100)) for t in rows if t["end_reason"] == r] for r in reasons]
     if rows:
-        ax.hist(values, bins=np.arange(0, 101, 10), stacked=True, color=[_color(r) for r in reasons],
+        ax.hist(values, bins=np.arange(0, 101, 10), stacked=True, color=[end_color(r) for r in reasons],
                 label=reasons, edgecolor="white")
         score = float(np.mean([t["final_emotion"] for t in rows]))
         ax.axvline(score, color="black", linestyle="--", label=f"score {score:.1f}")

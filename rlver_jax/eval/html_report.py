@@ -24,19 +24,18 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from rlver_jax.eval.plots import END_COLORS
+from rlver_jax.plots import end_color
 from rlver_jax.files import atomic_write_text, read_jsonl
 from rlver_jax.simulator.profiles import goal_kind
 
 REPORT_HTML = "report.html"
 COMPARE_HTML = "compare.html"
-_OTHER_COLOR = "#17becf"  # an end reason plots.END_COLORS does not know
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("rlver_jax.eval", "templates"),
     autoescape=True,  # every template, whatever its name: model text is untrusted
     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-_ENV.globals["color"] = lambda reason: END_COLORS.get(reason, _OTHER_COLOR)
+_ENV.globals["color"] = end_color
 # The page's one script, inline, allowed by its hash in the page's Content-Security-Policy.
 _SCRIPT = _ENV.loader.get_source(_ENV, "report.js")[0]
 _ENV.globals["script"] = markupsafe.Markup(_SCRIPT)
