@@ -64,7 +64,9 @@ def rl_settings(config: ml_collections.ConfigDict) -> trainer.RLSettings:
 
 def model_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
     m = config.model
-    return dict(param_dtype=m.param_dtype, dtype=m.dtype, scan_layers=m.scan_layers, remat=m.remat)
+    # Runs saved before model.attention existed default to "auto" (every choice gives the same model).
+    return dict(param_dtype=m.param_dtype, dtype=m.dtype, scan_layers=m.scan_layers, remat=m.remat,
+                attention=m.get("attention", "auto"))
 
 
 def load_tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat.ChatTokens:
@@ -108,7 +110,8 @@ def load_critic(config, actor_cfg: Qwen2Config, actor: Any, mesh, rules) -> tupl
     if config.critic.path:
         cfg, params = hf_io.load_pretrained(
             config.critic.path, dtype=actor_cfg.param_dtype, compute_dtype=actor_cfg.dtype,
-            scan_layers=actor_cfg.scan_layers, remat=actor_cfg.remat, value_head=True,
+            scan_layers=actor_cfg.scan_layers, remat=actor_cfg.remat, attention=actor_cfg.attention,
+            value_head=True,
             shardings=sharding.param_shardings(
                 actor_cfg.replace(value_head=True), mesh, rules))
         return cfg, params
