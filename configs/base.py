@@ -34,6 +34,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.model.dtype = "float32" if tiny else "bfloat16"  # compute dtype
     c.model.scan_layers = not tiny  # compile one layer, not 28
     c.model.remat = "none" if tiny else "full"  # recompute activations in the backward pass
+    c.model.attention = "auto"  # auto | xla | blockwise (memory ~ T) | cudnn (GPU) | splash (TPU): docs/attention.md
 
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)

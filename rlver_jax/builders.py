@@ -27,7 +27,9 @@ Params = Any
 def model_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """The Qwen2Config fields a run's `config.model` sets on top of the architecture."""
     m = config.model
-    return dict(param_dtype=m.param_dtype, dtype=m.dtype, scan_layers=m.scan_layers, remat=m.remat)
+    # .get: the config.json of runs saved before the attention field existed
+    return dict(param_dtype=m.param_dtype, dtype=m.dtype, scan_layers=m.scan_layers, remat=m.remat,
+                attention=m.get("attention", "auto"))
 
 
 def tiny_tokenizer(directory: pathlib.Path) -> chat.ChatTokens:
@@ -88,7 +90,8 @@ def load_critic(config: ml_collections.ConfigDict, critic_cfg: Qwen2Config, acto
     if config.critic.path:
         _, params = hf_io.load_pretrained(
             config.critic.path, dtype=critic_cfg.param_dtype, compute_dtype=critic_cfg.dtype,
-            scan_layers=critic_cfg.scan_layers, remat=critic_cfg.remat, value_head=True, shardings=shardings)
+            scan_layers=critic_cfg.scan_layers, remat=critic_cfg.remat, attention=critic_cfg.attention,
+            value_head=True, shardings=shardings)
         return params
     _, params = critic_from_actor(critic_cfg, actor)
     return jax.device_put(params, shardings)

@@ -6,6 +6,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from rlver_jax.models.attention import IMPLEMENTATIONS
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _REMAT = ("none", "full", "dots")
 
@@ -30,6 +32,7 @@ class Qwen2Config:
     remat: str = "none"  # none | full | dots (save only matmul outputs) per decoder layer
     scan_layers: bool = False  # one scanned layer: compile time independent of depth
     value_head: bool = False  # scalar value head on the final hidden state (PPO critic)
+    attention: str = "auto"  # cache-free attention: auto | xla | blockwise | cudnn | splash (models/attention.py)
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
@@ -41,6 +44,8 @@ class Qwen2Config:
                 raise ValueError(f"{field}={getattr(self, field)!r}; use one of {sorted(_DTYPES)}")
         if self.remat not in _REMAT:
             raise ValueError(f"remat={self.remat!r}; use one of {_REMAT}")
+        if self.attention not in IMPLEMENTATIONS:
+            raise ValueError(f"attention={self.attention!r} (config.model.attention); use one of {IMPLEMENTATIONS}")
 
     @property
     def head_dim(self) -> int:

@@ -21,10 +21,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from rlver_jax.models import attention
 from rlver_jax.models.config import Qwen2Config
 
 Params = Any  # nested dict of arrays
-_NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
 
 
 class KVCache(NamedTuple):
@@ -94,33 +94,11 @@ def rotary(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Arra
     return out.astype(x_BTNH.dtype)
 
 
-_CAUSAL_BLOCKS = 4  # query blocks of a cache-free forward (see Attention)
-
-
-def _attend(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.Array, bias_BTS: jax.Array,
-            dt) -> jax.Array:
-    """Grouped-query softmax attention of T queries over S slots (scores in fp32): [B, T, N, H].
-
-    The G x T queries of each kv head form one [G*T, H] matrix (M rows), so both matmuls are
-    plain batched matmuls over (B, K): on XLA's CPU backend this beats a [B, K, G, T, S] einsum
-    (which transposes the probabilities), in training and in cached decoding.
-    """
-    b, t, n, h = q_BTNH.shape
-    s, k = keys_BSKH.shape[1:3]
-    g = n // k
-    q_BKMH = q_BTNH.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
-    logits = jnp.einsum("BKMH,BSKH->BKMS", q_BKMH, keys_BSKH, preferred_element_type=jnp.float32)
-    logits = logits.reshape(b, k, g, t, s) * (h ** -0.5) + bias_BTS[:, None, None, :, :]
-    probs = jax.nn.softmax(logits, axis=-1).astype(dt).reshape(b, k, g * t, s)
-    out_BKMH = jnp.einsum("BKMS,BSKH->BKMH", probs, values_BSKH)
-    return out_BKMH.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
-
-
 class Attention(nn.Module):
     config: Qwen2Config
 
     @nn.compact
-    def __call__(self, x_BTD, positions_BT, bias_BTS, layer_kv, index):
+    def __call__(self, x_BTD, positions_BT, kv_mask_BS, layer_kv, index):
         cfg = self.config
         d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         dt = cfg.jnp_dtype
@@ -142,22 +120,15 @@ class Attention(nn.Module):
         kk = rotary(kk, positions_BT, cfg.rope_theta)
 
         if layer_kv is None:  # no cache: the keys are exactly the new tokens, slot = index
-            # Query block i attends to the keys of blocks 0..i only: the fully masked upper
-            # triangle is skipped (10/16 of the scores with 4 blocks). Valid queries never see
-            # the skipped slots, so their outputs are unchanged; only padding rows differ.
-            blocks = _CAUSAL_BLOCKS if t % _CAUSAL_BLOCKS == 0 else 1
-            size = t // blocks
-            out = jnp.concatenate([
-                _attend(q[:, i * size:(i + 1) * size], kk[:, :(i + 1) * size], vv[:, :(i + 1) * size],
-                        bias_BTS[:, i * size:(i + 1) * size, :(i + 1) * size], dt)
-                for i in range(blocks)], axis=1)
+            out = attention.attend(q, kk, vv, kv_mask_BS, cfg.attention)
             new_kv = None
         else:
             cache_k, cache_v = layer_kv
             keys = jax.lax.dynamic_update_slice(cache_k, kk.astype(cache_k.dtype), (0, index, 0, 0))
             values = jax.lax.dynamic_update_slice(cache_v, vv.astype(cache_v.dtype), (0, index, 0, 0))
             new_kv = (keys, values)
-            out = _attend(q, keys.astype(dt), values.astype(dt), bias_BTS, dt)
+            bias_BTS = attention.slot_bias(index + jnp.arange(t), kv_mask_BS)
+            out = attention.dense_attention(q, keys.astype(dt), values.astype(dt), bias_BTS, dt)
         return _dense(out.reshape(b * t, n, h), wo.astype(dt), in_dims=2).reshape(b, t, d), new_kv
 
 
@@ -182,9 +153,9 @@ class DecoderLayer(nn.Module):
     config: Qwen2Config
 
     @nn.compact
-    def __call__(self, x_BTD, positions_BT, bias_BTS, layer_kv, index):
+    def __call__(self, x_BTD, positions_BT, kv_mask_BS, layer_kv, index):
         attn_out, new_kv = Attention(self.config, name="attn")(
-            RMSNorm(self.config, name="input_norm")(x_BTD), positions_BT, bias_BTS, layer_kv, index)
+            RMSNorm(self.config, name="input_norm")(x_BTD), positions_BT, kv_mask_BS, layer_kv, index)
         x_BTD = x_BTD + attn_out
         x_BTD = x_BTD + MLP(self.config, name="mlp")(RMSNorm(self.config, name="post_attn_norm")(x_BTD))
         return x_BTD, new_kv
@@ -228,15 +199,15 @@ class Qwen2(nn.Module):
             self.value_bias = self.param(
                 "value_bias", nn.with_logical_partitioning(nn.initializers.zeros, ()), (), jnp.float32)
 
-    def __call__(self, input_ids_BT, positions_BT, bias_BTS, cache_kv, index):
+    def __call__(self, input_ids_BT, positions_BT, kv_mask_BS, cache_kv, index):
         x = self.embed(input_ids_BT)
         if self.config.scan_layers:
-            x, new_kv = self.layers(x, positions_BT, bias_BTS, cache_kv, index)
+            x, new_kv = self.layers(x, positions_BT, kv_mask_BS, cache_kv, index)
         else:
             new_kv = []
             for i, layer in enumerate(self.layers):
                 layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
-                x, kv = layer(x, positions_BT, bias_BTS, layer_kv, index)
+                x, kv = layer(x, positions_BT, kv_mask_BS, layer_kv, index)
                 new_kv.append(kv)
             new_kv = None if cache_kv is None else (
                 jnp.stack([kv[0] for kv in new_kv]), jnp.stack([kv[1] for kv in new_kv]))
@@ -263,8 +234,7 @@ class Qwen2(nn.Module):
 
 def _boxed_init(config: Qwen2Config, rng: jax.Array):
     ids = jnp.zeros((1, 1), jnp.int32)
-    bias = jnp.zeros((1, 1, 1), jnp.float32)
-    return Qwen2(config).init(rng, ids, ids, bias, None, 0)["params"]
+    return Qwen2(config).init(rng, ids, ids, jnp.ones((1, 1), bool), None, 0)["params"]
 
 
 def init_params(config: Qwen2Config, rng: jax.Array) -> Params:
@@ -286,13 +256,6 @@ def logical_axes(config: Qwen2Config) -> Params:
 def positions_from_mask(attention_mask_BT: jax.Array) -> jax.Array:
     """Position ids that skip left padding: 0 at each row's first real token."""
     return jnp.maximum(jnp.cumsum(attention_mask_BT.astype(jnp.int32), axis=-1) - 1, 0)
-
-
-def _slot_bias(q_slots_T: jax.Array, kv_mask_BS: jax.Array) -> jax.Array:
-    """Additive attention bias [B, T, S]: causal by slot, and only slots holding real tokens."""
-    s = kv_mask_BS.shape[-1]
-    allowed = (jnp.arange(s)[None, None, :] <= q_slots_T[None, :, None]) & kv_mask_BS[:, None, :]
-    return jnp.where(allowed, 0.0, _NEG_INF).astype(jnp.float32)
 
 
 def hidden_states(
@@ -320,12 +283,10 @@ def hidden_states(
         position_ids = positions_from_mask(attention_mask)
     model = Qwen2(config)
     if cache is None:
-        bias = _slot_bias(jnp.arange(t), attention_mask)
-        h, _ = model.apply({"params": params}, input_ids, position_ids, bias, None, 0)
+        h, _ = model.apply({"params": params}, input_ids, position_ids, attention_mask, None, 0)
         return h, None
     kv_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
-    bias = _slot_bias(cache.index + jnp.arange(t), kv_mask)
-    h, (k, v) = model.apply({"params": params}, input_ids, position_ids, bias, (cache.k, cache.v), cache.index)
+    h, (k, v) = model.apply({"params": params}, input_ids, position_ids, kv_mask, (cache.k, cache.v), cache.index)
     return h, KVCache(k=k, v=v, mask=kv_mask, index=cache.index + t)
 
 

@@ -1,0 +1,285 @@
+"""Grouped-query softmax attention: the dense form, and causal self-attention in four forms.
+
+Shape letters as in qwen2.py: B batch, T queries, S key/value slots, N query heads, K kv heads,
+G = N // K, H head dim. Masking is by slot: a query at slot q attends slot s when s <= q and slot
+s holds a real token. Outputs at padding query slots are unspecified (no NaN); callers never read
+them and give them zero cotangents.
+
+`attend` is the cache-free (training) self-attention, chosen by `config.model.attention`:
+  xla        dense scores [B, N, T, T] in fp32, split into causal query blocks (memory ~ T^2).
+  blockwise  flash-style online softmax over key blocks, in JAX, with its own backward that
+             recomputes the block scores from the saved log-sum-exp (memory ~ T, any platform).
+  cudnn      jax.nn.dot_product_attention(implementation="cudnn"): fused flash attention (GPU).
+  splash     Pallas splash attention (TPU).
+  auto       splash on TPU; cudnn on GPU for bf16/fp16 (cuDNN has no fp32 flash kernel); else
+             blockwise from AUTO_BLOCKWISE_MIN_T tokens, xla below (faster there, see
+             docs/attention.md).
+Decoding with a KV cache uses `dense_attention` with `slot_bias` (one or a few queries).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "splash")
+AUTO_BLOCKWISE_MIN_T = 4096  # "auto" off GPU/TPU: dense below this length (faster on CPU), blockwise from it
+BLOCK = 512  # blockwise: query and key block length (scores [B, N, BLOCK, BLOCK] per step)
+_CAUSAL_BLOCKS = 4  # xla: query blocks, so the fully masked upper triangle is skipped
+_SPLASH_BLOCK = 128  # splash: its default tile; T is padded to a multiple
+_PLATFORM = {"cudnn": "gpu", "splash": "tpu"}
+NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
+
+
+def slot_bias(q_slots_T: jax.Array, kv_mask_BS: jax.Array) -> jax.Array:
+    """Additive attention bias [B, T, S]: causal by slot, and only slots holding real tokens."""
+    s = kv_mask_BS.shape[-1]
+    allowed = (jnp.arange(s)[None, None, :] <= q_slots_T[None, :, None]) & kv_mask_BS[:, None, :]
+    return jnp.where(allowed, 0.0, NEG_INF).astype(jnp.float32)
+
+
+def dense_attention(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.Array,
+                    bias_BTS: jax.Array, dt) -> jax.Array:
+    """Grouped-query softmax attention of T queries over S slots (scores in fp32): [B, T, N, H].
+
+    The G x T queries of each kv head form one [G*T, H] matrix (M rows), so both matmuls are
+    plain batched matmuls over (B, K): on XLA's CPU backend this beats a [B, K, G, T, S] einsum
+    (which transposes the probabilities), in training and in cached decoding.
+    """
+    b, t, n, h = q_BTNH.shape
+    s, k = keys_BSKH.shape[1:3]
+    g = n // k
+    q_BKMH = q_BTNH.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
+    logits = jnp.einsum("BKMH,BSKH->BKMS", q_BKMH, keys_BSKH, preferred_element_type=jnp.float32)
+    logits = logits.reshape(b, k, g, t, s) * (h ** -0.5) + bias_BTS[:, None, None, :, :]
+    probs = jax.nn.softmax(logits, axis=-1).astype(dt).reshape(b, k, g * t, s)
+    out_BKMH = jnp.einsum("BKMS,BSKH->BKMH", probs, values_BSKH)
+    return out_BKMH.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def resolve(implementation: str, t: int, dtype, platform: str | None = None) -> str:
+    """The implementation `attend` runs for `implementation` at T = t on `platform`."""
+    platform = platform or jax.default_backend()
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"config.model.attention={implementation!r}; use one of {IMPLEMENTATIONS}")
+    if implementation == "auto":
+        if platform == "tpu":
+            return "splash"
+        if platform == "gpu" and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            return "cudnn"
+        return "blockwise" if t >= AUTO_BLOCKWISE_MIN_T else "xla"
+    needed = _PLATFORM.get(implementation)
+    if needed and platform != needed:
+        raise ValueError(f"config.model.attention={implementation!r} runs on {needed} only, and this run "
+                         f"is on {platform}: use 'auto', 'blockwise' or 'xla'")
+    return implementation
+
+
+def attend(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
+           implementation: str = "auto") -> jax.Array:
+    """Causal self-attention of T tokens (slot = index) with slot mask mask_BT: [B, T, N, H]."""
+    impl = resolve(implementation, q_BTNH.shape[1], q_BTNH.dtype)
+    if impl == "xla":
+        return _causal_dense(q_BTNH, k_BTKH, v_BTKH, mask_BT)
+    if impl == "blockwise":
+        return blockwise_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT)
+    if impl == "cudnn":
+        return cudnn_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT)
+    return splash_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT)
+
+
+def _causal_dense(q, k, v, mask_BT):
+    # Query block i attends to the keys of blocks 0..i only: the fully masked upper triangle is
+    # skipped (10/16 of the scores with 4 blocks). Valid queries never see the skipped slots, so
+    # their outputs are unchanged; only padding rows differ.
+    t = q.shape[1]
+    blocks = _CAUSAL_BLOCKS if t % _CAUSAL_BLOCKS == 0 else 1
+    size = t // blocks
+    return jnp.concatenate([
+        dense_attention(q[:, i * size:(i + 1) * size], k[:, :(i + 1) * size], v[:, :(i + 1) * size],
+                        slot_bias(jnp.arange(i * size, (i + 1) * size), mask_BT[:, :(i + 1) * size]),
+                        q.dtype)
+        for i in range(blocks)], axis=1)
+
+
+# ----------------------------------------------------------------------------- blockwise
+
+
+def blockwise_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
+                        block: int = BLOCK) -> jax.Array:
+    """Causal self-attention in query x key blocks of `block` tokens (T padded up to a multiple).
+
+    Query block i visits key blocks 0..i with an online softmax (running max m, sum l, output
+    accumulator, all fp32); the backward recomputes each block's probabilities from the saved
+    log-sum-exp. Live memory: q, k, v, the output and the log-sum-exp (all ~ T) plus one block
+    of scores; nothing [T, T].
+    """
+    b, t, n, h = q_BTNH.shape
+    kh = k_BTKH.shape[2]
+    size = min(block, t)
+    nb = -(-t // size)
+    pad = nb * size - t
+
+    def blocks(x, heads):  # [B, T, K(, G), H] -> [nb, B, K(, G), size, H]
+        x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2)).reshape((b, nb, size) + heads + (h,))
+        return jnp.moveaxis(x, (1, 2), (0, -2))
+
+    qb = blocks(q_BTNH.reshape(b, t, kh, n // kh, h), (kh, n // kh))
+    kb, vb = blocks(k_BTKH, (kh,)), blocks(v_BTKH, (kh,))
+    mb = jnp.pad(mask_BT.astype(bool), ((0, 0), (0, pad))).reshape(b, nb, size).transpose(1, 0, 2)
+    ob = _flash(qb, kb, vb, mb)  # [nb, B, K, G, size, H]
+    return jnp.moveaxis(ob, (0, -2), (1, 2)).reshape(b, nb * size, n, h)[:, :t]
+
+
+def _block_bias(i, j, mb):
+    """[B, 1, 1, size, size] bias of query block i against key block j."""
+    size = mb.shape[-1]
+    q_slot = i * size + jnp.arange(size)
+    k_slot = j * size + jnp.arange(size)
+    ok = (k_slot[None, :] <= q_slot[:, None])[None] & jax.lax.dynamic_index_in_dim(mb, j, keepdims=False)[:, None, :]
+    return jnp.where(ok, 0.0, NEG_INF)[:, None, None]
+
+
+def _scores(q_i, kb, mb, i, j):
+    k_j = jax.lax.dynamic_index_in_dim(kb, j, keepdims=False)
+    s = jnp.einsum("BKGqH,BKsH->BKGqs", q_i, k_j, preferred_element_type=jnp.float32)
+    return s * (q_i.shape[-1] ** -0.5) + _block_bias(i, j, mb)
+
+
+def _flash_forward(qb, kb, vb, mb):
+    f32, dt = jnp.float32, qb.dtype
+
+    def query_block(_, xs):
+        i, q_i = xs
+
+        def key_block(j, carry):
+            m, l, acc = carry
+            s = _scores(q_i, kb, mb, i, j)
+            m_new = jnp.maximum(m, s.max(-1))
+            p = jnp.exp(s - m_new[..., None])
+            corr = jnp.exp(m - m_new)
+            v_j = jax.lax.dynamic_index_in_dim(vb, j, keepdims=False)
+            pv = jnp.einsum("BKGqs,BKsH->BKGqH", p.astype(dt), v_j, preferred_element_type=f32)
+            return m_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
+
+        init = (jnp.full(q_i.shape[:-1], NEG_INF, f32), jnp.zeros(q_i.shape[:-1], f32), jnp.zeros(q_i.shape, f32))
+        m, l, acc = jax.lax.fori_loop(0, i + 1, key_block, init)  # causal: key blocks 0..i
+        return None, ((acc / l[..., None]).astype(dt), m + jnp.log(l))
+
+    _, (ob, lse) = jax.lax.scan(query_block, None, (jnp.arange(qb.shape[0]), qb))
+    return ob, lse
+
+
+@jax.custom_vjp
+def _flash(qb, kb, vb, mb):
+    return _flash_forward(qb, kb, vb, mb)[0]
+
+
+def _flash_fwd(qb, kb, vb, mb):
+    ob, lse = _flash_forward(qb, kb, vb, mb)
+    return ob, (qb, kb, vb, mb, ob, lse)
+
+
+def _flash_bwd(res, dob):
+    """FlashAttention-2's backward: p = exp(s - lse), ds = p * (dp - rowsum(do * o))."""
+    qb, kb, vb, mb, ob, lse = res
+    f32, dt = jnp.float32, qb.dtype
+    scale = qb.shape[-1] ** -0.5
+    delta = jnp.sum(dob.astype(f32) * ob.astype(f32), axis=-1)
+
+    def query_block(carry, xs):
+        i, q_i, do_i, lse_i, delta_i = xs
+
+        def key_block(j, c):
+            dq_i, dk, dv = c
+            p = jnp.exp(_scores(q_i, kb, mb, i, j) - lse_i[..., None])
+            k_j = jax.lax.dynamic_index_in_dim(kb, j, keepdims=False)
+            v_j = jax.lax.dynamic_index_in_dim(vb, j, keepdims=False)
+            dv_j = jnp.einsum("BKGqs,BKGqH->BKsH", p.astype(dt), do_i, preferred_element_type=f32)
+            dp = jnp.einsum("BKGqH,BKsH->BKGqs", do_i, v_j, preferred_element_type=f32)
+            ds = (p * (dp - delta_i[..., None])).astype(dt)
+            dq_i = dq_i + scale * jnp.einsum("BKGqs,BKsH->BKGqH", ds, k_j, preferred_element_type=f32)
+            dk_j = scale * jnp.einsum("BKGqs,BKGqH->BKsH", ds, q_i, preferred_element_type=f32)
+            return dq_i, _add_block(dk, j, dk_j), _add_block(dv, j, dv_j)
+
+        dq_i, dk, dv = jax.lax.fori_loop(0, i + 1, key_block, (jnp.zeros(q_i.shape, f32),) + carry)
+        return (dk, dv), dq_i.astype(dt)
+
+    zeros = jnp.zeros(kb.shape, f32)
+    (dk, dv), dqb = jax.lax.scan(query_block, (zeros, zeros), (jnp.arange(qb.shape[0]), qb, dob, lse, delta))
+    return dqb, dk.astype(kb.dtype), dv.astype(vb.dtype), None
+
+
+def _add_block(x, j, dx):
+    return jax.lax.dynamic_update_index_in_dim(x, jax.lax.dynamic_index_in_dim(x, j, keepdims=False) + dx, j, 0)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ----------------------------------------------------------------------------- platform kernels
+
+
+def cudnn_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
+                    implementation: str = "cudnn") -> jax.Array:
+    """cuDNN flash attention (`implementation="xla"`: jax's reference of the same call, for tests).
+
+    cuDNN masks by sequence length (real tokens first), not by an arbitrary slot mask (a mask
+    argument would become a [B, N, T, T] bias), so each row's real tokens must be contiguous: left
+    or right padding, as the trainer and sampler build them. Rows are rotated so their real tokens
+    come first, attended with a causal padding mask, and rotated back; rotary positions were
+    applied before, so the rotation changes no score.
+    """
+    t = q_BTNH.shape[1]
+    mask_BT = mask_BT.astype(bool)
+    start_B = jnp.argmax(mask_BT, axis=1)  # first real slot (0 for an all-padding row)
+    length_B = jnp.maximum(mask_BT.sum(axis=1), 1).astype(jnp.int32)  # >= 1: no empty softmax
+    front = (jnp.arange(t)[None, :] + start_B[:, None]) % t  # rotated slot -> original slot
+    back = (jnp.arange(t)[None, :] - start_B[:, None]) % t
+
+    def rotate(x, index):
+        return jnp.take_along_axis(x, index[:, :, None, None], axis=1)
+
+    out = jax.nn.dot_product_attention(
+        rotate(q_BTNH, front), rotate(k_BTKH, front), rotate(v_BTKH, front), is_causal=True,
+        query_seq_lengths=length_B, key_value_seq_lengths=length_B, implementation=implementation)
+    # Padding rows are zeroed: a NaN there would reach later layers' keys through 0 * NaN.
+    return jnp.where(mask_BT[:, :, None, None], rotate(out, back), 0).astype(q_BTNH.dtype)
+
+
+def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
+                     interpret: bool = False) -> jax.Array:
+    """Pallas splash attention (TPU; `interpret=True` runs the kernel on CPU, for tests).
+
+    The slot mask becomes segment ids (1 real, 0 padding) and-ed with a causal mask, so any mask
+    is exact, and every query attends at least itself. The kernel takes one sequence; it is
+    vmapped over the batch, and inside a mesh context (`jax.set_mesh`) shard_mapped with the
+    batch over ('data', 'fsdp') and heads over 'tensor' (a pallas_call is not partitioned by XLA).
+    """
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    b, t, n, h = q_BTNH.shape
+    kh = k_BTKH.shape[2]
+    tp = -(-t // _SPLASH_BLOCK) * _SPLASH_BLOCK
+
+    def heads_first(x):  # [B, T, heads, H] -> [B, heads, Tp, H]
+        return jnp.pad(x, ((0, 0), (0, tp - t), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+
+    def run(q, k, v, seg):  # one shard: [b, n, Tp, H], [b, kh, Tp, H], [b, Tp]
+        mask = sm.MultiHeadMask([sm.CausalMask((tp, tp))] * q.shape[1])
+        kernel = sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1, interpret=interpret)
+        return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=sk.SegmentIds(s, s)))(q, k, v, seg)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+        batch = tuple(a for a in ("data", "fsdp") if a in sizes)
+        tensor = sizes.get("tensor", 1)
+        heads = "tensor" if tensor > 1 and n % tensor == 0 and kh % tensor == 0 else None
+        spec = P(batch, heads)
+        run = jax.shard_map(run, in_specs=(spec, spec, spec, P(batch)), out_specs=spec, check_vma=False)
+    seg = jnp.pad(mask_BT.astype(jnp.int32), ((0, 0), (0, tp - t)))
+    out = run(heads_first(q_BTNH * (h ** -0.5)), heads_first(k_BTKH), heads_first(v_BTKH), seg)
+    return out.transpose(0, 2, 1, 3)[:, :t].astype(q_BTNH.dtype)

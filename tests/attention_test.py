@@ -1,0 +1,158 @@
+"""Attention implementations against a plain softmax attention written here: values and
+gradients at odd lengths, left/right padding, grouped-query heads, fp32 and bf16; the choice of
+implementation; the memory growth of the blockwise backward; the whole model with each path."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlver_jax.models import attention, qwen2
+from rlver_jax.models.config import Qwen2Config, get_preset
+
+
+def reference(q, k, v, mask):
+    """Causal-by-slot softmax attention over real slots, kv heads repeated: [B, T, N, H] (fp32)."""
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    t, n, h = q.shape[1:]
+    g = n // k.shape[2]
+    k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+    s = jnp.einsum("btnh,bsnh->bnts", q, k, precision="highest") / np.sqrt(h)
+    ok = jnp.tril(jnp.ones((t, t), bool))[None, None] & mask[:, None, None, :]
+    p = jax.nn.softmax(jnp.where(ok, s, -1e30), axis=-1)  # finite: an all-padding row gives no NaN
+    return jnp.einsum("bnts,bsnh->btnh", p, v, precision="highest")
+
+
+def padded_mask(t: int) -> np.ndarray:
+    """Rows: no padding, left padding (3), right padding (6), all padding."""
+    slots = np.arange(t)
+    return np.stack([slots >= 0, slots >= 3, slots < t - 6, slots < 0])
+
+
+def make_inputs(t, n, k, h, dtype=jnp.float32, seed=0):
+    keys = jax.random.split(jax.random.key(seed), 4)
+    mask = padded_mask(t)
+    b = len(mask)
+    q = jax.random.normal(keys[0], (b, t, n, h)).astype(dtype)
+    kk = jax.random.normal(keys[1], (b, t, k, h)).astype(dtype)
+    v = jax.random.normal(keys[2], (b, t, k, h)).astype(dtype)
+    # Cotangent of the outputs: random at real query slots, zero at padding ones (as in the model).
+    w = jax.random.normal(keys[3], (b, t, n, h)) * mask[:, :, None, None]
+    return q, kk, v, jnp.asarray(mask), w
+
+
+def values_and_grads(fn, q, k, v, mask, w):
+    @jax.jit
+    def run(q, k, v, mask, w):
+        def loss(q, k, v):
+            out = fn(q, k, v, mask)
+            return jnp.sum(out.astype(jnp.float32) * w), out
+        return jax.grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)[::-1]
+    return run(q, k, v, mask, w)
+
+
+def max_errors(fn, q, k, v, mask, w):
+    """Max |fn - reference| over real query slots, then over d/dq, d/dk, d/dv."""
+    out, grads = values_and_grads(fn, q, k, v, mask, w)
+    ref_out, ref_grads = values_and_grads(reference, q, k, v, mask, w)
+    real = np.asarray(mask)
+    errs = [np.abs(np.asarray(out, np.float32) - np.asarray(ref_out))[real].max()]
+    errs += [np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max() for a, b in zip(grads, ref_grads)]
+    return errs
+
+
+_PATHS = {
+    "xla": lambda q, k, v, m: attention.attend(q, k, v, m, "xla"),
+    # Block 8: T = 37 is 4 full blocks and a partial one, T = 48 six full blocks.
+    "blockwise": lambda q, k, v, m: attention.blockwise_attention(q, k, v, m, block=8),
+    "blockwise_one_block": lambda q, k, v, m: attention.blockwise_attention(q, k, v, m, block=64),
+    # The cuDNN call's row rotation and length masks, through jax's XLA version of the same call.
+    "cudnn_layout": lambda q, k, v, m: attention.cudnn_attention(q, k, v, m, implementation="xla"),
+}
+
+
+@pytest.mark.parametrize("path", sorted(_PATHS))
+@pytest.mark.parametrize("t,n,k", [(37, 6, 2), (48, 4, 4)])
+def test_fp32_values_and_grads_match_reference(path, t, n, k):
+    errs = max_errors(_PATHS[path], *make_inputs(t, n, k, 8))
+    assert max(errs) < 1e-5, errs
+
+
+@pytest.mark.parametrize("path", ["blockwise", "cudnn_layout"])
+def test_bf16_within_bf16_precision(path):
+    """bf16 inputs: errors against the fp32 reference of the same (rounded) inputs are of the
+    order of today's dense attention in bf16, and absolutely small."""
+    inputs = make_inputs(37, 6, 2, 16, jnp.bfloat16)
+    errs, dense_errs = max_errors(_PATHS[path], *inputs), max_errors(_PATHS["xla"], *inputs)
+    assert max(errs) < 0.05, errs
+    assert all(e <= 2 * d + 4e-3 for e, d in zip(errs, dense_errs)), (errs, dense_errs)
+
+
+def test_splash_kernel_matches_reference_in_interpret_mode():
+    """The Pallas kernel (interpreted on CPU) with its segment ids, padding to the 128 tile and,
+    inside a mesh context, its shard_map over batch and heads."""
+    inputs = make_inputs(150, 4, 2, 8)
+    fn = lambda q, k, v, m: attention.splash_attention(q, k, v, m, interpret=True)  # noqa: E731
+    assert max(max_errors(fn, *inputs)) < 1e-5
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    with jax.set_mesh(mesh):
+        errs = max_errors(fn, *inputs)
+    assert max(errs) < 1e-5, errs
+
+
+def test_choice_of_implementation():
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    assert attention.resolve("auto", 100, bf16, "tpu") == "splash"
+    assert attention.resolve("auto", 100, bf16, "gpu") == "cudnn"
+    assert attention.resolve("auto", 100, f32, "gpu") == "xla"  # cuDNN has no fp32 flash kernel
+    assert attention.resolve("auto", attention.AUTO_BLOCKWISE_MIN_T - 1, f32, "cpu") == "xla"
+    assert attention.resolve("auto", attention.AUTO_BLOCKWISE_MIN_T, f32, "cpu") == "blockwise"
+    assert attention.resolve("blockwise", 10, f32, "tpu") == "blockwise"
+    for impl, platform in [("cudnn", "cpu"), ("cudnn", "tpu"), ("splash", "cpu"), ("splash", "gpu")]:
+        with pytest.raises(ValueError, match=f"config.model.attention='{impl}' runs on"):
+            attention.resolve(impl, 10, bf16, platform)
+    q, k, v, mask, _ = make_inputs(5, 2, 1, 8)
+    with pytest.raises(ValueError, match="config.model.attention='cudnn'"):
+        attention.attend(q, k, v, mask, "cudnn")  # the tests run on CPU
+    with pytest.raises(ValueError, match="config.model.attention"):
+        get_preset("tiny", attention="flash")
+
+
+def _grad_temp_bytes(impl: str, t: int) -> int:
+    """Temporaries of the compiled forward + backward of one attention call (1 row, 4 heads)."""
+    q = jax.ShapeDtypeStruct((1, t, 4, 64), jnp.float32)
+    kv = jax.ShapeDtypeStruct((1, t, 2, 64), jnp.float32)
+    mask = jax.ShapeDtypeStruct((1, t), bool)
+    loss = lambda q, k, v, m: jnp.sum(attention.attend(q, k, v, m, impl))  # noqa: E731
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv, mask).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_blockwise_memory_grows_linearly_and_dense_quadratically():
+    """4x the tokens: xla's temporaries grow ~16x (T^2 scores), blockwise's at most 4x."""
+    xla = _grad_temp_bytes("xla", 4096) / _grad_temp_bytes("xla", 1024)
+    blockwise = _grad_temp_bytes("blockwise", 4096) / _grad_temp_bytes("blockwise", 1024)
+    assert xla > 12 and blockwise < 4.5, (xla, blockwise)
+
+
+def test_model_logits_and_gradients_equal_across_paths():
+    """The tiny model (scanned, remat) at T = 1100 (three 512-token blocks, the last partial) on
+    left- and right-padded rows: log-probs at real tokens and the gradient of a masked loss,
+    blockwise against xla (fp32)."""
+    base: Qwen2Config = get_preset("tiny", scan_layers=True, remat="full")
+    params = qwen2.init_params(base, jax.random.key(0))
+    t = 1100
+    mask = jnp.asarray(padded_mask(t)[1:3])
+    ids = jax.random.randint(jax.random.key(1), mask.shape, 0, base.vocab_size)
+
+    def loss(p, cfg):
+        logp = jax.nn.log_softmax(qwen2.forward(cfg, p, ids, mask))
+        return jnp.sum(logp[..., 0] * mask) / mask.sum(), logp
+
+    run = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+    (l0, logp0), g0 = run(params, base.replace(attention="xla"))
+    (l1, logp1), g1 = run(params, base.replace(attention="blockwise"))
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(logp1)[real], np.asarray(logp0)[real], atol=1e-5)
+    np.testing.assert_allclose(l1, l0, atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g1, g0)
