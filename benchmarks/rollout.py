@@ -41,13 +41,15 @@ from absl import app, flags  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
 from rlver_jax import chat, sampling  # noqa: E402
+from rlver_jax.buckets import LENGTH_BUCKETS, bucket  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings  # noqa: E402
-from rlver_jax.rollout.policy import LENGTH_BUCKETS, JaxPolicy, PolicyTurn, SamplingSettings, TurnRequest  # noqa: E402,E501
+from rlver_jax.rollout.policy import JaxPolicy, PolicyTurn, TurnRequest  # noqa: E402
 from rlver_jax.rollout.prompts import system_prompt  # noqa: E402
 from rlver_jax.rollout.sequence import DialogueSequence  # noqa: E402
-from rlver_jax.simulator.factory import build_simulator  # noqa: E402
+from rlver_jax.sampling import SamplingSettings  # noqa: E402
+from rlver_jax.simulator import SimulatorSettings, build_simulator  # noqa: E402
 from rlver_jax.simulator.profiles import load_profiles  # noqa: E402
 from rlver_jax.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 from tests.scripted_server import ScriptedServer, route  # noqa: E402
@@ -157,22 +159,22 @@ def length_buckets(chat_tokens: chat.ChatTokens, requests: Sequence[EpisodeReque
               for r in requests]
     per_turn = (max_new_tokens + 1 + len(chat_tokens.newline)
                 + len(chat.encode_message(chat_tokens, "user", _USER_LINE)[0]) + header)
-    first = sampling.bucket(min(firsts), LENGTH_BUCKETS)
-    last = sampling.bucket(max(firsts) + (turns - 1) * per_turn, LENGTH_BUCKETS)
+    first = bucket(min(firsts), LENGTH_BUCKETS)
+    last = bucket(max(firsts) + (turns - 1) * per_turn, LENGTH_BUCKETS)
     return [b for b in LENGTH_BUCKETS if first <= b <= last]
 
 
 async def precompile(policy: JaxPolicy, batch_sizes: set[int], lengths: Sequence[int], pad_id: int) -> None:
     """Traces the generation program of every (batch, prompt length) bucket the timed runs can hit
-    (JaxPolicy pads prompts to rollout.policy.LENGTH_BUCKETS)."""
-    for b in sorted({sampling.bucket(n, None) for n in batch_sizes}):
+    (JaxPolicy pads prompts to buckets.LENGTH_BUCKETS)."""
+    for b in sorted({bucket(n, None) for n in batch_sizes}):
         for length in lengths:
             await policy.act([TurnRequest([pad_id] * length, [], policy.settings.max_new_tokens)] * b)
 
 
 async def benchmark(runner: EpisodeRunner, seq_runner: EpisodeRunner, requests: list[EpisodeRequest],
                     groups: list[int], server: ScriptedServer) -> tuple[list[Timing], Timing]:
-    policy, chat_tokens, turns = runner.policy, runner.chat, _TURNS.value
+    policy, chat_tokens, turns = runner.policy, runner.policy.chat, _TURNS.value
     # Spread over the whole list, so that the subset mixes profiles (languages, prompt lengths).
     n_seq = min(_SEQUENTIAL.value or len(requests), len(requests))
     seq_requests = [requests[i] for i in np.linspace(0, len(requests) - 1, n_seq).round().astype(int)]
@@ -249,7 +251,7 @@ def main(argv: Sequence[str]) -> None:
     with ScriptedServer(script) as server:
         sim_cfg = get_simulator_config()
         sim_cfg.update(backend="openai", base_url=server.base_url, max_turns=_TURNS.value, max_concurrency=64)
-        simulator = build_simulator(sim_cfg)
+        simulator = build_simulator(SimulatorSettings.from_config(sim_cfg))
         # format_failure=continue: an empty random reply must not end a dialogue early.
         settings = RolloutSettings(think=False, max_new_tokens=_MAX_NEW_TOKENS.value, max_total_tokens=8192,
                                    format_failure="continue")

@@ -6,32 +6,17 @@ from __future__ import annotations
 import math
 import pathlib
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 
+from rlver_jax import tracking
 from rlver_jax.files import append_jsonl
 from rlver_jax.rollout.sequence import DialogueSequence
 
 # The metrics the progress bar shows, when logged.
 PROGRESS_KEYS = ("reward_mean", "emotion_mean", "success_rate", "failure_rate", "entropy", "tokens_per_second")
-
-
-def rollout_metrics(seqs: list[DialogueSequence]) -> dict[str, float]:
-    """Rewards, emotions and outcome rates of a batch's dialogues; those the simulator failed on
-    are left out of the reward and outcome means."""
-    n = max(len(seqs), 1)
-    scored = [s for s in seqs if not s.simulator_error]
-    m = max(len(scored), 1)
-    return {
-        "reward_mean": sum(s.reward for s in scored) / m,
-        "emotion_mean": sum(s.final_emotion for s in scored) / m,
-        "success_rate": sum(s.end_reason == "success" for s in scored) / m,
-        "failure_rate": sum(s.end_reason == "failure" for s in scored) / m,
-        "format_failure_rate": sum(s.format_failure for s in seqs) / n,
-        "truncated_rate": sum(s.truncated for s in seqs) / n,
-        "simulator_errors": float(len(seqs) - len(scored)),
-        "turns_mean": sum(len(s.turn_ends) for s in seqs) / n,
-        "sequence_tokens_mean": sum(len(s.tokens) for s in seqs) / n,
-    }
 
 
 def throughput_metrics(tokens: float, rollout_s: float, update_s: float, wait_s: float) -> dict[str, float]:
@@ -49,10 +34,13 @@ def check_finite(step: int, metrics: dict[str, float]) -> None:
 
 
 class Writers:
-    """metrics.jsonl (appended and flushed every step), TensorBoard events and the progress bar;
-    process 0 writes, the others do nothing."""
+    """metrics.jsonl (appended and flushed every step), TensorBoard events, the progress bar and,
+    when `tracking` is on, Weights & Biases (metrics every step, a table of the batch's dialogues
+    every `table_every` steps); process 0 writes, the others do nothing."""
 
-    def __init__(self, workdir: pathlib.Path, *, start: int, total: int, progress: bool = True):
+    def __init__(self, workdir: pathlib.Path, *, start: int, total: int, progress: bool = True,
+                 tracking_settings: tracking.TrackingSettings | None = None,
+                 config: dict[str, Any] | None = None, table_every: int = 0):
         from tensorboardX import SummaryWriter
         from tqdm import tqdm
 
@@ -61,8 +49,11 @@ class Writers:
         self.tb = SummaryWriter(str(workdir / "tensorboard")) if self.writes else None
         self.bar = tqdm(total=total, initial=start, disable=not progress or not self.writes, desc="train",
                         dynamic_ncols=True)
+        self.tracker = (tracking.WandbLogger.create(tracking_settings, config)
+                        if self.writes and tracking_settings is not None else None)
+        self.table_every = table_every
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
+    def write(self, step: int, metrics: dict[str, float], dialogues: Sequence[DialogueSequence] = ()) -> None:
         self.bar.update(1)
         self.bar.set_postfix({k: f"{metrics[k]:.3g}" for k in PROGRESS_KEYS if k in metrics}, refresh=False)
         if not self.writes:
@@ -72,8 +63,14 @@ class Writers:
             if isinstance(v, (int, float)) and math.isfinite(v):
                 self.tb.add_scalar(k, v, step)
         self.tb.flush()
+        if self.tracker is not None:
+            self.tracker.log(step, metrics)
+            if dialogues and self.table_every and (step + 1) % self.table_every == 0:
+                self.tracker.log_transcripts(step, [{**d.to_record(), "reward": d.reward} for d in dialogues])
 
     def close(self) -> None:
         self.bar.close()
         if self.tb is not None:
             self.tb.close()
+        if self.tracker is not None:
+            self.tracker.close()

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
-from rlver_jax import builders, chat, sharding
+from rlver_jax import builders, chat, sharding, tracking
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import trainer
 from rlver_jax.rollout.episodes import RolloutSettings
@@ -35,6 +35,7 @@ class Run:
     rollout: RolloutSettings
     sampling: SamplingSettings
     simulator: SimulatorSettings
+    tracking: tracking.TrackingSettings  # Weights & Biases (off unless config.train.wandb_project)
     chat: chat.ChatTokens
     train_profiles: list[Profile]
     eval_profiles: list[Profile]
@@ -100,6 +101,7 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
                                          max_new_tokens=r.max_new_tokens, cache_slots=r.cache_slots)
     train_profiles, eval_profiles = split_profiles(config)
     simulator = SimulatorSettings.from_config(config.simulator)
+    tracking_settings = tracking.TrackingSettings.from_config(config)
     check_endpoint(simulator)
     chat_tokens = builders.load_tokenizer(config, workdir)
 
@@ -126,7 +128,7 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh,
                                   None if ref_params is None else actor_sh)
     return Run(workdir=workdir, rl=rl, rollout=rollout, sampling=sampling_settings, simulator=simulator,
-               chat=chat_tokens,
+               tracking=tracking_settings, chat=chat_tokens,
                train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh, actor_cfg=actor_cfg,
                critic_cfg=critic_cfg, actor_opt=actor_opt, critic_opt=critic_opt, shardings=state_sh, state=state,
                ref_params=ref_params, fns=fns)

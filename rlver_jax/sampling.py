@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlver_jax.buckets import MIN_PROMPT_BUCKET, bucket
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 
 Params = qwen2.Params
 _BLOCK = 128  # W: vocabulary block of the inverse-CDF draw
-_MIN_LENGTH_BUCKET = 16  # power-of-two prompt buckets start here: tiny prompts share one program
 
 
 class Generation(NamedTuple):
@@ -53,14 +53,22 @@ class Generation(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-    """Static settings of one compiled generation program (hashable)."""
+    """How a policy samples its turns; hashable, the static settings of a compiled generation program.
 
-    max_new_tokens: int
+    stop_ids and pad_id come from the tokenizer: rollout.policy.JaxPolicy fills them in.
+    """
+
+    max_new_tokens: int = 512  # static per compile; requests may ask for fewer
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0  # 1: off
     top_k: int = 0  # 0: off
     stop_ids: tuple[int, ...] = ()
     pad_id: int = 0
+    # Multi-turn rollouts: at most this many KV-cache slots kept per dialogue between turns (0:
+    # re-encode the whole history every turn; see rollout.kv_sessions). Reuse makes a turn's prefill
+    # cost its new tokens only; the cache grows with the dialogue up to this bound, which must hold a
+    # whole dialogue plus one turn's padding, e.g. 2 x max_total_tokens.
+    cache_slots: int = 0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -71,22 +79,28 @@ class SamplingSettings:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k} must be >= 0 (0 is off)")
+        if self.cache_slots < 0:
+            raise ValueError(f"cache_slots={self.cache_slots} must be >= 0 (0 is off)")
 
 
-def bucket(n: int, buckets: Sequence[int] | None, minimum: int = 1) -> int:
-    """The smallest bucket >= n: from the sorted list `buckets`, or a power of two >= minimum."""
-    if buckets is None:
-        return max(minimum, 1 << max(n - 1, 0).bit_length())
-    fitting = [b for b in sorted(buckets) if b >= n]
-    if not fitting:
-        raise ValueError(f"size {n} exceeds the largest bucket {max(buckets)}; add a larger bucket")
-    return fitting[0]
+def pad_left(rows: Sequence[Sequence[int]], length: int, pad_id: int,
+             batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows left-padded to int32 ids [batch, length] and a bool mask of the real tokens;
+    rows past len(rows) (batch defaults to it) are all padding."""
+    batch = len(rows) if batch is None else batch
+    ids = np.full((batch, length), pad_id, np.int32)
+    mask = np.zeros((batch, length), bool)
+    for b, row in enumerate(rows):
+        if len(row):
+            ids[b, length - len(row):] = row
+            mask[b, length - len(row):] = True
+    return ids, mask
 
 
 def kv_cache_bytes(config: Qwen2Config, prompt_length: int, max_new_tokens: int,
                    length_buckets: Sequence[int] | None = None) -> int:
     """KV-cache bytes per sequence that `generate` allocates for prompts of this length."""
-    slots = bucket(prompt_length, length_buckets, _MIN_LENGTH_BUCKET) + max_new_tokens
+    slots = bucket(prompt_length, length_buckets, MIN_PROMPT_BUCKET) + max_new_tokens
     per_slot = 2 * config.num_layers * config.num_kv_heads * config.head_dim * jnp.dtype(config.jnp_dtype).itemsize
     return slots * per_slot
 
@@ -135,11 +149,8 @@ def generate(
         raise ValueError("prompt_mask must be left-padded: each row's real tokens end at the last column")
     b, t = ids.shape
     bb = bucket(b, batch_buckets)
-    tb = bucket(t, length_buckets, _MIN_LENGTH_BUCKET)
-    ids_BP = np.full((bb, tb), settings.pad_id, np.int32)
-    mask_BP = np.zeros((bb, tb), bool)
-    ids_BP[:b, tb - t:] = ids
-    mask_BP[:b, tb - t:] = mask
+    ids_BP, mask_BP = pad_left([row[m] for row, m in zip(ids, mask)], bucket(t, length_buckets, MIN_PROMPT_BUCKET),
+                               settings.pad_id, bb)
     out = _generate_jit(config, settings, params, ids_BP, mask_BP, rng)
     return out if bb == b else jax.tree.map(lambda x: x[:b], out)
 

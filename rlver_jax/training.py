@@ -21,8 +21,7 @@ import ml_collections
 import numpy as np
 
 from rlver_jax import checkpoint
-from rlver_jax.eval.sentient import summarize
-from rlver_jax.metrics import Writers, check_finite, rollout_metrics, throughput_metrics
+from rlver_jax.metrics import Writers, check_finite, throughput_metrics
 from rlver_jax.plots import training_curves
 from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import TrainBatch, collate
@@ -30,6 +29,7 @@ from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.rollout.summary import rollout_metrics, summarize
 from rlver_jax.rollout.transcripts import write_transcripts
 from rlver_jax.run import Run, build_run
 from rlver_jax.simulator.factory import build_simulator
@@ -46,7 +46,8 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
     state, start = _resume(config, manager, run.state)
     rng = jax.device_get(state.rng)  # a host copy of the run key: every update donates state.rng
     buffer = _rollout_buffer(config, run, rng, start)
-    writers = Writers(run.workdir, start=start, total=config.train.steps, progress=progress)
+    writers = Writers(run.workdir, start=start, total=config.train.steps, progress=progress,
+                      tracking_settings=run.tracking, config=config.to_dict(), table_every=config.train.eval_every)
     buffer.publish(start, state.actor)
     metrics: dict[str, float] = {}
     try:
@@ -68,7 +69,7 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
                 write_transcripts(run.workdir / "transcripts", step, batch.sequences)
             if config.train.eval_every and run.eval_profiles and (step + 1) % config.train.eval_every == 0:
                 metrics.update(evaluate(config, run, state.actor, step, trainer.step_keys(rng, step).eval))
-            writers.write(step, metrics)
+            writers.write(step, metrics, batch.sequences)
             checkpoint.save(manager, step + 1, state, {"step": step + 1, "seed": config.seed},
                             force=step + 1 == config.train.steps)
     except KeyboardInterrupt:
@@ -156,7 +157,6 @@ def evaluate(config: ml_collections.ConfigDict, run: Run, params: Any, step: int
     if jax.process_index() == 0:
         write_transcripts(run.workdir / "transcripts", step, seqs, prefix="eval")
     s = summarize(seqs)
-    n = max(s["n"], 1)
-    return {"eval_score": s["score"], "eval_success_rate": s["success"] / n,
-            "eval_failure_rate": s["failure"] / n, "eval_mean_turns": s["mean_turns"],
-            "eval_simulator_errors": float(s["simulator_errors"])}
+    n = max(s.scored, 1)
+    return {"eval_score": s.score, "eval_success_rate": s.success / n, "eval_failure_rate": s.failure / n,
+            "eval_mean_turns": s.scored_turns, "eval_simulator_errors": float(s.simulator_errors)}

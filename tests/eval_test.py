@@ -13,13 +13,15 @@ import pytest
 from configs.eval import get_config
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.eval.compare import compare_runs
-from rlver_jax.eval.sentient import summarize_transcripts
+from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import read_jsonl
 from rlver_jax.llm_client import EndpointUnavailableError
+from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import GOALS
 from tests.conftest import REPO
 from tests.export_test import make_run
 from tests.scripted_server import Reply, ScriptedServer, route
+from tests.summary_test import DIALOGUES
 
 # Per profile, the emotion change the simulated user gives each judged reply, and the reply turn
 # after which the user says goodbye. From 40 under the SAGE rules (end at 100, below 10, after 10
@@ -111,6 +113,18 @@ def _config_urls(workdir, policy_url, simulator_url, profiles, **overrides):
         section, field = key.split(".")
         c[section][field] = value
     return c
+
+
+def test_sentient_scores_of_crafted_dialogues():
+    # DIALOGUES: A success at 100 (2 turns), B failure at 0 (2), C 40 (3), D simulator error (1), E 60 (1).
+    s = summarize(DIALOGUES)
+    assert {k: v for k, v in s.items() if k != "per_profile"} == {
+        "score": 50.0, "success": 1, "failure": 1, "n": 4, "simulator_errors": 1, "mean_turns": 2.0}
+    assert s["per_profile"][3] == {"id": "D", "final_emotion": 55, "turns": 1, "end_reason": "simulator_error"}
+    groups = breakdown(DIALOGUES, lambda d: "long" if len(d.turns) > 1 else "short")
+    assert groups == [
+        {"group": "long", "n": 3, "score": pytest.approx(140 / 3), "success": 1, "failure": 1, "simulator_errors": 0},
+        {"group": "short", "n": 1, "score": 60.0, "success": 0, "failure": 0, "simulator_errors": 1}]
 
 
 def test_scores_equal_hand_computed_values(tmp_path):
@@ -264,4 +278,5 @@ def test_command_line_contract(tmp_path):
     assert "score 49.8  success 1  failure 1  n 4" in done.stdout
     saved = json.loads((tmp_path / "dir" / "sentient.json").read_text())
     assert set(saved) >= {"score", "success", "failure", "n", "simulator_errors", "per_profile"}
-    assert summarize_transcripts(read_jsonl(tmp_path / "dir" / "transcripts.jsonl"))["score"] == saved["score"]
+    dialogues = [DialogueSequence.from_record(t) for t in read_jsonl(tmp_path / "dir" / "transcripts.jsonl")]
+    assert summarize(dialogues)["score"] == saved["score"]

@@ -24,7 +24,6 @@ and this module's contents.
 
 import base64
 import hashlib
-import importlib.resources
 import os
 import pathlib
 import tempfile

@@ -1,7 +1,6 @@
 """Multi-turn rollouts: exact token assembly, masks, log-probs, think-then-say, the async buffer."""
 
 import asyncio
-import time
 
 import jax
 import jax.numpy as jnp
@@ -10,14 +9,14 @@ import pytest
 
 from configs.simulator import get_simulator_config
 from rlver_jax import chat, sampling
+from rlver_jax.sampling import SamplingSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl.batch import collate
-from rlver_jax.rl.trainer import token_logprobs
-from rlver_jax.rollout.buffer import RolloutBuffer
+from rlver_jax.rl.logprobs import token_logprobs
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
-from rlver_jax.rollout.policy import JaxPolicy, PolicyTurn, SamplingSettings
-from rlver_jax.simulator.factory import build_simulator
+from rlver_jax.rollout.policy import JaxPolicy, PolicyTurn
+from rlver_jax.simulator import SimulatorSettings, build_simulator
 from rlver_jax.simulator.profiles import load_profiles
 from tests.scripted_server import ScriptedServer, route
 
@@ -31,7 +30,7 @@ def embedded_simulator(**overrides):
     cfg = get_simulator_config()
     cfg.backend = "embedded"
     cfg.update(overrides)
-    return build_simulator(cfg)
+    return build_simulator(SimulatorSettings.from_config(cfg))
 
 
 class ScriptedTokenPolicy:
@@ -78,8 +77,8 @@ def test_random_policy_sequences_are_exact(chat_tokens, cache_slots):
         # Masked tokens, split at the turn ends, are exactly the sampled turns (+ stop token).
         mask = np.asarray(s.policy_mask, bool)
         starts = [i for i in range(len(mask)) if mask[i] and not mask[i - 1]]
-        assert len(starts) == len(s.turn_ends) == len(s.transcript["turns"])
-        for start, end, turn in zip(starts, s.turn_ends, s.transcript["turns"]):
+        assert len(starts) == len(s.turn_ends) == len(s.to_record()["turns"])
+        for start, end, turn in zip(starts, s.turn_ends, s.to_record()["turns"]):
             assert mask[start:end + 1].all() and not mask[end + 1]
             ids = s.tokens[start:end + 1]
             stop = ids[-1] in (chat_tokens.im_end, chat_tokens.end_of_text)
@@ -121,7 +120,8 @@ def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
 
     def spy(self, requests, key):
         out = generate(self, requests, key)
-        (sess,) = self._sessions.values()
+        assert len(self._sessions) == 1
+        sess = self._sessions[requests[0].session]
         fed.append([(r.prompt_ids, list(sess.fed[r.slot])) for r in requests])
         return out
 
@@ -134,6 +134,13 @@ def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
     np.testing.assert_allclose(np.concatenate([s.logprobs for s in reused]),
                                np.concatenate([s.logprobs for s in fresh]), atol=1e-4)
     assert not policy._sessions  # released when the dialogues ended
+    # Independent oracle: greedy decoding picks, at every policy token, the argmax of one full
+    # forward pass over the finished dialogue (no cache at all).
+    for s in reused:
+        ids = jnp.asarray([s.tokens])
+        logits = np.asarray(qwen2.forward(cfg, params, ids, jnp.ones_like(ids)))
+        policy_idx = np.flatnonzero(s.policy_mask)
+        np.testing.assert_array_equal(logits[0, policy_idx - 1].argmax(-1), np.asarray(s.tokens)[policy_idx])
     # The cache of a row holds exactly its history: the prompt, then what was fed of the turn.
     assert all(cached[:len(prompt)] == prompt for call in fed for prompt, cached in call)
 
@@ -145,14 +152,14 @@ def test_think_mode_sends_only_the_reply_and_matches_template(chat_tokens):
     runner = EpisodeRunner(ScriptedTokenPolicy(chat_tokens, [text]), sim, chat_tokens,
                            RolloutSettings(think=True, max_total_tokens=4096))
     (seq,) = asyncio.run(runner.run(_requests(1, 1)))
-    sent = [m["content"] for m in seq.transcript["simulator_state"]["history"] if m["role"] == "assistant"]
+    sent = [m["content"] for m in seq.to_record()["simulator_state"]["history"] if m["role"] == "assistant"]
     assert sent and all(m == "I'm sorry you had such a hard day. What happened?" for m in sent)
     # The thinking stays in the training sequence, under the policy mask.
     masked = chat_tokens.tokenizer.decode([t for t, m in zip(seq.tokens, seq.policy_mask) if m])
     assert masked.count("<think>They sound tired") == len(seq.turn_ends)
     # Canonically tokenised turns: the sequence equals the chat template's rendering of the
     # conversation with the full (thinking included) assistant texts.
-    messages = [dict(m) for m in seq.transcript["messages"]]
+    messages = [dict(m) for m in seq.to_record()["messages"]]
     for m in messages:
         if m["role"] == "assistant":
             m["content"] = text
@@ -179,7 +186,7 @@ def test_scripted_openai_simulator_drives_the_dialogue(chat_tokens):
     with ScriptedServer(script) as server:
         cfg = get_simulator_config()
         cfg.update(base_url=server.base_url, max_turns=3, backoff_initial_s=0.01)
-        sim = build_simulator(cfg)
+        sim = build_simulator(SimulatorSettings.from_config(cfg))
         runner = EpisodeRunner(ScriptedTokenPolicy(chat_tokens, ["That sounds hard."]), sim, chat_tokens,
                                RolloutSettings(think=False))
         seqs = asyncio.run(runner.run(_requests(2, 2)))
@@ -193,3 +200,34 @@ def test_truncation_at_the_token_budget(chat_tokens):
                            RolloutSettings(think=False, max_total_tokens=260))
     (seq,) = asyncio.run(runner.run(_requests(1, 1)))
     assert seq.truncated and seq.end_reason == "truncated" and len(seq.tokens) <= 260
+
+
+class ScriptedTextPolicy:
+    """A text policy (as behind a chat API): records the requests, answers with a fixed reply."""
+
+    def __init__(self):
+        self.requests = []
+
+    async def act(self, requests):
+        self.requests += requests
+        return [PolicyTurn(text="<think>be brief</think>Tell me more.") for _ in requests]
+
+    def release(self, session):
+        pass
+
+
+def test_text_policy_gets_the_messages_and_leaves_no_token_view():
+    policy = ScriptedTextPolicy()
+    runner = EpisodeRunner(policy, embedded_simulator(max_turns=2), None,
+                           RolloutSettings(think=True, max_new_tokens=77, max_total_tokens=100))
+    (seq,) = asyncio.run(runner.run(_requests(1, 1)))
+    assert len(policy.requests) == 2 and all(r.prompt_ids is None and r.max_new_tokens == 77
+                                             for r in policy.requests)
+    first, second = (r.messages for r in policy.requests)
+    assert [m["role"] for m in first] == ["system", "user"]
+    # The second request is the first plus the reply the user saw and the user's answer.
+    assert second[:2] == first and second[2] == {"role": "assistant", "content": "Tell me more."}
+    assert second[3]["role"] == "user" and len(second) == 4
+    assert seq.tokens == seq.policy_mask == seq.logprobs == seq.turn_ends == [] and not seq.truncated
+    assert len(seq.turns) == 2 and seq.end_reason == "turn_limit" and seq.messages[:4] == second
+

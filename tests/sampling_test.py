@@ -199,12 +199,6 @@ def test_rejects_right_padding(hf_tiny):
         sampling.generate(config, params, ids[:, ::-1], mask[:, ::-1], max_new_tokens=2, rng=jax.random.key(0))
 
 
-def test_bucket_sizes():
-    assert [sampling.bucket(n, None) for n in (1, 2, 3, 8, 9)] == [1, 2, 4, 8, 16]
-    assert sampling.bucket(3, None, minimum=16) == 16
-    assert sampling.bucket(100, [64, 256, 128]) == 128
-
-
 def _shard_simply(mesh, params):
     """Last two dims over (fsdp, tensor) where they divide, the rest replicated."""
     def spec(x):

@@ -11,7 +11,7 @@ from rlver_jax import builders, sharding
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import trainer
-from rlver_jax.rl.batch import collate, policy_positions, token_rewards
+from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs
 from rlver_jax.rollout.sequence import DialogueSequence
 
@@ -27,38 +27,6 @@ def _dialogue(rng, group, emotions, n_turns=2, ctx=5, turn=4, format_failure=Fal
         profile_id=f"p{group}", group=group, tokens=tokens, policy_mask=mask,
         logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions, end_reason="turn_limit",
         format_failure=format_failure)
-
-
-def test_token_rewards_final_and_per_turn():
-    seq = _dialogue(np.random.default_rng(0), 0, [30.0, 45.0, 38.0])
-    assert token_rewards(seq, "final") == {seq.turn_ends[-1]: 0.38}
-    per_turn = token_rewards(seq, "per_turn")
-    assert per_turn == pytest.approx({seq.turn_ends[0]: 0.15, seq.turn_ends[1]: -0.07})
-    failed = _dialogue(np.random.default_rng(0), 0, [30.0, 45.0], format_failure=True)
-    assert token_rewards(failed, "final") == {failed.turn_ends[-1]: 0.0}
-    # The failed turn loses everything gained: the return is (0 - 30) / 100.
-    assert sum(token_rewards(failed, "per_turn").values()) == pytest.approx(-0.30)
-    with pytest.raises(ValueError, match="reward_mode"):
-        token_rewards(seq, "sparse")
-
-
-def test_collate_pads_rows_and_length():
-    rng = np.random.default_rng(0)
-    seqs = [_dialogue(rng, 0, [30.0, 50.0, 60.0]), _dialogue(rng, 0, [30.0, 20.0, 10.0], n_turns=1)]
-    b = collate(seqs, batch_size=4, reward_mode="final", length_multiple=8)
-    assert b.tokens.shape == (4, 24)
-    assert b.rewards[0, seqs[0].turn_ends[-1]] == pytest.approx(0.6)
-    assert b.rewards.sum() == pytest.approx(0.7) and b.policy_mask[2:].sum() == 0
-    assert set(b.group[2:]) == {6, 7}
-
-
-def test_policy_positions_pad_rows_to_a_quarter_bucket():
-    mask = np.zeros((3, 16), np.float32)
-    mask[0, [3, 4, 9, 10, 11]] = 1
-    mask[1, [15]] = 1
-    pos = policy_positions(mask)  # longest row 5 -> width 8 (quarters of 16)
-    np.testing.assert_array_equal(pos, [[3, 4, 9, 10, 11, 0, 0, 0], [15, 0, 0, 0, 0, 0, 0, 0], [0] * 8])
-    assert policy_positions(np.ones((2, 10), np.float32)).shape == (2, 10)  # T not a multiple of 4
 
 
 def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):

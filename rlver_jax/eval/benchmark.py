@@ -188,7 +188,7 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: li
     bar = tqdm(total=len(profiles), disable=not progress, desc="sentient", unit="dialogue", dynamic_ncols=True)
 
     def on_finish(seq: DialogueSequence) -> None:
-        append_jsonl(transcripts, seq.transcript)
+        append_jsonl(transcripts, seq.to_record())
         bar.update(1)
 
     async def play():

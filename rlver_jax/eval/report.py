@@ -10,8 +10,9 @@ from typing import Any
 
 from rlver_jax import plots
 from rlver_jax.eval import html_report
-from rlver_jax.eval.sentient import breakdown, summarize_transcripts
+from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import atomic_write_text
+from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import Profile
 
 TRAJECTORIES_PNG = "trajectories.png"
@@ -47,32 +48,33 @@ def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
     """Write sentient.json (the scores, `run` describing what was evaluated), the plots, report.md
     and report.html (every dialogue, to read) for `transcripts` (one per profile, in profile
     order); returns the scores."""
-    summary = {**summarize_transcripts(transcripts), "run": run}
+    dialogues = [DialogueSequence.from_record(t) for t in transcripts]
+    summary = {**summarize(dialogues), "run": run}
     atomic_write_text(workdir / "sentient.json", json_text(summary))
     plots.emotion_trajectories(transcripts, workdir / TRAJECTORIES_PNG, title=f"emotion per dialogue: {run['policy']}",
                                levels=levels)
     plots.final_emotion_histogram(transcripts, workdir / FINAL_EMOTIONS_PNG,
                                   title=f"final emotions: {run['policy']}")
-    atomic_write_text(workdir / "report.md", render(summary, transcripts, profiles))
+    atomic_write_text(workdir / "report.md", render(summary, dialogues, profiles))
     html_report.write_eval_report(workdir, summary, transcripts)
     return summary
 
 
-def _group_rows(transcripts: Sequence[dict[str, Any]], profiles: Mapping[str, Profile]) -> list[list[Any]]:
+def _group_rows(dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Profile]) -> list[list[Any]]:
     keys = {
-        "end reason": lambda t: t["end_reason"],
-        "language": lambda t: t["language"],
-        "personality": lambda t: profiles[t["profile_id"]].personality,
-        "hidden goal": lambda t: profiles[t["profile_id"]].goal or "other",
+        "end reason": lambda d: d.end_reason,
+        "language": lambda d: d.language,
+        "personality": lambda d: profiles[d.profile_id].personality,
+        "hidden goal": lambda d: profiles[d.profile_id].goal or "other",
     }
     rows = []
     for name, key in keys.items():
-        for g in breakdown(transcripts, key):
+        for g in breakdown(dialogues, key):
             rows.append([name, g["group"], g["n"], g["score"], g["success"], g["failure"], g["simulator_errors"]])
     return rows
 
 
-def render(summary: dict[str, Any], transcripts: Sequence[dict[str, Any]], profiles: Mapping[str, Profile]) -> str:
+def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Profile]) -> str:
     """report.md: the scores, the protocol, breakdowns, the plots and one row per dialogue."""
     run, n = summary["run"], summary["n"]
     rules = run["rules"]
@@ -94,11 +96,11 @@ def render(summary: dict[str, Any], transcripts: Sequence[dict[str, Any]], profi
         f"change per turn clipped to +-{rules['max_change']}.\n")
     out.append("\n## Breakdown\n\n")
     out.append(table(["by", "group", "n", "score", "success", "failure", "simulator errors"],
-                     _group_rows(transcripts, profiles)))
+                     _group_rows(dialogues, profiles)))
     out.append(f"\n## Plots\n\n![emotion trajectories]({TRAJECTORIES_PNG})\n\n"
                f"![final emotions]({FINAL_EMOTIONS_PNG})\n")
     out.append("\n## Dialogues\n\n")
     out.append(table(["profile", "language", "final emotion", "turns", "end reason", "trajectory"], [
-        [t["profile_id"], t["language"], t["final_emotion"], len(t["turns"]), t["end_reason"],
-         " ".join(str(e) for e in t["emotions"])] for t in transcripts]))
+        [d.profile_id, d.language, d.final_emotion, len(d.turns), d.end_reason,
+         " ".join(str(e) for e in d.emotions)] for d in dialogues]))
     return "".join(out)

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlver_jax.eval import html_report
-from rlver_jax.eval.sentient import summarize_transcripts
+from rlver_jax.eval.sentient import summarize
+from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.files import atomic_write_text, read_jsonl
 
 VIEW_DIR = "view"
@@ -156,7 +157,7 @@ def write_run_view(run_dir: str | pathlib.Path, out: str | pathlib.Path | None =
             continue
         records = read_jsonl(source)
         if kind == "eval":
-            summary = {**summarize_transcripts(records), "run": {"policy": f"{name} step {step} (in-loop evaluation)"}}
+            summary = {**summarize([DialogueSequence.from_record(r) for r in records]), "run": {"policy": f"{name} step {step} (in-loop evaluation)"}}
             html = html_report.render_eval(summary, records)
         else:
             i = train_steps.index(step)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
+from rlver_jax.buckets import bucket
 from rlver_jax.rollout.sequence import DialogueSequence
 
 REWARD_MODES = ("final", "per_turn")
@@ -51,10 +51,6 @@ def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
     return out
 
 
-def bucket_length(n: int, multiple: int) -> int:
-    return max(multiple, int(math.ceil(n / multiple)) * multiple)
-
-
 def policy_positions(policy_mask: np.ndarray) -> np.ndarray:
     """int32 [B, C]: each row's policy-token indices, ascending, right-padded with 0.
 
@@ -63,7 +59,7 @@ def policy_positions(policy_mask: np.ndarray) -> np.ndarray:
     """
     b, t = policy_mask.shape
     count = int((policy_mask > 0).sum(-1).max(initial=0))
-    width = min(bucket_length(count, t // 4), t) if t % 4 == 0 else t
+    width = bucket(count, [t // 4 * k for k in (1, 2, 3, 4)]) if t % 4 == 0 else t
     out = np.zeros((b, width), np.int32)
     for row in range(b):
         idx = np.flatnonzero(policy_mask[row] > 0)
@@ -90,7 +86,7 @@ def collate(
         seq.check()
         if not seq.trainable:
             raise ValueError(f"dialogue {seq.profile_id} is not trainable ({seq.end_reason}); filter it out first")
-    t = bucket_length(max((len(s.tokens) for s in sequences), default=1), length_multiple)
+    t = bucket(max((len(s.tokens) for s in sequences), default=1), multiple=length_multiple)
     shape = (batch_size, t)
     batch = TrainBatch(
         tokens=np.full(shape, pad_id, np.int32), attention_mask=np.zeros(shape, np.int32),

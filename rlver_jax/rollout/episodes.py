@@ -5,8 +5,8 @@ simulator step at once (asyncio), then end checks; finished dialogues leave the 
 may be split into pipeline groups that run their rounds concurrently: while one group's
 dialogues wait on the simulator, the policy generates for another.
 
-Every dialogue becomes one DialogueSequence assembled from the exact sampled token ids plus the
-chat template's ids (rlver_jax.chat), never by re-tokenising decoded text.
+Every dialogue becomes one DialogueSequence: its messages and turn records, plus, for a token
+policy, the token sequence its history assembled (rollout.history).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlver_jax import chat
+from rlver_jax.rollout.history import TextHistory, TokenHistory
 from rlver_jax.rollout.policy import Policy, PolicyTurn, TurnRequest
 from rlver_jax.rollout.prompts import system_prompt
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -57,11 +58,8 @@ class _Episode:
 
     request: EpisodeRequest
     state: DialogueState
+    history: TokenHistory | TextHistory  # what the policy sees, in its own form
     messages: list[dict[str, str]]
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    policy_mask: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    turn_ends: list[int] = dataclasses.field(default_factory=list)
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     session: int = 0  # the pipeline group, its row in it, and a unique id (see TurnRequest)
     slot: int = 0
@@ -74,28 +72,26 @@ class _Episode:
     def done(self) -> bool:
         return self.end_reason is not None
 
-    def extend(self, ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float] | None = None):
-        self.tokens.extend(ids)
-        self.policy_mask.extend(mask)
-        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
-
 
 class EpisodeRunner:
-    """Runs batches of dialogues for one policy and one simulator."""
+    """Runs batches of dialogues for one policy and one simulator.
+
+    chat_tokens: the token policy's chat tokens (its dialogues are TokenHistory), or None for a
+    text policy (an OpenAI endpoint under evaluation; TextHistory).
+    """
 
     def __init__(self, policy: Policy, simulator: Simulator, chat_tokens: chat.ChatTokens | None,
                  settings: RolloutSettings):
         self.policy = policy
         self.simulator = simulator
-        self.chat = chat_tokens  # None for text-only policies (an OpenAI endpoint under evaluation)
         self.settings = settings
+        if chat_tokens is None:
+            self._history = lambda: TextHistory(self.settings.max_new_tokens)
+        else:
+            self._history = lambda: TokenHistory(chat_tokens, self.settings.max_new_tokens,
+                                                 self.settings.max_total_tokens)
         self._episode_ids = itertools.count()
         self._session_ids = itertools.count()
-
-    @property
-    def _closing(self) -> int:
-        """Template tokens after a turn's sampled ids: <|im_end|> (when cut) and "\n"."""
-        return 1 + len(self.chat.newline)
 
     async def run(self, requests: Sequence[EpisodeRequest], version: int = 0,
                   on_finish: Callable[[DialogueSequence], None] | None = None) -> list[DialogueSequence]:
@@ -144,11 +140,10 @@ class EpisodeRunner:
         return [finished[i] for i in range(len(episodes))]
 
     def _open(self, request: EpisodeRequest, state: DialogueState) -> _Episode:
-        lang = state.language
-        messages = [{"role": "system", "content": system_prompt(lang, self.settings.think)}]
-        episode = _Episode(request=request, state=state, messages=messages)
-        if self.chat is not None:
-            episode.extend(*chat.encode_message(self.chat, "system", messages[0]["content"]))
+        system = system_prompt(state.language, self.settings.think)
+        episode = _Episode(request=request, state=state, history=self._history(),
+                           messages=[{"role": "system", "content": system}])
+        episode.history.add_system(system)
         if state.done:  # the simulator failed to open the dialogue
             episode.end_reason = state.end_reason
             return episode
@@ -157,42 +152,24 @@ class EpisodeRunner:
 
     def _append_user(self, episode: _Episode, text: str) -> None:
         episode.messages.append({"role": "user", "content": text})
-        if self.chat is None:
-            return
-        ids, mask = chat.encode_message(self.chat, "user", text)
-        # Room for the generation prompt and at least one sampled token; else the dialogue ends
-        # here and the user turn stays in the transcript only (no policy token would follow it).
-        if len(episode.tokens) + len(ids) + len(self.chat.assistant_header) + 1 + self._closing > \
-                self.settings.max_total_tokens:
+        # No room for a policy turn after it: the dialogue ends here, and the user turn stays in
+        # the messages only (no policy token would follow it).
+        if not episode.history.add_user(text):
             episode.truncated, episode.end_reason = True, "truncated"
-        else:
-            episode.extend(ids, mask)
 
     def _turn_request(self, episode: _Episode) -> TurnRequest:
-        ident = dict(session=episode.session, slot=episode.slot, episode=episode.episode)
-        if self.chat is None:
-            return TurnRequest(prompt_ids=None, messages=list(episode.messages),
-                               max_new_tokens=self.settings.max_new_tokens, **ident)
-        prompt = episode.tokens + list(self.chat.assistant_header)
-        budget = min(self.settings.max_new_tokens, self.settings.max_total_tokens - len(prompt) - self._closing)
-        return TurnRequest(prompt_ids=prompt, messages=list(episode.messages), max_new_tokens=budget, **ident)
+        return episode.history.request(episode.messages, session=episode.session, slot=episode.slot,
+                                       episode=episode.episode)
 
     def _record_policy_turn(self, episode: _Episode, turn: PolicyTurn) -> str | None:
         """Append the sampled turn; return the text for the user, or None when the dialogue ends."""
         split = chat.split_think(turn.text, think=self.settings.think)
-        if self.chat is not None:
-            header = list(self.chat.assistant_header)
-            episode.extend(header, [0] * len(header))
-            ids, mask = chat.assistant_turn_ids(self.chat, turn.token_ids)
-            lps = list(turn.logprobs) + [0.0] * (len(ids) - len(turn.logprobs))
-            start = len(episode.tokens)
-            episode.extend(ids, mask, lps)
-            episode.turn_ends.append(start + len(turn.token_ids) - 1)
+        fits = episode.history.add_turn(turn)
         record = {"turn": len(episode.turns) + 1, "raw": turn.text, "thinking": split.thinking,
                   "reply": split.reply, "stopped": turn.stopped, "format_ok": split.ok}
         episode.turns.append(record)
         episode.messages.append({"role": "assistant", "content": split.reply if split.ok else turn.text})
-        if self.chat is not None and not turn.stopped and len(episode.tokens) >= self.settings.max_total_tokens:
+        if not fits:
             episode.truncated, episode.end_reason = True, "truncated"
             return None
         if not split.ok:
@@ -210,25 +187,18 @@ class EpisodeRunner:
                                  simulator_thoughts=last.thoughts, user=last.utterance)
         if state.done:
             episode.end_reason = state.end_reason
-            if last.utterance is not None:  # a goodbye: kept for the transcript, no policy turn follows
+            if last.utterance is not None:  # a goodbye: kept in the messages, no policy turn follows
                 episode.messages.append({"role": "user", "content": last.utterance})
         elif last.utterance is not None:
             self._append_user(episode, last.utterance)
 
     def _finish(self, episode: _Episode, version: int) -> DialogueSequence:
-        state = episode.state
-        transcript = {
-            "profile_id": state.profile.id, "group": episode.request.group, "language": state.language,
-            "end_reason": episode.end_reason, "final_emotion": state.emotion,
-            "emotions": list(state.emotions), "turns": episode.turns, "messages": episode.messages,
-            "format_failure": episode.format_failure, "truncated": episode.truncated,
-            "simulator_error": episode.end_reason == "simulator_error", "simulator_state": state.to_dict(),
-            "policy_version": version,
-        }
+        state, h = episode.state, episode.history
         return DialogueSequence(
-            profile_id=state.profile.id, group=episode.request.group, tokens=episode.tokens,
-            policy_mask=episode.policy_mask, logprobs=episode.logprobs, turn_ends=episode.turn_ends,
-            emotions=[float(x) for x in state.emotions], end_reason=episode.end_reason or "unknown",
+            profile_id=state.profile.id, group=episode.request.group, tokens=h.tokens,
+            policy_mask=h.policy_mask, logprobs=h.logprobs, turn_ends=h.turn_ends,
+            emotions=list(state.emotions), end_reason=episode.end_reason or "unknown",
             truncated=episode.truncated, format_failure=episode.format_failure,
             simulator_error=episode.end_reason == "simulator_error", policy_version=version,
-            transcript=transcript)
+            language=state.language, turns=episode.turns, messages=episode.messages,
+            simulator_state=state.to_dict())

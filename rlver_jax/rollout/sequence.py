@@ -1,4 +1,4 @@
-"""One finished dialogue as a training sequence: the contract between rollouts and the trainer."""
+"""One finished dialogue: the record rollouts hand to the trainer, the logs and the benchmark."""
 
 from __future__ import annotations
 
@@ -6,17 +6,30 @@ import dataclasses
 from typing import Any
 
 
+# The keys of a dialogue's record (its transcript line), in the order they are written.
+RECORD_KEYS = ("profile_id", "group", "language", "end_reason", "final_emotion", "emotions", "turns", "messages",
+               "format_failure", "truncated", "simulator_error", "simulator_state", "policy_version")
+
+
 @dataclasses.dataclass
 class DialogueSequence:
-    """A whole multi-turn dialogue as one token sequence, plus what the trainer and logs need.
+    """A whole multi-turn dialogue: its token sequence for training, its transcript for the logs.
 
+    The token view (token policies only; empty for a text policy and after `from_record`):
     tokens: the conversation's token ids (system prompt, every user and policy turn), exactly
       the ids the sampler produced plus the chat-template ids around them.
     policy_mask: 1 on tokens the policy generated (every assistant turn, its `<|im_end|>` too).
     logprobs: the sampling-time log-probability of each policy token under the unmodified model
       (temperature 1); 0 elsewhere.
     turn_ends: index in `tokens` of the last policy token of each policy turn.
+
+    The transcript (`to_record`, one JSON line per dialogue):
     emotions: the user's emotion before the first policy turn, then after each scored turn.
+    turns: one dict per policy turn: turn, raw (the whole sampled text), thinking, reply, stopped,
+      format_ok and, once the user answered, change, emotion, band, simulator_thoughts, user.
+    messages: the conversation as the policy saw it (system, user, assistant replies as sent, a
+      final goodbye).
+    simulator_state: the simulator's DialogueState.to_dict().
     """
 
     profile_id: str
@@ -31,7 +44,10 @@ class DialogueSequence:
     format_failure: bool = False
     simulator_error: bool = False
     policy_version: int = 0  # trainer step whose parameters wrote this dialogue
-    transcript: dict[str, Any] = dataclasses.field(default_factory=dict)
+    language: str = ""  # "zh" or "en"
+    turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    simulator_state: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def final_emotion(self) -> float:
@@ -48,6 +64,28 @@ class DialogueSequence:
     def trainable(self) -> bool:
         """Dialogues the simulator failed on carry no reward signal and are left out."""
         return not self.simulator_error and bool(self.turn_ends)
+
+    def to_record(self) -> dict[str, Any]:
+        """The transcript (JSON-serialisable; it shares this dialogue's lists): RECORD_KEYS, i.e.
+        every field but the token view, plus final_emotion."""
+        return {k: getattr(self, k) for k in RECORD_KEYS}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> DialogueSequence:
+        """The dialogue of a transcript written by `to_record` (keys beyond RECORD_KEYS, such as the
+        training logs' reward and step, are ignored); its token view is empty."""
+        if missing := [k for k in RECORD_KEYS if k not in record]:
+            raise ValueError(f"not a dialogue record: keys {missing} missing")
+        seq = cls(profile_id=record["profile_id"], group=record["group"], tokens=[], policy_mask=[], logprobs=[],
+                  turn_ends=[], emotions=list(record["emotions"]), end_reason=record["end_reason"] or "unknown",
+                  truncated=record["truncated"], format_failure=record["format_failure"],
+                  simulator_error=record["simulator_error"], policy_version=record["policy_version"],
+                  language=record["language"], turns=list(record["turns"]), messages=list(record["messages"]),
+                  simulator_state=record["simulator_state"])
+        if seq.final_emotion != record["final_emotion"]:
+            raise ValueError(f"dialogue {seq.profile_id}: final_emotion {record['final_emotion']} is not the last "
+                             f"of its emotions {seq.emotions}")
+        return seq
 
     def check(self) -> None:
         """Raise if the parallel lists disagree (a bug in the rollout, not bad user input)."""

@@ -14,5 +14,5 @@ def write_transcripts(directory: str | os.PathLike, step: int,
                       sequences: Sequence[DialogueSequence], prefix: str = "train") -> pathlib.Path:
     """`directory/{prefix}_{step:06d}.jsonl`: one dialogue per line (turns, thinking, replies,
     user utterances, emotions, changes, simulator thoughts, flags, the reward)."""
-    records = [{**s.transcript, "reward": s.reward, "step": step} for s in sequences]
+    records = [{**s.to_record(), "reward": s.reward, "step": step} for s in sequences]
     return atomic_write_jsonl(pathlib.Path(directory) / f"{prefix}_{step:06d}.jsonl", records)

@@ -1,0 +1,77 @@
+"""What a set of finished dialogues scored: the one summary behind the training metrics
+(`rollout_metrics`) and the Sentient benchmark's scores (rlver_jax.eval.sentient).
+
+Dialogues the simulator failed on carry no score: they are counted in `simulator_errors` and
+left out of every score, never scored as 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from rlver_jax.rollout.sequence import DialogueSequence
+
+
+@dataclasses.dataclass(frozen=True)
+class DialogueSummary:
+    """Counts and means (nan over no dialogue) of a set of finished dialogues."""
+
+    dialogues: int  # all of them
+    simulator_errors: int
+    # Over the scored dialogues (all but the simulator errors):
+    success: int  # reached the emotion ceiling
+    failure: int  # ended at the floor: the user left
+    score: float  # mean final emotion
+    reward: float  # mean reward (final emotion / 100 clipped at 0; 0 after a format failure)
+    scored_turns: float  # mean policy turns
+    # Over all dialogues:
+    turns: float  # mean policy turns
+    tokens: float  # mean length of the training sequence (0 for a text policy)
+    format_failure_rate: float
+    truncated_rate: float
+
+    @property
+    def scored(self) -> int:
+        return self.dialogues - self.simulator_errors
+
+    @property
+    def success_rate(self) -> float:
+        return _mean(self.success, self.scored)
+
+    @property
+    def failure_rate(self) -> float:
+        return _mean(self.failure, self.scored)
+
+
+def _mean(total: float, n: int) -> float:
+    return total / n if n else float("nan")
+
+
+def summarize(dialogues: Sequence[DialogueSequence]) -> DialogueSummary:
+    scored = [d for d in dialogues if not d.simulator_error]
+    n, m = len(dialogues), len(scored)
+    return DialogueSummary(
+        dialogues=n, simulator_errors=n - m,
+        success=sum(d.end_reason == "success" for d in scored),
+        failure=sum(d.end_reason == "failure" for d in scored),
+        score=_mean(sum(d.final_emotion for d in scored), m),
+        reward=_mean(sum(d.reward for d in scored), m),
+        scored_turns=_mean(sum(len(d.turns) for d in scored), m),
+        turns=_mean(sum(len(d.turns) for d in dialogues), n),
+        tokens=_mean(sum(len(d.tokens) for d in dialogues), n),
+        format_failure_rate=_mean(sum(d.format_failure for d in dialogues), n),
+        truncated_rate=_mean(sum(d.truncated for d in dialogues), n))
+
+
+def rollout_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
+    """The training metrics of a batch of dialogues (means over none are 0, so every value is finite)."""
+    s = summarize(dialogues)
+    metrics = {
+        "reward_mean": s.reward, "emotion_mean": s.score, "success_rate": s.success_rate,
+        "failure_rate": s.failure_rate, "format_failure_rate": s.format_failure_rate,
+        "truncated_rate": s.truncated_rate, "simulator_errors": float(s.simulator_errors),
+        "turns_mean": s.turns, "sequence_tokens_mean": s.tokens,
+    }
+    return {k: 0.0 if math.isnan(v) else v for k, v in metrics.items()}

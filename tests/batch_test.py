@@ -1,0 +1,71 @@
+"""Collation of finished dialogues into the update's fixed-shape batch: rewards, padding, buckets."""
+
+import numpy as np
+import pytest
+
+from rlver_jax.rl.batch import collate, policy_positions, token_rewards
+from rlver_jax.rollout.sequence import DialogueSequence
+from tests.trainer_test import _dialogue
+
+
+def test_token_rewards_final_and_per_turn():
+    seq = _dialogue(np.random.default_rng(0), 0, [30.0, 45.0, 38.0])
+    assert token_rewards(seq, "final") == {seq.turn_ends[-1]: 0.38}
+    per_turn = token_rewards(seq, "per_turn")
+    assert per_turn == pytest.approx({seq.turn_ends[0]: 0.15, seq.turn_ends[1]: -0.07})
+    failed = _dialogue(np.random.default_rng(0), 0, [30.0, 45.0], format_failure=True)
+    assert token_rewards(failed, "final") == {failed.turn_ends[-1]: 0.0}
+    # The failed turn loses everything gained: the return is (0 - 30) / 100.
+    assert sum(token_rewards(failed, "per_turn").values()) == pytest.approx(-0.30)
+    with pytest.raises(ValueError, match="reward_mode"):
+        token_rewards(seq, "sparse")
+
+
+def test_collate_pads_rows_and_length():
+    rng = np.random.default_rng(0)
+    seqs = [_dialogue(rng, 0, [30.0, 50.0, 60.0]), _dialogue(rng, 0, [30.0, 20.0, 10.0], n_turns=1)]
+    b = collate(seqs, batch_size=4, reward_mode="final", length_multiple=8)
+    assert b.tokens.shape == (4, 24)
+    assert b.rewards[0, seqs[0].turn_ends[-1]] == pytest.approx(0.6)
+    assert b.rewards.sum() == pytest.approx(0.7) and b.policy_mask[2:].sum() == 0
+    assert set(b.group[2:]) == {6, 7}
+
+
+def test_policy_positions_pad_rows_to_a_quarter_bucket():
+    mask = np.zeros((3, 16), np.float32)
+    mask[0, [3, 4, 9, 10, 11]] = 1
+    mask[1, [15]] = 1
+    pos = policy_positions(mask)  # longest row 5 -> width 8 (quarters of 16)
+    np.testing.assert_array_equal(pos, [[3, 4, 9, 10, 11, 0, 0, 0], [15, 0, 0, 0, 0, 0, 0, 0], [0] * 8])
+    assert policy_positions(np.ones((2, 10), np.float32)).shape == (2, 10)  # T not a multiple of 4
+
+
+def _hand_made(tokens, mask, ends, emotions, logprobs=None, **kw):
+    return DialogueSequence(profile_id="p", group=3, tokens=tokens, policy_mask=mask,
+                            logprobs=logprobs or [0.0] * len(tokens), turn_ends=ends, emotions=emotions,
+                            end_reason="turn_limit", **kw)
+
+
+def test_collate_arrays_by_hand():
+    seqs = [_hand_made([5, 6, 7, 8, 9, 10, 11], [0, 0, 1, 1, 0, 1, 1], [3, 6], [30, 50, 70],
+                       logprobs=[0.0, 0.0, -0.5, -0.25, 0.0, -1.0, -2.0]),
+            _hand_made([1, 2, 3], [0, 1, 1], [2], [30, 20])]
+    b = collate(seqs, batch_size=3, reward_mode="per_turn", length_multiple=4, pad_id=9)
+    np.testing.assert_array_equal(b.tokens, [[5, 6, 7, 8, 9, 10, 11, 9], [1, 2, 3] + [9] * 5, [9] * 8])
+    np.testing.assert_array_equal(b.attention_mask, [[1] * 7 + [0], [1] * 3 + [0] * 5, [0] * 8])
+    np.testing.assert_array_equal(b.policy_mask, [[0, 0, 1, 1, 0, 1, 1, 0], [0, 1, 1, 0, 0, 0, 0, 0], [0] * 8])
+    # per_turn: each turn's emotion change / 100 on its last policy token.
+    np.testing.assert_allclose(b.rewards, [[0, 0, 0, 0.2, 0, 0, 0.2, 0], [0, 0, -0.1, 0, 0, 0, 0, 0], [0] * 8])
+    np.testing.assert_array_equal(b.sample_logprobs[0], [0, 0, -0.5, -0.25, 0, -1, -2, 0])
+    assert b.group.tolist() == [3, 3, 5]  # the padding row's own id: its index + batch_size
+    # Policy positions: the longest row has 4 policy tokens -> width 4 (quarters of T = 8).
+    np.testing.assert_array_equal(b.arrays()["policy_positions"], [[2, 3, 5, 6], [1, 2, 0, 0], [0, 0, 0, 0]])
+
+
+def test_collate_rejects_what_cannot_be_trained():
+    seq = _hand_made([1, 2, 3], [0, 1, 1], [2], [30, 20])
+    with pytest.raises(ValueError, match="do not fit a batch of 1"):
+        collate([seq, seq], batch_size=1, reward_mode="final")
+    failed = _hand_made([1, 2, 3], [0, 1, 1], [2], [30], simulator_error=True)
+    with pytest.raises(ValueError, match="not trainable"):
+        collate([failed], batch_size=1, reward_mode="final")

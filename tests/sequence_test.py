@@ -1,0 +1,52 @@
+"""The dialogue record: its reward, and its transcript (to_record / from_record) as JSON."""
+
+import dataclasses
+import json
+
+import pytest
+
+from rlver_jax.rollout.sequence import RECORD_KEYS, DialogueSequence
+
+TURN = {"turn": 1, "raw": "<think>hm</think>Oh no.", "thinking": "hm", "reply": "Oh no.", "stopped": True,
+        "format_ok": True, "change": 8, "emotion": 38, "band": "C", "simulator_thoughts": "kind", "user": "Yes."}
+MESSAGES = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "I failed."},
+            {"role": "assistant", "content": "Oh no."}, {"role": "user", "content": "Yes."}]
+
+
+def _dialogue(**overrides):
+    fields = dict(profile_id="p-1", group=2, tokens=[4, 5, 6, 7], policy_mask=[0, 1, 1, 0],
+                  logprobs=[0.0, -0.5, -1.5, 0.0], turn_ends=[2], emotions=[30, 38], end_reason="turn_limit",
+                  policy_version=7, language="en", turns=[TURN], messages=MESSAGES,
+                  simulator_state={"emotion": 38, "done": True})
+    return DialogueSequence(**{**fields, **overrides})
+
+
+def test_record_is_the_transcript_format():
+    """The keys and values of the transcripts saved so far (training logs and benchmark runs)."""
+    assert _dialogue().to_record() == {
+        "profile_id": "p-1", "group": 2, "language": "en", "end_reason": "turn_limit", "final_emotion": 38,
+        "emotions": [30, 38], "turns": [TURN], "messages": MESSAGES, "format_failure": False, "truncated": False,
+        "simulator_error": False, "simulator_state": {"emotion": 38, "done": True}, "policy_version": 7}
+    assert tuple(_dialogue().to_record()) == RECORD_KEYS
+
+
+def test_round_trip_through_json_keeps_all_but_the_token_view():
+    seq = _dialogue(truncated=True, format_failure=True)
+    line = json.dumps({**seq.to_record(), "reward": seq.reward, "step": 3})  # as the training logs write it
+    back = DialogueSequence.from_record(json.loads(line))
+    assert back == dataclasses.replace(seq, tokens=[], policy_mask=[], logprobs=[], turn_ends=[])
+    assert back.to_record() == seq.to_record() and not back.trainable
+
+
+def test_reward_is_final_emotion_over_100():
+    assert _dialogue().reward == pytest.approx(0.38)
+    assert _dialogue(emotions=[30, -4]).reward == 0.0  # clipped at 0
+    assert _dialogue(format_failure=True).reward == 0.0
+
+
+def test_from_record_rejects_what_to_record_never_wrote():
+    record = _dialogue().to_record()
+    with pytest.raises(ValueError, match=r"keys \['turns'\] missing"):
+        DialogueSequence.from_record({k: v for k, v in record.items() if k != "turns"})
+    with pytest.raises(ValueError, match="final_emotion 40 is not the last of its emotions"):
+        DialogueSequence.from_record({**record, "final_emotion": 40})

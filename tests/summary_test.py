@@ -1,0 +1,53 @@
+"""The one summary of finished dialogues, against rates computed by hand."""
+
+import math
+
+import pytest
+
+from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.rollout.summary import rollout_metrics, summarize
+
+
+def dialogue(pid, emotions, end_reason, turns, tokens, **flags):
+    return DialogueSequence(profile_id=pid, group=0, tokens=[1] * tokens, policy_mask=[1] * tokens,
+                            logprobs=[0.0] * tokens, turn_ends=[tokens - 1], emotions=emotions,
+                            end_reason=end_reason, turns=[{"turn": i + 1} for i in range(turns)], **flags)
+
+
+# Final emotions 100, 0, 40, (55), 60; rewards 1, 0, 0 (format failure), (-), 0.6; turns 2, 2, 3, 1, 1;
+# tokens 10, 8, 12, 4, 6. D is a simulator error: counted, in no score.
+DIALOGUES = [
+    dialogue("A", [30, 60, 100], "success", 2, 10),
+    dialogue("B", [30, 10, 0], "failure", 2, 8),
+    dialogue("C", [30, 35, 40], "turn_limit", 3, 12, format_failure=True),
+    dialogue("D", [30, 55], "simulator_error", 1, 4, simulator_error=True),
+    dialogue("E", [30, 60], "truncated", 1, 6, truncated=True),
+]
+
+
+def test_summary_by_hand():
+    s = summarize(DIALOGUES)
+    assert (s.dialogues, s.scored, s.simulator_errors, s.success, s.failure) == (5, 4, 1, 1, 1)
+    assert s.score == pytest.approx((100 + 0 + 40 + 60) / 4)
+    assert s.reward == pytest.approx((1.0 + 0 + 0 + 0.6) / 4)
+    assert (s.success_rate, s.failure_rate) == (0.25, 0.25)
+    assert s.scored_turns == pytest.approx((2 + 2 + 3 + 1) / 4) and s.turns == pytest.approx(9 / 5)
+    assert s.tokens == pytest.approx(40 / 5)
+    assert (s.format_failure_rate, s.truncated_rate) == (0.2, 0.2)
+
+
+def test_training_metrics_by_hand():
+    assert rollout_metrics(DIALOGUES) == pytest.approx({
+        "reward_mean": 0.4, "emotion_mean": 50.0, "success_rate": 0.25, "failure_rate": 0.25,
+        "format_failure_rate": 0.2, "truncated_rate": 0.2, "simulator_errors": 1.0, "turns_mean": 1.8,
+        "sequence_tokens_mean": 8.0})
+
+
+def test_no_scored_dialogue():
+    only_errors = [DIALOGUES[3]]
+    s = summarize(only_errors)
+    assert s.scored == 0 and math.isnan(s.score) and math.isnan(s.success_rate)
+    metrics = rollout_metrics(only_errors)
+    assert metrics["simulator_errors"] == 1.0 and metrics["emotion_mean"] == metrics["success_rate"] == 0.0
+    assert metrics["turns_mean"] == 1.0  # over every dialogue, the failed one too
+    assert set(rollout_metrics([]).values()) == {0.0}
