@@ -21,7 +21,8 @@ import pytest
 
 from configs.simulator import get_simulator_config
 from rlver_jax.eval import compare, html_report, report, run_view
-from rlver_jax.eval.sentient import summarize_transcripts
+from rlver_jax.eval.sentient import summarize
+from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.files import atomic_write_jsonl, atomic_write_text, read_jsonl
 from rlver_jax.rl.advantages import grpo_advantages
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
@@ -57,6 +58,10 @@ class ScriptedTextPolicy:
         pass
 
 
+def _summary(transcripts):
+    return summarize([DialogueSequence.from_record(t) for t in transcripts])
+
+
 def make_transcripts(scripts, profiles=None, n=1, think=False, eval_mode=True, max_turns=4, step=None):
     """Real transcript records: len(profiles) x n dialogues (GRPO groups of n), dialogue k
     following scripts[k]; with `step`, the reward and step a training run adds."""
@@ -68,8 +73,8 @@ def make_transcripts(scripts, profiles=None, n=1, think=False, eval_mode=True, m
     requests = [EpisodeRequest(p, g) for g, p in enumerate(profiles) for _ in range(n)]
     seqs = asyncio.run(runner.run(requests))
     if step is None:
-        return [s.transcript for s in seqs]
-    return [{**s.transcript, "reward": s.reward, "step": step} for s in seqs]
+        return [s.to_record() for s in seqs]
+    return [{**s.to_record(), "reward": s.reward, "step": step} for s in seqs]
 
 
 def fixture_profiles():
@@ -136,7 +141,7 @@ def parse(page, table="dialogues"):
 
 def test_every_dialogue_and_turn_is_on_the_page():
     transcripts = eval_fixture()
-    page = html_report.render_eval(summarize_transcripts(transcripts), transcripts)
+    page = html_report.render_eval(_summary(transcripts), transcripts)
     p = parse(page)
     assert len(p.rows) == len(transcripts)
     for i, t in enumerate(transcripts):
@@ -158,7 +163,7 @@ def test_every_dialogue_and_turn_is_on_the_page():
 
 def test_hostile_text_shows_as_text_and_never_as_markup():
     transcripts = eval_fixture()
-    page = html_report.render_eval(summarize_transcripts(transcripts), transcripts)
+    page = html_report.render_eval(_summary(transcripts), transcripts)
     for raw in ("<img src=x", "<script>window.pwned", "</script><script>", "<!-- \"", 'onclick="window'):
         assert raw not in page
     p = parse(page)
@@ -177,7 +182,7 @@ def test_thinking_is_folded_and_simulator_errors_are_prominent():
     broken = dict(think[0], profile_id=BROKEN_ID, end_reason="simulator_error", simulator_error=True,
                   simulator_state={**think[0]["simulator_state"], "error": "malformed answer <b>x</b>"})
     transcripts = think + [broken]
-    summary = summarize_transcripts(transcripts)
+    summary = _summary(transcripts)
     page = html_report.render_eval(summary, transcripts)
     p = parse(page)
     details = [a for t, a in p.tags if t == "details" and a.get("class") == "thinking"]
@@ -188,7 +193,7 @@ def test_thinking_is_folded_and_simulator_errors_are_prominent():
     assert summary["simulator_errors"] == 1
     assert '<div class="card alert"><div class="label">simulator errors</div><div class="value">1</div>' in page
     assert '<p class="alert">1 dialogue ended in a simulator error' in page
-    clean = html_report.render_eval(summarize_transcripts(think), think)
+    clean = html_report.render_eval(_summary(think), think)
     assert 'class="card alert"' not in clean and '<p class="alert">' not in clean
 
 
@@ -288,7 +293,7 @@ def _training_run(run_dir, steps=2):
                         "format_failure_rate": 0.0, "simulator_errors": 0.0, "turns_mean": 2.0})
     evals = make_transcripts([[WARM]] * 2, profiles, step=steps - 1)
     atomic_write_jsonl(run_dir / "transcripts" / f"eval_{steps - 1:06d}.jsonl", evals)
-    metrics[-1]["eval_score"] = summarize_transcripts(evals)["score"]
+    metrics[-1]["eval_score"] = _summary(evals)["score"]
     atomic_write_jsonl(run_dir / "metrics.jsonl", metrics)
     atomic_write_text(run_dir / "config.json", json.dumps({"rl": {"algo": "grpo"}, "rollout": {"n": 2}}))
     return metrics
@@ -344,7 +349,7 @@ def test_large_pages_stay_small_and_fast(tmp_path):
     """100 dialogues x 10 turns on one page; a 1000-step run's index (the step pages apart)."""
     dialogues = _long_dialogues()
     start = time.perf_counter()
-    page = html_report.render_eval(summarize_transcripts(dialogues), dialogues)
+    page = html_report.render_eval(_summary(dialogues), dialogues)
     assert time.perf_counter() - start < 20  # about 0.5 s unloaded
     assert len(parse(page).rows) == 100 and len(page) < 2 * 100 * 10 * 2 * 1500
     metrics = [{"step": s, "reward_mean": s / 1000, "emotion_mean": 30 + s / 100, **({"eval_score": 40.0} if s % 25 == 0
