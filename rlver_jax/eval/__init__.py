@@ -1,9 +1,11 @@
-"""Evaluation: the Sentient benchmark, comparisons, export and the LLM-judge analysis.
+"""Evaluation: the Sentient benchmark, comparisons, reports, export and the LLM-judge analysis.
 
-Modules: sentient (SAGE metrics of finished dialogues), benchmark (the resumable benchmark run
-behind launch/eval.py), policy_loading (a run's checkpoint, a Hugging Face directory or a fresh
-tiny model as a policy), report and plots (sentient.json, report.md, PNGs), compare (paired
-comparison of runs), export (Hugging Face export behind launch/export_hf.py), judge and analysis
-(capability ratings and response strategies behind launch/analyze.py), endpoint (fail-fast check
-of an OpenAI-compatible server), resume (append-as-you-go result files).
+Modules: sentient (SAGE metrics of finished dialogues, on rlver_jax.rollout.summary), benchmark
+(the resumable benchmark run behind launch/eval.py), policy_loading (a run's checkpoint, a
+Hugging Face directory or a fresh tiny model as a policy), report (sentient.json, report.md and
+the PNGs of rlver_jax.plots), html_report (report.html and compare.html), run_view (the pages of a
+training run, launch/view.py), compare (paired comparison of runs), export (Hugging Face export
+behind launch/export_hf.py), judge and analysis (capability ratings and response strategies
+behind launch/analyze.py), resume (append-as-you-go result files). The OpenAI-compatible client
+and its endpoint check are rlver_jax.llm_client.
 """
