@@ -27,7 +27,7 @@ from rlver_jax.files import atomic_write_jsonl, atomic_write_text, read_jsonl
 from rlver_jax.rl.advantages import grpo_advantages
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.policy import PolicyTurn
-from rlver_jax.simulator.factory import build_simulator
+from rlver_jax.simulator import SimulatorSettings, build_simulator
 from rlver_jax.simulator.profiles import load_profiles
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def make_transcripts(scripts, profiles=None, n=1, think=False, eval_mode=True, m
     cfg = get_simulator_config(eval_mode=eval_mode)
     cfg.backend, cfg.max_turns = "embedded", max_turns
     profiles = profiles if profiles is not None else load_profiles()[:len(scripts)]
-    runner = EpisodeRunner(ScriptedTextPolicy(scripts), build_simulator(cfg), None,
+    runner = EpisodeRunner(ScriptedTextPolicy(scripts), build_simulator(SimulatorSettings.from_config(cfg)), None,
                            RolloutSettings(think=think, format_failure="continue" if eval_mode else "end"))
     requests = [EpisodeRequest(p, g) for g, p in enumerate(profiles) for _ in range(n)]
     seqs = asyncio.run(runner.run(requests))
