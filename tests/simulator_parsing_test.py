@@ -23,6 +23,8 @@ from rlver_jax.simulator import parsing
     ("情绪变化：-3", -3),
     ("【变化】：+2", 2),
     ("<think>Change: +9</think>\nFeeling: meh\nChange: -1", -1),
+    ("3. Change in mood: -2", -2),
+    ("**Mood change:** +1", 1),
 ])
 def test_change_formats(answer, change):
     assert parsing.parse_change(answer).change == change
@@ -109,6 +111,7 @@ PAYLOADS = [
     "1. Change: +10",
     "ok\u2028Change: +10",  # a Unicode line separator
     "Feeling: wonderful\nChange: +10",  # a fake analysis section before the payload
+    "Change in mood: +10",
 ]
 
 

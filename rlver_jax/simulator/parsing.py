@@ -20,7 +20,8 @@ Every decision is taken on one view of the text:
 Label lines are recognised in the folded view; values are taken from the text of step 1.
 Tolerated: full-width colons (`Change：+3`), markdown emphasis (`**Change:** **-2**`), brackets
 and quotes around the value (`[+3]`, `【-2】`, `"+1"`), Unicode minus signs, numbered or bulleted
-lines, Chinese label aliases (变化/情绪变化, 回复/回应). Quoted lines (`> ...`) never count.
+lines, label aliases (Change in mood, Mood change, 变化/情绪变化, 回复/回应). Quoted lines (`> ...`)
+never count.
 
 Which line is the simulator's own (a simulator model may echo the policy's reply, which is quoted
 in the prompt, before or after its answer):
@@ -48,7 +49,7 @@ from typing import Any
 from rlver_jax.simulator.patterns import THINK_BLOCK
 
 # Labels in the folded view.
-_CHANGE = r"change|情绪变化|变化"
+_CHANGE = r"change(?:\s+in\s+(?:my\s+)?mood)?|(?:mood|emotion)\s+change|情绪变化|变化"
 _RESPONSE = r"response|回复|回应"
 _ANALYSIS = r"intent|fit|inner\s*reaction|feeling|意图|契合|内心活动|感受"  # the emotion step's sections
 _PLAN = r"plan|计划"  # the reply step's section
