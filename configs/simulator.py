@@ -27,6 +27,9 @@ def get_simulator_config(*, eval_mode: bool = False) -> ml_collections.ConfigDic
     c.backoff_initial_s = 1.0  # first retry waits about this long, doubling each time
     c.backoff_max_s = 30.0  # cap of one wait
     c.malformed_retries = 2  # fresh samples after an answer breaks the format; then simulator_error
+    c.structured_output = "off"  # "off": text answers; "json_schema": JSON answers under a schema (docs/simulator.md)
+    c.max_prompt_tokens = 6144  # estimated prompt tokens per request; older turns are left out to fit
+    c.max_utterance_chars = 500  # a simulated user's words are cut here (at a sentence end)
     c.difficulty = "vanilla"  # "vanilla" or "challenging" (harsh user)
     c.language = ""  # "" = each profile's own; "zh" or "en" forces the prompt language
     c.cache_dir = ""  # record/replay directory for simulator answers; "" = off

@@ -29,6 +29,18 @@ class EndpointUnavailableError(RuntimeError):
     """The server is down, refuses the key, or does not serve the model (after retries)."""
 
 
+class ResponseFormatRejectedError(EndpointUnavailableError):
+    """The server refused a request for its `response_format` (structured outputs unsupported)."""
+
+
+def _rejects_response_format(e: openai.APIStatusError) -> bool:
+    """A 400/422/501 whose message is about the structured-output parameter (OpenAI: "Invalid
+    parameter: 'response_format'...", TGI: "unknown variant `json_schema`", others: "schema" or
+    "grammar")."""
+    return e.status_code in (400, 422, 501) and any(
+        word in str(e.message).lower() for word in ("response_format", "json_schema", "schema", "grammar"))
+
+
 def api_key(env_var: str) -> str:
     """The key in $env_var; local servers need none, and the client wants a non-empty string."""
     return (os.environ.get(env_var, "") if env_var else "") or "EMPTY"
@@ -92,16 +104,18 @@ class ChatClient:
         s = self.settings
         return min(s.backoff_max_s, s.backoff_initial_s * 2**attempt) * self._rng.uniform(0.5, 1.0)
 
-    async def complete(self, messages: list[dict[str, str]], *, temperature: float,
-                       max_tokens: int) -> Completion:
-        """One answer of the model; EndpointUnavailableError once retrying cannot help."""
+    async def complete(self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int,
+                       response_format: dict | None = None) -> Completion:
+        """One answer of the model; EndpointUnavailableError once retrying cannot help, and
+        ResponseFormatRejectedError when the server refuses `response_format` (sent when given)."""
         client, semaphore = self._connection()
         s = self.settings
         for attempt in range(s.max_retries + 1):
             try:
                 async with semaphore:
                     answer = await client.chat.completions.create(
-                        model=s.model, messages=messages, temperature=temperature, max_tokens=max_tokens)
+                        model=s.model, messages=messages, temperature=temperature, max_tokens=max_tokens,
+                        **({} if response_format is None else {"response_format": response_format}))
                 if not answer.choices:
                     return Completion("", None)
                 choice = answer.choices[0]
@@ -109,6 +123,9 @@ class ChatClient:
             except openai.APIConnectionError as e:  # includes timeouts
                 error: Exception = e
             except openai.APIStatusError as e:
+                if response_format is not None and _rejects_response_format(e):
+                    raise ResponseFormatRejectedError(
+                        f"{s.name} at {s.base_url} refused response_format (HTTP {e.status_code}: {e.message})") from e
                 if e.status_code not in _RETRY_STATUS and e.status_code < 500:
                     raise EndpointUnavailableError(
                         f"{s.name} at {s.base_url} refused the request with HTTP {e.status_code}: {e.message}. "

@@ -32,6 +32,7 @@ from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.summary import rollout_metrics, summarize
 from rlver_jax.rollout.transcripts import write_transcripts
 from rlver_jax.run import Run, build_run
+from rlver_jax.simulator.agent import clipped_changes
 from rlver_jax.simulator.factory import build_simulator
 from rlver_jax.simulator.profiles import Profile
 
@@ -64,7 +65,8 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
             tokens = float(train_batch.attention_mask.sum())
             metrics = {**rollout_metrics(batch.sequences), **update_metrics,
                        **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
-                       "policy_lag": float(step - batch.version)}
+                       "policy_lag": float(step - batch.version),
+                       "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in batch.sequences))}
             if config.train.transcripts and jax.process_index() == 0:
                 write_transcripts(run.workdir / "transcripts", step, batch.sequences)
             if config.train.eval_every and run.eval_profiles and (step + 1) % config.train.eval_every == 0:

@@ -20,7 +20,16 @@ becomes an HTTP 500 and is kept in `server.errors`.
 
 `route(emotion=..., reply=..., policy=...)` builds a script that tells the simulator's two kinds
 of request apart by their system prompt (the emotion step asks for a `Change:` line, the reply
-and opening steps for a `Response:` line) and sends anything else to `policy`.
+and opening steps for a `Response:` line) and sends anything else to `policy`. `echoing(script)`
+wraps an emotion-step script like a simulator model that repeats the reply it judges (as the
+prompt quotes it, without the "> " markers) before and after its own answer.
+
+Structured outputs, `response_format=`: "pass" (default) hands the request to the script as it
+is; "validate" acts as a server that enforces the request's JSON schema: the schema must use only
+the keywords servers commonly support (SCHEMA_KEYWORDS) and the script's answer must validate,
+else HTTP 500 and an entry in `errors`; "reject" answers every request that carries
+`response_format` with HTTP 400 "Invalid parameter: 'response_format' ..." (as OpenAI does for a
+model without structured outputs) and `rejected` counts them.
 """
 
 from __future__ import annotations
@@ -50,6 +59,56 @@ def system_prompt(request: dict[str, Any]) -> str:
     """The text of the request's system message(s)."""
     return "\n".join(m.get("content") or "" for m in request.get("messages", [])
                      if m.get("role") == "system")
+
+
+def quoted_reply(request: dict[str, Any]) -> str:
+    """The newest policy reply as the emotion-step prompt quotes it (the last run of "> " lines of
+    the user message), markers removed."""
+    runs: list[list[str]] = [[]]
+    for line in request["messages"][-1]["content"].splitlines():
+        if line.startswith(">"):
+            runs[-1].append(line[2:])
+        elif runs[-1]:
+            runs.append([])
+    return "\n".join(next(run for run in reversed(runs) if run))
+
+
+def echoing(script: Script) -> Script:
+    """An emotion-step script that repeats the quoted reply before and after its own answer."""
+    def echo(request: dict[str, Any]) -> str:
+        reply = quoted_reply(request)
+        return f"{reply}\n{script(request)}\n{reply}"
+    return echo
+
+
+SCHEMA_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "minimum", "maximum"})
+_JSON_TYPES = {"object": dict, "string": str, "integer": int}
+
+
+def schema_errors(instance: Any, schema: dict[str, Any], where: str = "$") -> list[str]:
+    """Why `instance` does not validate against `schema` (the SCHEMA_KEYWORDS subset of JSON
+    Schema); an empty list when it does."""
+    if unknown := set(schema) - SCHEMA_KEYWORDS:
+        return [f"{where}: unsupported schema keywords {sorted(unknown)}"]
+    kind = _JSON_TYPES.get(schema.get("type"))
+    if kind is None:
+        return [f"{where}: unsupported type {schema.get('type')!r}"]
+    if not isinstance(instance, kind) or isinstance(instance, bool):
+        return [f"{where}: {instance!r} is not of type {schema['type']}"]
+    errors = []
+    if "minimum" in schema and instance < schema["minimum"]:
+        errors.append(f"{where}: {instance} < minimum {schema['minimum']}")
+    if "maximum" in schema and instance > schema["maximum"]:
+        errors.append(f"{where}: {instance} > maximum {schema['maximum']}")
+    if kind is dict:
+        properties = schema.get("properties", {})
+        errors += [f"{where}: missing {k!r}" for k in schema.get("required", []) if k not in instance]
+        if schema.get("additionalProperties") is False:
+            errors += [f"{where}: unexpected {k!r}" for k in instance if k not in properties]
+        for k, sub in properties.items():
+            if k in instance:
+                errors += schema_errors(instance[k], sub, f"{where}.{k}")
+    return errors
 
 
 def route(*, emotion: Script | None = None, reply: Script | None = None,
@@ -126,7 +185,11 @@ class ScriptedServer:
 
     def __init__(self, script: Script, *, delay_s: float = 0.0,
                  fail_statuses: Sequence[int] = (), delays: Sequence[float] = (),
-                 model: str = "simulator"):
+                 model: str = "simulator", response_format: str = "pass"):
+        if response_format not in ("pass", "validate", "reject"):
+            raise ValueError(f"response_format={response_format!r}: use 'pass', 'validate' or 'reject'")
+        self.response_format = response_format
+        self.rejected = 0
         self.script = script
         self.delay_s = delay_s
         self.fail_statuses = list(fail_statuses)
@@ -161,6 +224,11 @@ class ScriptedServer:
             time.sleep(self.delay_s + (self.delays[index] if index < len(self.delays) else 0.0))
             if index < len(self.fail_statuses):
                 return self._error(self.fail_statuses[index], "scripted failure")
+            if self.response_format == "reject" and request.get("response_format") is not None:
+                with self._lock:
+                    self.rejected += 1
+                return self._error(400, "Invalid parameter: 'response_format' of type 'json_schema' is not "
+                                        "supported with this model.")
             choices = []
             for i in range(max(1, int(request.get("n") or 1))):
                 try:
@@ -173,6 +241,9 @@ class ScriptedServer:
                 time.sleep(answer.delay_s)
                 if answer.status != 200:
                     return self._error(answer.status, "scripted status")
+                if problem := self._schema_problem(request, answer.content):
+                    self.errors.append(AssertionError(problem))
+                    return self._error(500, problem)
                 choices.append({"index": i, "finish_reason": "stop",
                                 "message": {"role": "assistant", "content": answer.content}})
             return 200, {
@@ -183,6 +254,19 @@ class ScriptedServer:
         finally:
             with self._lock:
                 self._in_flight -= 1
+
+    def _schema_problem(self, request: dict[str, Any], content: str) -> str:
+        """In "validate" mode, what is wrong with the request's schema or the answer under it."""
+        fmt = request.get("response_format")
+        if self.response_format != "validate" or fmt is None:
+            return ""
+        if fmt.get("type") != "json_schema" or "schema" not in fmt.get("json_schema", {}):
+            return f"response_format {fmt!r} is not a json_schema request"
+        try:
+            answer = json.loads(content)
+        except ValueError as e:
+            return f"the scripted answer {content!r} is not JSON: {e}"
+        return "; ".join(schema_errors(answer, fmt["json_schema"]["schema"]))
 
     @staticmethod
     def _error(status: int, message: str) -> tuple[int, Any]:

@@ -189,3 +189,12 @@ def test_bad_config_values_are_named():
     cfg.backend = "vllm"
     with pytest.raises(ValueError, match="config.simulator.backend"):
         simulator.build_simulator(simulator.SimulatorSettings.from_config(cfg))
+
+
+def test_clipped_changes_count_the_judgements_beyond_the_clip_range():
+    script = route(emotion=_changes(15, -3, -40, 10), reply=_say())
+    with ScriptedServer(script) as server:
+        state = _play(_config(server), EN, ["a", "b", "c", "d"])
+    # +15 -> +10 and -40 -> -10 were clipped; -3 and +10 were not; the opening is not judged.
+    assert [r.change for r in state.records[1:]] == [10, -3, -10, 10]
+    assert simulator.agent.clipped_changes([state.to_dict(), {}]) == 2

@@ -1,8 +1,11 @@
 """The openai backend against a scripted server: retries, malformed answers, concurrency,
-the prompt-injection guard, record/replay and the startup check."""
+the prompt-injection guard, record/replay, the startup check, structured outputs (a server that
+enforces the schema, one that rejects it), the prompt budget and echoed utterances."""
 
 import asyncio
 import dataclasses
+import json
+import logging
 import socket
 import time
 
@@ -10,6 +13,7 @@ import pytest
 
 from configs.simulator import get_simulator_config
 from rlver_jax import simulator
+from rlver_jax.simulator import templates
 from tests.scripted_server import ScriptedServer, route
 
 PROFILES = simulator.load_profiles()
@@ -218,3 +222,92 @@ def test_check_endpoint():
         simulator.check_endpoint(_config(url))
     assert url in str(info.value) and "launch/serve_simulator.sh" in str(info.value)
     simulator.check_endpoint(_config(url, backend="embedded"))  # nothing to check
+
+
+# ----------------------------------------------------------------------------- structured outputs
+def _json_judge(change=4):
+    return lambda request: json.dumps({"reasoning": "Feeling: seen", "change": change})
+
+
+def _json_speak(request):
+    return json.dumps({"reasoning": "Plan: open up", "utterance": "Thanks, that helps."})
+
+
+def test_structured_outputs_against_a_server_that_enforces_the_schema():
+    with ScriptedServer(route(emotion=_json_judge(), reply=_json_speak), response_format="validate") as server:
+        [state] = _one_turn(_config(server.base_url, structured_output="json_schema"), [EN])
+        assert not server.errors
+        emotion, reply = server.requests
+    assert state.emotion == 34 and state.history[-1] == {"role": "user", "content": "Thanks, that helps."}
+    assert (state.records[-1].thoughts, state.records[-1].reply_thoughts) == ("Feeling: seen", "Plan: open up")
+    assert emotion["response_format"]["json_schema"]["schema"]["properties"]["change"] == {
+        "type": "integer", "minimum": -10, "maximum": 10}
+    assert set(reply["response_format"]["json_schema"]["schema"]["properties"]) == {"reasoning", "utterance"}
+    assert '"change": <' in emotion["messages"][-1]["content"]
+    # The schema holds the change to the clip range: an answer of 15 breaks it.
+    with ScriptedServer(route(emotion=_json_judge(15), reply=_json_speak), response_format="validate") as server:
+        with pytest.raises(simulator.SimulatorUnavailableError):
+            _one_turn(_config(server.base_url, structured_output="json_schema", max_retries=0), [EN])
+        assert "$.change: 15 > maximum 10" in str(server.errors[0])
+
+
+def test_malformed_structured_answers_are_resampled():
+    answers = iter(['{"reasoning": "x", "change": 2.5}', "Change: +3", '{"reasoning": "x", "change": -2}'])
+    with ScriptedServer(route(emotion=lambda r: next(answers), reply=_json_speak)) as server:
+        [state] = _one_turn(_config(server.base_url, structured_output="json_schema"), [EN])
+    assert state.emotion == 28 and state.records[-1].attempts == 3 + 1
+
+
+def test_a_server_rejecting_response_format_falls_back_to_text_once(caplog):
+    with ScriptedServer(route(emotion=_judge(), reply=_speak), response_format="reject") as server:
+        with caplog.at_level(logging.WARNING, logger="rlver_jax.simulator.openai_backend"):
+            states = _one_turn(_config(server.base_url, structured_output="json_schema"), PROFILES[:6])
+        text_requests = [r for r in server.requests if "response_format" not in r]
+        assert 1 <= server.rejected <= 6 and len(text_requests) == 12  # every request answered as text
+        assert all("JSON" not in r["messages"][-1]["content"] for r in text_requests)
+    assert all(s.emotion == 33 and s.end_reason is None for s in states)
+    [warning] = [r for r in caplog.records if "response_format" in r.getMessage()]
+    assert "HTTP 400" in warning.getMessage() and "falls back to text" in warning.getMessage()
+
+
+def test_structured_and_text_answers_are_cached_apart(tmp_path):
+    cache = str(tmp_path / "cache")
+    with ScriptedServer(route(emotion=_judge(), reply=_speak)) as server:
+        _one_turn(_config(server.base_url, cache_dir=cache), [EN])
+    with ScriptedServer(route(emotion=_json_judge(), reply=_json_speak)) as server:
+        [state] = _one_turn(_config(server.base_url, cache_dir=cache, structured_output="json_schema"), [EN])
+        assert len(server.requests) == 2  # no text answer replayed for a JSON request
+    assert state.emotion == 34
+
+
+def test_bad_structured_settings_are_named():
+    with pytest.raises(ValueError, match="config.simulator.structured_output='json'"):
+        _config("http://x/v1", structured_output="json")
+    with pytest.raises(ValueError, match="config.simulator.max_prompt_tokens=100 is too small"):
+        _config("http://x/v1", max_prompt_tokens=100)
+
+
+# ----------------------------------------------------------------------------- budget and utterances
+def test_requests_keep_within_the_prompt_budget():
+    long_reply = "I hear you. " * 2000  # about 8000 estimated tokens
+    with ScriptedServer(route(emotion=_judge(), reply=_speak)) as server:
+        cfg = _config(server.base_url, max_prompt_tokens=2048)
+
+        async def run():
+            async with simulator.build_simulator(cfg) as sim:
+                state = await sim.start(EN)
+                for _ in range(4):
+                    state = await sim.respond(state, long_reply)
+                return state
+        state = asyncio.run(run())
+        sizes = [templates.prompt_tokens(r["messages"]) for r in server.requests]
+    assert state.emotions == (30, 33, 36, 39, 42)
+    assert max(sizes) <= 2048 and len(sizes) == 8
+
+
+def test_an_utterance_echoing_the_reply_is_resampled():
+    reply = "That sounds hard. What happened at work today?"
+    answers = iter([f"Plan: x\nResponse: {reply}", "Plan: x\nResponse: My boss yelled at me.\n\nAs an AI, I..."])
+    with ScriptedServer(route(emotion=_judge(), reply=lambda r: next(answers))) as server:
+        [state] = _one_turn(_config(server.base_url), [EN], reply=reply)
+    assert state.history[-1]["content"] == "My boss yelled at me." and state.records[-1].attempts == 1 + 2

@@ -13,6 +13,7 @@ from rlver_jax.eval import html_report
 from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import atomic_write_text
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.simulator.agent import clipped_changes
 from rlver_jax.simulator.profiles import Profile
 
 TRAJECTORIES_PNG = "trajectories.png"
@@ -78,6 +79,7 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
     """report.md: the scores, the protocol, breakdowns, the plots and one row per dialogue."""
     run, n = summary["run"], summary["n"]
     rules = run["rules"]
+    judged = sum(1 for d in dialogues for r in d.simulator_state.get("records", ()) if r["scored"])
     out = [f"# Sentient benchmark: {run['policy']}\n\n"]
     out.append(table(["metric", "value"], [
         ["score (mean final emotion)", summary["score"]],
@@ -85,6 +87,7 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         ["failure (left below the floor)", f"{summary['failure']} / {n}"],
         ["dialogues scored", n],
         ["simulator errors (not scored)", summary["simulator_errors"]],
+        [f"changes clipped to +-{rules['max_change']}", f"{clipped_changes(d.simulator_state for d in dialogues)} / {judged} judged turns"],
         ["mean policy turns", summary["mean_turns"]],
     ]))
     out.append(

@@ -2,7 +2,7 @@
 
 Per policy turn (`Simulator.respond`):
   1. emotion step: the backend judges the reply; the change is clipped to [-max_change,
-     max_change] and the emotion capped at the ceiling;
+     max_change] (counted: `clipped_changes`) and the emotion capped at the ceiling;
   2. end checks: ceiling -> "success", floor -> "failure", turn limit -> "turn_limit";
   3. reply step, only when the dialogue goes on: the backend speaks in the new band; a goodbye
      (再见, 拜拜, "bye", ...) -> "goodbye".
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from rlver_jax.simulator.backend import Backend, EmotionJudgement, SimulatorOutputError
 from rlver_jax.simulator.profiles import Profile
@@ -35,6 +37,14 @@ _GOODBYE = re.compile(
 def is_goodbye(utterance: str) -> bool:
     """Whether the simulated user is taking leave (zh and en farewells)."""
     return bool(_GOODBYE.search(utterance))
+
+
+def clipped_changes(states: Iterable[Mapping[str, Any]]) -> int:
+    """Judged turns whose proposed change was clipped to +-max_change, over dialogue states as
+    DialogueState.to_dict() gives them (empty ones count none): the count the training metrics
+    (`simulator_clipped_changes`) and the evaluation report give."""
+    return sum(1 for state in states for r in state.get("records", ())
+               if r["scored"] and r["change_proposed"] != r["change"])
 
 
 def _end_reason(rules: EmotionRules, emotion: int, turn: int) -> str | None:

@@ -6,14 +6,22 @@ other HTTP errors stop the run at once); its EndpointUnavailableError becomes
 SimulatorUnavailableError. An answer that breaks the output contract is requested again (a fresh
 sample) up to `malformed_retries` times, then SimulatorOutputError. With `cache_dir` set, answers
 are recorded and replayed (cache.py).
+
+Structured outputs (`structured_output="json_schema"`): the emotion and reply steps ask for JSON
+under a schema (parsing.change_schema, parsing.UTTERANCE_SCHEMA). A server that refuses
+`response_format` is reported once (a warning) and the backend falls back to text answers for the
+rest of the run, re-sending the refused request as text.
+
+Prompts keep within `max_prompt_tokens` (templates: older turns left out, long texts cut).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
-from rlver_jax.llm_client import ChatClient, EndpointUnavailableError
+from rlver_jax.llm_client import ChatClient, EndpointUnavailableError, ResponseFormatRejectedError
 from rlver_jax.simulator import parsing, templates
 from rlver_jax.simulator.backend import (EmotionJudgement, SimulatorOutputError, SimulatorUnavailableError,
                                          Utterance)
@@ -21,7 +29,9 @@ from rlver_jax.simulator.cache import CacheMissError, RequestCache
 from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.state import DialogueState
 
+log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+Messages = list[dict[str, str]]
 
 
 class OpenAIBackend:
@@ -31,21 +41,27 @@ class OpenAIBackend:
         self.settings = settings
         self.client = ChatClient(settings.client)
         self.cache = RequestCache(settings.cache_dir) if settings.cache_dir else None
+        self.structured = settings.structured_output == "json_schema"  # False after a refusal
 
-    async def _post(self, messages: list[dict[str, str]]) -> str:
+    async def _post(self, messages: Messages, response_format: dict[str, Any] | None) -> str:
         try:
             completion = await self.client.complete(messages, temperature=self.settings.temperature,
-                                                    max_tokens=self.settings.max_tokens)
+                                                    max_tokens=self.settings.max_tokens,
+                                                    response_format=response_format)
+        except ResponseFormatRejectedError:
+            raise
         except EndpointUnavailableError as e:
             raise SimulatorUnavailableError(str(e)) from e
         # No choices or no content: an empty answer, handled as malformed by the caller.
         return completion.text
 
-    async def _complete(self, messages: list[dict[str, str]], sample: int) -> str:
+    async def _complete(self, messages: Messages, response_format: dict[str, Any] | None, sample: int) -> str:
         s = self.settings
         # The full request and the sample index: a retried malformed answer has its own entry.
         key = dict(model=s.client.model, messages=messages, temperature=s.temperature,
                    max_tokens=s.max_tokens, sample=sample)
+        if response_format is not None:  # text requests keep the keys they had before structured outputs
+            key["response_format"] = response_format
         if self.cache is not None:
             recorded = self.cache.get(key)
             if recorded is not None:
@@ -55,43 +71,80 @@ class OpenAIBackend:
                     f"no recorded simulator answer in {self.cache.directory} for this request; "
                     "run with the simulator server up and config.simulator.cache_replay_only=False"
                 )
-        content = await self._post(messages)
+        content = await self._post(messages, response_format)
         if self.cache is not None:
             self.cache.put(key, content)
         return content
 
-    async def _ask(self, messages: list[dict[str, str]],
-                   parse: Callable[[str], _T]) -> tuple[_T, str, int]:
-        """(parsed answer, raw answer, samples used), retrying malformed answers."""
+    def _fall_back_to_text(self, error: ResponseFormatRejectedError) -> None:
+        if self.structured:  # once: concurrent dialogues may all be refused at the same moment
+            self.structured = False
+            log.warning("%s; config.simulator.structured_output='json_schema' falls back to text answers "
+                        "for the rest of this run", error)
+
+    async def _ask(self, render: Callable[[bool], Messages], schema: tuple[str, dict[str, Any]],
+                   parse_text: Callable[[str], _T], parse_json: Callable[[str], _T]) -> tuple[_T, str, int]:
+        """(parsed answer, raw answer, samples used), retrying malformed answers; `render(structured)`
+        gives the request, `schema` its (name, JSON schema) when structured."""
         raws: list[str] = []
-        for sample in range(self.settings.malformed_retries + 1):
-            raw = await self._complete(messages, sample)
+        sample = 0
+        while sample <= self.settings.malformed_retries:
+            structured = self.structured
+            response_format = parsing.response_format(*schema) if structured else None
             try:
-                return parse(raw), raw, sample + 1
+                raw = await self._complete(render(structured), response_format, sample)
+            except ResponseFormatRejectedError as e:
+                self._fall_back_to_text(e)
+                continue  # the same sample, as text
+            try:
+                return (parse_json if structured else parse_text)(raw), raw, sample + 1
             except parsing.MalformedOutputError as e:
                 raws.append(raw)
                 error = e
+            sample += 1
         raise SimulatorOutputError(
             f"simulator answer malformed {len(raws)} times in a row (last: {error})", raws)
 
+    def _untrusted(self, state: DialogueState, *extra: str) -> Sequence[str]:
+        """The texts the prompt quotes: their echoes in an answer do not count."""
+        return [m["content"] for m in state.history] + list(extra)
+
     async def open(self, state: DialogueState) -> Utterance:
-        messages = templates.opening_messages(state.profile, language=state.language,
-                                              difficulty=state.difficulty)
-        parsed, raw, n = await self._ask(messages, parsing.parse_response)
+        s = self.settings
+        parsed, raw, n = await self._ask(
+            lambda structured: templates.opening_messages(state.profile, language=state.language,
+                                                          difficulty=state.difficulty, structured=structured),
+            ("utterance", parsing.UTTERANCE_SCHEMA),
+            lambda raw: parsing.parse_response(raw, max_chars=s.max_utterance_chars),
+            lambda raw: parsing.parse_response_json(raw, max_chars=s.max_utterance_chars))
         return Utterance(parsed.utterance, parsed.thoughts, raw, n)
 
     async def judge(self, state: DialogueState, reply: str) -> EmotionJudgement:
-        messages = templates.emotion_messages(
-            state.profile, language=state.language, difficulty=state.difficulty,
-            emotion=state.emotion, history=state.history, reply=reply)
-        parsed, raw, n = await self._ask(messages, parsing.parse_change)
+        s = self.settings
+        untrusted = self._untrusted(state, reply)
+        parsed, raw, n = await self._ask(
+            lambda structured: templates.emotion_messages(
+                state.profile, language=state.language, difficulty=state.difficulty, emotion=state.emotion,
+                history=state.history, reply=reply, structured=structured, max_prompt_tokens=s.max_prompt_tokens),
+            ("emotion_change", parsing.change_schema(state.rules.max_change)),
+            lambda raw: parsing.parse_change(raw, untrusted=untrusted),
+            parsing.parse_change_json)
         return EmotionJudgement(parsed.change, parsed.thoughts, raw, n)
 
     async def speak(self, state: DialogueState, thoughts: str) -> Utterance:
-        messages = templates.reply_messages(
-            state.profile, language=state.language, difficulty=state.difficulty,
-            band=state.band, thoughts=thoughts, history=state.history)
-        parsed, raw, n = await self._ask(messages, parsing.parse_response)
+        s = self.settings
+        last = state.history[-1] if state.history else None
+        last_reply = last["content"] if last is not None and last["role"] == "assistant" else ""
+        untrusted = self._untrusted(state, thoughts)
+        parsed, raw, n = await self._ask(
+            lambda structured: templates.reply_messages(
+                state.profile, language=state.language, difficulty=state.difficulty, band=state.band,
+                thoughts=thoughts, history=state.history, structured=structured,
+                max_prompt_tokens=s.max_prompt_tokens),
+            ("utterance", parsing.UTTERANCE_SCHEMA),
+            lambda raw: parsing.parse_response(raw, untrusted=untrusted, last_reply=last_reply,
+                                               max_chars=s.max_utterance_chars),
+            lambda raw: parsing.parse_response_json(raw, last_reply=last_reply, max_chars=s.max_utterance_chars))
         return Utterance(parsed.utterance, parsed.thoughts, raw, n)
 
     async def aclose(self) -> None:

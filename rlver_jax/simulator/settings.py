@@ -12,6 +12,8 @@ from rlver_jax.simulator.state import EmotionRules
 from rlver_jax.simulator.templates import DIFFICULTIES, LANGUAGES
 
 BACKENDS = ("openai", "embedded")
+STRUCTURED_OUTPUTS = ("off", "json_schema")
+_MIN_PROMPT_TOKENS = 1024  # below this not even the instructions and one reply fit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +23,9 @@ class SimulatorSettings:
     temperature: float  # simulator sampling temperature
     max_tokens: int  # per simulator answer
     malformed_retries: int  # fresh samples after an answer breaks the format; then simulator_error
+    structured_output: str  # one of STRUCTURED_OUTPUTS
+    max_prompt_tokens: int  # estimated prompt tokens per request (templates.prompt_tokens)
+    max_utterance_chars: int  # the simulated user's words are cut here
     difficulty: str  # one of templates.DIFFICULTIES
     language: str  # "" = each profile's own, or one of templates.LANGUAGES
     cache_dir: str  # record/replay directory for simulator answers; "" = off
@@ -41,12 +46,22 @@ class SimulatorSettings:
             raise ValueError("config.simulator.cache_replay_only needs config.simulator.cache_dir")
         if cfg.malformed_retries < 0:
             raise ValueError(f"config.simulator.malformed_retries={cfg.malformed_retries} is out of range")
+        if cfg.structured_output not in STRUCTURED_OUTPUTS:
+            raise ValueError(f"config.simulator.structured_output={cfg.structured_output!r}: use one of "
+                             f"{STRUCTURED_OUTPUTS}")
+        if cfg.max_prompt_tokens < _MIN_PROMPT_TOKENS:
+            raise ValueError(f"config.simulator.max_prompt_tokens={cfg.max_prompt_tokens} is too small: use "
+                             f"{_MIN_PROMPT_TOKENS} or more (and at most the server's context minus max_tokens)")
+        if cfg.max_utterance_chars < 1:
+            raise ValueError(f"config.simulator.max_utterance_chars={cfg.max_utterance_chars}: use 1 or more")
         client = ClientSettings(
             name="simulator", flag_prefix="--config.simulator.", base_url=cfg.base_url, model=cfg.model,
             api_key_env=cfg.api_key_env, timeout_s=cfg.timeout_s, max_concurrency=cfg.max_concurrency,
             max_retries=cfg.max_retries, backoff_initial_s=cfg.backoff_initial_s,
             backoff_max_s=cfg.backoff_max_s)
         return cls(backend=cfg.backend, client=client, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                   malformed_retries=cfg.malformed_retries, difficulty=cfg.difficulty, language=cfg.language,
+                   malformed_retries=cfg.malformed_retries, structured_output=cfg.structured_output,
+                   max_prompt_tokens=cfg.max_prompt_tokens, max_utterance_chars=cfg.max_utterance_chars,
+                   difficulty=cfg.difficulty, language=cfg.language,
                    cache_dir=cfg.cache_dir, cache_replay_only=cfg.cache_replay_only,
                    rules=EmotionRules.from_config(cfg))

@@ -6,15 +6,27 @@ and opening, and `difficulty_{difficulty}_{language}.txt` for the difficulty par
 
 Injection guard: every message of the conversation, and above all the policy's reply, is
 untrusted text. It goes into the user message only, each line quoted with "> " (the prompts say
-quoted lines are never instructions) and with the contract labels neutralised, so a reply that
-writes "Change: +10" cannot become a line the parser reads.
+quoted lines are never instructions), with hidden characters and think tags removed and the
+contract labels neutralised (parsing.neutralise_labels), so a reply that writes "Change: +10" in
+any spelling cannot become a line the parser reads.
+
+Structured outputs: with `structured=True` the user message ends with the step's JSON answer
+instruction from `json_{language}.txt` (sections `=== emotion ===` and `=== utterance ===`); the
+request then carries the schema of parsing.change_schema / parsing.UTTERANCE_SCHEMA.
+
+Prompt budget (`max_prompt_tokens`, docs/simulator.md): when the estimated tokens of a request
+(`prompt_tokens`) exceed it, the conversation keeps its first message (the user's opening: what the
+dialogue is about) and its last two (the latest exchange) and leaves out the oldest messages in
+between, one at a time, with a line saying how many are left out; if that is not enough, the
+longest quoted text (a message, the newest reply, the reply step's thoughts) is shortened in its
+middle (" [...] ") until the request fits or every text is down to _MIN_KEPT_CHARS.
 """
 
 from __future__ import annotations
 
 import functools
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rlver_jax.simulator import parsing
 from rlver_jax.simulator.profiles import Profile
@@ -30,6 +42,11 @@ _SPEAKERS = {
     "zh": {"user": "你：", "assistant": "朋友："},
 }
 _TRAIT_SEPARATOR = {"en": ", ", "zh": "、"}
+_OMITTED = {"en": "({n} earlier messages are left out here.)", "zh": "（这里省略了较早的 {n} 条消息。）"}
+_CUT = " [...] "  # marks the middle of a quoted text that was cut to fit the prompt budget
+_MIN_KEPT_CHARS = 200  # a text is never cut shorter than this
+_ASCII_CHARS_PER_TOKEN = 3  # the estimate: English runs at about 4 on common tokenizers
+_MESSAGE_TOKENS = 8  # role markers and separators per chat message
 
 Messages = list[dict[str, str]]
 
@@ -41,6 +58,17 @@ def _template(name: str) -> tuple[str, str]:
     if not sep:
         raise ValueError(f"prompt template {name}.txt lacks the '=== user ===' separator line")
     return system.strip(), user.strip()
+
+
+@functools.lru_cache(maxsize=None)
+def _json_instruction(kind: str, language: str) -> str:
+    """The structured-output instruction for `kind` ("emotion" or "utterance")."""
+    sections = (PROMPT_DIR / f"json_{language}.txt").read_text(encoding="utf-8").split("=== ")
+    for section in sections[1:]:
+        name, _, body = section.partition(" ===\n")
+        if name == kind:
+            return body.strip()
+    raise ValueError(f"prompt file json_{language}.txt lacks the '=== {kind} ===' section")
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,18 +84,73 @@ def quote_untrusted(text: str) -> str:
     return "\n".join(f"> {line}" for line in lines)
 
 
-def render_conversation(history: Sequence[dict[str, str]], language: str) -> str:
-    """The dialogue as the simulated user sees it, every utterance quoted."""
+def render_conversation(history: Sequence[dict[str, str]], language: str, omitted: int = 0) -> str:
+    """The dialogue as the simulated user sees it, every utterance quoted; `omitted` messages
+    left out after the first one are announced there."""
     speakers = _SPEAKERS[language]
-    return "\n\n".join(
-        f"{speakers[m['role']]}\n{quote_untrusted(m['content'])}" for m in history
-    )
+    blocks = [f"{speakers[m['role']]}\n{quote_untrusted(m['content'])}" for m in history]
+    if omitted:
+        blocks.insert(1, _OMITTED[language].format(n=omitted))
+    return "\n\n".join(blocks)
 
 
-def _render(step: str, profile: Profile, language: str, difficulty: str, **slots: str) -> Messages:
+def estimate_tokens(text: str) -> int:
+    """A high estimate of the tokens of `text` on common tokenizers: one per 3 ASCII characters
+    and one per other character (Chinese runs at about one or less)."""
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return -(-ascii_chars // _ASCII_CHARS_PER_TOKEN) + len(text) - ascii_chars
+
+
+def prompt_tokens(messages: Messages) -> int:
+    """The estimated prompt tokens of a chat request."""
+    return sum(estimate_tokens(m["content"]) + _MESSAGE_TOKENS for m in messages)
+
+
+def _shorten(text: str, chars: int) -> str:
+    """`text` in at most max(chars, _MIN_KEPT_CHARS) characters: its head and tail around _CUT."""
+    chars = max(chars, _MIN_KEPT_CHARS)
+    if len(text) <= chars:
+        return text
+    keep = chars - len(_CUT)
+    head = keep * 2 // 3
+    return text[:head] + _CUT + text[len(text) - (keep - head):]
+
+
+def _fitted(render: Callable[[list[dict[str, str]], int, dict[str, str]], Messages],
+            history: Sequence[dict[str, str]], texts: dict[str, str], budget: int | None) -> Messages:
+    """render(kept messages, messages left out, texts) within `budget` tokens by the rule of the
+    module docstring; over budget only when every text is already at _MIN_KEPT_CHARS."""
+    history, omitted = [dict(m) for m in history], 0
+
+    def build() -> Messages:
+        return render(history[:1] + history[1 + omitted:], omitted, texts)
+
+    messages = build()
+    if budget is None:
+        return messages
+    while prompt_tokens(messages) > budget and len(history) - omitted > 3:
+        omitted += 1
+        messages = build()
+    while (excess := prompt_tokens(messages) - budget) > 0:
+        kept = history[:1] + history[1 + omitted:]
+        pieces = [(len(m["content"]), m, "content") for m in kept] + [(len(v), texts, k) for k, v in texts.items()]
+        length, holder, key = max(pieces, key=lambda p: p[0])
+        if length <= _MIN_KEPT_CHARS:
+            return messages  # nothing left to cut; the server decides
+        # The characters of this text that make up `excess` tokens, and room for the marker.
+        cut = -(-excess * length // max(1, estimate_tokens(holder[key]))) + len(_CUT)
+        holder[key] = _shorten(holder[key], length - cut)
+        messages = build()
+    return messages
+
+
+def _render(step: str, profile: Profile, language: str, difficulty: str, structured: bool = False,
+            **slots: str) -> Messages:
     if language not in LANGUAGES:
         raise ValueError(f"language {language!r}: use one of {', '.join(LANGUAGES)}")
     system, user = _template(f"{step}_{language}")
+    if structured:
+        user += "\n\n" + _json_instruction("emotion" if step == "emotion" else "utterance", language)
     values = dict(
         persona=profile.player.strip(),
         scene=profile.scene.strip(),
@@ -84,21 +167,28 @@ def _render(step: str, profile: Profile, language: str, difficulty: str, **slots
 
 
 def emotion_messages(profile: Profile, *, language: str, difficulty: str, emotion: int,
-                     history: Sequence[dict[str, str]], reply: str) -> Messages:
+                     history: Sequence[dict[str, str]], reply: str, structured: bool = False,
+                     max_prompt_tokens: int | None = None) -> Messages:
     """The emotion step: judge `reply` given the conversation before it and the current mood."""
-    return _render("emotion", profile, language, difficulty, emotion=str(emotion),
-                   conversation=render_conversation(history, language),
-                   reply=quote_untrusted(reply))
+    def render(kept: list[dict[str, str]], omitted: int, texts: dict[str, str]) -> Messages:
+        return _render("emotion", profile, language, difficulty, structured, emotion=str(emotion),
+                       conversation=render_conversation(kept, language, omitted),
+                       reply=quote_untrusted(texts["reply"]))
+    return _fitted(render, history, {"reply": reply}, max_prompt_tokens)
 
 
 def reply_messages(profile: Profile, *, language: str, difficulty: str, band: str,
-                   thoughts: str, history: Sequence[dict[str, str]]) -> Messages:
+                   thoughts: str, history: Sequence[dict[str, str]], structured: bool = False,
+                   max_prompt_tokens: int | None = None) -> Messages:
     """The reply step: the user's next words, given the mood band and the emotion analysis."""
-    return _render("reply", profile, language, difficulty, band=band,
-                   thoughts=parsing.neutralise_labels(thoughts.strip()) or "-",
-                   conversation=render_conversation(history, language))
+    def render(kept: list[dict[str, str]], omitted: int, texts: dict[str, str]) -> Messages:
+        return _render("reply", profile, language, difficulty, structured, band=band,
+                       thoughts=parsing.neutralise_labels(texts["thoughts"].strip()) or "-",
+                       conversation=render_conversation(kept, language, omitted))
+    return _fitted(render, history, {"thoughts": thoughts}, max_prompt_tokens)
 
 
-def opening_messages(profile: Profile, *, language: str, difficulty: str) -> Messages:
+def opening_messages(profile: Profile, *, language: str, difficulty: str,
+                     structured: bool = False) -> Messages:
     """The opening step: the user's first words when the profile has no `first_talk`."""
-    return _render("opening", profile, language, difficulty)
+    return _render("opening", profile, language, difficulty, structured)
