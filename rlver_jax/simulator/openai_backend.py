@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from rlver_jax.llm_client import ChatClient, EndpointUnavailableError
+from rlver_jax.llm_client import ChatClient, EndpointUnavailableError, RequestRejectedError
 from rlver_jax.simulator import parsing, templates
-from rlver_jax.simulator.backend import (EmotionJudgement, SimulatorOutputError, SimulatorUnavailableError,
-                                         Utterance)
+from rlver_jax.simulator.backend import (EmotionJudgement, SimulatorOutputError, SimulatorRequestError,
+                                         SimulatorUnavailableError, Utterance)
 from rlver_jax.simulator.cache import CacheMissError, RequestCache
 from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.state import DialogueState
@@ -36,6 +36,8 @@ class OpenAIBackend:
         try:
             completion = await self.client.complete(messages, temperature=self.settings.temperature,
                                                     max_tokens=self.settings.max_tokens)
+        except RequestRejectedError as e:  # this dialogue's request only: the dialogue ends, the run goes on
+            raise SimulatorRequestError(str(e)) from e
         except EndpointUnavailableError as e:
             raise SimulatorUnavailableError(str(e)) from e
         # No choices or no content: an empty answer, handled as malformed by the caller.
