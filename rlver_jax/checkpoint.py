@@ -3,8 +3,8 @@
 A checkpoint holds the TrainState pytree (actor, critic, optimizer states, step, RNG) and a JSON
 record of host-side progress (the data cursor, the profile sampler's RNG state, anything else the
 loop needs to continue exactly where it stopped). Orbax writes each step into a temporary
-directory and renames it when complete, so a crash never leaves a half-written checkpoint that
-looks finished.
+directory and renames it when complete, so a crash (or a full disk) never leaves a half-written
+checkpoint that looks finished: the last complete one stays the newest.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 from rlver_jax import sharding
@@ -26,6 +27,10 @@ def make_manager(directory: str | os.PathLike, *, save_every: int, keep: int,
         save_interval_steps=save_every, max_to_keep=keep, enable_async_checkpointing=async_save,
         create=True)
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint holds arrays of other shapes than the state it is restored into."""
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any],
@@ -44,6 +49,15 @@ def latest_step(manager: ocp.CheckpointManager) -> int | None:
     return manager.latest_step()
 
 
+def saved_steps(directory: str | os.PathLike) -> list[int]:
+    """The complete checkpoints' steps in `directory` (a run's WORKDIR/checkpoints), read from the
+    folder names without opening a manager: orbax renames a step's folder to its number only when
+    the step is fully written."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
 def restore(manager: ocp.CheckpointManager, step: int | None, template: Any) -> tuple[Any, dict[str, Any]]:
     """Restore (state, meta) at `step` (default: the latest) into `template`'s structure,
     dtypes and shardings (each array is read straight into its shards)."""
@@ -51,9 +65,37 @@ def restore(manager: ocp.CheckpointManager, step: int | None, template: Any) -> 
     if step is None or step not in manager.all_steps():
         raise FileNotFoundError(
             f"no checkpoint at step {step} in {manager.directory}; available: {sorted(manager.all_steps())}")
+    # Shapes first: a restore into the wrong shapes fails inside orbax with its own message (and
+    # leaves its reader coroutines to complain at exit).
+    mismatches = _shape_mismatches(manager.item_metadata(step)["state"], template)
+    if mismatches:
+        shown = "; ".join(f"{name}: {saved} in the checkpoint, {wanted} in this config's model"
+                          for name, saved, wanted in mismatches[:3])
+        more = f" (and {len(mismatches) - 3} more)" if len(mismatches) > 3 else ""
+        raise CheckpointMismatchError(
+            f"the checkpoint of step {step} in {manager.directory} is of another model: {shown}{more}. Resume "
+            "it with the config it was trained with (its config.json: the same config.model.preset and "
+            "model.path), or start this config in a new config.workdir (or with config.checkpoint.resume=False)")
     out = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(sharding.with_shardings(template)), meta=ocp.args.JsonRestore()))
     return out.state, dict(out.meta)
+
+
+def _path_name(path: tuple) -> str:
+    return "/".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
+
+
+def _shape_mismatches(saved: Any, template: Any) -> list[tuple[str, tuple, tuple]]:
+    """(leaf path, saved shape, template shape) of every array whose shapes differ."""
+    saved_tree = getattr(saved, "tree", saved)
+    saved_shapes = {_path_name(p): tuple(getattr(leaf, "shape", ()))
+                    for p, leaf in jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
+    out = []
+    for p, leaf in jax.tree_util.tree_flatten_with_path(template)[0]:
+        name, wanted = _path_name(p), tuple(getattr(leaf, "shape", ()))
+        if name in saved_shapes and saved_shapes[name] != wanted:
+            out.append((name, saved_shapes[name], wanted))
+    return out
 
 
 def restore_actor(directory: str | os.PathLike, step: int | None, abstract_actor: Any) -> tuple[Any, int]:

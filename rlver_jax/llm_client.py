@@ -2,25 +2,47 @@
 all talk to their servers (SGLang, vLLM, any provider) through it, and the start-up check asks it
 first whether a server can serve.
 
-One policy for every request: at most `max_concurrency` requests in flight (one asyncio.Semaphore
-per client), a per-request timeout, and up to `max_retries` retries with exponential backoff and
-jitter on connection errors, timeouts, HTTP 408/409/429 and 5xx. Any other HTTP error (wrong model
-name, missing or rejected key) is a configuration error: it stops the run at once with the fix.
-Both failures raise EndpointUnavailableError; what a caller does with a bad answer (the
-simulator's re-sampling, the judge's re-asking) is its own business.
+One policy for every request: at most `max_concurrency` requests in flight, a per-request
+timeout, and up to `max_retries` retries with exponential backoff and jitter on connection errors,
+timeouts, HTTP 408/409/429 and 5xx (but 501/505: the server does not speak this API). HTTP 400,
+413 and 422 are about the one request (too long for the model's context, stopped by a content
+filter, a value the server rejects): RequestRejectedError, which a caller may record against that
+request and go on (the simulator marks the dialogue `simulator_error`, the judge records a judge
+error). Any other HTTP error (wrong model name, missing or rejected key) is a configuration error
+that stops the run at once with the fix. All raise EndpointUnavailableError (RequestRejectedError
+is one): a caller that does not handle a rejection stops. What a caller does with a bad answer
+(the simulator's re-sampling, the judge's re-asking) is its own business.
+
+Clients built from equal ClientSettings share one bound on requests in flight across threads and
+event loops (training's in-loop evaluation and its rollout producer talk to one simulator). Retries
+are logged, at most once per `_RETRY_LOG_EVERY_S` per endpoint (how many, the last error), and
+`activity()` tells requests in flight and done, which `show_requests` puts in a progress bar.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import logging
 import os
 import random
+import re
+import threading
+import time
+import weakref
+from collections.abc import Callable
 
 import openai
 
-_RETRY_STATUS = frozenset({408, 409, 429})  # and every 5xx
+log = logging.getLogger(__name__)
+
+_RETRY_STATUS = frozenset({408, 409, 429})  # and every 5xx but _NOT_THIS_API
+_NOT_THIS_API = frozenset({501, 505})  # not implemented: retrying cannot help
+_REQUEST_STATUS = frozenset({400, 413, 422})  # about this request: context length, content filter, ...
 _CHECK_TIMEOUT_S = 30.0  # the start-up check waits at most this long
+_RETRY_LOG_EVERY_S = 30.0  # at most one retry log line per endpoint this often
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _START_HINT = ("Start an OpenAI-compatible server for the model (e.g. `python -m sglang.launch_server "
                "--model-path MODEL --port PORT`)")
 
@@ -39,6 +61,15 @@ def _rejects_response_format(e: openai.APIStatusError) -> bool:
     "grammar")."""
     return e.status_code in (400, 422, 501) and any(
         word in str(e.message).lower() for word in ("response_format", "json_schema", "schema", "grammar"))
+
+
+class RequestRejectedError(EndpointUnavailableError):
+    """The server refused this one request (HTTP 400, 413 or 422: too long for the model's context,
+    stopped by a content filter, ...); other requests may well succeed."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
 
 
 def api_key(env_var: str) -> str:
@@ -75,11 +106,137 @@ class Completion:
     finish_reason: str | None  # "stop", "length", ...; None without a choice
 
 
+class _Limit:
+    """At most `n` requests in flight across threads and event loops (an asyncio.Semaphore belongs
+    to one loop), first come first served, with the endpoint's counts: in flight, answered,
+    retried, and what the retry log has yet to say."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.in_flight = self.answered = self.retried = 0
+        self.unlogged, self.last_log, self.last_error = 0, float("-inf"), ""
+        self._lock = threading.Lock()
+        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
+
+    async def __aenter__(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            free = self.in_flight < self.n and not self._waiters
+            if free:
+                self.in_flight += 1
+            else:
+                waiter = (loop, loop.create_future())
+                self._waiters.append(waiter)
+        if free:
+            _notify()
+            return
+        try:
+            await waiter[1]
+        except asyncio.CancelledError:
+            with self._lock:
+                queued = waiter in self._waiters
+                if queued:
+                    self._waiters.remove(waiter)
+            if not queued and waiter[1].done() and not waiter[1].cancelled():
+                self._release()  # the slot was handed over as the waiter was cancelled: pass it on
+            raise
+
+    async def __aexit__(self, exc_type, *exc_info) -> None:
+        if exc_type is None:
+            self.answered += 1
+        self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            while self._waiters:  # hand the slot straight to the next waiter
+                loop, future = self._waiters.popleft()
+                try:
+                    loop.call_soon_threadsafe(self._hand_over, future)
+                    return
+                except RuntimeError:  # its event loop has closed: no one waits there any more
+                    continue
+            self.in_flight -= 1
+        _notify()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def _hand_over(self, future: asyncio.Future) -> None:
+        if future.done():  # cancelled meanwhile
+            self._release()
+        else:
+            future.set_result(None)
+
+
+# One _Limit per distinct ClientSettings in use; a client holds its own strongly.
+_LIMITS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_LIMITS_LOCK = threading.Lock()
+_LISTENERS: list[Callable[[], None]] = []
+
+
+def _shared_limit(settings: ClientSettings) -> _Limit:
+    with _LIMITS_LOCK:
+        limit = _LIMITS.get(settings)
+        if limit is None:
+            limit = _LIMITS[settings] = _Limit(settings.max_concurrency)
+        return limit
+
+
+def show_requests(bar, label: str) -> Callable[[], None]:
+    """Show activity() in a tqdm `bar`'s description ("label (simulator 8 in flight, 120 done)"),
+    refreshed from any thread at most twice a second as requests start and end, so a slow server
+    shows as slow rather than as silence. Returns the function that stops it."""
+    shown = [0.0]
+
+    def show() -> None:
+        now = time.monotonic()
+        if now - shown[0] >= 0.5:
+            shown[0] = now
+            requests = activity()
+            bar.set_description_str(f"{label} ({requests})" if requests else label)
+
+    def stop() -> None:
+        if show in _LISTENERS:
+            _LISTENERS.remove(show)
+
+    if not getattr(bar, "disable", False):
+        _LISTENERS.append(show)
+    return stop
+
+
+def _notify() -> None:
+    for callback in list(_LISTENERS):
+        callback()
+
+
+def activity() -> str:
+    """Requests of every endpoint in use, e.g. "simulator 64 in flight (30 waiting), 120 done, 2
+    retried"; "" before any request."""
+    with _LIMITS_LOCK:
+        items = [(s.name, limit) for s, limit in _LIMITS.items()]
+    parts = [f"{name} {limit.in_flight} in flight"
+             + (f" ({limit.waiting} waiting)" if limit.waiting else "") + f", {limit.answered} done"
+             + (f", {limit.retried} retried" if limit.retried else "")
+             for name, limit in items if limit.in_flight or limit.answered]
+    return "; ".join(parts)
+
+
+def _sendable(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The messages with lone surrogates (text read back from JSON escapes) replaced by U+FFFD: a
+    request body must be UTF-8, and the HTTP client would fail on them."""
+    if not any(_LONE_SURROGATE.search(m.get("content") or "") for m in messages):
+        return messages
+    return [{**m, "content": _LONE_SURROGATE.sub("\ufffd", m["content"])} if m.get("content") else m
+            for m in messages]
+
+
 class ChatClient:
     """Chat completions under the retry policy of the module docstring.
 
-    The HTTP client and the semaphore belong to one event loop; a caller that runs successive
-    asyncio.run() calls gets a fresh pair per loop, so one ChatClient may outlive many loops.
+    The HTTP client belongs to one event loop; a caller that runs successive asyncio.run() calls
+    gets a fresh one per loop, so one ChatClient may outlive many loops. The bound on requests in
+    flight is shared with every client of equal settings, in any thread.
     """
 
     def __init__(self, settings: ClientSettings):
@@ -87,15 +244,14 @@ class ChatClient:
         self._rng = random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: openai.AsyncOpenAI | None = None
-        self._semaphore: asyncio.Semaphore | None = None
+        self._semaphore = _shared_limit(settings)
 
-    def _connection(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
+    def _connection(self) -> tuple[openai.AsyncOpenAI, _Limit]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             s = self.settings
             self._client = openai.AsyncOpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
                                               timeout=s.timeout_s, max_retries=0)  # retries are ours
-            self._semaphore = asyncio.Semaphore(s.max_concurrency)
             self._loop = loop
         return self._client, self._semaphore
 
@@ -104,10 +260,28 @@ class ChatClient:
         s = self.settings
         return min(s.backoff_max_s, s.backoff_initial_s * 2**attempt) * self._rng.uniform(0.5, 1.0)
 
+    def _log_retry(self, error: Exception) -> None:
+        """Count a retry; say so at once for the first, then at most every _RETRY_LOG_EVERY_S."""
+        limit, now = self._semaphore, time.monotonic()
+        limit.retried += 1
+        limit.unlogged += 1
+        limit.last_error = _describe(error)
+        _notify()
+        if now - limit.last_log >= _RETRY_LOG_EVERY_S:
+            s = self.settings
+            log.warning("%s at %s: %d request(s) retried since the last report (%d in flight, %d answered, "
+                        "%d retries in all); last error: %s. Slow is not down: each request may take up to "
+                        "%s s (%stimeout_s) and is retried up to %d times", s.name, s.base_url, limit.unlogged,
+                        limit.in_flight, limit.answered, limit.retried, limit.last_error, s.timeout_s,
+                        s.flag_prefix, s.max_retries)
+            limit.unlogged, limit.last_log = 0, now
+
     async def complete(self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int,
                        response_format: dict | None = None) -> Completion:
-        """One answer of the model; EndpointUnavailableError once retrying cannot help, and
-        ResponseFormatRejectedError when the server refuses `response_format` (sent when given)."""
+        """One answer of the model; EndpointUnavailableError once retrying cannot help
+        (RequestRejectedError when the server refused this request only, ResponseFormatRejectedError
+        when it refused `response_format`, sent when given)."""
+        messages = _sendable(messages)
         client, semaphore = self._connection()
         s = self.settings
         for attempt in range(s.max_retries + 1):
@@ -123,15 +297,19 @@ class ChatClient:
             except openai.APIConnectionError as e:  # includes timeouts
                 error: Exception = e
             except openai.APIStatusError as e:
+                status = e.status_code
                 if response_format is not None and _rejects_response_format(e):
                     raise ResponseFormatRejectedError(
-                        f"{s.name} at {s.base_url} refused response_format (HTTP {e.status_code}: {e.message})") from e
-                if e.status_code not in _RETRY_STATUS and e.status_code < 500:
-                    raise EndpointUnavailableError(
-                        f"{s.name} at {s.base_url} refused the request with HTTP {e.status_code}: {e.message}. "
-                        f"{_refusal_hint(s, e.status_code)}") from e
+                        f"{s.name} at {s.base_url} refused response_format (HTTP {status}: {e.message})") from e
+                if status in _NOT_THIS_API or (status not in _RETRY_STATUS and status < 500):
+                    message = (f"{s.name} at {s.base_url} refused the request with HTTP {status}: {e.message}. "
+                               f"{_refusal_hint(s, status)}")
+                    if status in _REQUEST_STATUS:
+                        raise RequestRejectedError(message, status) from e
+                    raise EndpointUnavailableError(message) from e
                 error = e
             if attempt < s.max_retries:
+                self._log_retry(error)
                 await asyncio.sleep(self._backoff_s(attempt))
         raise EndpointUnavailableError(
             f"{s.name} at {s.base_url} failed {s.max_retries + 1} times; last error: {error!r}. Is the server "
@@ -143,10 +321,25 @@ class ChatClient:
         # connections went with that loop.
         if self._client is not None and self._loop is asyncio.get_running_loop():
             await self._client.close()
-        self._loop = self._client = self._semaphore = None
+        self._loop = self._client = None
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, openai.APITimeoutError):
+        return "no answer within the timeout"
+    if isinstance(error, openai.APIStatusError):
+        return f"HTTP {error.status_code}: {error.message}"
+    return f"{error.__class__.__name__}: {error}"
 
 
 def _refusal_hint(s: ClientSettings, status: int) -> str:
+    if status in _NOT_THIS_API:
+        return (f"The server does not implement the OpenAI chat API: point {s.flag_prefix}base_url at an "
+                "OpenAI-compatible server (its URL usually ends in /v1).")
+    if status in _REQUEST_STATUS:
+        return ("Only this request was refused (e.g. too long for the model's context, or stopped by a content "
+                f"filter). Check {s.flag_prefix}model ({s.model!r}) and the API key in ${s.api_key_env} if every "
+                "request is.")
     if status in (401, 403):
         return (f"Put the key in the environment variable ${s.api_key_env} (named by {s.flag_prefix}api_key_env) "
                 f"or fix {s.flag_prefix}base_url.")
@@ -156,16 +349,24 @@ def _refusal_hint(s: ClientSettings, status: int) -> str:
 
 
 def check_chat_endpoint(s: ClientSettings, *, start_hint: str = _START_HINT) -> None:
-    """Before a run: one GET /models. Raises EndpointUnavailableError naming the flags to fix when the
-    server does not answer (and how to start one), rejects the key, or lists models without ours."""
+    """Before a run: one GET /models. Raises EndpointUnavailableError naming the flags to fix when no
+    server listens (and how to start one), rejects the key, or lists models without ours. A server
+    that takes the connection but does not answer in time is busy or still loading, not down: a
+    warning says so and the run goes on (its requests are retried, and the retries logged)."""
     client = openai.OpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
                            timeout=min(s.timeout_s, _CHECK_TIMEOUT_S), max_retries=0)
     prefix, base_url = s.flag_prefix, s.base_url
     try:
         served = [m.id for m in client.models.list()]
+    except openai.APITimeoutError:
+        log.warning("%s at %sbase_url=%s took the connection but did not answer GET /models within %g s: it is "
+                    "up but busy (serving other requests) or still loading the model. Going on: requests wait up "
+                    "to %s s each (%stimeout_s) and are retried; retries are logged", s.name, prefix, base_url,
+                    min(s.timeout_s, _CHECK_TIMEOUT_S), s.timeout_s, prefix)
+        return
     except openai.APIConnectionError as e:
         raise EndpointUnavailableError(
-            f"no server answers at {prefix}base_url={base_url} ({e.__class__.__name__}). {start_hint}, "
+            f"no server answers at {prefix}base_url={base_url} ({e.__cause__ or e.__class__.__name__}). {start_hint}, "
             f"or point {prefix}base_url at a running one") from e
     except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
         raise EndpointUnavailableError(

@@ -1,8 +1,16 @@
 """A training run's numbers: per-step metrics of a rollout batch, and where they are written
-(WORKDIR/metrics.jsonl, TensorBoard events, the progress bar)."""
+(WORKDIR/metrics.jsonl, TensorBoard events, the progress bar).
+
+metrics.jsonl holds each step once. A step's line is written before its checkpoint, so a run
+killed in between leaves lines of steps its newest checkpoint does not hold (and a kill mid-append
+a torn last line): a run starting at step S first drops every line of a step >= S and the torn
+line (`keep_steps_before`), then appends its own; TensorBoard hides the events of those steps.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import pathlib
 
@@ -11,9 +19,11 @@ from typing import Any
 
 import jax
 
-from rlver_jax import tracking
-from rlver_jax.files import append_jsonl
+from rlver_jax import llm_client, tracking
+from rlver_jax.files import append_jsonl, atomic_write_jsonl, is_torn, raw_lines
 from rlver_jax.rollout.sequence import DialogueSequence
+
+log = logging.getLogger(__name__)
 
 # The metrics the progress bar shows, when logged.
 PROGRESS_KEYS = ("reward_mean", "emotion_mean", "success_rate", "failure_rate", "entropy", "tokens_per_second")
@@ -33,10 +43,37 @@ def check_finite(step: int, metrics: dict[str, float]) -> None:
         raise FloatingPointError(f"step {step}: non-finite training metrics {bad}")
 
 
+def keep_steps_before(path: pathlib.Path, start: int) -> None:
+    """Rewrite metrics.jsonl with only its complete lines of steps < `start` (see the module
+    docstring); lines that do not parse (a torn line, or one an older version appended to a torn
+    line) are dropped with a warning. Nothing is written when nothing is to drop."""
+    if not path.exists():
+        return
+    kept, dropped, broken = [], [], []
+    for number, raw in enumerate(raw_lines(path), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+            step = int(record["step"])
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+            broken.append(number)
+            continue
+        (kept if step < start else dropped).append(record)
+    if dropped or broken or is_torn(path):
+        atomic_write_jsonl(path, kept)
+    if dropped:
+        log.info("%s: dropped %d line(s) of steps >= %d (written after the checkpoint this run starts from)",
+                 path, len(dropped), start)
+    if broken:
+        log.warning("%s: dropped unreadable line(s) %s (cut short by a crash)", path, broken)
+
+
 class Writers:
-    """metrics.jsonl (appended and flushed every step), TensorBoard events, the progress bar and,
-    when `tracking` is on, Weights & Biases (metrics every step, a table of the batch's dialogues
-    every `table_every` steps); process 0 writes, the others do nothing."""
+    """metrics.jsonl (appended and flushed every step; lines of steps >= `start` dropped first),
+    TensorBoard events, the progress bar (with the requests of the simulator client in flight and
+    done) and, when `tracking` is on, Weights & Biases (metrics every step, a table of the batch's
+    dialogues every `table_every` steps); process 0 writes, the others do nothing."""
 
     def __init__(self, workdir: pathlib.Path, *, start: int, total: int, progress: bool = True,
                  tracking_settings: tracking.TrackingSettings | None = None,
@@ -46,12 +83,16 @@ class Writers:
 
         self.metrics_path = workdir / "metrics.jsonl"
         self.writes = jax.process_index() == 0
-        self.tb = SummaryWriter(str(workdir / "tensorboard")) if self.writes else None
+        if self.writes:
+            keep_steps_before(self.metrics_path, start)
+        # purge_step: TensorBoard hides the events of steps >= start an earlier, killed run wrote.
+        self.tb = SummaryWriter(str(workdir / "tensorboard"), purge_step=start or None) if self.writes else None
         self.bar = tqdm(total=total, initial=start, disable=not progress or not self.writes, desc="train",
                         dynamic_ncols=True)
         self.tracker = (tracking.WandbLogger.create(tracking_settings, config)
                         if self.writes and tracking_settings is not None else None)
         self.table_every = table_every
+        self._stop_showing_requests = llm_client.show_requests(self.bar, "train")
 
     def write(self, step: int, metrics: dict[str, float], dialogues: Sequence[DialogueSequence] = ()) -> None:
         self.bar.update(1)
@@ -69,6 +110,7 @@ class Writers:
                 self.tracker.log_transcripts(step, [{**d.to_record(), "reward": d.reward} for d in dialogues])
 
     def close(self) -> None:
+        self._stop_showing_requests()
         self.bar.close()
         if self.tb is not None:
             self.tb.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sys
 import time
 from typing import Any
 
@@ -21,6 +22,7 @@ import ml_collections
 import numpy as np
 
 from rlver_jax import checkpoint
+from rlver_jax.interrupts import StepGuard, TrainingInterrupted
 from rlver_jax.metrics import Writers, check_finite, throughput_metrics
 from rlver_jax.plots import training_curves
 from rlver_jax.rl import trainer
@@ -30,7 +32,8 @@ from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.summary import rollout_metrics, summarize
-from rlver_jax.rollout.transcripts import write_transcripts
+from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
+from rlver_jax.rollout.transcripts import transcript_path, write_transcripts
 from rlver_jax.run import Run, build_run
 from rlver_jax.simulator.agent import clipped_changes
 from rlver_jax.simulator.factory import build_simulator
@@ -40,22 +43,36 @@ log = logging.getLogger(__name__)
 
 
 def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str, float]:
-    """Run (or resume) the training of `config`; returns the last step's metrics."""
+    """Run (or resume) the training of `config`; returns the last step's metrics.
+
+    Ctrl-C finishes the running step (interrupts.StepGuard), saves its checkpoint and raises
+    interrupts.TrainingInterrupted, whose message says where the checkpoint is and how to resume;
+    any other error leaves the last complete checkpoint and the finished steps' files as they are.
+    """
     run = build_run(config)
     manager = checkpoint.make_manager(run.workdir / "checkpoints", save_every=config.checkpoint.save_every,
                                       keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
     state, start = _resume(config, manager, run.state)
+    if start >= config.train.steps:
+        manager.close()
+        log.info("nothing left to train: %s holds step %d of config.train.steps=%d; raise --config.train.steps "
+                 "to train further", manager.directory, start, config.train.steps)
+        return {}
     rng = jax.device_get(state.rng)  # a host copy of the run key: every update donates state.rng
     buffer = _rollout_buffer(config, run, rng, start)
     writers = Writers(run.workdir, start=start, total=config.train.steps, progress=progress,
                       tracking_settings=run.tracking, config=config.to_dict(), table_every=config.train.eval_every)
+    if jax.process_index() == 0:
+        discard_transcripts(run.workdir / "transcripts", start)  # steps >= start run again
     buffer.publish(start, state.actor)
     metrics: dict[str, float] = {}
+    guard = StepGuard()
     try:
         for step in range(start, config.train.steps):
             t0 = time.perf_counter()
             batch = buffer.get()
             wait_s = time.perf_counter() - t0
+            guard.begin_step(step)  # from here to the checkpoint, Ctrl-C waits for the step to end
             train_batch = _collate(config, run, step, batch)
             t1 = time.perf_counter()
             state, update_metrics = trainer.train_on_batch(run.fns, state, train_batch, run.ref_params)
@@ -74,18 +91,50 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
             writers.write(step, metrics, batch.sequences)
             checkpoint.save(manager, step + 1, state, {"step": step + 1, "seed": config.seed},
                             force=step + 1 == config.train.steps)
+            guard.end_step()
     except KeyboardInterrupt:
-        log.warning("interrupted: saving a checkpoint of step %d before exiting", int(state.step))
-        checkpoint.save(manager, int(state.step), state, {"step": int(state.step), "seed": config.seed}, force=True)
-        raise
+        raise _interrupted(config, manager, state, guard.step) from None
     finally:
-        buffer.close()
-        checkpoint.wait(manager)
-        manager.close()
-        writers.close()
+        guard.close()
+        _shut_down(buffer, manager, writers)
     if jax.process_index() == 0 and writers.metrics_path.exists():
         training_curves(writers.metrics_path, run.workdir / "reward.png", title=run.workdir.name)
     return metrics
+
+
+def _interrupted(config: ml_collections.ConfigDict, manager, state: trainer.TrainState,
+                 torn_step: int | None) -> TrainingInterrupted:
+    """After Ctrl-C: save the state of the last complete step unless a checkpoint of it exists
+    (or it is torn: then the last checkpoint is kept); the error that says so."""
+    if torn_step is None:
+        step = int(state.step)  # every step up to here is complete, its metrics written
+        if step > 0 and checkpoint.latest_step(manager) != step:
+            log.warning("interrupted: saving the checkpoint of step %d", step)
+            checkpoint.save(manager, step, state, {"step": step, "seed": config.seed}, force=True)
+        checkpoint.wait(manager)
+    saved = checkpoint.latest_step(manager)
+    lost = f"step {torn_step} was cut short and is not kept; " if torn_step is not None else ""
+    where = (f"the checkpoint of step {saved} is in {manager.directory}" if saved is not None
+             else "no step was completed, nothing is saved")
+    return TrainingInterrupted(f"interrupted: {lost}{where}. Rerun the same command to resume "
+                               f"(config.workdir={config.workdir}).")
+
+
+def _shut_down(buffer: RolloutBuffer, manager, writers: Writers) -> None:
+    """Stop the producer, finish pending checkpoint writes, close the writers. Every part runs; when
+    the loop failed (a full disk, say), a failure here is logged so that the loop's error is the
+    one raised."""
+    failing = sys.exc_info()[0] is not None
+    first: BaseException | None = None
+    for close in (buffer.close, lambda: checkpoint.wait(manager), manager.close, writers.close):
+        try:
+            close()
+        except Exception as e:  # noqa: BLE001 - each part must get its turn
+            if failing:
+                log.warning("while stopping after an error: %s", e)
+            first = first or e
+    if first is not None and not failing:
+        raise first
 
 
 def _resume(config: ml_collections.ConfigDict, manager, state: trainer.TrainState) -> tuple[trainer.TrainState, int]:
@@ -114,13 +163,26 @@ def _rollout_buffer(config: ml_collections.ConfigDict, run: Run, rng: np.ndarray
                          finalize=simulator.aclose)
 
 
+class AllDialoguesFailedError(RuntimeError):
+    """No dialogue of a step can be trained on (every one ended as simulator_error, or had no
+    policy turn); the step's transcripts are written first."""
+
+
 def _collate(config: ml_collections.ConfigDict, run: Run, step: int, batch: RolloutBatch) -> TrainBatch:
     """The train batch of a rollout batch's trainable dialogues, padded to the full batch."""
     if batch.version < step - config.rollout.max_staleness:  # the buffer guarantees this
         raise AssertionError(f"batch of version {batch.version} at step {step}")
     usable = [s for s in batch.sequences if s.trainable]
     if not usable:
-        raise RuntimeError(f"step {step}: every dialogue failed in the simulator; see the transcripts")
+        path = transcript_path(run.workdir / "transcripts", step)
+        if jax.process_index() == 0:
+            write_transcripts(path.parent, step, batch.sequences)
+        failed = [s for s in batch.sequences if s.simulator_error]
+        errors = [s.simulator_state.get("error") for s in failed if s.simulator_state.get("error")]
+        cause = (f"{len(failed)} of {len(batch.sequences)} ended as simulator_error"
+                 + (f" (last: {errors[-1]})" if errors else "")) if failed else "none had a policy turn"
+        raise AllDialoguesFailedError(f"step {step}: no dialogue can be trained on: {cause}. The dialogues "
+                                      f"are in {path}")
     return collate(usable, batch_size=len(batch.sequences), reward_mode=run.rl.reward_mode,
                    length_multiple=config.train.length_multiple, pad_id=run.chat.end_of_text)
 

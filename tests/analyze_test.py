@@ -7,7 +7,7 @@ import pytest
 from rlver_jax.eval.analysis import analyze
 from rlver_jax.eval.judge import JudgeOutputError, JudgeSettings, judge_messages, parse_judgement
 from rlver_jax.files import read_jsonl
-from tests.scripted_server import ScriptedServer
+from tests.scripted_server import Reply, ScriptedServer
 
 FIVE = ("empathy_depth", "insight", "solution_crafting", "dialogue_guidance", "style_adaptability")
 
@@ -39,8 +39,9 @@ ANSWERS = {
          "strategies": [["validation", "question"], ["reflection", "dance"]]}) + "\n```",
     "tuned-2": json.dumps({"Empathy Depth": "4/5", "Insight": 3, "Solution crafting": "3", "Dialogue guidance": 4,
                            "Style adaptability": 5, "strategies": [["Validation", "Open question"], ["advice"]]}),
-    "tuned-3": "Here is my view.\n**Empathy depth**: 3\n- Insight: 2/5\nSolution crafting: 2\n"
-               "Dialogue guidance = 3\nStyle adaptability: 4\nStrategies: reassurance, humour",
+    "tuned-3": "Here is my view {briefly}:\n" + json.dumps(
+        {"Empathy depth": 3, "Insight": "2/5", "Solution crafting": 2, "Dialogue guidance": "3 out of 5",
+         "Style adaptability": 4, "strategies": {"reassurance": 1, "humour": 1}}) + "\nThat is all.",
 }
 
 
@@ -92,6 +93,43 @@ def test_parsing_rejects_what_it_cannot_trust():
         parse_judgement(json.dumps({"scores": {k: 3 for k in FIVE[:4]}}))
     with pytest.raises(JudgeOutputError, match="not a number"):
         parse_judgement(json.dumps({"scores": {**good, "insight": "high"}}))
+
+
+GOOD = json.dumps({"scores": dict(zip(FIVE, (4, 4, 4, 4, 4))), "strategies": [["question"]]})
+
+
+@pytest.mark.parametrize("answer", [
+    GOOD[:-1],  # cut short: the inner "scores" object is complete, the answer is not
+    GOOD[:len(GOOD) // 2],
+    GOOD.replace('"question"', "question"),  # invalid JSON around a valid "scores" object
+    "**Empathy depth**: 4\n- Insight: 4/5\nSolution crafting: 4\nDialogue guidance = 4\nStyle adaptability: 4",
+    '{"scores": ' + json.dumps(dict(zip(FIVE, (4, 4, 4, 4, 4)))) + ", ",
+])
+def test_a_rating_counts_only_from_a_complete_valid_answer(answer):
+    assert parse_judgement(GOOD).scores == dict(zip(FIVE, (4, 4, 4, 4, 4)))
+    with pytest.raises(JudgeOutputError, match="no complete JSON object with ratings"):
+        parse_judgement(answer)
+
+
+def test_truncated_answers_and_a_refused_request_are_judge_errors(tmp_path):
+    run = _run(tmp_path, "run", ["cut", "long", "fine"])
+
+    def judge(request):
+        conversation = request["messages"][1]["content"]
+        if "[long]" in conversation:
+            return Reply(status=400)  # as a server whose context the dialogue overflows
+        return GOOD[:-1] if "[cut]" in conversation else GOOD
+
+    with ScriptedServer(judge, model="judge") as server:
+        summary = analyze([run], tmp_path / "out", JudgeSettings(base_url=server.base_url, model="judge",
+                                                                  malformed_retries=1), progress=False)
+        assert len(server.requests) == 2 + 1 + 1  # "cut" asked twice, the refused one once
+    s = summary["models"]["run"]
+    assert (s["judged"], s["judge_errors"]) == (1, 2)
+    errors = {r["profile_id"]: r["error"] for r in read_jsonl(tmp_path / "out" / "judgements.jsonl")}
+    assert "malformed 2 times" in errors["cut"] and "no complete JSON object" in errors["cut"]
+    assert "judge request refused" in errors["long"] and "HTTP 400" in errors["long"]
+    assert "| run | 1 | 2 |" in (tmp_path / "out" / "analysis.md").read_text()
 
 
 def test_the_dialogue_is_quoted_for_the_judge():

@@ -67,3 +67,21 @@ def test_save_interval_retention_and_errors(tmp_path):
     manager.close()
     with pytest.raises(ValueError, match="config.checkpoint.save_every=0"):
         checkpoint.make_manager(tmp_path / "other", save_every=0, keep=1)
+
+
+def test_a_checkpoint_of_another_model_names_both_shapes(tmp_path):
+    mesh = sharding.make_mesh((1, 8, 1))
+    manager = _manager(tmp_path)
+    checkpoint.save(manager, 4, _state(mesh, seed=0), {"step": 4}, force=True)
+    split = NamedSharding(mesh, P("fsdp"))
+    wider = {"w": jax.device_put(np.zeros((8, 6), np.float32), split),
+             "b": jax.device_put(np.zeros(8, np.float32), split)}
+    tx = optax.adam(1e-3)
+    template = trainer.init_train_state(wider, tx, seed=0, shardings=trainer.state_shardings(
+        tx, wider, jax.tree.map(lambda x: x.sharding, wider)))
+    with pytest.raises(checkpoint.CheckpointMismatchError,
+                       match=r"step 4 in .* is of another model: actor/w: \(8, 4\) in the checkpoint, \(8, 6\) in "
+                             r"this config's model; .*config.model.preset"):
+        checkpoint.restore(manager, None, template)
+    manager.close()
+    assert checkpoint.saved_steps(tmp_path) == [4] and checkpoint.saved_steps(tmp_path / "none") == []

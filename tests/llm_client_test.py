@@ -4,7 +4,10 @@ hints, timeouts; and the simulator, the policy under test and the LLM judge all 
 import ast
 import asyncio
 import json
+import logging
 import pathlib
+import socket
+import threading
 import time
 
 import pytest
@@ -12,7 +15,8 @@ import pytest
 from configs.simulator import get_simulator_config
 from rlver_jax import simulator
 from rlver_jax.eval.judge import Judge, JudgeSettings
-from rlver_jax.llm_client import ChatClient, ClientSettings, EndpointUnavailableError, check_chat_endpoint
+from rlver_jax.llm_client import (ChatClient, ClientSettings, EndpointUnavailableError, RequestRejectedError, activity,
+                                  check_chat_endpoint)
 from rlver_jax.rollout.policy import OpenAIPolicy, TurnRequest
 from tests.scripted_server import ScriptedServer, route
 
@@ -195,3 +199,86 @@ def test_simulator_policy_and_judge_stop_on_401_with_the_key_hint():
                            match=r"judge at .*HTTP 401.*\$TEST_KEY \(named by --api_key_env\)"):
             _judge_rating(server.base_url)
     assert issubclass(simulator.SimulatorUnavailableError, EndpointUnavailableError)
+
+
+# ----------------------------------------------------------------------------- faults: issue 18
+
+@pytest.mark.parametrize("status", [400, 413, 422])
+def test_a_refusal_of_the_request_is_its_own_error(status):
+    with ScriptedServer(lambda r: "never", fail_statuses=[status]) as server:
+        with pytest.raises(RequestRejectedError, match=f"HTTP {status}: .*Only this request was refused") as info:
+            _complete(_settings(server.base_url))
+        assert len(server.requests) == 1
+    assert info.value.status == status and isinstance(info.value, EndpointUnavailableError)
+
+
+def test_a_server_without_the_chat_api_is_told_at_once():
+    with ScriptedServer(lambda r: "never", fail_statuses=[501]) as server:
+        with pytest.raises(EndpointUnavailableError, match="HTTP 501: .*does not implement the OpenAI chat API"):
+            _complete(_settings(server.base_url, max_retries=5))
+        assert len(server.requests) == 1  # not retried for a minute
+
+
+def test_the_simulator_marks_the_dialogue_of_a_refused_request_and_goes_on():
+    script = route(emotion=lambda r: "Feeling: better\nChange: +4", reply=lambda r: "Response: Thanks.")
+    with ScriptedServer(script, fail_statuses=[400]) as server:
+        state = _simulator_turn(server.base_url)
+        assert len(server.requests) == 1  # not retried, not re-sampled
+    assert (state.done, state.end_reason) == (True, "simulator_error")
+    assert "HTTP 400" in state.error and state.records[-1].error == state.error
+    with ScriptedServer(script) as server:  # the next dialogue runs as usual
+        assert _simulator_turn(server.base_url).emotion == 34
+
+
+def test_retries_are_logged_once_per_interval(caplog):
+    with ScriptedServer(lambda r: "ok", fail_statuses=[503, 500, 502]) as server:
+        with caplog.at_level(logging.WARNING, logger="rlver_jax.llm_client"):
+            assert _complete(_settings(server.base_url, max_retries=3)).text == "ok"
+    [line] = [r.getMessage() for r in caplog.records]  # 3 retries, one line within 30 s
+    assert "policy endpoint at" in line and "1 request(s) retried" in line and "HTTP 503" in line
+
+
+def test_clients_of_equal_settings_share_one_bound_across_event_loops():
+    def run(client):
+        async def many():
+            await asyncio.gather(*(client.complete(HELLO, temperature=0.0, max_tokens=8) for _ in range(6)))
+            await client.aclose()
+        asyncio.run(many())
+
+    with ScriptedServer(lambda r: "ok", delay_s=0.05) as server:
+        clients = [ChatClient(_settings(server.base_url, max_concurrency=2)) for _ in range(2)]
+        threads = [threading.Thread(target=run, args=(c,)) for c in clients]  # two loops, as training and its
+        for t in threads:                                                     # in-loop evaluation
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(server.requests) == 12 and server.peak_in_flight == 2
+        assert "policy endpoint 0 in flight, 12 done" in activity()
+
+
+def test_a_lone_surrogate_is_sent_as_a_replacement_character():
+    with ScriptedServer(lambda r: "ok") as server:
+        settings = _settings(server.base_url)
+
+        async def run():
+            client = ChatClient(settings)
+            await client.complete([{"role": "user", "content": "half \ud83d an emoji"}], temperature=0.0,
+                                  max_tokens=8)
+            await client.aclose()
+        asyncio.run(run())
+        assert server.requests[0]["messages"][0]["content"] == "half \ufffd an emoji"
+
+
+def test_the_start_up_check_tells_slow_from_down(caplog):
+    busy = socket.socket()  # listens, never answers: a server busy with other requests
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(8)
+    url = f"http://127.0.0.1:{busy.getsockname()[1]}/v1"
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlver_jax.llm_client"):
+            check_chat_endpoint(_settings(url, timeout_s=0.5))  # a warning, not an error
+        assert "did not answer GET /models within 0.5 s: it is up but busy" in caplog.text
+    finally:
+        busy.close()
+    with pytest.raises(EndpointUnavailableError, match=r"no server answers at .*\(.*[Cc]onnection refused"):
+        check_chat_endpoint(_settings(url))

@@ -88,6 +88,27 @@ def test_missing_and_empty_files(tmp_path):
         P.load_profiles(tmp_path / "empty.jsonl")
 
 
+def test_unicode_line_separators_are_text_and_bad_bytes_are_named(tmp_path):
+    texts = {"player": "* Name: Ann\u2028* Age: 30", "scene": "She lost\u0085her job.\u2029Again.",
+             "first_talk": "Hi\u2028there \x00 你好"}
+    path = tmp_path / "odd.jsonl"
+    lines = [json.dumps(_good(**texts), ensure_ascii=False), json.dumps(_good(id="b"), ensure_ascii=False)]
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode("utf-8"))  # with a byte-order mark
+    loaded = P.load_profiles(path)
+    assert [p.id for p in loaded] == ["a", "b"]
+    assert (loaded[0].player, loaded[0].scene, loaded[0].first_talk) == (
+        texts["player"], texts["scene"], texts["first_talk"])
+
+    path.write_bytes(lines[0].encode("utf-8") + b"\n" + lines[1].encode("utf-8").replace(b"Ann", b"\xe9ve"))
+    with pytest.raises(P.ProfileError, match=rf"{path}:2: not UTF-8 text \(byte 0xe9 at byte \d+ of the line\)"):
+        P.load_profiles(path)
+
+
+def test_a_directory_is_named(tmp_path):
+    with pytest.raises(P.ProfileError, match=f"{tmp_path}: is a directory"):
+        P.load_profiles(tmp_path)
+
+
 def test_profile_round_trip_and_optional_first_talk():
     profile = P.parse_profile(_good(first_talk=DELETE))
     assert profile.first_talk is None

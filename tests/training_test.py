@@ -1,15 +1,23 @@
 """End to end: the tiny GRPO and PPO configs train on CPU, log, checkpoint and resume exactly."""
 
+import errno
 import json
+import signal
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
 import pytest
 
 from configs import grpo_think, ppo_nothink
-from rlver_jax import checkpoint, training
+from rlver_jax import checkpoint, files, training
+from rlver_jax.files import read_jsonl
+from rlver_jax.interrupts import TrainingInterrupted
+from rlver_jax.rl import trainer
+from rlver_jax.rollout.buffer import RolloutBatch
+from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES, load_profiles
 from tests.conftest import REPO
 
@@ -101,3 +109,95 @@ def test_launch_train_rejects_unknown_override(tmp_path):
          f"--config.workdir={tmp_path}", "--config.rl.clip_epsilon=0.1"],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "clip_epsilon" in out.stderr
+
+
+# ----------------------------------------------------------------------------- faults (issue 18)
+
+def _steps(workdir):
+    return [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().split("\n") if line]
+
+
+def _transcripts(workdir):
+    return sorted(p.name for p in (workdir / "transcripts").iterdir())
+
+
+def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypatch):
+    workdir = tmp_path / "run"
+    config = small(grpo_think.get_config("tiny"), workdir, steps=4)  # eval after steps 1 and 3, checkpoints 1, 2, 4
+
+    # Ctrl-C during the update of step 1 (the update donates the state): the step is finished,
+    # its evaluation included, and the checkpoint the loop just wrote is not written twice.
+    update = trainer.train_on_batch
+
+    def interrupted_update(fns, state, batch, ref):
+        out = update(fns, state, batch, ref)
+        if int(out[0].step) == 2:
+            signal.raise_signal(signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(trainer, "train_on_batch", interrupted_update)
+    with pytest.raises(TrainingInterrupted, match=r"the checkpoint of step 2 is in .*Rerun the same command"):
+        training.train(config, progress=False)
+    monkeypatch.undo()
+    assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 2
+    assert _steps(workdir) == [0, 1]
+    assert "eval_score" in read_jsonl(workdir / "metrics.jsonl")[1]
+    assert _transcripts(workdir) == ["eval_000001.jsonl", "train_000000.jsonl", "train_000001.jsonl"]
+
+    # What a kill -9 after step 2's metrics line (before its checkpoint) and mid-append leaves.
+    with open(workdir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "reward_mean": 0.5}\n{"step": 3, "rew')
+    for stale in ("train_000002.jsonl", "eval_000003.jsonl"):
+        (workdir / "transcripts" / stale).write_text('{"stale": true}\n')
+
+    # The disk fills up while step 3's transcripts are written: the error names the file; the
+    # last checkpoint and every finished transcript stay.
+    write = files.atomic_write_bytes
+
+    def full_disk(path, data):
+        if "train_000003" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return write(path, data)
+
+    monkeypatch.setattr(files, "atomic_write_bytes", full_disk)
+    with pytest.raises(OSError, match="No space left on device.*train_000003.jsonl"):
+        training.train(config, progress=False)
+    monkeypatch.undo()
+    kept = checkpoint.saved_steps(workdir / "checkpoints")[-1]
+    assert kept == 2 and _steps(workdir) == [0, 1, 2]
+    assert _transcripts(workdir) == ["eval_000001.jsonl", "train_000000.jsonl", "train_000001.jsonl",
+                                     "train_000002.jsonl"]  # the stale ones removed, no temporary files
+    assert read_jsonl(workdir / "transcripts" / "train_000002.jsonl")[0]["step"] == 2
+
+    training.train(config, progress=False)  # the rerun resumes at the checkpoint
+    assert _steps(workdir) == [0, 1, 2, 3]
+    assert _transcripts(workdir) == ["eval_000001.jsonl", "eval_000003.jsonl", "train_000000.jsonl",
+                                     "train_000001.jsonl", "train_000002.jsonl", "train_000003.jsonl"]
+    assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 4
+    assert training.train(config, progress=False) == {}  # nothing left to do
+
+
+def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path):
+    config = small(grpo_think.get_config("tiny"), tmp_path, steps=1)
+    failed = [DialogueSequence(profile_id=f"p{i}", group=i, tokens=[], policy_mask=[], logprobs=[], turn_ends=[],
+                               emotions=[30.0], end_reason="simulator_error", simulator_error=True,
+                               simulator_state={"error": "simulator refused the request with HTTP 400"})
+              for i in range(2)]
+    run = types.SimpleNamespace(workdir=tmp_path)
+    with pytest.raises(training.AllDialoguesFailedError,
+                       match=r"step 5: .*2 of 2 ended as simulator_error \(last: .*HTTP 400\).*train_000005.jsonl"):
+        training._collate(config, run, 5, RolloutBatch(index=5, version=5, sequences=failed, seconds=1.0))
+    assert [r["profile_id"] for r in read_jsonl(tmp_path / "transcripts" / "train_000005.jsonl")] == ["p0", "p1"]
+
+
+def test_config_ranges_are_checked_before_anything_starts(tmp_path):
+    config = small(grpo_think.get_config("tiny"), tmp_path / "never", steps=1)
+    config.train.steps = -1
+    config.rollout.temperature = -0.5
+    config.simulator.max_concurrency = 0
+    config.simulator.timeout_s = 0.0
+    with pytest.raises(ValueError, match=r"config.train.steps=-1 must be >= 0; config.rollout.temperature=-0.5 "
+                                         r"must be >= 0; config.simulator.max_concurrency=0 must be >= 1; "
+                                         r"config.simulator.timeout_s=0.0 must be > 0"):
+        training.train(config, progress=False)
+    assert not (tmp_path / "never").exists()

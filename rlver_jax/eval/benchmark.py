@@ -23,11 +23,12 @@ from rlver_jax import sharding
 from rlver_jax.eval import policy_loading, report
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
-from rlver_jax.llm_client import ClientSettings, EndpointUnavailableError, check_chat_endpoint
+from rlver_jax.llm_client import ClientSettings, EndpointUnavailableError, check_chat_endpoint, show_requests
 from rlver_jax.models.hf_io import CheckpointError
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.policy import JaxPolicy, OpenAIPolicy, SamplingSettings
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.run import check_config
 from rlver_jax.simulator import (ProfileError, SimulatorSettings, SimulatorUnavailableError, build_simulator,
                                  check_endpoint, load_profiles)
 from rlver_jax.simulator.profiles import Profile
@@ -153,6 +154,7 @@ async def _play(runner: EpisodeRunner, requests: list[EpisodeRequest], group_siz
 
 def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str, Any]:
     """Evaluate (or finish evaluating) the policy of `config`; returns the scores of sentient.json."""
+    check_config(config)
     if not config.workdir:
         raise ValueError("config.workdir is empty: set --config.workdir=DIR (results, report and plots go there)")
     workdir = pathlib.Path(config.workdir)
@@ -186,6 +188,7 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: li
                                format_failure=config.policy.format_failure)
     transcripts = workdir / TRANSCRIPTS
     bar = tqdm(total=len(profiles), disable=not progress, desc="sentient", unit="dialogue", dynamic_ncols=True)
+    stop_showing_requests = show_requests(bar, "sentient")
 
     def on_finish(seq: DialogueSequence) -> None:
         append_jsonl(transcripts, seq.to_record())
@@ -210,4 +213,5 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: li
         raise EndpointUnavailableError(
             f"the policy endpoint --config.policy.base_url={config.policy.base_url} failed: {e}.\n{resume}") from e
     finally:
+        stop_showing_requests()
         bar.close()

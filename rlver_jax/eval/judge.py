@@ -2,10 +2,12 @@
 to 5, and the response strategies of every policy reply (launch/analyze.py).
 
 The judge is any OpenAI-compatible chat endpoint, called through rlver_jax.llm_client. The prompt
-is this project's own; the judge answers with one JSON object, and parsing tolerates what models
-do to it (a <think> block, code fences, prose around the object, "4/5" or "4" for 4, other
-spellings of the names). An answer without all five ratings is asked for again, then recorded as
-a judge error, never guessed.
+is this project's own; the judge answers with one JSON object. A rating counts only from a
+complete, valid JSON object of the answer: parsing tolerates a <think> block, code fences and
+prose around the object, "4/5" or "4" for 4 and other spellings of the names, but never reads
+ratings out of prose, out of a truncated or invalid object, or out of an object nested in one.
+An answer without all five ratings is asked for again, then recorded as a judge error (so is a
+request the server refuses, e.g. a dialogue too long for its context), never guessed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from rlver_jax.llm_client import ChatClient, ClientSettings
+from rlver_jax.llm_client import ChatClient, ClientSettings, RequestRejectedError
 from rlver_jax.simulator.patterns import THINK_BLOCK
 
 # key -> (display name, what it measures), in the paper's order.
@@ -110,8 +112,6 @@ _STRATEGY_STEMS = (("validat", "validation"), ("reflect", "reflection"), ("parap
                    ("self", "self_disclosure"), ("inform", "information"), ("explain", "information"),
                    ("humo", "humor"))
 _NUMBER = re.compile(r"(?<![\d.])([1-5](?:\.\d+)?)(?![\d.])")
-_SCORE_LINE = re.compile(r"^[\s\-*#>\"'`]*([A-Za-z][A-Za-z _\-]*?)[\s*_\"'`]*[:：=]\s*[*_\"'`]*\s*([0-9.]+)")
-_STRATEGY_LINE = re.compile(r"strateg[a-z]*[^:：]*[:：](.*)$", re.IGNORECASE | re.MULTILINE)
 
 
 def _canonical(name: str, stems: tuple[tuple[str, str], ...]) -> str | None:
@@ -134,18 +134,35 @@ def _rating(value: Any) -> float:
     return number
 
 
-def _json_objects(text: str) -> list[dict[str, Any]]:
-    """Every JSON object in `text` (outermost ones), in order."""
-    decoder, out, pos = json.JSONDecoder(), [], 0
-    while (start := text.find("{", pos)) != -1:
-        try:
-            obj, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            pos = start + 1
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-        pos = end
+def _outermost_objects(text: str) -> list[dict[str, Any]]:
+    """The top-level JSON objects of `text`, in order: every balanced {...} span outside any other
+    (braces inside JSON strings do not count) that parses as a whole. A span that does not parse
+    and one left open at the end (an answer cut short) give nothing, and nothing nested in them is
+    looked at: an inner object of a broken answer is not an answer."""
+    decoder, out = json.JSONDecoder(), []
+    depth, start, in_string, escaped = 0, 0, False, False
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"' and depth:
+            in_string = True
+        elif ch == "{":
+            start = i if depth == 0 else start
+            depth += 1
+        elif ch == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                try:
+                    obj, end = decoder.raw_decode(text, start)
+                except json.JSONDecodeError:
+                    continue
+                if end == i + 1 and isinstance(obj, dict):
+                    out.append(obj)
     return out
 
 
@@ -183,11 +200,12 @@ class Judgement:
 
 
 def parse_judgement(text: str) -> Judgement:
-    """The ratings, strategy counts and comment in a judge's answer; JudgeOutputError when a
-    rating is missing or out of range."""
+    """The ratings, strategy counts and comment of a judge's answer, from its last complete JSON
+    object with ratings; JudgeOutputError when there is none, or a rating is missing or out of
+    range."""
     text = THINK_BLOCK.sub("", text)
     text = text.rsplit("</think>", 1)[-1]  # an answer whose opening <think> tag was cut
-    for obj in reversed(_json_objects(text)):
+    for obj in reversed(_outermost_objects(text)):
         scores = _scores_from(obj["scores"]) if isinstance(obj.get("scores"), dict) else _scores_from(obj)
         if scores:
             missing = [k for k in CAPABILITIES if k not in scores]
@@ -195,19 +213,8 @@ def parse_judgement(text: str) -> Judgement:
                 raise JudgeOutputError(f"no rating for {missing} in the judge's JSON")
             counts, covered = _strategies_from(obj.get("strategies"))
             return Judgement(scores, dict(counts), covered, str(obj.get("comment", "")))
-    # No usable JSON: ratings on lines such as "**Empathy depth**: 4/5".
-    scores = {}
-    for line in text.splitlines():
-        match = _SCORE_LINE.match(line)
-        key = match and _canonical(match[1], _CAPABILITY_STEMS)
-        if key and key not in scores:
-            scores[key] = _rating(match[2])
-    missing = [k for k in CAPABILITIES if k not in scores]
-    if missing:
-        raise JudgeOutputError(f"no rating for {missing} in the judge's answer")
-    names = [n for m in _STRATEGY_LINE.findall(text) for n in re.split(r"[,;/]", m) if n.strip()]
-    counts, _ = _strategies_from(names)
-    return Judgement(scores, dict(counts), None, "")
+    raise JudgeOutputError("no complete JSON object with ratings in the judge's answer (cut short, invalid "
+                           "JSON, or prose only)")
 
 
 # ----------------------------------------------------------------------------- calling the judge
@@ -248,7 +255,11 @@ class Judge:
         s, messages = self.settings, judge_messages(transcript)
         raws: list[str] = []
         for _ in range(s.malformed_retries + 1):
-            raw = (await self.client.complete(messages, temperature=s.temperature, max_tokens=s.max_tokens)).text
+            try:
+                raw = (await self.client.complete(messages, temperature=s.temperature, max_tokens=s.max_tokens)).text
+            except RequestRejectedError as e:  # this dialogue only (e.g. too long for the judge's context)
+                return {"scores": None, "strategies": {}, "replies": 0, "comment": "", "raw": "",
+                        "attempts": len(raws) + 1, "error": f"judge request refused: {e}"}
             raws.append(raw)
             try:
                 j = parse_judgement(raw)

@@ -7,7 +7,7 @@ import json
 import pathlib
 from typing import Any
 
-from rlver_jax.files import atomic_write_jsonl, atomic_write_text, read_jsonl
+from rlver_jax.files import atomic_write_jsonl, atomic_write_text, is_torn, read_jsonl
 
 
 def load_records(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -19,8 +19,7 @@ def load_records(path: pathlib.Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     records = read_jsonl(path)
-    text = path.read_text(encoding="utf-8")
-    if text and not text.endswith("\n"):
+    if is_torn(path):
         atomic_write_jsonl(path, records)
     return records
 

@@ -5,7 +5,9 @@ consumed by train step i and is generated with a version v >= i - max_staleness:
   max_staleness = 0: batch i waits for version i (strictly on-policy, the paper's setting);
   max_staleness = 1: batch i + 1 is generated with version i while the trainer updates to i + 1.
 The producer snapshots the newest parameters at the start of each batch, so one batch never
-mixes versions. Queues are bounded, and an exception in the producer is raised in the consumer.
+mixes versions. Queues are bounded, and an exception in the producer is raised in the consumer
+(as RolloutError, caused by it). `close()` cancels the batch in progress, so stopping a run does
+not wait for its dialogues to end.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class RolloutBatch:
     seconds: float  # wall time spent producing it
 
 
+class RolloutError(RuntimeError):
+    """The rollout producer failed; the producer's exception is the __cause__."""
+
+
 class _Failure:
     def __init__(self, exc: BaseException):
         self.exc = exc
@@ -55,6 +61,8 @@ class RolloutBuffer:
         self._cond = threading.Condition()
         self._version, self._params = -1, None
         self._stop = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None  # the batch in progress
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
     def publish(self, version: int, params: Any) -> None:
@@ -84,13 +92,19 @@ class RolloutBuffer:
                 if not self._thread.is_alive():
                     raise RuntimeError("the rollout producer stopped without a batch or an error")
         if isinstance(item, _Failure):
-            raise RuntimeError(f"rollout producer failed: {item.exc!r}") from item.exc
+            raise RolloutError(f"rollout producer failed: {item.exc!r}") from item.exc
         return item
 
     def close(self) -> None:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+            loop, task = self._loop, self._task
+        if task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop has closed: nothing is in progress
+                pass
         while True:  # unblock a producer waiting on a full queue
             try:
                 self._queue.get_nowait()
@@ -100,7 +114,7 @@ class RolloutBuffer:
             self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = self._loop = asyncio.new_event_loop()
         try:
             while True:
                 index = self._next_index
@@ -110,7 +124,13 @@ class RolloutBuffer:
                         return
                     version, params = self._version, self._params
                 start = time.perf_counter()
-                seqs = loop.run_until_complete(self._make_batch(index, version, params))
+                with self._cond:
+                    if self._stop:
+                        return
+                    task = self._task = loop.create_task(self._make_batch(index, version, params))
+                seqs = loop.run_until_complete(task)
+                with self._cond:
+                    self._task = None
                 batch = RolloutBatch(index, version, seqs, time.perf_counter() - start)
                 while not self._stop:
                     try:
@@ -120,7 +140,8 @@ class RolloutBuffer:
                         continue
                 self._next_index += 1
         except BaseException as exc:  # surfaces in get(), never a silent hang
-            self._queue.put(_Failure(exc))
+            if not self._stop:
+                self._queue.put(_Failure(exc))
         finally:
             if self._finalize is not None:
                 loop.run_until_complete(self._finalize())

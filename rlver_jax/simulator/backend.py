@@ -43,6 +43,15 @@ class SimulatorOutputError(RuntimeError):
         self.raw_outputs = raw_outputs  # every rejected answer, oldest first; never empty
 
 
+class SimulatorRequestError(SimulatorOutputError):
+    """The simulator's server refused one request of a dialogue (llm_client.RequestRejectedError:
+    HTTP 400/413/422, e.g. a prompt too long for its context, a content filter). Like a malformed
+    answer it ends only that dialogue, as `simulator_error`; the run goes on."""
+
+    def __init__(self, message: str):
+        super().__init__(message, [""])  # no answer came
+
+
 class SimulatorUnavailableError(EndpointUnavailableError):
     """The simulator service could not be reached or refused the request (after retries)."""
 
@@ -50,8 +59,9 @@ class SimulatorUnavailableError(EndpointUnavailableError):
 class Backend(Protocol):
     """What the state machine asks of a simulated user.
 
-    Each method may raise SimulatorOutputError (the dialogue is then marked `simulator_error`)
-    or SimulatorUnavailableError (the run cannot go on; it propagates).
+    Each method may raise SimulatorOutputError (a malformed answer, or SimulatorRequestError for a
+    refused request: the dialogue is then marked `simulator_error`) or SimulatorUnavailableError
+    (the run cannot go on; it propagates).
     """
 
     async def open(self, state: DialogueState) -> Utterance:

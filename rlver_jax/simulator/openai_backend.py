@@ -21,10 +21,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from rlver_jax.llm_client import ChatClient, EndpointUnavailableError, ResponseFormatRejectedError
+from rlver_jax.llm_client import (ChatClient, EndpointUnavailableError, RequestRejectedError,
+                                  ResponseFormatRejectedError)
 from rlver_jax.simulator import parsing, templates
-from rlver_jax.simulator.backend import (EmotionJudgement, SimulatorOutputError, SimulatorUnavailableError,
-                                         Utterance)
+from rlver_jax.simulator.backend import (EmotionJudgement, SimulatorOutputError, SimulatorRequestError,
+                                         SimulatorUnavailableError, Utterance)
 from rlver_jax.simulator.cache import CacheMissError, RequestCache
 from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.state import DialogueState
@@ -50,6 +51,8 @@ class OpenAIBackend:
                                                     response_format=response_format)
         except ResponseFormatRejectedError:
             raise
+        except RequestRejectedError as e:  # this dialogue's request only: the dialogue ends, the run goes on
+            raise SimulatorRequestError(str(e)) from e
         except EndpointUnavailableError as e:
             raise SimulatorUnavailableError(str(e)) from e
         # No choices or no content: an empty answer, handled as malformed by the caller.

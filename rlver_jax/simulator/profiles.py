@@ -25,6 +25,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from rlver_jax.files import raw_lines
 from rlver_jax.simulator.patterns import CJK
 
 DEFAULT_PROFILES = pathlib.Path(__file__).parent / "data" / "profiles.jsonl"
@@ -199,21 +200,36 @@ def parse_profile(record: Any, *, where: str = "<record>") -> Profile:
 def load_profiles(path: str | os.PathLike[str] | None = None) -> list[Profile]:
     """Reads a JSON Lines profile file (default: the project's shipped set).
 
-    Blank lines are skipped. Raises ProfileError naming file, line and field of every problem,
-    including duplicate ids.
+    Lines are split on "\\n" only (U+2028, U+2029 and U+0085 are text inside a JSON string) and
+    decoded as UTF-8 one by one (a byte-order mark at the start is dropped). Blank lines are
+    skipped. Raises ProfileError naming file, line and field of every problem, including bytes
+    that are not UTF-8 and duplicate ids; a missing file, a directory or an empty file is one
+    problem naming the path.
     """
     path = pathlib.Path(path) if path is not None else DEFAULT_PROFILES
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = raw_lines(path)
     except FileNotFoundError:
         raise ProfileError(f"{path}: profile file not found") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{path}: is a directory; give a JSON Lines profile file (one profile per line)") from None
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read the profile file ({e.strerror or e})") from None
+    if lines[0].startswith(b"\xef\xbb\xbf"):
+        lines[0] = lines[0][3:]
     profiles: list[Profile] = []
     problems: list[str] = []
     first_line_of: dict[str, int] = {}
-    for number, line in enumerate(lines, start=1):
+    for number, raw in enumerate(lines, start=1):
+        where = f"{path}:{number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            problems.append(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the "
+                            "line); save the file as UTF-8")
+            continue
         if not line.strip():
             continue
-        where = f"{path}:{number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:

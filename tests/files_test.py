@@ -1,0 +1,80 @@
+"""JSON Lines and atomic writes with any text a model produces: Unicode line separators, NEL,
+lone surrogates, NUL; torn last lines, bytes that are not UTF-8, directories."""
+
+import json
+
+import pytest
+
+from rlver_jax.eval.resume import load_records
+from rlver_jax.files import append_jsonl, atomic_write_jsonl, atomic_write_text, is_torn, read_jsonl
+from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.rollout.transcripts import write_transcripts
+
+# Each breaks a naive reader: splitlines() splits at the first three, UTF-8 cannot encode the
+# lone surrogate, and NUL ends C strings.
+AWKWARD = ["line\u2028separator", "para\u2029graph", "next\u0085line", "lone \ud800 surrogate",
+           "nul\x00byte", "你好 😀 \r\n crlf"]
+
+
+def _records():
+    return [{"i": i, "text": t, t: "as a key"} for i, t in enumerate(AWKWARD)]
+
+
+def test_appended_and_atomic_lines_read_back_exactly(tmp_path):
+    appended, atomic = tmp_path / "appended.jsonl", tmp_path / "atomic.jsonl"
+    for r in _records():
+        append_jsonl(appended, r)
+    atomic_write_jsonl(atomic, _records())
+    for path in (appended, atomic):
+        assert read_jsonl(path) == _records()
+        data = path.read_bytes()
+        assert data.count(b"\n") == len(AWKWARD)  # one line per record: "\n" only ends a line
+        assert b"\\ud800" in data  # the lone surrogate as its JSON escape; the file is valid UTF-8
+        data.decode("utf-8")
+        assert [json.loads(line)["i"] for line in data.decode("utf-8").split("\n") if line] == list(range(6))
+        assert not is_torn(path)
+
+
+def test_a_text_file_with_a_lone_surrogate_is_written(tmp_path):
+    path = atomic_write_text(tmp_path / "report.md", "score \ud83d of 5\n")
+    assert path.read_text(encoding="utf-8") == "score \\ud83d of 5\n"
+
+
+def test_transcripts_of_awkward_dialogues_read_back_as_the_same_dialogues(tmp_path):
+    turns = [{"turn": 1, "raw": t, "reply": t, "user": t} for t in AWKWARD]
+    seq = DialogueSequence(profile_id="p\u2028", group=0, tokens=[1], policy_mask=[1], logprobs=[0.0],
+                           turn_ends=[0], emotions=[40.0, 50.0], end_reason="turn_limit", turns=turns,
+                           messages=[{"role": "assistant", "content": t} for t in AWKWARD])
+    path = write_transcripts(tmp_path, 3, [seq, seq])
+    [a, b] = read_jsonl(path)
+    assert a == b and a["step"] == 3
+    back = DialogueSequence.from_record(a)
+    assert back.turns == turns and back.messages == seq.messages and back.profile_id == "p\u2028"
+
+
+def test_a_torn_last_line_is_ignored_and_load_records_repairs_it(tmp_path):
+    path = tmp_path / "transcripts.jsonl"
+    atomic_write_jsonl(path, _records()[:2])
+    torn = json.dumps({"text": "你好"}, ensure_ascii=False).encode("utf-8")
+    with open(path, "ab") as f:
+        f.write(torn[:-5])  # cut inside the multi-byte "好": not even UTF-8
+    assert is_torn(path)
+    assert read_jsonl(path) == _records()[:2]
+    assert load_records(path) == _records()[:2]  # and rewritten without the torn line
+    assert not is_torn(path) and read_jsonl(path) == _records()[:2]
+    append_jsonl(path, {"next": 1})
+    assert read_jsonl(path)[-1] == {"next": 1}
+
+
+def test_bad_lines_and_directories_are_named(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 0}\n{"step": 1, "x\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
+        read_jsonl(path)
+    path.write_bytes(b'{"step": 0}\n{"text": "\xff\xfe"}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not UTF-8 text"):
+        read_jsonl(path)
+    with pytest.raises(IsADirectoryError, match=f"{tmp_path} is a directory"):
+        read_jsonl(tmp_path)
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    assert read_jsonl(tmp_path / "empty.jsonl") == [] and not is_torn(tmp_path / "empty.jsonl")
