@@ -17,10 +17,12 @@ exactly `new_tokens` tokens per row (transformers also gets min_new_tokens).
   weight-read bound: parameter bytes / measured streaming bandwidth, the least one decode step
     can cost when memory-bound.
   KV/seq: KV-cache bytes per sequence of ours, (bucketed prompt + new_tokens) slots.
+  load: the 1-minute load average after the row (a shared host: compare sides within a row).
 """
 
 import dataclasses
 import functools
+import os
 import pathlib
 import sys
 import tempfile
@@ -60,6 +62,7 @@ class Row:
     hf_step_ms: float
     flops: float
     kv_bytes: int
+    load: float  # 1-minute load average after both sides ran
 
 
 def stream_bandwidth() -> float:
@@ -157,7 +160,7 @@ def bench_preset(preset: str, rng: np.random.Generator) -> list[Row]:
                             warm_up=run_hf(hf_model, ids, mask, 2))
             print(f"  {preset} {dtype} batch {batch} transformers: {batch * n / hf[0]:.1f} tok/s", flush=True)
             rows.append(Row(preset, dtype, batch, *ours, *hf, model_flops(config, mask.sum(1), n),
-                            sampling.kv_cache_bytes(config, ids.shape[1], n)))
+                            sampling.kv_cache_bytes(config, ids.shape[1], n), os.getloadavg()[0]))
     return rows
 
 
@@ -177,15 +180,17 @@ def main(argv):
     n = _NEW_TOKENS.value
     print(f"\n{n} new tokens per row, prompts of {_PROMPT_LEN.value // 2}-{_PROMPT_LEN.value} tokens\n")
     print("| model | dtype | batch | ours tok/s | transformers tok/s | speed-up | ours decode ms/step "
-          "| transformers decode ms/step | weight-read bound ms/step | ours MFU | transformers MFU | KV/seq |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| transformers decode ms/step | decode speed-up | weight-read bound ms/step | ours MFU | transformers MFU "
+          "| KV/seq | load |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         config = get_preset(r.preset)
         bound_ms = matmul_params(config) * jnp.dtype(r.dtype).itemsize / bandwidth * 1e3
         peak = peaks[r.dtype]
         print(f"| {r.preset} | {r.dtype} | {r.batch} | {r.batch * n / r.ours_s:.1f} | {r.batch * n / r.hf_s:.1f} "
-              f"| {r.hf_s / r.ours_s:.2f}x | {r.ours_step_ms:.1f} | {r.hf_step_ms:.1f} | {bound_ms:.1f} "
-              f"| {r.flops / r.ours_s / peak:.1%} | {r.flops / r.hf_s / peak:.1%} | {r.kv_bytes / 2**20:.2f} MiB |")
+              f"| {r.hf_s / r.ours_s:.2f}x | {r.ours_step_ms:.1f} | {r.hf_step_ms:.1f} | {r.hf_step_ms / r.ours_step_ms:.2f}x "
+              f"| {bound_ms:.1f} | {r.flops / r.ours_s / peak:.1%} | {r.flops / r.hf_s / peak:.1%} "
+              f"| {r.kv_bytes / 2**20:.2f} MiB | {r.load:.1f} |")
 
 
 if __name__ == "__main__":
