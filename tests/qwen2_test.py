@@ -109,6 +109,57 @@ def test_kv_cache_decoding_equals_full_forward(tmp_path):
     assert int(cache.index) == ids.shape[1]
 
 
+def cached_greedy(config, params, ids, mask, positions, new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy decoding through the KV cache (one prefill call, then one token per call): the
+    tokens [B, N] and the logits [B, N, V] each was chosen from."""
+    step = jax.jit(lambda p, cache, ids, mask, pos: qwen2.hidden_states(config, p, ids, mask, pos, cache))
+    cache = qwen2.init_cache(config, ids.shape[0], ids.shape[1] + new_tokens)
+    h, cache = step(params, cache, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions))
+    tokens, logits = [], []
+    for i in range(new_tokens):
+        logits.append(qwen2.logits_from_hidden(config, params, h[:, -1:]))
+        tokens.append(jnp.argmax(logits[-1], axis=-1))  # [B, 1]
+        pos = jnp.asarray(positions[:, -1:] + 1 + i)
+        h, cache = step(params, cache, tokens[-1], jnp.ones_like(tokens[-1], bool), pos)
+    return np.concatenate(tokens, axis=1), np.concatenate(logits, axis=1)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_cached_greedy_decoding_equals_transformers_generate(tmp_path, scan):
+    """The in-place per-layer cache update, in the unrolled and the scanned stack."""
+    model, path = make_hf_model(tmp_path, tied=True)
+    config, params = hf_io.load_pretrained(path, scan_layers=scan)
+    ids, mask, positions = left_padded_batch(config.vocab_size)
+    n = 10
+    with torch.no_grad():
+        ref = model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), do_sample=False,
+                             max_new_tokens=n, min_new_tokens=n, pad_token_id=0, return_dict_in_generate=True,
+                             output_logits=True)
+    tokens, logits = cached_greedy(config, params, ids, mask, positions, n)
+    np.testing.assert_array_equal(tokens, ref.sequences.numpy()[:, ids.shape[1]:])
+    np.testing.assert_allclose(logits, torch.stack(ref.logits, dim=1).numpy(), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_bf16_cached_decoding_stays_close_to_fp32(tmp_path, scan):
+    """A bf16 cache (held as raw bits) reads back as the keys and values it was given."""
+    _, path = make_hf_model(tmp_path, tied=True)
+    cfg32, p32 = hf_io.load_pretrained(path)
+    cfg16, p16 = hf_io.load_pretrained(path, dtype="bfloat16", scan_layers=scan)
+    ids, mask, positions = left_padded_batch(cfg32.vocab_size)
+    full32 = np.asarray(qwen2.forward(cfg32, p32, jnp.asarray(ids), jnp.asarray(mask)))
+    cache = qwen2.init_cache(cfg16, ids.shape[0], max_len=16)
+    got = []
+    for t in range(ids.shape[1]):  # one token at a time: every logit but the first reads the cache
+        h, cache = qwen2.hidden_states(cfg16, p16, jnp.asarray(ids[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]),
+                                       jnp.asarray(positions[:, t:t + 1]), cache)
+        got.append(np.asarray(qwen2.logits_from_hidden(cfg16, p16, h)))
+    got = np.concatenate(got, axis=1)
+    valid = mask.astype(bool)
+    assert np.max(np.abs(got[valid] - full32[valid])) < 0.05 * np.max(np.abs(full32[valid]))
+    assert (got[valid].argmax(-1) == full32[valid].argmax(-1)).mean() > 0.9
+
+
 def test_bf16_stays_close_to_fp32(tmp_path):
     _, path = make_hf_model(tmp_path, tied=True)
     cfg32, p32 = hf_io.load_pretrained(path)

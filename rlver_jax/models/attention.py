@@ -54,7 +54,8 @@ def dense_attention(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.Ar
     logits = jnp.einsum("BKMH,BSKH->BKMS", q_BKMH, keys_BSKH, preferred_element_type=jnp.float32)
     logits = logits.reshape(b, k, g, t, s) * (h ** -0.5) + bias_BTS[:, None, None, :, :]
     probs = jax.nn.softmax(logits, axis=-1).astype(dt).reshape(b, k, g * t, s)
-    out_BKMH = jnp.einsum("BKMS,BSKH->BKMH", probs, values_BSKH)
+    # fp32 accumulation, then the compute dtype: XLA:CPU's bf16-output matmuls take a slow path.
+    out_BKMH = jnp.einsum("BKMS,BSKH->BKMH", probs, values_BSKH, preferred_element_type=jnp.float32).astype(dt)
     return out_BKMH.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 

@@ -30,7 +30,10 @@ Params = Any  # nested dict of arrays
 class KVCache(NamedTuple):
     """Static-shape cache of keys and values for incremental decoding.
 
-    k, v: [L, B, S, K, H]; mask: [B, S] bool, slots that hold real tokens;
+    k, v: [L, B, S, K, H] in the compute dtype; a 16-bit one (bf16) is held as its raw bits
+    (uint16), because XLA:CPU runs a bf16 dynamic_update_slice in fp32, converting the whole cache
+    to fp32 and back in every layer of every decode step, where on the bits it updates in place.
+    mask: [B, S] bool, slots that hold real tokens;
     index: int32 scalar, the next slot to write (shared by all rows: batches are left-padded).
     """
 
@@ -40,13 +43,30 @@ class KVCache(NamedTuple):
     index: jax.Array
 
 
-def init_cache(config: Qwen2Config, batch: int, max_len: int, dtype=None) -> KVCache:
+def init_cache(config: Qwen2Config, batch: int, max_len: int) -> KVCache:
     """An empty cache of `max_len` slots per row."""
     shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
-    dtype = dtype or config.jnp_dtype
-    return KVCache(
-        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-        mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
+    k, v = (_to_cache(jnp.zeros(shape, config.jnp_dtype)) for _ in "kv")  # two buffers: a cache is donated
+    return KVCache(k=k, v=v, mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
+
+
+def _to_cache(x: jax.Array) -> jax.Array:
+    """Values of the compute dtype as the cache holds them (see KVCache)."""
+    return jax.lax.bitcast_convert_type(x, jnp.uint16) if x.dtype.itemsize == 2 else x
+
+
+def _from_cache(x: jax.Array, dtype) -> jax.Array:
+    return jax.lax.bitcast_convert_type(x, dtype) if x.dtype == jnp.uint16 else x.astype(dtype)
+
+
+class _StackCache(NamedTuple):
+    """The whole stack's cache as it passes through the layers: `layer` is the index of the layer
+    it enters next; k, v [L, B, S, K, H]. Each layer writes its new slots in place (one
+    dynamic_update_slice into the stack), so a decode step never copies the cache."""
+
+    layer: jax.Array
+    k: jax.Array
+    v: jax.Array
 
 
 def _param(module: nn.Module, name: str, shape, names, init):
@@ -58,16 +78,19 @@ def _normal(config: Qwen2Config):
     return nn.initializers.normal(config.initializer_range)
 
 
-def _dense(x: jax.Array, w: jax.Array, in_dims: int = 1, **kwargs) -> jax.Array:
+def _dense(x: jax.Array, w: jax.Array, in_dims: int = 1, out_dtype=None) -> jax.Array:
     """x [M, *in] @ w [*in, *out] -> [M, *out] as one 2-D matmul over a flat token axis M.
 
-    Not an einsum over [B, T, ...]: XLA's CPU backend lays out the backward pass of a matmul with
-    two token axes with extra transposes (flat is faster; see benchmarks/train_step.py). On
-    accelerators both forms compile to the same matmuls.
+    Accumulates in fp32 and casts to `out_dtype` (default: x's dtype): XLA:CPU runs a matmul
+    with bf16 outputs on a slow path (several times slower than fp32 out plus a cast; see
+    docs/benchmarks.md, Generation). Not an einsum over [B, T, ...]: XLA's CPU backend lays out
+    the backward pass of a matmul with two token axes with extra transposes (flat is faster; see
+    benchmarks/train_step.py). On accelerators both forms compile to the same matmuls.
     """
     m, out_shape = x.shape[0], w.shape[in_dims:]
     w_2d = w.reshape(math.prod(w.shape[:in_dims]), math.prod(out_shape))
-    return jnp.dot(x.reshape(m, -1), w_2d, **kwargs).reshape((m,) + out_shape)
+    y = jnp.dot(x.reshape(m, -1), w_2d, preferred_element_type=jnp.float32)
+    return y.astype(out_dtype or x.dtype).reshape((m,) + out_shape)
 
 
 class RMSNorm(nn.Module):
@@ -98,7 +121,7 @@ class Attention(nn.Module):
     config: Qwen2Config
 
     @nn.compact
-    def __call__(self, x_BTD, positions_BT, kv_mask_BS, layer_kv, index):
+    def __call__(self, x_BTD, positions_BT, kv_mask_BS, cache: _StackCache | None, index):
         cfg = self.config
         d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         dt = cfg.jnp_dtype
@@ -119,17 +142,17 @@ class Attention(nn.Module):
         q = rotary(q, positions_BT, cfg.rope_theta)
         kk = rotary(kk, positions_BT, cfg.rope_theta)
 
-        if layer_kv is None:  # no cache: the keys are exactly the new tokens, slot = index
+        if cache is None:  # no cache: the keys are exactly the new tokens, slot = index
             out = attention.attend(q, kk, vv, kv_mask_BS, cfg.attention)
-            new_kv = None
         else:
-            cache_k, cache_v = layer_kv
-            keys = jax.lax.dynamic_update_slice(cache_k, kk.astype(cache_k.dtype), (0, index, 0, 0))
-            values = jax.lax.dynamic_update_slice(cache_v, vv.astype(cache_v.dtype), (0, index, 0, 0))
-            new_kv = (keys, values)
+            def write(stack, new_BTKH):  # in place, in the whole stack's cache
+                return jax.lax.dynamic_update_slice(stack, _to_cache(new_BTKH[None]), (cache.layer, 0, index, 0, 0))
+
+            cache = cache._replace(k=write(cache.k, kk), v=write(cache.v, vv))
+            keys, values = _from_cache(cache.k[cache.layer], dt), _from_cache(cache.v[cache.layer], dt)
             bias_BTS = attention.slot_bias(index + jnp.arange(t), kv_mask_BS)
-            out = attention.dense_attention(q, keys.astype(dt), values.astype(dt), bias_BTS, dt)
-        return _dense(out.reshape(b * t, n, h), wo.astype(dt), in_dims=2).reshape(b, t, d), new_kv
+            out = attention.dense_attention(q, keys, values, bias_BTS, dt)
+        return _dense(out.reshape(b * t, n, h), wo.astype(dt), in_dims=2).reshape(b, t, d), cache
 
 
 class MLP(nn.Module):
@@ -150,22 +173,28 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """One layer on the carry (x [B, T, D], the stack's cache or None); the same carry form in the
+    scanned and the unrolled stack, so both update the cache in place."""
+
     config: Qwen2Config
 
     @nn.compact
-    def __call__(self, x_BTD, positions_BT, kv_mask_BS, layer_kv, index):
-        attn_out, new_kv = Attention(self.config, name="attn")(
-            RMSNorm(self.config, name="input_norm")(x_BTD), positions_BT, kv_mask_BS, layer_kv, index)
+    def __call__(self, carry, positions_BT, kv_mask_BS, index):
+        x_BTD, cache = carry
+        attn_out, cache = Attention(self.config, name="attn")(
+            RMSNorm(self.config, name="input_norm")(x_BTD), positions_BT, kv_mask_BS, cache, index)
         x_BTD = x_BTD + attn_out
         x_BTD = x_BTD + MLP(self.config, name="mlp")(RMSNorm(self.config, name="post_attn_norm")(x_BTD))
-        return x_BTD, new_kv
+        if cache is not None:
+            cache = cache._replace(layer=cache.layer + 1)
+        return (x_BTD, cache), None
 
 
 def _layer_class(config: Qwen2Config):
     if config.remat == "none":
         return DecoderLayer
     policy = None if config.remat == "full" else jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims
-    # index (arg 5 counting self) is a traced scalar, but layer_kv may be None: mark nothing static.
+    # index is a traced scalar and the carry's cache may be None: mark nothing static.
     return nn.remat(DecoderLayer, policy=policy, prevent_cse=not config.scan_layers)
 
 
@@ -183,7 +212,7 @@ class Qwen2(nn.Module):
         if cfg.scan_layers:
             self.layers = nn.scan(
                 layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=cfg.num_layers,
+                in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
         else:
             self.layers = [layer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
@@ -200,28 +229,28 @@ class Qwen2(nn.Module):
                 "value_bias", nn.with_logical_partitioning(nn.initializers.zeros, ()), (), jnp.float32)
 
     def __call__(self, input_ids_BT, positions_BT, kv_mask_BS, cache_kv, index):
-        x = self.embed(input_ids_BT)
+        cache = None if cache_kv is None else _StackCache(jnp.zeros((), jnp.int32), *cache_kv)
+        carry = (self.embed(input_ids_BT), cache)
         if self.config.scan_layers:
-            x, new_kv = self.layers(x, positions_BT, kv_mask_BS, cache_kv, index)
+            carry, _ = self.layers(carry, positions_BT, kv_mask_BS, index)
         else:
-            new_kv = []
-            for i, layer in enumerate(self.layers):
-                layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
-                x, kv = layer(x, positions_BT, kv_mask_BS, layer_kv, index)
-                new_kv.append(kv)
-            new_kv = None if cache_kv is None else (
-                jnp.stack([kv[0] for kv in new_kv]), jnp.stack([kv[1] for kv in new_kv]))
-        return self.final_norm(x), new_kv
+            for layer in self.layers:
+                carry, _ = layer(carry, positions_BT, kv_mask_BS, index)
+        x, cache = carry
+        return self.final_norm(x), None if cache is None else (cache.k, cache.v)
 
     def logits(self, h_BTD):
         """LM-head logits in fp32 (matmul in the compute dtype, fp32 accumulation)."""
         dt = self.config.jnp_dtype
-        if self.config.tie_word_embeddings:
-            w_DV = self.embed.embedding.astype(dt).T
-        else:
-            w_DV = self.lm_head.astype(dt)
         b, t, d = h_BTD.shape
-        logits = _dense(h_BTD.astype(dt).reshape(b * t, d), w_DV, preferred_element_type=jnp.float32)
+        h_MD = h_BTD.astype(dt).reshape(b * t, d)
+        if self.config.tie_word_embeddings:
+            # Contract the table's D axis where it lies: a dot with `embedding.T` makes XLA:CPU
+            # convert the whole bf16 table to fp32 on every call (docs/benchmarks.md, Generation).
+            logits = jax.lax.dot_general(h_MD, self.embed.embedding.astype(dt), (((1,), (1,)), ((), ())),
+                                         preferred_element_type=jnp.float32)
+        else:
+            logits = _dense(h_MD, self.lm_head.astype(dt), out_dtype=jnp.float32)
         return logits.reshape(b, t, -1)
 
     def values(self, h_BTD):
