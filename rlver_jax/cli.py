@@ -35,9 +35,11 @@ FLAGS = flags.FLAGS
 flags.disclaim_key_flags()  # flags defined here belong to the entry point calling us: its --help lists them
 TRACEBACK_ENV = "RLVER_TRACEBACK"
 # Loggers that print a line per HTTP request (httpx), the TPU-backend probe on CPU (jax), every
-# checkpoint file (orbax, through absl): WARNING and above unless --verbosity >= 1 or
-# --logger_levels names them.
-QUIET_LOGGERS = ("jax", "httpx", "httpcore", "openai", "absl", "orbax")
+# checkpoint file and read-only manager (orbax, through absl), and the level they keep unless
+# --verbosity >= 1 or --logger_levels names them.
+QUIET_LOGGERS = {"jax": logging.WARNING, "httpx": logging.WARNING, "httpx2": logging.WARNING,  # openai 3 uses httpx2
+                 "httpcore": logging.WARNING, "openai": logging.WARNING, "orbax": logging.WARNING,
+                 "absl": logging.ERROR}
 # Code of ours: an error raised here on purpose is a message to the user.
 _OWN_DIRS = ("rlver_jax", "configs", "launch")
 _REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -206,11 +208,11 @@ def is_expected(e: BaseException) -> bool:
 
 
 def quiet_logs() -> None:
-    """Library INFO logs off (unless --logger_levels names the logger); ours on."""
+    """Library INFO logs off (QUIET_LOGGERS, unless --logger_levels names the logger); ours on."""
     named = set(FLAGS["logger_levels"].value or {}) if "logger_levels" in FLAGS else set()
-    for name in QUIET_LOGGERS:
+    for name, level in QUIET_LOGGERS.items():
         if name not in named:
-            logging.getLogger(name).setLevel(logging.WARNING)
+            logging.getLogger(name).setLevel(level)
     logging.getLogger("rlver_jax").setLevel(logging.INFO)
 
 
