@@ -26,7 +26,7 @@ import pathlib
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -59,14 +59,13 @@ def config_flag(name: str, default: str | None, help_text: str) -> flags.FlagHol
     _config_flag_names.append(name)
     # ml_collections wants --config before its --config.* overrides, and applies the overrides
     # to a default config right here: put config-file flags first before that.
-    sys.argv = config_flags_first(sys.argv)
+    sys.argv = config_flags_first(sys.argv, _config_flag_names)
     try:
         return config_flags.DEFINE_config_file(name, default, help_text, lock_config=True)
     except (AttributeError, KeyError) as e:  # an override of a field the default config lacks
         if verbose():
             raise
         _exit(_unknown_field_message(e, sys.argv), 2)
-        raise  # not reached
 
 
 def run(main: Callable[[list[str]], Any], *, required: Sequence[str] = ()) -> None:
@@ -95,8 +94,9 @@ def prog() -> str:
     return pathlib.Path(sys.argv[0]).name
 
 
-def config_flags_first(argv: Sequence[str]) -> list[str]:
-    """argv with every config-file flag (`--config=F` or `--config F`) moved before the other flags."""
+def config_flags_first(argv: Sequence[str], names: Sequence[str]) -> list[str]:
+    """argv with every config-file flag of `names` (`--config=F` or `--config F`) moved before the
+    other flags, keeping their order otherwise."""
     head, rest, i = [argv[0]], [], 1
     while i < len(argv):
         arg = argv[i]
@@ -104,7 +104,7 @@ def config_flags_first(argv: Sequence[str]) -> list[str]:
             rest += argv[i:]
             break
         name = arg.lstrip("-").split("=", 1)[0]
-        if arg.startswith("-") and name in _config_flag_names:
+        if arg.startswith("-") and name in names:
             n = 1 if "=" in arg else 2
             head += argv[i:i + n]
             i += n
@@ -114,7 +114,7 @@ def config_flags_first(argv: Sequence[str]) -> list[str]:
     return head + rest
 
 
-def _exit(message: str, code: int) -> None:
+def _exit(message: str, code: int) -> NoReturn:
     print(f"{prog()}: error: {message}", file=sys.stderr)
     sys.exit(code)
 
@@ -137,7 +137,6 @@ def _parse_flags(argv: list[str]) -> list[str]:
         if verbose():
             raise
         _exit(_config_file_message(argv, e), 2)
-    return []  # not reached
 
 
 def _check_loaded(name: str) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from configs import eval as eval_config
@@ -54,6 +55,48 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_config_flags_go_first_and_nothing_else_moves():
+    argv = ["p", "--config.rl.kl_coef=0.1", "--verbosity=1", "--config", "f.py:tiny", "--config.seed=2", "--", "--config=x"]
+    assert cli.config_flags_first(argv, ["config"]) == [
+        "p", "--config", "f.py:tiny", "--config.rl.kl_coef=0.1", "--verbosity=1", "--config.seed=2", "--", "--config=x"]
+
+
+def test_what_counts_as_an_expected_error():
+    from rlver_jax.sampling import SamplingSettings
+
+    def raised(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            return e
+        raise AssertionError("no error")
+
+    assert cli.is_expected(raised(lambda: SamplingSettings(max_new_tokens=0)))  # our check of bad input
+    assert cli.is_expected(raised(lambda: open("/nonexistent/file")))  # a path, wherever it failed
+    assert cli.is_expected(cli.UserError("x"))
+    assert not cli.is_expected(raised(lambda: np.zeros(3).reshape(2, 2)))  # a ValueError inside a library: a bug
+    assert not cli.is_expected(raised(lambda: {}["key"]))
+    assert not cli.is_expected(raised(lambda: [][0]))
+
+
+def test_compilation_cache_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cli.compilation_cache_dir("auto") == str(tmp_path / "rlver_jax" / "jax")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/elsewhere")
+    assert cli.compilation_cache_dir("auto") == "/elsewhere"
+    assert cli.compilation_cache_dir("/mine") == "/mine" and cli.compilation_cache_dir("") is None
+
+
+def test_the_compilation_cache_keeps_even_a_fast_program(tmp_path):
+    code = ("import jax, jax.numpy as jnp; from rlver_jax import cli; "
+            f"cli.enable_compilation_cache({str(tmp_path / 'cache')!r}); jax.jit(lambda x: x * 2 + 1)(jnp.ones(3))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert done.returncode == 0, done.stderr
+    assert any(p.name.startswith("jit_") for p in (tmp_path / "cache").iterdir())
 
 
 def test_help_answers_without_importing_jax(no_jax):
