@@ -24,7 +24,10 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     grpo = algo == "grpo"
     c = ml_collections.ConfigDict()
     c.workdir = f"runs/{algo}_{'think' if think else 'nothink'}_{preset}"  # metrics, checkpoints, transcripts
-    c.seed = 0
+    c.seed = 0  # initialisation, data order and sampling keys: all pure functions of (seed, step)
+    # Persistent XLA compilation cache, so a resume or a second run does not compile again:
+    # "auto" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/rlver_jax/jax (shared by runs); "" = off.
+    c.compilation_cache_dir = "auto"
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = _MODEL_PRESETS[preset]  # architecture (rlver_jax.models.config.PRESETS)
@@ -39,7 +42,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)
 
-    c.mesh = get_mesh_config(shape=(1, -1, 1), rules="fsdp")
+    c.mesh = get_mesh_config(
+        shape=(1, -1, 1),  # (data, fsdp, tensor) devices; one entry may be -1: the remaining devices
+        rules="fsdp")  # fsdp | tensor | fsdp_tensor (sharding.RULE_PRESETS), or (logical axis, mesh axes) pairs
     c.simulator = get_simulator_config()
     if tiny:
         c.simulator.backend = "embedded"
@@ -76,7 +81,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.lam = 1.0  # GAE lambda
     c.rl.whiten_advantages = True  # PPO: normalise GAE advantages over the batch's policy tokens
     c.rl.grpo_normalize_std = True  # GRPO: divide by the group's std
-    c.rl.grpo_eps = 1e-6
+    c.rl.grpo_eps = 1e-6  # GRPO: added to the group's std before dividing
     c.rl.clip_eps_low = 0.2  # PPO ratio clip
     c.rl.clip_eps_high = 0.2
     c.rl.dual_clip = 0.0  # 0 = off; else c > 1 bounds the loss of negative advantages
@@ -86,19 +91,23 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.kl_mode = "loss"  # loss | reward (penalty on token rewards)
     c.rl.kl_estimator = "k3"  # k1 | k3
     c.rl.loss_agg_mode = "token_mean"  # token_mean | seq_mean_token_mean
-    c.rl.ppo_epochs = 1
+    c.rl.ppo_epochs = 1  # passes over each rollout batch
     c.rl.mini_batch_size = 0  # in dialogues; 0 = the whole batch (paper: mini-batch = batch = 32)
     c.rl.micro_batch_size = 8 if tiny else 4  # gradient accumulation unit (memory)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.actor = ml_collections.ConfigDict(dict(
         lr=2e-3 if tiny else 1e-6,  # paper: 1e-6 (a random tiny model needs far more)
-        warmup_ratio=0.02,  # paper: 0.02
-        weight_decay=0.01, grad_clip=1.0, b1=0.9, b2=0.999, eps=1e-8))
+        warmup_ratio=0.02,  # paper: 0.02; linear warmup over this fraction of the updates, then constant
+        weight_decay=0.01,  # AdamW decoupled weight decay
+        grad_clip=1.0,  # global gradient-norm clip
+        b1=0.9, b2=0.999, eps=1e-8))  # AdamW moments
     c.optim.critic = ml_collections.ConfigDict(dict(
         lr=2e-3 if tiny else 5e-6,  # paper: 5e-6
-        warmup_ratio=0.05,  # paper: 0.05
-        weight_decay=0.01, grad_clip=1.0, b1=0.9, b2=0.999, eps=1e-8))
+        warmup_ratio=0.05,  # paper: 0.05; linear warmup over this fraction of the updates, then constant
+        weight_decay=0.01,  # AdamW decoupled weight decay
+        grad_clip=1.0,  # global gradient-norm clip
+        b1=0.9, b2=0.999, eps=1e-8))  # AdamW moments
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 40 if tiny else 1000  # rollout batches (paper: 1000)
@@ -111,8 +120,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.save_every = 10 if tiny else 5  # paper: every 5 steps
-    c.checkpoint.keep = 3
-    c.checkpoint.async_save = True
+    c.checkpoint.keep = 3  # newest checkpoints kept
+    c.checkpoint.async_save = True  # write in the background while training goes on
     c.checkpoint.resume = True  # resume from the newest checkpoint in WORKDIR/checkpoints
     return c
 

@@ -20,17 +20,25 @@ Presets:
   sage (default): the protocol above; policy and simulator are yours to point at.
   tiny: CPU, minutes: the tiny policy of a training run (--config.policy.checkpoint=RUN), or a
         freshly initialised one when no checkpoint is given; the embedded rule-based simulator and
-        the project's own profiles. A smoke test of the pipeline, not a benchmark.
+        the project's own profiles. A smoke test of the pipeline, not a benchmark. SAGE's rules
+        (10 rounds, initial emotion 40) are not those of a tiny training run (1 round in think
+        mode, 48-token turns, initial emotion 30); to score a run under its own rules add
+        --config.eval.like_training=RUN (docs/cli.md).
 """
+
+import pathlib
 
 import ml_collections
 from ml_collections import config_dict
 
 from configs.mesh import get_mesh_config
 from configs.simulator import get_simulator_config
-from rlver_jax.simulator.profiles import DEFAULT_PROFILES
 
 PRESETS = ("sage", "tiny")
+# The project's own profiles (rlver_jax.simulator.profiles.DEFAULT_PROFILES, which
+# tests/cli_test.py checks this equals): spelled out, because importing the simulator package
+# (openai, httpx) would cost every --help of launch/eval.py two seconds.
+SHIPPED_PROFILES = pathlib.Path(__file__).resolve().parents[1] / "rlver_jax" / "simulator" / "data" / "profiles.jsonl"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -41,10 +49,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.workdir = ""  # required: sentient.json, transcripts.jsonl, report.md and plots go here
     c.seed = 0  # sampling key of a JAX policy; the init of a fresh tiny policy
+    # Persistent XLA compilation cache: "auto" = $JAX_COMPILATION_CACHE_DIR, else
+    # ~/.cache/rlver_jax/jax (shared with training runs); "" = off.
+    c.compilation_cache_dir = "auto"
 
     c.eval = ml_collections.ConfigDict()
     # JSONL profiles with first_talk (SAGE: ../shared/data/rlver/test_profile.jsonl); tiny: our own.
-    c.eval.profiles = str(DEFAULT_PROFILES) if tiny else ""
+    c.eval.profiles = str(SHIPPED_PROFILES) if tiny else ""
     c.eval.max_profiles = 0  # 0 = every profile of the file; else the first N
     # Dialogues in flight at once (simulator.max_concurrency bounds the simulator's requests); an
     # openai policy also has at most this many requests in flight.
@@ -54,6 +65,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # groups in flight a JAX policy's draws depend on the order of calls; max_dialogues equal
     # to group_size makes a run exactly reproducible.
     c.eval.group_size = 8
+    # A training run's WORKDIR: play under the settings it was trained with (its simulator
+    # section but for the endpoint fields, its sampling, turn and dialogue lengths and think
+    # mode) instead of SAGE's; "" = off. The policy is still policy.checkpoint / path / fresh_tiny.
+    c.eval.like_training = ""
 
     c.policy = ml_collections.ConfigDict()
     c.policy.backend = "jax"  # jax: our sampler on a checkpoint; openai: a chat endpoint
@@ -82,7 +97,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.policy.backoff_initial_s = 1.0  # openai: first retry waits about this long, doubling each time
     c.policy.backoff_max_s = 30.0  # openai: cap of one wait
 
-    c.mesh = get_mesh_config(shape=(1, 1, -1), rules="tensor")  # sampling: heads split, no gathers
+    c.mesh = get_mesh_config(  # sampling: heads split, no gathers
+        shape=(1, 1, -1),  # (data, fsdp, tensor) devices; one entry may be -1: the remaining devices
+        rules="tensor")  # fsdp | tensor | fsdp_tensor (sharding.RULE_PRESETS), or (logical axis, mesh axes) pairs
     c.simulator = get_simulator_config(eval_mode=True)
     if tiny:
         c.simulator.backend = "embedded"

@@ -9,19 +9,15 @@ By default the judge is the simulator's server (configs/simulator.py). Writes OU
 analysis.json, capabilities.png, strategies.png and judgements.jsonl; rerunning resumes.
 """
 
-import logging
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
 from absl import app, flags  # noqa: E402
-from absl import logging as absl_logging  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
-from rlver_jax.eval.analysis import analyze  # noqa: E402
-from rlver_jax.eval.judge import JudgeSettings  # noqa: E402
-from rlver_jax.llm_client import EndpointUnavailableError  # noqa: E402
+from rlver_jax import cli  # noqa: E402
 
 _SIMULATOR = get_simulator_config(eval_mode=True)
 _RUNS = flags.DEFINE_list("runs", None, "Evaluation directories (launch/eval.py work directories), one model each.")
@@ -43,16 +39,14 @@ _MAX_DIALOGUES = flags.DEFINE_integer("max_dialogues", 0, "Judge the first N dia
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    absl_logging.set_verbosity(absl_logging.ERROR)  # the HTTP client logs every request
-    logging.getLogger("rlver_jax").setLevel(logging.INFO)
+    from rlver_jax.eval.analysis import analyze
+    from rlver_jax.eval.judge import JudgeSettings
+
     settings = JudgeSettings(base_url=_BASE_URL.value, model=_MODEL.value, api_key_env=_API_KEY_ENV.value,
                              temperature=_TEMPERATURE.value, max_tokens=_MAX_TOKENS.value,
                              max_concurrency=_MAX_CONCURRENCY.value, timeout_s=_TIMEOUT_S.value,
                              max_retries=_MAX_RETRIES.value, malformed_retries=_MALFORMED_RETRIES.value)
-    try:
-        summary = analyze(_RUNS.value, _OUT.value, settings, max_dialogues=_MAX_DIALOGUES.value)
-    except (ValueError, FileNotFoundError, EndpointUnavailableError) as e:
-        sys.exit(f"analyze.py: error: {e}")
+    summary = analyze(_RUNS.value, _OUT.value, settings, max_dialogues=_MAX_DIALOGUES.value)
     for model, s in summary["models"].items():
         print(f"{model}: mean capability {s['overall']:.2f} over {s['judged']} dialogues "
               f"({s['judge_errors']} judge errors)")
@@ -60,5 +54,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["runs", "out"])
-    app.run(main)
+    cli.run(main, required=["runs", "out"])

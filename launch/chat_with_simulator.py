@@ -10,25 +10,34 @@ Useful to sanity-check a simulator model before training against it:
       --profiles=../shared/data/rlver/test_profile.jsonl --profile=5
 
 Type your reply at `you>`; an empty line or Ctrl-D ends the session.
+
+The config here is the simulator section itself: its fields are --config.backend,
+--config.base_url, ... (what training and evaluation spell --config.simulator.backend, ...).
+Flags may come in any order.
 """
+
+from __future__ import annotations
 
 import asyncio
 import json
 import pathlib
 import sys
 import textwrap
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs from a checkout
 
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-from rlver_jax import simulator  # noqa: E402
+from rlver_jax import cli  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
+if TYPE_CHECKING:
+    from rlver_jax import simulator
+
+_CONFIG = cli.config_flag(
     "config", str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "simulator.py"),
     "The simulator section (configs/simulator.py; ':eval' for SAGE rules). Override fields with "
-    "--config.<field>=...", lock_config=True)
+    "--config.<field>=..., e.g. --config.base_url=URL --config.backend=embedded")
 _PROFILES = flags.DEFINE_string("profiles", None, "Profile JSONL file; default: the shipped set.")
 _PROFILE = flags.DEFINE_string("profile", "0", "Profile id, or its index in the file.")
 _LIST = flags.DEFINE_bool("list", False, "List the profiles and exit.")
@@ -83,6 +92,8 @@ async def _chat(sim: simulator.Simulator, profile: simulator.Profile) -> simulat
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from rlver_jax import simulator
+
     profiles = simulator.load_profiles(_PROFILES.value)
     if _LIST.value:
         for i, p in enumerate(profiles):
@@ -90,17 +101,24 @@ def main(argv: list[str]) -> None:
             print(f"{i:3d}  {p.id}  {p.language}  {p.personality:9s} {p.goal or '-':15s} {opening}")
         return
     profile = _choose(profiles, _PROFILE.value)
-    settings = simulator.SimulatorSettings.from_config(_CONFIG.value)
-    simulator.check_endpoint(settings)
-    print(f"profile {profile.id} ({profile.language}, {profile.main_cha}, "
-          f"{', '.join(profile.cha_group)}); backend {settings.backend}, {settings.difficulty}")
-    if _REVEAL_GOAL.value:
-        print(f"hidden goal: {profile.task}")
-    state = asyncio.run(_chat(simulator.build_simulator(settings), profile))
+    try:
+        settings = simulator.SimulatorSettings.from_config(_CONFIG.value)
+        simulator.check_endpoint(settings)
+        print(f"profile {profile.id} ({profile.language}, {profile.main_cha}, "
+              f"{', '.join(profile.cha_group)}); backend {settings.backend}, {settings.difficulty}")
+        if _REVEAL_GOAL.value:
+            print(f"hidden goal: {profile.task}")
+        state = asyncio.run(_chat(simulator.build_simulator(settings), profile))
+    except (ValueError, simulator.SimulatorUnavailableError) as e:
+        if not cli.is_expected(e):
+            raise
+        # The library names training's flags (--config.simulator.base_url); this config is that
+        # section, so here they are --config.base_url.
+        raise cli.UserError(str(e).replace("config.simulator.", "config.")) from e
     if _TRANSCRIPT.value:
         pathlib.Path(_TRANSCRIPT.value).write_text(
             json.dumps(state.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -3,6 +3,9 @@
   # tiny, on a CPU in minutes: a run of launch/train.py (or, without a checkpoint, a fresh model)
   python launch/eval.py --config=configs/eval.py:tiny --config.workdir=/tmp/eval_tiny \\
       --config.policy.checkpoint=/tmp/rlver_tiny
+  # the same run under the rules and lengths it was trained with, not SAGE's
+  python launch/eval.py --config=configs/eval.py:tiny --config.workdir=/tmp/eval_tiny_like \\
+      --config.policy.checkpoint=/tmp/rlver_tiny --config.eval.like_training=/tmp/rlver_tiny
   # a checkpoint of ours, or a served model: see configs/eval.py
   python launch/eval.py --config=configs/eval.py --config.workdir=DIR --config.eval.profiles=FILE \\
       --config.policy.backend=openai --config.policy.base_url=URL --config.policy.model=NAME \\
@@ -11,23 +14,20 @@
   python launch/eval.py --compare=runs/eval_base,runs/eval_ppo --out=runs/compare_base_ppo
 
 Writes WORKDIR/sentient.json, transcripts.jsonl, report.md, trajectories.png and
-final_emotions.png. Rerunning the same command resumes: finished profiles are skipped.
+final_emotions.png. Rerunning the same command resumes: finished profiles are skipped. Exits 1
+when every dialogue ended in a simulator error (nothing was scored).
 """
 
-import logging
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
-import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
-from absl import logging as absl_logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-from rlver_jax.eval import benchmark, compare  # noqa: E402
+from rlver_jax import cli  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Evaluation config file[:preset].", lock_config=True)
+_CONFIG = cli.config_flag("config", None, "Evaluation config file[:preset], e.g. configs/eval.py:tiny.")
 _COMPARE = flags.DEFINE_list("compare", None, "Evaluation directories to compare, baseline first (no --config).")
 _OUT = flags.DEFINE_string("out", None, "With --compare: directory for compare.md, compare.json, compare.png.")
 
@@ -35,25 +35,39 @@ _OUT = flags.DEFINE_string("out", None, "With --compare: directory for compare.m
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
-    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax reports every file it reads
+    if _COMPARE.value:
+        if _CONFIG.value is not None or not _OUT.value:
+            raise app.UsageError("--compare=DIR_A,DIR_B takes --out=DIR and no --config")
+        from rlver_jax.eval import compare
+
+        result = compare.compare_runs(_COMPARE.value, _OUT.value)
+        print(f"paired over {result['paired_profiles']} profiles: {pathlib.Path(_OUT.value) / 'compare.md'}")
+        return
+    if _CONFIG.value is None:
+        raise app.UsageError("give --config=configs/eval.py[:tiny] (an evaluation) or --compare=DIR_A,DIR_B")
+    import jax
+
+    from rlver_jax.eval import benchmark
+
+    config = _CONFIG.value
+    cli.enable_compilation_cache(config.compilation_cache_dir)
     jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
-    logging.getLogger("rlver_jax").setLevel(logging.INFO)
-    try:
-        if _COMPARE.value:
-            if _CONFIG.value is not None or not _OUT.value:
-                raise app.UsageError("--compare=DIR_A,DIR_B takes --out=DIR and no --config")
-            result = compare.compare_runs(_COMPARE.value, _OUT.value)
-            print(f"paired over {result['paired_profiles']} profiles: {pathlib.Path(_OUT.value) / 'compare.md'}")
-            return
-        if _CONFIG.value is None:
-            raise app.UsageError("give --config=configs/eval.py[:tiny] (an evaluation) or --compare=DIR_A,DIR_B")
-        summary = benchmark.run_benchmark(_CONFIG.value)
-    except benchmark.USER_ERRORS as e:
-        sys.exit(f"eval.py: error: {e}")
-    workdir = pathlib.Path(_CONFIG.value.workdir)
+    summary = benchmark.run_benchmark(config)
+    workdir = pathlib.Path(config.workdir)
+    errors = summary["simulator_errors"]
+    if errors:
+        causes = benchmark.simulator_error_causes(workdir)
+        cause, count = causes.most_common(1)[0] if causes else ("unknown", errors)
+        where = f"the transcripts are in {workdir / benchmark.TRANSCRIPTS}"
+        if not summary["n"]:
+            raise cli.UserError(
+                f"every one of the {errors} dialogues ended in a simulator error, so nothing was scored. "
+                f"Most common cause ({count}x): {cause}\n{where}")
+        print(f"\n*** WARNING: {errors} of {errors + summary['n']} dialogues ended in a simulator error and are "
+              f"left out of the score. Most common cause ({count}x): {cause}\n*** {where}\n", file=sys.stderr)
     print(f"score {summary['score']:.1f}  success {summary['success']}  failure {summary['failure']}  "
-          f"n {summary['n']}  simulator errors {summary['simulator_errors']}  ->  {workdir / 'report.md'}")
+          f"n {summary['n']}  simulator errors {errors}  ->  {workdir / 'report.md'}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

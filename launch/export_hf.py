@@ -9,19 +9,14 @@ transformers 4.45+ and 5.x, vLLM and SGLang load, e.g. to serve it and evaluate 
 Only the actor is read; the critic and optimizer states stay on disk.
 """
 
-import logging
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # rlver_jax/
 
 from absl import app, flags  # noqa: E402
-from absl import logging as absl_logging  # noqa: E402
 
-from rlver_jax import sharding  # noqa: E402
-from rlver_jax.eval.export import export_hf  # noqa: E402
-from rlver_jax.eval.policy_loading import load_checkpoint_policy, locate_checkpoint  # noqa: E402
-from rlver_jax.models.hf_io import CheckpointError  # noqa: E402
+from rlver_jax import cli  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training WORKDIR (latest step) or WORKDIR/checkpoints/STEP.")
 _OUT = flags.DEFINE_string("out", None, "New directory for the Hugging Face checkpoint.")
@@ -33,19 +28,17 @@ _BASE_PATH = flags.DEFINE_string("base_path", "", "Hugging Face directory of the
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax reports every file it reads
-    logging.getLogger("rlver_jax").setLevel(logging.INFO)
-    try:
-        ckpt = locate_checkpoint(_CHECKPOINT.value, "--checkpoint")
-        # Any layout will do: writing gathers every parameter to the host.
-        mesh = sharding.make_mesh((1, -1, 1))
-        policy = load_checkpoint_policy(ckpt, mesh, "fsdp", _BASE_PATH.value)
-        out = export_hf(policy, _OUT.value, _DTYPE.value)
-    except (ValueError, FileNotFoundError, FileExistsError, CheckpointError) as e:
-        sys.exit(f"export_hf.py: error: {e}")
+    from rlver_jax import sharding
+    from rlver_jax.eval.export import export_hf
+    from rlver_jax.eval.policy_loading import load_checkpoint_policy, locate_checkpoint
+
+    ckpt = locate_checkpoint(_CHECKPOINT.value, "--checkpoint")
+    # Any layout will do: writing gathers every parameter to the host.
+    mesh = sharding.make_mesh((1, -1, 1))
+    policy = load_checkpoint_policy(ckpt, mesh, "fsdp", _BASE_PATH.value)
+    out = export_hf(policy, _OUT.value, _DTYPE.value)
     print(f"exported {policy.source} ({policy.model.num_params():,} parameters, {_DTYPE.value}) to {out}")
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["checkpoint", "out"])
-    app.run(main)
+    cli.run(main, required=["checkpoint", "out"])

@@ -12,7 +12,7 @@
 #   --host ADDR         bind address, default 127.0.0.1 (0.0.0.0 to serve other machines)
 #   --name NAME         served model name, default "simulator" (= config.simulator.model)
 #   --wait-s N          give up if /health does not answer within N seconds, default 1800
-#   --log FILE          server log, default simulator_<port>.log
+#   --log FILE          server log, default logs/simulator_<port>.log in the checkout (git ignores logs/)
 #   --detach            return once healthy and leave the server running (pid on stderr)
 #   -- ARGS...          passed to sglang.launch_server unchanged
 # Needs the serve extra: pip install -e .[serve]. $PYTHON selects the interpreter (default python).
@@ -39,7 +39,11 @@ if [[ -z "$model_path" ]]; then
   echo "serve_simulator.sh: --model-path is required (see --help)" >&2
   exit 2
 fi
-log="${log:-simulator_${port}.log}"
+if [[ -z "$log" ]]; then
+  log_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/logs"
+  mkdir -p "$log_dir"
+  log="$log_dir/simulator_${port}.log"
+fi
 python="${PYTHON:-python}"
 
 "$python" -m sglang.launch_server --model-path "$model_path" --port "$port" --tp "$tp" \

@@ -7,35 +7,31 @@
 
 Ablations are config overrides (--config.rl.algo=grpo --config.rollout.n=4,
 --config.simulator.difficulty=challenging, --config.rollout.max_staleness=1). A typo in an
-override is an error: the config is locked.
+override is an error: the config is locked. --print_config shows every field with its comment.
 
 Exit status: 0 done (the last line says where the outputs are); 1 an error of the config, the
-data, the simulator or the disk (one line saying what to fix; rerunning resumes); 130 Ctrl-C (the
-running step is finished and saved first; the line says where the checkpoint is).
+data, the simulator or the disk (one line saying what to fix; rerunning resumes); 2 bad flags;
+130 Ctrl-C (the running step is finished and saved first; the line says where the checkpoint is).
 """
 
-import logging
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
-import jax  # noqa: E402
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app  # noqa: E402
 
-from rlver_jax import checkpoint, sharding, training  # noqa: E402
-from rlver_jax.llm_client import EndpointUnavailableError  # noqa: E402
-from rlver_jax.rollout.buffer import RolloutError  # noqa: E402
+from rlver_jax import cli  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file[:preset].", lock_config=True)
+_CONFIG = cli.config_flag("config", None, "Training config file[:preset], e.g. configs/grpo_think.py:tiny.")
 
-# Errors of the config, the data, the simulator or the disk: one line, no traceback.
-_USER_ERRORS = (ValueError, OSError, EndpointUnavailableError, training.AllDialoguesFailedError)
 _DISK_FULL_OR_READ_ONLY = ("No space left on device", "Disk quota exceeded", "Read-only file system")
 
 
-def _message(error: BaseException, workdir: pathlib.Path) -> str:
+def _disk_message(error: OSError, workdir: pathlib.Path) -> str:
+    """The error, and for a full or read-only disk what was kept and how to resume."""
+    from rlver_jax import checkpoint
+
     text = str(error)
     if any(s in text for s in _DISK_FULL_OR_READ_ONLY) or isinstance(error, PermissionError):
         steps = checkpoint.saved_steps(workdir / "checkpoints")
@@ -48,10 +44,14 @@ def _message(error: BaseException, workdir: pathlib.Path) -> str:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
-    logging.getLogger("rlver_jax").setLevel(logging.INFO)
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every checkpoint file at INFO
+    import jax
+
+    from rlver_jax import checkpoint, sharding, training
+    from rlver_jax.rollout.buffer import RolloutError
+
     config = _CONFIG.value
     workdir = pathlib.Path(config.workdir)
+    cli.enable_compilation_cache(config.compilation_cache_dir)
     # Launch-time guards, before anything touches a device: random draws split over the mesh
     # give the same numbers on any mesh, and every process joins the multi-host run.
     jax.config.update("jax_threefry_partitionable", True)
@@ -63,11 +63,13 @@ def main(argv):
               f"train.py: interrupted; rerun the same command to resume from the newest checkpoint in "
               f"{workdir / 'checkpoints'} (if any)", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:
-        cause = e.__cause__ if isinstance(e, RolloutError) else e  # raised in the rollout producer
-        if not isinstance(cause, _USER_ERRORS):
-            raise
-        sys.exit(f"train.py: error: {_message(cause, workdir)}")
+    except Exception as e:  # noqa: BLE001 - the producer's cause and disk faults as one line; cli sorts the rest
+        cause = e.__cause__ if isinstance(e, RolloutError) and e.__cause__ is not None else e
+        if isinstance(cause, OSError):
+            raise cli.UserError(_disk_message(cause, workdir)) from e
+        if cause is not e and cli.is_expected(cause):
+            raise cli.UserError(str(cause)) from e
+        raise
     if jax.process_index() == 0:
         steps = checkpoint.saved_steps(workdir / "checkpoints")
         print(f"outputs in {workdir}: metrics.jsonl, tensorboard/, transcripts/, reward.png; checkpoint "
@@ -75,5 +77,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["config"])
-    app.run(main)
+    cli.run(main, required=["config"])

@@ -17,7 +17,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # rlver_ja
 
 from absl import app, flags  # noqa: E402
 
-from rlver_jax.eval import html_report, run_view  # noqa: E402
+from rlver_jax import cli  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", None, "Training runs: directory for the pages (default RUN_DIR/view).")
 
@@ -25,16 +25,15 @@ _OUT = flags.DEFINE_string("out", None, "Training runs: directory for the pages 
 def main(argv):
     if len(argv) != 2:
         raise app.UsageError("give one directory: python launch/view.py RUN_DIR")
+    from rlver_jax.eval import html_report, run_view
+
     run_dir = pathlib.Path(argv[1])
-    try:
-        if (run_dir / "sentient.json").exists() and (run_dir / "transcripts.jsonl").exists():
-            page = html_report.rewrite_eval_report(run_dir)
-        else:
-            page = run_view.write_run_view(run_dir, _OUT.value)
-    except FileNotFoundError as e:
-        sys.exit(f"view.py: error: {e}")
+    if (run_dir / "sentient.json").exists() and (run_dir / "transcripts.jsonl").exists():
+        page = html_report.rewrite_eval_report(run_dir)
+    else:
+        page = run_view.write_run_view(run_dir, _OUT.value)
     print(page)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -29,11 +29,24 @@ log = logging.getLogger(__name__)
 PROGRESS_KEYS = ("reward_mean", "emotion_mean", "success_rate", "failure_rate", "entropy", "tokens_per_second")
 
 
+def tensorboard_tag(key: str) -> str:
+    """The TensorBoard tag of a metric, grouped into sections: eval/score for eval_score (the
+    in-loop evaluation), speed/... for the timings of `throughput_metrics`, train/... for the rest."""
+    if key.startswith("eval_"):
+        return f"eval/{key[len('eval_'):]}"
+    if key in _THROUGHPUT_KEYS:
+        return f"speed/{key}"
+    return f"train/{key}"
+
+
 def throughput_metrics(tokens: float, rollout_s: float, update_s: float, wait_s: float) -> dict[str, float]:
     """Tokens per second of a step (rollout + update, and the update alone) and its timings."""
     return {"tokens_per_second": tokens / max(rollout_s + update_s, 1e-9),
             "update_tokens_per_second": tokens / max(update_s, 1e-9),
             "rollout_seconds": rollout_s, "update_seconds": update_s, "wait_seconds": wait_s}
+
+
+_THROUGHPUT_KEYS = frozenset(throughput_metrics(0.0, 0.0, 0.0, 0.0))
 
 
 def check_finite(step: int, metrics: dict[str, float]) -> None:
@@ -102,7 +115,7 @@ class Writers:
         append_jsonl(self.metrics_path, {"step": step, **metrics})
         for k, v in metrics.items():
             if isinstance(v, (int, float)) and math.isfinite(v):
-                self.tb.add_scalar(k, v, step)
+                self.tb.add_scalar(tensorboard_tag(k), v, step)
         self.tb.flush()
         if self.tracker is not None:
             self.tracker.log(step, metrics)

@@ -138,30 +138,51 @@ def strategy_bars(strategies: Sequence[str], rates: Mapping[str, Sequence[float]
     return _save(fig, path)
 
 
+def training_figure(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Figure:
+    """A run's curves against train step, one panel per quantity, each line in its panel's legend:
+    the training reward (batch mean and its 10-step mean); the mean final emotion of the training
+    batches beside the in-loop held-out score, where logged (both final emotions on 0-100, the
+    pair whose gap shows reward hacking; never drawn on the reward's axis); the format-failure
+    rate, where logged."""
+    steps = [r["step"] for r in rows]
+    evals = [(r["step"], r["eval_score"]) for r in rows if r.get("eval_score") is not None]
+    panels = ["reward"] + (["emotion"] if evals or any("emotion_mean" in r for r in rows) else []) + \
+        (["format"] if any("format_failure_rate" in r for r in rows) else [])
+    fig = _figure(7, 2.6 * len(panels) + 0.4)
+    axes = dict(zip(panels, fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]))
+    window = 10
+
+    def with_mean(ax, values, color, mean_color, label):
+        ax.plot(steps, values, color=color, label=f"{label} (batch mean)")
+        if len(values) >= window:
+            avg = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax.plot(steps[window - 1:], avg, color=mean_color, label=f"{label} ({window}-step mean)")
+
+    ax = axes["reward"]
+    with_mean(ax, [r["reward_mean"] for r in rows], "#9ecae1", "#08519c", "reward")
+    ax.set(ylabel="reward\n(final emotion / 100)", title=title)
+    if "emotion" in axes:
+        ax = axes["emotion"]
+        if any("emotion_mean" in r for r in rows):
+            with_mean(ax, [r.get("emotion_mean", np.nan) for r in rows], "#fdd0a2", "#d94801", "training")
+        if evals:
+            ax.plot(*zip(*evals), "o-", color="#54278f", label="held-out score (in-loop evaluation)")
+        ax.set(ylabel="final emotion\n(0-100)")
+    if "format" in axes:
+        ax = axes["format"]
+        ax.plot(steps, [r.get("format_failure_rate", np.nan) for r in rows], color="#636363",
+                label="format failure rate (training)")
+        ax.set(ylabel="rate", ylim=(-0.02, 1.02))
+    for ax in axes.values():
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    axes[panels[-1]].set_xlabel("train step")
+    return fig
+
+
 def training_curves(metrics_path: str | os.PathLike, path: str | os.PathLike, *, title: str = "") -> pathlib.Path:
-    """Reward against train step from a run's metrics.jsonl: the batch mean, its 10-step moving
-    average, and the in-loop held-out score and format-failure rate where logged."""
+    """`training_figure` of a run's metrics.jsonl, as a PNG (WORKDIR/reward.png)."""
     rows = read_jsonl(metrics_path)
     if not rows:
         raise ValueError(f"{metrics_path}: no metrics to plot")
-    steps = [r["step"] for r in rows]
-    reward = [r["reward_mean"] for r in rows]
-    fig = _figure(7, 4)
-    ax = fig.add_subplot()
-    ax.plot(steps, reward, color="#9ecae1", label="reward (batch mean)")
-    window = 10
-    if len(reward) >= window:
-        avg = np.convolve(reward, np.ones(window) / window, mode="valid")
-        ax.plot(steps[window - 1:], avg, color="#08519c", label=f"reward ({window}-step mean)")
-    evals = [(r["step"], r["eval_score"] / 100) for r in rows if r.get("eval_score") is not None]
-    if evals:
-        ax.plot(*zip(*evals), "o-", color="#e6550d", label="held-out score / 100")
-    if any("format_failure_rate" in r for r in rows):
-        ax.plot(steps, [r.get("format_failure_rate", 0.0) for r in rows], color="#bdbdbd", linestyle="--",
-                label="format failure rate")
-    ax.set_xlabel("train step")
-    ax.set_ylabel("reward = final emotion / 100")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
-    return _save(fig, pathlib.Path(path))
+    return _save(training_figure(rows, title=title), pathlib.Path(path))

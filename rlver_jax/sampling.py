@@ -55,7 +55,7 @@ class Generation(NamedTuple):
 class SamplingSettings:
     """How a policy samples its turns; hashable, the static settings of a compiled generation program.
 
-    stop_ids and pad_id come from the tokenizer: rollout.policy.JaxPolicy fills them in.
+    stop_ids, pad_id and vocab_limit come from the tokenizer: rollout.policy.JaxPolicy fills them in.
     """
 
     max_new_tokens: int = 512  # static per compile; requests may ask for fewer
@@ -69,6 +69,10 @@ class SamplingSettings:
     # cost its new tokens only; the cache grows with the dialogue up to this bound, which must hold a
     # whole dialogue plus one turn's padding, e.g. 2 x max_total_tokens.
     cache_slots: int = 0
+    # Ids >= vocab_limit are never sampled (0: no limit): Qwen2.5's embedding has 151,936 rows for
+    # 151,665 tokenizer entries, and an id without an entry would vanish from the decoded reply
+    # while staying in the training sequence.
+    vocab_limit: int = 0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -81,6 +85,8 @@ class SamplingSettings:
             raise ValueError(f"top_k={self.top_k} must be >= 0 (0 is off)")
         if self.cache_slots < 0:
             raise ValueError(f"cache_slots={self.cache_slots} must be >= 0 (0 is off)")
+        if self.vocab_limit < 0:
+            raise ValueError(f"vocab_limit={self.vocab_limit} must be >= 0 (0 is no limit)")
 
 
 def pad_left(rows: Sequence[Sequence[int]], length: int, pad_id: int,
@@ -128,6 +134,7 @@ def generate(
     pad_id: int = 0,
     length_buckets: Sequence[int] | None = None,
     batch_buckets: Sequence[int] | None = None,
+    vocab_limit: int = 0,
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens for each row of a LEFT-padded batch of prompts.
 
@@ -140,7 +147,7 @@ def generate(
     """
     settings = SamplingSettings(
         max_new_tokens=max_new_tokens, temperature=float(temperature), top_p=float(top_p),
-        top_k=int(top_k), stop_ids=tuple(int(s) for s in stop_ids), pad_id=int(pad_id))
+        top_k=int(top_k), stop_ids=tuple(int(s) for s in stop_ids), pad_id=int(pad_id), vocab_limit=int(vocab_limit))
     ids = np.asarray(prompt_ids)
     mask = np.asarray(prompt_mask).astype(bool)
     if ids.ndim != 2 or ids.shape != mask.shape:
@@ -245,9 +252,16 @@ def _nucleus_threshold(e_BV: jax.Array, top_p: float) -> jax.Array:
 
 
 def _choose(settings: SamplingSettings, logits_BV: jax.Array, key: jax.Array):
-    """Next tokens, their sampling log-probs and their log-probs under the unmodified model."""
-    tokens_B, logp_B = sample_logits(logits_BV, key, settings.temperature, settings.top_k, settings.top_p)
-    unmodified = settings.temperature == 1 and settings.top_k == 0 and settings.top_p == 1
+    """Next tokens, their sampling log-probs and their log-probs under the unmodified model.
+
+    Ids from settings.vocab_limit on are removed before sampling, like top-k's cut; the model's
+    log-probs stay over the whole vocabulary, as the trainer recomputes them."""
+    limited = 0 < settings.vocab_limit < logits_BV.shape[-1]
+    x_BV = logits_BV
+    if limited:
+        x_BV = jnp.where(jnp.arange(logits_BV.shape[-1]) < settings.vocab_limit, logits_BV, -jnp.inf)
+    tokens_B, logp_B = sample_logits(x_BV, key, settings.temperature, settings.top_k, settings.top_p)
+    unmodified = settings.temperature == 1 and settings.top_k == 0 and settings.top_p == 1 and not limited
     if unmodified:  # the sampling distribution is the model's: reuse its normaliser
         return tokens_B, logp_B, logp_B
     model_logp_B = _take(logits_BV, tokens_B) - jax.nn.logsumexp(logits_BV, axis=-1)

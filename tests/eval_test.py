@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from configs.eval import get_config
-from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.benchmark import like_training, run_benchmark
 from rlver_jax.eval.compare import compare_runs
 from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import read_jsonl
@@ -280,3 +280,29 @@ def test_command_line_contract(tmp_path):
     assert set(saved) >= {"score", "success", "failure", "n", "simulator_errors", "per_profile"}
     dialogues = [DialogueSequence.from_record(t) for t in read_jsonl(tmp_path / "dir" / "transcripts.jsonl")]
     assert summarize(dialogues)["score"] == saved["score"]
+
+
+def test_like_training_plays_under_the_runs_own_settings(tmp_path):
+    from configs.grpo_think import get_config as training_config
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    trained = training_config("tiny")
+    trained.simulator.base_url = "http://trainhost:1/v1"
+    (run / "config.json").write_text(trained.to_json_best_effort())
+    config = get_config("tiny")
+    config.eval.like_training = str(run)
+    like = like_training(config)
+    # The tiny think run: 1 round of 48-token turns at temperature 1, from emotion 30, floor 0.
+    assert (like.policy.max_new_tokens, like.policy.max_total_tokens, like.policy.temperature) == (48, 1024, 1.0)
+    assert like.policy.think is True and like.policy.format_failure == "continue"
+    assert (like.simulator.max_turns, like.simulator.initial_emotion, like.simulator.floor,
+            like.simulator.floor_inclusive, like.simulator.score_final_turn) == (1, 30, 0, True, True)
+    assert like.simulator.base_url == config.simulator.base_url  # how it is reached stays the evaluation's
+    assert (config.policy.max_new_tokens, config.simulator.max_turns) == (32, 10)  # the given config is untouched
+    config.policy.think = False
+    assert like_training(config).policy.think is False  # an explicit think mode wins
+    config.eval.like_training = str(tmp_path / "nowhere")
+    config.workdir = str(tmp_path / "eval")
+    with pytest.raises(FileNotFoundError, match="config.eval.like_training=.*nowhere.*: no such directory"):
+        run_benchmark(config, progress=False)

@@ -1,5 +1,7 @@
 """Generation: parity with transformers' generate, log-probs against a full forward, sampling rules,
-stop tokens, shape buckets (compile counts) and sharded parameters."""
+stop tokens, shape buckets (compile counts), sharded parameters, and no ids past the tokenizer."""
+
+import asyncio
 
 import jax
 import jax.numpy as jnp
@@ -232,3 +234,50 @@ def test_bf16_params(hf_tiny):
     model_lp = np.take_along_axis(log_softmax(logits), np.asarray(out.tokens)[..., None], -1)[..., 0]
     valid = valid_positions(out)
     np.testing.assert_allclose(np.asarray(out.model_logprobs)[valid], model_lp[valid], atol=0.05)
+
+
+def test_ids_past_the_vocab_limit_are_never_sampled(hf_tiny):
+    """A model with more embedding rows (96) than tokenizer entries (vocab_limit 64), as Qwen2.5's
+    151,936 rows for 151,665 entries: the sampler draws from the first 64 logits only."""
+    _, _, config, params = hf_tiny
+    limit = 64
+    ids, mask = left_padded(limit, [9, 5, 2, 7, 3, 8, 4, 6], seed=5)
+    run = lambda **kw: sampling.generate(config, params, ids, mask, max_new_tokens=16, rng=jax.random.key(4), **kw)
+    free = run(temperature=1.5)
+    assert np.any(np.asarray(free.tokens)[valid_positions(free)] >= limit)  # unlimited, they do come up
+    for temperature, top_k, top_p in ((1.5, 0, 1.0), (0.8, 40, 0.9)):
+        out = run(temperature=temperature, top_k=top_k, top_p=top_p, vocab_limit=limit)
+        valid = valid_positions(out)
+        tokens = np.asarray(out.tokens)
+        assert tokens[valid].max() < limit
+        logits = teacher_forced_logits(config, params, ids, mask, out)
+        # Sampling log-probs: transformers' warpers over the first `limit` logits alone;
+        # model log-probs: over the whole vocabulary, as the trainer recomputes them.
+        sample_lp = np.take_along_axis(warped_logprobs(logits[..., :limit], temperature, top_k, top_p),
+                                       tokens[..., None], -1)[..., 0]
+        np.testing.assert_allclose(np.asarray(out.logprobs)[valid], sample_lp[valid], atol=1e-5, rtol=0)
+        model_lp = np.take_along_axis(log_softmax(logits), tokens[..., None], -1)[..., 0]
+        np.testing.assert_allclose(np.asarray(out.model_logprobs)[valid], model_lp[valid], atol=1e-5, rtol=0)
+    greedy = run(temperature=0.0, vocab_limit=limit)
+    logits = teacher_forced_logits(config, params, ids, mask, greedy)
+    np.testing.assert_array_equal(np.asarray(greedy.tokens), logits[..., :limit].argmax(-1))
+
+
+@pytest.mark.parametrize("cache_slots", [0, 512])
+def test_policy_samples_only_ids_its_tokenizer_has(tiny_tokenizer_dir, cache_slots):
+    """JaxPolicy limits the sampler to len(tokenizer): a tiny model with 1024 embedding rows and the
+    512-entry tiny tokenizer, where half of a random model's draws would have no entry."""
+    from rlver_jax import chat
+    from rlver_jax.models.config import get_preset
+    from rlver_jax.rollout.policy import JaxPolicy, TurnRequest
+
+    chat_tokens = chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tiny_tokenizer_dir))
+    config = get_preset("tiny").replace(vocab_size=1024)
+    policy = JaxPolicy(config, chat_tokens, sampling.SamplingSettings(max_new_tokens=24, cache_slots=cache_slots),
+                       qwen2.init_params(config, jax.random.key(0)), jax.random.key(1))
+    assert policy.settings.vocab_limit == len(chat_tokens.tokenizer) == 512
+    prompt = chat_tokens.tokenizer.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
+    requests = [TurnRequest(prompt_ids=prompt, messages=[], max_new_tokens=24, slot=i, episode=i) for i in range(8)]
+    turns = asyncio.run(policy.act(requests))
+    sampled = [t for turn in turns for t in turn.token_ids]
+    assert len(sampled) > 50 and max(sampled) < 512

@@ -6,11 +6,16 @@ skips the profiles found there. WORKDIR/setup.json records what defines the resu
 policy, sampling, simulator and rules); a rerun with a different set-up is refused rather than
 mixed in. Outputs (report.write_outputs): sentient.json, report.md, trajectories.png,
 final_emotions.png.
+
+`config.eval.like_training=RUN` plays under the settings a training run was trained with
+(`like_training`) instead of SAGE's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import copy
 import logging
 import pathlib
 from typing import Any
@@ -24,7 +29,6 @@ from rlver_jax.eval import policy_loading, report
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
 from rlver_jax.llm_client import ClientSettings, EndpointUnavailableError, check_chat_endpoint, show_requests
-from rlver_jax.models.hf_io import CheckpointError
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.policy import JaxPolicy, OpenAIPolicy, SamplingSettings
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -38,9 +42,6 @@ log = logging.getLogger(__name__)
 POLICY_BACKENDS = ("jax", "openai")
 TRANSCRIPTS = "transcripts.jsonl"
 SETUP = "setup.json"
-# Errors of configuration or environment, reported to the user without a traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, ProfileError, CheckpointError, SimulatorUnavailableError,
-               EndpointUnavailableError)
 # Fields that change how results are fetched, not what they are (a resumed run may change them).
 _TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries", "max_concurrency",
                         "backoff_initial_s", "backoff_max_s", "malformed_retries", "cache_dir",
@@ -152,8 +153,37 @@ async def _play(runner: EpisodeRunner, requests: list[EpisodeRequest], group_siz
     await asyncio.gather(*(group(requests[i:i + group_size]) for i in range(0, len(requests), group_size)))
 
 
+def like_training(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` under the settings of the training run `config.eval.like_training` names (a copy;
+    `config` itself when that is ""): the run's simulator section but for the fields of how it
+    is reached (_TRANSPORT), its sampling (temperature, top-p, top-k), turn and dialogue lengths
+    and KV-cache slots, and its think mode unless config.policy.think is set. The policy played
+    is still config.policy's; a think-mode reply without </think> is shown to the user
+    (policy.format_failure), as the run's own in-loop evaluation does."""
+    if not config.eval.like_training:
+        return config
+    run = policy_loading.locate_checkpoint(config.eval.like_training, "config.eval.like_training").config()
+    out = copy.deepcopy(config)
+    for key in ("temperature", "top_p", "top_k", "max_new_tokens", "max_total_tokens", "cache_slots"):
+        out.policy[key] = run.rollout[key]
+    if out.policy.think is None:
+        out.policy.think = bool(run.rollout.think)
+    for key, value in run.simulator.items():
+        if key not in _TRANSPORT:
+            out.simulator[key] = value
+    return out
+
+
+def simulator_error_causes(workdir: pathlib.Path) -> collections.Counter[str]:
+    """How often each error ended a dialogue of WORKDIR's transcripts in a simulator error."""
+    return collections.Counter(r["simulator_state"].get("error") or "no error recorded"
+                               for r in load_records(pathlib.Path(workdir) / TRANSCRIPTS) if r["simulator_error"])
+
+
 def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str, Any]:
-    """Evaluate (or finish evaluating) the policy of `config`; returns the scores of sentient.json."""
+    """Evaluate (or finish evaluating) the policy of `config` (under `like_training`'s settings when
+    config.eval.like_training is set); returns the scores of sentient.json."""
+    config = like_training(config)
     check_config(config)
     if not config.workdir:
         raise ValueError("config.workdir is empty: set --config.workdir=DIR (results, report and plots go there)")

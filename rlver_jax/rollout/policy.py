@@ -65,7 +65,9 @@ class JaxPolicy:
         self.model_cfg = model_cfg
         self.chat = chat_tokens
         self.stop_ids = (chat_tokens.im_end, chat_tokens.end_of_text)
-        self.settings = dataclasses.replace(settings, stop_ids=self.stop_ids, pad_id=chat_tokens.end_of_text)
+        # vocab_limit: never sample the embedding's rows past the tokenizer (Qwen2.5 pads 151,665 to 151,936).
+        self.settings = dataclasses.replace(settings, stop_ids=self.stop_ids, pad_id=chat_tokens.end_of_text,
+                                            vocab_limit=len(chat_tokens.tokenizer))
         self._params, self.version = params, version
         self._rng, self._calls = rng, 0
         self._device_lock = threading.Lock()
@@ -93,7 +95,7 @@ class JaxPolicy:
                 gen = sampling.generate(
                     self.model_cfg, self._params, ids, mask, rng=key, length_buckets=LENGTH_BUCKETS,
                     max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_p=st.top_p,
-                    top_k=st.top_k, stop_ids=st.stop_ids, pad_id=st.pad_id)
+                    top_k=st.top_k, stop_ids=st.stop_ids, pad_id=st.pad_id, vocab_limit=st.vocab_limit)
                 tokens, lps, lengths = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths))
                 out = [(tokens[b, :n].tolist(), lps[b, :n].tolist()) for b, n in enumerate(lengths)]
         turns = []

@@ -1,0 +1,281 @@
+"""What every entry point in launch/ shares: flags and config errors in one line, expected errors
+without a traceback, `--print_config`, quiet library logs, the persistent compilation cache.
+
+    from rlver_jax import cli
+    _CONFIG = cli.config_flag("config", None, "Training config file[:preset].")
+
+    def main(argv):
+        from rlver_jax import training  # heavy imports after flag parsing: --help stays fast
+        ...
+
+    if __name__ == "__main__":
+        cli.run(main, required=["config"])
+
+This module imports neither JAX nor the library, so `--help`, `--print_config` and a bad flag
+answer in well under two seconds. An expected error prints `PROG: error: MESSAGE` and exits 1
+(2 for a bad flag, override or config file); Ctrl-C exits 130. `--verbosity=1` (absl's flag) or
+RLVER_TRACEBACK=1 shows every traceback and the libraries' INFO logs (docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pathlib
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from absl import app, flags
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+flags.disclaim_key_flags()  # flags defined here belong to the entry point calling us: its --help lists them
+TRACEBACK_ENV = "RLVER_TRACEBACK"
+# Loggers that print a line per HTTP request (httpx), the TPU-backend probe on CPU (jax), every
+# checkpoint file and read-only manager (orbax, through absl), and the level they keep unless
+# --verbosity >= 1 or --logger_levels names them.
+QUIET_LOGGERS = {"jax": logging.WARNING, "httpx": logging.WARNING, "httpx2": logging.WARNING,  # openai 3 uses httpx2
+                 "httpcore": logging.WARNING, "openai": logging.WARNING, "orbax": logging.WARNING,
+                 "absl": logging.ERROR}
+# Code of ours: an error raised here on purpose is a message to the user.
+_OWN_DIRS = ("rlver_jax", "configs", "launch")
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+_config_flag_names: list[str] = []
+
+
+class UserError(Exception):
+    """An expected failure an entry point reports in one line (exit status 1)."""
+
+
+def config_flag(name: str, default: str | None, help_text: str) -> flags.FlagHolder:
+    """A locked config-file flag (`--NAME=file.py[:preset]`, overrides `--NAME.field=value`, a typo
+    is an error); the first one also defines `--print_config`."""
+    if not _config_flag_names:
+        flags.DEFINE_bool("print_config", False, "Print the resolved config, every field with its "
+                          "comment from the config files, and exit.")
+    _config_flag_names.append(name)
+    # ml_collections wants --config before its --config.* overrides, and applies the overrides
+    # to a default config right here: put config-file flags first before that.
+    sys.argv = config_flags_first(sys.argv, _config_flag_names)
+    try:
+        return config_flags.DEFINE_config_file(name, default, help_text, lock_config=True)
+    except (AttributeError, KeyError) as e:  # an override of a field the default config lacks
+        if verbose():
+            raise
+        _exit(_unknown_field_message(e, sys.argv), 2)
+
+
+def run(main: Callable[[list[str]], Any], *, required: Sequence[str] = ()) -> None:
+    """absl's app.run with this module's flag parsing, --print_config and error reporting."""
+    main_module = sys.modules["__main__"]
+    main_module.__doc__ = (main_module.__doc__ or "").rstrip() + (
+        f"\n\nAn expected error prints one line; --verbosity=1 or {TRACEBACK_ENV}=1 adds its traceback and "
+        "the libraries' INFO logs.\n")
+    for name in required:
+        flags.mark_flag_as_required(name)
+    app.run(functools.partial(_main, main), flags_parser=_parse_flags)
+
+
+def verbose() -> bool:
+    """Tracebacks and library logs wanted: --verbosity >= 1 or RLVER_TRACEBACK set (not 0)."""
+    if os.environ.get(TRACEBACK_ENV, "0") not in ("", "0"):
+        return True
+    if "verbosity" in FLAGS and FLAGS["verbosity"].present:
+        return (FLAGS["verbosity"].value or 0) >= 1
+    # Flags not parsed yet (an error while parsing them): read it from the command line.
+    given = [m.group(1) for a in sys.argv if (m := re.fullmatch(r"--?(?:verbosity|v)=(-?\d+)", a))]
+    return bool(given) and int(given[-1]) >= 1
+
+
+def prog() -> str:
+    return pathlib.Path(sys.argv[0]).name
+
+
+def config_flags_first(argv: Sequence[str], names: Sequence[str]) -> list[str]:
+    """argv with every config-file flag of `names` (`--config=F` or `--config F`) moved before the
+    other flags, keeping their order otherwise."""
+    head, rest, i = [argv[0]], [], 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        name = arg.lstrip("-").split("=", 1)[0]
+        if arg.startswith("-") and name in names:
+            n = 1 if "=" in arg else 2
+            head += argv[i:i + n]
+            i += n
+        else:
+            rest.append(arg)
+            i += 1
+    return head + rest
+
+
+def _exit(message: str, code: int) -> NoReturn:
+    print(f"{prog()}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    try:
+        args = FLAGS(argv)
+        for name in _config_flag_names:
+            _check_loaded(name)
+        return args
+    except flags.Error as e:  # a bad value, an unknown flag, a config file whose get_config raised
+        if verbose():
+            raise
+        _exit(f"{_flag_message(str(e))} (see --help)", 2)
+    except (AttributeError, KeyError) as e:  # an override of a field the config does not have
+        if verbose():
+            raise
+        _exit(_unknown_field_message(e, argv), 2)
+    except OSError as e:  # a config file that cannot be read
+        if verbose():
+            raise
+        _exit(_config_file_message(argv, e), 2)
+
+
+def _check_loaded(name: str) -> None:
+    """ml_collections defers a config file's read error to the first use of the config: raise it now."""
+    config = FLAGS[name].value
+    if config is not None:
+        getattr(config, "keys")  # an unreadable file's stand-in raises OSError on any attribute
+
+
+def _flag_message(text: str) -> str:
+    """absl's message without its `flag ` prefix and without a config file's embedded traceback."""
+    text = re.sub(r"^flag ", "", text.strip())
+    if required := re.match(r"(--[\w.]+)=None: Flag --[\w.]+ must have a value other than None", text):
+        return f"{required.group(1)} is required"
+    if "Traceback (most recent call last)" in text:
+        where = re.match(r"(--\S+?): Error whilst parsing", text)
+        where = where.group(1) if where else ""
+        lines = text.splitlines()
+        last = max(i for i, line in enumerate(lines) if re.match(r"\s*[\w.]+(Error|Exception)\b", line))
+        error = "\n".join(lines[last:]).strip()
+        error = re.sub(r"^[\w.]+(Error|Exception): ", "", error)
+        text = f"{where}: {error}" if where else error
+    return text
+
+
+def _unknown_field_message(e: BaseException, argv: Sequence[str]) -> str:
+    """The override naming a field the config lacks, with ml_collections' "did you mean"."""
+    detail = str(e.args[0] if e.args else e).strip("'\"").replace("\\'", "'").replace("\\n", " ").replace("\n", " ")
+    key = re.match(r"'?([^'\s]+)'?", detail)
+    key = key.group(1) if key else ""
+    flagged = [a for a in argv[1:] if a.startswith("--") and "." in a.split("=", 1)[0]
+               and key in a.split("=", 1)[0].split(".")[1:]]
+    where = flagged[0].split("=", 1)[0] if flagged else "an override"
+    hint = re.search(r"Did you mean (.*?)\??$", detail)
+    return (f"{where}: the config has no field {key!r}" + (f" (did you mean {hint.group(1)}?)" if hint else "")
+            + "; the config is locked: --print_config lists every field")
+
+
+def _config_file_message(argv: Sequence[str], e: OSError) -> str:
+    for name in _config_flag_names:
+        given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+        if given:
+            path = given[0].split(":", 1)[0]
+            if not pathlib.Path(path).exists():
+                return (f"--{name}={given[0]}: no such config file {path!r} (relative paths start at "
+                        f"{pathlib.Path.cwd()}; the config files are in {_REPO / 'configs'})")
+    return str(e).splitlines()[-1].strip()
+
+
+def is_expected(e: BaseException) -> bool:
+    """An error that is a message to the user, not a bug: one of the project's own error classes,
+    a file or path problem, or a ValueError / RuntimeError / FloatingPointError raised in the
+    project's code (where inputs are checked); anything else keeps its traceback."""
+    if isinstance(e, UserError) or type(e).__module__.split(".")[0] in ("rlver_jax", "configs"):
+        return True
+    if isinstance(e, OSError):
+        return True
+    if isinstance(e, (ValueError, RuntimeError, FloatingPointError)):
+        tb, filename = e.__traceback__, ""
+        while tb is not None:
+            filename, tb = tb.tb_frame.f_code.co_filename, tb.tb_next
+        try:
+            parts = pathlib.Path(filename).resolve().relative_to(_REPO).parts
+        except ValueError:
+            return False
+        return bool(parts) and parts[0] in _OWN_DIRS
+    return False
+
+
+def quiet_logs() -> None:
+    """Library INFO logs off (QUIET_LOGGERS, unless --logger_levels names the logger); ours on."""
+    named = set(FLAGS["logger_levels"].value or {}) if "logger_levels" in FLAGS else set()
+    for name, level in QUIET_LOGGERS.items():
+        if name not in named:
+            logging.getLogger(name).setLevel(level)
+    logging.getLogger("rlver_jax").setLevel(logging.INFO)
+
+
+def _print_configs() -> None:
+    from rlver_jax import config_doc
+
+    for name in _config_flag_names:
+        config = FLAGS[name].value
+        if config is None:
+            print(f"# --{name} not given")
+            continue
+        filename = config_flags.get_config_filename(FLAGS[name])
+        overrides = config_flags.get_override_values(FLAGS[name])
+        print(f"# --{name}={filename}" + (f" with {len(overrides)} override(s)" if overrides else ""))
+        print(config_doc.describe(config, filename.split(":", 1)[0], overrides, flag=name))
+
+
+def _main(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
+    loud = verbose()
+    if not loud:
+        quiet_logs()
+    try:
+        if _config_flag_names and FLAGS.print_config:
+            _print_configs()
+            return 0
+        return main(argv)
+    except app.UsageError as e:
+        if loud:
+            raise
+        _exit(f"{e} (see --help)", 2)
+    except KeyboardInterrupt:
+        if loud:
+            raise
+        print(f"{prog()}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - sorted into messages and bugs
+        if loud or not is_expected(e):
+            raise
+        _exit(str(e), 1)
+
+
+def compilation_cache_dir(setting: str) -> str | None:
+    """The persistent compilation cache directory of a config's `compilation_cache_dir`: "" = off;
+    "auto" = $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, under rlver_jax/jax."""
+    if not setting:
+        return None
+    if setting != "auto":
+        return setting
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.environ["JAX_COMPILATION_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return str(pathlib.Path(base) / "rlver_jax" / "jax")
+
+
+def enable_compilation_cache(setting: str) -> str | None:
+    """Point JAX's persistent compilation cache at `compilation_cache_dir(setting)` (every
+    program, however fast it compiled); returns the directory, None when off."""
+    import jax
+
+    path = compilation_cache_dir(setting)
+    if path is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path

@@ -1,0 +1,227 @@
+"""The entry points in launch/ as a user meets them (subprocesses): --help and config errors before
+any JAX import, one-line errors without a traceback (tracebacks on request), --print_config,
+flags in any order, the simulator down, a mismatched evaluation directory, an evaluation whose
+every dialogue failed in the simulator, and where serve_simulator.sh writes its log."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from configs import eval as eval_config
+from configs import grpo_think
+from rlver_jax import cli, config_doc
+from rlver_jax.simulator.profiles import DEFAULT_PROFILES
+from tests.conftest import REPO
+from tests.eval_test import Servers, _profiles_file
+from tests.simulator_launch_test import _FAKE_SGLANG
+
+ENTRY_POINTS = ("train.py", "eval.py", "export_hf.py", "analyze.py", "chat_with_simulator.py", "view.py")
+
+
+@pytest.fixture(scope="module")
+def no_jax(tmp_path_factory):
+    """A PYTHONPATH entry whose `jax` fails to import: what runs with it never imported JAX."""
+    root = tmp_path_factory.mktemp("no_jax")
+    (root / "jax").mkdir()
+    (root / "jax" / "__init__.py").write_text("raise ImportError('jax imported before flag parsing')\n")
+    return root
+
+
+def _run(script, *args, pythonpath=None, timeout=120, **env):
+    environ = {k: v for k, v in os.environ.items() if k != cli.TRACEBACK_ENV}
+    environ.update(JAX_PLATFORMS="cpu", **env)
+    if pythonpath is not None:
+        environ["PYTHONPATH"] = os.pathsep.join([str(pythonpath), environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, str(REPO / "launch" / script), *args], capture_output=True, text=True,
+                          cwd=REPO, env=environ, timeout=timeout)
+
+
+def _one_line_error(done, code, *fragments):
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{done.args[1].split('/')[-1]}: error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], done.stderr
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_config_flags_go_first_and_nothing_else_moves():
+    argv = ["p", "--config.rl.kl_coef=0.1", "--verbosity=1", "--config", "f.py:tiny", "--config.seed=2", "--", "--config=x"]
+    assert cli.config_flags_first(argv, ["config"]) == [
+        "p", "--config", "f.py:tiny", "--config.rl.kl_coef=0.1", "--verbosity=1", "--config.seed=2", "--", "--config=x"]
+
+
+def test_what_counts_as_an_expected_error():
+    from rlver_jax.sampling import SamplingSettings
+
+    def raised(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            return e
+        raise AssertionError("no error")
+
+    assert cli.is_expected(raised(lambda: SamplingSettings(max_new_tokens=0)))  # our check of bad input
+    assert cli.is_expected(raised(lambda: open("/nonexistent/file")))  # a path, wherever it failed
+    assert cli.is_expected(cli.UserError("x"))
+    assert not cli.is_expected(raised(lambda: np.zeros(3).reshape(2, 2)))  # a ValueError inside a library: a bug
+    assert not cli.is_expected(raised(lambda: {}["key"]))
+    assert not cli.is_expected(raised(lambda: [][0]))
+
+
+def test_compilation_cache_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cli.compilation_cache_dir("auto") == str(tmp_path / "rlver_jax" / "jax")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/elsewhere")
+    assert cli.compilation_cache_dir("auto") == "/elsewhere"
+    assert cli.compilation_cache_dir("/mine") == "/mine" and cli.compilation_cache_dir("") is None
+
+
+def test_the_compilation_cache_keeps_even_a_fast_program(tmp_path):
+    code = ("import jax, jax.numpy as jnp; from rlver_jax import cli; "
+            f"cli.enable_compilation_cache({str(tmp_path / 'cache')!r}); jax.jit(lambda x: x * 2 + 1)(jnp.ones(3))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert done.returncode == 0, done.stderr
+    assert any(p.name.startswith("jit_") for p in (tmp_path / "cache").iterdir())
+
+
+def test_help_answers_without_importing_jax(no_jax):
+    for script in ENTRY_POINTS:
+        t0 = time.perf_counter()
+        done = _run(script, "--help", pythonpath=no_jax)
+        seconds = time.perf_counter() - t0
+        assert "jax imported" not in done.stderr and "flags:" in done.stdout, (script, done.stderr)
+        assert seconds < 20, (script, seconds)  # ~0.7 s on an idle machine; a sanity bound on a loaded one
+
+
+def test_config_errors_are_one_line_and_come_before_jax(no_jax):
+    tiny = "--config=configs/grpo_think.py:tiny"
+    _one_line_error(_run("train.py", tiny, "--config.rl.algoo=grpo", pythonpath=no_jax), 2,
+                    "--config.rl.algoo", "no field 'algoo'", 'did you mean "algo"')
+    _one_line_error(_run("train.py", "--config=configs/grpo_think.py:huge", pythonpath=no_jax), 2,
+                    "--config=configs/grpo_think.py:huge", "unknown preset 'huge'", "tiny")
+    _one_line_error(_run("eval.py", "--config=configs/nowhere.py", pythonpath=no_jax), 2,
+                    "--config=configs/nowhere.py", "no such config file")
+    _one_line_error(_run("train.py", pythonpath=no_jax), 2, "--config is required")
+    _one_line_error(_run("train.py", tiny, "--config.rl.gamma=high", pythonpath=no_jax), 2,
+                    "--config.rl.gamma=high", "could not convert")
+    # On request, the traceback.
+    for env, flag in (({cli.TRACEBACK_ENV: "1"}, ()), ({}, ("--verbosity=1",))):
+        done = _run("train.py", tiny, "--config.rl.algoo=grpo", *flag, pythonpath=no_jax, **env)
+        assert done.returncode != 0 and "Traceback" in done.stderr and "algoo" in done.stderr
+
+
+def test_print_config_shows_every_field_with_its_comment_and_flags_come_in_any_order(no_jax):
+    # The override before --config: ml_collections alone refuses that order.
+    done = _run("train.py", "--config.rl.kl_coef=0.01", "--config=configs/grpo_think.py:tiny", "--print_config",
+                pythonpath=no_jax)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == "# --config=configs/grpo_think.py:tiny with 1 override(s)"
+    fields = [path for path, _ in config_doc.leaves(grpo_think.get_config("tiny"))]
+    assert [line.split(" = ", 1)[0] for line in lines[1:]] == fields
+    assert all("  # " in line for line in lines[1:]), [line for line in lines[1:] if "  # " not in line]
+    assert "rl.kl_coef = 0.01  (--config.rl.kl_coef)  # paper: no KL; non-zero builds a frozen reference model" \
+        in lines
+    assert "simulator.max_turns = 1  # policy turns: 8 in training, 10 rounds in SAGE [Short dialogues" \
+        in done.stdout  # the tiny preset's own reason after the field's comment
+    done = _run("eval.py", "--print_config", "--config=configs/eval.py:tiny", pythonpath=no_jax)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()[1:]
+    assert len(lines) == len(list(config_doc.leaves(eval_config.get_config("tiny"))))
+    assert all("  # " in line for line in lines), [line for line in lines if "  # " not in line]
+
+
+def test_the_eval_config_names_the_shipped_profiles_without_importing_them():
+    assert eval_config.SHIPPED_PROFILES == DEFAULT_PROFILES.resolve()
+
+
+def test_chat_with_the_simulator_down_names_its_own_flags(no_jax):
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    done = _run("chat_with_simulator.py", "--profile=0", f"--config.base_url={url}", "--config=configs/simulator.py:eval",
+                pythonpath=no_jax)
+    _one_line_error(done, 1, f"no server answers at --config.base_url={url}", "--config.backend=embedded")
+    assert "--config.simulator." not in done.stderr
+    # Training's spelling is refused with the field it lacks, before anything is contacted.
+    _one_line_error(_run("chat_with_simulator.py", f"--config.simulator.base_url={url}", pythonpath=no_jax), 2,
+                    "--config.simulator.base_url", "no field 'simulator'")
+
+
+def test_train_with_the_simulator_down(tmp_path):
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    done = _run("train.py", "--config=configs/grpo_think.py:tiny", f"--config.workdir={tmp_path / 'run'}",
+                "--config.simulator.backend=openai", f"--config.simulator.base_url={url}")
+    _one_line_error(done, 1, f"no server answers at --config.simulator.base_url={url}", "serve_simulator.sh")
+
+
+def test_export_of_a_run_without_its_tokenizer_and_no_backend_probe_line(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(grpo_think.get_config("tiny").to_json_best_effort())
+    done = _run("export_hf.py", f"--checkpoint={run}", f"--out={tmp_path / 'hf'}")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("export_hf.py: error: the run's tokenizer: ") and str(run / "tokenizer") in done.stderr
+    # The mesh was built first: JAX looked for a TPU, and its INFO line about none stays quiet.
+    assert "Unable to initialize backend" not in done.stderr
+
+
+def test_eval_refuses_a_directory_of_another_set_up(tmp_path):
+    workdir = tmp_path / "eval"
+    workdir.mkdir()
+    (workdir / "setup.json").write_text(json.dumps({"seed": 7}))
+    (workdir / "transcripts.jsonl").write_text(json.dumps({"profile_id": "x"}) + "\n")
+    done = _run("eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={workdir}")
+    _one_line_error(done, 1, "holds results of a different set-up", "seed: 7 -> 0", "Use a new work directory")
+
+
+def test_eval_exits_non_zero_when_every_dialogue_is_a_simulator_error(tmp_path):
+    def evaluate(workdir, names):
+        return _run("eval.py", "--config=configs/eval.py", f"--config.workdir={tmp_path / workdir}",
+                    f"--config.eval.profiles={_profiles_file(tmp_path, names)}", "--config.eval.group_size=1",
+                    "--config.policy.backend=openai", f"--config.policy.base_url={servers.policy.base_url}",
+                    f"--config.simulator.base_url={servers.simulator.base_url}",
+                    "--config.simulator.malformed_retries=0")
+
+    with Servers() as servers:  # P5's simulated user answers malformed text
+        failed = evaluate("all", ("P5",))
+        partly = evaluate("some", ("P1", "P5"))
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert "every one of the 1 dialogues ended in a simulator error, so nothing was scored" in failed.stderr
+    assert "Most common cause (1x): " in failed.stderr and str(tmp_path / "all" / "transcripts.jsonl") in failed.stderr
+    assert partly.returncode == 0, partly.stderr
+    assert "*** WARNING: 1 of 2 dialogues ended in a simulator error" in partly.stderr
+    assert "score 100.0  success 1  failure 0  n 1  simulator errors 1" in partly.stdout
+    assert "HTTP Request" not in partly.stderr  # httpx logs each simulator request at INFO: quiet
+
+
+def test_serve_simulator_logs_to_the_ignored_logs_folder(tmp_path):
+    package = tmp_path / "fake" / "sglang"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "launch_server.py").write_text(_FAKE_SGLANG)
+    port = _free_port()
+    log = REPO / "logs" / f"simulator_{port}.log"
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(tmp_path / "fake"),
+               FAKE_SGLANG_ARGS=str(tmp_path / "args.json"))
+    try:
+        done = subprocess.run(["bash", str(REPO / "launch" / "serve_simulator.sh"), "--model-path", "crash",
+                               "--port", str(port)], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
+        assert done.returncode == 1 and f"log {log}" in done.stderr and "out of memory" in log.read_text()
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(log)], cwd=REPO)
+        assert ignored.returncode == 0  # git status stays clean
+    finally:
+        log.unlink(missing_ok=True)
