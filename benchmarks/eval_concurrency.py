@@ -15,7 +15,9 @@ Per --dialogues value it prints:
   bound: the critical path, (requests of one dialogue) x latency: the dialogue's requests
     depend on each other, so no scheduler beats it;
   sequential: every request one after the other, (all requests) x latency;
-  peak: the most requests the server held at once.
+  peak: the most requests the server held at once;
+  client CPU: this process's CPU seconds in run_benchmark: on a loaded machine, the wall beyond
+    the bound is mostly this CPU time waiting for a core.
 and, once, start-up: the seconds of a fresh interpreter importing what launch/eval.py imports
 (jax, rlver_jax.eval.benchmark and .compare) before it can start the first dialogue.
 Targets: wall <= 1.5 x bound, start-up <= ~5 s, sequential / wall >= 10 at 30 dialogues.
@@ -55,12 +57,13 @@ class Timing:
     sequential_s: float  # every request one after the other
     requests: int
     peak_in_flight: int
+    cpu_s: float  # CPU seconds of this process (the client: eval.py's work) during the run
 
     def line(self) -> str:
         return (f"{self.dialogues:4d} dialogues  {self.requests:5d} requests  wall {self.wall_s:6.1f} s  "
                 f"bound {self.bound_s:5.1f} s  wall/bound {self.wall_s / self.bound_s:4.2f}  "
                 f"sequential {self.sequential_s:6.1f} s  speed-up {self.sequential_s / self.wall_s:5.1f}x  "
-                f"peak in flight {self.peak_in_flight}")
+                f"peak in flight {self.peak_in_flight}  client CPU {self.cpu_s:.1f} s")
 
 
 def write_profiles(path: pathlib.Path, n: int) -> None:
@@ -111,9 +114,9 @@ def time_run(dialogues: int, latency_s: float, root: pathlib.Path) -> Timing:
     server.start()
     try:
         config = eval_config(root / f"eval_{dialogues}", profiles, ours.recv())
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         summary = run_benchmark(config, progress=False)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         ours.send("stop")
         requests, peak = ours.recv()
     finally:
@@ -124,7 +127,7 @@ def time_run(dialogues: int, latency_s: float, root: pathlib.Path) -> Timing:
         raise RuntimeError(f"expected {dialogues} scored dialogues, got {summary['n']} "
                            f"({summary['simulator_errors']} simulator errors)")
     per_dialogue = requests / dialogues  # all dialogues run the same rounds
-    return Timing(dialogues, wall, per_dialogue * latency_s, requests * latency_s, requests, peak)
+    return Timing(dialogues, wall, per_dialogue * latency_s, requests * latency_s, requests, peak, cpu)
 
 
 def startup_s() -> float:
