@@ -13,7 +13,8 @@ the other (the last round's reply is not judged: SAGE).
 Per --dialogues value it prints:
   wall: run_benchmark's seconds (the dialogues, the transcripts, report and plots);
   bound: the critical path, (requests of one dialogue) x latency: the dialogue's requests
-    depend on each other, so no scheduler beats it;
+    depend on each other, so no scheduler beats it; times the waves of groups when more
+    dialogues than config.eval.max_dialogues (64) wait for a slot;
   sequential: every request one after the other, (all requests) x latency;
   peak: the most requests the server held at once;
   client CPU: this process's CPU seconds in run_benchmark: on a loaded machine, the wall beyond
@@ -25,6 +26,7 @@ Targets: wall <= 1.5 x bound, start-up <= ~5 s, sequential / wall >= 10 at 30 di
 
 import dataclasses
 import json
+import math
 import multiprocessing
 import pathlib
 import subprocess
@@ -127,7 +129,10 @@ def time_run(dialogues: int, latency_s: float, root: pathlib.Path) -> Timing:
         raise RuntimeError(f"expected {dialogues} scored dialogues, got {summary['n']} "
                            f"({summary['simulator_errors']} simulator errors)")
     per_dialogue = requests / dialogues  # all dialogues run the same rounds
-    return Timing(dialogues, wall, per_dialogue * latency_s, requests * latency_s, requests, peak, cpu)
+    # Groups of group_size, max_dialogues // group_size groups in flight: later groups wait.
+    groups, slots = math.ceil(dialogues / config.eval.group_size), config.eval.max_dialogues // config.eval.group_size
+    waves = math.ceil(groups / slots)
+    return Timing(dialogues, wall, waves * per_dialogue * latency_s, requests * latency_s, requests, peak, cpu)
 
 
 def startup_s() -> float:
