@@ -34,11 +34,15 @@ Also note: Qwen2.5's own template inserts a default system message when a conver
 none; this module never does (rollouts pass the project's own system prompt).
 """
 
+from __future__ import annotations
+
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+if TYPE_CHECKING:  # transformers (and torch with it) loads only when a tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -124,6 +128,8 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory {str(path)!r} does not exist. {_FIX}")
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as e:

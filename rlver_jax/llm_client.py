@@ -34,6 +34,7 @@ import weakref
 from collections.abc import Callable
 
 import openai
+from openai.types.chat import ChatCompletion
 
 log = logging.getLogger(__name__)
 
@@ -284,12 +285,15 @@ class ChatClient:
         messages = _sendable(messages)
         client, semaphore = self._connection()
         s = self.settings
+        body = dict(model=s.model, messages=messages, temperature=temperature, max_tokens=max_tokens,
+                    **({} if response_format is None else {"response_format": response_format}))
         for attempt in range(s.max_retries + 1):
             try:
                 async with semaphore:
-                    answer = await client.chat.completions.create(
-                        model=s.model, messages=messages, temperature=temperature, max_tokens=max_tokens,
-                        **({} if response_format is None else {"response_format": response_format}))
+                    # post(), not chat.completions.create(): create() first walks the messages
+                    # through openai's type transform, ~6 ms of CPU for a 20-message dialogue,
+                    # on the one event loop thread every dialogue's requests share.
+                    answer = await client.post("/chat/completions", body=body, cast_to=ChatCompletion)
                 if not answer.choices:
                     return Completion("", None)
                 choice = answer.choices[0]

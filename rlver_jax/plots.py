@@ -12,11 +12,12 @@ import io
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:  # matplotlib loads at the first plot, not with the reports that import end_color
+    from matplotlib.figure import Figure
 
 from rlver_jax.files import atomic_write_bytes, read_jsonl
 
@@ -28,6 +29,9 @@ END_COLORS = {
 
 
 def _figure(width: float, height: float) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     return fig

@@ -9,6 +9,7 @@ Tests run the real `openai` client against it, playing the simulator, the policy
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x")
         ...
         server.requests      # every chat request body, in arrival order
+        server.arrivals      # their time.perf_counter() on arrival
         server.peak_in_flight
 
 Endpoints: POST /v1/chat/completions (answers `n` choices, one script call each), GET /health,
@@ -196,6 +197,7 @@ class ScriptedServer:
         self.delays = list(delays)
         self.model = model
         self.requests: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []
         self.errors: list[BaseException] = []
         self.peak_in_flight = 0
         self._in_flight = 0
@@ -218,6 +220,7 @@ class ScriptedServer:
         with self._lock:
             index = len(self.requests)
             self.requests.append(request)
+            self.arrivals.append(time.perf_counter())
             self._in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
         try:

@@ -24,8 +24,7 @@ import jax
 import ml_collections
 from tqdm import tqdm
 
-from rlver_jax import sharding
-from rlver_jax.eval import policy_loading, report
+from rlver_jax.eval import report
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
 from rlver_jax.llm_client import ClientSettings, EndpointUnavailableError, check_chat_endpoint, show_requests
@@ -84,6 +83,7 @@ class _PolicySpec:
             raise ValueError("set one of config.policy.checkpoint (a training run) and config.policy.path "
                              "(a Hugging Face directory), not both")
         elif p.checkpoint:
+            from rlver_jax.eval import policy_loading  # JAX policies only: transformers, Flax
             self.ckpt = policy_loading.locate_checkpoint(p.checkpoint, "config.policy.checkpoint")
             step = self.ckpt.resolved_step()
             self.source = str((self.ckpt.checkpoints / str(step)).resolve())
@@ -119,6 +119,9 @@ class _PolicySpec:
         c, p = self.config, self.config.policy
         if self.client is not None:
             return OpenAIPolicy(self.client, temperature=p.temperature, max_tokens=p.max_new_tokens), None
+        from rlver_jax import sharding
+        from rlver_jax.eval import policy_loading  # JAX policies only: transformers, Flax
+
         mesh = sharding.make_mesh(c.mesh.shape)
         if self.ckpt is not None:
             loaded = policy_loading.load_checkpoint_policy(self.ckpt, mesh, c.mesh.rules, p.base_path)
