@@ -79,6 +79,12 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
     run, n = summary["run"], summary["n"]
     rules = run["rules"]
     out = [f"# Sentient benchmark: {run['policy']}\n\n"]
+    if summary["simulator_errors"]:
+        out.append(f"> **Warning: {summary['simulator_errors']} of {summary['simulator_errors'] + n} dialogues ended "
+                   "in a simulator error.** They are left out of every score below, so the score is not "
+                   "comparable with published Sentient scores; see their transcripts, fix the simulator "
+                   "and rerun (finished dialogues are kept; remove the failed ones from transcripts.jsonl "
+                   "to replay them).\n\n")
     out.append(table(["metric", "value"], [
         ["score (mean final emotion)", summary["score"]],
         ["success (reached 100)", f"{summary['success']} / {n}"],
