@@ -111,7 +111,7 @@ def make_batch(config: Qwen2Config, batch: int, tokens: int, rng: np.random.Gene
         attention_mask=np.ones(shape, np.int32),
         policy_mask=np.broadcast_to(policy, shape).astype(np.float32),
         rewards=rewards, sample_logprobs=np.zeros(shape, np.float32),
-        group=np.arange(batch, dtype=np.int32) // 2)
+        group=np.arange(batch, dtype=np.int32) // 2, dialogue=np.arange(batch, dtype=np.int32))
 
 
 def median_step_seconds(step: Callable[[], None]) -> tuple[float, float]:

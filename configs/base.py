@@ -10,8 +10,9 @@ think)`. Presets:
 
 import ml_collections
 
+from configs.eval import get_policy_sampling_config
 from configs.mesh import get_mesh_config
-from configs.simulator import get_simulator_config
+from configs.simulator import get_emotion_rules_config, get_simulator_config
 
 PRESETS = ("tiny", "0.5b", "7b")
 _MODEL_PRESETS = {"tiny": "tiny", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b"}
@@ -63,16 +64,24 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout.n = 4 if grpo else 1  # dialogues per profile (a GRPO group)
     c.rollout.profiles_per_step = (8 if grpo else 16) if tiny else 32  # per step (paper: 32), x n dialogues
     c.rollout.max_new_tokens = 48 if tiny else 5000  # tokens per policy turn
-    c.rollout.max_total_tokens = 1024 if tiny else 15000  # per dialogue (prompt 5000 + response 10000)
+    c.rollout.max_total_tokens = 1024 if tiny else 15000  # per training row (prompt 5000 + response 10000)
     # KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
-    # 0 re-encodes the history every turn (less memory held between turns: the 7B default).
+    # 0 re-encodes the history every turn (less memory held between turns: the 7B default). With
+    # think_history "drop" a turn's prompt no longer extends what the cache holds (the thoughts
+    # are gone), so its row is encoded afresh each turn.
     c.rollout.cache_slots = 2 * c.rollout.max_total_tokens if tiny else 0
     c.rollout.temperature = 1.0  # paper: 1.0
     c.rollout.top_p = 1.0  # paper: 1.0
     c.rollout.top_k = 0  # 0 = off
     c.rollout.max_staleness = 0  # policy versions a batch may lag; 0 = strictly on-policy (paper)
     c.rollout.pipeline_groups = 1 if tiny else 4  # concurrent dialogue groups per batch
-    c.rollout.format_failure = "end"  # think-mode reply without </think>: end with reward 0
+    # Think-mode reply without </think>: "continue" shows the raw text to the user (the
+    # reference); "end" ends the dialogue with reward 0. The tiny presets end it: a random tiny
+    # model rarely closes </think> at first, and ending gives it the format as a clear signal.
+    c.rollout.format_failure = "end" if tiny else "continue"
+    # Think mode: "drop" earlier thoughts from later turns' context and train each turn as its own
+    # row, every row with the dialogue's reward (the reference); "keep" them, one row per dialogue.
+    c.rollout.think_history = "drop"
 
     c.rl = ml_collections.ConfigDict()
     c.rl.algo = algo  # ppo | grpo
@@ -86,11 +95,13 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.clip_eps_high = 0.2
     c.rl.dual_clip = 0.0  # 0 = off; else c > 1 bounds the loss of negative advantages
     c.rl.value_clip = 0.5  # critic value clip range
-    c.rl.entropy_coef = 0.0  # entropy bonus
+    c.rl.entropy_coef = 0.001  # token-mean entropy bonus (the reference's verl default)
     c.rl.kl_coef = 0.0  # paper: no KL; non-zero builds a frozen reference model
     c.rl.kl_mode = "loss"  # loss | reward (penalty on token rewards)
     c.rl.kl_estimator = "k3"  # k1 | k3
-    c.rl.loss_agg_mode = "token_mean"  # token_mean | seq_mean_token_mean
+    # seq_mean_token_mean: each row's token mean, averaged over rows (what the reference optimises:
+    # a token mean per micro-batch of one sequence, averaged over ranks) | token_mean
+    c.rl.loss_agg_mode = "seq_mean_token_mean"
     c.rl.ppo_epochs = 1  # passes over each rollout batch
     c.rl.mini_batch_size = 0  # in dialogues; 0 = the whole batch (paper: mini-batch = batch = 32)
     c.rl.micro_batch_size = 8 if tiny else 4  # gradient accumulation unit (memory)
@@ -114,6 +125,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train.length_multiple = 64 if tiny else 512  # training sequence length bucket
     c.train.eval_every = 10 if tiny else 25  # in-loop Sentient evaluation; 0 = off
     c.train.eval_max_profiles = 0  # 0 = every eval profile
+    # The in-loop evaluation runs under SAGE's rules (initial emotion 40, failure below 10, 10
+    # rounds, the last reply unjudged) with the benchmark's policy sampling (configs/eval.py), on
+    # the training simulator's backend, so eval_score is comparable with launch/eval.py's score.
+    c.train.eval_rules = get_emotion_rules_config(eval_mode=True)
+    c.train.eval_policy = get_policy_sampling_config(tiny=tiny)
     c.train.transcripts = True  # write every batch's dialogues to WORKDIR/transcripts
     c.train.wandb_project = ""  # Weights & Biases project (pip install -e '.[wandb]'); "" = no W&B logging
     c.train.wandb_mode = "offline"  # offline: files in WORKDIR/wandb (`wandb sync` them later); online: stream

@@ -41,6 +41,26 @@ PRESETS = ("sage", "tiny")
 SHIPPED_PROFILES = pathlib.Path(__file__).resolve().parents[1] / "rlver_jax" / "simulator" / "data" / "profiles.jsonl"
 
 
+def get_policy_sampling_config(*, tiny: bool = False) -> ml_collections.ConfigDict:
+    """How the benchmark's policy writes its turns; also the in-loop evaluation's (configs/base.py),
+    so a training run's eval_score is comparable with launch/eval.py's score."""
+    c = ml_collections.ConfigDict()
+    c.temperature = 0.7  # both backends
+    c.top_p = 1.0  # jax only
+    c.top_k = 0  # jax only; 0 = off
+    c.max_new_tokens = 32 if tiny else 2048  # per policy turn
+    c.max_total_tokens = 1024 if tiny else 16384  # jax: per training row (think_history), then "truncated"
+    # jax: KV-cache slots kept per dialogue between turns (0: re-encode the history every turn).
+    c.cache_slots = 2 * c.max_total_tokens if tiny else 0
+    # A think-mode reply without </think>: "continue" lets the simulated user judge the raw text
+    # (as an API model's output would be); "end" would freeze the emotion at its last value.
+    c.format_failure = "continue"
+    # Think mode: "drop" the policy's earlier thoughts from its context, as the reference and as
+    # the conversation an endpoint policy would be sent; "keep" them.
+    c.think_history = "drop"
+    return c
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     preset = arg or "sage"
     if preset not in PRESETS:
@@ -79,16 +99,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.policy.base_path = ""  # jax: HF dir for the run's architecture and tokenizer if its model.path moved
     # Think-then-say; None = the run's own setting for a checkpoint, else no-think.
     c.policy.think = config_dict.placeholder(bool)
-    c.policy.temperature = 0.7  # both backends
-    c.policy.top_p = 1.0  # jax only
-    c.policy.top_k = 0  # jax only; 0 = off
-    c.policy.max_new_tokens = 32 if tiny else 2048  # per policy turn
-    c.policy.max_total_tokens = 1024 if tiny else 16384  # jax: per dialogue, then "truncated"
-    # jax: KV-cache slots kept per dialogue between turns (0: re-encode the history every turn).
-    c.policy.cache_slots = 2 * c.policy.max_total_tokens if tiny else 0
-    # A think-mode reply without </think>: "continue" lets the simulated user judge the raw text
-    # (as an API model's output would be); "end" would freeze the emotion at its last value.
-    c.policy.format_failure = "continue"
+    c.policy.update(get_policy_sampling_config(tiny=tiny))
     c.policy.base_url = "http://127.0.0.1:8000/v1"  # openai
     c.policy.model = "policy"  # openai: the served model name
     c.policy.api_key_env = "POLICY_API_KEY"  # openai: env var holding the key; unset for local servers

@@ -20,7 +20,11 @@ def get_simulator_config(*, eval_mode: bool = False) -> ml_collections.ConfigDic
     c.model = "simulator"  # served model name (serve_simulator.sh serves under this name)
     c.api_key_env = "SIMULATOR_API_KEY"  # env var holding the key; unset is fine for local servers
     c.temperature = 0.5  # simulator sampling temperature of the reference code
-    c.max_tokens = 1024  # per simulator answer (analysis + change, or plan + utterance)
+    # Per simulator answer (analysis + change, or plan + utterance). A verbose Chinese emotion
+    # step measured ~500 tokens (benchmarks/simulator_budget.py, docs/fidelity.md); 2048 leaves
+    # 4x that before the final Change: line is cut. A reasoning simulator that returns its
+    # thinking in the answer needs more.
+    c.max_tokens = 2048
     c.timeout_s = 120.0  # per request
     c.max_concurrency = 64  # requests in flight at once, shared by all dialogues
     c.max_retries = 6  # retries on connection errors, timeouts, 408/409/429 and 5xx
@@ -34,7 +38,14 @@ def get_simulator_config(*, eval_mode: bool = False) -> ml_collections.ConfigDic
     c.language = ""  # "" = each profile's own; "zh" or "en" forces the prompt language
     c.cache_dir = ""  # record/replay directory for simulator answers; "" = off
     c.cache_replay_only = False  # True: answer only from cache_dir, never call the server
-    # Emotion rules.
+    c.update(get_emotion_rules_config(eval_mode=eval_mode))
+    return c
+
+
+def get_emotion_rules_config(*, eval_mode: bool = False) -> ml_collections.ConfigDict:
+    """The emotion machine's numbers (rlver_jax.simulator.state.EmotionRules): RLVER training's,
+    or SAGE's when `eval_mode` (also the in-loop evaluation's, configs/base.py)."""
+    c = ml_collections.ConfigDict()
     c.initial_emotion = 40 if eval_mode else 30  # SAGE 40, RLVER training 30
     c.max_change = 10  # per-turn change clipped to [-10, +10] (SAGE; applied in training too)
     c.ceiling = 100  # emotion cap; reaching it ends the dialogue as a success

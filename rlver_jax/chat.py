@@ -37,6 +37,7 @@ none; this module never does (rollouts pass the project's own system prompt).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -206,6 +207,21 @@ def conversation_ids(
     return ids, mask
 
 
+# A speaker label the policy may write before its reply ("你：", "Me:", "**Reply:**"); the user
+# must not read it. Only a leading label of these names is stripped, so text that merely
+# contains a colon is left alone.
+_SPEAKER_LABEL = re.compile(
+    r"^\s*(?:\*\*)?[\[【(（]?(?:你|我|回复|回答|朋友|助手|me|you|reply|response|answer|friend|assistant)"
+    r"[\]】)）]?(?:\*\*)?\s*[:：]\s*(?:\*\*)?\s*",
+    re.IGNORECASE,
+)
+
+
+def strip_speaker_label(text: str) -> str:
+    """`text` without a leading speaker label (你：, 你:, Me:, **Reply:** and the like)."""
+    return _SPEAKER_LABEL.sub("", text, count=1)
+
+
 @dataclasses.dataclass(frozen=True)
 class ThinkSplit:
     """A policy turn split into its reasoning and the reply shown to the simulated user."""
@@ -218,17 +234,25 @@ class ThinkSplit:
 def split_think(text: str, *, think: bool = True) -> ThinkSplit:
     """Splits a decoded policy turn into thinking and reply.
 
-    Think mode: the reply is the text after the first "</think>", stripped; the thinking is the
-    text before it, without a leading "<think>". No "</think>" is a format failure (the reply is
-    then empty). No-think mode: the whole stripped text is the reply. In both modes an empty
-    reply is a format failure, since there is nothing to say to the user.
+    Think mode: the reply is the text after the last "</think>" (as the reference rollout
+    splits), stripped, without a leading speaker label; the thinking is the text before it,
+    without a leading "<think>". No "</think>" is a format failure (the reply is then empty).
+    No-think mode: the whole stripped text, without a speaker label, is the reply. In both modes
+    an empty reply is a format failure, since there is nothing to say to the user.
     """
     if not think:
-        reply = text.strip()
+        reply = strip_speaker_label(text.strip())
         return ThinkSplit(thinking="", reply=reply, ok=bool(reply))
-    head, closed, tail = text.partition(THINK_CLOSE)
-    thinking = head.strip()
+    head, closed, tail = text.rpartition(THINK_CLOSE)
+    thinking = (head if closed else tail).strip()
     if thinking.startswith(THINK_OPEN):
         thinking = thinking[len(THINK_OPEN):].strip()
-    reply = tail.strip()
+    reply = strip_speaker_label(tail.strip()) if closed else ""
     return ThinkSplit(thinking=thinking, reply=reply, ok=bool(closed) and bool(reply))
+
+
+def shown_text(text: str, split: ThinkSplit) -> str:
+    """What the simulated user reads of a policy turn `text` (split by `split_think`): the reply,
+    or after a format failure the raw text, stripped and without a speaker label (the reference
+    sends a reply without "</think>" as it is)."""
+    return split.reply if split.ok else strip_speaker_label(text.strip())

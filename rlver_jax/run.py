@@ -23,7 +23,29 @@ from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.rollout.policy import SamplingSettings
 from rlver_jax.simulator.factory import check_endpoint
 from rlver_jax.simulator.settings import SimulatorSettings
+from rlver_jax.simulator.state import EmotionRules
 from rlver_jax.simulator.profiles import Profile, load_profiles
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """The in-loop evaluation (`config.train.eval_*`): the training simulator's backend under SAGE's
+    rules, the benchmark's policy sampling (configs/eval.py)."""
+
+    simulator: SimulatorSettings
+    rollout: RolloutSettings
+    sampling: SamplingSettings
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict, simulator: SimulatorSettings) -> EvalSettings:
+        p = config.train.eval_policy
+        rules = EmotionRules.from_config(config.train.eval_rules)
+        rollout = RolloutSettings(think=config.rollout.think, max_new_tokens=p.max_new_tokens,
+                                  max_total_tokens=p.max_total_tokens, format_failure=p.format_failure,
+                                  think_history=p.think_history)
+        sampling = SamplingSettings(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                                    max_new_tokens=p.max_new_tokens, cache_slots=p.cache_slots)
+        return cls(dataclasses.replace(simulator, rules=rules), rollout, sampling)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +57,7 @@ class Run:
     rollout: RolloutSettings
     sampling: SamplingSettings
     simulator: SimulatorSettings
+    eval: EvalSettings  # the in-loop evaluation
     tracking: tracking.TrackingSettings  # Weights & Biases (off unless config.train.wandb_project)
     chat: chat.ChatTokens
     train_profiles: list[Profile]
@@ -92,6 +115,7 @@ def rl_settings(config: ml_collections.ConfigDict) -> trainer.RLSettings:
     fields = config.rl.to_dict()
     fields["mini_batch_size"] = fields["mini_batch_size"] or dialogues
     fields["micro_batch_size"] = min(fields["micro_batch_size"], fields["mini_batch_size"])
+    fields["batch_size"] = dialogues  # mini-batches count dialogues, whatever the rows per dialogue
     rl = trainer.RLSettings(**fields)
     if rl.algo == "grpo" and config.rollout.n < 2:
         raise ValueError(f"config.rl.algo='grpo' needs config.rollout.n >= 2 dialogues per profile "
@@ -134,7 +158,8 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     rl = rl_settings(config)
     r = config.rollout
     rollout = RolloutSettings(think=r.think, max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
-                              format_failure=r.format_failure, pipeline_groups=r.pipeline_groups)
+                              format_failure=r.format_failure, pipeline_groups=r.pipeline_groups,
+                              think_history=r.think_history)
     sampling_settings = SamplingSettings(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                          max_new_tokens=r.max_new_tokens, cache_slots=r.cache_slots)
     train_profiles, eval_profiles = split_profiles(config)
@@ -166,7 +191,7 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh,
                                   None if ref_params is None else actor_sh)
     return Run(workdir=workdir, rl=rl, rollout=rollout, sampling=sampling_settings, simulator=simulator,
-               tracking=tracking_settings, chat=chat_tokens,
+               eval=EvalSettings.from_config(config, simulator), tracking=tracking_settings, chat=chat_tokens,
                train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh, actor_cfg=actor_cfg,
                critic_cfg=critic_cfg, actor_opt=actor_opt, critic_opt=critic_opt, shardings=state_sh, state=state,
                ref_params=ref_params, fns=fns)

@@ -11,7 +11,6 @@ simulator code path, so reward hacking shows up as a gap between the two.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import sys
 import time
@@ -201,20 +200,17 @@ def profiles_for_step(profiles: list[Profile], step: int, k: int, seed: int) -> 
 
 def evaluate(config: ml_collections.ConfigDict, run: Run, params: Any, step: int, key: jax.Array
              ) -> dict[str, float]:
-    """Score the current policy on held-out profiles with the training simulator's code path,
-    sampling from `key` (the step's evaluation key)."""
+    """Score the current policy on held-out profiles as the Sentient benchmark does (run.eval: the
+    training simulator's backend under SAGE's rules, the benchmark's policy sampling), sampling
+    from `key` (the step's evaluation key); eval_score is comparable with launch/eval.py's."""
     profiles = run.eval_profiles
     if config.train.eval_max_profiles:
         profiles = profiles[:config.train.eval_max_profiles]
-    policy = JaxPolicy(run.actor_cfg, run.chat, run.sampling, params, key)
-
-    # As in the benchmark (configs/eval.py), a reply that breaks the think format is shown to the
-    # user as it is rather than ending the dialogue at its current emotion.
-    rollout = dataclasses.replace(run.rollout, format_failure="continue")
+    policy = JaxPolicy(run.actor_cfg, run.chat, run.eval.sampling, params, key)
 
     async def rollouts():
-        async with build_simulator(run.simulator) as sim:
-            runner = EpisodeRunner(policy, sim, run.chat, rollout)
+        async with build_simulator(run.eval.simulator) as sim:
+            runner = EpisodeRunner(policy, sim, run.chat, run.eval.rollout)
             return await runner.run([EpisodeRequest(p, i) for i, p in enumerate(profiles)], step)
 
     seqs = asyncio.run(rollouts())

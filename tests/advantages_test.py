@@ -185,8 +185,25 @@ def test_masked_whiten(shift_mean):
     x = (rng.normal(size=mask.shape) * 3 + 2).astype(np.float32)
     got = np.asarray(adv_lib.masked_whiten(x, mask, shift_mean=shift_mean))
     sel = x[mask > 0]
-    want = (sel - sel.mean()) / np.sqrt(sel.var() + 1e-8)
+    want = (sel - sel.mean()) / np.sqrt(sel.var(ddof=1) + 1e-8)  # unbiased, as verl
     if not shift_mean:
         want = want + sel.mean()
     np.testing.assert_allclose(got[mask > 0], want, rtol=1e-5, atol=1e-5)
     assert np.all(got[mask == 0] == 0)
+
+
+def test_grpo_members_group_dialogues_not_turn_rows():
+    """Turn rows of dialogues (think_history "drop"): the baseline runs over dialogues (their
+    first rows), each dialogue counted once whatever its number of turns. By hand: group 0 has
+    dialogues of reward 0.2 (3 turn rows) and 0.6 (1 row): mean 0.4, sample std 0.2828, so every
+    row of the first gets -0.7071 and the second +0.7071 (over the 4 rows the mean would be 0.3).
+    Group 1 holds one dialogue of 2 rows (a lone member): 0. A padding row of its own group: 0."""
+    scores = np.array([0.2, 0.2, 0.2, 0.6, 0.9, 0.9, 0.0], np.float32)
+    groups = np.array([0, 0, 0, 0, 1, 1, 14])
+    members = np.array([1, 0, 0, 1, 1, 0, 1], bool)
+    got = adv_lib.grpo_advantages(scores, groups, 16, eps=0.0, members=members)
+    a = 0.2 / np.sqrt(0.08)
+    np.testing.assert_allclose(got, [-a, -a, -a, a, 0, 0, 0], rtol=1e-5, atol=1e-7)
+    # Without members every row counts: group 0's mean is 0.3.
+    plain = adv_lib.grpo_advantages(scores, groups, 16, normalize_std=False)
+    np.testing.assert_allclose(plain[:4], [-0.1, -0.1, -0.1, 0.3], atol=1e-6)

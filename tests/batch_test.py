@@ -69,3 +69,33 @@ def test_collate_rejects_what_cannot_be_trained():
     failed = _hand_made([1, 2, 3], [0, 1, 1], [2], [30], simulator_error=True)
     with pytest.raises(ValueError, match="not trainable"):
         collate([failed], batch_size=1, reward_mode="final")
+
+
+def test_turn_rows_collate_by_hand():
+    """A dialogue of two turn rows (think_history "drop") and one of a single row, 2 dialogue
+    slots: 3 rows need 4 (a multiple of the slots). Each row carries the dialogue's return from
+    its turn on: final, 0.7 on both rows; per_turn, (0.5 - 0.3) + (0.7 - 0.5) = 0.4 on the
+    first row, 0.2 on the second."""
+    two = _hand_made([1, 2, 3, 1, 2, 4, 5, 6], [0, 1, 1, 0, 0, 0, 1, 1], [2, 7], [30, 50, 70],
+                     row_starts=[0, 3])
+    one = _hand_made([7, 8, 9], [0, 0, 1], [2], [30, 20])
+    b = collate([two, one], batch_size=2, reward_mode="final", length_multiple=4, pad_id=0)
+    assert b.tokens.shape == (4, 8)
+    np.testing.assert_array_equal(b.tokens[:3, :5], [[1, 2, 3, 0, 0], [1, 2, 4, 5, 6], [7, 8, 9, 0, 0]])
+    np.testing.assert_array_equal(b.policy_mask[:3, :5], [[0, 1, 1, 0, 0], [0, 0, 0, 1, 1], [0, 0, 1, 0, 0]])
+    assert b.policy_mask[3].sum() == 0 and b.attention_mask.sum(-1).tolist() == [3, 5, 3, 0]
+    assert b.dialogue.tolist() == [0, 0, 1, 7] and b.group.tolist() == [3, 3, 3, 7]
+    np.testing.assert_allclose(b.rewards.sum(-1), [0.7, 0.7, 0.2, 0.0])
+    assert b.rewards[0, 2] == pytest.approx(0.7) and b.rewards[1, 4] == pytest.approx(0.7)
+    per_turn = collate([two, one], batch_size=2, reward_mode="per_turn", length_multiple=4)
+    np.testing.assert_allclose(per_turn.rewards.sum(-1), [0.4, 0.2, -0.1, 0.0])
+    assert token_rewards(two, "per_turn") == pytest.approx({2: 0.4, 7: 0.2})
+    assert collate([two, one], batch_size=2, reward_mode="final", rows=6).tokens.shape[0] == 6
+    with pytest.raises(ValueError, match="multiple of batch_size=2 of at least 4"):
+        collate([two, one], batch_size=2, reward_mode="final", rows=2)
+
+
+def test_row_starts_are_checked():
+    bad = _hand_made([1, 2, 3, 4], [0, 1, 0, 1], [1, 3], [30, 40, 50], row_starts=[0, 4])
+    with pytest.raises(ValueError, match="row_starts"):
+        bad.check()

@@ -334,7 +334,12 @@ def test_load_tokenizer_accepts_str(tiny_tokenizer_dir):
         ("<think>she is sad</think>  I'm here. ", True, ("she is sad", "I'm here.", True)),
         ("\n<think>\n想一想\n</think>\n\n别担心，我在。", True, ("想一想", "别担心，我在。", True)),
         ("no opening tag</think>reply", True, ("no opening tag", "reply", True)),
-        ("<think>a</think>b</think>c", True, ("a", "b</think>c", True)),
+        ("<think>a</think>b</think>c", True, ("a</think>b", "c", True)),  # the last </think>, as the reference
+        ("<think>想</think>\n你：别难过，我在。", True, ("想", "别难过，我在。", True)),
+        ("<think>hm</think> **Me:** I'm here for you.", True, ("hm", "I'm here for you.", True)),
+        ("<think>hm</think>Reply: Note: I hear you.", True, ("hm", "Note: I hear you.", True)),
+        ("<think>hm</think>你：", True, ("hm", "", False)),
+        ("你: 我在呢", False, ("", "我在呢", True)),
         ("<think>never closed, reply lost", True, ("never closed, reply lost", "", False)),
         ("<think>thought</think>   \n", True, ("thought", "", False)),
         ("plain reply without tags", True, ("plain reply without tags", "", False)),
@@ -345,3 +350,13 @@ def test_load_tokenizer_accepts_str(tiny_tokenizer_dir):
 )
 def test_split_think(text, think, expected):
     assert chat.split_think(text, think=think) == chat.ThinkSplit(*expected)
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("<think>a</think> 你好", "你好"),
+    ("  你：<think>never closed", "<think>never closed"),  # a format failure: the raw text, label off
+    ("<think>only thinking</think>  ", "<think>only thinking</think>"),
+    ("Me: Tell me more. Me: really", "Tell me more. Me: really"),  # only a leading label
+])
+def test_shown_text(text, shown):
+    assert chat.shown_text(text, chat.split_think(text)) == shown

@@ -142,7 +142,7 @@ def test_scores_equal_hand_computed_values(tmp_path):
     assert p3["emotions"] == list(range(40, 50))
     assert json.loads((workdir / "sentient.json").read_text())["score"] == pytest.approx(SCORE)
     report = (workdir / "report.md").read_text()
-    assert "| score (mean final emotion) | 49.8 |" in report
+    assert "| score (mean final emotion) | 49.8 |" in report and "Warning" not in report
     assert "| id-P2 | en | 0 | 4 | failure | 40 30 20 10 0 |" in report
     for png in ("trajectories.png", "final_emotions.png"):
         assert (workdir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -203,7 +203,10 @@ def test_a_simulator_answering_malformed_text_is_counted_not_fatal(tmp_path):
     assert (summary["simulator_errors"], summary["n"], summary["score"]) == (1, 1, 100)
     assert summary["per_profile"][1] == {"id": "id-P5", "final_emotion": 40, "turns": 1,
                                          "end_reason": "simulator_error"}
-    assert "| simulator errors (not scored) | 1 |" in (tmp_path / "eval" / "report.md").read_text()
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert "| simulator errors (not scored) | 1 |" in report
+    # Prominent, before the scores: this score is not comparable with published ones.
+    assert report.index("**Warning: 1 of 2 dialogues ended in a simulator error.**") < report.index("| score")
 
 
 def test_all_simulator_errors_give_a_null_score(tmp_path):

@@ -177,11 +177,13 @@ def test_kl_estimators_formulas():
 
 @pytest.mark.parametrize("estimator", ["k1", "k3"])
 def test_kl_estimators_are_unbiased(estimator):
-    # E_{x ~ pi}[k(x)] = KL(pi || ref), computed exactly by enumerating a small vocabulary.
+    # E_{x ~ pi}[k(x)] = KL(pi || ref), computed exactly by enumerating a small vocabulary. The
+    # distributions are moderate enough that k3 stays below its clamp at 10 (tested apart).
     rng = np.random.default_rng(4)
-    logp = np.log(rng.dirichlet(np.ones(6)))
-    ref = np.log(rng.dirichlet(np.ones(6)))
+    logp = np.log(rng.dirichlet(np.full(6, 4.0)))
+    ref = np.log(rng.dirichlet(np.full(6, 4.0)))
     per_token = np.asarray(losses.kl_divergence(logp, ref, estimator), np.float64)
+    assert per_token.max() < losses.K3_CLAMP
     exact = np.sum(np.exp(logp) * (logp - ref))
     np.testing.assert_allclose(np.sum(np.exp(logp) * per_token), exact, rtol=1e-5)
 
@@ -242,3 +244,45 @@ def test_losses_jit():
                                      mask, mode)
         np.testing.assert_allclose(got, want, rtol=1e-5)
         np.testing.assert_allclose(metrics["clip_frac"], want_metrics["clip_frac"])
+
+
+def test_log_ratio_and_k3_clamps_on_crafted_inputs():
+    """verl's guards by hand: a log-ratio of +-50 counts as +-20 (exp(50) would be 5e21); k3 is
+    at most 10, and inside the range it is the plain formula."""
+    old = np.zeros((1, 4), np.float32)
+    new = np.array([[50.0, -50.0, 20.0, 0.5]], np.float32)
+    adv = np.array([[-1.0, 1.0, -1.0, -1.0]], np.float32)
+    loss, _ = losses.ppo_policy_loss(new, old, adv, np.ones_like(old), clip_eps_low=0.2, clip_eps_high=0.2)
+    # A < 0: loss = -A * max(rho, 0.8) = rho; A > 0 and rho = exp(-20): loss = -min(rho, 1.2) = -exp(-20).
+    np.testing.assert_allclose(loss, [[np.exp(20.0), -np.exp(-20.0), np.exp(20.0), np.exp(0.5)]], rtol=1e-5)
+    assert np.all(np.isfinite(loss))
+    logp = np.zeros(5, np.float32)
+    ref = np.array([30.0, 3.0, 0.5, -0.5, -30.0], np.float32)
+    d = ref.astype(np.float64)
+    want = np.minimum(np.exp(d) - d - 1, 10.0)
+    want[-1] = min(np.exp(-20.0) + 20.0 - 1.0, 10.0)  # d clamped to -20 first: 19 -> 10
+    np.testing.assert_allclose(losses.kl_k3(logp, ref), want, rtol=1e-6)
+    np.testing.assert_allclose(losses.kl_k3(logp, ref)[2:4], np.exp(d[2:4]) - d[2:4] - 1, rtol=1e-6)
+
+
+def test_value_clip_fraction_counts_only_clipped_tokens():
+    """Values inside old +- c are never clipped: vf_clip_frac is exactly 0 and the loss is the
+    plain squared error. The formulation old + clip(V - old) rounds in float32 and would count
+    some of these tokens as clipped (checked in numpy on the same inputs)."""
+    rng = np.random.default_rng(11)
+    old = rng.normal(size=(64, 64)).astype(np.float32)
+    values = (old + rng.uniform(-0.19, 0.19, size=old.shape)).astype(np.float32)
+    returns = rng.normal(size=old.shape).astype(np.float32)
+    mask = np.ones_like(old)
+    loss, metrics = losses.value_loss(values, old, returns, mask, clip_range=0.2)
+    assert float(metrics["vf_clip_frac"]) == 0.0
+    np.testing.assert_array_equal(loss, 0.5 * (values - returns) ** 2)
+    rounded = old + np.clip(values - old, np.float32(-0.2), np.float32(0.2))
+    assert np.mean((rounded - returns) ** 2 > (values - returns) ** 2) > 0.001
+    # Outside the range: V = old + 1 with c = 0.2 is clipped to old + 0.2 (return old + 2: the
+    # clipped error 3.24 > 1 counts), and V = old - 1 toward a return of old - 2 likewise.
+    v = np.array([[1.0, -1.0, 0.1]], np.float32)
+    r = np.array([[2.0, -2.0, 5.0]], np.float32)
+    loss, metrics = losses.value_loss(v, np.zeros_like(v), r, np.ones_like(v), clip_range=0.2)
+    np.testing.assert_allclose(loss, [[1.62, 1.62, 0.5 * 4.9 ** 2]], rtol=1e-6)
+    np.testing.assert_allclose(metrics["vf_clip_frac"], 2 / 3, rtol=1e-6)

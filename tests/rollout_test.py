@@ -1,6 +1,8 @@
 """Multi-turn rollouts: exact token assembly, masks, log-probs, think-then-say, the async buffer."""
 
 import asyncio
+import dataclasses
+import random
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +19,11 @@ from rlver_jax.rl.logprobs import token_logprobs
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.policy import JaxPolicy, PolicyTurn
 from rlver_jax.simulator import SimulatorSettings, build_simulator
+from rlver_jax.simulator.agent import Simulator
+from rlver_jax.simulator.backend import Utterance
+from rlver_jax.simulator.embedded import EmbeddedBackend
 from rlver_jax.simulator.profiles import load_profiles
+from rlver_jax.simulator.state import EmotionRules
 from tests.scripted_server import ScriptedServer, route
 
 
@@ -150,7 +156,7 @@ def test_think_mode_sends_only_the_reply_and_matches_template(chat_tokens):
     text = "<think>They sound tired; ask gently.</think>I'm sorry you had such a hard day. What happened?"
     sim = embedded_simulator(max_turns=2)
     runner = EpisodeRunner(ScriptedTokenPolicy(chat_tokens, [text]), sim, chat_tokens,
-                           RolloutSettings(think=True, max_total_tokens=4096))
+                           RolloutSettings(think=True, max_total_tokens=4096, think_history="keep"))
     (seq,) = asyncio.run(runner.run(_requests(1, 1)))
     sent = [m["content"] for m in seq.to_record()["simulator_state"]["history"] if m["role"] == "assistant"]
     assert sent and all(m == "I'm sorry you had such a hard day. What happened?" for m in sent)
@@ -231,3 +237,112 @@ def test_text_policy_gets_the_messages_and_leaves_no_token_view():
     assert seq.tokens == seq.policy_mask == seq.logprobs == seq.turn_ends == [] and not seq.truncated
     assert len(seq.turns) == 2 and seq.end_reason == "turn_limit" and seq.messages[:4] == second
 
+
+
+class RecordingPolicy:
+    """Answers turn k of every dialogue with texts[k] (a token policy when `chat_tokens` is given,
+    tokenised as a sampler would emit the text, else a text policy); records the requests."""
+
+    def __init__(self, texts, chat_tokens=None):
+        self.texts, self.chat, self.requests = texts, chat_tokens, []
+
+    async def act(self, requests):
+        turns = []
+        for r in requests:
+            self.requests.append(r)
+            text = self.texts[sum(m["role"] == "assistant" for m in r.messages)]
+            if self.chat is None:
+                turns.append(PolicyTurn(text=text))
+                continue
+            ids = chat._text_ids(self.chat.tokenizer, text) + [self.chat.im_end]
+            turns.append(PolicyTurn(text=text, token_ids=ids, logprobs=[-0.5] * len(ids)))
+        return turns
+
+    def release(self, session):
+        pass
+
+
+THINKING_TURNS = [
+    "<think>They sound tired; ask gently.</think>Me: I'm sorry you had such a hard day. What happened?",
+    "<think>Stay with the feeling, no advice yet.</think>That sounds exhausting. I'm listening.",
+    "<think>Reflect it back.</think>\nIt makes sense that you feel this way.",
+]
+
+
+def test_drop_history_rows_equal_the_chat_template(chat_tokens):
+    """think_history "drop": each turn is its own row, token for token the chat template's
+    rendering of the reply-only history (earlier thoughts and speaker labels dropped) plus that
+    turn's whole output, with the mask on exactly that turn's sampled tokens (the template's
+    assistant mask of the last message); every row carries the dialogue's final reward."""
+    tok = chat_tokens.tokenizer
+    policy = RecordingPolicy(THINKING_TURNS, chat_tokens)
+    runner = EpisodeRunner(policy, embedded_simulator(max_turns=3), chat_tokens, RolloutSettings(think=True))
+    (seq,) = asyncio.run(runner.run(_requests(1, 1)))
+    seq.check()
+    assert len(seq.rows) == len(seq.turn_ends) == 3 and seq.end_reason == "turn_limit"
+    replies = [m for m in seq.messages if m["role"] == "assistant"]
+    assert [m["content"] for m in replies] == ["I'm sorry you had such a hard day. What happened?",
+                                               "That sounds exhausting. I'm listening.",
+                                               "It makes sense that you feel this way."]
+    history = [m for m in seq.messages]
+    for k, ((start, end), turn_end) in enumerate(zip(seq.rows, seq.turn_ends)):
+        context = history[:history.index(replies[k])]  # system, users, earlier replies as sent
+        messages = context + [{"role": "assistant", "content": THINKING_TURNS[k]}]
+        reference = tok.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+        prompt_len = len(tok.apply_chat_template(context, tokenize=True, add_generation_prompt=True, return_dict=False))
+        assert seq.tokens[start:end] == reference["input_ids"]
+        want_mask = [m if i >= prompt_len else 0 for i, m in enumerate(reference["assistant_masks"])]
+        assert seq.policy_mask[start:end] == want_mask and sum(want_mask) > 0
+        assert tok.decode([t for t, m in zip(seq.tokens[start:end], want_mask) if m]) == THINKING_TURNS[k] + "<|im_end|>"
+        assert start <= turn_end < end and seq.tokens[turn_end] == chat_tokens.im_end
+        # The request of turn k was exactly the row's prompt.
+        assert policy.requests[k].prompt_ids == reference["input_ids"][:prompt_len]
+    batch = collate([seq], batch_size=2, reward_mode="final", length_multiple=16)
+    assert batch.tokens.shape[0] == 4 and batch.dialogue.tolist() == [0, 0, 0, 7]
+    for b, (start, end) in enumerate(seq.rows):  # the dialogue's final reward on each row's last token
+        assert np.flatnonzero(batch.rewards[b]).tolist() == [seq.turn_ends[b] - start]
+        assert batch.rewards[b].sum() == pytest.approx(seq.reward)
+
+
+def test_token_and_text_policies_see_the_same_context(chat_tokens):
+    """The JAX policy's prompt at every turn is the chat template's rendering of the messages an
+    endpoint policy is sent at that turn, under both think_history settings."""
+    for think_history in ("drop", "keep"):
+        settings = RolloutSettings(think=True, think_history=think_history)
+        token_policy, text_policy = RecordingPolicy(THINKING_TURNS, chat_tokens), RecordingPolicy(THINKING_TURNS)
+        asyncio.run(EpisodeRunner(token_policy, embedded_simulator(max_turns=3), chat_tokens, settings).run(_requests(1, 1)))
+        asyncio.run(EpisodeRunner(text_policy, embedded_simulator(max_turns=3), None, settings).run(_requests(1, 1)))
+        assert len(token_policy.requests) == len(text_policy.requests) == 3
+        for token_request, text_request in zip(token_policy.requests, text_policy.requests):
+            rendered = chat_tokens.tokenizer.apply_chat_template(text_request.messages, tokenize=True,
+                                                                 add_generation_prompt=True, return_dict=False)
+            assert token_request.prompt_ids == rendered
+        thoughts_seen = "Stay with the feeling" in str(text_policy.requests[-1].messages)
+        assert thoughts_seen == (think_history == "keep")
+
+
+class RandomOpenings(EmbeddedBackend):
+    """The embedded user, opening every dialogue with a line of its own (as an LLM at temperature
+    0.5 would)."""
+
+    def __init__(self, seed):
+        self.rng = random.Random(seed)
+
+    async def open(self, state):
+        text = f"Hi, it's me again ({self.rng.randrange(10**9)}). Rough week."
+        return Utterance(text, "random opening", text)
+
+
+def test_grpo_group_shares_one_opening():
+    profiles = [dataclasses.replace(p, first_talk=None) for p in load_profiles() if p.language == "en"][:2]
+    requests = [EpisodeRequest(p, g) for g, p in enumerate(profiles) for _ in range(4)]
+    sim = Simulator(RandomOpenings(0), rules=EmotionRules(max_turns=2))
+    runner = EpisodeRunner(ScriptedTextPolicy(), sim, None, RolloutSettings(think=True, pipeline_groups=3))
+    seqs = asyncio.run(runner.run(requests))
+    openings = [s.messages[1]["content"] for s in seqs]
+    assert all(s.messages[1]["role"] == "user" for s in seqs)
+    assert len(set(openings[:4])) == 1 and len(set(openings[4:])) == 1 and openings[0] != openings[4]
+    assert [s.group for s in seqs] == [0] * 4 + [1] * 4
+    with pytest.raises(ValueError, match="share one profile"):
+        asyncio.run(runner.run([EpisodeRequest(profiles[0], 0), EpisodeRequest(profiles[1], 0)]))

@@ -132,3 +132,19 @@ def test_goal_kinds_recognise_both_languages_and_punctuation():
     assert P.goal_kind("你希望对方辩证地分析事件中的问题。") == "balanced_view"
     assert P.goal_kind(P.goal_text("praise", "en").upper()) == "praise"
     assert P.goal_kind("You want a pony.") is None
+
+
+def test_sage_builder_fields_are_ignored_with_one_warning(tmp_path, caplog):
+    """SAGE's profile builder adds `topic` and `3-question`: accepted, ignored, one warning for the
+    file; a misspelt field is still an error."""
+    lines = [json.dumps(_good(id=i, topic="work", **{"3-question": ["q1", "q2", "q3"]})) for i in ("a", "b")]
+    path = tmp_path / "sage.jsonl"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        loaded = P.load_profiles(path)
+    assert [p.id for p in loaded] == ["a", "b"] and loaded[0] == P.parse_profile(_good(id="a"))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "'3-question', 'topic'" in warnings[0]
+    path.write_text(json.dumps(_good(topci="work")), encoding="utf-8")
+    with pytest.raises(P.ProfileError, match="field 'topci': unknown field"):
+        P.load_profiles(path)

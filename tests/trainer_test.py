@@ -158,3 +158,46 @@ def test_step_keys_are_a_function_of_the_run_key_and_the_step():
     assert rows.shape == (9, 2)
     for epoch in rows.reshape(3, 3, 2):  # each epoch visits every row once, sorted within a mini-batch
         assert sorted(epoch.ravel().tolist()) == list(range(6)) and (np.diff(epoch, axis=1) > 0).all()
+
+
+def _turn_rows_dialogue(rng, group, emotions, n_turns):
+    """think_history "drop": one row per turn ([ctx user tokens][turn policy tokens])."""
+    seq = _dialogue(rng, group, emotions, n_turns=1)
+    tokens, mask, ends, starts = [], [], [], []
+    for _ in range(n_turns):
+        starts.append(len(tokens))
+        tokens += seq.tokens
+        mask += seq.policy_mask
+        ends.append(len(tokens) - 1)
+    return DialogueSequence(profile_id=seq.profile_id, group=group, tokens=tokens, policy_mask=mask,
+                            logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions,
+                            end_reason="turn_limit", row_starts=starts)
+
+
+def test_grpo_on_turn_rows_normalises_over_dialogues():
+    """Turn rows of 4 dialogues (3, 1, 2 and 2 rows; 8 rows, padded to 8 for 4 slots): every row
+    gets its dialogue's group-normalised reward. Group 0: rewards 0.9 and 0.1 -> +-0.7071 (sample
+    std 0.5657), whatever their row counts; group 1: 0.7 and 0.7 -> 0. A train step cuts the 8
+    rows into the 2 mini-batches of 2 dialogues each (4 rows)."""
+    rng = np.random.default_rng(3)
+    seqs = [_turn_rows_dialogue(rng, 0, [30.0, 90.0], 3), _turn_rows_dialogue(rng, 0, [30.0, 10.0], 1),
+            _turn_rows_dialogue(rng, 1, [30.0, 70.0], 2), _turn_rows_dialogue(rng, 1, [30.0, 70.0], 2)]
+    batch = collate(seqs, batch_size=4, reward_mode="final", length_multiple=8)
+    assert batch.tokens.shape[0] == 8 and batch.dialogue.tolist() == [0, 0, 0, 1, 2, 2, 3, 3]
+    cfg = get_preset("tiny")
+    actor = qwen2.init_params(cfg, jax.random.key(0))
+    rl = trainer.RLSettings(algo="grpo", mini_batch_size=2, micro_batch_size=1, batch_size=4)
+    state = trainer.init_train_state(actor, optax.sgd(0.0), seed=0)
+    arrays = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
+    out = trainer.prepare(rl, cfg, None, state, None, arrays)
+    a = 0.4 / np.sqrt(0.32)
+    row_adv = np.asarray(out["advantages"]).sum(-1) / np.maximum(batch.policy_mask.sum(-1), 1)
+    np.testing.assert_allclose(row_adv, [a, a, a, -a, 0, 0, 0, 0], atol=1e-5)
+    assert trainer.minibatch_rows(rl, jax.random.key(1), 8).shape == (2, 4)
+    opt = trainer.Optimizer(optax.sgd(1e-2), optax.constant_schedule(1e-2))
+    fns = trainer.make_update_fns(rl, cfg, None, opt, None)
+    state = trainer.init_train_state(actor, opt.tx, seed=0)
+    state, metrics = trainer.train_on_batch(fns, state, batch)
+    assert int(state.step) == 1 and np.isfinite(metrics["policy_loss"])
+    with pytest.raises(ValueError, match="and of the 4 dialogues per step"):
+        trainer.train_on_batch(fns, state, collate(seqs[:1], batch_size=3, reward_mode="final", length_multiple=8))

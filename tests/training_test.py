@@ -11,7 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from configs import grpo_think, ppo_nothink
+from configs import eval as eval_config
+from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
+from configs.simulator import get_simulator_config
 from rlver_jax import checkpoint, files, training
 from rlver_jax.files import read_jsonl
 from rlver_jax.interrupts import TrainingInterrupted
@@ -57,6 +59,11 @@ def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
     assert all(np.isfinite(m["policy_loss"]) for m in lines)
     transcripts = sorted(p.name for p in (tmp_path / "straight" / "transcripts").iterdir())
     assert transcripts[:3] == ["eval_000001.jsonl", "train_000000.jsonl", "train_000001.jsonl"]
+    # Training under RLVER's rules (initial emotion 30), the in-loop evaluation under SAGE's (40).
+    first_emotions = {name: {json.loads(l)["emotions"][0] for l in
+                             (tmp_path / "straight" / "transcripts" / name).read_text().splitlines()}
+                      for name in transcripts[:2]}
+    assert first_emotions == {"eval_000001.jsonl": {40}, "train_000000.jsonl": {30}}
     assert any((tmp_path / "straight" / "tensorboard").iterdir())
 
     resumed = small(grpo_think.get_config("tiny"), tmp_path / "resumed", steps=2)
@@ -201,3 +208,24 @@ def test_config_ranges_are_checked_before_anything_starts(tmp_path):
                                          r"config.simulator.timeout_s=0.0 must be > 0"):
         training.train(config, progress=False)
     assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("module", [ppo_think, grpo_think, ppo_nothink, grpo_nothink])
+def test_paper_configs_hold_the_reference_values(module):
+    """The official training script's values (docs/fidelity.md) in the paper presets; the
+    in-loop evaluation under SAGE's rules with the benchmark's policy sampling."""
+    c = module.get_config("7b")
+    assert (c.rl.entropy_coef, c.rl.loss_agg_mode) == (0.001, "seq_mean_token_mean")
+    assert (c.rollout.think_history, c.rollout.format_failure) == ("drop", "continue")
+    assert (c.rollout.temperature, c.rollout.top_p, c.rl.kl_coef, c.simulator.max_turns) == (1.0, 1.0, 0.0, 8)
+    assert c.simulator.max_tokens == 2048
+    sage = get_simulator_config(eval_mode=True)
+    assert dict(c.train.eval_rules) == {k: sage[k] for k in c.train.eval_rules}
+    assert (c.train.eval_rules.initial_emotion, c.train.eval_rules.floor, c.train.eval_rules.floor_inclusive,
+            c.train.eval_rules.max_turns, c.train.eval_rules.score_final_turn) == (40, 10, False, 10, False)
+    policy = eval_config.get_config().policy
+    assert dict(c.train.eval_policy) == {k: policy[k] for k in c.train.eval_policy}
+    assert (c.train.eval_policy.temperature, c.train.eval_policy.format_failure) == (0.7, "continue")
+    tiny = module.get_config("tiny")
+    assert tiny.rollout.format_failure == "end"  # documented: a random tiny model learns </think> first
+    assert dict(tiny.train.eval_policy) == {k: eval_config.get_config("tiny").policy[k] for k in tiny.train.eval_policy}

@@ -218,7 +218,8 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: li
     policy, chat_tokens = spec.build(workdir)
     settings = RolloutSettings(think=spec.think, max_new_tokens=config.policy.max_new_tokens,
                                max_total_tokens=config.policy.max_total_tokens,
-                               format_failure=config.policy.format_failure)
+                               format_failure=config.policy.format_failure,
+                               think_history=config.policy.think_history)
     transcripts = workdir / TRANSCRIPTS
     bar = tqdm(total=len(profiles), disable=not progress, desc="sentient", unit="dialogue", dynamic_ncols=True)
     stop_showing_requests = show_requests(bar, "sentient")

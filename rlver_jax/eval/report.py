@@ -81,6 +81,12 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
     rules = run["rules"]
     judged = sum(1 for d in dialogues for r in d.simulator_state.get("records", ()) if r["scored"])
     out = [f"# Sentient benchmark: {run['policy']}\n\n"]
+    if summary["simulator_errors"]:
+        out.append(f"> **Warning: {summary['simulator_errors']} of {summary['simulator_errors'] + n} dialogues ended "
+                   "in a simulator error.** They are left out of every score below, so the score is not "
+                   "comparable with published Sentient scores; see their transcripts, fix the simulator "
+                   "and rerun (finished dialogues are kept; remove the failed ones from transcripts.jsonl "
+                   "to replay them).\n\n")
     out.append(table(["metric", "value"], [
         ["score (mean final emotion)", summary["score"]],
         ["success (reached 100)", f"{summary['success']} / {n}"],

@@ -1,6 +1,7 @@
 """Advantage estimation for RLVER: GAE over policy tokens, GRPO group advantages, whitening.
 
-Shapes: B dialogues (one training sequence each), T tokens, N sequences in a GRPO batch.
+Shapes: B training rows (a dialogue each, or a turn each with think_history "drop"), T tokens,
+N rows in a GRPO batch.
 Every per-token array is aligned to the token it describes:
   mask[b, t]     1 exactly on policy-generated tokens (several assistant turns per row; user and
                  template tokens in between, and right padding, are 0), float or bool;
@@ -42,13 +43,14 @@ def masked_var(x: Array, mask: Array, axis: int | None = None, *, ddof: int = 0)
 def masked_whiten(x: Array, mask: Array, shift_mean: bool = True, eps: float = 1e-8) -> Array:
     """(x - mean) / sqrt(var + eps) over the selected entries of the whole array; 0 elsewhere.
 
-    mean and var (population, ddof=0) are taken over entries where mask is set. With
-    shift_mean=False the mean is added back, so only the scale changes.
+    mean and var are taken over entries where mask is set; var is the unbiased (ddof=1) sample
+    variance, as verl's masked_whiten. With shift_mean=False the mean is added back, so only the
+    scale changes.
     """
     x = _float(x)
     m = jnp.asarray(mask).astype(x.dtype)
     mean = masked_mean(x, m)
-    whitened = (x - mean) * jax.lax.rsqrt(masked_var(x, m) + eps)
+    whitened = (x - mean) * jax.lax.rsqrt(masked_var(x, m, ddof=1) + eps)
     if not shift_mean:
         whitened = whitened + mean
     return whitened * m
@@ -97,28 +99,34 @@ def grpo_advantages(
     *,
     normalize_std: bool = True,
     eps: float = 1e-6,
+    members: Array | None = None,
 ) -> Array:
     """Group-relative outcome advantage per sequence, [N] -> [N].
 
     Sequence i belongs to group g = group_ids[i] (the n rollouts of one profile share an id in
     [0, num_groups); any order, groups may differ in size, e.g. when a dialogue was dropped):
       A_i = (s_i - mean_g) / (std_g + eps)   if normalize_std, else   A_i = s_i - mean_g
-    where std_g is the sample standard deviation (ddof=1) of the group's scores. A group of
-    identical scores, or of one sequence (no baseline), gets A = 0 exactly. num_groups must be
+    where mean_g and std_g (the sample standard deviation, ddof=1) are taken over the group's
+    `members` (bool [N]; default every sequence). With one row per dialogue turn, the members
+    are each dialogue's first row, so the statistics run over dialogues, not turn rows. A group
+    of identical scores, or of one member (no baseline), gets A = 0 exactly. num_groups must be
     static under jit.
     """
     scores = _float(scores)
     group_ids = jnp.asarray(group_ids)
-    count = jax.ops.segment_sum(jnp.ones_like(scores), group_ids, num_groups)
+    m = jnp.ones_like(scores) if members is None else jnp.asarray(members).astype(scores.dtype)
+    count = jax.ops.segment_sum(m, group_ids, num_groups)
     # Offsets from a member of the group are exactly 0 for identical scores, so such a group
     # gets A = 0 exactly; summing the raw scores would leave rounding noise that the std
     # normalisation then blows up.
-    offset = scores - jax.ops.segment_max(scores, group_ids, num_groups)[group_ids]
-    mean_offset = jax.ops.segment_sum(offset, group_ids, num_groups) / jnp.maximum(count, 1.0)
-    centered = offset - mean_offset[group_ids]
+    anchor = jax.ops.segment_max(jnp.where(m > 0, scores, -jnp.inf), group_ids, num_groups)
+    offset = scores - jnp.where(count > 0, anchor, 0.0)[group_ids]
+    mean_offset = jax.ops.segment_sum(offset * m, group_ids, num_groups) / jnp.maximum(count, 1.0)
+    # A row whose group has no member has no baseline either.
+    centered = jnp.where(count[group_ids] > 0, offset - mean_offset[group_ids], 0.0)
     if not normalize_std:
         return centered
-    sq = jax.ops.segment_sum(centered**2, group_ids, num_groups)
+    sq = jax.ops.segment_sum(centered**2 * m, group_ids, num_groups)
     # max(count - 1, 1): a group of one has std 0 instead of 0 / 0.
     std = jnp.sqrt(sq / jnp.maximum(count - 1.0, 1.0))[group_ids]
     # std == 0 only where every centered score is 0; keep A = 0 there even with eps = 0.

@@ -1,4 +1,11 @@
-"""Collate finished dialogues into the fixed-shape arrays the jitted update consumes."""
+"""Collate finished dialogues into the fixed-shape arrays the jitted update consumes.
+
+A dialogue contributes its training rows (rollout.sequence.DialogueSequence.rows): one row with
+think_history "keep", one per policy turn with "drop". The batch's row count is a multiple of
+the number of dialogue slots (`batch_size`), so it splits into the configured mini-batches,
+micro-batches and batch shards exactly as a batch of one row per dialogue does; rows beyond
+the dialogues' are padding with zero masks.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +30,9 @@ class TrainBatch:
     rewards: np.ndarray  # float32 [B, T], on policy tokens only
     sample_logprobs: np.ndarray  # float32 [B, T], recorded by the sampler
     group: np.ndarray  # int32 [B], GRPO group id; padding rows get their own ids
+    # int32 [B], the row's dialogue (its index in the collated list); a dialogue's rows are
+    # consecutive; padding rows get their own ids.
+    dialogue: np.ndarray
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The fields, plus `policy_positions` derived from the policy mask."""
@@ -30,25 +40,32 @@ class TrainBatch:
 
 
 def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
-    """Reward per token index.
+    """Reward per token index (of `seq.tokens`).
 
     final: the paper's reward (final emotion / 100, clipped at 0) on the last policy token.
     per_turn: each scored turn's emotion change / 100 on that turn's last policy token, so GAE
       credits the turn that moved the user. A format failure puts -(emotion before it) / 100 on
       the failed turn, so the dialogue's return is (0 - initial emotion) / 100: the final mode's
       reward of 0 minus the same constant as every other dialogue.
+    With one row per turn (think_history "drop") each row is its own episode, so its last
+    policy token gets the dialogue's return from that turn on (the sum of the rewards above at
+    this and later turns): with "final" every turn row carries the dialogue's final reward, as
+    in the reference.
     """
     if mode == "final":
-        return {seq.turn_ends[-1]: seq.reward}
-    if mode != "per_turn":
+        dialogue = {seq.turn_ends[-1]: seq.reward}
+    elif mode == "per_turn":
+        dialogue = {}
+        for i, end in enumerate(seq.turn_ends):
+            if i + 1 < len(seq.emotions):
+                dialogue[end] = (seq.emotions[i + 1] - seq.emotions[i]) / 100.0
+        if seq.format_failure:
+            dialogue[seq.turn_ends[-1]] = dialogue.get(seq.turn_ends[-1], 0.0) - seq.emotions[-1] / 100.0
+    else:
         raise ValueError(f"config.rl.reward_mode={mode!r}; use one of {REWARD_MODES}")
-    out = {}
-    for i, end in enumerate(seq.turn_ends):
-        if i + 1 < len(seq.emotions):
-            out[end] = (seq.emotions[i + 1] - seq.emotions[i]) / 100.0
-    if seq.format_failure:
-        out[seq.turn_ends[-1]] = out.get(seq.turn_ends[-1], 0.0) - seq.emotions[-1] / 100.0
-    return out
+    if len(seq.rows) <= 1:
+        return dialogue
+    return {end: sum(r for idx, r in dialogue.items() if idx >= end) for end in seq.turn_ends}
 
 
 def policy_positions(policy_mask: np.ndarray) -> np.ndarray:
@@ -67,6 +84,12 @@ def policy_positions(policy_mask: np.ndarray) -> np.ndarray:
     return out
 
 
+def batch_rows(sequences: Sequence[DialogueSequence], batch_size: int) -> int:
+    """The rows of the batch of `sequences`: the smallest multiple of batch_size that holds all
+    their rows (batch_size itself with one row per dialogue)."""
+    return bucket(sum(len(s.rows) for s in sequences), multiple=batch_size)
+
+
 def collate(
     sequences: Sequence[DialogueSequence],
     *,
@@ -74,9 +97,12 @@ def collate(
     reward_mode: str,
     length_multiple: int = 128,
     pad_id: int = 0,
+    rows: int | None = None,
 ) -> TrainBatch:
-    """Stack `sequences` (at most batch_size, trainable ones) into a TrainBatch of batch_size rows.
+    """Stack the rows of `sequences` (at most batch_size trainable dialogues) into a TrainBatch.
 
+    batch_size counts dialogue slots; the batch has `rows` rows (default `batch_rows`; a
+    multiple of batch_size: several hosts pass the largest of theirs, so their shapes agree).
     The length is bucketed to a multiple of `length_multiple` so the update compiles once per
     bucket; missing rows are padding with zero masks, which every loss ignores.
     """
@@ -86,21 +112,30 @@ def collate(
         seq.check()
         if not seq.trainable:
             raise ValueError(f"dialogue {seq.profile_id} is not trainable ({seq.end_reason}); filter it out first")
-    t = bucket(max((len(s.tokens) for s in sequences), default=1), multiple=length_multiple)
-    shape = (batch_size, t)
+    needed = batch_rows(sequences, batch_size)
+    rows = needed if rows is None else rows
+    if rows < needed or rows % batch_size:
+        raise ValueError(f"rows={rows}: need a multiple of batch_size={batch_size} of at least {needed}")
+    t = bucket(max((e - s for seq in sequences for s, e in seq.rows), default=1), multiple=length_multiple)
+    shape = (rows, t)
+    # Padding rows get fresh group and dialogue ids so they never join a real group's baseline.
+    pad_ids = np.arange(rows, dtype=np.int32) + rows
     batch = TrainBatch(
         tokens=np.full(shape, pad_id, np.int32), attention_mask=np.zeros(shape, np.int32),
         policy_mask=np.zeros(shape, np.float32), rewards=np.zeros(shape, np.float32),
-        sample_logprobs=np.zeros(shape, np.float32),
-        # Padding rows get fresh group ids so they never join a real group's baseline.
-        group=np.arange(batch_size, dtype=np.int32) + batch_size)
-    for b, seq in enumerate(sequences):
-        n = len(seq.tokens)
-        batch.tokens[b, :n] = seq.tokens
-        batch.attention_mask[b, :n] = 1
-        batch.policy_mask[b, :n] = seq.policy_mask
-        batch.sample_logprobs[b, :n] = seq.logprobs
-        batch.group[b] = seq.group
-        for idx, r in token_rewards(seq, reward_mode).items():
-            batch.rewards[b, idx] = r
+        sample_logprobs=np.zeros(shape, np.float32), group=pad_ids.copy(), dialogue=pad_ids.copy())
+    b = 0
+    for d, seq in enumerate(sequences):
+        rewards = token_rewards(seq, reward_mode)
+        for start, end in seq.rows:
+            n = end - start
+            batch.tokens[b, :n] = seq.tokens[start:end]
+            batch.attention_mask[b, :n] = 1
+            batch.policy_mask[b, :n] = seq.policy_mask[start:end]
+            batch.sample_logprobs[b, :n] = seq.logprobs[start:end]
+            batch.group[b], batch.dialogue[b] = seq.group, d
+            for idx, r in rewards.items():
+                if start <= idx < end:
+                    batch.rewards[b, idx - start] = r
+            b += 1
     return batch

@@ -16,6 +16,11 @@ from rlver_jax.rl.advantages import masked_mean
 
 Array = jax.Array
 
+# verl's numerical guards: the log-ratio is clamped before exp (exp(20) ~ 5e8 keeps fp32 finite),
+# and a k3 KL estimate is clamped at 10.
+LOG_RATIO_CLAMP = 20.0
+K3_CLAMP = 10.0
+
 
 def _f32(x: Array) -> Array:
     return jnp.asarray(x).astype(jnp.float32)
@@ -27,9 +32,12 @@ def kl_k1(logprobs: Array, ref_logprobs: Array) -> Array:
 
 
 def kl_k3(logprobs: Array, ref_logprobs: Array) -> Array:
-    """k3 = exp(ref_logp - logp) - (ref_logp - logp) - 1: unbiased, non-negative, low variance."""
-    log_ratio = _f32(ref_logprobs) - _f32(logprobs)
-    return jnp.exp(log_ratio) - log_ratio - 1.0
+    """k3 = exp(d) - d - 1 with d = ref_logp - logp: unbiased, non-negative, low variance.
+
+    As verl's low_var_kl: d is clamped to [-20, 20] before exp and k3 to [-10, 10].
+    """
+    log_ratio = jnp.clip(_f32(ref_logprobs) - _f32(logprobs), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -K3_CLAMP, K3_CLAMP)
 
 
 KL_ESTIMATORS: dict[str, Callable[[Array, Array], Array]] = {"k1": kl_k1, "k3": kl_k3}
@@ -71,7 +79,7 @@ def ppo_policy_loss(
 ) -> tuple[Array, dict[str, Array]]:
     """Per-token PPO clipped surrogate loss [B, T] and metrics.
 
-      rho  = exp(logp - old_logp)
+      rho  = exp(clip(logp - old_logp, -20, 20))   (the clamp as verl's)
       L    = max(-A * rho, -A * clip(rho, 1 - clip_eps_low, 1 + clip_eps_high))
       L    = min(L, -A * dual_clip)   where A < 0 (dual clip, dual_clip > 1; off when None)
     The dual clip bounds the loss of a negative-advantage token whose ratio has grown large, which
@@ -81,7 +89,7 @@ def ppo_policy_loss(
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None to disable), got {dual_clip}")
     logprobs, old_logprobs, advantages = _f32(logprobs), _f32(old_logprobs), _f32(advantages)
-    ratio = jnp.exp(logprobs - old_logprobs)
+    ratio = jnp.exp(jnp.clip(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     unclipped = -advantages * ratio
     clipped = -advantages * jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     loss = jnp.maximum(unclipped, clipped)
@@ -108,12 +116,15 @@ def value_loss(
 ) -> tuple[Array, dict[str, Array]]:
     """Per-token clipped value loss [B, T] and metrics.
 
-      V_clip = old_V + clip(V - old_V, -clip_range, clip_range)
+      V_clip = clip(V, old_V - clip_range, old_V + clip_range)
       L      = 0.5 * max((V - R)^2, (V_clip - R)^2)
     Metric `vf_clip_frac`: share of policy tokens where the clipped error is the larger one.
+    V_clip is computed as verl does: clipping V itself leaves V_clip == V bit for bit inside the
+    range, whereas old_V + clip(V - old_V) rounds there and counts ~0.7% of unclipped tokens as
+    clipped in float32.
     """
     values, old_values, returns = _f32(values), _f32(old_values), _f32(returns)
-    clipped_values = old_values + jnp.clip(values - old_values, -clip_range, clip_range)
+    clipped_values = jnp.clip(values, old_values - clip_range, old_values + clip_range)
     err_unclipped = (values - returns) ** 2
     err_clipped = (clipped_values - returns) ** 2
     loss = 0.5 * jnp.maximum(err_unclipped, err_clipped)

@@ -1,6 +1,7 @@
 """PPO and GRPO updates: a train-state pytree and pure, jitted update functions.
 
-One train step (`train_step`, one jitted program) consumes a TrainBatch of whole dialogues:
+One train step (`train_step`, one jitted program) consumes a TrainBatch of dialogues' training
+rows (a dialogue each, or one per turn with think_history "drop"; rlver_jax.rl.batch):
   prepare:    old log-probs (actor), reference log-probs (only with a KL term), values (critic),
               token rewards (minus a KL penalty in "reward" mode) -> advantages and returns;
   epochs x mini-batches of `update_minibatch`: gradients accumulated over micro-batches with
@@ -60,6 +61,9 @@ class RLSettings:
     ppo_epochs: int = 1
     mini_batch_size: int = 32
     micro_batch_size: int = 8
+    # Dialogues per train step; mini-batches are cut in these units (a batch of more rows, one per
+    # dialogue turn, gives each mini-batch proportionally more rows). 0: the batch's rows.
+    batch_size: int = 0
 
     def __post_init__(self):
         checks = [("algo", self.algo, ALGOS), ("kl_mode", self.kl_mode, KL_MODES),
@@ -75,6 +79,13 @@ class RLSettings:
                 f"config.rl.micro_batch_size={self.micro_batch_size}")
         if self.dual_clip and self.dual_clip <= 1.0:
             raise ValueError(f"config.rl.dual_clip={self.dual_clip}: use 0 (off) or a value > 1")
+        if self.batch_size % self.mini_batch_size:
+            raise ValueError(f"{self.batch_size} dialogues per step are not a multiple of "
+                             f"config.rl.mini_batch_size={self.mini_batch_size}")
+
+    def minibatches(self, rows: int) -> int:
+        """Mini-batches per epoch over a batch of `rows` rows."""
+        return (self.batch_size or rows) // self.mini_batch_size
 
     @property
     def uses_critic(self) -> bool:
@@ -216,8 +227,12 @@ def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | No
         out.update(values=values, returns=returns)
     else:
         scores = jnp.sum(rewards * mask, axis=-1)
+        # A dialogue's rows are consecutive: its first row stands for it in its group's baseline.
+        dialogue = batch["dialogue"]
+        first_rows = jnp.concatenate([jnp.ones((1,), bool), dialogue[1:] != dialogue[:-1]])
         seq_adv = adv_lib.grpo_advantages(scores, batch["group"], 2 * tokens.shape[0],
-                                          normalize_std=rl.grpo_normalize_std, eps=rl.grpo_eps)
+                                          normalize_std=rl.grpo_normalize_std, eps=rl.grpo_eps,
+                                          members=first_rows)
         advantages = adv_lib.broadcast_to_tokens(seq_adv, mask)
     out["advantages"] = advantages
     return out
@@ -293,10 +308,11 @@ def update_minibatch(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Co
 
 
 def minibatch_rows(rl: RLSettings, key: jax.Array, batch_size: int) -> jax.Array:
-    """[ppo_epochs x mini-batches, mini_batch_size] row indices: each epoch a fresh permutation
-    of the batch cut into mini-batches (rows sorted within one)."""
+    """[ppo_epochs x mini-batches, rows per mini-batch] row indices of a batch of `batch_size`
+    rows: each epoch a fresh permutation of the rows cut into `rl.minibatches` mini-batches
+    (rows sorted within one)."""
     perms = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(jax.random.split(key, rl.ppo_epochs))
-    return jnp.sort(perms.reshape(-1, rl.mini_batch_size), axis=-1).astype(jnp.int32)
+    return jnp.sort(perms.reshape(rl.ppo_epochs * rl.minibatches(batch_size), -1), axis=-1).astype(jnp.int32)
 
 
 def train_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None, actor_opt: Optimizer,
@@ -307,7 +323,7 @@ def train_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config |
     mini-batches (the learning rate of each), and the parameter norms after the step."""
     prepared = prepare(rl, actor_cfg, critic_cfg, state, ref_params, batch)
     full = {k: v for k, v in {**batch, **prepared}.items()
-            if k not in ("sample_logprobs", "group", "rewards")}  # what the update reads
+            if k not in ("sample_logprobs", "group", "dialogue", "rewards")}  # what the update reads
     rows = minibatch_rows(rl, step_keys(state.rng, state.step).order, batch["tokens"].shape[0])
     first_update = state.step * rows.shape[0]  # optimizer steps before this train step
 
@@ -368,10 +384,10 @@ def train_on_batch(fns: UpdateFns, state: TrainState, batch: TrainBatch,
     mesh: rlver_jax.sharding.shard_host_batch), the jitted step runs, and its metrics come back
     as floats; nothing else crosses between host and device. Returns the new state (step + 1)."""
     arrays = batch.arrays()
-    bsz = arrays["tokens"].shape[0]
-    if bsz % fns.rl.mini_batch_size:
-        raise ValueError(f"batch of {bsz} dialogues is not a multiple of config.rl.mini_batch_size="
-                         f"{fns.rl.mini_batch_size}")
+    bsz, rl = arrays["tokens"].shape[0], fns.rl
+    if bsz % (rl.batch_size or rl.mini_batch_size):
+        raise ValueError(f"batch of {bsz} rows is not a multiple of config.rl.mini_batch_size={rl.mini_batch_size}"
+                         + (f" and of the {rl.batch_size} dialogues per step" if rl.batch_size else ""))
     device_batch = jax.device_put(arrays) if fns.mesh is None else sharding.shard_host_batch(fns.mesh, arrays)
     state, metrics = fns.train_step(state, ref_params, device_batch)
     return state, {k: float(v) for k, v in jax.device_get(metrics).items()}

@@ -6,7 +6,11 @@ may be split into pipeline groups that run their rounds concurrently: while one 
 dialogues wait on the simulator, the policy generates for another.
 
 Every dialogue becomes one DialogueSequence: its messages and turn records, plus, for a token
-policy, the token sequence its history assembled (rollout.history).
+policy, the training rows its history assembled (rollout.history).
+
+The dialogues of one GRPO group (requests sharing a group id) start from one opening: the
+simulator opens each group once and its n dialogues continue from that state (the reference
+clones the simulator), so the group baseline compares replies to the same start.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlver_jax import chat
-from rlver_jax.rollout.history import TextHistory, TokenHistory
+from rlver_jax.rollout.history import THINK_HISTORIES, TextHistory, TokenHistory
 from rlver_jax.rollout.policy import Policy, PolicyTurn, TurnRequest
 from rlver_jax.rollout.prompts import system_prompt
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -34,11 +38,20 @@ class RolloutSettings:
 
     think: bool = True  # think-then-say: reason in <think>...</think>, only the rest is sent
     max_new_tokens: int = 512  # per policy turn
-    max_total_tokens: int = 4096  # per dialogue; the dialogue ends as truncated beyond it
+    max_total_tokens: int = 4096  # per training row; the dialogue ends as truncated beyond it
     format_failure: str = "end"  # end: the dialogue ends with reward 0; continue: send the raw text
     pipeline_groups: int = 1  # concurrent groups of dialogues (overlap generation with the simulator)
+    # Think mode: "drop" earlier thoughts from the context, one training row per turn (the
+    # reference), or "keep" them, one row per dialogue (rollout.history).
+    think_history: str = "drop"
+
+    @property
+    def drop_thoughts(self) -> bool:
+        return self.think and self.think_history == "drop"
 
     def __post_init__(self):
+        if self.think_history not in THINK_HISTORIES:
+            raise ValueError(f"config.rollout.think_history={self.think_history!r}; use one of {THINK_HISTORIES}")
         if self.format_failure not in FORMAT_FAILURE_OUTCOMES:
             raise ValueError(f"config.rollout.format_failure={self.format_failure!r}; "
                              f"use one of {FORMAT_FAILURE_OUTCOMES}")
@@ -59,7 +72,7 @@ class _Episode:
     request: EpisodeRequest
     state: DialogueState
     history: TokenHistory | TextHistory  # what the policy sees, in its own form
-    messages: list[dict[str, str]]
+    messages: list[dict[str, str]]  # the transcript: replies as the user read them
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     session: int = 0  # the pipeline group, its row in it, and a unique id (see TurnRequest)
     slot: int = 0
@@ -85,11 +98,12 @@ class EpisodeRunner:
         self.policy = policy
         self.simulator = simulator
         self.settings = settings
+        drop = settings.drop_thoughts
         if chat_tokens is None:
-            self._history = lambda: TextHistory(self.settings.max_new_tokens)
+            self._history = lambda: TextHistory(self.settings.max_new_tokens, drop)
         else:
             self._history = lambda: TokenHistory(chat_tokens, self.settings.max_new_tokens,
-                                                 self.settings.max_total_tokens)
+                                                 self.settings.max_total_tokens, drop)
         self._episode_ids = itertools.count()
         self._session_ids = itertools.count()
 
@@ -100,9 +114,11 @@ class EpisodeRunner:
         n_groups = min(self.settings.pipeline_groups, max(len(requests), 1))
         chunks = [list(range(i, len(requests), n_groups)) for i in range(n_groups)]
         results: list[DialogueSequence | None] = [None] * len(requests)
+        states = await self._openings(requests)
 
         async def run_chunk(session, idx):
-            seqs = await self._run_group(session, [requests[i] for i in idx], version, on_finish)
+            seqs = await self._run_group(session, [requests[i] for i in idx], [states[i] for i in idx], version,
+                                         on_finish)
             for i, s in zip(idx, seqs):
                 results[i] = s
 
@@ -110,11 +126,24 @@ class EpisodeRunner:
         await asyncio.gather(*(run_chunk(next(self._session_ids), idx) for idx in chunks if idx))
         return results  # type: ignore[return-value]
 
+    async def _openings(self, requests: Sequence[EpisodeRequest]) -> list[DialogueState]:
+        """Each request's opening state: one simulator start per group id, shared by its members
+        (the state is immutable, so sharing it is cloning it)."""
+        first: dict[int, EpisodeRequest] = {}
+        for r in requests:
+            if first.setdefault(r.group, r).profile.id != r.profile.id:
+                raise ValueError(f"group {r.group} holds profiles {first[r.group].profile.id!r} and "
+                                 f"{r.profile.id!r}; a group's dialogues share one profile")
+        groups = list(first)
+        started = await asyncio.gather(*(self.simulator.start(first[g].profile) for g in groups))
+        by_group = dict(zip(groups, started))
+        return [by_group[r.group] for r in requests]
+
     # ------------------------------------------------------------------ one pipeline group
 
-    async def _run_group(self, session: int, requests: list[EpisodeRequest], version: int,
-                         on_finish: Callable[[DialogueSequence], None] | None) -> list[DialogueSequence]:
-        states = await asyncio.gather(*(self.simulator.start(r.profile) for r in requests))
+    async def _run_group(self, session: int, requests: list[EpisodeRequest], states: list[DialogueState],
+                         version: int, on_finish: Callable[[DialogueSequence], None] | None
+                         ) -> list[DialogueSequence]:
         episodes = [self._open(r, s) for r, s in zip(requests, states)]
         for slot, e in enumerate(episodes):
             e.session, e.slot, e.episode = session, slot, next(self._episode_ids)
@@ -158,17 +187,17 @@ class EpisodeRunner:
             episode.truncated, episode.end_reason = True, "truncated"
 
     def _turn_request(self, episode: _Episode) -> TurnRequest:
-        return episode.history.request(episode.messages, session=episode.session, slot=episode.slot,
-                                       episode=episode.episode)
+        return episode.history.request(session=episode.session, slot=episode.slot, episode=episode.episode)
 
     def _record_policy_turn(self, episode: _Episode, turn: PolicyTurn) -> str | None:
         """Append the sampled turn; return the text for the user, or None when the dialogue ends."""
         split = chat.split_think(turn.text, think=self.settings.think)
-        fits = episode.history.add_turn(turn)
+        shown = chat.shown_text(turn.text, split)
+        fits = episode.history.add_turn(turn, shown)
         record = {"turn": len(episode.turns) + 1, "raw": turn.text, "thinking": split.thinking,
                   "reply": split.reply, "stopped": turn.stopped, "format_ok": split.ok}
         episode.turns.append(record)
-        episode.messages.append({"role": "assistant", "content": split.reply if split.ok else turn.text})
+        episode.messages.append({"role": "assistant", "content": shown})
         if not fits:
             episode.truncated, episode.end_reason = True, "truncated"
             return None
@@ -177,8 +206,7 @@ class EpisodeRunner:
             if self.settings.format_failure == "end":
                 episode.end_reason = "format_failure"
                 return None
-            return turn.text
-        return split.reply
+        return shown
 
     def _record_user_turn(self, episode: _Episode, state: DialogueState) -> None:
         episode.state = state
@@ -196,7 +224,7 @@ class EpisodeRunner:
         state, h = episode.state, episode.history
         return DialogueSequence(
             profile_id=state.profile.id, group=episode.request.group, tokens=h.tokens,
-            policy_mask=h.policy_mask, logprobs=h.logprobs, turn_ends=h.turn_ends,
+            policy_mask=h.policy_mask, logprobs=h.logprobs, turn_ends=h.turn_ends, row_starts=h.row_starts,
             emotions=list(state.emotions), end_reason=episode.end_reason or "unknown",
             truncated=episode.truncated, format_failure=episode.format_failure,
             simulator_error=episode.end_reason == "simulator_error", policy_version=version,

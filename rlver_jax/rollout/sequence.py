@@ -15,10 +15,16 @@ RECORD_KEYS = ("profile_id", "group", "language", "end_reason", "final_emotion",
 class DialogueSequence:
     """A whole multi-turn dialogue: its token sequence for training, its transcript for the logs.
 
-    The token view (token policies only; empty for a text policy and after `from_record`):
-    tokens: the conversation's token ids (system prompt, every user and policy turn), exactly
-      the ids the sampler produced plus the chat-template ids around them.
-    policy_mask: 1 on tokens the policy generated (every assistant turn, its `<|im_end|>` too).
+    The token view (token policies only; empty for a text policy and after `from_record`): the
+    dialogue's training rows, one after another. With think_history "keep" (and in no-think
+    mode) one row: the whole conversation (system prompt, every user and policy turn). With
+    "drop" one row per policy turn: that turn's prompt (the history with earlier thoughts
+    dropped, rlver_jax.rollout.history) followed by the turn's whole output. Either way exactly
+    the ids the sampler produced plus the chat-template ids around them.
+    tokens: the rows' token ids, concatenated.
+    row_starts: index in `tokens` where each row begins ([0] for one row).
+    policy_mask: 1 on tokens the policy generated (every assistant turn, its `<|im_end|>` too)
+      and trains on: with "drop", only each row's own turn.
     logprobs: the sampling-time log-probability of each policy token under the unmodified model
       (temperature 1); 0 elsewhere.
     turn_ends: index in `tokens` of the last policy token of each policy turn.
@@ -48,6 +54,14 @@ class DialogueSequence:
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
     simulator_state: dict[str, Any] = dataclasses.field(default_factory=dict)
+    row_starts: list[int] = dataclasses.field(default_factory=lambda: [0])
+
+    @property
+    def rows(self) -> list[tuple[int, int]]:
+        """(start, end) in `tokens` of each training row; none without a token view."""
+        if not self.tokens:
+            return []
+        return list(zip(self.row_starts, self.row_starts[1:] + [len(self.tokens)]))
 
     @property
     def final_emotion(self) -> float:
@@ -94,3 +108,6 @@ class DialogueSequence:
             raise ValueError(f"dialogue {self.profile_id}: tokens/policy_mask/logprobs lengths differ")
         if any(not 0 <= t < n or not self.policy_mask[t] for t in self.turn_ends):
             raise ValueError(f"dialogue {self.profile_id}: a turn end is not a policy token")
+        starts = self.row_starts
+        if n and (starts[:1] != [0] or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= n):
+            raise ValueError(f"dialogue {self.profile_id}: row_starts {starts} do not split {n} tokens into rows")

@@ -10,6 +10,8 @@ One profile per line, a JSON object with the fields
   task        the user's hidden goal (free text; the eight standard goals are recognised)
   first_talk  optional: the user's fixed opening line
 
+Fields SAGE's own profile builder also writes (`topic`, `3-question`) are accepted and ignored,
+with one warning per file; any other field is an error, so a misspelt field never passes.
 Every problem is reported with the file, the line number and the field, all problems of a file
 at once. The language (zh or en) is detected from the text. `load_profiles()` with no path
 returns the project's own shipped set (data/profiles.jsonl).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import re
@@ -28,10 +31,14 @@ from typing import Any
 from rlver_jax.files import raw_lines
 from rlver_jax.simulator.patterns import CJK
 
+log = logging.getLogger(__name__)
+
 DEFAULT_PROFILES = pathlib.Path(__file__).parent / "data" / "profiles.jsonl"
 
 REQUIRED_FIELDS = ("id", "player", "scene", "main_cha", "cha_group", "task")
 OPTIONAL_FIELDS = ("first_talk",)
+# Written by SAGE's profile builder, read by nothing here.
+IGNORED_FIELDS = ("topic", "3-question")
 
 # Personality types: the reference data's Chinese names and our English names, one canonical key.
 PERSONALITIES: dict[str, str] = {
@@ -174,8 +181,9 @@ def parse_profile(record: Any, *, where: str = "<record>") -> Profile:
         if name not in record:
             problems.append(f"field '{name}': missing; every profile needs "
                             + ", ".join(REQUIRED_FIELDS))
-    for name in sorted(set(record) - set(allowed)):
-        problems.append(f"field '{name}': unknown field; allowed: {', '.join(allowed)}")
+    for name in sorted(set(record) - set(allowed) - set(IGNORED_FIELDS)):
+        problems.append(f"field '{name}': unknown field; allowed: {', '.join(allowed)} "
+                        f"(and, ignored, {', '.join(IGNORED_FIELDS)})")
     for name in ("id", "player", "scene", "main_cha", "task"):
         if name in record:
             _check_text(record[name], name, problems)
@@ -220,6 +228,7 @@ def load_profiles(path: str | os.PathLike[str] | None = None) -> list[Profile]:
     profiles: list[Profile] = []
     problems: list[str] = []
     first_line_of: dict[str, int] = {}
+    ignored: set[str] = set()
     for number, raw in enumerate(lines, start=1):
         where = f"{path}:{number}"
         try:
@@ -240,6 +249,7 @@ def load_profiles(path: str | os.PathLike[str] | None = None) -> list[Profile]:
         except ProfileError as e:
             problems.append(str(e))
             continue
+        ignored.update(set(record) & set(IGNORED_FIELDS))
         if profile.id in first_line_of:
             problems.append(
                 f"{where}: field 'id': duplicate id {profile.id!r} (first on line "
@@ -252,4 +262,7 @@ def load_profiles(path: str | os.PathLike[str] | None = None) -> list[Profile]:
         raise ProfileError("\n".join(problems))
     if not profiles:
         raise ProfileError(f"{path}: no profiles in file")
+    if ignored:
+        log.warning("%s: ignoring the profile fields %s (SAGE's profile builder writes them; nothing here "
+                    "reads them)", path, sorted(ignored))
     return profiles
