@@ -4,7 +4,7 @@ PRESET is one of tiny, 0.5b, 7b (default 7b: PPO actor + critic, one 2048-token 
 batch shard, on 16 devices as (1, 4, 4); docs/sharding.md has the results), e.g.
   XLA_FLAGS=--xla_force_host_platform_device_count=16 JAX_PLATFORMS=cpu \\
     python launch/plan.py --config=configs/plan.py:7b
-  python launch/plan.py --config=configs/plan.py:tiny --config.mesh.shape='(1,-1,1)'
+  python launch/plan.py --config=configs/plan.py:tiny   # one CPU device is enough
 """
 
 import ml_collections
@@ -14,7 +14,7 @@ from configs import mesh
 # preset -> (model preset, mesh shape, rules, global batch, sequence length); the batch is one
 # micro-batch: one sequence per batch shard (data x fsdp) on the intended device count.
 _PRESETS = {
-    "tiny": ("tiny", (1, -1, 2), "fsdp_tensor", 8, 128),
+    "tiny": ("tiny", (1, -1, 1), "fsdp", 8, 128),  # any device count that divides 8, one CPU included
     "0.5b": ("qwen2.5-0.5b", (1, -1, 1), "fsdp", 16, 4096),
     "7b": ("qwen2.5-7b", (1, -1, 4), "fsdp_tensor", 4, 2048),
 }

@@ -1,7 +1,8 @@
 """Per-device memory of a training step, from XLA's own analysis, without allocating weights.
 
   python launch/plan.py --config=configs/plan.py:7b
-  python launch/plan.py --config=configs/plan.py:tiny --config.mesh.shape='(1,2,4)'
+  python launch/plan.py --config=configs/plan.py:tiny      # fits one CPU device
+  python launch/plan.py --config=configs/plan.py:tiny --config.mesh.shape='(1,2,4)' --config.mesh.rules=fsdp_tensor
 
 Builds the mesh of `config.mesh`, gives every parameter and optimizer-state leaf its sharding as
 a `jax.ShapeDtypeStruct`, compiles the step ahead of time (`jit(...).lower(...).compile()`) and
@@ -25,15 +26,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import optax  # noqa: E402
-from absl import app  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-from rlver_jax import sharding  # noqa: E402
+from rlver_jax import cli, sharding  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import Qwen2Config, get_preset  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/plan.py:PRESET", lock_config=True)
+_CONFIG = cli.config_flag("config", None, "configs/plan.py:PRESET")
 
 
 def lm_loss(config: Qwen2Config, params: Any, batch: dict) -> jax.Array:
@@ -156,4 +155,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, required=["config"])
