@@ -4,6 +4,7 @@ Runs on the eight virtual CPU devices of tests/conftest.py.
 """
 
 import importlib.util
+import math
 import logging
 import os
 import pathlib
@@ -349,3 +350,10 @@ def test_tpu_pod_script_runs_the_command_in_the_repo_with_the_venv(tmp_path):
     assert ran.strip() == f"{tmp_path}|yes|1|hello world|two words"
     usage = subprocess.run([REPO / "launch" / "tpu_pod.sh", "--zone", "z", "--", "ls"], capture_output=True, text=True)
     assert usage.returncode == 2 and "--name and --zone" in usage.stderr
+
+
+def test_plan_tiny_preset_fits_one_device():
+    # launch/plan.py --config=configs/plan.py:tiny runs on a laptop's single CPU device.
+    cfg = plan_config.get_config("tiny")
+    assert sharding.resolve_mesh_shape(cfg.mesh.shape, 1) == (1, 1, 1)
+    assert cfg.batch_size % math.prod(sharding.resolve_mesh_shape(cfg.mesh.shape, 8)[:2]) == 0
