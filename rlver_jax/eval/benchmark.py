@@ -165,6 +165,8 @@ def like_training(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     (policy.format_failure), as the run's own in-loop evaluation does."""
     if not config.eval.like_training:
         return config
+    from rlver_jax.eval import policy_loading  # only here: its imports are heavy
+
     run = policy_loading.locate_checkpoint(config.eval.like_training, "config.eval.like_training").config()
     out = copy.deepcopy(config)
     for key in ("temperature", "top_p", "top_k", "max_new_tokens", "max_total_tokens", "cache_slots"):
