@@ -2,6 +2,8 @@ r"""What `rollout.think_history="drop"` costs the update against "keep" (issue 1
 
   PYTHONPATH=. .venv/bin/python benchmarks/think_history.py                     # tiny and 0.5B
   PYTHONPATH=. .venv/bin/python benchmarks/think_history.py --runs=tiny:8x4 --steps=3
+  PYTHONPATH=. .venv/bin/python benchmarks/think_history.py --runs=qwen2.5-0.5b:2x2 --steps=2 \
+      --micro_batch_size=1 --remat=full --scan_layers --optimizer=sgd      # 0.5B in ~6 GB
 
 For each run (preset:DIALOGUESxTURNS) the same think-mode dialogues are assembled both ways by
 rlver_jax.rollout.history.TokenHistory from the same sampled turns: each policy turn is
@@ -12,7 +14,8 @@ preset's vocabulary). "keep": one row per dialogue, every turn's thinking stays 
 (rlver_jax.rl.batch.collate: rows padded to a multiple of the dialogues, length to a multiple
 of --length_multiple) and updated by the jitted train step of training (trainer.make_update_fns:
 old log-probs, GRPO advantages, one mini-batch of all dialogues, micro-batches of
---micro_batch_size rows, AdamW; groups of 2 dialogues, the paper's loss settings). One warm-up
+--micro_batch_size rows, AdamW (or --optimizer=sgd); groups of 2 dialogues, the paper's loss
+settings). One warm-up
 step (compiles) precedes --steps timed steps; the median is reported, with the tokens the
 update reads (real and padded) and the policy tokens it trains on (the same both ways).
 """
@@ -29,7 +32,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs from a checkout
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import optax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from rlver_jax import chat  # noqa: E402
@@ -50,6 +53,10 @@ _THINK = flags.DEFINE_integer("think_words", 64, "Words of thinking per policy t
 _REPLY = flags.DEFINE_integer("reply_words", 16, "Words of reply per policy turn.")
 _MICRO = flags.DEFINE_integer("micro_batch_size", 4, "Rows per micro-batch.")
 _LENGTH = flags.DEFINE_integer("length_multiple", 64, "Training sequence length bucket.")
+_REMAT = flags.DEFINE_enum("remat", "none", ["none", "dots", "full"], "Decoder-layer remat.")
+_SCAN = flags.DEFINE_bool("scan_layers", False, "Scanned decoder layers.")
+_OPTIMIZER = flags.DEFINE_enum("optimizer", "adamw", ["adamw", "sgd"],
+                               "sgd: no optimizer state (4 GB less at 0.5B in fp32, for a small host).")
 
 _WORDS = ("i", "you", "feel", "tired", "work", "friend", "really", "sorry", "that", "sounds", "hard", "what",
           "happened", "today", "tell", "me", "more", "about", "it", "maybe", "listen", "gently", "ask", "why")
@@ -92,14 +99,15 @@ def bench(chat_tokens: chat.ChatTokens, spec: str) -> list[str]:
     if not match:
         raise app.UsageError(f"--runs entry {spec!r}: write PRESET:DIALOGUESxTURNS, e.g. tiny:8x4")
     preset, n, turns = match[1], int(match[2]), int(match[3])
-    cfg = get_preset(preset)
+    cfg = get_preset(preset, remat=_REMAT.value, scan_layers=_SCAN.value)
     rows = []
     for mode in ("keep", "drop"):
         seqs = dialogues(chat_tokens, n, turns, drop=mode == "drop")
         batch = collate(seqs, batch_size=n, reward_mode="final", length_multiple=_LENGTH.value)
         rl = trainer.RLSettings(algo="grpo", mini_batch_size=n, micro_batch_size=min(_MICRO.value, n), batch_size=n,
                                 entropy_coef=0.001, loss_agg_mode="seq_mean_token_mean")
-        opt = trainer.make_optimizer(trainer.OptimSettings(), total_steps=100)
+        opt = (trainer.make_optimizer(trainer.OptimSettings(), total_steps=100) if _OPTIMIZER.value == "adamw"
+               else trainer.Optimizer(optax.sgd(1e-6), optax.constant_schedule(1e-6)))
         state = trainer.init_train_state(qwen2.init_params(cfg, jax.random.key(0)), opt.tx, seed=0)
         fns = trainer.make_update_fns(rl, cfg, None, opt, None)
         seconds, load = median_update_seconds(fns, state, batch)
@@ -116,7 +124,8 @@ def bench(chat_tokens: chat.ChatTokens, spec: str) -> list[str]:
 def main(argv):
     del argv
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; per turn: {_USER.value} user words, "
-          f"{_THINK.value} thinking words, {_REPLY.value} reply words; micro-batch {_MICRO.value} rows")
+          f"{_THINK.value} thinking words, {_REPLY.value} reply words; micro-batch {_MICRO.value} rows; "
+          f"remat={_REMAT.value}, scan_layers={_SCAN.value}, {_OPTIMIZER.value}")
     with tempfile.TemporaryDirectory() as tmp:
         chat_tokens = chat.ChatTokens.from_tokenizer(chat.load_tokenizer(build_tiny_tokenizer(pathlib.Path(tmp))))
     table = [r for spec in _RUNS.value for r in bench(chat_tokens, spec)]

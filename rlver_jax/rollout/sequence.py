@@ -33,8 +33,8 @@ class DialogueSequence:
     emotions: the user's emotion before the first policy turn, then after each scored turn.
     turns: one dict per policy turn: turn, raw (the whole sampled text), thinking, reply, stopped,
       format_ok and, once the user answered, change, emotion, band, simulator_thoughts, user.
-    messages: the conversation as the policy saw it (system, user, assistant replies as sent, a
-      final goodbye).
+    messages: the conversation with the replies as the user read them (system, user, assistant
+      replies as sent, a final goodbye); the policy's context with think_history "drop".
     simulator_state: the simulator's DialogueState.to_dict().
     """
 
