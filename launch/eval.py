@@ -16,6 +16,10 @@
 Writes WORKDIR/sentient.json, transcripts.jsonl, report.md, trajectories.png and
 final_emotions.png. Rerunning the same command resumes: finished profiles are skipped. Exits 1
 when every dialogue ended in a simulator error (nothing was scored).
+
+On several hosts run the same command on each (as launch/train.py: launch/tpu_pod.sh, or
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID): each plays its share of the profiles,
+process 0 writes the one set of outputs.
 """
 
 import pathlib
@@ -47,12 +51,16 @@ def main(argv):
         raise app.UsageError("give --config=configs/eval.py[:tiny] (an evaluation) or --compare=DIR_A,DIR_B")
     import jax
 
+    from rlver_jax import sharding
     from rlver_jax.eval import benchmark
 
     config = _CONFIG.value
     cli.enable_compilation_cache(config.compilation_cache_dir)
     jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
+    sharding.maybe_initialize_distributed(sharding.DistributedSettings.from_config(config.mesh.distributed))
     summary = benchmark.run_benchmark(config)
+    if jax.process_index():  # process 0 reports for all
+        return
     workdir = pathlib.Path(config.workdir)
     errors = summary["simulator_errors"]
     if errors:

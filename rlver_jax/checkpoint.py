@@ -5,6 +5,11 @@ record of host-side progress (the data cursor, the profile sampler's RNG state, 
 loop needs to continue exactly where it stopped). Orbax writes each step into a temporary
 directory and renames it when complete, so a crash (or a full disk) never leaves a half-written
 checkpoint that looks finished: the last complete one stays the newest.
+
+Every process of a multi-host run calls `save` and `restore` at the same step: each writes and
+reads its own shards of the sharded state (process 0 the metadata), so the directory must be one
+that every host reaches: a shared file system or a bucket URL (gs://...), which orbax writes
+directly.
 """
 
 from __future__ import annotations
@@ -16,17 +21,24 @@ import jax
 import orbax.checkpoint as ocp
 
 from rlver_jax import sharding
+from rlver_jax.workdir import is_url
+
+
+def _location(directory: str | os.PathLike) -> str:
+    """An absolute path, or a URL (gs://...) as it is."""
+    return os.fspath(directory) if is_url(directory) else os.path.abspath(directory)
 
 
 def make_manager(directory: str | os.PathLike, *, save_every: int, keep: int,
                  async_save: bool = True) -> ocp.CheckpointManager:
-    """A manager for `directory` (created if missing) that saves every `save_every` steps."""
+    """A manager for `directory` (a path or a gs:// URL; created if missing) that saves every
+    `save_every` steps."""
     if save_every < 1 or keep < 1:
         raise ValueError(f"config.checkpoint.save_every={save_every} and keep={keep} must both be >= 1")
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=save_every, max_to_keep=keep, enable_async_checkpointing=async_save,
         create=True)
-    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+    return ocp.CheckpointManager(_location(directory), options=options)
 
 
 class CheckpointMismatchError(ValueError):
@@ -107,8 +119,7 @@ def restore_actor(directory: str | os.PathLike, step: int | None, abstract_actor
     `abstract_actor`: ShapeDtypeStructs (with shardings) of the actor, as saved. Returns
     (params, step).
     """
-    manager = ocp.CheckpointManager(os.path.abspath(directory),
-                                    options=ocp.CheckpointManagerOptions(read_only=True))
+    manager = ocp.CheckpointManager(_location(directory), options=ocp.CheckpointManagerOptions(read_only=True))
     try:
         steps = sorted(manager.all_steps())
         step = manager.latest_step() if step is None else step

@@ -2,18 +2,22 @@
 shardings, the initial train state and the jitted update (`build_run` -> `Run`).
 
 Errors in the config surface here, before any model is loaded or compiled, each naming the
-config field and the fix.
+config field and the fix. In a multi-host run every process builds the same Run and finds the
+same errors before any collective, so a mismatch stops every process at once instead of a hang.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
+import tempfile
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from jax.sharding import Mesh
 
 from rlver_jax import builders, chat, sharding, tracking
@@ -25,7 +29,9 @@ from rlver_jax.simulator.factory import check_endpoint
 from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.state import EmotionRules
 from rlver_jax.simulator.profiles import Profile, load_profiles
+from rlver_jax.workdir import WorkDir
 
+log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
@@ -52,7 +58,8 @@ class EvalSettings:
 class Run:
     """Everything a training run needs, built from its config by `build_run`."""
 
-    workdir: pathlib.Path
+    workdir: pathlib.Path  # where the run's files go: `storage.local`
+    storage: WorkDir  # config.workdir: a path, or a gs:// URL mirrored from `workdir`
     rl: trainer.RLSettings
     rollout: RolloutSettings
     sampling: SamplingSettings
@@ -63,6 +70,12 @@ class Run:
     train_profiles: list[Profile]
     eval_profiles: list[Profile]
     mesh: Mesh
+    # The step's dialogues (profiles_for_step x n, dialogue d of profile d // n): the process
+    # holding row d of a batch of one row per dialogue runs it (`dialogue_process[d]`) and puts
+    # its training rows in its own rows of the global batch; this process runs `own_dialogues`.
+    dialogue_process: np.ndarray
+    own_dialogues: np.ndarray
+    sampling_layout: sharding.SamplingLayout  # each process's sampling copy of the actor
     actor_cfg: Qwen2Config
     critic_cfg: Qwen2Config | None  # None: no critic (GRPO)
     actor_opt: trainer.Optimizer
@@ -149,12 +162,39 @@ def _check_mesh(rl: trainer.RLSettings, mesh: Mesh, config: ml_collections.Confi
             "config.rl.mini_batch_size, or move devices to the tensor axis")
 
 
+def dialogue_processes(config: ml_collections.ConfigDict, mesh: Mesh) -> np.ndarray:
+    """The process of each dialogue of a step (the process holding its row of the batch), checked
+    so that a GRPO group never spans two processes. Local arithmetic on the mesh, no collective."""
+    k, n = config.rollout.profiles_per_step, config.rollout.n
+    owner = sharding.row_processes(mesh, k * n)
+    split = [g for g, row in enumerate(owner.reshape(k, n)) if len(set(row.tolist())) > 1]
+    if split:
+        count = jax.process_count()
+        raise ValueError(
+            f"config.rollout.profiles_per_step={k} profiles x n={n} dialogues do not split into whole GRPO "
+            f"groups over the {count} processes (group {split[0]} would span processes "
+            f"{sorted(set(owner.reshape(k, n)[split[0]].tolist()))}): make config.rollout.profiles_per_step a "
+            f"multiple of {count}")
+    return owner
+
+
+def _tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat.ChatTokens:
+    """The run's tokenizer. A tiny run builds one (deterministically) in WORKDIR/tokenizer on
+    process 0; the other processes build theirs in a temporary directory, so no two write one file."""
+    if jax.process_index() == 0:
+        return builders.load_tokenizer(config, workdir)
+    with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
+        return builders.load_tokenizer(config, pathlib.Path(tmp))
+
+
 def build_run(config: ml_collections.ConfigDict) -> Run:
-    """Build the run of `config` (configs/base.py); creates the work directory and writes its config.json."""
+    """Build the run of `config` (configs/base.py); creates the work directory and (process 0)
+    writes its config.json."""
     check_config(config)
-    workdir = pathlib.Path(config.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    storage = WorkDir(config.workdir)
+    workdir = storage.local
+    if jax.process_index() == 0:
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     rl = rl_settings(config)
     r = config.rollout
     rollout = RolloutSettings(think=r.think, max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
@@ -164,12 +204,16 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
                                          max_new_tokens=r.max_new_tokens, cache_slots=r.cache_slots)
     train_profiles, eval_profiles = split_profiles(config)
     simulator = SimulatorSettings.from_config(config.simulator)
-    tracking_settings = tracking.TrackingSettings.from_config(config)
+    tracking_settings = dataclasses.replace(tracking.TrackingSettings.from_config(config), run_dir=str(workdir))
     check_endpoint(simulator)
-    chat_tokens = builders.load_tokenizer(config, workdir)
+    chat_tokens = _tokenizer(config, workdir)
 
     mesh = sharding.make_mesh(config.mesh.shape)
     _check_mesh(rl, mesh, config)
+    owner = dialogue_processes(config, mesh)
+    own = np.flatnonzero(owner == jax.process_index())
+    log.info("process %d of %d: %d local devices (%s), dialogues %s of the %d per step", jax.process_index(),
+             jax.process_count(), jax.local_device_count(), jax.local_devices()[0].platform, _ranges(own), len(owner))
     actor_cfg = builders.policy_architecture(config)
     if actor_cfg.vocab_size < len(chat_tokens.tokenizer):
         raise ValueError(f"tokenizer has {len(chat_tokens.tokenizer)} tokens but the model's vocab_size is "
@@ -190,8 +234,22 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     state = trainer.init_train_state(actor, actor_opt.tx, critic, critic_tx, config.seed, shardings=state_sh)
     fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh,
                                   None if ref_params is None else actor_sh)
-    return Run(workdir=workdir, rl=rl, rollout=rollout, sampling=sampling_settings, simulator=simulator,
-               eval=EvalSettings.from_config(config, simulator), tracking=tracking_settings, chat=chat_tokens,
-               train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh, actor_cfg=actor_cfg,
+    return Run(workdir=workdir, storage=storage, rl=rl, rollout=rollout, sampling=sampling_settings,
+               simulator=simulator, eval=EvalSettings.from_config(config, simulator), tracking=tracking_settings,
+               chat=chat_tokens, train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh,
+               dialogue_process=owner, own_dialogues=own,
+               sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, config.mesh.rules), actor_cfg=actor_cfg,
                critic_cfg=critic_cfg, actor_opt=actor_opt, critic_opt=critic_opt, shardings=state_sh, state=state,
                ref_params=ref_params, fns=fns)
+
+
+def _ranges(rows: np.ndarray) -> str:
+    """Sorted indices as compact ranges, e.g. "0-3, 8-11"."""
+    out, start = [], None
+    for i, r in enumerate(rows):
+        if start is None:
+            start = r
+        if i + 1 == len(rows) or rows[i + 1] != r + 1:
+            out.append(f"{start}-{r}" if r > start else f"{start}")
+            start = None
+    return ", ".join(out) or "none"

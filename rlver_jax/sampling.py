@@ -139,8 +139,8 @@ def generate(
     """Generate up to `max_new_tokens` tokens for each row of a LEFT-padded batch of prompts.
 
     prompt_ids, prompt_mask [B, T]: token ids and 1 for real tokens; each row's real tokens are
-    contiguous and end at the last column. rng: a PRNG key; the same key and inputs give the same
-    output. Rows and columns are padded to the buckets (`length_buckets`, `batch_buckets`: sorted
+    contiguous and end at the last column. rng: a PRNG key, or one key per row (`row_keys`); the
+    same keys and inputs give the same output. Rows and columns are padded to the buckets (`length_buckets`, `batch_buckets`: sorted
     sizes, default powers of two), so calls whose shapes share a bucket share one compiled program;
     the sampling settings are static (one program per setting). The KV cache holds bucketed prompt
     length + max_new_tokens slots. Params keep their placement: sharded params run sharded.
@@ -158,7 +158,7 @@ def generate(
     bb = bucket(b, batch_buckets)
     ids_BP, mask_BP = pad_left([row[m] for row, m in zip(ids, mask)], bucket(t, length_buckets, MIN_PROMPT_BUCKET),
                                settings.pad_id, bb)
-    out = _generate_jit(config, settings, params, ids_BP, mask_BP, rng)
+    out = _generate_jit(config, settings, params, ids_BP, mask_BP, _pad_row_keys(rng, b, bb))
     return out if bb == b else jax.tree.map(lambda x: x[:b], out)
 
 
@@ -166,6 +166,8 @@ def sample_logits(
     logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
     """One draw per row: tokens [B] int32 and their log-probs under the sampling distribution.
+
+    key: one key for the batch, or one per row (`row_keys`).
 
     temperature 0 is greedy (log-prob 0: the choice is certain). Otherwise logits are divided by
     the temperature, then all but the top_k largest are removed (0: off), then all but the
@@ -183,10 +185,44 @@ def sample_logits(
     e_BV = jnp.exp(x_BV - max_B1)  # unnormalised probabilities, max 1; removed tokens 0
     if top_p < 1:
         e_BV = jnp.where(e_BV >= _nucleus_threshold(e_BV, top_p), e_BV, 0.0)
-    u_B = jax.random.uniform(key, logits_BV.shape[:1])
+    u_B = _uniforms(key, logits_BV.shape[0])
     tokens_B, z_B = _inverse_cdf(e_BV, u_B)
     logp_B = _take(x_BV, tokens_B) - max_B1[:, 0] - jnp.log(z_B)
     return tokens_B, logp_B
+
+
+def row_keys(rng: jax.Array) -> bool:
+    """Whether `rng` holds one key per row ([B] typed keys or [B, 2] raw uint32 keys) rather than
+    one key for the whole batch. With row keys a row's draws depend on its own key alone, not on
+    the rows it is batched with: a dialogue samples the same tokens in any batch, on any device."""
+    typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+    return rng.ndim == (1 if typed else 2)
+
+
+def _fold_in(rng: jax.Array, data) -> jax.Array:
+    if row_keys(rng):
+        return jax.vmap(jax.random.fold_in, in_axes=(0, None))(rng, data)
+    return jax.random.fold_in(rng, data)
+
+
+def _uniforms(key: jax.Array, b: int) -> jax.Array:
+    """[B] uniforms: one draw from each row's key, or B from one key."""
+    if row_keys(key):
+        return jax.vmap(lambda k: jax.random.uniform(k, ()))(key)
+    return jax.random.uniform(key, (b,))
+
+
+def _pad_row_keys(rng: jax.Array, b: int, rows: int) -> jax.Array:
+    """Row keys for a batch of `b` rows padded to `rows` (padding rows draw from zero keys)."""
+    rng = jnp.asarray(rng) if not isinstance(rng, jax.Array) else rng
+    if not row_keys(rng):
+        return rng
+    if rng.shape[0] != b:
+        raise ValueError(f"{rng.shape[0]} row keys for a batch of {b} rows")
+    typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+    data = jax.random.key_data(rng) if typed else rng
+    data = jnp.concatenate([data, jnp.zeros((rows - b,) + data.shape[1:], data.dtype)])
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(rng)) if typed else data
 
 
 def _argmax(x_BV: jax.Array) -> jax.Array:
@@ -277,7 +313,7 @@ class _Carry(NamedTuple):
 
 def _emit(settings: SamplingSettings, rng: jax.Array, step, logits_BV, out: Generation, done_B):
     """Choose column `step` of every row still running; finished rows get padding."""
-    tokens_B, logp_B, model_logp_B = _choose(settings, logits_BV, jax.random.fold_in(rng, step))
+    tokens_B, logp_B, model_logp_B = _choose(settings, logits_BV, _fold_in(rng, step))
     live_B = ~done_B
     tokens_B = jnp.where(live_B, tokens_B, settings.pad_id).astype(jnp.int32)
     zero = jnp.zeros((), jnp.float32)
@@ -367,7 +403,8 @@ def continue_generation(
     prompt; start_positions [B]: each row's position id of its first new token. The cache
     (donated) needs room for E + max_new_tokens more slots: see `compact_cache`. Returns the
     Generation, the cache, and per row the number of generated tokens now in the cache (the
-    rest, at most the last one, start the next call's new tokens).
+    rest, at most the last one, start the next call's new tokens). rng: a key, or one per row of
+    the cache (`row_keys`).
     """
     return _continue_jit(config, settings, params, cache, jnp.asarray(new_ids, jnp.int32),
                          jnp.asarray(new_mask, bool), jnp.asarray(start_positions, jnp.int32), rng)

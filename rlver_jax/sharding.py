@@ -303,6 +303,29 @@ def host_batch_rows(mesh: Mesh, global_batch_size: int) -> np.ndarray:
     return np.concatenate([np.arange(b * per, (b + 1) * per) for b in _local_row_blocks(mesh)])
 
 
+def row_processes(mesh: Mesh, global_batch_size: int) -> np.ndarray:
+    """int [B]: the process whose devices hold each row of a global batch split over BATCH_AXES.
+
+    Computed from the mesh alone (no collective), so every process knows every process's rows
+    and can check them before anything waits on another process. Each row must live on one
+    process (so that each contributes only rows it produced): a batch split that two processes
+    share, i.e. a tensor axis across processes, is an error naming the fix.
+    """
+    host_batch_rows(mesh, global_batch_size)  # the divisibility check and its message
+    owner = np.full(global_batch_size, -1)
+    index_map = NamedSharding(mesh, P(BATCH_AXES)).devices_indices_map((global_batch_size,))
+    for device, (rows,) in index_map.items():
+        held = owner[rows]
+        if np.any((held != -1) & (held != device.process_index)):
+            raise ValueError(
+                f"mesh.shape={tuple(mesh.shape.values())}: processes {sorted({int(held.max()), device.process_index})} "
+                f"would share rows of the batch; the batch axes {BATCH_AXES} must split over the "
+                f"{jax.process_count()} processes: keep the tensor axis within a host (tensor <= "
+                f"{jax.local_device_count()} local devices) and data x fsdp a multiple of {jax.process_count()}")
+        owner[rows] = device.process_index
+    return owner
+
+
 def shard_host_batch(mesh: Mesh, batch: Any) -> Any:
     """Place this process's rows of a batch (numpy pytree, rows from `host_batch_rows`) on the
     mesh as global arrays split over BATCH_AXES; single-process: the whole batch."""
@@ -433,3 +456,86 @@ def maybe_initialize_distributed(settings: DistributedSettings) -> bool:
     _log.info("process %d of %d, %d local / %d global devices", jax.process_index(),
               jax.process_count(), jax.local_device_count(), jax.device_count())
     return True
+
+
+def replicated_value(x: jax.Array) -> np.ndarray:
+    """The host value of a replicated array (e.g. a step's reduced metrics), read from this
+    process's own copy: an array that spans processes cannot be fetched whole."""
+    if not x.is_fully_replicated:
+        raise ValueError(f"replicated_value of an array sharded as {x.sharding}")
+    return np.asarray(x.addressable_data(0))
+
+
+# ----------------------------------------------------------------------------- sampling copy
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingLayout:
+    """Where each process keeps its copy of the policy for sampling: replicated across processes,
+    split over the process's own devices by the rules table, in the sampling dtype. Generation
+    on it never waits on another host.
+
+    `hosts` is a mesh over every device with one `data` row per process, shape (processes,
+    local devices / tensor, tensor); the copy is placed on it with nothing on `data` (so every
+    process holds all of it) and each process keeps its own row, the mesh `local` of its local
+    devices. `tensor` is the training mesh's where it divides the local device count (else their
+    greatest common divisor); the rest of the local devices split like `fsdp`.
+    """
+
+    hosts: Mesh
+    local: Mesh
+    shardings: Params  # NamedShardings on `hosts`
+    local_shardings: Params  # the same specs on `local`
+    dtype: Any  # the sampling dtype (the model's compute dtype)
+
+    @classmethod
+    def create(cls, config: Qwen2Config, mesh: Mesh, rules: RulesLike) -> "SamplingLayout":
+        """The layout of the model `config` sampled in `config.dtype`, beside the training `mesh`."""
+        by_process: dict[int, list[jax.Device]] = {}
+        for d in sorted(mesh.devices.flat, key=lambda d: d.id):
+            by_process.setdefault(d.process_index, []).append(d)
+        local_count = len(by_process[jax.process_index()])
+        if len({len(v) for v in by_process.values()}) != 1:
+            raise ValueError(f"processes hold different numbers of devices: "
+                             f"{ {p: len(v) for p, v in sorted(by_process.items())} }")
+        tensor = math.gcd(mesh.shape["tensor"], local_count)
+        grid = np.array([by_process[p] for p in sorted(by_process)]).reshape(
+            len(by_process), local_count // tensor, tensor)
+        axis_types = (AxisType.Auto,) * len(MESH_AXES)
+        hosts = Mesh(grid, MESH_AXES, axis_types=axis_types)
+        row = sorted(by_process).index(jax.process_index())
+        local = Mesh(grid[row:row + 1], MESH_AXES, axis_types=axis_types)
+        table = {name: tuple(a for a in axes if a != "data") for name, axes in resolve_rules(rules).items()}
+        shardings = param_shardings(config, hosts, table)
+        local_shardings = jax.tree.map(lambda s: NamedSharding(local, s.spec), shardings)
+        return cls(hosts, local, shardings, local_shardings, config.jnp_dtype)
+
+    def copy(self, params: Params) -> Params:
+        """This process's sampling copy of `params` (in any layout, e.g. the train state's
+        actor): cast where they are, then resharded on device into `hosts`, of which this process
+        keeps its row. Fresh buffers, never aliasing `params` (which an update may donate). A
+        collective: every process calls it at the same point, with the same global params."""
+        same_dtype = all(x.dtype == self.dtype for x in jax.tree.leaves(params))
+        if not same_dtype:
+            params = _cast(params, self.dtype)
+        placed = jax.device_put(params, self.shardings, donate=not same_dtype, may_alias=False if same_dtype else None)
+
+        def keep_local(x: jax.Array, local_sharding: NamedSharding) -> jax.Array:
+            return jax.make_array_from_single_device_arrays(
+                x.shape, local_sharding, [s.data for s in x.addressable_shards])
+
+        return jax.tree.map(keep_local, placed, self.local_shardings)
+
+    def device_bytes(self, config: Qwen2Config) -> int:
+        """Bytes of the sampling copy on each of a process's devices (the most loaded one)."""
+        per_device: dict[Any, int] = {}
+        for leaf, sh in zip(jax.tree.leaves(qwen2.abstract_params(config)), jax.tree.leaves(self.local_shardings)):
+            size = math.prod(sh.shard_shape(leaf.shape)) * np.dtype(self.dtype).itemsize
+            for d in sh.addressable_devices:
+                per_device[d] = per_device.get(d, 0) + size
+        return max(per_device.values())
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _cast(params: Params, dtype) -> Params:
+    return jax.tree.map(lambda x: x.astype(dtype), params)

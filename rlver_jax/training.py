@@ -6,12 +6,22 @@ dialogues from the async rollout buffer, updates the policy (and the critic), pu
 parameters to the sampler, and writes metrics (rlver_jax.metrics), transcripts and checkpoints.
 Every `eval_every` steps the current policy is scored on held-out profiles with the same
 simulator code path, so reward hacking shows up as a gap between the two.
+
+On many hosts every process runs this same loop. Rollouts are per process: each runs its own
+dialogues of the step (`Run.own_dialogues`, whole GRPO groups) with its own simulator client, on
+its own sampling copy of the policy (sharding.SamplingLayout). The finished dialogues are then
+all-gathered (rlver_jax.hosts), so every process computes the same metrics and agrees on the
+batch shapes, and each contributes only its own rows to the one global update. Process 0 writes
+metrics, TensorBoard, transcripts and plots; every process saves its shards of the checkpoint.
+A dialogue's randomness is a function of (seed, step, dialogue index), so the dialogues of a step
+do not depend on the number of processes, devices or pipeline groups.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import pathlib
 import sys
 import time
 from typing import Any
@@ -20,12 +30,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from rlver_jax import checkpoint
+from rlver_jax import checkpoint, hosts, sharding
+from rlver_jax.buckets import bucket
 from rlver_jax.interrupts import StepGuard, TrainingInterrupted
 from rlver_jax.metrics import Writers, check_finite, throughput_metrics
 from rlver_jax.plots import training_curves
 from rlver_jax.rl import trainer
-from rlver_jax.rl.batch import TrainBatch, collate
+from rlver_jax.rl.batch import TrainBatch, batch_rows, collate, row_extent
 from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.policy import JaxPolicy
@@ -49,7 +60,7 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
     any other error leaves the last complete checkpoint and the finished steps' files as they are.
     """
     run = build_run(config)
-    manager = checkpoint.make_manager(run.workdir / "checkpoints", save_every=config.checkpoint.save_every,
+    manager = checkpoint.make_manager(run.storage.checkpoints, save_every=config.checkpoint.save_every,
                                       keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
     state, start = _resume(config, manager, run.state)
     if start >= config.train.steps:
@@ -57,13 +68,17 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
         log.info("nothing left to train: %s holds step %d of config.train.steps=%d; raise --config.train.steps "
                  "to train further", manager.directory, start, config.train.steps)
         return {}
-    rng = jax.device_get(state.rng)  # a host copy of the run key: every update donates state.rng
+    if start and jax.process_index() == 0:
+        run.storage.pull("metrics.jsonl")  # a gs:// run resumed elsewhere: the curves so far
+    # A host copy of the run key (replicated; every update donates state.rng).
+    rng = sharding.replicated_value(state.rng)
     buffer = _rollout_buffer(config, run, rng, start)
     writers = Writers(run.workdir, start=start, total=config.train.steps, progress=progress,
                       tracking_settings=run.tracking, config=config.to_dict(), table_every=config.train.eval_every)
     if jax.process_index() == 0:
         discard_transcripts(run.workdir / "transcripts", start)  # steps >= start run again
-    buffer.publish(start, state.actor)
+    sampler = run.sampling_layout.copy(state.actor)  # this process's copy, on its own devices
+    buffer.publish(start, sampler)
     metrics: dict[str, float] = {}
     guard = StepGuard()
     try:
@@ -72,24 +87,31 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
             batch = buffer.get()
             wait_s = time.perf_counter() - t0
             guard.begin_step(step)  # from here to the checkpoint, Ctrl-C waits for the step to end
-            train_batch = _collate(config, run, step, batch)
+            if config.rollout.max_staleness == 0:  # the sampler idles until the next publish:
+                jax.tree.map(lambda x: x.delete(), sampler)  # its memory goes to the update
+            dialogues = hosts.allgather_dialogues(batch.sequences, run.dialogue_process)  # every process's
+            train_batch, policy_tokens = _collate(config, run, step, batch, dialogues)
             t1 = time.perf_counter()
-            state, update_metrics = trainer.train_on_batch(run.fns, state, train_batch, run.ref_params)
+            state, update_metrics = trainer.train_on_batch(run.fns, state, train_batch, run.ref_params,
+                                                           policy_tokens)
             update_s = time.perf_counter() - t1
             check_finite(step, update_metrics)
-            buffer.publish(step + 1, state.actor)
-            tokens = float(train_batch.attention_mask.sum())
-            metrics = {**rollout_metrics(batch.sequences), **update_metrics,
+            sampler = run.sampling_layout.copy(state.actor)
+            buffer.publish(step + 1, sampler)
+            tokens = float(sum(len(s.tokens) for s in dialogues if s.trainable))
+            metrics = {**rollout_metrics(dialogues), **update_metrics,
                        **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
                        "policy_lag": float(step - batch.version),
-                       "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in batch.sequences))}
+                       "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in dialogues))}
             if config.train.transcripts and jax.process_index() == 0:
-                write_transcripts(run.workdir / "transcripts", step, batch.sequences)
+                write_transcripts(run.workdir / "transcripts", step, dialogues)
             if config.train.eval_every and run.eval_profiles and (step + 1) % config.train.eval_every == 0:
-                metrics.update(evaluate(config, run, state.actor, step, trainer.step_keys(rng, step).eval))
-            writers.write(step, metrics, batch.sequences)
+                metrics.update(evaluate(config, run, sampler, step, trainer.step_keys(rng, step).eval))
+            writers.write(step, metrics, dialogues)
             checkpoint.save(manager, step + 1, state, {"step": step + 1, "seed": config.seed},
                             force=step + 1 == config.train.steps)
+            if jax.process_index() == 0:
+                run.storage.push()
             guard.end_step()
     except KeyboardInterrupt:
         raise _interrupted(config, manager, state, guard.step) from None
@@ -97,7 +119,9 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
         guard.close()
         _shut_down(buffer, manager, writers)
     if jax.process_index() == 0 and writers.metrics_path.exists():
-        training_curves(writers.metrics_path, run.workdir / "reward.png", title=run.workdir.name)
+        training_curves(writers.metrics_path, run.workdir / "reward.png",
+                        title=pathlib.PurePosixPath(config.workdir).name)
+        run.storage.push()
     return metrics
 
 
@@ -146,17 +170,19 @@ def _resume(config: ml_collections.ConfigDict, manager, state: trainer.TrainStat
 
 
 def _rollout_buffer(config: ml_collections.ConfigDict, run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
-    """The producer of batch after batch from `start` on: batch i holds the dialogues of
-    `profiles_for_step(i)`, sampled with the rollout key of step i."""
+    """The producer of batch after batch from `start` on: batch i holds this process's dialogues
+    of `profiles_for_step(i)` (`run.own_dialogues`; dialogue d is sample d % n of profile d // n),
+    dialogue d sampled from fold_in(rollout key of step i, d)."""
     simulator = build_simulator(run.simulator)
-    policy = JaxPolicy(run.actor_cfg, run.chat, run.sampling, run.state.actor, trainer.step_keys(rng, start).rollout)
+    policy = JaxPolicy(run.actor_cfg, run.chat, run.sampling, None, trainer.step_keys(rng, start).rollout)
     runner = EpisodeRunner(policy, simulator, run.chat, run.rollout)
     k, n = config.rollout.profiles_per_step, config.rollout.n
 
     async def make_batch(index: int, version: int, params: Any) -> list[DialogueSequence]:
         policy.set_params(params, version, rng=trainer.step_keys(rng, index).rollout)
         profiles = profiles_for_step(run.train_profiles, index, k, config.seed)
-        return await runner.run([EpisodeRequest(p, g) for g, p in enumerate(profiles) for _ in range(n)], version)
+        requests = [EpisodeRequest(profiles[d // n], int(d // n), index=int(d)) for d in run.own_dialogues]
+        return await runner.run(requests, version)
 
     return RolloutBuffer(make_batch, max_staleness=config.rollout.max_staleness, start_index=start,
                          finalize=simulator.aclose)
@@ -167,23 +193,42 @@ class AllDialoguesFailedError(RuntimeError):
     policy turn); the step's transcripts are written first."""
 
 
-def _collate(config: ml_collections.ConfigDict, run: Run, step: int, batch: RolloutBatch) -> TrainBatch:
-    """The train batch of a rollout batch's trainable dialogues, padded to the full batch."""
+def _collate(config: ml_collections.ConfigDict, run: Run, step: int, batch: RolloutBatch,
+             dialogues: list[DialogueSequence]) -> tuple[TrainBatch, int]:
+    """This process's rows of the step's train batch (its trainable dialogues' rows, then
+    padding), and the policy-token count that sizes C.
+
+    The shapes come from every process's dialogues (`dialogues`, all-gathered), so every process
+    agrees on the rows per process (the most any process needs), T (the longest row, bucketed)
+    and C without another exchange; row and group ids are global."""
     if batch.version < step - config.rollout.max_staleness:  # the buffer guarantees this
         raise AssertionError(f"batch of version {batch.version} at step {step}")
-    usable = [s for s in batch.sequences if s.trainable]
+    usable = [s for s in dialogues if s.trainable]
     if not usable:
         path = transcript_path(run.workdir / "transcripts", step)
         if jax.process_index() == 0:
-            write_transcripts(path.parent, step, batch.sequences)
-        failed = [s for s in batch.sequences if s.simulator_error]
+            write_transcripts(path.parent, step, dialogues)
+        failed = [s for s in dialogues if s.simulator_error]
         errors = [s.simulator_state.get("error") for s in failed if s.simulator_state.get("error")]
-        cause = (f"{len(failed)} of {len(batch.sequences)} ended as simulator_error"
+        cause = (f"{len(failed)} of {len(dialogues)} ended as simulator_error"
                  + (f" (last: {errors[-1]})" if errors else "")) if failed else "none had a policy turn"
         raise AllDialoguesFailedError(f"step {step}: no dialogue can be trained on: {cause}. The dialogues "
                                       f"are in {path}")
-    return collate(usable, batch_size=len(batch.sequences), reward_mode=run.rl.reward_mode,
-                   length_multiple=config.train.length_multiple, pad_id=run.chat.end_of_text)
+    share = len(batch.sequences)  # dialogue slots per process
+    owner = run.dialogue_process
+    rows = max(batch_rows([dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable], share)
+               for p in range(jax.process_count()))
+    longest, policy_tokens = row_extent(usable)
+    length = bucket(longest, multiple=config.train.length_multiple)
+    mine = [(int(d), s) for d, s in zip(run.own_dialogues, batch.sequences) if s.trainable]
+    if jax.process_count() > 1:
+        alone = row_extent([s for _, s in mine])
+        log.info("step %d: batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues "
+                 "alone: T=%d, %d)", step, length, policy_tokens, rows,
+                 bucket(alone[0], multiple=config.train.length_multiple), alone[1])
+    return collate([s for _, s in mine], batch_size=share, reward_mode=run.rl.reward_mode, rows=rows,
+                   length=length, dialogue_ids=[d for d, _ in mine], padding_ids=rows * jax.process_count(),
+                   pad_id=run.chat.end_of_text), policy_tokens
 
 
 def profiles_for_step(profiles: list[Profile], step: int, k: int, seed: int) -> list[Profile]:
@@ -200,20 +245,24 @@ def profiles_for_step(profiles: list[Profile], step: int, k: int, seed: int) -> 
 
 def evaluate(config: ml_collections.ConfigDict, run: Run, params: Any, step: int, key: jax.Array
              ) -> dict[str, float]:
-    """Score the current policy on held-out profiles as the Sentient benchmark does (run.eval: the
-    training simulator's backend under SAGE's rules, the benchmark's policy sampling), sampling
-    from `key` (the step's evaluation key); eval_score is comparable with launch/eval.py's."""
+    """Score the current policy (`params`: this process's sampling copy) on held-out profiles as
+    the Sentient benchmark does (run.eval: the training simulator's backend under SAGE's rules,
+    the benchmark's policy sampling), profile i sampled from fold_in(key, i) (`key`: the step's
+    evaluation key); eval_score is comparable with launch/eval.py's. Each process plays a
+    contiguous share of the profiles; the results are combined."""
     profiles = run.eval_profiles
     if config.train.eval_max_profiles:
         profiles = profiles[:config.train.eval_max_profiles]
+    mine = hosts.share(len(profiles))
     policy = JaxPolicy(run.actor_cfg, run.chat, run.eval.sampling, params, key)
 
     async def rollouts():
         async with build_simulator(run.eval.simulator) as sim:
             runner = EpisodeRunner(policy, sim, run.chat, run.eval.rollout)
-            return await runner.run([EpisodeRequest(p, i) for i, p in enumerate(profiles)], step)
+            return await runner.run([EpisodeRequest(profiles[i], i, index=i) for i in mine], step)
 
-    seqs = asyncio.run(rollouts())
+    seqs = [s for part in hosts.allgather_json([s.to_record() for s in asyncio.run(rollouts())])
+            for s in map(DialogueSequence.from_record, part)]
     if jax.process_index() == 0:
         write_transcripts(run.workdir / "transcripts", step, seqs, prefix="eval")
     s = summarize(seqs)

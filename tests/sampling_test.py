@@ -281,3 +281,21 @@ def test_policy_samples_only_ids_its_tokenizer_has(tiny_tokenizer_dir, cache_slo
     turns = asyncio.run(policy.act(requests))
     sampled = [t for turn in turns for t in turn.token_ids]
     assert len(sampled) > 50 and max(sampled) < 512
+
+
+def test_row_keys_make_each_row_independent_of_its_batch(hf_tiny):
+    """With one key per row, a row samples the same tokens alone, in a batch, or in another row."""
+    _, _, config, params = hf_tiny
+    lengths = [5, 9, 7]
+    ids, mask = left_padded(config.vocab_size, lengths, seed=3)
+    keys = jax.random.split(jax.random.key(9), 3)
+    assert sampling.row_keys(keys) and not sampling.row_keys(keys[0])
+    run = lambda i, m, k: sampling.generate(config, params, i, m, rng=k, max_new_tokens=8)  # noqa: E731
+    together = run(ids, mask, keys)
+    toks, n = np.asarray(together.tokens), np.asarray(together.lengths)
+    for b, length in enumerate(lengths):
+        alone = run(ids[b:b + 1, -length:], mask[b:b + 1, -length:], keys[b:b + 1])
+        np.testing.assert_array_equal(np.asarray(alone.tokens)[0, :n[b]], toks[b, :n[b]])
+    reversed_ = run(ids[::-1], mask[::-1], keys[::-1])
+    np.testing.assert_array_equal(np.asarray(reversed_.tokens)[::-1], toks)
+    assert len({tuple(t) for t in toks}) == 3  # different keys, different draws

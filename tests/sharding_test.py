@@ -357,3 +357,34 @@ def test_plan_tiny_preset_fits_one_device():
     cfg = plan_config.get_config("tiny")
     assert sharding.resolve_mesh_shape(cfg.mesh.shape, 1) == (1, 1, 1)
     assert cfg.batch_size % math.prod(sharding.resolve_mesh_shape(cfg.mesh.shape, 8)[:2]) == 0
+
+
+# ----------------------------------------------------------------------------- sampling copy
+
+
+def test_rows_of_one_process_are_all_its_own():
+    assert sharding.row_processes(sharding.make_mesh((2, 2, 2)), 8).tolist() == [0] * 8
+    with pytest.raises(ValueError, match="multiple of 4"):
+        sharding.row_processes(sharding.make_mesh((2, 2, 2)), 6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sampling_copy_is_cast_split_over_the_local_devices_and_its_own(reference, dtype):
+    params = reference[0]
+    mesh = sharding.make_mesh((1, 4, 2))
+    placed = jax.device_put(params, sharding.param_shardings(CONFIG, mesh, RULES))
+    model = CONFIG.replace(dtype=dtype)
+    layout = sharding.SamplingLayout.create(model, mesh, RULES)
+    copy = layout.copy(placed)
+    gate = copy["layer_0"]["mlp"]["gate_kernel"]
+    assert gate.dtype == jnp.dtype(dtype) and dict(gate.sharding.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert gate.addressable_shards[0].data.shape == (16, 64)  # width 64 over fsdp 4, mlp 128 over tensor 2
+    jax.tree.map(lambda c, p: np.testing.assert_array_equal(np.asarray(c), np.asarray(p).astype(jnp.dtype(dtype))), copy, params)
+    per_device: dict = {}
+    for leaf in jax.tree.leaves(copy):
+        for shard in leaf.addressable_shards:
+            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+    assert layout.device_bytes(model) == max(per_device.values())
+    jax.tree.map(lambda x: x.delete(), copy)  # the copy owns its buffers: an update may donate the params
+    np.testing.assert_array_equal(np.asarray(placed["layer_0"]["mlp"]["gate_kernel"]),
+                                  np.asarray(params["layer_0"]["mlp"]["gate_kernel"]))

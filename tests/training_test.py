@@ -14,7 +14,7 @@ import pytest
 from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.simulator import get_simulator_config
-from rlver_jax import checkpoint, files, training
+from rlver_jax import checkpoint, files, run as run_lib, sharding, training
 from rlver_jax.files import read_jsonl
 from rlver_jax.interrupts import TrainingInterrupted
 from rlver_jax.rl import trainer
@@ -100,6 +100,31 @@ def test_config_errors_name_the_fix(tmp_path):
     config.simulator.backend = "embedded"
     with pytest.raises(ValueError, match="config.model.path"):
         training.train(config, progress=False)
+
+
+def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
+    """A dialogue's sampling key is a function of (seed, step, its index), so running the step's
+    8 two-turn dialogues in one group or in two concurrent groups (other batch rows, other KV
+    cache rows, another call order) samples the same dialogues."""
+    def step0(groups):
+        config = small(grpo_think.get_config("tiny"), tmp_path / str(groups), steps=1)
+        config.rollout.pipeline_groups = groups
+        config.rollout.format_failure = "continue"  # raw replies reach the user: two turns each
+        run = run_lib.build_run(config)
+        buffer = training._rollout_buffer(config, run, sharding.replicated_value(run.state.rng), 0)
+        buffer.publish(0, run.sampling_layout.copy(run.state.actor))
+        try:
+            return buffer.get().sequences
+        finally:
+            buffer.close()
+
+    one, two = step0(1), step0(2)
+    assert [len(s.turn_ends) for s in one] == [2] * 8
+    assert [s.tokens for s in two] == [s.tokens for s in one]
+    assert [s.messages for s in two] == [s.messages for s in one]
+    assert len({tuple(s.tokens) for s in one}) == 8  # the n dialogues of a profile differ
+    np.testing.assert_allclose(np.concatenate([s.logprobs for s in two]), np.concatenate([s.logprobs for s in one]),
+                               rtol=0, atol=1e-5)
 
 
 def test_profiles_for_step_is_a_pure_function_of_step():

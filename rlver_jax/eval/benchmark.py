@@ -9,6 +9,12 @@ final_emotions.png.
 
 `config.eval.like_training=RUN` plays under the settings a training run was trained with
 (`like_training`) instead of SAGE's.
+
+On N processes (launch/eval.py under jax.distributed, like training) process 0 owns the work
+directory: it checks the set-up and finds the profiles left to play; every process plays a
+contiguous share of them on its own sampling copy of the policy, process 0 appending its
+dialogues as they end and the others' once they are gathered at the end; process 0 writes the
+outputs and every process returns the same scores.
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ import collections
 import copy
 import logging
 import pathlib
+import tempfile
 from typing import Any
 
 import jax
 import ml_collections
 from tqdm import tqdm
 
+from rlver_jax import hosts
 from rlver_jax.eval import report
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
@@ -127,11 +135,15 @@ class _PolicySpec:
             loaded = policy_loading.load_checkpoint_policy(self.ckpt, mesh, c.mesh.rules, p.base_path)
         elif p.path:
             loaded = policy_loading.load_hf_policy(p.path, mesh, c.mesh.rules, p.dtype)
-        else:
+        elif jax.process_index() == 0:
             loaded = policy_loading.fresh_tiny_policy(workdir / "tokenizer", c.seed, mesh, c.mesh.rules)
+        else:  # the same tokenizer, built where no other process writes
+            with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
+                loaded = policy_loading.fresh_tiny_policy(pathlib.Path(tmp), c.seed, mesh, c.mesh.rules)
         settings = SamplingSettings(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
                                     max_new_tokens=p.max_new_tokens, cache_slots=p.cache_slots)
-        return JaxPolicy(loaded.model, loaded.chat, settings, loaded.params, jax.random.PRNGKey(c.seed)), loaded.chat
+        params = sharding.SamplingLayout.create(loaded.model, mesh, c.mesh.rules).copy(loaded.params)
+        return JaxPolicy(loaded.model, loaded.chat, settings, params, jax.random.PRNGKey(c.seed)), loaded.chat
 
     def run_info(self) -> dict[str, Any]:
         c = self.config
@@ -195,24 +207,42 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
     workdir = pathlib.Path(config.workdir)
     profiles = load_eval_profiles(config)
     spec = _PolicySpec(config)
-    workdir.mkdir(parents=True, exist_ok=True)
     transcripts = workdir / TRANSCRIPTS
-    check_setup(workdir / SETUP, spec.setup(), transcripts)
-    finished = {r["profile_id"] for r in load_records(transcripts)}
-    pending = [p for p in profiles if p.id not in finished]
+    plan = hosts.allgather_json(_plan(workdir, spec, profiles) if jax.process_index() == 0 else None)[0]
+    if "error" in plan:  # every process stops with process 0's error
+        raise ValueError(plan["error"])
+    pending = [(i, p) for i, p in enumerate(profiles) if p.id in set(plan["pending"])]
     log.info("%d profiles: %d already evaluated in %s, %d to go", len(profiles), len(profiles) - len(pending),
              transcripts, len(pending))
     if pending:
         _evaluate(config, spec, pending, workdir, progress)
-    done = {r["profile_id"]: r for r in load_records(transcripts)}
-    s = config.simulator
-    return report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
-                                spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling))
+    scores = None
+    if jax.process_index() == 0:
+        done = {r["profile_id"]: r for r in load_records(transcripts)}
+        s = config.simulator
+        scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
+                                      spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling))
+    return hosts.allgather_json(scores)[0]
 
 
-def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: list[Profile],
+def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile]) -> dict[str, Any]:
+    """Process 0's view of the work directory: the ids of the profiles left to play, or the error
+    that stops the evaluation."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    transcripts = workdir / TRANSCRIPTS
+    try:
+        check_setup(workdir / SETUP, spec.setup(), transcripts)
+    except ValueError as e:
+        return {"error": str(e)}
+    finished = {r["profile_id"] for r in load_records(transcripts)}
+    return {"pending": [p.id for p in profiles if p.id not in finished]}
+
+
+def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, pending: list[tuple[int, Profile]],
               workdir: pathlib.Path, progress: bool) -> None:
-    """Play the dialogues of `profiles`, appending each to the transcripts as it ends."""
+    """Play the dialogues of `pending` ((index in the benchmark, profile) pairs; this process's
+    share of them), appending each to the transcripts as it ends: process 0 its own at once, the
+    other processes' when they are gathered at the end."""
     simulator_settings = SimulatorSettings.from_config(config.simulator)
     check_endpoint(simulator_settings)
     if spec.client is not None:
@@ -223,18 +253,26 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: li
                                format_failure=config.policy.format_failure,
                                think_history=config.policy.think_history)
     transcripts = workdir / TRANSCRIPTS
-    bar = tqdm(total=len(profiles), disable=not progress, desc="sentient", unit="dialogue", dynamic_ncols=True)
+    mine = [pending[i] for i in hosts.share(len(pending))]
+    writes = jax.process_index() == 0
+    held: list[dict[str, Any]] = []  # another process's records, sent to process 0 at the end
+    bar = tqdm(total=len(mine), disable=not progress or not writes, desc="sentient", unit="dialogue",
+               dynamic_ncols=True)
     stop_showing_requests = show_requests(bar, "sentient")
 
     def on_finish(seq: DialogueSequence) -> None:
-        append_jsonl(transcripts, seq.to_record())
+        if writes:
+            append_jsonl(transcripts, seq.to_record())
+        else:
+            held.append(seq.to_record())
         bar.update(1)
 
     async def play():
         async with build_simulator(simulator_settings) as sim:
             runner = EpisodeRunner(policy, sim, chat_tokens, settings)
             try:
-                await _play(runner, [EpisodeRequest(p, i) for i, p in enumerate(profiles)],
+                # index: the dialogue's sampling index, its place in the benchmark (any split, any resume)
+                await _play(runner, [EpisodeRequest(p, i, index=i) for i, p in mine],
                             config.eval.group_size, config.eval.max_dialogues, on_finish)
             finally:
                 if isinstance(policy, OpenAIPolicy):
@@ -251,3 +289,6 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, profiles: li
     finally:
         stop_showing_requests()
         bar.close()
+    for part in hosts.allgather_json(held)[1:]:
+        for record in part:
+            append_jsonl(transcripts, record)

@@ -34,9 +34,9 @@ class TrainBatch:
     # consecutive; padding rows get their own ids.
     dialogue: np.ndarray
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The fields, plus `policy_positions` derived from the policy mask."""
-        return {**dataclasses.asdict(self), "policy_positions": policy_positions(self.policy_mask)}
+    def arrays(self, policy_tokens: int | None = None) -> dict[str, np.ndarray]:
+        """The fields, plus `policy_positions` derived from the policy mask (`policy_tokens`: see there)."""
+        return {**dataclasses.asdict(self), "policy_positions": policy_positions(self.policy_mask, policy_tokens)}
 
 
 def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
@@ -68,20 +68,36 @@ def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
     return {end: sum(r for idx, r in dialogue.items() if idx >= end) for end in seq.turn_ends}
 
 
-def policy_positions(policy_mask: np.ndarray) -> np.ndarray:
+def policy_positions(policy_mask: np.ndarray, policy_tokens: int | None = None) -> np.ndarray:
     """int32 [B, C]: each row's policy-token indices, ascending, right-padded with 0.
 
-    The update scores only these tokens. C is the longest row's count rounded up to a quarter of
-    T, so a run compiles at most four widths per sequence-length bucket.
+    The update scores only these tokens. C is the longest row's count (or `policy_tokens`, at
+    least that: the processes of a multi-host run pass the longest over all of them, so they
+    agree on C) rounded up to a quarter of T, so a run compiles at most four widths per
+    sequence-length bucket.
     """
     b, t = policy_mask.shape
     count = int((policy_mask > 0).sum(-1).max(initial=0))
+    if policy_tokens is not None:
+        if policy_tokens < count:
+            raise ValueError(f"policy_tokens={policy_tokens} is below the longest row's {count} policy tokens")
+        count = policy_tokens
     width = bucket(count, [t // 4 * k for k in (1, 2, 3, 4)]) if t % 4 == 0 else t
     out = np.zeros((b, width), np.int32)
     for row in range(b):
         idx = np.flatnonzero(policy_mask[row] > 0)
         out[row, :len(idx)] = idx
     return out
+
+
+def row_extent(sequences: Sequence[DialogueSequence]) -> tuple[int, int]:
+    """(tokens, policy tokens) of the longest row of `sequences`, for T and C (0 for none)."""
+    longest = most = 0
+    for seq in sequences:
+        for start, end in seq.rows:
+            longest = max(longest, end - start)
+            most = max(most, int(sum(1 for m in seq.policy_mask[start:end] if m > 0)))
+    return longest, most
 
 
 def batch_rows(sequences: Sequence[DialogueSequence], batch_size: int) -> int:
@@ -98,13 +114,20 @@ def collate(
     length_multiple: int = 128,
     pad_id: int = 0,
     rows: int | None = None,
+    length: int | None = None,
+    dialogue_ids: Sequence[int] | None = None,
+    padding_ids: int | None = None,
 ) -> TrainBatch:
     """Stack the rows of `sequences` (at most batch_size trainable dialogues) into a TrainBatch.
 
     batch_size counts dialogue slots; the batch has `rows` rows (default `batch_rows`; a
     multiple of batch_size: several hosts pass the largest of theirs, so their shapes agree).
     The length is bucketed to a multiple of `length_multiple` so the update compiles once per
-    bucket; missing rows are padding with zero masks, which every loss ignores.
+    bucket, or is `length`; missing rows are padding with zero masks, which every loss ignores.
+    A dialogue's rows carry its id, `dialogue_ids[d]` (default d), and its group; padding row b
+    gets group and dialogue id padding_ids + b (default rows + b), which no dialogue uses. The
+    processes of a multi-host run agree on rows and length, pass their dialogues' global indices
+    and the global row count, so that ids are unique over the whole batch.
     """
     if len(sequences) > batch_size:
         raise ValueError(f"{len(sequences)} dialogues do not fit a batch of {batch_size}")
@@ -116,16 +139,20 @@ def collate(
     rows = needed if rows is None else rows
     if rows < needed or rows % batch_size:
         raise ValueError(f"rows={rows}: need a multiple of batch_size={batch_size} of at least {needed}")
-    t = bucket(max((e - s for seq in sequences for s, e in seq.rows), default=1), multiple=length_multiple)
+    longest, _ = row_extent(sequences)
+    t = bucket(longest, multiple=length_multiple) if length is None else length
+    if t < longest:
+        raise ValueError(f"length={t} is shorter than the longest row ({longest} tokens)")
     shape = (rows, t)
     # Padding rows get fresh group and dialogue ids so they never join a real group's baseline.
-    pad_ids = np.arange(rows, dtype=np.int32) + rows
+    pad_ids = np.arange(rows, dtype=np.int32) + (rows if padding_ids is None else padding_ids)
     batch = TrainBatch(
         tokens=np.full(shape, pad_id, np.int32), attention_mask=np.zeros(shape, np.int32),
         policy_mask=np.zeros(shape, np.float32), rewards=np.zeros(shape, np.float32),
         sample_logprobs=np.zeros(shape, np.float32), group=pad_ids.copy(), dialogue=pad_ids.copy())
     b = 0
-    for d, seq in enumerate(sequences):
+    ids = range(len(sequences)) if dialogue_ids is None else dialogue_ids
+    for d, seq in zip(ids, sequences):
         rewards = token_rewards(seq, reward_mode)
         for start, end in seq.rows:
             n = end - start

@@ -378,16 +378,18 @@ def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Con
         rl, mesh)
 
 
-def train_on_batch(fns: UpdateFns, state: TrainState, batch: TrainBatch,
-                   ref_params: Params | None = None) -> tuple[TrainState, dict[str, float]]:
+def train_on_batch(fns: UpdateFns, state: TrainState, batch: TrainBatch, ref_params: Params | None = None,
+                   policy_tokens: int | None = None) -> tuple[TrainState, dict[str, float]]:
     """One train step on the device: the batch is placed explicitly (this process's rows on the
-    mesh: rlver_jax.sharding.shard_host_batch), the jitted step runs, and its metrics come back
-    as floats; nothing else crosses between host and device. Returns the new state (step + 1)."""
-    arrays = batch.arrays()
-    bsz, rl = arrays["tokens"].shape[0], fns.rl
+    mesh: rlver_jax.sharding.shard_host_batch), the jitted step runs, and its metrics (reduced
+    on device, replicated) come back as floats from this process's copy; nothing else crosses
+    between host and device. `policy_tokens`: see rl.batch.policy_positions. Returns the new
+    state (step + 1)."""
+    arrays = batch.arrays(policy_tokens)
+    device_batch = jax.device_put(arrays) if fns.mesh is None else sharding.shard_host_batch(fns.mesh, arrays)
+    bsz, rl = device_batch["tokens"].shape[0], fns.rl  # the global batch: every process's rows
     if bsz % (rl.batch_size or rl.mini_batch_size):
         raise ValueError(f"batch of {bsz} rows is not a multiple of config.rl.mini_batch_size={rl.mini_batch_size}"
                          + (f" and of the {rl.batch_size} dialogues per step" if rl.batch_size else ""))
-    device_batch = jax.device_put(arrays) if fns.mesh is None else sharding.shard_host_batch(fns.mesh, arrays)
     state, metrics = fns.train_step(state, ref_params, device_batch)
-    return state, {k: float(v) for k, v in jax.device_get(metrics).items()}
+    return state, {k: float(sharding.replicated_value(v)) for k, v in metrics.items()}

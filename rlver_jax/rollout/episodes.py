@@ -63,6 +63,7 @@ class RolloutSettings:
 class EpisodeRequest:
     profile: Profile
     group: int  # GRPO group id: the n samples of one profile share it
+    index: int | None = None  # the dialogue's sampling index (TurnRequest.dialogue); None: its place in run()
 
 
 @dataclasses.dataclass
@@ -114,6 +115,7 @@ class EpisodeRunner:
         n_groups = min(self.settings.pipeline_groups, max(len(requests), 1))
         chunks = [list(range(i, len(requests), n_groups)) for i in range(n_groups)]
         results: list[DialogueSequence | None] = [None] * len(requests)
+        requests = [r if r.index is not None else dataclasses.replace(r, index=i) for i, r in enumerate(requests)]
         states = await self._openings(requests)
 
         async def run_chunk(session, idx):
@@ -187,7 +189,8 @@ class EpisodeRunner:
             episode.truncated, episode.end_reason = True, "truncated"
 
     def _turn_request(self, episode: _Episode) -> TurnRequest:
-        return episode.history.request(session=episode.session, slot=episode.slot, episode=episode.episode)
+        return episode.history.request(session=episode.session, slot=episode.slot, episode=episode.episode,
+                                       dialogue=episode.request.index, turn=len(episode.turns))
 
     def _record_policy_turn(self, episode: _Episode, turn: PolicyTurn) -> str | None:
         """Append the sampled turn; return the text for the user, or None when the dialogue ends."""

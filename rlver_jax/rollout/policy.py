@@ -1,7 +1,8 @@
 """Policies that write one dialogue turn for a batch of dialogues.
 
-`JaxPolicy` samples with rlver_jax.sampling on the trainer's own parameters (token ids and
-log-probs out, for training). `OpenAIPolicy` asks any OpenAI-compatible chat endpoint (text out,
+`JaxPolicy` samples with rlver_jax.sampling on the trainer's parameters, in the host-local copy
+each process keeps for sampling (rlver_jax.sharding.SamplingLayout; token ids and log-probs
+out, for training). `OpenAIPolicy` asks any OpenAI-compatible chat endpoint (text out,
 for scoring served or API models on the same footing).
 """
 
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 from rlver_jax import sampling
 from rlver_jax.buckets import LENGTH_BUCKETS
@@ -33,6 +36,10 @@ class TurnRequest:
     session: int = 0
     slot: int = 0
     episode: int = 0
+    # What the turn's randomness is a function of (with the policy's key): the dialogue's index
+    # in its batch (EpisodeRequest.index) and the number of policy turns before this one.
+    dialogue: int = 0
+    turn: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +61,13 @@ class Policy(Protocol):
 class JaxPolicy:
     """Samples on parameters the trainer publishes; one device call at a time.
 
-    Generation runs in a worker thread so the asyncio loop keeps serving simulator requests of
-    other dialogues meanwhile. Each call's key is fold_in(rng, call index): a batch of rollouts
-    is reproducible from (rng, the order of calls), which is fixed with one pipeline group.
-    With settings.cache_slots > 0 each dialogue's KV cache is kept between turns (kv_sessions).
+    The parameters are this process's sampling copy (on its own devices), so generation never
+    waits on another host. Generation runs in a worker thread so the asyncio loop keeps serving
+    simulator requests of other dialogues meanwhile. A turn's key is
+    fold_in(fold_in(rng, request.dialogue), request.turn), one per row (sampling.row_keys): a
+    dialogue's tokens are a function of (rng, its index) alone, whatever it is batched with,
+    whichever pipeline group, process or device count runs it. With settings.cache_slots > 0
+    each dialogue's KV cache is kept between turns (kv_sessions).
     """
 
     def __init__(self, model_cfg: Qwen2Config, chat_tokens: ChatTokens, settings: SamplingSettings,
@@ -69,7 +79,7 @@ class JaxPolicy:
         self.settings = dataclasses.replace(settings, stop_ids=self.stop_ids, pad_id=chat_tokens.end_of_text,
                                             vocab_limit=len(chat_tokens.tokenizer))
         self._params, self.version = params, version
-        self._rng, self._calls = rng, 0
+        self._rng = _raw_key(rng)
         self._device_lock = threading.Lock()
         self._sessions = KVSessions(model_cfg, settings.cache_slots, chat_tokens.end_of_text)
 
@@ -80,12 +90,14 @@ class JaxPolicy:
             self._params, self.version = params, version
             self._sessions.clear()
             if rng is not None:
-                self._rng, self._calls = rng, 0
+                self._rng = _raw_key(rng)
 
     def _generate(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
         with self._device_lock:
-            key = jax.random.fold_in(self._rng, self._calls)
-            self._calls += 1
+            # Each request's turn key, raw [len(requests), 2]; host arrays, so generation places
+            # them with the parameters, on whatever devices hold those.
+            key = np.asarray(_turn_keys(self._rng, np.array([r.dialogue for r in requests], np.int32),
+                                        np.array([r.turn for r in requests], np.int32)))
             if self.settings.cache_slots:
                 out = self._generate_with_sessions(requests, key)
             else:
@@ -107,15 +119,18 @@ class JaxPolicy:
             turns.append(PolicyTurn(text=text, token_ids=ids, logprobs=lps, stopped=stopped))
         return turns
 
-    def _generate_with_sessions(self, requests: list[TurnRequest], key: jax.Array):
-        """One turn for dialogues whose earlier turns are already in their rows' caches."""
+    def _generate_with_sessions(self, requests: list[TurnRequest], key: np.ndarray):
+        """One turn for dialogues whose earlier turns are already in their rows' caches; `key`:
+        each request's turn key, placed in its cache row (other rows run nothing)."""
         if len({r.session for r in requests}) != 1:
             raise ValueError("one act() call must hold the dialogues of one session")
         feed = self._sessions.feed(requests[0].session, [(r.slot, r.episode, r.prompt_ids) for r in requests],
                                    self.settings.max_new_tokens)
+        row_keys = np.zeros((feed.ids.shape[0],) + key.shape[1:], key.dtype)
+        row_keys[[r.slot for r in requests]] = key
         gen, cache, fed = sampling.continue_generation(
             self.model_cfg, self._params, feed.session.cache, feed.ids, feed.mask, feed.start_positions,
-            settings=self.settings, rng=key)
+            settings=self.settings, rng=row_keys)
         tokens, lps, lengths, fed = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths, fed))
         self._sessions.commit(feed, cache, tokens, fed)
         return [(tokens[r.slot, :lengths[r.slot]].tolist(), lps[r.slot, :lengths[r.slot]].tolist())
@@ -127,6 +142,19 @@ class JaxPolicy:
     def release(self, session: int) -> None:
         with self._device_lock:
             self._sessions.release(session)
+
+
+def _raw_key(rng: jax.Array) -> np.ndarray:
+    """A host copy of a key (typed or raw), as raw uint32 data."""
+    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        rng = jax.random.key_data(rng)
+    return np.asarray(rng)
+
+
+@jax.jit
+@functools.partial(jax.vmap, in_axes=(None, 0, 0))
+def _turn_keys(rng: jax.Array, dialogue: jax.Array, turn: jax.Array) -> jax.Array:
+    return jax.random.fold_in(jax.random.fold_in(rng, dialogue), turn)
 
 
 class OpenAIPolicy:
