@@ -20,6 +20,7 @@ step (compiles) precedes --steps timed steps; the median is reported, with the t
 update reads (real and padded) and the policy tokens it trains on (the same both ways).
 """
 
+import gc
 import os
 import pathlib
 import random
@@ -55,6 +56,7 @@ _MICRO = flags.DEFINE_integer("micro_batch_size", 4, "Rows per micro-batch.")
 _LENGTH = flags.DEFINE_integer("length_multiple", 64, "Training sequence length bucket.")
 _REMAT = flags.DEFINE_enum("remat", "none", ["none", "dots", "full"], "Decoder-layer remat.")
 _SCAN = flags.DEFINE_bool("scan_layers", False, "Scanned decoder layers.")
+_SIDES = flags.DEFINE_list("sides", ["keep", "drop"], "think_history settings to measure, in this order.")
 _OPTIMIZER = flags.DEFINE_enum("optimizer", "adamw", ["adamw", "sgd"],
                                "sgd: no optimizer state (4 GB less at 0.5B in fp32, for a small host).")
 
@@ -101,7 +103,7 @@ def bench(chat_tokens: chat.ChatTokens, spec: str) -> list[str]:
     preset, n, turns = match[1], int(match[2]), int(match[3])
     cfg = get_preset(preset, remat=_REMAT.value, scan_layers=_SCAN.value)
     rows = []
-    for mode in ("keep", "drop"):
+    for mode in _SIDES.value:
         seqs = dialogues(chat_tokens, n, turns, drop=mode == "drop")
         batch = collate(seqs, batch_size=n, reward_mode="final", length_multiple=_LENGTH.value)
         rl = trainer.RLSettings(algo="grpo", mini_batch_size=n, micro_batch_size=min(_MICRO.value, n), batch_size=n,
@@ -116,7 +118,8 @@ def bench(chat_tokens: chat.ChatTokens, spec: str) -> list[str]:
         rows.append(f"| {preset} | {n} x {turns} | {mode} | {b} x {t} | {real:,} | {b * t:,} | {policy:,} | "
                     f"{seconds:.2f} | {load:.1f} |")
         print(rows[-1], flush=True)
-        del state, fns
+        del state, fns, batch, seqs
+        gc.collect()  # the next side starts from the memory this one took (0.5B: ~7 GB)
         jax.clear_caches()
     return rows
 
