@@ -18,7 +18,9 @@ Per --dialogues value it prints:
   sequential: every request one after the other, (all requests) x latency;
   peak: the most requests the server held at once;
   client CPU: this process's CPU seconds in run_benchmark: on a loaded machine, the wall beyond
-    the bound is mostly this CPU time waiting for a core.
+    the bound is mostly this CPU time waiting for a core;
+  set-up: run_benchmark's start to the server's first request (endpoint checks, clients);
+  report: the last answer to run_benchmark's return (transcripts, report and plots).
 and, once, start-up: the seconds of a fresh interpreter importing what launch/eval.py imports
 (jax, rlver_jax.eval.benchmark and .compare) before it can start the first dialogue.
 Targets: wall <= 1.5 x bound, start-up <= ~5 s, sequential / wall >= 10 at 30 dialogues.
@@ -60,12 +62,15 @@ class Timing:
     requests: int
     peak_in_flight: int
     cpu_s: float  # CPU seconds of this process (the client: eval.py's work) during the run
+    setup_s: float  # from run_benchmark's call to the server's first request
+    report_s: float  # from the last answer (last arrival + latency) to run_benchmark's return
 
     def line(self) -> str:
         return (f"{self.dialogues:4d} dialogues  {self.requests:5d} requests  wall {self.wall_s:6.1f} s  "
                 f"bound {self.bound_s:5.1f} s  wall/bound {self.wall_s / self.bound_s:4.2f}  "
                 f"sequential {self.sequential_s:6.1f} s  speed-up {self.sequential_s / self.wall_s:5.1f}x  "
-                f"peak in flight {self.peak_in_flight}  client CPU {self.cpu_s:.1f} s")
+                f"peak in flight {self.peak_in_flight}  client CPU {self.cpu_s:.1f} s  "
+                f"set-up {self.setup_s:.2f} s  report {self.report_s:.2f} s")
 
 
 def write_profiles(path: pathlib.Path, n: int) -> None:
@@ -98,12 +103,14 @@ def _answer(request):
 
 def serve(latency_s: float, conn) -> None:
     """The scripted server in its own process (a served model's requests cost the client's
-    interpreter nothing): sends its base_url, then (requests, peak in flight) when told to stop."""
+    interpreter nothing): sends its base_url, then (requests, peak in flight, first and last
+    arrival) when told to stop; time.perf_counter is the machine's monotonic clock, the same in
+    both processes."""
     from tests.scripted_server import ScriptedServer
     with ScriptedServer(_answer, delay_s=latency_s) as server:
         conn.send(server.base_url)
         conn.recv()
-        conn.send((len(server.requests), server.peak_in_flight))
+        conn.send((len(server.requests), server.peak_in_flight, server.arrivals[0], server.arrivals[-1]))
 
 
 def time_run(dialogues: int, latency_s: float, root: pathlib.Path) -> Timing:
@@ -118,9 +125,10 @@ def time_run(dialogues: int, latency_s: float, root: pathlib.Path) -> Timing:
         config = eval_config(root / f"eval_{dialogues}", profiles, ours.recv())
         start, cpu = time.perf_counter(), time.process_time()
         summary = run_benchmark(config, progress=False)
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        end = time.perf_counter()
+        wall, cpu = end - start, time.process_time() - cpu
         ours.send("stop")
-        requests, peak = ours.recv()
+        requests, peak, first, last = ours.recv()
     finally:
         server.join(timeout=10)
         if server.is_alive():
@@ -132,7 +140,8 @@ def time_run(dialogues: int, latency_s: float, root: pathlib.Path) -> Timing:
     # Groups of group_size, max_dialogues // group_size groups in flight: later groups wait.
     groups, slots = math.ceil(dialogues / config.eval.group_size), config.eval.max_dialogues // config.eval.group_size
     waves = math.ceil(groups / slots)
-    return Timing(dialogues, wall, waves * per_dialogue * latency_s, requests * latency_s, requests, peak, cpu)
+    return Timing(dialogues, wall, waves * per_dialogue * latency_s, requests * latency_s, requests, peak, cpu,
+                  first - start, end - last - latency_s)
 
 
 def startup_s() -> float:
