@@ -21,8 +21,9 @@ Per --dialogues value it prints:
     the bound is mostly this CPU time waiting for a core;
   set-up: run_benchmark's start to the server's first request (endpoint checks, clients);
   report: the last answer to run_benchmark's return (transcripts, report and plots).
-and, once, start-up: the seconds of a fresh interpreter importing what launch/eval.py imports
-(jax, rlver_jax.eval.benchmark and .compare) before it can start the first dialogue.
+and, once: the imports, the seconds of a fresh interpreter importing what launch/eval.py imports
+(jax, rlver_jax.eval.benchmark and .compare), and the start-up, the seconds from starting
+launch/eval.py (its own process, one dialogue, a server at no latency) to its first request.
 Targets: wall <= 1.5 x bound, start-up <= ~5 s, sequential / wall >= 10 at 30 dialogues.
 """
 
@@ -30,6 +31,7 @@ import dataclasses
 import json
 import math
 import multiprocessing
+import os
 import pathlib
 import subprocess
 import sys
@@ -42,7 +44,8 @@ from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
 _DIALOGUES = flags.DEFINE_list("dialogues", ["5", "30", "100"], "Dialogue counts to time, one run each.")
-_LATENCY = flags.DEFINE_float("latency_s", 0.3, "Server sleep per request (policy and simulator alike).")
+_LATENCY = flags.DEFINE_float("latency_s", 0.3, "Server sleep per request (policy and simulator alike), > 0.")
+flags.register_validator("latency_s", lambda v: v > 0, "--latency_s must be > 0: the bound is counted in latencies")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _EMOTION_ANSWER = "Analysis: the reply is neither helpful nor hurtful.\nChange: 0"
@@ -144,17 +147,40 @@ def time_run(dialogues: int, latency_s: float, root: pathlib.Path) -> Timing:
                   first - start, end - last - latency_s)
 
 
-def startup_s() -> float:
+def imports_s() -> float:
     done = subprocess.run([sys.executable, "-c", _STARTUP], capture_output=True, text=True, cwd=REPO, check=True,
-                          env={"PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     return float(done.stdout.split()[-1])
+
+
+def first_request_s(root: pathlib.Path) -> tuple[float, float]:
+    """(seconds to the first request, seconds in all) of `launch/eval.py` itself, a fresh process
+    playing one dialogue against the scripted server at no latency."""
+    from tests.scripted_server import ScriptedServer
+
+    profiles = root / "profiles_startup.jsonl"
+    write_profiles(profiles, 1)
+    with ScriptedServer(_answer) as server:
+        url = server.base_url
+        command = [sys.executable, str(REPO / "launch/eval.py"), "--config=configs/eval.py",
+                   f"--config.workdir={root / 'eval_startup'}", f"--config.eval.profiles={profiles}",
+                   "--config.policy.backend=openai", f"--config.policy.base_url={url}", "--config.policy.model=simulator",
+                   "--config.simulator.backend=openai", f"--config.simulator.base_url={url}",
+                   "--config.simulator.model=simulator"]
+        start = time.perf_counter()
+        subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+        return server.arrivals[0] - start, time.perf_counter() - start
 
 
 def main(argv):
     del argv
     absl_logging.set_verbosity(absl_logging.ERROR)  # as launch/eval.py: no line per HTTP request
-    print(f"start-up (imports of launch/eval.py): {startup_s():.1f} s")
+    print(f"imports of launch/eval.py: {imports_s():.1f} s")
     with tempfile.TemporaryDirectory() as tmp:
+        first, total = first_request_s(pathlib.Path(tmp))
+        print(f"start-up: launch/eval.py's first request {first:.1f} s after its start (one dialogue at no "
+              f"latency: {total:.1f} s in all)", flush=True)
         for n in (int(d) for d in _DIALOGUES.value):
             print(time_run(n, _LATENCY.value, pathlib.Path(tmp)).line(), flush=True)
 
