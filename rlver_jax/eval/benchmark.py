@@ -22,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import importlib
 import logging
 import pathlib
 import tempfile
+import threading
 from typing import Any
 
 import jax
@@ -295,6 +297,9 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, pending: lis
                 if isinstance(policy, OpenAIPolicy):
                     await policy.aclose()
 
+    if writes:  # the report's plots need matplotlib (~1 s to import): import it while the dialogues wait
+        threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",),
+                         name="import matplotlib", daemon=True).start()
     resume = f"The finished dialogues are saved in {transcripts}; rerun the same command to resume."
     try:
         asyncio.run(play())
