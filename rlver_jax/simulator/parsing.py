@@ -74,8 +74,9 @@ _MAX_DIGITS = 3  # more significant digits than MAX_MAGNITUDE has: malformed bef
 _ECHO_MIN_CHARS = 12  # letters and digits an utterance needs before it can count as an echo
 _SENTENCE_ENDS = ".!?。！？…"
 # Untrusted texts whose neutralised form and echo keys are kept: every dialogue in flight quotes
-# its whole history at each step (64 dialogues of ~25 texts at eval.max_dialogues' default).
-_CACHED_TEXTS = 1 << 14
+# its whole history at each step (64 dialogues of ~25 texts at eval.max_dialogues' default fit
+# 5 times over; each entry holds about twice its text).
+_CACHED_TEXTS = 8192
 _STRIPPED_IN_ECHO_KEYS = re.compile(r"[*_`\"'“”‘’#>\[\]【】「」]")
 # Matching pairs that may wrap a whole utterance.
 _PAIRS = (("**", "**"), ("*", "*"), ("_", "_"), ('"', '"'), ("“", "”"), ("'", "'"), ("‘", "’"),
