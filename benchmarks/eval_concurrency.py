@@ -6,9 +6,9 @@ r"""Evaluation against served models (issue 17): how far the requests of launch/
 launch/eval.py's code path (rlver_jax.eval.benchmark.run_benchmark with configs/eval.py, an openai
 policy and an openai simulator, default group_size and max_dialogues) against one scripted
 OpenAI-compatible server (tests/scripted_server.py) that plays both and sleeps `latency_s` per
-request, in a process of its own. The simulator answers "Change: 0" and never says goodbye, so every dialogue runs all
-max_turns rounds: per round a policy reply, then the emotion step and the reply step, one after
-the other (the last round's reply is not judged: SAGE).
+request, in a process of its own. The simulator answers "Change: 0" and never says goodbye, so
+every dialogue runs all max_turns rounds: per round a policy reply, then the emotion step and the
+reply step, one after the other (the last round's reply is not judged: SAGE).
 
 Per --dialogues value it prints:
   wall: run_benchmark's seconds (the dialogues, the transcripts, report and plots);
@@ -52,8 +52,8 @@ _EMOTION_ANSWER = "Analysis: the reply is neither helpful nor hurtful.\nChange: 
 _REPLY_ANSWER = "Plan: keep talking.\nResponse: I see. Tell me more about it."
 _POLICY_ANSWER = "That sounds like a lot to carry. What weighs on you most?"
 # What launch/eval.py imports before its first dialogue, in a fresh interpreter.
-_STARTUP = ("import time; t = time.perf_counter(); import jax; import configs.eval; from rlver_jax import sharding; "
-            "from rlver_jax.eval import benchmark; print(time.perf_counter() - t)")
+_STARTUP = ("import time; t = time.perf_counter(); import jax; import configs.eval; "
+            "from rlver_jax import sharding; from rlver_jax.eval import benchmark; print(time.perf_counter() - t)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +164,9 @@ def first_request_s(root: pathlib.Path) -> tuple[float, float]:
         url = server.base_url
         command = [sys.executable, str(REPO / "launch/eval.py"), "--config=configs/eval.py",
                    f"--config.workdir={root / 'eval_startup'}", f"--config.eval.profiles={profiles}",
-                   "--config.policy.backend=openai", f"--config.policy.base_url={url}", "--config.policy.model=simulator",
-                   "--config.simulator.backend=openai", f"--config.simulator.base_url={url}",
-                   "--config.simulator.model=simulator"]
+                   "--config.policy.backend=openai", f"--config.policy.base_url={url}",
+                   "--config.policy.model=simulator", "--config.simulator.backend=openai",
+                   f"--config.simulator.base_url={url}", "--config.simulator.model=simulator"]
         start = time.perf_counter()
         subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=True,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
