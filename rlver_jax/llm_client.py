@@ -43,7 +43,6 @@ _NOT_THIS_API = frozenset({501, 505})  # not implemented: retrying cannot help
 _REQUEST_STATUS = frozenset({400, 413, 422})  # about this request: context length, content filter, ...
 _CHECK_TIMEOUT_S = 30.0  # the start-up check waits at most this long
 _RETRY_LOG_EVERY_S = 30.0  # at most one retry log line per endpoint this often
-_POOL_REQUESTS = 16  # requests in flight per HTTP client (connection pool) before another is opened
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _START_HINT = ("Start an OpenAI-compatible server for the model (e.g. `python -m sglang.launch_server "
                "--model-path MODEL --port PORT`)")
@@ -233,52 +232,29 @@ def _sendable(messages: list[dict[str, str]]) -> list[dict[str, str]]:
             for m in messages]
 
 
-class _Pools:
-    """One ChatClient's HTTP clients in one event loop, each with its connection pool, and the
-    requests each has in flight."""
-
-    def __init__(self, settings: ClientSettings):
-        self.settings = settings
-        self.clients: list[openai.AsyncOpenAI] = []
-        self.busy: list[int] = []
-
-    def take(self) -> int:
-        """The index of the client for the next request, counted in flight (the caller gives it
-        back): the least busy, or a new one when every client has _POOL_REQUESTS in flight."""
-        if not self.clients or min(self.busy) >= _POOL_REQUESTS:
-            s = self.settings
-            self.clients.append(openai.AsyncOpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
-                                                   timeout=s.timeout_s, max_retries=0))  # retries are ours
-            self.busy.append(0)
-        i = min(range(len(self.busy)), key=self.busy.__getitem__)
-        self.busy[i] += 1
-        return i
-
-
 class ChatClient:
     """Chat completions under the retry policy of the module docstring.
 
-    The HTTP clients belong to one event loop; a caller that runs successive asyncio.run() calls
-    gets fresh ones per loop, so one ChatClient may outlive many loops. The bound on requests in
-    flight is shared with every client of equal settings, in any thread. Requests are spread over
-    HTTP clients of at most _POOL_REQUESTS in flight each, the least busy first: httpcore's
-    connection pool probes the socket of every idle connection at each request and each answer,
-    CPU on the one event loop thread that grows with the connections of the pool (at 64 in
-    flight in one pool, 28% of that thread's time in the served evaluation benchmark).
+    The HTTP client belongs to one event loop; a caller that runs successive asyncio.run() calls
+    gets a fresh one per loop, so one ChatClient may outlive many loops. The bound on requests in
+    flight is shared with every client of equal settings, in any thread.
     """
 
     def __init__(self, settings: ClientSettings):
         self.settings = settings
         self._rng = random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pools: _Pools | None = None
+        self._client: openai.AsyncOpenAI | None = None
         self._semaphore = _shared_limit(settings)
 
-    def _pools_of_this_loop(self) -> _Pools:
+    def _connection(self) -> tuple[openai.AsyncOpenAI, _Limit]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            self._loop, self._pools = loop, _Pools(self.settings)
-        return self._pools
+            s = self.settings
+            self._client = openai.AsyncOpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
+                                              timeout=s.timeout_s, max_retries=0)  # retries are ours
+            self._loop = loop
+        return self._client, self._semaphore
 
     def _backoff_s(self, attempt: int) -> float:
         """The wait after failed attempt `attempt` (0-based): doubling, capped, jittered to 50-100%."""
@@ -307,22 +283,18 @@ class ChatClient:
         (RequestRejectedError when the server refused this request only, ResponseFormatRejectedError
         when it refused `response_format`, sent when given)."""
         messages = _sendable(messages)
+        client, semaphore = self._connection()
         s = self.settings
         body = dict(model=s.model, messages=messages, temperature=temperature, max_tokens=max_tokens,
                     **({} if response_format is None else {"response_format": response_format}))
         for attempt in range(s.max_retries + 1):
             try:
-                async with self._semaphore:
-                    pools = self._pools_of_this_loop()
-                    i = pools.take()
-                    try:
-                        # post(), not chat.completions.create(): create() first walks the messages
-                        # through openai's type transform (~6 ms of CPU for a 20-message dialogue),
-                        # and the body is read as JSON, not built into openai's ChatCompletion
-                        # model (~0.3 ms): CPU on the one event loop thread all requests share.
-                        raw = await pools.clients[i].post("/chat/completions", body=body, cast_to=bytes)
-                    finally:
-                        pools.busy[i] -= 1
+                async with semaphore:
+                    # post(), not chat.completions.create(): create() first walks the messages
+                    # through openai's type transform (~6 ms of CPU for a 20-message dialogue),
+                    # and the body is read as JSON, not built into openai's ChatCompletion model
+                    # (~0.3 ms): CPU on the one event loop thread every dialogue's requests share.
+                    raw = await client.post("/chat/completions", body=body, cast_to=bytes)
                 return _completion(raw, s)
             except openai.APIConnectionError as e:  # includes timeouts
                 error: Exception = e
@@ -349,10 +321,9 @@ class ChatClient:
     async def aclose(self) -> None:
         # A client of an earlier, finished event loop cannot be closed from this one; its
         # connections went with that loop.
-        if self._pools is not None and self._loop is asyncio.get_running_loop():
-            for client in self._pools.clients:
-                await client.close()
-        self._loop = self._pools = None
+        if self._client is not None and self._loop is asyncio.get_running_loop():
+            await self._client.close()
+        self._loop = self._client = None
 
 
 def _completion(raw: bytes, s: ClientSettings) -> Completion:

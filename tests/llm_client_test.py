@@ -119,21 +119,6 @@ def test_the_semaphore_bounds_requests_in_flight():
         assert 2 <= server.peak_in_flight <= 3 and len(server.requests) == 10
 
 
-def test_requests_in_flight_are_spread_over_http_clients_of_16():
-    async def run(settings):
-        client = ChatClient(settings)
-        await asyncio.gather(*(client.complete(HELLO, temperature=0.0, max_tokens=8) for _ in range(40)))
-        pools = client._pools
-        await client.aclose()
-        return pools
-
-    # The first two fail: their slots are given back as well.
-    with ScriptedServer(lambda r: "ok", delay_s=0.5, fail_statuses=[503, 503]) as server:
-        pools = asyncio.run(run(_settings(server.base_url, max_concurrency=40)))
-        assert len(server.requests) == 42
-    assert len(pools.clients) == 3 and pools.busy == [0, 0, 0]  # 16 + 16 + 8 in flight at once
-
-
 def test_settings_out_of_range_name_the_flag():
     with pytest.raises(ValueError, match="--config.policy.max_concurrency=0 is out of range"):
         _settings("http://x", max_concurrency=0)
