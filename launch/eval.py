@@ -59,7 +59,7 @@ def main(argv):
     jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
     sharding.maybe_initialize_distributed(sharding.DistributedSettings.from_config(config.mesh.distributed))
     summary = benchmark.run_benchmark(config)
-    if jax.process_index():  # process 0 reports for all
+    if benchmark.process_index():  # process 0 reports for all
         return
     workdir = pathlib.Path(config.workdir)
     errors = summary["simulator_errors"]

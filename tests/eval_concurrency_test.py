@@ -3,6 +3,8 @@ with an openai policy and simulator on one scripted server that sleeps per reque
 
 import json
 
+import jax
+
 from configs.eval import get_config
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.simulator.profiles import load_profiles
@@ -14,7 +16,13 @@ DIALOGUES, LATENCY_S, TURNS = 10, 0.5, 3
 REQUESTS_PER_DIALOGUE = TURNS + 2 * (TURNS - 1)
 
 
-def test_dialogues_of_a_group_wait_on_the_server_together(tmp_path):
+def _no_device(*args, **kwargs):
+    raise AssertionError("an evaluation of served models touched a JAX device")
+
+
+def test_dialogues_of_a_group_wait_on_the_server_together(tmp_path, monkeypatch):
+    for name in ("devices", "local_devices", "device_count", "local_device_count", "process_index", "process_count"):
+        monkeypatch.setattr(jax, name, _no_device)  # served policy and simulator: no backend start-up
     profiles = tmp_path / "profiles.jsonl"
     shipped = load_profiles()
     profiles.write_text("".join(

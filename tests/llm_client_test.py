@@ -18,7 +18,7 @@ from rlver_jax.eval.judge import Judge, JudgeSettings
 from rlver_jax.llm_client import (ChatClient, ClientSettings, EndpointUnavailableError, RequestRejectedError, activity,
                                   check_chat_endpoint)
 from rlver_jax.rollout.policy import OpenAIPolicy, TurnRequest
-from tests.scripted_server import ScriptedServer, route
+from tests.scripted_server import Reply, ScriptedServer, route
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 HELLO = [{"role": "user", "content": "hello"}]
@@ -53,6 +53,27 @@ def test_a_500_is_retried_after_a_backoff_then_the_answer_is_used():
         assert server.requests[1]["messages"] == HELLO and server.requests[1]["model"] == "served"
     assert (answer.text, answer.finish_reason) == ("hi there", "stop")
     assert elapsed >= 0.5 * 0.2  # the first wait: 0.2 s scaled by a jitter in [0.5, 1]
+
+
+@pytest.mark.parametrize("body,answer", [
+    ({"choices": []}, ("", None)),
+    ({"choices": [{"index": 0, "message": {"role": "assistant", "content": None}, "finish_reason": "length"}]},
+     ("", "length")),
+    ({"choices": [{"message": {"content": "a"}, "finish_reason": "stop"}, {"message": {"content": "b"}}]},
+     ("a", "stop")),
+])
+def test_the_first_choice_is_the_answer(body, answer):
+    with ScriptedServer(lambda r: Reply(body=body)) as server:
+        completion = _complete(_settings(server.base_url))
+    assert (completion.text, completion.finish_reason) == answer
+
+
+@pytest.mark.parametrize("body", ["<html>Sign in to the proxy</html>", {"data": []}, {"choices": "none"}])
+def test_a_body_that_is_no_chat_completion_stops_with_the_fix(body):
+    with ScriptedServer(lambda r: Reply(body=body)) as server:
+        with pytest.raises(EndpointUnavailableError, match="no chat completion.*--config.policy.base_url"):
+            _complete(_settings(server.base_url))
+        assert len(server.requests) == 1  # not retried: the same server answers the same way
 
 
 def test_408_409_429_and_5xx_are_retried_until_the_retries_run_out():

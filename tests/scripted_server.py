@@ -16,7 +16,7 @@ Endpoints: POST /v1/chat/completions (answers `n` choices, one script call each)
 GET /v1/models. Per request, in arrival order: the first len(fail_statuses) requests are answered
 with those HTTP statuses (an OpenAI-style error body) without calling the script; the first
 len(delays) requests sleep delays[i] seconds first; every request sleeps `delay_s`; the script
-may return a Reply to set the status or add a delay for that answer. An exception in the script
+may return a Reply to set the status, add a delay or send a body of its own for that answer. An exception in the script
 becomes an HTTP 500 and is kept in `server.errors`.
 
 `route(emotion=..., reply=..., policy=...)` builds a script that tells the simulator's two kinds
@@ -51,6 +51,7 @@ class Reply:
     content: str = ""
     status: int = 200
     delay_s: float = 0.0
+    body: Any = None  # when set, the whole response body instead of a chat completion (a str as text)
 
 
 Script = Callable[[dict[str, Any]], "str | Reply"]
@@ -244,6 +245,8 @@ class ScriptedServer:
                 time.sleep(answer.delay_s)
                 if answer.status != 200:
                     return self._error(answer.status, "scripted status")
+                if answer.body is not None:
+                    return 200, answer.body
                 if problem := self._schema_problem(request, answer.content):
                     self.errors.append(AssertionError(problem))
                     return self._error(500, problem)

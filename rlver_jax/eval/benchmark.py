@@ -22,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import importlib
 import logging
 import pathlib
 import tempfile
+import threading
 from typing import Any
 
 import jax
@@ -53,6 +55,23 @@ SETUP = "setup.json"
 _TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries", "max_concurrency",
                         "backoff_initial_s", "backoff_max_s", "malformed_retries", "cache_dir",
                         "cache_replay_only"})
+
+
+def _distributed() -> bool:
+    """Whether this process is one of a jax.distributed run (launch/eval.py starts one through
+    sharding.maybe_initialize_distributed). Asked without touching a device: jax.process_index()
+    would start the accelerator backend, which an evaluation of served models never needs (on a
+    GPU host it would also claim the memory of the GPU a local server uses)."""
+    return jax.distributed.is_initialized()
+
+
+def process_index() -> int:
+    """This process's index in a jax.distributed run; 0 outside one (no device touched)."""
+    return jax.process_index() if _distributed() else 0
+
+
+def _allgather(obj: Any) -> list[Any]:
+    return hosts.allgather_json(obj) if _distributed() else [obj]
 
 
 def load_eval_profiles(config: ml_collections.ConfigDict) -> list[Profile]:
@@ -135,7 +154,7 @@ class _PolicySpec:
             loaded = policy_loading.load_checkpoint_policy(self.ckpt, mesh, c.mesh.rules, p.base_path)
         elif p.path:
             loaded = policy_loading.load_hf_policy(p.path, mesh, c.mesh.rules, p.dtype)
-        elif jax.process_index() == 0:
+        elif process_index() == 0:
             loaded = policy_loading.fresh_tiny_policy(workdir / "tokenizer", c.seed, mesh, c.mesh.rules)
         else:  # the same tokenizer, built where no other process writes
             with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
@@ -208,7 +227,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
     profiles = load_eval_profiles(config)
     spec = _PolicySpec(config)
     transcripts = workdir / TRANSCRIPTS
-    plan = hosts.allgather_json(_plan(workdir, spec, profiles) if jax.process_index() == 0 else None)[0]
+    plan = _allgather(_plan(workdir, spec, profiles) if process_index() == 0 else None)[0]
     if "error" in plan:  # every process stops with process 0's error
         raise ValueError(plan["error"])
     pending = [(i, p) for i, p in enumerate(profiles) if p.id in set(plan["pending"])]
@@ -217,12 +236,12 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
     if pending:
         _evaluate(config, spec, pending, workdir, progress)
     scores = None
-    if jax.process_index() == 0:
+    if process_index() == 0:
         done = {r["profile_id"]: r for r in load_records(transcripts)}
         s = config.simulator
         scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
                                       spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling))
-    return hosts.allgather_json(scores)[0]
+    return _allgather(scores)[0]
 
 
 def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile]) -> dict[str, Any]:
@@ -253,8 +272,8 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, pending: lis
                                format_failure=config.policy.format_failure,
                                think_history=config.policy.think_history)
     transcripts = workdir / TRANSCRIPTS
-    mine = [pending[i] for i in hosts.share(len(pending))]
-    writes = jax.process_index() == 0
+    mine = [pending[i] for i in (hosts.share(len(pending)) if _distributed() else range(len(pending)))]
+    writes = process_index() == 0
     held: list[dict[str, Any]] = []  # another process's records, sent to process 0 at the end
     bar = tqdm(total=len(mine), disable=not progress or not writes, desc="sentient", unit="dialogue",
                dynamic_ncols=True)
@@ -278,6 +297,9 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, pending: lis
                 if isinstance(policy, OpenAIPolicy):
                     await policy.aclose()
 
+    if writes:  # the report's plots need matplotlib (~1 s to import): import it while the dialogues wait
+        threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",),
+                         name="import matplotlib", daemon=True).start()
     resume = f"The finished dialogues are saved in {transcripts}; rerun the same command to resume."
     try:
         asyncio.run(play())
@@ -289,6 +311,6 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, pending: lis
     finally:
         stop_showing_requests()
         bar.close()
-    for part in hosts.allgather_json(held)[1:]:
+    for part in _allgather(held)[1:]:
         for record in part:
             append_jsonl(transcripts, record)

@@ -73,6 +73,10 @@ MAX_MAGNITUDE = 100  # a change beyond the whole emotion scale is no judgement: 
 _MAX_DIGITS = 3  # more significant digits than MAX_MAGNITUDE has: malformed before int()
 _ECHO_MIN_CHARS = 12  # letters and digits an utterance needs before it can count as an echo
 _SENTENCE_ENDS = ".!?。！？…"
+# Untrusted texts whose neutralised form and echo keys are kept: every dialogue in flight quotes
+# its whole history at each step (64 dialogues of ~25 texts at eval.max_dialogues' default fit
+# 5 times over; each entry holds about twice its text).
+_CACHED_TEXTS = 8192
 _STRIPPED_IN_ECHO_KEYS = re.compile(r"[*_`\"'“”‘’#>\[\]【】「」]")
 # Matching pairs that may wrap a whole utterance.
 _PAIRS = (("**", "**"), ("*", "*"), ("_", "_"), ('"', '"'), ("“", "”"), ("'", "'"), ("‘", "’"),
@@ -133,8 +137,10 @@ def _fold_char(ch: str) -> str:
     return ch if decomposed == ch else "".join(_fold_char(c) for c in decomposed)
 
 
-def _folded(text: str) -> tuple[str, list[int]]:
+def _folded(text: str) -> tuple[str, Sequence[int]]:
     """The folded view of `text`, and for each of its characters the index of the original one."""
+    if text.isascii():  # no look-alike, mark, format character or compatibility form: itself
+        return text, range(len(text))
     out: list[str] = []
     index: list[int] = []
     for i, ch in enumerate(text):
@@ -146,12 +152,13 @@ def _folded(text: str) -> tuple[str, list[int]]:
 
 def fold(text: str) -> str:
     """The folded view of `text` (step 2 of the module docstring): what labels are matched on."""
-    return "".join(_fold_char(ch) for ch in text)
+    return text if text.isascii() else "".join(_fold_char(ch) for ch in text)
 
 
 def _strip_hidden(text: str) -> str:
     """Step 1: format characters and think tags removed, until none is left."""
-    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    if not text.isascii():  # format characters are not ASCII
+        text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
     while True:
         view, index = _folded(text)
         spans = [(index[m.start()], index[m.end() - 1] + 1) for m in _THINK_TAGS.finditer(view)]
@@ -164,10 +171,15 @@ def _strip_hidden(text: str) -> str:
         text = "".join(kept) + text[last:]
 
 
+@functools.lru_cache(maxsize=_CACHED_TEXTS)
 def neutralise_labels(text: str) -> str:
     """Untrusted text made safe to quote: hidden characters and think tags removed, and every
     contract or section label rewritten (`Change:` -> `Change -`), so that no line of it can parse
-    as a label (module docstring)."""
+    as a label (module docstring). Cached: each step of a dialogue quotes its whole history again."""
+    return _neutralise(text)
+
+
+def _neutralise(text: str) -> str:
     lines = []
     for line in _strip_hidden(text).splitlines(keepends=True):
         while True:  # until a pass finds no label: a rewrite could reveal one (`Change::`)
@@ -182,14 +194,19 @@ def neutralise_labels(text: str) -> str:
 
 
 def _echo_key(line: str) -> str:
-    view = fold(neutralise_labels(line)).lower()
+    view = fold(_neutralise(line)).lower()  # uncached: an answer's lines are seen once
     return " ".join(_STRIPPED_IN_ECHO_KEYS.sub(" ", view).split()).lstrip("-•· ")
+
+
+@functools.lru_cache(maxsize=_CACHED_TEXTS)
+def _text_echo_keys(text: str) -> frozenset[str]:
+    """The keys of every line of one untrusted text; cached, as neutralise_labels."""
+    return frozenset(_echo_key(line) for line in _strip_hidden(text).splitlines() if line.strip())
 
 
 def _echo_keys(untrusted: Sequence[str]) -> frozenset[str]:
     """The keys of every line of the untrusted text the prompt showed (its echoes do not count)."""
-    return frozenset(_echo_key(line) for text in untrusted
-                     for line in _strip_hidden(text).splitlines() if line.strip())
+    return frozenset().union(*map(_text_echo_keys, untrusted))
 
 
 @dataclasses.dataclass(frozen=True)
