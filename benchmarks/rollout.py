@@ -45,10 +45,11 @@ from rlver_jax.buckets import LENGTH_BUCKETS, bucket  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings  # noqa: E402
-from rlver_jax.rollout.policy import JaxPolicy, PolicyTurn, TurnRequest  # noqa: E402
+from rlver_jax.rollout.jax_policy import JaxPolicy  # noqa: E402
+from rlver_jax.rollout.policy import PolicyTurn, TurnRequest  # noqa: E402
 from rlver_jax.rollout.prompts import system_prompt  # noqa: E402
 from rlver_jax.rollout.sequence import DialogueSequence  # noqa: E402
-from rlver_jax.sampling import SamplingSettings  # noqa: E402
+from rlver_jax.sampling_settings import SamplingSettings  # noqa: E402
 from rlver_jax.simulator import SimulatorSettings, build_simulator  # noqa: E402
 from rlver_jax.simulator.profiles import load_profiles  # noqa: E402
 from rlver_jax.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402

@@ -49,15 +49,18 @@ def main(argv):
         return
     if _CONFIG.value is None:
         raise app.UsageError("give --config=configs/eval.py[:tiny] (an evaluation) or --compare=DIR_A,DIR_B")
-    import jax
-
-    from rlver_jax import sharding
+    from rlver_jax.distributed import DistributedSettings
     from rlver_jax.eval import benchmark
 
     config = _CONFIG.value
-    cli.enable_compilation_cache(config.compilation_cache_dir)
-    jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
-    sharding.maybe_initialize_distributed(sharding.DistributedSettings.from_config(config.mesh.distributed))
+    if benchmark.needs_jax(config):  # a served policy on one process starts without JAX (~2 s)
+        import jax
+
+        from rlver_jax import sharding
+
+        cli.enable_compilation_cache(config.compilation_cache_dir)
+        jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
+        sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
     summary = benchmark.run_benchmark(config)
     if benchmark.process_index():  # process 0 reports for all
         return

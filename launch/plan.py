@@ -29,6 +29,7 @@ import optax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from rlver_jax import cli, sharding  # noqa: E402
+from rlver_jax.distributed import DistributedSettings  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import Qwen2Config, get_preset  # noqa: E402
 
@@ -150,7 +151,7 @@ def main(argv):
     del argv
     cfg = _CONFIG.value
     jax.config.update("jax_threefry_partitionable", True)
-    sharding.maybe_initialize_distributed(sharding.DistributedSettings.from_config(cfg.mesh.distributed))
+    sharding.maybe_initialize_distributed(DistributedSettings.from_config(cfg.mesh.distributed))
     print(format_report(cfg, plan(cfg)), flush=True)
 
 

@@ -47,6 +47,7 @@ def main(argv):
     import jax
 
     from rlver_jax import checkpoint, sharding, training
+    from rlver_jax.distributed import DistributedSettings
     from rlver_jax.rollout.buffer import RolloutError
 
     config = _CONFIG.value
@@ -56,7 +57,7 @@ def main(argv):
     # give the same numbers on any mesh, and every process joins the multi-host run.
     jax.config.update("jax_threefry_partitionable", True)
     try:
-        sharding.maybe_initialize_distributed(sharding.DistributedSettings.from_config(config.mesh.distributed))
+        sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
         training.train(config)
     except KeyboardInterrupt as e:  # TrainingInterrupted says what was saved
         print(f"train.py: {e}" if str(e) else

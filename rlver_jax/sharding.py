@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 from typing import Any, Callable, Mapping, Sequence
 
 import flax.linen as nn
@@ -30,6 +29,7 @@ import optax
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from rlver_jax.distributed import DistributedSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 
@@ -39,8 +39,6 @@ RulesLike = str | Sequence[Sequence[Any]] | Mapping[str, Any]
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
-_MULTIHOST_ENV = "RLVER_MULTIHOST"  # exported by launch/tpu_pod.sh on every pod worker
-
 # Every logical name the model uses appears in every preset, so a preset works for any mesh
 # shape; axes of size 1 shard nothing.
 RULE_PRESETS: dict[str, tuple[tuple[str, Any], ...]] = {
@@ -401,41 +399,6 @@ def jit_sharded(
 # ----------------------------------------------------------------------------- multi-host
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    if value in (None, ""):
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class DistributedSettings:
-    """The `mesh.distributed` section (configs/mesh.py) as a typed record.
-
-    initialize: 'never'; 'always' (Cloud TPU pods: fields left empty, JAX finds the workers);
-    'auto' (default): start when a coordinator address or num_processes > 1 is set here or in
-    JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES, or when RLVER_MULTIHOST=1 (launch/tpu_pod.sh).
-    Empty fields are read from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, and
-    otherwise left to JAX's cluster detection (TPU, SLURM, Open MPI).
-    """
-
-    initialize: str = "auto"
-    coordinator_address: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-
-    def __post_init__(self):
-        if self.initialize not in ("auto", "always", "never"):
-            raise ValueError(f"mesh.distributed.initialize={self.initialize!r}; use 'auto', 'always' or 'never'")
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any]) -> "DistributedSettings":
-        return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})
-
-
 def maybe_initialize_distributed(settings: DistributedSettings) -> bool:
     """Start JAX's multi-process runtime when `settings` or the environment ask for it (see
     DistributedSettings); returns whether the process is part of a multi-process run.
@@ -444,15 +407,10 @@ def maybe_initialize_distributed(settings: DistributedSettings) -> bool:
     """
     if jax.distributed.is_initialized():
         return True
-    if settings.initialize == "never":
+    arguments = settings.initialize_arguments()
+    if arguments is None:
         return False
-    address = settings.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
-    num_processes = settings.num_processes if settings.num_processes is not None else _env_int("JAX_NUM_PROCESSES")
-    process_id = settings.process_id if settings.process_id is not None else _env_int("JAX_PROCESS_ID")
-    if settings.initialize == "auto" and not (
-            address or (num_processes or 1) > 1 or os.environ.get(_MULTIHOST_ENV) == "1"):
-        return False
-    jax.distributed.initialize(coordinator_address=address, num_processes=num_processes, process_id=process_id)
+    jax.distributed.initialize(**arguments)
     _log.info("process %d of %d, %d local / %d global devices", jax.process_index(),
               jax.process_count(), jax.local_device_count(), jax.device_count())
     return True

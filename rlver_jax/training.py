@@ -39,7 +39,7 @@ from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import TrainBatch, batch_rows, collate, row_extent
 from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
-from rlver_jax.rollout.policy import JaxPolicy
+from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.summary import rollout_metrics, summarize
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts

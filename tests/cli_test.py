@@ -1,7 +1,8 @@
 """The entry points in launch/ as a user meets them (subprocesses): --help and config errors before
 any JAX import, one-line errors without a traceback (tracebacks on request), --print_config,
 flags in any order, the simulator down, a mismatched evaluation directory, an evaluation whose
-every dialogue failed in the simulator, and where serve_simulator.sh writes its log."""
+every dialogue failed in the simulator, an evaluation of served models without JAX, flax,
+transformers or torch, and where serve_simulator.sh writes its log."""
 
 import json
 import os
@@ -64,7 +65,7 @@ def test_config_flags_go_first_and_nothing_else_moves():
 
 
 def test_what_counts_as_an_expected_error():
-    from rlver_jax.sampling import SamplingSettings
+    from rlver_jax.sampling_settings import SamplingSettings
 
     def raised(fn):
         try:
@@ -206,6 +207,23 @@ def test_eval_exits_non_zero_when_every_dialogue_is_a_simulator_error(tmp_path):
     assert "*** WARNING: 1 of 2 dialogues ended in a simulator error" in partly.stderr
     assert "score 100.0  success 1  failure 0  n 1  simulator errors 1" in partly.stdout
     assert "HTTP Request" not in partly.stderr  # httpx logs each simulator request at INFO: quiet
+
+
+def test_eval_of_served_models_imports_no_ml_framework(tmp_path):
+    """Policy and simulator served, one process: launch/eval.py plays and reports without importing
+    jax, flax, transformers or torch (each ~1-3 s of start-up). Each is shadowed by a package that
+    stops the program on import with an error no `except ImportError` swallows."""
+    shadow = tmp_path / "shadow"
+    for name in ("jax", "flax", "transformers", "torch"):
+        (shadow / name).mkdir(parents=True)
+        (shadow / name / "__init__.py").write_text(f"raise SystemExit('{name} imported by a served evaluation')\n")
+    with Servers() as servers:
+        done = _run("eval.py", "--config=configs/eval.py", f"--config.workdir={tmp_path / 'eval'}",
+                    f"--config.eval.profiles={_profiles_file(tmp_path, ('P1',))}",
+                    "--config.policy.backend=openai", f"--config.policy.base_url={servers.policy.base_url}",
+                    f"--config.simulator.base_url={servers.simulator.base_url}", pythonpath=shadow)
+    assert done.returncode == 0 and "imported by a served evaluation" not in done.stderr, done.stderr
+    assert "n 1  simulator errors 0" in done.stdout, done.stdout
 
 
 def test_serve_simulator_logs_to_the_ignored_logs_folder(tmp_path):

@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rlver_jax import sharding
+from rlver_jax.distributed import DistributedSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 
@@ -47,7 +48,7 @@ def row_losses(config, params, batch) -> jax.Array:
 
 def worker(process_id: int, port: int) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    started = sharding.maybe_initialize_distributed(sharding.DistributedSettings(
+    started = sharding.maybe_initialize_distributed(DistributedSettings(
         initialize="auto", coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id))
     assert started and jax.process_count() == 2 and jax.device_count() == 4
 

@@ -11,13 +11,14 @@ import pytest
 
 from configs.simulator import get_simulator_config
 from rlver_jax import chat, sampling
-from rlver_jax.sampling import SamplingSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
-from rlver_jax.rollout.policy import JaxPolicy, PolicyTurn
+from rlver_jax.rollout.jax_policy import JaxPolicy
+from rlver_jax.rollout.policy import PolicyTurn
+from rlver_jax.sampling_settings import SamplingSettings
 from rlver_jax.simulator import SimulatorSettings, build_simulator
 from rlver_jax.simulator.agent import Simulator
 from rlver_jax.simulator.backend import Utterance

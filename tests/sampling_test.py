@@ -269,11 +269,13 @@ def test_policy_samples_only_ids_its_tokenizer_has(tiny_tokenizer_dir, cache_slo
     512-entry tiny tokenizer, where half of a random model's draws would have no entry."""
     from rlver_jax import chat
     from rlver_jax.models.config import get_preset
-    from rlver_jax.rollout.policy import JaxPolicy, TurnRequest
+    from rlver_jax.rollout.jax_policy import JaxPolicy
+    from rlver_jax.rollout.policy import TurnRequest
+    from rlver_jax.sampling_settings import SamplingSettings
 
     chat_tokens = chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tiny_tokenizer_dir))
     config = get_preset("tiny").replace(vocab_size=1024)
-    policy = JaxPolicy(config, chat_tokens, sampling.SamplingSettings(max_new_tokens=24, cache_slots=cache_slots),
+    policy = JaxPolicy(config, chat_tokens, SamplingSettings(max_new_tokens=24, cache_slots=cache_slots),
                        qwen2.init_params(config, jax.random.key(0)), jax.random.key(1))
     assert policy.settings.vocab_limit == len(chat_tokens.tokenizer) == 512
     prompt = chat_tokens.tokenizer.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")

@@ -21,6 +21,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from configs import mesh as mesh_config
 from configs import plan as plan_config
 from rlver_jax import sharding
+from rlver_jax.distributed import DistributedSettings
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
 
@@ -266,7 +267,7 @@ def _dist(initialize="auto", **fields):
     cfg.initialize = initialize
     for k, v in fields.items():
         setattr(cfg, k, v)
-    return sharding.DistributedSettings.from_config(cfg)
+    return DistributedSettings.from_config(cfg)
 
 
 @pytest.fixture

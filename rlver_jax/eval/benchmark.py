@@ -25,25 +25,26 @@ import copy
 import importlib
 import logging
 import pathlib
+import sys
 import tempfile
 import threading
 from typing import Any
 
-import jax
 import ml_collections
 from tqdm import tqdm
 
-from rlver_jax import hosts
+from rlver_jax.config_checks import check_config
+from rlver_jax.distributed import DistributedSettings
 from rlver_jax.eval import report
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
 from rlver_jax.llm_client import ClientSettings, EndpointUnavailableError, check_chat_endpoint, show_requests
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
-from rlver_jax.rollout.policy import JaxPolicy, OpenAIPolicy, SamplingSettings
+from rlver_jax.rollout.policy import OpenAIPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.run import check_config
 from rlver_jax.simulator import (ProfileError, SimulatorSettings, SimulatorUnavailableError, build_simulator,
                                  check_endpoint, load_profiles)
+from rlver_jax.sampling_settings import SamplingSettings
 from rlver_jax.simulator.profiles import Profile
 
 log = logging.getLogger(__name__)
@@ -57,21 +58,39 @@ _TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries", "
                         "cache_replay_only"})
 
 
+def needs_jax(config: ml_collections.ConfigDict) -> bool:
+    """Whether evaluating `config` needs JAX in this process: a policy of ours (any backend but
+    'openai'), or a multi-process run (config.mesh.distributed or the environment ask for one).
+    A served policy on one process does without it, and without its start-up."""
+    return (config.policy.backend != "openai"
+            or DistributedSettings.from_config(config.mesh.distributed).initialize_arguments() is not None)
+
+
 def _distributed() -> bool:
     """Whether this process is one of a jax.distributed run (launch/eval.py starts one through
     sharding.maybe_initialize_distributed). Asked without touching a device: jax.process_index()
     would start the accelerator backend, which an evaluation of served models never needs (on a
-    GPU host it would also claim the memory of the GPU a local server uses)."""
-    return jax.distributed.is_initialized()
+    GPU host it would also claim the memory of the GPU a local server uses). A process that never
+    imported jax is in no such run, and is not made to import it (~2 s of start-up)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and jax.distributed.is_initialized()
 
 
 def process_index() -> int:
     """This process's index in a jax.distributed run; 0 outside one (no device touched)."""
-    return jax.process_index() if _distributed() else 0
+    if not _distributed():
+        return 0
+    import jax
+
+    return jax.process_index()
 
 
 def _allgather(obj: Any) -> list[Any]:
-    return hosts.allgather_json(obj) if _distributed() else [obj]
+    if not _distributed():
+        return [obj]
+    from rlver_jax import hosts  # jax.distributed runs only: it imports jax
+
+    return hosts.allgather_json(obj)
 
 
 def load_eval_profiles(config: ml_collections.ConfigDict) -> list[Profile]:
@@ -146,8 +165,11 @@ class _PolicySpec:
         c, p = self.config, self.config.policy
         if self.client is not None:
             return OpenAIPolicy(self.client, temperature=p.temperature, max_tokens=p.max_new_tokens), None
+        import jax
+
         from rlver_jax import sharding
         from rlver_jax.eval import policy_loading  # JAX policies only: transformers, Flax
+        from rlver_jax.rollout.jax_policy import JaxPolicy
 
         mesh = sharding.make_mesh(c.mesh.shape)
         if self.ckpt is not None:
@@ -272,7 +294,11 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, pending: lis
                                format_failure=config.policy.format_failure,
                                think_history=config.policy.think_history)
     transcripts = workdir / TRANSCRIPTS
-    mine = [pending[i] for i in (hosts.share(len(pending)) if _distributed() else range(len(pending)))]
+    mine = pending
+    if _distributed():
+        from rlver_jax import hosts  # imports jax
+
+        mine = [pending[i] for i in hosts.share(len(pending))]
     writes = process_index() == 0
     held: list[dict[str, Any]] = []  # another process's records, sent to process 0 at the end
     bar = tqdm(total=len(mine), disable=not progress or not writes, desc="sentient", unit="dialogue",

@@ -1,29 +1,17 @@
-"""Policies that write one dialogue turn for a batch of dialogues.
-
-`JaxPolicy` samples with rlver_jax.sampling on the trainer's parameters, in the host-local copy
-each process keeps for sampling (rlver_jax.sharding.SamplingLayout; token ids and log-probs
-out, for training). `OpenAIPolicy` asks any OpenAI-compatible chat endpoint (text out,
-for scoring served or API models on the same footing).
+"""Policies that write one dialogue turn for a batch of dialogues: the `Policy` protocol, its
+requests and turns, and `OpenAIPolicy`, which asks any OpenAI-compatible chat endpoint (text out,
+for scoring served or API models on the same footing). The JAX policy on the trainer's
+parameters is rollout.jax_policy.JaxPolicy; nothing here imports JAX, so an evaluation of served
+models starts without it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import threading
-from typing import Any, Protocol
+from typing import Protocol
 
-import jax
-import numpy as np
-
-from rlver_jax import sampling
-from rlver_jax.buckets import LENGTH_BUCKETS
-from rlver_jax.chat import ChatTokens
 from rlver_jax.llm_client import ChatClient, ClientSettings
-from rlver_jax.models.config import Qwen2Config
-from rlver_jax.rollout.kv_sessions import KVSessions
-from rlver_jax.sampling import SamplingSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,105 +44,6 @@ class Policy(Protocol):
 
     def release(self, session: int) -> None:
         """The dialogues of `session` are over: drop anything kept for them."""
-
-
-class JaxPolicy:
-    """Samples on parameters the trainer publishes; one device call at a time.
-
-    The parameters are this process's sampling copy (on its own devices), so generation never
-    waits on another host. Generation runs in a worker thread so the asyncio loop keeps serving
-    simulator requests of other dialogues meanwhile. A turn's key is
-    fold_in(fold_in(rng, request.dialogue), request.turn), one per row (sampling.row_keys): a
-    dialogue's tokens are a function of (rng, its index) alone, whatever it is batched with,
-    whichever pipeline group, process or device count runs it. With settings.cache_slots > 0
-    each dialogue's KV cache is kept between turns (kv_sessions).
-    """
-
-    def __init__(self, model_cfg: Qwen2Config, chat_tokens: ChatTokens, settings: SamplingSettings,
-                 params: Any, rng: jax.Array, version: int = 0):
-        self.model_cfg = model_cfg
-        self.chat = chat_tokens
-        self.stop_ids = (chat_tokens.im_end, chat_tokens.end_of_text)
-        # vocab_limit: never sample the embedding's rows past the tokenizer (Qwen2.5 pads 151,665 to 151,936).
-        self.settings = dataclasses.replace(settings, stop_ids=self.stop_ids, pad_id=chat_tokens.end_of_text,
-                                            vocab_limit=len(chat_tokens.tokenizer))
-        self._params, self.version = params, version
-        self._rng = _raw_key(rng)
-        self._device_lock = threading.Lock()
-        self._sessions = KVSessions(model_cfg, settings.cache_slots, chat_tokens.end_of_text)
-
-    def set_params(self, params: Any, version: int, rng: jax.Array | None = None) -> None:
-        """Point the sampler at new parameters (no copy) and optionally reseed. Cached keys and
-        values of earlier turns were computed with the old parameters: they are dropped."""
-        with self._device_lock:
-            self._params, self.version = params, version
-            self._sessions.clear()
-            if rng is not None:
-                self._rng = _raw_key(rng)
-
-    def _generate(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
-        with self._device_lock:
-            # Each request's turn key, raw [len(requests), 2]; host arrays, so generation places
-            # them with the parameters, on whatever devices hold those.
-            key = np.asarray(_turn_keys(self._rng, np.array([r.dialogue for r in requests], np.int32),
-                                        np.array([r.turn for r in requests], np.int32)))
-            if self.settings.cache_slots:
-                out = self._generate_with_sessions(requests, key)
-            else:
-                prompts = [r.prompt_ids for r in requests]
-                ids, mask = sampling.pad_left(prompts, max(len(p) for p in prompts), self.chat.end_of_text)
-                st = self.settings
-                gen = sampling.generate(
-                    self.model_cfg, self._params, ids, mask, rng=key, length_buckets=LENGTH_BUCKETS,
-                    max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_p=st.top_p,
-                    top_k=st.top_k, stop_ids=st.stop_ids, pad_id=st.pad_id, vocab_limit=st.vocab_limit)
-                tokens, lps, lengths = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths))
-                out = [(tokens[b, :n].tolist(), lps[b, :n].tolist()) for b, n in enumerate(lengths)]
-        turns = []
-        for req, (ids, lps) in zip(requests, out):
-            ids, lps = ids[:req.max_new_tokens], lps[:req.max_new_tokens]
-            stopped = bool(ids) and ids[-1] in self.stop_ids
-            text_ids = ids[:-1] if stopped else ids
-            text = self.chat.tokenizer.decode(text_ids, skip_special_tokens=False)
-            turns.append(PolicyTurn(text=text, token_ids=ids, logprobs=lps, stopped=stopped))
-        return turns
-
-    def _generate_with_sessions(self, requests: list[TurnRequest], key: np.ndarray):
-        """One turn for dialogues whose earlier turns are already in their rows' caches; `key`:
-        each request's turn key, placed in its cache row (other rows run nothing)."""
-        if len({r.session for r in requests}) != 1:
-            raise ValueError("one act() call must hold the dialogues of one session")
-        feed = self._sessions.feed(requests[0].session, [(r.slot, r.episode, r.prompt_ids) for r in requests],
-                                   self.settings.max_new_tokens)
-        row_keys = np.zeros((feed.ids.shape[0],) + key.shape[1:], key.dtype)
-        row_keys[[r.slot for r in requests]] = key
-        gen, cache, fed = sampling.continue_generation(
-            self.model_cfg, self._params, feed.session.cache, feed.ids, feed.mask, feed.start_positions,
-            settings=self.settings, rng=row_keys)
-        tokens, lps, lengths, fed = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths, fed))
-        self._sessions.commit(feed, cache, tokens, fed)
-        return [(tokens[r.slot, :lengths[r.slot]].tolist(), lps[r.slot, :lengths[r.slot]].tolist())
-                for r in requests]
-
-    async def act(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
-        return await asyncio.to_thread(self._generate, requests)
-
-    def release(self, session: int) -> None:
-        with self._device_lock:
-            self._sessions.release(session)
-
-
-def _raw_key(rng: jax.Array) -> np.ndarray:
-    """A host copy of a key (typed or raw), as raw uint32 data."""
-    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        rng = jax.random.key_data(rng)
-    return np.asarray(rng)
-
-
-@jax.jit
-@functools.partial(jax.vmap, in_axes=(None, 0, 0))
-def _turn_keys(rng: jax.Array, dialogue: jax.Array, turn: jax.Array) -> jax.Array:
-    return jax.random.fold_in(jax.random.fold_in(rng, dialogue), turn)
 
 
 class OpenAIPolicy:
