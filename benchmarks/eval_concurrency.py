@@ -22,7 +22,7 @@ Per --dialogues value it prints:
   set-up: run_benchmark's start to the server's first request (endpoint checks, clients);
   report: the last answer to run_benchmark's return (transcripts, report and plots).
 and, once: the imports, the seconds of a fresh interpreter importing what launch/eval.py imports
-(jax, rlver_jax.sharding and rlver_jax.eval.benchmark), and the start-up, the seconds from starting
+(configs.eval and rlver_jax.eval.benchmark: no JAX), and the start-up, the seconds from starting
 launch/eval.py (its own process, one dialogue, a server at no latency) to its first request.
 Targets: wall <= 1.5 x bound, start-up <= ~5 s, sequential / wall >= 10 at 30 dialogues.
 """
@@ -51,9 +51,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 _EMOTION_ANSWER = "Analysis: the reply is neither helpful nor hurtful.\nChange: 0"
 _REPLY_ANSWER = "Plan: keep talking.\nResponse: I see. Tell me more about it."
 _POLICY_ANSWER = "That sounds like a lot to carry. What weighs on you most?"
-# What launch/eval.py imports before its first dialogue, in a fresh interpreter.
-_STARTUP = ("import time; t = time.perf_counter(); import jax; import configs.eval; "
-            "from rlver_jax import sharding; from rlver_jax.eval import benchmark; print(time.perf_counter() - t)")
+# What launch/eval.py imports before its first dialogue, in a fresh interpreter (served policy
+# and simulator: no JAX, benchmark.needs_jax).
+_STARTUP = ("import time; t = time.perf_counter(); import configs.eval; "
+            "from rlver_jax.eval import benchmark; print(time.perf_counter() - t)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,7 +49,6 @@ def main(argv):
         return
     if _CONFIG.value is None:
         raise app.UsageError("give --config=configs/eval.py[:tiny] (an evaluation) or --compare=DIR_A,DIR_B")
-    from rlver_jax.distributed import DistributedSettings
     from rlver_jax.eval import benchmark
 
     config = _CONFIG.value
@@ -57,6 +56,7 @@ def main(argv):
         import jax
 
         from rlver_jax import sharding
+        from rlver_jax.distributed import DistributedSettings
 
         cli.enable_compilation_cache(config.compilation_cache_dir)
         jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh

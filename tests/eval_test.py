@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from configs.eval import get_config
-from rlver_jax.eval.benchmark import like_training, run_benchmark
+from rlver_jax.eval.benchmark import like_training, needs_jax, run_benchmark
 from rlver_jax.eval.compare import compare_runs
 from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import read_jsonl
@@ -231,6 +231,22 @@ def test_bad_input_names_the_field(tmp_path):
     with ScriptedServer(route(emotion=_emotion(CHANGES), reply=_reply)) as simulator:
         with pytest.raises(EndpointUnavailableError, match="no server answers at --config.policy.base_url"):
             run_benchmark(_config_urls(tmp_path / "eval", stopped, simulator.base_url, _profiles_file(tmp_path)))
+
+
+def test_only_a_policy_of_ours_or_a_multi_process_run_needs_jax(monkeypatch):
+    for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "RLVER_MULTIHOST"):
+        monkeypatch.delenv(var, raising=False)
+    c = get_config()
+    assert needs_jax(c)  # configs/eval.py's default policy: ours, on JAX
+    c.policy.backend = "openai"
+    assert not needs_jax(c)
+    c.mesh.distributed.num_processes = 2
+    assert needs_jax(c)
+    c.mesh.distributed.num_processes = None
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")  # launch/eval.py on each host
+    assert needs_jax(c)
+    c.mesh.distributed.initialize = "never"
+    assert not needs_jax(c)
 
 
 def test_compare_pairs_runs_per_profile(tmp_path):

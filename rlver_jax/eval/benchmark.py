@@ -42,9 +42,9 @@ from rlver_jax.llm_client import ClientSettings, EndpointUnavailableError, check
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.policy import OpenAIPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.sampling_settings import SamplingSettings
 from rlver_jax.simulator import (ProfileError, SimulatorSettings, SimulatorUnavailableError, build_simulator,
                                  check_endpoint, load_profiles)
-from rlver_jax.sampling_settings import SamplingSettings
 from rlver_jax.simulator.profiles import Profile
 
 log = logging.getLogger(__name__)
