@@ -43,9 +43,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)
 
-    c.mesh = get_mesh_config(
-        shape=(1, -1, 1),  # (data, fsdp, tensor) devices; one entry may be -1: the remaining devices
-        rules="fsdp")  # fsdp | tensor | fsdp_tensor (sharding.RULE_PRESETS), or (logical axis, mesh axes) pairs
+    # (data, fsdp, tensor) devices, one entry may be -1 (the remaining devices); rules: fsdp | tensor |
+    # fsdp_tensor (sharding.RULE_PRESETS) or (logical axis, mesh axes) pairs. 7B: tensor=4 splits its
+    # 28 heads / 4 kv heads, MLP and vocabulary, so each batch shard holds one dialogue (docs/sharding.md).
+    c.mesh = get_mesh_config(shape=(1, -1, 4), rules="fsdp_tensor") if preset == "7b" else \
+        get_mesh_config(shape=(1, -1, 1), rules="fsdp")
     c.simulator = get_simulator_config()
     if tiny:
         c.simulator.backend = "embedded"
@@ -66,9 +68,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout.max_new_tokens = 48 if tiny else 5000  # tokens per policy turn
     c.rollout.max_total_tokens = 1024 if tiny else 15000  # per training row (prompt 5000 + response 10000)
     # KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
-    # 0 re-encodes the history every turn (less memory held between turns: the 7B default). With
-    # think_history "drop" a turn's prompt no longer extends what the cache holds (the thoughts
-    # are gone), so its row is encoded afresh each turn.
+    # 0 re-encodes the history every turn (less memory held between turns; off at 0.5B and 7B,
+    # where launch/plan.py sizes it, docs/sharding.md). With think_history "drop" a turn's prompt no
+    # longer extends what the cache holds (the thoughts are gone), so its row is encoded afresh each turn.
     c.rollout.cache_slots = 2 * c.rollout.max_total_tokens if tiny else 0
     c.rollout.temperature = 1.0  # paper: 1.0
     c.rollout.top_p = 1.0  # paper: 1.0
@@ -105,6 +107,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.ppo_epochs = 1  # passes over each rollout batch
     c.rl.mini_batch_size = 0  # in dialogues; 0 = the whole batch (paper: mini-batch = batch = 32)
     c.rl.micro_batch_size = 8 if tiny else 4  # gradient accumulation unit (memory)
+    c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
 
     c.optim = ml_collections.ConfigDict()
     c.optim.actor = ml_collections.ConfigDict(dict(

@@ -3,8 +3,6 @@
 Runs on the eight virtual CPU devices of tests/conftest.py.
 """
 
-import importlib.util
-import math
 import logging
 import os
 import pathlib
@@ -19,7 +17,6 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from configs import mesh as mesh_config
-from configs import plan as plan_config
 from rlver_jax import sharding
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
@@ -309,29 +306,6 @@ def test_distributed_config_errors(fake_initialize, monkeypatch):
 # ----------------------------------------------------------------------------- launch tools
 
 
-def _load_plan_module():
-    spec = importlib.util.spec_from_file_location("launch_plan", REPO / "launch" / "plan.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_plan_reports_per_device_memory_from_xla():
-    plan = _load_plan_module()
-    cfg = plan_config.get_config("tiny")  # its mesh fits any device count; here fsdp x tensor on 8
-    cfg.mesh.shape, cfg.mesh.rules = (1, -1, 2), "fsdp_tensor"
-    report = plan.plan(cfg)
-    # XLA's argument bytes per device are exactly the shards we account for.
-    assert report["xla_arguments"] == sum(report["sizes"].values())
-    assert report["sizes"]["actor AdamW state"] == 2 * report["sizes"]["actor params"] + 4  # mu, nu, count
-    assert report["xla_temporaries"] > 0
-    assert report["xla_aliased"] > 0.99 * report["xla_outputs"]  # the donated state is updated in place
-    text = plan.format_report(cfg, report)
-    assert "{'data': 1, 'fsdp': 4, 'tensor': 2}" in text and "fits in 16 GB" in text
-    with pytest.raises(ValueError, match="configs/plan.py:13b: unknown preset"):
-        plan_config.get_config("13b")
-
-
 def test_tpu_pod_script_runs_the_command_in_the_repo_with_the_venv(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -350,13 +324,6 @@ def test_tpu_pod_script_runs_the_command_in_the_repo_with_the_venv(tmp_path):
     assert ran.strip() == f"{tmp_path}|yes|1|hello world|two words"
     usage = subprocess.run([REPO / "launch" / "tpu_pod.sh", "--zone", "z", "--", "ls"], capture_output=True, text=True)
     assert usage.returncode == 2 and "--name and --zone" in usage.stderr
-
-
-def test_plan_tiny_preset_fits_one_device():
-    # launch/plan.py --config=configs/plan.py:tiny runs on a laptop's single CPU device.
-    cfg = plan_config.get_config("tiny")
-    assert sharding.resolve_mesh_shape(cfg.mesh.shape, 1) == (1, 1, 1)
-    assert cfg.batch_size % math.prod(sharding.resolve_mesh_shape(cfg.mesh.shape, 8)[:2]) == 0
 
 
 # ----------------------------------------------------------------------------- sampling copy

@@ -31,7 +31,7 @@ class Qwen2Config:
     dtype: str = "float32"  # compute dtype of matmuls; norms, softmax and logits stay fp32
     remat: str = "none"  # none | full | dots (save only matmul outputs) per decoder layer
     scan_layers: bool = False  # one scanned layer: compile time independent of depth
-    value_head: bool = False  # scalar value head on the final hidden state (PPO critic)
+    value_head: bool = False  # PPO critic: a scalar value head on the final hidden state, and no LM head
     attention: str = "auto"  # cache-free attention: auto | xla | blockwise | cudnn | splash (models/attention.py)
 
     def __post_init__(self):
@@ -52,6 +52,12 @@ class Qwen2Config:
         return self.hidden_size // self.num_heads
 
     @property
+    def untied_lm_head(self) -> bool:
+        """Whether the model holds its own LM-head matrix: untied embeddings and not a critic (a
+        critic reads no logits, so the 7B critic carries no 545M-parameter vocabulary projection)."""
+        return not self.tie_word_embeddings and not self.value_head
+
+    @property
     def jnp_param_dtype(self):
         return _DTYPES[self.param_dtype]
 
@@ -68,7 +74,7 @@ class Qwen2Config:
         attn = d * (self.num_heads + 2 * self.num_kv_heads) * h + (self.num_heads + 2 * self.num_kv_heads) * h
         attn += self.num_heads * h * d
         layer = attn + 3 * d * f + 2 * d
-        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        head = self.vocab_size * d if self.untied_lm_head else 0
         return self.vocab_size * d + self.num_layers * layer + d + head
 
 

@@ -217,7 +217,7 @@ class Qwen2(nn.Module):
         else:
             self.layers = [layer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
         self.final_norm = RMSNorm(cfg)
-        if not cfg.tie_word_embeddings:
+        if cfg.untied_lm_head:
             self.lm_head = self.param(
                 "lm_head", nn.with_logical_partitioning(_normal(cfg), ("embed", "vocab")),
                 (cfg.hidden_size, cfg.vocab_size), cfg.jnp_param_dtype)
@@ -320,7 +320,9 @@ def hidden_states(
 
 
 def logits_from_hidden(config: Qwen2Config, params: Params, h_BTD: jax.Array) -> jax.Array:
-    """fp32 logits [B, T, V] from hidden states."""
+    """fp32 logits [B, T, V] from hidden states; a critic (config.value_head) has no LM head."""
+    if config.value_head:
+        raise ValueError("a critic (value_head=True) has no LM head; compute logits with the actor's config")
     return Qwen2(config).apply({"params": params}, h_BTD, method=Qwen2.logits)
 
 
