@@ -39,6 +39,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.model.scan_layers = not tiny  # compile one layer, not 28
     c.model.remat = "none" if tiny else "full"  # recompute activations in the backward pass
     c.model.attention = "auto"  # auto | xla | blockwise (memory ~ T) | cudnn (GPU) | splash (TPU): docs/attention.md
+    # MLP over token chunks of at most this many tokens (0: whole rows); 7B: docs/sharding.md, memory plan
+    c.model.mlp_chunk = 0 if tiny else 1024
 
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)

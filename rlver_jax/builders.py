@@ -28,9 +28,9 @@ Params = Any
 def model_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """The Qwen2Config fields a run's `config.model` sets on top of the architecture."""
     m = config.model
-    # .get: the config.json of runs saved before the attention field existed
+    # .get: the config.json of runs saved before the attention and mlp_chunk fields existed
     return dict(param_dtype=m.param_dtype, dtype=m.dtype, scan_layers=m.scan_layers, remat=m.remat,
-                attention=m.get("attention", "auto"))
+                attention=m.get("attention", "auto"), mlp_chunk=m.get("mlp_chunk", 0))
 
 
 def tiny_tokenizer(directory: pathlib.Path) -> chat.ChatTokens:

@@ -119,7 +119,8 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh: Mesh) -> dict:
     t = bucket(r.max_total_tokens, multiple=config.train.length_multiple)
     ones, zeros = np.ones((b, t), np.float32), np.zeros((b, t), np.float32)
     batch = TrainBatch(tokens=zeros.astype(np.int32), attention_mask=ones.astype(np.int32), policy_mask=ones,
-                       rewards=zeros, sample_logprobs=zeros, group=np.arange(b, dtype=np.int32))
+                       rewards=zeros, sample_logprobs=zeros, group=np.arange(b, dtype=np.int32),
+                       dialogue=np.arange(b, dtype=np.int32))
     sh = _batch_sharding(mesh)
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh) for k, v in batch.arrays().items()}
 
@@ -178,7 +179,8 @@ def prepare_phase(s: Setup) -> Phase:
     models = s.state.replace(actor_opt=None, critic_opt=None)  # what prepare reads of the state
     models_sh = p.shardings.replace(actor_opt=None, critic_opt=None)
     fn = sharding.jit_sharded(functools.partial(trainer.prepare, s.rl, p.actor_cfg, p.critic_cfg),
-                              (models_sh, p.ref_shardings, _batch_sharding(s.mesh)), _batch_sharding(s.mesh))
+                              (models_sh, p.ref_shardings, _batch_sharding(s.mesh)), _batch_sharding(s.mesh),
+                              rules=s.config.mesh.rules)
     compiled, secs = _compile(s, fn, models, s.ref, s.batch)
     return _phase("prepare", compiled, _resident(s) - device_bytes((models, s.ref)), secs,
                   "old/ref log-probs, values, advantages")
@@ -208,7 +210,8 @@ def model_update_phase(s: Setup, name: str) -> Phase:
     micro = _micro(s)
     fn = sharding.jit_sharded(functools.partial(update, s.rl, cfg, opt.tx),
                               sh + (NamedSharding(s.mesh, P(None, sharding.BATCH_AXES)),),
-                              sh + (NamedSharding(s.mesh, P()),), donate_argnums=(0, 1))
+                              sh + (NamedSharding(s.mesh, P()),), donate_argnums=(0, 1),
+                              rules=s.config.mesh.rules)
     compiled, secs = _compile(s, fn, params, opt_state, micro)
     return _phase(name, compiled, _resident(s) - device_bytes((params, opt_state)), secs, "one mini-batch")
 
@@ -347,6 +350,7 @@ def _search(config: ml_collections.ConfigDict, budget: float, phase: str, feed_t
             config = _override(config, **{"rl.micro_batch_size": micro[0]})
             out.append(f"--config.rl.micro_batch_size={micro[0]}")
         field, step, limit = "rollout.max_total_tokens", config.train.length_multiple, s0.seq_len
+        start = step
     else:
         r, out = config.rollout, []
         dialogues = r.profiles_per_step * r.n
@@ -358,14 +362,17 @@ def _search(config: ml_collections.ConfigDict, budget: float, phase: str, feed_t
             groups *= 2
         field = "rollout.cache_slots" if r.cache_slots else "rollout.max_total_tokens"
         step, limit = LENGTH_BUCKETS[0], r.cache_slots or r.max_total_tokens
+        # A cache must hold a turn's generation and the smallest feed (rollout_shapes).
+        start = r.max_new_tokens + LENGTH_BUCKETS[0] if r.cache_slots else step
 
     def fits(n):
         log(f"  search: {field}={n}")
         return total(_override(config, **{field: n})) <= budget
 
-    best = _largest(list(range(step, limit, step)), fits)
+    candidates = [n for n in range(step, limit, step) if n >= start]
+    best = _largest(candidates, fits)
     if best is None:
-        return out + [f"nothing: {field}={step} needs more than {budget / GB:g} GB"]
+        return out + [f"nothing: {field}={candidates[0] if candidates else limit} needs more than {budget / GB:g} GB"]
     return out + [f"--config.{field}={best}"]
 
 

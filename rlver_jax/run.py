@@ -232,7 +232,8 @@ def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, me
     state_sh = trainer.state_shardings(actor_opt.tx, qwen2.abstract_params(actor_cfg), actor_sh, critic_tx, critic,
                                        critic_sh)
     ref_sh = actor_sh if rl.uses_reference else None
-    fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, ref_sh)
+    fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, ref_sh,
+                                  config.mesh.rules)
     return UpdateProgram(actor_cfg, critic_cfg, actor_opt, critic_opt, actor_sh, critic_sh, state_sh, ref_sh, fns)
 
 

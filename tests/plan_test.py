@@ -52,7 +52,7 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     assert [p.name for p in result.phases] == list(plan.PHASES)
     s = result.setup
     train_step, prepare, actor, critic, rollout = result.phases
-    read = {k: v for k, v in s.batch.items() if k != "group"}  # PPO reads no group ids
+    read = {k: v for k, v in s.batch.items() if k not in ("group", "dialogue")}  # PPO reads no group ids
     assert train_step.arguments == plan.device_bytes((s.state, read)) and train_step.resident == 0
     assert train_step.temporaries > 0 and train_step.outputs < 0.01 * train_step.arguments
     assert actor.arguments >= plan.device_bytes((s.state.actor, s.state.actor_opt))
@@ -68,7 +68,8 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
 def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp_path, monkeypatch):
     """The search against a hand-made cost (bytes = micro-batch x tokens): it recompiles (here:
     re-plans) with each override and returns the largest shape under the budget."""
-    config = _config(grpo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 1024, "mesh.shape": (1, 2, 4)})
+    config = _config(grpo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 1024, "mesh.shape": (1, 2, 4),
+                                                      "rollout.max_new_tokens": 8})
 
     def fake(s, phases, feed_tokens):
         if phases == ["rollout"]:  # rows per sampler call x cache slots
@@ -84,9 +85,11 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     assert plan._search(config, 1000, "train step", 512, print) == [
         "--config.rl.micro_batch_size=2", "--config.rollout.max_total_tokens=448"]
     assert plan._search(config, 100, "train step", 512, print)[-1].startswith("nothing")
-    # The rollout: 32 dialogues x 2048 slots; more pipeline groups first, then fewer cache slots.
+    # The rollout: 32 dialogues x 2048 slots; more pipeline groups first, then fewer cache slots,
+    # at least a turn of 8 new tokens plus the smallest feed (16): 32 x 32 fits 1100, not 1000.
     assert plan._search(config, 16384, "rollout", 512, print) == ["--config.rollout.pipeline_groups=4"]
-    assert plan._search(config, 1000, "rollout", 512, print) == ["--config.rollout.cache_slots=16"]
+    assert plan._search(config, 1100, "rollout", 512, print) == ["--config.rollout.cache_slots=32"]
+    assert plan._search(config, 1000, "rollout", 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
 
 
 def test_largest_bisects_a_monotone_predicate():
@@ -111,7 +114,8 @@ def test_planner_at_half_a_billion_parameters(tmp_path):
     layer = d // 8 * (n + 2 * k) * h + (n + 2 * k) * h + n * h * d // 8 + 3 * d * f // 8 + 2 * d
     assert plan.device_bytes(s.state.actor) == 4 * (v * d // 8 + layers * layer + d) == 247_266_816
     (phase,) = plan.run_phases(s, ["train step"], 512)
-    assert phase.arguments == plan.device_bytes((s.state, {k: v for k, v in s.batch.items() if k != "group"}))
+    unread = ("group", "dialogue")  # GRPO's alone
+    assert phase.arguments == plan.device_bytes((s.state, {k: v for k, v in s.batch.items() if k not in unread}))
     assert 0 < phase.temporaries < 16e9
 
 

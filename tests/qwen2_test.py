@@ -242,6 +242,25 @@ def test_remat_does_not_change_gradients():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
 
 
+@pytest.mark.parametrize("chunk", [1, 4])  # T=11 and 12: chunks of 1 token; of 4 (and 1)
+def test_mlp_over_token_chunks_matches_transformers_and_the_whole_mlps_gradients(tmp_path, chunk):
+    model, path = make_hf_model(tmp_path, tied=False)
+    config, params = hf_io.load_pretrained(path, scan_layers=True, remat="full")
+    chunked = config.replace(mlp_chunk=chunk)
+    ids, mask, positions = left_padded_batch(config.vocab_size)
+    valid = mask.astype(bool)
+    ours = np.asarray(qwen2.forward(chunked, params, jnp.asarray(ids), jnp.asarray(mask)))
+    np.testing.assert_allclose(ours[valid], torch_logits(model, ids, mask, positions)[valid], atol=1e-4, rtol=0)
+    wide = jnp.asarray(np.pad(ids, ((0, 0), (1, 0)))), jnp.asarray(np.pad(mask, ((0, 0), (1, 0))))  # T=12
+
+    def loss(p, cfg):
+        logp = jax.nn.log_softmax(qwen2.forward(cfg, p, *wide))
+        return jnp.sum(jnp.where(wide[1][..., None] > 0, logp[..., :7], 0.0))
+
+    g_whole, g_chunked = jax.grad(loss)(params, config), jax.grad(loss)(params, chunked)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), g_whole, g_chunked)
+
+
 # --------------------------------------------------------------------------- config_from_hf: RoPE spellings
 
 _HF_CONFIG = dict(_HF_TINY, model_type="qwen2")

@@ -33,6 +33,9 @@ class Qwen2Config:
     scan_layers: bool = False  # one scanned layer: compile time independent of depth
     value_head: bool = False  # PPO critic: a scalar value head on the final hidden state, and no LM head
     attention: str = "auto"  # cache-free attention: auto | xla | blockwise | cudnn | splash (models/attention.py)
+    # The MLP over token chunks of at most this many tokens per row (0: all at once), each chunk
+    # recomputed in the backward pass: the [T, intermediate_size] activations live one chunk at a time.
+    mlp_chunk: int = 0
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
@@ -44,6 +47,8 @@ class Qwen2Config:
                 raise ValueError(f"{field}={getattr(self, field)!r}; use one of {sorted(_DTYPES)}")
         if self.remat not in _REMAT:
             raise ValueError(f"remat={self.remat!r}; use one of {_REMAT}")
+        if self.mlp_chunk < 0:
+            raise ValueError(f"mlp_chunk={self.mlp_chunk} (config.model.mlp_chunk) must be >= 0 (0: no chunks)")
         if self.attention not in IMPLEMENTATIONS:
             raise ValueError(f"attention={self.attention!r} (config.model.attention); use one of {IMPLEMENTATIONS}")
 

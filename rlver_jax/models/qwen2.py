@@ -150,8 +150,7 @@ class Attention(nn.Module):
 
             cache = cache._replace(k=write(cache.k, kk), v=write(cache.v, vv))
             keys, values = _from_cache(cache.k[cache.layer], dt), _from_cache(cache.v[cache.layer], dt)
-            bias_BTS = attention.slot_bias(index + jnp.arange(t), kv_mask_BS)
-            out = attention.dense_attention(q, keys, values, bias_BTS, dt)
+            out = attention.cached_attention(q, keys, values, index, kv_mask_BS, dt)
         return _dense(out.reshape(b * t, n, h), wo.astype(dt), in_dims=2).reshape(b, t, d), cache
 
 
@@ -166,10 +165,28 @@ class MLP(nn.Module):
         wg = _param(self, "gate_kernel", (d, f), ("embed", "mlp"), init)
         wu = _param(self, "up_kernel", (d, f), ("embed", "mlp"), init)
         wd = _param(self, "down_kernel", (f, d), ("mlp", "embed"), init)
-        x_MD = x_BTD.reshape(-1, d)
-        gate = _dense(x_MD, wg.astype(dt))
-        up = _dense(x_MD, wu.astype(dt))
-        return _dense(nn.silu(gate) * up, wd.astype(dt)).reshape(x_BTD.shape)
+        wg, wu, wd = wg.astype(dt), wu.astype(dt), wd.astype(dt)
+
+        def mlp(x_BCD):
+            x_MD = x_BCD.reshape(-1, d)
+            return _dense(nn.silu(_dense(x_MD, wg)) * _dense(x_MD, wu), wd).reshape(x_BCD.shape)
+
+        b, t = x_BTD.shape[:2]
+        chunk = _chunk_length(t, cfg.mlp_chunk)
+        if chunk == t:
+            return mlp(x_BTD)
+        # Chunks of each row's tokens (the batch axis stays whole, so its split is kept); each
+        # chunk is rematerialised, so the backward holds one chunk's [B, C, F] at a time.
+        x_NBCD = x_BTD.reshape(b, t // chunk, chunk, d).swapaxes(0, 1)
+        y_NBCD = jax.lax.map(jax.checkpoint(mlp), x_NBCD)
+        return y_NBCD.swapaxes(0, 1).reshape(b, t, d)
+
+
+def _chunk_length(t: int, limit: int) -> int:
+    """The largest divisor of t that is at most `limit` (t itself when limit is 0 or >= t)."""
+    if not limit or limit >= t:
+        return t
+    return max(c for c in range(1, limit + 1) if t % c == 0)
 
 
 class DecoderLayer(nn.Module):

@@ -388,11 +388,12 @@ class UpdateFns:
 
 def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
                     actor_opt: Optimizer, critic_opt: Optimizer | None, mesh=None, state_shardings=None,
-                    ref_shardings=None) -> UpdateFns:
+                    ref_shardings=None, rules=None) -> UpdateFns:
     """Jit `train_step`; the state buffer is donated to it.
 
     With a mesh and the state's shardings (`state_shardings`), parameters and optimizer states
-    keep their layout across steps, and every batch array is split over the batch axes.
+    keep their layout across steps, and every batch array is split over the batch axes; `rules`
+    (config.mesh.rules) may split the residual stream's tokens (sharding.jit_sharded).
     """
     step = functools.partial(train_step, rl, actor_cfg, critic_cfg, actor_opt, critic_opt)
     if mesh is None:
@@ -401,7 +402,7 @@ def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Con
     replicated = NamedSharding(mesh, P())
     return UpdateFns(
         sharding.jit_sharded(step, (state_shardings, ref_shardings, batch), (state_shardings, replicated),
-                             donate_argnums=(0,)),
+                             donate_argnums=(0,), rules=rules),
         rl, mesh)
 
 
