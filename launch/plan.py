@@ -30,6 +30,8 @@ _SEARCH = flags.DEFINE_bool("search", True, "Where a phase does not fit, recompi
 _HOIST = flags.DEFINE_bool("hoist_converts", True, "On CPU: False compiles without XLA's loop-invariant code "
                             "motion, which holds fp32 copies of bf16 saved activations that TPUs and GPUs do not "
                             "make (a nearer estimate for them); True: exactly XLA:CPU's figures.")
+_HOST = flags.DEFINE_integer("host_devices", None, "Devices per host of the target, for the rollout's host-local "
+                             "sampling layout (v5e/v4/v5p hosts: 4, GPU nodes: 8); default: one host of every device.")
 _FEED = flags.DEFINE_integer("feed_tokens", 512, "With rollout.cache_slots > 0: tokens a turn feeds into the "
                              "cache (the user's reply and the template), bucketed.")
 
@@ -46,7 +48,7 @@ def main(argv):
     # A config the run would reject fails here with the run's own one-line error (cli.run).
     sharding.maybe_initialize_distributed(sharding.DistributedSettings.from_config(config.mesh.distributed))
     result = plan.plan(config, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
-                       log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value)
+                       log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value, host_devices=_HOST.value)
     label = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
     print(plan.format_plan(result, label), flush=True)
 

@@ -14,8 +14,10 @@ Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The phases:
   rollout        the sampler's jitted program for one pipeline group at the longest prompt:
                  generation (prefill + decode loop) at a prompt of max_total_tokens when
                  rollout.cache_slots is 0, else the multi-turn program on a cache of
-                 cache_slots, fed `feed_tokens` new tokens. It runs on the train state's actor in
-                 the training mesh's layout (the sampler's parameters are the trainer's).
+                 cache_slots, fed `feed_tokens` new tokens. It runs on one host's sampling copy
+                 of the actor (sharding.SamplingLayout: replicated across hosts, split over the
+                 host's `host_devices` devices, in the compute dtype) on that host's share of
+                 the dialogues, beside the train state.
 
 A phase's per-device total = resident + arguments + temporaries + outputs not aliased to donated
 arguments; `resident` is what stays on the device through the phase without being an argument of
@@ -61,6 +63,11 @@ class Setup:
     ref: Any | None  # the reference policy's, with a KL term
     batch: dict  # the train batch (TrainBatch.arrays()), split over the batch axes
     compiler_options: dict | None = None  # see abstract_setup(hoist_converts=...)
+    host_devices: int | None = None  # devices per host for the rollout's layout; None: all of them
+
+    @property
+    def hosts(self) -> int:
+        return self.mesh.size // (self.host_devices or self.mesh.size)
 
     @property
     def seq_len(self) -> int:
@@ -132,7 +139,8 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh: Mesh) -> dict:
 _NO_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
 
 
-def abstract_setup(config: ml_collections.ConfigDict, hoist_converts: bool = True) -> Setup:
+def abstract_setup(config: ml_collections.ConfigDict, hoist_converts: bool = True,
+                   host_devices: int | None = None) -> Setup:
     """Settings, mesh, update program and abstract state of `config`, as build_run makes them.
 
     hoist_converts=False on CPU compiles without XLA's loop-invariant code motion (_NO_HOISTING),
@@ -150,7 +158,7 @@ def abstract_setup(config: ml_collections.ConfigDict, hoist_converts: bool = Tru
     state = sharding.with_shardings(state, prog.shardings)
     ref = None if prog.ref_shardings is None else sharding.with_shardings(actor, prog.ref_shardings)
     options = None if hoist_converts or jax.default_backend() != "cpu" else _NO_HOISTING
-    return Setup(config, rl, mesh, prog, state, ref, abstract_batch(config, mesh), options)
+    return Setup(config, rl, mesh, prog, state, ref, abstract_batch(config, mesh), options, host_devices)
 
 
 def _compile(s: Setup, jitted, *args):
@@ -226,14 +234,17 @@ class RolloutShapes:
     prompt: int  # no cache: the bucketed prompt; with a cache: the bucketed feed
     new_tokens: int
     cache_slots: int  # 0: re-encode every turn
+    hosts: int = 1  # processes, each sampling its share of the dialogues on its own devices
 
 
-def rollout_shapes(config: ml_collections.ConfigDict, feed_tokens: int) -> RolloutShapes:
+def rollout_shapes(config: ml_collections.ConfigDict, feed_tokens: int, hosts: int = 1) -> RolloutShapes:
     r = config.rollout
-    dialogues = r.profiles_per_step * r.n
+    dialogues = max(1, r.profiles_per_step * r.n // hosts)  # one host's share (Run.own_dialogues)
     groups = min(r.pipeline_groups, dialogues)
     rows = bucket(-(-dialogues // groups))
     if r.cache_slots:  # a turn's feed and generation must fit the cache (rollout.kv_sessions)
+        if r.think and r.think_history == "drop":  # each turn's row is encoded afresh: the whole prompt
+            feed_tokens = max(feed_tokens, r.max_total_tokens)
         room = [b for b in LENGTH_BUCKETS if b <= r.cache_slots - r.max_new_tokens]
         if not room:
             raise ValueError(f"config.rollout.cache_slots={r.cache_slots} leaves no room for a turn of "
@@ -241,42 +252,77 @@ def rollout_shapes(config: ml_collections.ConfigDict, feed_tokens: int) -> Rollo
         prompt = min(bucket(feed_tokens, LENGTH_BUCKETS), room[-1])
     else:  # the last turn re-encodes a history of up to max_total_tokens
         prompt = bucket(r.max_total_tokens, LENGTH_BUCKETS, MIN_PROMPT_BUCKET)
-    return RolloutShapes(rows, groups, prompt, r.max_new_tokens, r.cache_slots)
+    return RolloutShapes(rows, groups, prompt, r.max_new_tokens, r.cache_slots, hosts)
 
 
 def describe_rollout(shapes: RolloutShapes) -> str:
-    per_call = f"{shapes.rows} dialogues per sampler call ({shapes.groups} pipeline group(s))"
+    per_call = f"{shapes.rows} dialogues per sampler call ({shapes.groups} pipeline group(s)"
+    per_call += f" on each of {shapes.hosts} hosts)" if shapes.hosts > 1 else ")"
     if shapes.cache_slots:
         return (f"{per_call}, KV cache of {shapes.cache_slots} slots per dialogue kept between turns, "
                 f"{shapes.prompt} tokens fed + {shapes.new_tokens} generated per turn")
     return f"{per_call}, prompt {shapes.prompt} + {shapes.new_tokens} new tokens, KV cache off (re-encode)"
 
 
-def rollout_phase(s: Setup, shapes: RolloutShapes) -> Phase:
-    """The sampler's own jitted program (rlver_jax.sampling) on the train state's actor. Its other
-    inputs come from the host (token ids) or from earlier calls (the KV cache, created by
-    qwen2.init_cache), unplaced: they are lowered without a sharding, as they reach the program."""
+def sampling_layout(s: Setup, host_devices: int | None = None) -> sharding.SamplingLayout:
+    """The host-local sampling layout of the run (sharding.SamplingLayout) on one host of
+    `host_devices` devices (default: every device is one host's), beside the training mesh."""
+    n = host_devices or s.mesh.size
+    if s.mesh.size % n:
+        raise ValueError(f"--host_devices={n} does not divide the {s.mesh.size} devices of the mesh")
+    tensor = math.gcd(s.mesh.shape["tensor"], n)
+    host = sharding.make_mesh((1, n // tensor, tensor), list(s.mesh.devices.flat)[:n])
+    return sharding.SamplingLayout.create(s.program.actor_cfg, host, s.config.mesh.rules)
+
+
+def _cache_sharding(mesh: Mesh, cache) -> Any:
+    """The KV cache's rows over the batch axes and kv heads over `tensor`, where they divide."""
+    shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+
+    def one(x):
+        spec = [None] * x.ndim
+        if x.ndim >= 2:
+            row = 1 if x.ndim == 5 else 0  # k, v [L, B, S, K, H]; mask [B, S]
+            spec[row] = sharding.BATCH_AXES if x.shape[row] % shards == 0 else None
+            if x.ndim == 5 and x.shape[3] % mesh.shape["tensor"] == 0:
+                spec[3] = "tensor"
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P(*spec)))
+
+    return jax.tree.map(one, cache)
+
+
+def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = None) -> Phase:
+    """The sampler's own jitted program (rlver_jax.sampling) on one host's sampling copy of the
+    actor (`sampling_layout`: the compute dtype, split over the host's devices), its activations'
+    rows split over the host mesh's batch axes as the sampler traces them. Token ids come from the
+    host (replicated); a KV cache kept between turns has its rows and kv heads split."""
     cfg = s.program.actor_cfg
     # JaxPolicy fills stop and pad ids from the tokenizer; their values do not change the program.
     settings = dataclasses.replace(run.sampling_settings(s.config), stop_ids=(0, 1), pad_id=0)
-    params = s.state.actor
+    layout = sampling_layout(s, host_devices)
+    host = layout.local
+    params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, layout.dtype, sharding=sh),
+                          qwen2.abstract_params(cfg), layout.local_shardings)
     b, e = shapes.rows, shapes.prompt
-    sds = jax.ShapeDtypeStruct
-    ids, mask, rng = sds((b, e), jnp.int32), sds((b, e), jnp.bool_), sds((2,), jnp.uint32)
-    resident = _resident(s) - device_bytes(params)
+    replicated = NamedSharding(host, P())
+    sds = functools.partial(jax.ShapeDtypeStruct, sharding=replicated)
+    ids, mask, rng = sds((b, e), jnp.int32), sds((b, e), jnp.bool_), sds((b, 2), jnp.uint32)  # row keys
+    resident = _resident(s)  # the train state stays on the devices beside the sampling copy
+    copy = f"sampling copy {device_bytes(params) / GB:.2f} GB/device ({layout.dtype.__name__}, {host.size} devices per host)"
     if not shapes.cache_slots:
         # sampling.generate's settings: the run's, without cache slots.
-        compiled, secs = _compile(s, sampling._generate_jit, cfg, dataclasses.replace(settings, cache_slots=0), params,
-                                  ids, mask, rng)
-        return _phase("rollout", compiled, resident, secs, "prefill + decode loop, no cache")
-    cache = jax.eval_shape(lambda: qwen2.init_cache(cfg, b, shapes.cache_slots))
-    compiled, secs = _compile(s, sampling._continue_jit, cfg, settings, params, cache, ids, mask, sds((b,), jnp.int32),
-                              rng)
+        compiled, secs = _compile(s, sampling._generate_jit, cfg, dataclasses.replace(settings, cache_slots=0), host,
+                                  params, ids, mask, rng)
+        return _phase("rollout", compiled, resident, secs, f"prefill + decode loop, no cache; {copy}")
+    cache = _cache_sharding(host, jax.eval_shape(lambda: qwen2.init_cache(cfg, b, shapes.cache_slots)))
+    compiled, secs = _compile(s, sampling._continue_jit, cfg, settings, host, params, cache, ids, mask,
+                              sds((b,), jnp.int32), rng)
     # The cache stays on the devices between turns in the layout the program gives it.
-    cache_out = jax.tree.map(lambda x, sh: sds(x.shape, x.dtype, sharding=sh), cache, compiled.output_shardings[1])
+    cache_out = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), cache,
+                             compiled.output_shardings[1])
     per_group = device_bytes(cache_out)
     return _phase("rollout", compiled, resident + (shapes.groups - 1) * per_group, secs,
-                  f"cache {per_group / GB:.2f} GB/device per group of {b}, {shapes.groups} groups held")
+                  f"cache {per_group / GB:.2f} GB/device per group of {b}, {shapes.groups} groups held; {copy}")
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -306,7 +352,7 @@ def run_phases(s: Setup, phases: Sequence[str], feed_tokens: int) -> list[Phase]
         elif name in ("actor update", "critic update"):
             out.append(model_update_phase(s, name))
         elif name == "rollout":
-            out.append(rollout_phase(s, rollout_shapes(s.config, feed_tokens)))
+            out.append(rollout_phase(s, rollout_shapes(s.config, feed_tokens, s.hosts), s.host_devices))
         else:
             raise ValueError(f"unknown phase {name!r}; use some of {PHASES}")
     return out
@@ -326,15 +372,15 @@ def _largest(candidates: Sequence[int], fits: Callable[[int], bool]) -> int | No
 
 
 def _search(config: ml_collections.ConfigDict, budget: float, phase: str, feed_tokens: int,
-            log: Callable[[str], None], hoist_converts: bool = True) -> list[str]:
+            log: Callable[[str], None], hoist_converts: bool = True, host_devices: int | None = None) -> list[str]:
     """The train step: the largest micro-batch, else the longest dialogue, that fits `budget`
     bytes. The rollout: the fewest pipeline groups (most dialogues per sampler call), else the
     longest dialogue (no cache) or the most cache slots."""
-    s0 = abstract_setup(config, hoist_converts)
+    s0 = abstract_setup(config, hoist_converts, host_devices)
     shards = math.prod(s0.mesh.shape[a] for a in sharding.BATCH_AXES)
 
     def total(cfg) -> float:
-        (p,) = run_phases(abstract_setup(cfg, hoist_converts), [phase], feed_tokens)
+        (p,) = run_phases(abstract_setup(cfg, hoist_converts, host_devices), [phase], feed_tokens)
         log(f"  search: {phase} {p.total / GB:.2f} GB")
         return p.total
 
@@ -378,10 +424,10 @@ def _search(config: ml_collections.ConfigDict, budget: float, phase: str, feed_t
 
 def plan(config: ml_collections.ConfigDict, memory_gb: float = 16.0, phases: Sequence[str] = PHASES,
          feed_tokens: int = 512, search: bool = True, log: Callable[[str], None] = lambda _: None,
-         hoist_converts: bool = True) -> Plan:
+         hoist_converts: bool = True, host_devices: int | None = None) -> Plan:
     """Compile the phases of `config`'s run and, with `search`, find the largest shapes that fit
     wherever the train step or the rollout does not."""
-    s = abstract_setup(config, hoist_converts)
+    s = abstract_setup(config, hoist_converts, host_devices)
     sizes = {"actor params": device_bytes(s.state.actor), "actor AdamW state": device_bytes(s.state.actor_opt)}
     if s.state.critic is not None:
         sizes.update({"critic params": device_bytes(s.state.critic),
@@ -393,12 +439,12 @@ def plan(config: ml_collections.ConfigDict, memory_gb: float = 16.0, phases: Seq
     for name in phases:
         log(f"compiling {name} ...")
         done += run_phases(s, [name], feed_tokens)
-    result = Plan(s, done, memory_gb, sizes, describe_rollout(rollout_shapes(config, feed_tokens)))
+    result = Plan(s, done, memory_gb, sizes, describe_rollout(rollout_shapes(config, feed_tokens, s.hosts)))
     if search:
         for phase in done:
             if phase.total > memory_gb * GB and phase.name in ("train step", "rollout"):
                 log(f"{phase.name} does not fit: searching")
-                found = _search(config, memory_gb * GB, phase.name, feed_tokens, log, hoist_converts)
+                found = _search(config, memory_gb * GB, phase.name, feed_tokens, log, hoist_converts, host_devices)
                 result.suggestions.append(f"{phase.name}: {' '.join(found)}")
     return result
 
@@ -427,7 +473,7 @@ def format_plan(plan: Plan, label: str = "") -> str:
         *([f"note       micro-batch {rl.micro_batch_size} does not split over the {shards} batch shards: XLA "
            f"spreads its rows as it can (try --config.rl.micro_batch_size={shards * max(1, rl.micro_batch_size // shards)})"]
           if rl.micro_batch_size % shards else []),
-        f"rollout    {plan.rollout}; the training mesh's layout",
+        f"rollout    {plan.rollout}; the host-local sampling layout {dict(sampling_layout(s, s.host_devices).local.shape)}",
         *([f"compiler   {s.compiler_options} (XLA:CPU's fp32 copies of bf16 saved activations left out)"]
           if s.compiler_options else []),
         f"state per device ({unit}): " + ", ".join(f"{k} {v / scale:.3f}" for k, v in plan.sizes.items()),
@@ -437,6 +483,14 @@ def format_plan(plan: Plan, label: str = "") -> str:
         lines.append(f"  {ph.name:<15}{ph.resident / scale:9.3f} {ph.arguments / scale:9.3f} "
                      f"{ph.temporaries / scale:9.3f} {ph.outputs / scale:9.3f} {ph.total / scale:9.3f} "
                      f"{ph.seconds:7.1f}s  {ph.note}")
+    done = {ph.name: ph for ph in plan.phases}
+    if s.state.critic is not None and {"actor update", "critic update"} <= done.keys():
+        # What each update would need with the other model's state off the device: the trainer
+        # does not do this (one program holds both); the figure says what that lever is worth.
+        actor = done["actor update"].total - device_bytes((s.state.critic, s.state.critic_opt))
+        critic = done["critic update"].total - device_bytes((s.state.actor, s.state.actor_opt))
+        lines.append(f"idle off   with the idle model's params + AdamW state in host memory (not done today): "
+                     f"actor update {actor / scale:.3f}, critic update {critic / scale:.3f} {unit}")
     peak = plan.peak
     verdict = "fits" if plan.fits else "does NOT fit"
     lines.append(f"peak       {peak.total / scale:.3f} {unit} ({peak.name}): {verdict} in {plan.memory_gb:g} GB per device")

@@ -353,7 +353,7 @@ def shard_host_batch(mesh: Mesh, batch: Any) -> Any:
 # ----------------------------------------------------------------------------- jit
 
 
-def _split_batch_of_module_calls(mesh: Mesh, sequence_axes: tuple[str, ...] = ()):
+def split_activations(mesh: Mesh, sequence_axes: tuple[str, ...] = ()):
     """A Flax method interceptor that pins the leading (batch) dimension of every module call's
     first argument and array result (token ids, hidden states [B, T, D], logits) to BATCH_AXES,
     other dimensions left to XLA. Without it, XLA's propagation follows the FSDP-split embedding
@@ -421,7 +421,7 @@ def jit_sharded(
 
     @functools.wraps(fn)
     def traced(*args):
-        with _split_batch_of_module_calls(mesh, seq):
+        with split_activations(mesh, seq):
             return fn(*args)
 
     return jax.jit(traced, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums)

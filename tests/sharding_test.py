@@ -162,6 +162,27 @@ def test_sharded_forward_and_gradient_match_one_device(reference, shape):
     assert grads["layer_0"]["mlp"]["gate_kernel"].addressable_shards[0].data.shape == shards["gate"]
 
 
+@pytest.mark.parametrize("shape", [(1, 2, 4), (2, 2, 2)])
+def test_sequence_rule_splits_the_residual_stream_and_changes_no_number(reference, shape):
+    """With the rules, the residual stream between layers has its 16 tokens split over `tensor`
+    (a constraint in the lowered program; none under the `fsdp` preset, whose `sequence` rule is
+    None); loss, logits and every gradient still equal the single-device ones."""
+    ref_params, ref_loss, ref_logits, ref_grads = reference
+    mesh = sharding.make_mesh(shape)
+    p_sh = sharding.param_shardings(CONFIG, mesh, RULES)
+    b_sh = sharding.batch_shardings(mesh, _batch())
+    out = ((NamedSharding(mesh, P()), b_sh["input_ids"]), p_sh)
+    args = jax.device_put(ref_params, p_sh), sharding.shard_host_batch(mesh, _batch())
+    split = '[{"data", "fsdp"}, {"tensor"}, {}]'
+    for rules, constrained in [(RULES, True), ("fsdp", False)]:
+        step = sharding.jit_sharded(jax.value_and_grad(_loss, has_aux=True), (p_sh, b_sh), out, rules=rules)
+        assert (split in step.lower(*args).as_text()) == constrained
+        (loss, logits), grads = step(*args)
+        np.testing.assert_allclose(loss, ref_loss, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(logits, ref_logits, rtol=0, atol=1e-5)
+        jax.tree.map(lambda g, r: np.testing.assert_allclose(g, r, rtol=0, atol=1e-5), grads, ref_grads)
+
+
 def test_load_pretrained_places_each_tensor_on_the_mesh(reference, tmp_path):
     hf_io.save_pretrained(CONFIG, reference[0], tmp_path / "hf")
     mesh = sharding.make_mesh((1, 2, 4))
