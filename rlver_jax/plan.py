@@ -399,7 +399,7 @@ def _search(config: ml_collections.ConfigDict, budget: float, phase: str, feed_t
         start = step
     else:
         r, out = config.rollout, []
-        dialogues = r.profiles_per_step * r.n
+        dialogues = r.profiles_per_step * r.n // s0.hosts  # one host's
         groups = r.pipeline_groups * 2
         while groups <= dialogues:  # fewer dialogues per sampler call
             log(f"  search: pipeline_groups={groups}")
