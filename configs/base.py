@@ -71,10 +71,12 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout.max_new_tokens = 48 if tiny else 5000  # tokens per policy turn
     c.rollout.max_total_tokens = 1024 if tiny else 15000  # per training row (prompt 5000 + response 10000)
     # KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
-    # 0 re-encodes the history every turn (less memory held between turns; off at 0.5B and 7B,
-    # where launch/plan.py sizes it, docs/sharding.md). With think_history "drop" a turn's prompt no
-    # longer extends what the cache holds (the thoughts are gone), so its row is encoded afresh each turn.
-    c.rollout.cache_slots = 2 * c.rollout.max_total_tokens if tiny else 0
+    # 0 re-encodes the history every turn (less memory held between turns). With think_history
+    # "drop" a turn's prompt no longer extends what the cache holds (the thoughts are gone), so its
+    # row is encoded afresh each turn and a cache only holds memory: off in think mode. On for 7B
+    # without thinking: 0.86 GB/device per PPO pipeline group on 16 devices, the rollout 18.5 GB/device
+    # (PPO) and 23.6 (GRPO), which fits 32 GB chips, not 16 (launch/plan.py, docs/sharding.md); off at 0.5B.
+    c.rollout.cache_slots = 2 * c.rollout.max_total_tokens if tiny or (preset == "7b" and not think) else 0
     c.rollout.temperature = 1.0  # paper: 1.0
     c.rollout.top_p = 1.0  # paper: 1.0
     c.rollout.top_k = 0  # 0 = off
