@@ -65,6 +65,23 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     assert "no LM head" in text and "KV cache of 256 slots" in text
 
 
+def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
+    """Two hosts of 4 devices: a host samples its 4 of the 8 dialogues on its own copy of the
+    actor (SamplingLayout over its devices) beside the whole train state; the program's
+    arguments are that copy and the host's token ids, mask and row keys (replicated), by hand."""
+    config = _config(ppo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 128, "rollout.cache_slots": 0,
+                                                    "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2)})
+    s = plan.abstract_setup(config, host_devices=4)
+    shapes = plan.rollout_shapes(config, 512, s.hosts)
+    assert s.hosts == 2 and (shapes.rows, shapes.prompt) == (4, 128)
+    layout = plan.sampling_layout(s, 4)
+    assert dict(layout.local.shape) == {"data": 1, "fsdp": 2, "tensor": 2}
+    phase = plan.rollout_phase(s, shapes, 4)
+    assert phase.resident == plan.device_bytes(s.state)
+    b, e = shapes.rows, shapes.prompt
+    assert phase.arguments == layout.device_bytes(s.program.actor_cfg) + b * e * (4 + 1) + b * 2 * 4
+
+
 def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp_path, monkeypatch):
     """The search against a hand-made cost (bytes = micro-batch x tokens): it recompiles (here:
     re-plans) with each override and returns the largest shape under the budget."""
