@@ -308,7 +308,8 @@ def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = No
     sds = functools.partial(jax.ShapeDtypeStruct, sharding=replicated)
     ids, mask, rng = sds((b, e), jnp.int32), sds((b, e), jnp.bool_), sds((b, 2), jnp.uint32)  # row keys
     resident = _resident(s)  # the train state stays on the devices beside the sampling copy
-    copy = f"sampling copy {device_bytes(params) / GB:.2f} GB/device ({layout.dtype.__name__}, {host.size} devices per host)"
+    copy = (f"sampling copy {device_bytes(params) / GB:.2f} GB/device ({layout.dtype.__name__}, "
+            f"{host.size} devices per host)")
     if not shapes.cache_slots:
         # sampling.generate's settings: the run's, without cache slots.
         compiled, secs = _compile(s, sampling._generate_jit, cfg, dataclasses.replace(settings, cache_slots=0), host,

@@ -254,7 +254,8 @@ def cached_attention(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.A
         def key_block(j, carry):
             m, l, acc = carry
             k_slot = j * block + jnp.arange(block)
-            ok = (k_slot[None, :] <= q_slot[:, None])[None] & jax.lax.dynamic_index_in_dim(mb, j, keepdims=False)[:, None]
+            real = jax.lax.dynamic_index_in_dim(mb, j, keepdims=False)  # [B, block]
+            ok = (k_slot[None, :] <= q_slot[:, None])[None] & real[:, None]
             sc = jnp.einsum("BKGqH,BKsH->BKGqs", q_i, jax.lax.dynamic_index_in_dim(kb, j, keepdims=False),
                             preferred_element_type=f32) * (h ** -0.5)
             sc = sc + jnp.where(ok, 0.0, NEG_INF)[:, None, None]
