@@ -39,13 +39,18 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.model.scan_layers = not tiny  # compile one layer, not 28
     c.model.remat = "none" if tiny else "full"  # recompute activations in the backward pass
     c.model.attention = "auto"  # auto | xla | blockwise (memory ~ T) | cudnn (GPU) | splash (TPU): docs/attention.md
+    # MLP over token chunks of at most this many tokens (0: whole rows); 7B: docs/sharding.md, memory plan
+    c.model.mlp_chunk = 0 if tiny else 1024
 
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)
 
-    c.mesh = get_mesh_config(
-        shape=(1, -1, 1),  # (data, fsdp, tensor) devices; one entry may be -1: the remaining devices
-        rules="fsdp")  # fsdp | tensor | fsdp_tensor (sharding.RULE_PRESETS), or (logical axis, mesh axes) pairs
+    # (data, fsdp, tensor) devices, one entry may be -1 (the remaining devices); rules: fsdp | tensor |
+    # fsdp_tensor (sharding.RULE_PRESETS) or (logical axis, mesh axes) pairs. 7B: tensor=4 splits its
+    # 28 heads / 4 kv heads, MLP, vocabulary and the residual stream's tokens (the `sequence` rule), so
+    # each batch shard holds one dialogue; on 16 x 16 GB GRPO fits, PPO does not (docs/sharding.md).
+    c.mesh = get_mesh_config(shape=(1, -1, 4), rules="fsdp_tensor") if preset == "7b" else \
+        get_mesh_config(shape=(1, -1, 1), rules="fsdp")
     c.simulator = get_simulator_config()
     if tiny:
         c.simulator.backend = "embedded"
@@ -66,10 +71,12 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout.max_new_tokens = 48 if tiny else 5000  # tokens per policy turn
     c.rollout.max_total_tokens = 1024 if tiny else 15000  # per training row (prompt 5000 + response 10000)
     # KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
-    # 0 re-encodes the history every turn (less memory held between turns: the 7B default). With
-    # think_history "drop" a turn's prompt no longer extends what the cache holds (the thoughts
-    # are gone), so its row is encoded afresh each turn.
-    c.rollout.cache_slots = 2 * c.rollout.max_total_tokens if tiny else 0
+    # 0 re-encodes the history every turn (less memory held between turns). With think_history
+    # "drop" a turn's prompt no longer extends what the cache holds (the thoughts are gone), so its
+    # row is encoded afresh each turn and a cache only holds memory: off in think mode. On for 7B
+    # without thinking: 0.86 GB/device per PPO pipeline group on 16 devices, the rollout 18.5 GB/device
+    # (PPO) and 23.6 (GRPO), which fits 32 GB chips, not 16 (launch/plan.py, docs/sharding.md); off at 0.5B.
+    c.rollout.cache_slots = 2 * c.rollout.max_total_tokens if tiny or (preset == "7b" and not think) else 0
     c.rollout.temperature = 1.0  # paper: 1.0
     c.rollout.top_p = 1.0  # paper: 1.0
     c.rollout.top_k = 0  # 0 = off
@@ -105,6 +112,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.ppo_epochs = 1  # passes over each rollout batch
     c.rl.mini_batch_size = 0  # in dialogues; 0 = the whole batch (paper: mini-batch = batch = 32)
     c.rl.micro_batch_size = 8 if tiny else 4  # gradient accumulation unit (memory)
+    c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
 
     c.optim = ml_collections.ConfigDict()
     c.optim.actor = ml_collections.ConfigDict(dict(

@@ -3,7 +3,8 @@
 
 A config's `model` section names the policy: a Hugging Face directory (`model.path`), or for the
 tiny preset a random model and a tokenizer built locally. The PPO critic is the actor's weights
-with a zero-initialised value head, or the Hugging Face directory `critic.path`.
+without the LM head and with a zero-initialised value head, or the Hugging Face directory
+`critic.path` (a critic exported as Qwen2ForTokenClassification, or a causal LM).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ Params = Any
 def model_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """The Qwen2Config fields a run's `config.model` sets on top of the architecture."""
     m = config.model
-    # .get: the config.json of runs saved before the attention field existed
+    # .get: the config.json of runs saved before the attention and mlp_chunk fields existed
     return dict(param_dtype=m.param_dtype, dtype=m.dtype, scan_layers=m.scan_layers, remat=m.remat,
-                attention=m.get("attention", "auto"))
+                attention=m.get("attention", "auto"), mlp_chunk=m.get("mlp_chunk", 0))
 
 
 def tiny_tokenizer(directory: pathlib.Path) -> chat.ChatTokens:
@@ -50,18 +51,19 @@ def load_tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> 
     return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(path))
 
 
-def policy_architecture(config: ml_collections.ConfigDict) -> Qwen2Config:
-    """The actor's architecture: the Hugging Face config.json at `config.model.path`, or the tiny preset."""
+def policy_architecture(config: ml_collections.ConfigDict, any_preset: bool = False) -> Qwen2Config:
+    """The actor's architecture: the Hugging Face config.json at `config.model.path`, or the tiny
+    preset; with `any_preset` (the memory planner, which reads no weights) any `config.model.preset`."""
     overrides = model_config(config)
     if config.model.path:
         cfg_file = pathlib.Path(config.model.path) / "config.json"
         if not cfg_file.exists():
             raise FileNotFoundError(f"{cfg_file}: not found; config.model.path must be a Hugging Face model directory")
         return hf_io.config_from_hf(json.loads(cfg_file.read_text()), **overrides)
-    if config.model.preset != "tiny":
+    if config.model.preset != "tiny" and not any_preset:
         raise ValueError(f"config.model.path is empty for preset {config.model.preset!r}: set "
                          "--config.model.path to a local Hugging Face directory (random init is for tiny only)")
-    return get_preset("tiny", **overrides)
+    return get_preset(config.model.preset, **overrides)
 
 
 def load_policy(config: ml_collections.ConfigDict, cfg: Qwen2Config, shardings: Params,
@@ -75,12 +77,19 @@ def load_policy(config: ml_collections.ConfigDict, cfg: Qwen2Config, shardings: 
     return sharding.init_sharded_params(cfg, init_key, shardings=shardings)
 
 
+def critic_config(actor_cfg: Qwen2Config) -> Qwen2Config:
+    """The PPO critic's architecture: the actor's, with a value head in place of the LM head."""
+    return actor_cfg.replace(value_head=True)
+
+
 def critic_from_actor(actor_cfg: Qwen2Config, actor: Params) -> tuple[Qwen2Config, Params]:
-    """A critic initialised from the actor's weights (a copy), with a zero-initialised value head."""
-    critic_cfg = actor_cfg.replace(value_head=True)
+    """A critic initialised from the actor's weights (a copy of all but the LM head), with a
+    zero-initialised value head."""
+    critic_cfg = critic_config(actor_cfg)
     abstract = qwen2.abstract_params(critic_cfg.replace(num_layers=0))
     head = {k: jnp.zeros(v.shape, v.dtype) for k, v in abstract.items() if k.startswith("value_")}
-    return critic_cfg, {**jax.tree.map(jnp.array, actor), **head}
+    body = {k: jax.tree.map(jnp.array, v) for k, v in actor.items() if k != "lm_head"}
+    return critic_cfg, {**body, **head}
 
 
 def load_critic(config: ml_collections.ConfigDict, critic_cfg: Qwen2Config, actor: Params,

@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 
 from rlver_jax import builders, chat, sharding, tracking
 from rlver_jax.config_checks import check_config
+from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import trainer
 from rlver_jax.rollout.episodes import RolloutSettings
@@ -117,7 +118,7 @@ def split_profiles(config: ml_collections.ConfigDict) -> tuple[list[Profile], li
     return (train[:-k], train[-k:]) if k else (train, [])
 
 
-def _check_mesh(rl: trainer.RLSettings, mesh: Mesh, config: ml_collections.ConfigDict) -> None:
+def check_mesh(rl: trainer.RLSettings, mesh: Mesh, config: ml_collections.ConfigDict) -> None:
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     if rl.mini_batch_size % shards:
         raise ValueError(
@@ -149,6 +150,55 @@ def _tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat
         return builders.load_tokenizer(config, workdir)
     with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
         return builders.load_tokenizer(config, pathlib.Path(tmp))
+def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
+                    ) -> tuple[trainer.Optimizer, trainer.Optimizer | None]:
+    """The actor's and (PPO) the critic's optimizer; their schedules count the run's optimizer steps."""
+    r = config.rollout
+    optimizer_steps = config.train.steps * rl.ppo_epochs * (r.profiles_per_step * r.n // rl.mini_batch_size)
+    actor_opt = trainer.make_optimizer(trainer.OptimSettings(**config.optim.actor), optimizer_steps)
+    if not rl.uses_critic:
+        return actor_opt, None
+    return actor_opt, trainer.make_optimizer(trainer.OptimSettings(**config.optim.critic), optimizer_steps)
+
+
+def sampling_settings(config: ml_collections.ConfigDict) -> SamplingSettings:
+    r = config.rollout
+    return SamplingSettings(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                            max_new_tokens=r.max_new_tokens, cache_slots=r.cache_slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateProgram:
+    """The update side of a run before any weight exists: models, optimizers, shardings and the
+    jitted train step. build_run loads weights into it; launch/plan.py compiles it from shapes."""
+
+    actor_cfg: Qwen2Config
+    critic_cfg: Qwen2Config | None  # None: no critic (GRPO)
+    actor_opt: trainer.Optimizer
+    critic_opt: trainer.Optimizer | None
+    actor_shardings: Any
+    critic_shardings: Any | None
+    shardings: trainer.TrainState  # NamedShardings of every state leaf
+    ref_shardings: Any | None  # the frozen reference policy (a KL term only)
+    fns: trainer.UpdateFns
+
+
+def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, mesh: Mesh,
+                   actor_cfg: Qwen2Config) -> UpdateProgram:
+    """Everything of the update that follows from the config and the actor's architecture."""
+    actor_sh = sharding.param_shardings(actor_cfg, mesh, config.mesh.rules)
+    actor_opt, critic_opt = make_optimizers(config, rl)
+    critic_cfg = critic_sh = critic = critic_tx = None
+    if rl.uses_critic:
+        critic_cfg = builders.critic_config(actor_cfg)
+        critic_sh = sharding.param_shardings(critic_cfg, mesh, config.mesh.rules)
+        critic, critic_tx = qwen2.abstract_params(critic_cfg), critic_opt.tx
+    state_sh = trainer.state_shardings(actor_opt.tx, qwen2.abstract_params(actor_cfg), actor_sh, critic_tx, critic,
+                                       critic_sh)
+    ref_sh = actor_sh if rl.uses_reference else None
+    fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, ref_sh,
+                                  config.mesh.rules)
+    return UpdateProgram(actor_cfg, critic_cfg, actor_opt, critic_opt, actor_sh, critic_sh, state_sh, ref_sh, fns)
 
 
 def build_run(config: ml_collections.ConfigDict) -> Run:
@@ -164,8 +214,6 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     rollout = RolloutSettings(think=r.think, max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
                               format_failure=r.format_failure, pipeline_groups=r.pipeline_groups,
                               think_history=r.think_history)
-    sampling_settings = SamplingSettings(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                         max_new_tokens=r.max_new_tokens, cache_slots=r.cache_slots)
     train_profiles, eval_profiles = split_profiles(config)
     simulator = SimulatorSettings.from_config(config.simulator)
     tracking_settings = dataclasses.replace(tracking.TrackingSettings.from_config(config), run_dir=str(workdir))
@@ -173,7 +221,7 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     chat_tokens = _tokenizer(config, workdir)
 
     mesh = sharding.make_mesh(config.mesh.shape)
-    _check_mesh(rl, mesh, config)
+    check_mesh(rl, mesh, config)
     owner = dialogue_processes(config, mesh)
     own = np.flatnonzero(owner == jax.process_index())
     log.info("process %d of %d: %d local devices (%s), dialogues %s of the %d per step", jax.process_index(),
@@ -182,29 +230,21 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     if actor_cfg.vocab_size < len(chat_tokens.tokenizer):
         raise ValueError(f"tokenizer has {len(chat_tokens.tokenizer)} tokens but the model's vocab_size is "
                          f"{actor_cfg.vocab_size}: config.model.tokenizer_path does not match the model")
-    actor_sh = sharding.param_shardings(actor_cfg, mesh, config.mesh.rules)
-    actor = builders.load_policy(config, actor_cfg, actor_sh, trainer.seed_keys(config.seed).init)
+    prog = update_program(config, rl, mesh, actor_cfg)
+    actor = builders.load_policy(config, actor_cfg, prog.actor_shardings, trainer.seed_keys(config.seed).init)
     ref_params = jax.tree.map(jnp.copy, actor) if rl.uses_reference else None
-    optimizer_steps = config.train.steps * rl.ppo_epochs * (r.profiles_per_step * r.n // rl.mini_batch_size)
-    actor_opt = trainer.make_optimizer(trainer.OptimSettings(**config.optim.actor), optimizer_steps)
-    critic_cfg = critic = critic_opt = critic_tx = critic_sh = None
+    critic = critic_tx = None
     if rl.uses_critic:
-        critic_cfg = actor_cfg.replace(value_head=True)
-        critic_sh = sharding.param_shardings(critic_cfg, mesh, config.mesh.rules)
-        critic = builders.load_critic(config, critic_cfg, actor, critic_sh)
-        critic_opt = trainer.make_optimizer(trainer.OptimSettings(**config.optim.critic), optimizer_steps)
-        critic_tx = critic_opt.tx
-    state_sh = trainer.state_shardings(actor_opt.tx, actor, actor_sh, critic_tx, critic, critic_sh)
-    state = trainer.init_train_state(actor, actor_opt.tx, critic, critic_tx, config.seed, shardings=state_sh)
-    fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh,
-                                  None if ref_params is None else actor_sh)
-    return Run(workdir=workdir, storage=storage, rl=rl, rollout=rollout, sampling=sampling_settings,
+        critic = builders.load_critic(config, prog.critic_cfg, actor, prog.critic_shardings)
+        critic_tx = prog.critic_opt.tx
+    state = trainer.init_train_state(actor, prog.actor_opt.tx, critic, critic_tx, config.seed, shardings=prog.shardings)
+    return Run(workdir=workdir, storage=storage, rl=rl, rollout=rollout, sampling=sampling_settings(config),
                simulator=simulator, eval=EvalSettings.from_config(config, simulator), tracking=tracking_settings,
                chat=chat_tokens, train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh,
                dialogue_process=owner, own_dialogues=own,
                sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, config.mesh.rules), actor_cfg=actor_cfg,
-               critic_cfg=critic_cfg, actor_opt=actor_opt, critic_opt=critic_opt, shardings=state_sh, state=state,
-               ref_params=ref_params, fns=fns)
+               critic_cfg=prog.critic_cfg, actor_opt=prog.actor_opt, critic_opt=prog.critic_opt,
+               shardings=prog.shardings, state=state, ref_params=ref_params, fns=prog.fns)
 
 
 def _ranges(rows: np.ndarray) -> str:

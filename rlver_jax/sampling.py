@@ -16,6 +16,7 @@ C vocabulary blocks of W tokens.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -24,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlver_jax import sharding
 from rlver_jax.buckets import MIN_PROMPT_BUCKET, bucket
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
@@ -120,7 +122,7 @@ def generate(
     bb = bucket(b, batch_buckets)
     ids_BP, mask_BP = pad_left([row[m] for row, m in zip(ids, mask)], bucket(t, length_buckets, MIN_PROMPT_BUCKET),
                                settings.pad_id, bb)
-    out = _generate_jit(config, settings, params, ids_BP, mask_BP, _pad_row_keys(rng, b, bb))
+    out = _generate_jit(config, settings, params_mesh(params), params, ids_BP, mask_BP, _pad_row_keys(rng, b, bb))
     return out if bb == b else jax.tree.map(lambda x: x[:b], out)
 
 
@@ -333,18 +335,41 @@ def _extend_and_decode(config: Qwen2Config, settings: SamplingSettings, params: 
     return final.out, final.cache, fed_B
 
 
-def _generate_program(config: Qwen2Config, settings: SamplingSettings, params: Params,
-                      ids_BP: jax.Array, mask_BP: jax.Array, rng: jax.Array) -> Generation:
+def params_mesh(params: Params) -> jax.sharding.Mesh | None:
+    """The mesh that `params` are split over (a sampling copy: SamplingLayout.local), or None."""
+    placement = getattr(jax.tree.leaves(params)[0], "sharding", None)
+    if isinstance(placement, jax.sharding.NamedSharding) and placement.mesh.size > 1:
+        return placement.mesh
+    return None
+
+
+def _activations_split(mesh: jax.sharding.Mesh | None):
+    """Trace a sampler program with its activations' rows split over the batch axes of the
+    parameters' mesh (sharding.split_activations), as the update's are; none on one device."""
+    return contextlib.nullcontext() if mesh is None else sharding.split_activations(mesh)
+
+
+def _generate_program(config: Qwen2Config, settings: SamplingSettings, mesh: jax.sharding.Mesh | None,
+                      params: Params, ids_BP: jax.Array, mask_BP: jax.Array, rng: jax.Array) -> Generation:
     b, p = ids_BP.shape
-    cache = qwen2.init_cache(config, b, p + settings.max_new_tokens)
-    out, _, _ = _extend_and_decode(config, settings, params, cache, ids_BP, mask_BP,
-                                   jnp.zeros((b,), jnp.int32), rng)
+    with _activations_split(mesh):
+        cache = qwen2.init_cache(config, b, p + settings.max_new_tokens)
+        out, _, _ = _extend_and_decode(config, settings, params, cache, ids_BP, mask_BP,
+                                       jnp.zeros((b,), jnp.int32), rng)
     return out
 
 
-_generate_jit = jax.jit(_generate_program, static_argnums=(0, 1))
+def _continue_program(config: Qwen2Config, settings: SamplingSettings, mesh: jax.sharding.Mesh | None,
+                      params: Params, cache: qwen2.KVCache, ids_BE: jax.Array, mask_BE: jax.Array,
+                      start_pos_B: jax.Array, rng: jax.Array):
+    with _activations_split(mesh):
+        return _extend_and_decode(config, settings, params, cache, ids_BE, mask_BE, start_pos_B, rng)
 
-_continue_jit = jax.jit(_extend_and_decode, static_argnums=(0, 1), donate_argnums=(3,))
+
+# The mesh is static: the split is fixed at trace time.
+_generate_jit = jax.jit(_generate_program, static_argnums=(0, 1, 2))
+
+_continue_jit = jax.jit(_continue_program, static_argnums=(0, 1, 2), donate_argnums=(4,))
 
 
 def continue_generation(
@@ -368,7 +393,7 @@ def continue_generation(
     rest, at most the last one, start the next call's new tokens). rng: a key, or one per row of
     the cache (`row_keys`).
     """
-    return _continue_jit(config, settings, params, cache, jnp.asarray(new_ids, jnp.int32),
+    return _continue_jit(config, settings, params_mesh(params), params, cache, jnp.asarray(new_ids, jnp.int32),
                          jnp.asarray(new_mask, bool), jnp.asarray(start_positions, jnp.int32), rng)
 
 

@@ -41,19 +41,23 @@ MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 # Every logical name the model uses appears in every preset, so a preset works for any mesh
 # shape; axes of size 1 shard nothing.
+# `sequence` names an activation dimension, not a parameter's: the token axis of the residual
+# stream between decoder layers (what remat saves per layer). Split over `tensor` (Megatron's
+# sequence parallelism) each device keeps 1/tensor of it; inside a layer XLA gathers the tokens
+# for the head- and MLP-split matmuls. Optional in an explicit rules list (absent: not split).
 RULE_PRESETS: dict[str, tuple[tuple[str, Any], ...]] = {
     # ZeRO-3 style: every matrix split along its model-width dimension.
     "fsdp": (
         ("vocab", None), ("embed", "fsdp"), ("heads", None), ("kv_heads", None),
-        ("head_dim", None), ("mlp", None), ("norm", None), ("layers", None)),
+        ("head_dim", None), ("mlp", None), ("norm", None), ("layers", None), ("sequence", None)),
     # Megatron style: attention heads, MLP width and vocabulary split; model width replicated.
     "tensor": (
         ("vocab", "tensor"), ("embed", None), ("heads", "tensor"), ("kv_heads", "tensor"),
-        ("head_dim", None), ("mlp", "tensor"), ("norm", None), ("layers", None)),
+        ("head_dim", None), ("mlp", "tensor"), ("norm", None), ("layers", None), ("sequence", "tensor")),
     # Both: model width over fsdp, the Megatron dimensions over tensor.
     "fsdp_tensor": (
         ("vocab", "tensor"), ("embed", "fsdp"), ("heads", "tensor"), ("kv_heads", "tensor"),
-        ("head_dim", None), ("mlp", "tensor"), ("norm", None), ("layers", None)),
+        ("head_dim", None), ("mlp", "tensor"), ("norm", None), ("layers", None), ("sequence", "tensor")),
 }
 
 _log = logging.getLogger(__name__)
@@ -347,13 +351,18 @@ def shard_host_batch(mesh: Mesh, batch: Any) -> Any:
 # ----------------------------------------------------------------------------- jit
 
 
-def _split_batch_of_module_calls(mesh: Mesh):
+def split_activations(mesh: Mesh, sequence_axes: tuple[str, ...] = ()):
     """A Flax method interceptor that pins the leading (batch) dimension of every module call's
     first argument and array result (token ids, hidden states [B, T, D], logits) to BATCH_AXES,
     other dimensions left to XLA. Without it, XLA's propagation follows the FSDP-split embedding
     table and splits the model width instead, replicating the batch on every device (0.5B, 16
-    devices: 85 GB of temporaries per device instead of 12). The model stays free of sharding."""
+    devices: 85 GB of temporaries per device instead of 12). The model stays free of sharding.
+
+    With `sequence_axes` (the `sequence` rule), the residual stream a decoder layer takes and
+    returns without a KV cache ([B, T, D], the carry that remat saves) also has its tokens split
+    over those axes where they divide T."""
     n = _batch_shards(mesh)
+    s = math.prod(mesh.shape[a] for a in sequence_axes)
 
     def split(x):
         if isinstance(x, jax.Array) and x.ndim >= 2 and x.shape[0] % n == 0:
@@ -361,7 +370,17 @@ def _split_batch_of_module_calls(mesh: Mesh):
             return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
         return x
 
+    def split_residual(carry):  # a DecoderLayer carry: (x [B, T, D], cache or None)
+        x, cache = carry
+        if cache is not None or x.shape[0] % n or x.shape[1] % s:
+            return carry
+        spec = P(BATCH_AXES, sequence_axes[0] if len(sequence_axes) == 1 else sequence_axes, None)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)), cache
+
     def interceptor(next_fun, args, kwargs, context):
+        if s > 1 and isinstance(context.module, qwen2.DecoderLayer) and context.method_name == "__call__":
+            out, extra = next_fun(split_residual(args[0]), *args[1:], **kwargs)
+            return split_residual(out), extra
         if args:
             args = (split(args[0]),) + tuple(args[1:])
         return split(next_fun(*args, **kwargs))
@@ -369,14 +388,23 @@ def _split_batch_of_module_calls(mesh: Mesh):
     return nn.intercept_methods(interceptor)
 
 
+def sequence_axes(mesh: Mesh, rules: RulesLike | None) -> tuple[str, ...]:
+    """The mesh axes of size > 1 that the `sequence` rule splits the residual stream over."""
+    if rules is None:
+        return ()
+    return tuple(a for a in resolve_rules(rules).get("sequence", ()) if mesh.shape[a] > 1)
+
+
 def jit_sharded(
     fn: Callable,
     in_shardings: Any,
     out_shardings: Any,
     donate_argnums: int | Sequence[int] = (),
+    rules: RulesLike | None = None,
 ) -> Any:
     """`jax.jit(fn)` with explicit in/out shardings, donated buffers, and the batch dimension of
-    model activations kept split over BATCH_AXES while `fn` is traced. The result also serves
+    model activations kept split over BATCH_AXES while `fn` is traced (with `rules`, also the
+    residual stream's tokens over the `sequence` rule's axes). The result also serves
     `.lower(...).compile()`. All shardings must be NamedShardings of one mesh (None leaves: XLA
     chooses): a mix of meshes would make XLA reshard silently on every call."""
     leaves = jax.tree.leaves((in_shardings, out_shardings))
@@ -387,10 +415,11 @@ def jit_sharded(
             f"jit_sharded takes NamedShardings of one mesh; got {len(meshes)} meshes and "
             f"{len(others)} other shardings {others[:1]}")
     (mesh,) = meshes
+    seq = sequence_axes(mesh, rules)
 
     @functools.wraps(fn)
     def traced(*args):
-        with _split_batch_of_module_calls(mesh):
+        with split_activations(mesh, seq):
             return fn(*args)
 
     return jax.jit(traced, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums)

@@ -156,3 +156,29 @@ def test_model_logits_and_gradients_equal_across_paths():
     np.testing.assert_allclose(np.asarray(logp1)[real], np.asarray(logp0)[real], atol=1e-5)
     np.testing.assert_allclose(l1, l0, atol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g1, g0)
+
+
+@pytest.mark.parametrize("index,t,s", [(0, 37, 45), (5, 20, 33), (0, 16, 16)])
+def test_cached_attention_in_blocks_matches_the_slot_reference(index, t, s):
+    """Queries at cache slots [index, index + t) over s slots with holes in the mask (earlier
+    turns' padding): the blocked prefill (block 8: full, partial and skipped key blocks) equals a
+    plain softmax over the allowed slots, and the dense path below the block size too."""
+    keys = jax.random.split(jax.random.key(3), 3)
+    b, n, kh, h = 3, 6, 2, 8
+    q = jax.random.normal(keys[0], (b, t, n, h))
+    k, v = (jax.random.normal(x, (b, s, kh, h)) for x in keys[1:])
+    mask = np.zeros((b, s), bool)
+    mask[0, :index + t] = True  # every slot written
+    mask[1, 3:index + t] = True  # left padding
+    mask[2, :index + t] = np.arange(index + t) % 3 != 1  # holes
+    q_slot, k_slot = index + np.arange(t), np.arange(s)
+    ok = (k_slot[None, None, :] <= q_slot[None, :, None]) & mask[:, None, :]
+    kr, vr = np.repeat(np.asarray(k), n // kh, axis=2), np.repeat(np.asarray(v), n // kh, axis=2)
+    sc = np.einsum("btnh,bsnh->bnts", np.asarray(q, np.float64), kr) / np.sqrt(h)
+    sc = np.where(ok[:, None], sc, -np.inf)
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    ref = np.einsum("bnts,bsnh->btnh", p / p.sum(-1, keepdims=True), vr)
+    real = mask[:, index:index + t]  # the queries of real tokens
+    for block in (8, 64):  # blocked; one block of more than t queries: dense
+        out = attention.cached_attention(q, k, v, jnp.int32(index), jnp.asarray(mask), jnp.float32, block=block)
+        np.testing.assert_allclose(np.asarray(out)[real], ref[real], atol=1e-5, rtol=0)

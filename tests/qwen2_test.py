@@ -6,9 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors
 import torch
 import transformers
 
+from rlver_jax import builders
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
 
@@ -78,6 +80,32 @@ def test_save_pretrained_loads_in_transformers(tmp_path, tied):
     # And back: our loader reads our writer's output exactly.
     _, reloaded = hf_io.load_pretrained(path)
     jax.tree.map(np.testing.assert_array_equal, reloaded, params)
+
+
+def test_critic_exports_as_token_classification_without_lm_head(tmp_path):
+    """A critic (untied 7B-like layout) is written as Qwen2ForTokenClassification with one label:
+    no lm_head tensor; transformers' scores are our values; our loader reads it back exactly, and
+    a causal-LM checkpoint loads as a critic with a zero value head and no LM head."""
+    config = get_preset("tiny", tie_word_embeddings=False)
+    critic_cfg, critic = builders.critic_from_actor(config, qwen2.init_params(config, jax.random.key(4)))
+    critic["value_kernel"] = jax.random.normal(jax.random.key(5), critic["value_kernel"].shape)
+    critic["value_bias"] = jnp.asarray(0.25, jnp.float32)
+    path = hf_io.save_pretrained(critic_cfg, critic, tmp_path / "critic")
+    with safetensors.safe_open(str(path / "model.safetensors"), "numpy") as f:
+        names = set(f.keys())
+    assert "lm_head.weight" not in names and {"score.weight", "score.bias"} <= names
+    model = transformers.AutoModelForTokenClassification.from_pretrained(path, torch_dtype=torch.float32).eval()
+    ids, mask, positions = left_padded_batch(config.vocab_size)
+    h, _ = qwen2.hidden_states(critic_cfg, critic, jnp.asarray(ids), jnp.asarray(mask))
+    ours = np.asarray(qwen2.values_from_hidden(critic_cfg, critic, h))
+    theirs = torch_logits(model, ids, mask, positions)[..., 0]
+    np.testing.assert_allclose(ours[mask.astype(bool)], theirs[mask.astype(bool)], atol=1e-4, rtol=0)
+    _, reloaded = hf_io.load_pretrained(path, value_head=True)
+    jax.tree.map(np.testing.assert_array_equal, reloaded, critic)
+    _, model_path = make_hf_model(tmp_path, tied=False)
+    lm_cfg, from_lm = hf_io.load_pretrained(model_path, value_head=True)
+    assert "lm_head" not in from_lm and float(jnp.abs(from_lm["value_kernel"]).sum()) == 0.0
+    assert jax.tree.structure(from_lm) == jax.tree.structure(qwen2.abstract_params(lm_cfg))
 
 
 def test_sharded_checkpoint_roundtrip(tmp_path):
@@ -212,6 +240,25 @@ def test_remat_does_not_change_gradients():
     g0 = jax.grad(loss)(params, base)
     g1 = jax.grad(loss)(params, base.replace(remat="full"))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
+
+
+@pytest.mark.parametrize("chunk", [1, 4])  # T=11 and 12: chunks of 1 token; of 4 (and 1)
+def test_mlp_over_token_chunks_matches_transformers_and_the_whole_mlps_gradients(tmp_path, chunk):
+    model, path = make_hf_model(tmp_path, tied=False)
+    config, params = hf_io.load_pretrained(path, scan_layers=True, remat="full")
+    chunked = config.replace(mlp_chunk=chunk)
+    ids, mask, positions = left_padded_batch(config.vocab_size)
+    valid = mask.astype(bool)
+    ours = np.asarray(qwen2.forward(chunked, params, jnp.asarray(ids), jnp.asarray(mask)))
+    np.testing.assert_allclose(ours[valid], torch_logits(model, ids, mask, positions)[valid], atol=1e-4, rtol=0)
+    wide = jnp.asarray(np.pad(ids, ((0, 0), (1, 0)))), jnp.asarray(np.pad(mask, ((0, 0), (1, 0))))  # T=12
+
+    def loss(p, cfg):
+        logp = jax.nn.log_softmax(qwen2.forward(cfg, p, *wide))
+        return jnp.sum(jnp.where(wide[1][..., None] > 0, logp[..., :7], 0.0))
+
+    g_whole, g_chunked = jax.grad(loss)(params, config), jax.grad(loss)(params, chunked)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), g_whole, g_chunked)
 
 
 # --------------------------------------------------------------------------- config_from_hf: RoPE spellings

@@ -11,7 +11,7 @@ import torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlver_jax import sampling
-from rlver_jax.models import hf_io, qwen2
+from rlver_jax.models import attention, hf_io, qwen2
 from tests.qwen2_test import make_hf_model
 
 PAD = 0
@@ -90,6 +90,22 @@ def test_greedy_matches_transformers_generate(hf_tiny):
     np.testing.assert_array_equal(tokens[:, :ref.shape[1]], ref)
     assert np.all(tokens[:, ref.shape[1]:] == PAD)
     np.testing.assert_array_equal(ours.logprobs, 0.0)  # greedy: each choice is certain
+
+
+def test_a_long_prompts_blocked_prefill_equals_full_forward(hf_tiny):
+    """Prompts bucketed to 768 slots (>= attention.BLOCK) prefill in query x key blocks
+    (attention.cached_attention), never [B, N, T, S] scores: greedy tokens and log-probs are a
+    cache-free full forward's."""
+    _, _, config, params = hf_tiny
+    ids, mask = left_padded(config.vocab_size, [700, 520, 300, 610], seed=5)
+    assert ids.shape[1] >= attention.BLOCK
+    out = sampling.generate(config, params, ids, mask, max_new_tokens=6, temperature=0.0, rng=jax.random.key(0),
+                            length_buckets=[768])
+    logits = teacher_forced_logits(config, params, ids, mask, out)
+    valid = valid_positions(out)
+    np.testing.assert_array_equal(np.asarray(out.tokens)[valid], logits.argmax(-1)[valid])
+    model_lp = np.take_along_axis(log_softmax(logits), np.asarray(out.tokens)[..., None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(out.model_logprobs)[valid], model_lp[valid], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.8), (1.3, 0, 0.6)])

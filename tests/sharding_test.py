@@ -3,8 +3,6 @@
 Runs on the eight virtual CPU devices of tests/conftest.py.
 """
 
-import importlib.util
-import math
 import logging
 import os
 import pathlib
@@ -19,7 +17,6 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from configs import mesh as mesh_config
-from configs import plan as plan_config
 from rlver_jax import sharding
 from rlver_jax.distributed import DistributedSettings
 from rlver_jax.models import hf_io, qwen2
@@ -166,6 +163,27 @@ def test_sharded_forward_and_gradient_match_one_device(reference, shape):
     assert grads["layer_0"]["mlp"]["gate_kernel"].addressable_shards[0].data.shape == shards["gate"]
 
 
+@pytest.mark.parametrize("shape", [(1, 2, 4), (2, 2, 2)])
+def test_sequence_rule_splits_the_residual_stream_and_changes_no_number(reference, shape):
+    """With the rules, the residual stream between layers has its 16 tokens split over `tensor`
+    (a constraint in the lowered program; none under the `fsdp` preset, whose `sequence` rule is
+    None); loss, logits and every gradient still equal the single-device ones."""
+    ref_params, ref_loss, ref_logits, ref_grads = reference
+    mesh = sharding.make_mesh(shape)
+    p_sh = sharding.param_shardings(CONFIG, mesh, RULES)
+    b_sh = sharding.batch_shardings(mesh, _batch())
+    out = ((NamedSharding(mesh, P()), b_sh["input_ids"]), p_sh)
+    args = jax.device_put(ref_params, p_sh), sharding.shard_host_batch(mesh, _batch())
+    split = '[{"data", "fsdp"}, {"tensor"}, {}]'
+    for rules, constrained in [(RULES, True), ("fsdp", False)]:
+        step = sharding.jit_sharded(jax.value_and_grad(_loss, has_aux=True), (p_sh, b_sh), out, rules=rules)
+        assert (split in step.lower(*args).as_text()) == constrained
+        (loss, logits), grads = step(*args)
+        np.testing.assert_allclose(loss, ref_loss, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(logits, ref_logits, rtol=0, atol=1e-5)
+        jax.tree.map(lambda g, r: np.testing.assert_allclose(g, r, rtol=0, atol=1e-5), grads, ref_grads)
+
+
 def test_load_pretrained_places_each_tensor_on_the_mesh(reference, tmp_path):
     hf_io.save_pretrained(CONFIG, reference[0], tmp_path / "hf")
     mesh = sharding.make_mesh((1, 2, 4))
@@ -310,29 +328,6 @@ def test_distributed_config_errors(fake_initialize, monkeypatch):
 # ----------------------------------------------------------------------------- launch tools
 
 
-def _load_plan_module():
-    spec = importlib.util.spec_from_file_location("launch_plan", REPO / "launch" / "plan.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_plan_reports_per_device_memory_from_xla():
-    plan = _load_plan_module()
-    cfg = plan_config.get_config("tiny")  # its mesh fits any device count; here fsdp x tensor on 8
-    cfg.mesh.shape, cfg.mesh.rules = (1, -1, 2), "fsdp_tensor"
-    report = plan.plan(cfg)
-    # XLA's argument bytes per device are exactly the shards we account for.
-    assert report["xla_arguments"] == sum(report["sizes"].values())
-    assert report["sizes"]["actor AdamW state"] == 2 * report["sizes"]["actor params"] + 4  # mu, nu, count
-    assert report["xla_temporaries"] > 0
-    assert report["xla_aliased"] > 0.99 * report["xla_outputs"]  # the donated state is updated in place
-    text = plan.format_report(cfg, report)
-    assert "{'data': 1, 'fsdp': 4, 'tensor': 2}" in text and "fits in 16 GB" in text
-    with pytest.raises(ValueError, match="configs/plan.py:13b: unknown preset"):
-        plan_config.get_config("13b")
-
-
 def test_tpu_pod_script_runs_the_command_in_the_repo_with_the_venv(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -351,13 +346,6 @@ def test_tpu_pod_script_runs_the_command_in_the_repo_with_the_venv(tmp_path):
     assert ran.strip() == f"{tmp_path}|yes|1|hello world|two words"
     usage = subprocess.run([REPO / "launch" / "tpu_pod.sh", "--zone", "z", "--", "ls"], capture_output=True, text=True)
     assert usage.returncode == 2 and "--name and --zone" in usage.stderr
-
-
-def test_plan_tiny_preset_fits_one_device():
-    # launch/plan.py --config=configs/plan.py:tiny runs on a laptop's single CPU device.
-    cfg = plan_config.get_config("tiny")
-    assert sharding.resolve_mesh_shape(cfg.mesh.shape, 1) == (1, 1, 1)
-    assert cfg.batch_size % math.prod(sharding.resolve_mesh_shape(cfg.mesh.shape, 8)[:2]) == 0
 
 
 # ----------------------------------------------------------------------------- sampling copy

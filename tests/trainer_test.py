@@ -12,7 +12,7 @@ from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import collate
-from rlver_jax.rl.logprobs import token_logprobs
+from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rollout.sequence import DialogueSequence
 
 
@@ -201,3 +201,29 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     assert int(state.step) == 1 and np.isfinite(metrics["policy_loss"])
     with pytest.raises(ValueError, match="and of the 4 dialogues per step"):
         trainer.train_on_batch(fns, state, collate(seqs[:1], batch_size=3, reward_mode="final", length_multiple=8))
+def test_critic_has_no_lm_head_and_the_values_of_a_headed_critic():
+    """The critic built from an untied actor keeps no vocabulary projection, in its parameters or
+    its optimizer state, and its values are the actor's last hidden state through the value head,
+    as a critic that carried the LM head computed them (numpy reference)."""
+    cfg = get_preset("tiny", tie_word_embeddings=False)
+    actor = qwen2.init_params(cfg, jax.random.key(7))
+    critic_cfg, critic = builders.critic_from_actor(cfg, actor)
+    assert "lm_head" in actor and "lm_head" not in critic
+    assert critic_cfg.num_params() == cfg.num_params() - cfg.vocab_size * cfg.hidden_size
+    assert jax.tree.structure(critic) == jax.tree.structure(qwen2.abstract_params(critic_cfg))
+    opt = trainer.make_optimizer(trainer.OptimSettings(), 10)
+    state = trainer.init_train_state(actor, opt.tx, critic, opt.tx)
+    vocab_leaves = [x.shape for x in jax.tree.leaves((state.critic, state.critic_opt)) if cfg.vocab_size in x.shape]
+    assert vocab_leaves == [(cfg.vocab_size, cfg.hidden_size)] * 3  # the input embedding, its two AdamW moments
+    rng = np.random.default_rng(7)
+    critic["value_kernel"] = jnp.asarray(rng.normal(size=cfg.hidden_size), jnp.float32)
+    critic["value_bias"] = jnp.asarray(0.3, jnp.float32)
+    tokens = jnp.asarray(rng.integers(1, cfg.vocab_size, (2, 9)), jnp.int32)
+    attn = jnp.asarray(np.arange(9)[None, :] < np.array([[9], [6]]), jnp.int32)
+    h, _ = qwen2.hidden_states(cfg, actor, tokens, attn)  # the headed model's last hidden state
+    v = np.asarray(h, np.float64) @ np.asarray(critic["value_kernel"], np.float64) + 0.3
+    expected = np.pad(v[:, :-1], ((0, 0), (1, 0)))  # V(state before token t)
+    values = np.asarray(token_values(critic_cfg, critic, tokens, attn))
+    np.testing.assert_allclose(values[attn.astype(bool)], expected[attn.astype(bool)], atol=1e-5)
+    with pytest.raises(ValueError, match="no LM head"):
+        qwen2.logits_from_hidden(critic_cfg, critic, h)

@@ -14,7 +14,9 @@ them and give them zero cotangents.
   auto       splash on TPU; cudnn on GPU for bf16/fp16 (cuDNN has no fp32 flash kernel); else
              blockwise from AUTO_BLOCKWISE_MIN_T tokens, xla below (faster there, see
              docs/attention.md).
-Decoding with a KV cache uses `dense_attention` with `slot_bias` (one or a few queries).
+With a KV cache, `cached_attention`: `dense_attention` with `slot_bias` for a few queries (a
+decode step), and for a prefill of BLOCK tokens or more the same online softmax over query x key
+blocks (forward only), so a 16,384-token prompt never holds [B, N, T, S] scores.
 """
 
 from __future__ import annotations
@@ -217,6 +219,61 @@ def _add_block(x, j, dx):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ----------------------------------------------------------------------------- with a KV cache
+
+
+def cached_attention(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.Array, index: jax.Array,
+                     kv_mask_BS: jax.Array, dt, block: int | None = None) -> jax.Array:
+    """T queries at cache slots [index, index + T) over S cache slots (causal by slot, only slots
+    that hold real tokens): [B, T, N, H]. Below `block` (default BLOCK) queries, `dense_attention`;
+    from it, query blocks of `block` visit the key blocks up to their last slot with an online
+    softmax (fp32), so memory is one block of scores, not [B, N, T, S]. No backward: sampling."""
+    block = BLOCK if block is None else block
+    b, t, n, h = q_BTNH.shape
+    s, kh = keys_BSKH.shape[1:3]
+    if t < block:
+        return dense_attention(q_BTNH, keys_BSKH, values_BSKH, slot_bias(index + jnp.arange(t), kv_mask_BS), dt)
+    f32, g = jnp.float32, n // kh
+    nq, ns = -(-t // block), -(-s // block)
+
+    def blocks(x, count):  # [B, X, ...] -> [count, B, ..., block, H] (heads before the block's slots)
+        x = jnp.pad(x, ((0, 0), (0, count * block - x.shape[1])) + ((0, 0),) * (x.ndim - 2))
+        x = x.reshape((b, count, block) + x.shape[2:])
+        return jnp.moveaxis(x, (1, 2), (0, -2))
+
+    qb = blocks(q_BTNH.reshape(b, t, kh, g, h), nq)  # [nq, B, K, G, block, H]
+    kb, vb = blocks(keys_BSKH, ns), blocks(values_BSKH, ns)  # [ns, B, K, block, H]
+    mb = jnp.pad(kv_mask_BS, ((0, 0), (0, ns * block - s))).reshape(b, ns, block).transpose(1, 0, 2)
+
+    def query_block(_, xs):
+        i, q_i = xs
+        q_slot = index + i * block + jnp.arange(block)
+
+        def key_block(j, carry):
+            m, l, acc = carry
+            k_slot = j * block + jnp.arange(block)
+            real = jax.lax.dynamic_index_in_dim(mb, j, keepdims=False)  # [B, block]
+            ok = (k_slot[None, :] <= q_slot[:, None])[None] & real[:, None]
+            sc = jnp.einsum("BKGqH,BKsH->BKGqs", q_i, jax.lax.dynamic_index_in_dim(kb, j, keepdims=False),
+                            preferred_element_type=f32) * (h ** -0.5)
+            sc = sc + jnp.where(ok, 0.0, NEG_INF)[:, None, None]
+            m_new = jnp.maximum(m, sc.max(-1))
+            p = jnp.exp(sc - m_new[..., None])
+            corr = jnp.exp(m - m_new)
+            pv = jnp.einsum("BKGqs,BKsH->BKGqH", p.astype(dt), jax.lax.dynamic_index_in_dim(vb, j, keepdims=False),
+                            preferred_element_type=f32)
+            return m_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
+
+        shape = q_i.shape[:-1]
+        init = (jnp.full(shape, NEG_INF, f32), jnp.zeros(shape, f32), jnp.zeros(q_i.shape, f32))
+        last = jnp.minimum((index + (i + 1) * block - 1) // block + 1, ns)  # key blocks at or before its slots
+        m, l, acc = jax.lax.fori_loop(0, last, key_block, init)
+        return None, (acc / l[..., None]).astype(dt)
+
+    _, ob = jax.lax.scan(query_block, None, (jnp.arange(nq), qb))  # [nq, B, K, G, block, H]
+    return jnp.moveaxis(ob, (0, -2), (1, 2)).reshape(b, nq * block, n, h)[:, :t]
 
 
 # ----------------------------------------------------------------------------- platform kernels

@@ -31,8 +31,11 @@ class Qwen2Config:
     dtype: str = "float32"  # compute dtype of matmuls; norms, softmax and logits stay fp32
     remat: str = "none"  # none | full | dots (save only matmul outputs) per decoder layer
     scan_layers: bool = False  # one scanned layer: compile time independent of depth
-    value_head: bool = False  # scalar value head on the final hidden state (PPO critic)
+    value_head: bool = False  # PPO critic: a scalar value head on the final hidden state, and no LM head
     attention: str = "auto"  # cache-free attention: auto | xla | blockwise | cudnn | splash (models/attention.py)
+    # The MLP over token chunks of at most this many tokens per row (0: all at once), each chunk
+    # recomputed in the backward pass: the [T, intermediate_size] activations live one chunk at a time.
+    mlp_chunk: int = 0
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
@@ -44,12 +47,20 @@ class Qwen2Config:
                 raise ValueError(f"{field}={getattr(self, field)!r}; use one of {sorted(_DTYPES)}")
         if self.remat not in _REMAT:
             raise ValueError(f"remat={self.remat!r}; use one of {_REMAT}")
+        if self.mlp_chunk < 0:
+            raise ValueError(f"mlp_chunk={self.mlp_chunk} (config.model.mlp_chunk) must be >= 0 (0: no chunks)")
         if self.attention not in IMPLEMENTATIONS:
             raise ValueError(f"attention={self.attention!r} (config.model.attention); use one of {IMPLEMENTATIONS}")
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def untied_lm_head(self) -> bool:
+        """Whether the model holds its own LM-head matrix: untied embeddings and not a critic (a
+        critic reads no logits, so the 7B critic carries no 545M-parameter vocabulary projection)."""
+        return not self.tie_word_embeddings and not self.value_head
 
     @property
     def jnp_param_dtype(self):
@@ -68,7 +79,7 @@ class Qwen2Config:
         attn = d * (self.num_heads + 2 * self.num_kv_heads) * h + (self.num_heads + 2 * self.num_kv_heads) * h
         attn += self.num_heads * h * d
         layer = attn + 3 * d * f + 2 * d
-        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        head = self.vocab_size * d if self.untied_lm_head else 0
         return self.vocab_size * d + self.num_layers * layer + d + head
 
 

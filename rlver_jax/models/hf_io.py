@@ -108,7 +108,11 @@ def _rope_theta(hf: dict[str, Any], path: str) -> float:
 
 
 def config_to_hf(config: Qwen2Config, torch_dtype: str) -> dict[str, Any]:
-    """A Hugging Face `config.json` dict for `Qwen2ForCausalLM`."""
+    """A Hugging Face `config.json` dict for `Qwen2ForCausalLM`, or for a critic
+    (`config.value_head`) `Qwen2ForTokenClassification` with one label: its `score` layer is the
+    value head, as verl and OpenRLHF load critics (`AutoModelForTokenClassification`, num_labels=1)."""
+    critic = {"architectures": ["Qwen2ForTokenClassification"], "id2label": {"0": "LABEL_0"},
+              "label2id": {"LABEL_0": 0}} if config.value_head else {}
     return {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
@@ -130,6 +134,7 @@ def config_to_hf(config: Qwen2Config, torch_dtype: str) -> dict[str, Any]:
         "attention_dropout": 0.0,
         "use_cache": True,
         "torch_dtype": torch_dtype,
+        **critic,
     }
 
 
@@ -167,6 +172,7 @@ def _hf_expected_shape(name: str, config: Qwen2Config) -> tuple[int, ...]:
         "self_attn.o_proj.weight": (d, n * h),
         "mlp.gate_proj.weight": (f, d), "mlp.up_proj.weight": (f, d), "mlp.down_proj.weight": (d, f),
         "model.embed_tokens.weight": (v, d), "lm_head.weight": (v, d), "model.norm.weight": (d,),
+        "score.weight": (1, d), "score.bias": (1,),
     }
     key = name.split(".", 3)[-1] if name.startswith("model.layers.") else name
     return suffix_shapes[key]
@@ -178,7 +184,7 @@ def _param_plan(config: Qwen2Config) -> list[tuple[tuple[str, ...], list[str], C
         (("embed", "embedding"), ["model.embed_tokens.weight"], lambda ws: ws[0], lambda w: [w]),
         (("final_norm", "scale"), ["model.norm.weight"], lambda ws: ws[0], lambda w: [w]),
     ]
-    if not config.tie_word_embeddings:
+    if config.untied_lm_head:
         plan.append((("lm_head",), ["lm_head.weight"], lambda ws: ws[0].T, lambda w: [w.T]))
     layers = range(config.num_layers)
     for sub, (hf_suffix, fwd, bwd) in _layer_rules(config).items():
@@ -238,6 +244,10 @@ class _TensorReader:
         return arr
 
 
+# A critic's value head as Qwen2ForTokenClassification's `score` layer (weight [1, D], bias [1]).
+_VALUE_HEAD = {"value_kernel": "score.weight", "value_bias": "score.bias"}
+
+
 def load_pretrained(
     path: str | os.PathLike,
     dtype: str = "float32",
@@ -253,7 +263,9 @@ def load_pretrained(
     (e.g. `lambda c: sharding.param_shardings(c, mesh, rules)`: the config is known only once
     config.json is read); each tensor then goes straight to its shards.
     config_overrides: other Qwen2Config fields (compute dtype, scan_layers, remat, value_head...).
-    A value head, when asked for, is initialised to zero (it is not part of HF checkpoints).
+    With value_head=True the model is a critic: no LM head is read, and the value head is the
+    checkpoint's `score` layer (a critic saved by `save_pretrained`, Qwen2ForTokenClassification
+    with one label) or, in a causal-LM checkpoint, zero.
     """
     path = pathlib.Path(path)
     cfg_file = path / "config.json"
@@ -273,10 +285,12 @@ def load_pretrained(
         assert arr.shape == expected, (our_path, arr.shape, expected)  # our own mapping, not input
         _tree_set(params, our_path, _place(arr, None if shardings is None else _tree_get(shardings, our_path)))
     if config.value_head:
-        for name in ("value_kernel", "value_bias"):
+        for name, hf_name in _VALUE_HEAD.items():
             leaf = abstract[name]
+            arr = (reader.read(hf_name, _hf_expected_shape(hf_name, config)).reshape(leaf.shape)
+                   if hf_name in reader.file_of else np.zeros(leaf.shape))
             sharding = None if shardings is None else shardings[name]
-            _tree_set(params, (name,), _place(np.zeros(leaf.shape, np.float32), sharding))
+            _tree_set(params, (name,), _place(arr.astype(np.float32), sharding))
     return config, params
 
 
@@ -304,9 +318,10 @@ def save_pretrained(
     """Write a directory that `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
     Written atomically (a temporary sibling directory renamed into place), in `dtype` (default:
-    the parameter dtype), sharded with an index file above `max_shard_bytes`. The value head is
-    not part of a causal-LM checkpoint and is left out. In multi-host runs every process must call
-    this (arrays are gathered); only process 0 writes.
+    the parameter dtype), sharded with an index file above `max_shard_bytes`. A critic
+    (`config.value_head`) is written as `Qwen2ForTokenClassification` with one label (the value
+    head as its `score` layer, no LM head), which `AutoModelForTokenClassification` loads. In
+    multi-host runs every process must call this (arrays are gathered); only process 0 writes.
     """
     path = pathlib.Path(path)
     dtype = dtype or config.param_dtype
@@ -316,6 +331,9 @@ def save_pretrained(
         arrays = to_hf(_to_host(_tree_get(params, our_path)))
         for name, arr in zip(names, arrays):
             tensors[name] = np.ascontiguousarray(np.asarray(arr).astype(np_dtype))
+    if config.value_head:
+        for name, hf_name in _VALUE_HEAD.items():
+            tensors[hf_name] = _to_host(params[name]).reshape(_hf_expected_shape(hf_name, config)).astype(np_dtype)
     if jax.process_index() != 0:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -150,8 +150,7 @@ class Attention(nn.Module):
 
             cache = cache._replace(k=write(cache.k, kk), v=write(cache.v, vv))
             keys, values = _from_cache(cache.k[cache.layer], dt), _from_cache(cache.v[cache.layer], dt)
-            bias_BTS = attention.slot_bias(index + jnp.arange(t), kv_mask_BS)
-            out = attention.dense_attention(q, keys, values, bias_BTS, dt)
+            out = attention.cached_attention(q, keys, values, index, kv_mask_BS, dt)
         return _dense(out.reshape(b * t, n, h), wo.astype(dt), in_dims=2).reshape(b, t, d), cache
 
 
@@ -166,10 +165,28 @@ class MLP(nn.Module):
         wg = _param(self, "gate_kernel", (d, f), ("embed", "mlp"), init)
         wu = _param(self, "up_kernel", (d, f), ("embed", "mlp"), init)
         wd = _param(self, "down_kernel", (f, d), ("mlp", "embed"), init)
-        x_MD = x_BTD.reshape(-1, d)
-        gate = _dense(x_MD, wg.astype(dt))
-        up = _dense(x_MD, wu.astype(dt))
-        return _dense(nn.silu(gate) * up, wd.astype(dt)).reshape(x_BTD.shape)
+        wg, wu, wd = wg.astype(dt), wu.astype(dt), wd.astype(dt)
+
+        def mlp(x_BCD):
+            x_MD = x_BCD.reshape(-1, d)
+            return _dense(nn.silu(_dense(x_MD, wg)) * _dense(x_MD, wu), wd).reshape(x_BCD.shape)
+
+        b, t = x_BTD.shape[:2]
+        chunk = _chunk_length(t, cfg.mlp_chunk)
+        if chunk == t:
+            return mlp(x_BTD)
+        # Chunks of each row's tokens (the batch axis stays whole, so its split is kept); each
+        # chunk is rematerialised, so the backward holds one chunk's [B, C, F] at a time.
+        x_NBCD = x_BTD.reshape(b, t // chunk, chunk, d).swapaxes(0, 1)
+        y_NBCD = jax.lax.map(jax.checkpoint(mlp), x_NBCD)
+        return y_NBCD.swapaxes(0, 1).reshape(b, t, d)
+
+
+def _chunk_length(t: int, limit: int) -> int:
+    """The largest divisor of t that is at most `limit` (t itself when limit is 0 or >= t)."""
+    if not limit or limit >= t:
+        return t
+    return max(c for c in range(1, limit + 1) if t % c == 0)
 
 
 class DecoderLayer(nn.Module):
@@ -217,7 +234,7 @@ class Qwen2(nn.Module):
         else:
             self.layers = [layer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
         self.final_norm = RMSNorm(cfg)
-        if not cfg.tie_word_embeddings:
+        if cfg.untied_lm_head:
             self.lm_head = self.param(
                 "lm_head", nn.with_logical_partitioning(_normal(cfg), ("embed", "vocab")),
                 (cfg.hidden_size, cfg.vocab_size), cfg.jnp_param_dtype)
@@ -320,7 +337,9 @@ def hidden_states(
 
 
 def logits_from_hidden(config: Qwen2Config, params: Params, h_BTD: jax.Array) -> jax.Array:
-    """fp32 logits [B, T, V] from hidden states."""
+    """fp32 logits [B, T, V] from hidden states; a critic (config.value_head) has no LM head."""
+    if config.value_head:
+        raise ValueError("a critic (value_head=True) has no LM head; compute logits with the actor's config")
     return Qwen2(config).apply({"params": params}, h_BTD, method=Qwen2.logits)
 
 

@@ -44,57 +44,98 @@ def _logit_stats(logits_NV: jax.Array, targets_N: jax.Array) -> tuple[jax.Array,
     return logprob, entropy, row_max[:, 0] + log_sum_e
 
 
+def _head_weights(cfg: Qwen2Config, params: Params) -> Params:
+    """The parameters the LM head reads: its own matrix, or the tied embedding."""
+    return {"lm_head": params["lm_head"]} if cfg.untied_lm_head else {"embed": params["embed"]}
+
+
+def _chunk_logits(cfg: Qwen2Config, head: Params, h_BKD: jax.Array) -> jax.Array:
+    """fp32 logits [B * K, V] of one chunk, 2-D for the reductions."""
+    return qwen2.logits_from_hidden(cfg, head, h_BKD).reshape(h_BKD.shape[0] * h_BKD.shape[1], -1)
+
+
+def _chunks_first(x):  # [B, N, K, ...] -> [N, B, K, ...]: the map runs over chunks, rows stay split
+    return jnp.moveaxis(x, 1, 0)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _head_logprobs(cfg: Qwen2Config, params: Params, h_BTD: jax.Array, targets_BT: jax.Array):
-    """log pi(target) and entropy [B, T] from hidden states through the LM head, in fp32.
+def _head_logprobs(cfg: Qwen2Config, head: Params, h_BNKD: jax.Array, targets_BNK: jax.Array):
+    """log pi(target) and entropy [B, N, K] from hidden states through the LM head, in fp32,
+    chunk by chunk: N chunks of K tokens per row, so only one chunk's [B, K, V] logits exist.
 
-    A custom VJP because autodiff of log_softmax + entropy keeps several fp32 [B, T, V] arrays
-    alive and re-runs exp over them; here the backward pass needs only the logits and one exp.
+    A custom VJP because autodiff of log_softmax + entropy keeps several fp32 logit arrays alive
+    and re-runs exp over them. The backward recomputes each chunk's logits from its hidden states
+    and the saved log-sum-exp (one more head matmul), accumulating the head's gradient in fp32.
     """
-    return _head_logprobs_fwd(cfg, params, h_BTD, targets_BT)[0]
+    return _head_logprobs_fwd(cfg, head, h_BNKD, targets_BNK)[0]
 
 
-def _head_logprobs_fwd(cfg: Qwen2Config, params: Params, h_BTD: jax.Array, targets_BT: jax.Array):
-    b, t = targets_BT.shape
-    logits = qwen2.logits_from_hidden(cfg, params, h_BTD).reshape(b * t, -1)
-    logprob, entropy, lse = _logit_stats(logits, targets_BT.reshape(-1))
-    out = (logprob.reshape(b, t), entropy.reshape(b, t))
-    return out, (params, h_BTD, targets_BT, logits, lse, entropy)
+def _head_logprobs_fwd(cfg: Qwen2Config, head: Params, h_BNKD: jax.Array, targets_BNK: jax.Array):
+    def chunk(xs):
+        h_BKD, t_BK = xs
+        logprob, entropy, lse = _logit_stats(_chunk_logits(cfg, head, h_BKD), t_BK.reshape(-1))
+        return tuple(x.reshape(t_BK.shape) for x in (logprob, entropy, lse))
+
+    logprob, entropy, lse = (_chunks_first(x) for x in jax.lax.map(chunk, (_chunks_first(h_BNKD),
+                                                                           _chunks_first(targets_BNK))))
+    return (logprob, entropy), (head, h_BNKD, targets_BNK, lse, entropy)
 
 
 def _head_logprobs_bwd(cfg: Qwen2Config, residuals, cotangents):
-    params, h_BTD, targets_BT, logits, lse, entropy = residuals
-    g_lp, g_ent = (c.reshape(-1, 1) for c in cotangents)
-    logp = logits - lse[:, None]
-    p = jnp.exp(logp)
-    onehot = jnp.arange(logits.shape[-1])[None, :] == targets_BT.reshape(-1, 1)
-    # d logp_target / dz = onehot - p;  dH / dz = -p (log p + H).
-    d_logits = g_lp * (onehot - p) - g_ent * p * (logp + entropy[:, None])
-    _, head_vjp = jax.vjp(lambda pr, h: qwen2.logits_from_hidden(cfg, pr, h), params, h_BTD)
-    d_params, d_h = head_vjp(d_logits.reshape(h_BTD.shape[:2] + logits.shape[-1:]))
-    return d_params, d_h, None
+    head, h_BNKD, targets_BNK, lse_BNK, entropy_BNK = residuals
+
+    def chunk(d_head, xs):
+        h_BKD, t_BK, lse_BK, ent_BK, g_lp_BK, g_ent_BK = xs
+        logits, head_vjp = jax.vjp(lambda w, h: _chunk_logits(cfg, w, h), head, h_BKD)
+        logp = logits - lse_BK.reshape(-1, 1)
+        p = jnp.exp(logp)
+        onehot = jnp.arange(logits.shape[-1])[None, :] == t_BK.reshape(-1, 1)
+        # d logp_target / dz = onehot - p;  dH / dz = -p (log p + H).
+        d_logits = (g_lp_BK.reshape(-1, 1) * (onehot - p)
+                    - g_ent_BK.reshape(-1, 1) * p * (logp + ent_BK.reshape(-1, 1)))
+        d_w, d_h = head_vjp(d_logits)
+        return jax.tree.map(lambda acc, g: acc + g.astype(jnp.float32), d_head, d_w), d_h
+
+    zeros = jax.tree.map(lambda w: jnp.zeros(w.shape, jnp.float32), head)
+    xs = (h_BNKD, targets_BNK, lse_BNK, entropy_BNK) + tuple(cotangents)
+    d_head, d_h = jax.lax.scan(chunk, zeros, tuple(_chunks_first(x) for x in xs))
+    return jax.tree.map(lambda g, w: g.astype(w.dtype), d_head, head), _chunks_first(d_h), None
 
 
 _head_logprobs.defvjp(_head_logprobs_fwd, _head_logprobs_bwd)
 
 
+def _chunking(c: int, chunk: int) -> tuple[int, int]:
+    """(chunks N, tokens per chunk K) covering C scored tokens in chunks of at most `chunk`,
+    as even as possible (N x K - C < N tokens of padding)."""
+    n = max(-(-c // chunk), 1)
+    return n, -(-c // n)
+
+
 def token_logprobs(cfg: Qwen2Config, params: Params, tokens, attention_mask, with_entropy: bool = False,
-                   positions: jax.Array | None = None):
+                   positions: jax.Array | None = None, chunk: int = 1024):
     """log pi(token_t | tokens_<t) aligned to t (0 at t = 0), and optionally the entropy at t.
 
     positions [B, C] (rlver_jax.rl.batch.policy_positions): run the LM head only at these token
     indices (0 pads a row) and return 0 elsewhere; None scores every token. The head is a quarter
     of a 0.5B model's FLOPs and its [tokens, vocab] logits the largest activation at 7B; the
     losses never read the user and template tokens, so scoring only policy tokens saves both.
+    chunk (config.rl.logprob_chunk): the head runs over at most this many tokens of each row at
+    a time, forward and backward, so no [tokens, vocab] array is ever whole.
     """
     h, _ = qwen2.hidden_states(cfg, params, tokens, attention_mask)
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    b, c = positions.shape
+    n, k = _chunking(c, chunk)
+    positions = jnp.pad(positions, ((0, 0), (0, n * k - c)))  # index 0: dropped below
     # Token t is predicted from the hidden state at t - 1; the pad index 0 reads h[0] and its
     # result is dropped below (t = 0 has no log-prob).
     h_sel = jnp.take_along_axis(h, jnp.maximum(positions - 1, 0)[..., None], axis=1)
-    lp_sel, ent_sel = _head_logprobs(cfg, params, h_sel, jnp.take_along_axis(tokens, positions, axis=1))
-    rows = jnp.arange(tokens.shape[0])[:, None]
+    targets = jnp.take_along_axis(tokens, positions, axis=1)
+    lp_sel, ent_sel = (x.reshape(b, n * k) for x in _head_logprobs(
+        cfg, _head_weights(cfg, params), h_sel.reshape(b, n, k, -1), targets.reshape(b, n, k)))
+    rows = jnp.arange(b)[:, None]
     keep = positions > 0
     lp, ent = (jnp.zeros(tokens.shape, jnp.float32).at[rows, positions].add(jnp.where(keep, x, 0.0))
                for x in (lp_sel, ent_sel))

@@ -64,6 +64,7 @@ class RLSettings:
     # Dialogues per train step; mini-batches are cut in these units (a batch of more rows, one per
     # dialogue turn, gives each mini-batch proportionally more rows). 0: the batch's rows.
     batch_size: int = 0
+    logprob_chunk: int = 1024  # tokens per row through the LM head at a time (rl.logprobs)
 
     def __post_init__(self):
         checks = [("algo", self.algo, ALGOS), ("kl_mode", self.kl_mode, KL_MODES),
@@ -77,6 +78,8 @@ class RLSettings:
             raise ValueError(
                 f"config.rl.mini_batch_size={self.mini_batch_size} is not a multiple of "
                 f"config.rl.micro_batch_size={self.micro_batch_size}")
+        if self.logprob_chunk < 1:
+            raise ValueError(f"config.rl.logprob_chunk={self.logprob_chunk} must be >= 1 (tokens per LM-head chunk)")
         if self.dual_clip and self.dual_clip <= 1.0:
             raise ValueError(f"config.rl.dual_clip={self.dual_clip}: use 0 (off) or a value > 1")
         if self.batch_size % self.mini_batch_size:
@@ -210,11 +213,15 @@ def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | No
     tokens, attn, mask = batch["tokens"], batch["attention_mask"], batch["policy_mask"]
     n_micro = tokens.shape[0] // rl.micro_batch_size
     scored = (tokens, attn, batch["policy_positions"])
-    old_lp = _micro_map(lambda t, a, p: token_logprobs(actor_cfg, state.actor, t, a, positions=p), n_micro, *scored)
+
+    def logprobs(params, t, a, p):
+        return token_logprobs(actor_cfg, params, t, a, positions=p, chunk=rl.logprob_chunk)
+
+    old_lp = _micro_map(functools.partial(logprobs, state.actor), n_micro, *scored)
     out = {"old_logprobs": old_lp}
     rewards = batch["rewards"]
     if rl.uses_reference:
-        ref_lp = _micro_map(lambda t, a, p: token_logprobs(actor_cfg, ref_params, t, a, positions=p), n_micro, *scored)
+        ref_lp = _micro_map(functools.partial(logprobs, ref_params), n_micro, *scored)
         out["ref_logprobs"] = ref_lp
         if rl.kl_mode == "reward":
             rewards = losses.apply_kl_penalty(rewards, old_lp, ref_lp, mask, coef=rl.kl_coef,
@@ -240,7 +247,7 @@ def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | No
 
 def _actor_loss(rl: RLSettings, cfg: Qwen2Config, params, mb):
     lp, ent = token_logprobs(cfg, params, mb["tokens"], mb["attention_mask"], with_entropy=True,
-                             positions=mb["policy_positions"])
+                             positions=mb["policy_positions"], chunk=rl.logprob_chunk)
     mask, w = mb["policy_mask"], mb["weights"]
     pg, pg_metrics = losses.ppo_policy_loss(
         lp, mb["old_logprobs"], mb["advantages"], mask, clip_eps_low=rl.clip_eps_low,
@@ -267,43 +274,58 @@ def _critic_loss(rl: RLSettings, cfg: Qwen2Config, params, mb):
     return jnp.sum(vl * w), {"value_loss": jnp.sum(vl * w), **{k: v * frac for k, v in vl_metrics.items()}}
 
 
-def update_minibatch(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
-                     actor_tx, critic_tx, state: TrainState, batch: dict, rows: jax.Array
-                     ) -> tuple[TrainState, dict]:
-    """One optimizer step on the mini-batch `batch[rows]`, gradients accumulated over its
-    micro-batches. The rows are gathered inside the program, so the batch stays on the mesh.
-    Metrics include the global norm of the step's parameter change (`*_update_norm`)."""
+def micro_batches(rl: RLSettings, batch: dict, rows: jax.Array) -> dict:
+    """The mini-batch `batch[rows]` with its loss weights, as [micro-batches, micro_batch_size, ...].
+    The rows are gathered inside the program, so the batch stays on the mesh."""
     mb = {k: v[rows] for k, v in batch.items()}
     mb["weights"] = losses.loss_weights(mb["policy_mask"], rl.loss_agg_mode)
     mb["value_weights"] = losses.loss_weights(mb["policy_mask"], "token_mean")
     n_micro = mb["tokens"].shape[0] // rl.micro_batch_size
-    micro = jax.tree.map(lambda x: _micro_split(x, n_micro), mb)
+    return jax.tree.map(lambda x: _micro_split(x, n_micro), mb)
 
-    def accumulate(fn, params):
-        grad_fn = jax.grad(fn, argnums=0, has_aux=True)
 
-        def body(carry, xs):
-            g_acc, m_acc = carry
-            g, m = grad_fn(params, xs)
-            return (jax.tree.map(jnp.add, g_acc, g), jax.tree.map(jnp.add, m_acc, m)), None
+def _optimizer_step(name: str, loss_fn, tx, params, opt_state, micro: dict):
+    """Gradients of `loss_fn(params, micro-batch) -> (loss, metrics)` accumulated over the
+    micro-batches, then one step of `tx`; metrics get `{name}_grad_norm` and `{name}_update_norm`."""
+    grad_fn = jax.grad(loss_fn, argnums=0, has_aux=True)
 
-        zeros_g = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        first = jax.tree.map(lambda x: x[0], micro)
-        zeros_m = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: fn(params, first)[1]))
-        (g, m), _ = jax.lax.scan(body, (zeros_g, zeros_m), micro)
-        return g, m
+    def body(carry, xs):
+        g_acc, m_acc = carry
+        g, m = grad_fn(params, xs)
+        return (jax.tree.map(jnp.add, g_acc, g), jax.tree.map(jnp.add, m_acc, m)), None
 
-    metrics = {}
-    g, m = accumulate(lambda p, x: _actor_loss(rl, actor_cfg, p, x), state.actor)
-    updates, actor_opt = actor_tx.update(jax.tree.map(lambda u, p: u.astype(p.dtype), g, state.actor),
-                                         state.actor_opt, state.actor)
-    metrics.update(m, actor_grad_norm=optax.global_norm(g), actor_update_norm=optax.global_norm(updates))
-    state = state.replace(actor=optax.apply_updates(state.actor, updates), actor_opt=actor_opt)
+    zeros_g = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    first = jax.tree.map(lambda x: x[0], micro)
+    zeros_m = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: loss_fn(params, first)[1]))
+    (g, m), _ = jax.lax.scan(body, (zeros_g, zeros_m), micro)
+    updates, opt_state = tx.update(jax.tree.map(lambda u, p: u.astype(p.dtype), g, params), opt_state, params)
+    m.update({f"{name}_grad_norm": optax.global_norm(g), f"{name}_update_norm": optax.global_norm(updates)})
+    return optax.apply_updates(params, updates), opt_state, m
+
+
+def actor_update(rl: RLSettings, cfg: Qwen2Config, tx, params: Params, opt_state, micro: dict):
+    """The actor's optimizer step on one mini-batch (`micro_batches`): (params, opt_state, metrics)."""
+    return _optimizer_step("actor", lambda p, x: _actor_loss(rl, cfg, p, x), tx, params, opt_state, micro)
+
+
+def critic_update(rl: RLSettings, cfg: Qwen2Config, tx, params: Params, opt_state, micro: dict):
+    """The critic's optimizer step on one mini-batch (`micro_batches`): (params, opt_state, metrics)."""
+    return _optimizer_step("critic", lambda p, x: _critic_loss(rl, cfg, p, x), tx, params, opt_state, micro)
+
+
+def update_minibatch(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
+                     actor_tx, critic_tx, state: TrainState, batch: dict, rows: jax.Array
+                     ) -> tuple[TrainState, dict]:
+    """One optimizer step on the mini-batch `batch[rows]` for the actor (and the critic),
+    gradients accumulated over its micro-batches. Metrics include the global norm of the step's
+    parameter change (`*_update_norm`)."""
+    micro = micro_batches(rl, batch, rows)
+    actor, actor_opt, metrics = actor_update(rl, actor_cfg, actor_tx, state.actor, state.actor_opt, micro)
+    state = state.replace(actor=actor, actor_opt=actor_opt)
     if rl.uses_critic:
-        g, m = accumulate(lambda p, x: _critic_loss(rl, critic_cfg, p, x), state.critic)
-        updates, critic_opt = critic_tx.update(g, state.critic_opt, state.critic)
-        metrics.update(m, critic_grad_norm=optax.global_norm(g), critic_update_norm=optax.global_norm(updates))
-        state = state.replace(critic=optax.apply_updates(state.critic, updates), critic_opt=critic_opt)
+        critic, critic_opt, m = critic_update(rl, critic_cfg, critic_tx, state.critic, state.critic_opt, micro)
+        metrics.update(m)
+        state = state.replace(critic=critic, critic_opt=critic_opt)
     return state, metrics
 
 
@@ -315,6 +337,12 @@ def minibatch_rows(rl: RLSettings, key: jax.Array, batch_size: int) -> jax.Array
     return jnp.sort(perms.reshape(rl.ppo_epochs * rl.minibatches(batch_size), -1), axis=-1).astype(jnp.int32)
 
 
+def update_inputs(batch: dict, prepared: dict) -> dict:
+    """The arrays the mini-batch updates read: the batch and `prepare`'s outputs, less what only
+    `prepare` reads."""
+    return {k: v for k, v in {**batch, **prepared}.items() if k not in ("sample_logprobs", "group", "dialogue", "rewards")}
+
+
 def train_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None, actor_opt: Optimizer,
                critic_opt: Optimizer | None, state: TrainState, ref_params: Params | None, batch: dict
                ) -> tuple[TrainState, dict]:
@@ -322,8 +350,7 @@ def train_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config |
     `step_keys(state.rng, state.step).order`, then step + 1. Metrics are means over the
     mini-batches (the learning rate of each), and the parameter norms after the step."""
     prepared = prepare(rl, actor_cfg, critic_cfg, state, ref_params, batch)
-    full = {k: v for k, v in {**batch, **prepared}.items()
-            if k not in ("sample_logprobs", "group", "dialogue", "rewards")}  # what the update reads
+    full = update_inputs(batch, prepared)
     rows = minibatch_rows(rl, step_keys(state.rng, state.step).order, batch["tokens"].shape[0])
     first_update = state.step * rows.shape[0]  # optimizer steps before this train step
 
@@ -361,11 +388,12 @@ class UpdateFns:
 
 def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
                     actor_opt: Optimizer, critic_opt: Optimizer | None, mesh=None, state_shardings=None,
-                    ref_shardings=None) -> UpdateFns:
+                    ref_shardings=None, rules=None) -> UpdateFns:
     """Jit `train_step`; the state buffer is donated to it.
 
     With a mesh and the state's shardings (`state_shardings`), parameters and optimizer states
-    keep their layout across steps, and every batch array is split over the batch axes.
+    keep their layout across steps, and every batch array is split over the batch axes; `rules`
+    (config.mesh.rules) may split the residual stream's tokens (sharding.jit_sharded).
     """
     step = functools.partial(train_step, rl, actor_cfg, critic_cfg, actor_opt, critic_opt)
     if mesh is None:
@@ -374,7 +402,7 @@ def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Con
     replicated = NamedSharding(mesh, P())
     return UpdateFns(
         sharding.jit_sharded(step, (state_shardings, ref_shardings, batch), (state_shardings, replicated),
-                             donate_argnums=(0,)),
+                             donate_argnums=(0,), rules=rules),
         rl, mesh)
 
 

@@ -1,0 +1,501 @@
+"""Per-device memory of the programs a training run executes, compiled ahead of time from abstract
+shapes, without allocating a weight (launch/plan.py).
+
+The planner takes a training config (the same file and overrides as launch/train.py) and builds
+the update with `rlver_jax.run.update_program`, the call `build_run` makes, so the train step it
+compiles is the one training runs (tests/plan_test.py checks that both lower to one program).
+Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The phases:
+
+  train step     `trainer.train_step` as `make_update_fns` jits it: prepare, then epochs x
+                 mini-batches of actor (and critic) updates with micro-batch accumulation, the
+                 state donated. A run's update phase is this one program.
+  prepare        `trainer.prepare` alone: old (and reference) log-probs, values, advantages.
+  actor update   `trainer.actor_update` alone, one mini-batch; `critic update` the same (PPO).
+  rollout        the sampler's jitted program for one pipeline group at the longest prompt:
+                 generation (prefill + decode loop) at a prompt of max_total_tokens when
+                 rollout.cache_slots is 0, else the multi-turn program on a cache of
+                 cache_slots, fed `feed_tokens` new tokens. It runs on one host's sampling copy
+                 of the actor (sharding.SamplingLayout: replicated across hosts, split over the
+                 host's `host_devices` devices, in the compute dtype) on that host's share of
+                 the dialogues, beside the train state.
+
+A phase's per-device total = resident + arguments + temporaries + outputs not aliased to donated
+arguments; `resident` is what stays on the device through the phase without being an argument of
+its program: the rest of the train state and, with the KV cache on, the caches of the other
+pipeline groups. Update shapes are the worst case of a run: every dialogue of the batch at the
+bucketed max_total_tokens, every token scored (the widest policy_positions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from rlver_jax import builders, run, sampling, sharding
+from rlver_jax.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
+from rlver_jax.models import attention, qwen2
+from rlver_jax.rl import trainer
+from rlver_jax.rl.batch import TrainBatch
+
+PHASES = ("train step", "prepare", "actor update", "critic update", "rollout")
+GB = 1e9  # budgets and figures in GB of 1e9 bytes (a "16 GB" chip holds 16 GiB: ~7% headroom)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """The run of a config as abstract values: what build_run builds, without weights."""
+
+    config: ml_collections.ConfigDict
+    rl: trainer.RLSettings
+    mesh: Mesh
+    program: run.UpdateProgram
+    state: trainer.TrainState  # ShapeDtypeStructs with the state's shardings
+    ref: Any | None  # the reference policy's, with a KL term
+    batch: dict  # the train batch (TrainBatch.arrays()), split over the batch axes
+    compiler_options: dict | None = None  # see abstract_setup(hoist_converts=...)
+    host_devices: int | None = None  # devices per host for the rollout's layout; None: all of them
+
+    @property
+    def hosts(self) -> int:
+        return self.mesh.size // (self.host_devices or self.mesh.size)
+
+    @property
+    def seq_len(self) -> int:
+        return self.batch["tokens"].shape[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """Per-device bytes of one compiled program."""
+
+    name: str
+    resident: int  # held through the phase outside the program's arguments
+    arguments: int
+    temporaries: int
+    outputs: int  # not aliased to donated arguments
+    seconds: float  # lowering + compilation
+    note: str = ""
+
+    @property
+    def total(self) -> int:
+        return self.resident + self.arguments + self.temporaries + self.outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    setup: Setup
+    phases: list[Phase]
+    memory_gb: float
+    sizes: dict[str, int]  # per-device bytes of the state's parts and the batch
+    rollout: str  # the rollout phase's shapes, in words
+    suggestions: list[str] = dataclasses.field(default_factory=list)  # the largest shapes that fit
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.total)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.total <= self.memory_gb * GB
+
+
+def device_bytes(tree: Any) -> int:
+    """Bytes of one device's shards of a tree of ShapeDtypeStructs with shardings."""
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(sharding.BATCH_AXES))
+
+
+def abstract_batch(config: ml_collections.ConfigDict, mesh: Mesh) -> dict:
+    """The train batch of the longest dialogues: profiles_per_step x n rows of bucketed
+    max_total_tokens, every token a policy token (the widest policy_positions)."""
+    r = config.rollout
+    b = r.profiles_per_step * r.n
+    t = bucket(r.max_total_tokens, multiple=config.train.length_multiple)
+    ones, zeros = np.ones((b, t), np.float32), np.zeros((b, t), np.float32)
+    batch = TrainBatch(tokens=zeros.astype(np.int32), attention_mask=ones.astype(np.int32), policy_mask=ones,
+                       rewards=zeros, sample_logprobs=zeros, group=np.arange(b, dtype=np.int32),
+                       dialogue=np.arange(b, dtype=np.int32))
+    sh = _batch_sharding(mesh)
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh) for k, v in batch.arrays().items()}
+
+
+# XLA:CPU computes in fp32 what it holds in bf16: the backward loop over layers converts the stack
+# of bf16 layer inputs that remat saves, and loop-invariant code motion hoists that conversion out
+# of the loop, holding an fp32 copy of the whole stack (28 layers x T x width x 4 bytes; 6 GB at
+# 7B and 15,360 tokens). TPUs and GPUs compute in bf16 and make no such copy.
+_NO_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
+
+
+def abstract_setup(config: ml_collections.ConfigDict, hoist_converts: bool = True,
+                   host_devices: int | None = None) -> Setup:
+    """Settings, mesh, update program and abstract state of `config`, as build_run makes them.
+
+    hoist_converts=False on CPU compiles without XLA's loop-invariant code motion (_NO_HOISTING),
+    a nearer estimate of bf16 accelerators than XLA:CPU's own figures (True: exactly XLA:CPU's)."""
+    rl = run.rl_settings(config)
+    mesh = sharding.make_mesh(config.mesh.shape)
+    run.check_mesh(rl, mesh, config)
+    actor_cfg = builders.policy_architecture(config, any_preset=True)
+    prog = run.update_program(config, rl, mesh, actor_cfg)
+    actor = qwen2.abstract_params(actor_cfg)
+    critic = None if prog.critic_cfg is None else qwen2.abstract_params(prog.critic_cfg)
+    critic_tx = None if prog.critic_opt is None else prog.critic_opt.tx
+    state = jax.eval_shape(lambda a, c: trainer.init_train_state(a, prog.actor_opt.tx, c, critic_tx, config.seed),
+                           actor, critic)
+    state = sharding.with_shardings(state, prog.shardings)
+    ref = None if prog.ref_shardings is None else sharding.with_shardings(actor, prog.ref_shardings)
+    options = None if hoist_converts or jax.default_backend() != "cpu" else _NO_HOISTING
+    return Setup(config, rl, mesh, prog, state, ref, abstract_batch(config, mesh), options, host_devices)
+
+
+def _compile(s: Setup, jitted, *args):
+    t0 = time.perf_counter()
+    compiled = jitted.lower(*args).compile(compiler_options=s.compiler_options)
+    return compiled, time.perf_counter() - t0
+
+
+def _phase(name: str, compiled, resident: int, seconds: float, note: str = "") -> Phase:
+    mem = compiled.memory_analysis()  # per device: the compiled program is one SPMD partition
+    return Phase(name, resident, mem.argument_size_in_bytes, mem.temp_size_in_bytes,
+                 mem.output_size_in_bytes - mem.alias_size_in_bytes, seconds, note)
+
+
+def _resident(s: Setup) -> int:
+    return device_bytes(s.state) + device_bytes(s.ref)
+
+
+def train_step_phase(s: Setup) -> Phase:
+    compiled, secs = _compile(s, s.program.fns.train_step, s.state, s.ref, s.batch)
+    return _phase("train step", compiled, 0, secs, "prepare + updates, one program: what the update runs")
+
+
+def prepare_phase(s: Setup) -> Phase:
+    p = s.program
+    models = s.state.replace(actor_opt=None, critic_opt=None)  # what prepare reads of the state
+    models_sh = p.shardings.replace(actor_opt=None, critic_opt=None)
+    fn = sharding.jit_sharded(functools.partial(trainer.prepare, s.rl, p.actor_cfg, p.critic_cfg),
+                              (models_sh, p.ref_shardings, _batch_sharding(s.mesh)), _batch_sharding(s.mesh),
+                              rules=s.config.mesh.rules)
+    compiled, secs = _compile(s, fn, models, s.ref, s.batch)
+    return _phase("prepare", compiled, _resident(s) - device_bytes((models, s.ref)), secs,
+                  "old/ref log-probs, values, advantages")
+
+
+def _micro(s: Setup) -> dict:
+    """The abstract micro-batches of one mini-batch, split over the batch axes."""
+    p = s.program
+    models = s.state.replace(actor_opt=None, critic_opt=None)
+    prepared = jax.eval_shape(functools.partial(trainer.prepare, s.rl, p.actor_cfg, p.critic_cfg), models, s.ref,
+                              s.batch)
+    rows = jax.ShapeDtypeStruct((s.rl.mini_batch_size,), jnp.int32)
+    micro = jax.eval_shape(functools.partial(trainer.micro_batches, s.rl), trainer.update_inputs(s.batch, prepared),
+                           rows)
+    sh = NamedSharding(s.mesh, P(None, sharding.BATCH_AXES))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), micro)
+
+
+def model_update_phase(s: Setup, name: str) -> Phase:
+    """`actor update` or `critic update` alone on one mini-batch, params and optimizer state donated."""
+    p = s.program
+    model = name.split()[0]
+    cfg, opt = (p.actor_cfg, p.actor_opt) if model == "actor" else (p.critic_cfg, p.critic_opt)
+    update = trainer.actor_update if model == "actor" else trainer.critic_update
+    params, opt_state = getattr(s.state, model), getattr(s.state, f"{model}_opt")
+    sh = (getattr(p.shardings, model), getattr(p.shardings, f"{model}_opt"))
+    micro = _micro(s)
+    fn = sharding.jit_sharded(functools.partial(update, s.rl, cfg, opt.tx),
+                              sh + (NamedSharding(s.mesh, P(None, sharding.BATCH_AXES)),),
+                              sh + (NamedSharding(s.mesh, P()),), donate_argnums=(0, 1),
+                              rules=s.config.mesh.rules)
+    compiled, secs = _compile(s, fn, params, opt_state, micro)
+    return _phase(name, compiled, _resident(s) - device_bytes((params, opt_state)), secs, "one mini-batch")
+
+
+# ----------------------------------------------------------------------------- rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutShapes:
+    rows: int  # dialogues per sampler call (one pipeline group, bucketed as the sampler does)
+    groups: int  # pipeline groups: sessions whose caches are held at once
+    prompt: int  # no cache: the bucketed prompt; with a cache: the bucketed feed
+    new_tokens: int
+    cache_slots: int  # 0: re-encode every turn
+    hosts: int = 1  # processes, each sampling its share of the dialogues on its own devices
+
+
+def rollout_shapes(config: ml_collections.ConfigDict, feed_tokens: int, hosts: int = 1) -> RolloutShapes:
+    r = config.rollout
+    dialogues = max(1, r.profiles_per_step * r.n // hosts)  # one host's share (Run.own_dialogues)
+    groups = min(r.pipeline_groups, dialogues)
+    rows = bucket(-(-dialogues // groups))
+    if r.cache_slots:  # a turn's feed and generation must fit the cache (rollout.kv_sessions)
+        if r.think and r.think_history == "drop":  # each turn's row is encoded afresh: the whole prompt
+            feed_tokens = max(feed_tokens, r.max_total_tokens)
+        room = [b for b in LENGTH_BUCKETS if b <= r.cache_slots - r.max_new_tokens]
+        if not room:
+            raise ValueError(f"config.rollout.cache_slots={r.cache_slots} leaves no room for a turn of "
+                             f"config.rollout.max_new_tokens={r.max_new_tokens}; raise it to about 2 x max_total_tokens")
+        prompt = min(bucket(feed_tokens, LENGTH_BUCKETS), room[-1])
+    else:  # the last turn re-encodes a history of up to max_total_tokens
+        prompt = bucket(r.max_total_tokens, LENGTH_BUCKETS, MIN_PROMPT_BUCKET)
+    return RolloutShapes(rows, groups, prompt, r.max_new_tokens, r.cache_slots, hosts)
+
+
+def describe_rollout(shapes: RolloutShapes) -> str:
+    per_call = f"{shapes.rows} dialogues per sampler call ({shapes.groups} pipeline group(s)"
+    per_call += f" on each of {shapes.hosts} hosts)" if shapes.hosts > 1 else ")"
+    if shapes.cache_slots:
+        return (f"{per_call}, KV cache of {shapes.cache_slots} slots per dialogue kept between turns, "
+                f"{shapes.prompt} tokens fed + {shapes.new_tokens} generated per turn")
+    return f"{per_call}, prompt {shapes.prompt} + {shapes.new_tokens} new tokens, KV cache off (re-encode)"
+
+
+def sampling_layout(s: Setup, host_devices: int | None = None) -> sharding.SamplingLayout:
+    """The host-local sampling layout of the run (sharding.SamplingLayout) on one host of
+    `host_devices` devices (default: every device is one host's), beside the training mesh."""
+    n = host_devices or s.mesh.size
+    if s.mesh.size % n:
+        raise ValueError(f"--host_devices={n} does not divide the {s.mesh.size} devices of the mesh")
+    tensor = math.gcd(s.mesh.shape["tensor"], n)
+    host = sharding.make_mesh((1, n // tensor, tensor), list(s.mesh.devices.flat)[:n])
+    return sharding.SamplingLayout.create(s.program.actor_cfg, host, s.config.mesh.rules)
+
+
+def _cache_sharding(mesh: Mesh, cache) -> Any:
+    """The KV cache's rows over the batch axes and kv heads over `tensor`, where they divide."""
+    shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+
+    def one(x):
+        spec = [None] * x.ndim
+        if x.ndim >= 2:
+            row = 1 if x.ndim == 5 else 0  # k, v [L, B, S, K, H]; mask [B, S]
+            spec[row] = sharding.BATCH_AXES if x.shape[row] % shards == 0 else None
+            if x.ndim == 5 and x.shape[3] % mesh.shape["tensor"] == 0:
+                spec[3] = "tensor"
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P(*spec)))
+
+    return jax.tree.map(one, cache)
+
+
+def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = None) -> Phase:
+    """The sampler's own jitted program (rlver_jax.sampling) on one host's sampling copy of the
+    actor (`sampling_layout`: the compute dtype, split over the host's devices), its activations'
+    rows split over the host mesh's batch axes as the sampler traces them. Token ids come from the
+    host (replicated); a KV cache kept between turns has its rows and kv heads split."""
+    cfg = s.program.actor_cfg
+    # JaxPolicy fills stop and pad ids from the tokenizer; their values do not change the program.
+    settings = dataclasses.replace(run.sampling_settings(s.config), stop_ids=(0, 1), pad_id=0)
+    layout = sampling_layout(s, host_devices)
+    host = layout.local
+    params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, layout.dtype, sharding=sh),
+                          qwen2.abstract_params(cfg), layout.local_shardings)
+    b, e = shapes.rows, shapes.prompt
+    replicated = NamedSharding(host, P())
+    sds = functools.partial(jax.ShapeDtypeStruct, sharding=replicated)
+    ids, mask, rng = sds((b, e), jnp.int32), sds((b, e), jnp.bool_), sds((b, 2), jnp.uint32)  # row keys
+    resident = _resident(s)  # the train state stays on the devices beside the sampling copy
+    copy = (f"sampling copy {device_bytes(params) / GB:.2f} GB/device ({layout.dtype.__name__}, "
+            f"{host.size} devices per host)")
+    if not shapes.cache_slots:
+        # sampling.generate's settings: the run's, without cache slots.
+        compiled, secs = _compile(s, sampling._generate_jit, cfg, dataclasses.replace(settings, cache_slots=0), host,
+                                  params, ids, mask, rng)
+        return _phase("rollout", compiled, resident, secs, f"prefill + decode loop, no cache; {copy}")
+    cache = _cache_sharding(host, jax.eval_shape(lambda: qwen2.init_cache(cfg, b, shapes.cache_slots)))
+    compiled, secs = _compile(s, sampling._continue_jit, cfg, settings, host, params, cache, ids, mask,
+                              sds((b,), jnp.int32), rng)
+    # The cache stays on the devices between turns in the layout the program gives it.
+    cache_out = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), cache,
+                             compiled.output_shardings[1])
+    per_group = device_bytes(cache_out)
+    return _phase("rollout", compiled, resident + (shapes.groups - 1) * per_group, secs,
+                  f"cache {per_group / GB:.2f} GB/device per group of {b}, {shapes.groups} groups held; {copy}")
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def _override(config: ml_collections.ConfigDict, **fields) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted fields set, e.g. {"rl.micro_batch_size": 4}."""
+    out = config.copy_and_resolve_references()
+    for path, value in fields.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for name in parents:
+            node = node[name]
+        node[leaf] = value
+    return out
+
+
+def run_phases(s: Setup, phases: Sequence[str], feed_tokens: int) -> list[Phase]:
+    out = []
+    for name in phases:
+        if name == "critic update" and not s.rl.uses_critic:
+            continue
+        if name == "train step":
+            out.append(train_step_phase(s))
+        elif name == "prepare":
+            out.append(prepare_phase(s))
+        elif name in ("actor update", "critic update"):
+            out.append(model_update_phase(s, name))
+        elif name == "rollout":
+            out.append(rollout_phase(s, rollout_shapes(s.config, feed_tokens, s.hosts), s.host_devices))
+        else:
+            raise ValueError(f"unknown phase {name!r}; use some of {PHASES}")
+    return out
+
+
+def _largest(candidates: Sequence[int], fits: Callable[[int], bool]) -> int | None:
+    """The largest of ascending `candidates` for which `fits` holds, by bisection (fits is
+    monotone: smaller shapes need less memory); None when none does."""
+    lo, hi, best = 0, len(candidates) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(candidates[mid]):
+            best, lo = candidates[mid], mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def _search(config: ml_collections.ConfigDict, budget: float, phase: str, feed_tokens: int,
+            log: Callable[[str], None], hoist_converts: bool = True, host_devices: int | None = None) -> list[str]:
+    """The train step: the largest micro-batch, else the longest dialogue, that fits `budget`
+    bytes. The rollout: the fewest pipeline groups (most dialogues per sampler call), else the
+    longest dialogue (no cache) or the most cache slots."""
+    s0 = abstract_setup(config, hoist_converts, host_devices)
+    shards = math.prod(s0.mesh.shape[a] for a in sharding.BATCH_AXES)
+
+    def total(cfg) -> float:
+        (p,) = run_phases(abstract_setup(cfg, hoist_converts, host_devices), [phase], feed_tokens)
+        log(f"  search: {phase} {p.total / GB:.2f} GB")
+        return p.total
+
+    if phase == "train step":
+        rl = s0.rl
+        micro = [m for m in range(shards, rl.micro_batch_size) if rl.mini_batch_size % m == 0 and m % shards == 0]
+        for m in reversed(micro):
+            log(f"  search: micro_batch_size={m}")
+            if total(_override(config, **{"rl.micro_batch_size": m})) <= budget:
+                return [f"--config.rl.micro_batch_size={m}"]
+        out, config = [], config
+        if micro:
+            config = _override(config, **{"rl.micro_batch_size": micro[0]})
+            out.append(f"--config.rl.micro_batch_size={micro[0]}")
+        field, step, limit = "rollout.max_total_tokens", config.train.length_multiple, s0.seq_len
+        start = step
+    else:
+        r, out = config.rollout, []
+        dialogues = r.profiles_per_step * r.n // s0.hosts  # one host's
+        groups = r.pipeline_groups * 2
+        while groups <= dialogues:  # fewer dialogues per sampler call
+            log(f"  search: pipeline_groups={groups}")
+            if total(_override(config, **{"rollout.pipeline_groups": groups})) <= budget:
+                return [f"--config.rollout.pipeline_groups={groups}"]
+            groups *= 2
+        field = "rollout.cache_slots" if r.cache_slots else "rollout.max_total_tokens"
+        step, limit = LENGTH_BUCKETS[0], r.cache_slots or r.max_total_tokens
+        # A cache must hold a turn's generation and the smallest feed (rollout_shapes).
+        start = r.max_new_tokens + LENGTH_BUCKETS[0] if r.cache_slots else step
+
+    def fits(n):
+        log(f"  search: {field}={n}")
+        return total(_override(config, **{field: n})) <= budget
+
+    candidates = [n for n in range(step, limit, step) if n >= start]
+    best = _largest(candidates, fits)
+    if best is None:
+        return out + [f"nothing: {field}={candidates[0] if candidates else limit} needs more than {budget / GB:g} GB"]
+    return out + [f"--config.{field}={best}"]
+
+
+def plan(config: ml_collections.ConfigDict, memory_gb: float = 16.0, phases: Sequence[str] = PHASES,
+         feed_tokens: int = 512, search: bool = True, log: Callable[[str], None] = lambda _: None,
+         hoist_converts: bool = True, host_devices: int | None = None) -> Plan:
+    """Compile the phases of `config`'s run and, with `search`, find the largest shapes that fit
+    wherever the train step or the rollout does not."""
+    s = abstract_setup(config, hoist_converts, host_devices)
+    sizes = {"actor params": device_bytes(s.state.actor), "actor AdamW state": device_bytes(s.state.actor_opt)}
+    if s.state.critic is not None:
+        sizes.update({"critic params": device_bytes(s.state.critic),
+                      "critic AdamW state": device_bytes(s.state.critic_opt)})
+    if s.ref is not None:
+        sizes["reference params"] = device_bytes(s.ref)
+    sizes["train batch"] = device_bytes(s.batch)
+    done = []
+    for name in phases:
+        log(f"compiling {name} ...")
+        done += run_phases(s, [name], feed_tokens)
+    result = Plan(s, done, memory_gb, sizes, describe_rollout(rollout_shapes(config, feed_tokens, s.hosts)))
+    if search:
+        for phase in done:
+            if phase.total > memory_gb * GB and phase.name in ("train step", "rollout"):
+                log(f"{phase.name} does not fit: searching")
+                found = _search(config, memory_gb * GB, phase.name, feed_tokens, log, hoist_converts, host_devices)
+                result.suggestions.append(f"{phase.name}: {' '.join(found)}")
+    return result
+
+
+def format_plan(plan: Plan, label: str = "") -> str:
+    s = plan.setup
+    p, rl, mesh = s.program, s.rl, s.mesh
+    actor = p.actor_cfg
+    shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+    impl = attention.resolve(actor.attention, s.seq_len, actor.jnp_dtype)
+    models = f"actor {actor.num_params() / 1e6:,.1f}M"
+    if p.critic_cfg is not None:
+        models += f" + critic {p.critic_cfg.num_params() / 1e6:,.1f}M (no LM head)"
+    if s.ref is not None:
+        models += " + reference"
+    b, t = s.batch["tokens"].shape
+    unit, scale = ("GB", GB) if plan.peak.total >= GB else ("MB", 1e6)
+    lines = [
+        f"plan       {label or s.config.model.preset}: {rl.algo}, {models} parameters; "
+        f"param_dtype={actor.param_dtype} dtype={actor.dtype} remat={actor.remat} scan_layers={actor.scan_layers} "
+        f"attention={actor.attention} ({impl} here)",
+        f"mesh       {dict(mesh.shape)} = {mesh.size} {mesh.devices.flat[0].platform} devices; rules={s.config.mesh.rules}",
+        f"update     {b} dialogues x {t} tokens, every token scored; mini-batch {rl.mini_batch_size}, micro-batch "
+        f"{rl.micro_batch_size} ({rl.micro_batch_size / shards:g} per batch shard), {rl.ppo_epochs} epoch(s), "
+        f"log-prob chunk {rl.logprob_chunk}",
+        *([f"note       micro-batch {rl.micro_batch_size} does not split over the {shards} batch shards: XLA "
+           f"spreads its rows as it can (try --config.rl.micro_batch_size={shards * max(1, rl.micro_batch_size // shards)})"]
+          if rl.micro_batch_size % shards else []),
+        f"rollout    {plan.rollout}; the host-local sampling layout {dict(sampling_layout(s, s.host_devices).local.shape)}",
+        *([f"compiler   {s.compiler_options} (XLA:CPU's fp32 copies of bf16 saved activations left out)"]
+          if s.compiler_options else []),
+        f"state per device ({unit}): " + ", ".join(f"{k} {v / scale:.3f}" for k, v in plan.sizes.items()),
+        f"per device ({unit})  {'resident':>9} {'arguments':>9} {'temps':>9} {'outputs':>9} {'total':>9} {'compile':>8}",
+    ]
+    for ph in plan.phases:
+        lines.append(f"  {ph.name:<15}{ph.resident / scale:9.3f} {ph.arguments / scale:9.3f} "
+                     f"{ph.temporaries / scale:9.3f} {ph.outputs / scale:9.3f} {ph.total / scale:9.3f} "
+                     f"{ph.seconds:7.1f}s  {ph.note}")
+    done = {ph.name: ph for ph in plan.phases}
+    if s.state.critic is not None and {"actor update", "critic update"} <= done.keys():
+        # What each update would need with the other model's state off the device: the trainer
+        # does not do this (one program holds both); the figure says what that lever is worth.
+        actor = done["actor update"].total - device_bytes((s.state.critic, s.state.critic_opt))
+        critic = done["critic update"].total - device_bytes((s.state.actor, s.state.actor_opt))
+        lines.append(f"idle off   with the idle model's params + AdamW state in host memory (not done today): "
+                     f"actor update {actor / scale:.3f}, critic update {critic / scale:.3f} {unit}")
+    peak = plan.peak
+    verdict = "fits" if plan.fits else "does NOT fit"
+    lines.append(f"peak       {peak.total / scale:.3f} {unit} ({peak.name}): {verdict} in {plan.memory_gb:g} GB per device")
+    lines += [f"           {ph.name}: {ph.total / GB:.3f} GB does not fit" for ph in plan.phases
+              if ph.total > plan.memory_gb * GB]
+    lines += [f"fits with  {x}" for x in plan.suggestions]
+    return "\n".join(lines)

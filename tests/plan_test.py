@@ -1,0 +1,150 @@
+"""The memory planner compiles the run's own programs from a training config (8 virtual devices).
+
+Compiling is the cost here: the configs are the presets' with short dialogues (the figures at the
+paper's lengths are in docs/sharding.md), and the 0.5B case lowers and compiles the train step only.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import grpo_think, ppo_think
+from rlver_jax import plan, run, sharding
+from rlver_jax.rl.batch import TrainBatch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _config(module, preset, workdir, **fields):
+    return plan._override(module.get_config(preset), workdir=str(workdir), **fields)
+
+
+def _tiny(module, workdir):
+    return _config(module, "tiny", workdir, **{"rollout.max_total_tokens": 128, "train.length_multiple": 64,
+                                              "rollout.profiles_per_step": 8, "rollout.cache_slots": 256,
+                                              "mesh.shape": (1, 4, 2)})
+
+
+@pytest.mark.parametrize("module", [ppo_think, grpo_think])
+def test_planner_lowers_the_trainers_train_step(module, tmp_path):
+    """build_run's jitted train step, lowered on the real state and a placed batch, is the very
+    program the planner lowers from shapes: the same HLO."""
+    config = _tiny(module, tmp_path)
+    r = run.build_run(config)
+    s = plan.abstract_setup(config)
+    host = TrainBatch(**{k: np.zeros(v.shape, v.dtype) for k, v in s.batch.items() if k != "policy_positions"})
+    host.policy_mask[:] = 1.0
+    placed = sharding.shard_host_batch(r.mesh, host.arrays())
+    trainer_hlo = r.fns.train_step.lower(r.state, r.ref_params, placed).as_text()
+    assert s.program.fns.train_step.lower(s.state, s.ref, s.batch).as_text() == trainer_hlo
+    assert (s.state.critic is None) == (module is grpo_think)
+
+
+def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
+    """Every phase of a PPO run compiled; the train step's arguments are exactly the state's and
+    the batch's shards, and the donated state is updated in place."""
+    config = _tiny(ppo_think, tmp_path)
+    result = plan.plan(config, memory_gb=16.0, search=False)
+    assert [p.name for p in result.phases] == list(plan.PHASES)
+    s = result.setup
+    train_step, prepare, actor, critic, rollout = result.phases
+    read = {k: v for k, v in s.batch.items() if k not in ("group", "dialogue")}  # PPO reads no group ids
+    assert train_step.arguments == plan.device_bytes((s.state, read)) and train_step.resident == 0
+    assert train_step.temporaries > 0 and train_step.outputs < 0.01 * train_step.arguments
+    assert actor.arguments >= plan.device_bytes((s.state.actor, s.state.actor_opt))
+    # Each phase's total counts the whole train state once: as arguments, or resident.
+    for p in (prepare, actor, critic, rollout):
+        assert p.resident + p.arguments >= plan.device_bytes(s.state)
+    assert result.fits and result.peak.total == max(p.total for p in result.phases)
+    text = plan.format_plan(result, "configs/ppo_think.py:tiny")
+    assert "{'data': 1, 'fsdp': 4, 'tensor': 2}" in text and "fits in 16 GB" in text
+    assert "no LM head" in text and "KV cache of 256 slots" in text
+
+
+def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
+    """Two hosts of 4 devices: a host samples its 4 of the 8 dialogues on its own copy of the
+    actor (SamplingLayout over its devices) beside the whole train state; the program's
+    arguments are that copy and the host's token ids, mask and row keys (replicated), by hand."""
+    config = _config(ppo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 128, "rollout.cache_slots": 0,
+                                                    "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2)})
+    s = plan.abstract_setup(config, host_devices=4)
+    shapes = plan.rollout_shapes(config, 512, s.hosts)
+    assert s.hosts == 2 and (shapes.rows, shapes.prompt) == (4, 128)
+    layout = plan.sampling_layout(s, 4)
+    assert dict(layout.local.shape) == {"data": 1, "fsdp": 2, "tensor": 2}
+    phase = plan.rollout_phase(s, shapes, 4)
+    assert phase.resident == plan.device_bytes(s.state)
+    b, e = shapes.rows, shapes.prompt
+    assert phase.arguments == layout.device_bytes(s.program.actor_cfg) + b * e * (4 + 1) + b * 2 * 4
+
+
+def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp_path, monkeypatch):
+    """The search against a hand-made cost (bytes = micro-batch x tokens): it recompiles (here:
+    re-plans) with each override and returns the largest shape under the budget."""
+    config = _config(grpo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 1024, "mesh.shape": (1, 2, 4),
+                                                      "rollout.max_new_tokens": 8})
+
+    def fake(s, phases, feed_tokens):
+        if phases == ["rollout"]:  # rows per sampler call x cache slots
+            shapes = plan.rollout_shapes(s.config, feed_tokens)
+            return [plan.Phase("rollout", 0, 0, shapes.rows * shapes.cache_slots, 0, 0.0)]
+        return [plan.Phase("train step", 0, 0, s.rl.micro_batch_size * s.seq_len, 0, 0.0)]
+
+    monkeypatch.setattr(plan, "run_phases", fake)
+    # micro-batch 8 of 32 at 1024 tokens: 8192 "bytes"; 4 x 1024 fits 4096, 2 x 1024 = 2048 fits 2100.
+    assert plan._search(config, 4096, "train step", 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert plan._search(config, 2100, "train step", 512, print) == ["--config.rl.micro_batch_size=2"]
+    # Below the smallest micro-batch (2, one per batch shard): the longest 64-multiple dialogue.
+    assert plan._search(config, 1000, "train step", 512, print) == [
+        "--config.rl.micro_batch_size=2", "--config.rollout.max_total_tokens=448"]
+    assert plan._search(config, 100, "train step", 512, print)[-1].startswith("nothing")
+    # The rollout: 32 dialogues x 2048 slots; more pipeline groups first, then fewer cache slots,
+    # at least a turn of 8 new tokens plus the smallest feed (16): 32 x 32 fits 1100, not 1000.
+    assert plan._search(config, 16384, "rollout", 512, print) == ["--config.rollout.pipeline_groups=4"]
+    assert plan._search(config, 1100, "rollout", 512, print) == ["--config.rollout.cache_slots=32"]
+    assert plan._search(config, 1000, "rollout", 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
+
+
+def test_largest_bisects_a_monotone_predicate():
+    calls = []
+
+    def fits(n):
+        calls.append(n)
+        return n <= 37
+
+    assert plan._largest(list(range(1, 101)), fits) == 37 and len(calls) <= 7
+    assert plan._largest([5, 6], lambda n: False) is None
+
+
+def test_planner_at_half_a_billion_parameters(tmp_path):
+    """The 0.5B preset (24 scanned layers, the real shapes) at 1024-token dialogues, the train
+    step alone: the per-device state is the exact shard arithmetic and XLA agrees."""
+    config = _config(ppo_think, "0.5b", tmp_path, **{"rollout.max_total_tokens": 1024, "rl.micro_batch_size": 8})
+    s = plan.abstract_setup(config)
+    assert s.mesh.shape["fsdp"] == 8 and s.state.critic is not None
+    # fsdp splits every model width D by 8; biases and norms stay whole (hand count, fp32).
+    v, d, layers, n, k, h, f = 151936, 896, 24, 14, 2, 64, 4864
+    layer = d // 8 * (n + 2 * k) * h + (n + 2 * k) * h + n * h * d // 8 + 3 * d * f // 8 + 2 * d
+    assert plan.device_bytes(s.state.actor) == 4 * (v * d // 8 + layers * layer + d) == 247_266_816
+    (phase,) = plan.run_phases(s, ["train step"], 512)
+    unread = ("group", "dialogue")  # GRPO's alone
+    assert phase.arguments == plan.device_bytes((s.state, {k: v for k, v in s.batch.items() if k not in unread}))
+    assert 0 < phase.temporaries < 16e9
+
+
+def test_launch_plan_on_one_cpu_device_and_a_bad_mesh(tmp_path):
+    """launch/plan.py with the tiny preset on one CPU device prints a plan that fits; a mesh that
+    the device count cannot make is one line naming mesh.shape, no traceback."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}
+    base = [sys.executable, str(REPO / "launch" / "plan.py"), "--config=configs/grpo_think.py:tiny",
+            "--phases=train step", "--config.rollout.max_total_tokens=128", f"--config.workdir={tmp_path}"]
+    ok = subprocess.run(base, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "= 1 cpu devices" in ok.stdout and "fits in 16 GB" in ok.stdout
+    bad = subprocess.run(base + ["--config.mesh.shape=(1,1,2)"], capture_output=True, text=True, cwd=REPO, env=env,
+                         timeout=600)
+    assert bad.returncode == 1 and "mesh.shape" in bad.stderr and "Traceback" not in bad.stderr
