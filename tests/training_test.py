@@ -218,7 +218,8 @@ def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path)
     run = types.SimpleNamespace(workdir=tmp_path)
     with pytest.raises(training.AllDialoguesFailedError,
                        match=r"step 5: .*2 of 2 ended as simulator_error \(last: .*HTTP 400\).*train_000005.jsonl"):
-        training._collate(config, run, 5, RolloutBatch(index=5, version=5, sequences=failed, seconds=1.0))
+        training._collate(config, run, 5, RolloutBatch(index=5, version=5, sequences=failed, seconds=1.0),
+                          failed)
     assert [r["profile_id"] for r in read_jsonl(tmp_path / "transcripts" / "train_000005.jsonl")] == ["p0", "p1"]
 
 
