@@ -27,6 +27,7 @@ import os
 import pathlib
 import sys
 import tempfile
+from collections.abc import Callable
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs from a checkout
 
@@ -51,6 +52,8 @@ _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "New tokens per row.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Longest prompt; rows have half to all of it.")
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Timed calls per row (best is kept).")
 _SEED = flags.DEFINE_integer("seed", 0, "Weights, prompts and sampling seed.")
+_PROFILE = flags.DEFINE_string("profile_dir", "", "Also write a jax.profiler trace of one more call of ours "
+                               "per row to DIR/PRESET-DTYPE-BATCH (open *.trace.json.gz in Perfetto).")
 
 
 @dataclasses.dataclass
@@ -83,8 +86,7 @@ def gemm_stream(dtype, rows: int = 8) -> float:
     return sum(w.nbytes for w in ws) / best_of(lambda: chain(ws, x).block_until_ready(), 3)
 
 
-def bench_preset(preset: str, rng: np.random.Generator) -> list[Row]:
-    rows = []
+def bench_preset(preset: str, rng: np.random.Generator, report: Callable[[Row], None]) -> None:
     base = get_preset(preset)
     params32 = qwen2.init_params(base, jax.random.key(_SEED.value))
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,12 +101,15 @@ def bench_preset(preset: str, rng: np.random.Generator) -> list[Row]:
         for batch in (int(b) for b in _BATCHES.value):
             ids, mask = random_prompts(config.vocab_size, batch, _PROMPT_LEN.value, rng)
             ours = time_ours(config, params, ids, mask, n, _REPEATS.value, _SEED.value)
-            print(f"  {preset} {dtype} batch {batch} ours: {batch * n / ours[0]:.1f} tok/s", flush=True)
+            if _PROFILE.value:
+                with jax.profiler.trace(str(pathlib.Path(_PROFILE.value) / f"{preset}-{dtype}-{batch}"),
+                                        create_perfetto_trace=True):
+                    time_ours(config, params, ids, mask, n, 1, _SEED.value)
             hf = time_transformers(hf_model, ids, mask, n, _REPEATS.value)
-            print(f"  {preset} {dtype} batch {batch} transformers: {batch * n / hf[0]:.1f} tok/s", flush=True)
-            rows.append(Row(preset, dtype, batch, *ours, *hf, generation_flops(config, mask.sum(1), n),
-                            sampling.kv_cache_bytes(config, ids.shape[1], n), os.getloadavg()[0]))
-    return rows
+            report(Row(preset, dtype, batch, *ours, *hf, generation_flops(config, mask.sum(1), n),
+                       sampling.kv_cache_bytes(config, ids.shape[1], n), os.getloadavg()[0]))
+        del params
+        jax.clear_caches()  # the compiled programs of this dtype
 
 
 def main(argv):
@@ -114,26 +119,28 @@ def main(argv):
     peaks = {d: matmul_peak(jnp.dtype(d)) for d in _DTYPES.value}
     bandwidth = stream_bandwidth()
     gemm = {d: gemm_stream(jnp.dtype(d)) for d in _DTYPES.value}
+    n = _NEW_TOKENS.value
     print(f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"transformers {transformers.__version__}, {jax.devices()[0].device_kind}")
     print("matmul peak: " + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks.items())
           + f"; streaming read {bandwidth / 1e9:.1f} GB/s; matmul weight streaming at 8 rows: "
           + ", ".join(f"{d} {g / 1e9:.1f} GB/s" for d, g in gemm.items()))
-    rows = [row for preset in _PRESETS.value for row in bench_preset(preset, rng)]
-    n = _NEW_TOKENS.value
     print(f"\n{n} new tokens per row, prompts of {_PROMPT_LEN.value // 2}-{_PROMPT_LEN.value} tokens\n")
     print("| model | dtype | batch | ours tok/s | transformers tok/s | speed-up | ours decode ms/step "
           "| transformers decode ms/step | decode speed-up | weight-read bound ms/step | ours MFU | transformers MFU "
           "| KV/seq | load |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        config = get_preset(r.preset)
-        bound_ms = matmul_params(config) * jnp.dtype(r.dtype).itemsize / bandwidth * 1e3
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
+
+    def report(r: Row) -> None:  # a row as soon as it is measured: a long run that dies keeps its rows
+        bound_ms = matmul_params(get_preset(r.preset)) * jnp.dtype(r.dtype).itemsize / bandwidth * 1e3
         peak = peaks[r.dtype]
         print(f"| {r.preset} | {r.dtype} | {r.batch} | {r.batch * n / r.ours_s:.1f} | {r.batch * n / r.hf_s:.1f} "
               f"| {r.hf_s / r.ours_s:.2f}x | {r.ours_step_ms:.1f} | {r.hf_step_ms:.1f} | {r.hf_step_ms / r.ours_step_ms:.2f}x "
               f"| {bound_ms:.1f} | {r.flops / r.ours_s / peak:.1%} | {r.flops / r.hf_s / peak:.1%} "
-              f"| {r.kv_bytes / 2**20:.2f} MiB | {r.load:.1f} |")
+              f"| {r.kv_bytes / 2**20:.2f} MiB | {r.load:.1f} |", flush=True)
+
+    for preset in _PRESETS.value:
+        bench_preset(preset, rng, report)
 
 
 if __name__ == "__main__":

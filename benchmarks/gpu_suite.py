@@ -188,27 +188,26 @@ def decode_part(suite: Suite, device: str) -> None:
             suite.decode.append({"model": preset, "skipped": "time budget"})
             continue
         config = get_preset(preset, dtype="bfloat16", param_dtype="bfloat16")
-        variants = [("ours", config)]
+        variants = [("ours", config, batches)]
         if p == 0:  # the scanned stack once, at the middle batch
-            variants.append(("ours, scanned layers", config.replace(scan_layers=True)))
+            variants.append(("ours, scanned layers", config.replace(scan_layers=True), batches[len(batches) // 2:][:1]))
         hf_model = random_transformers(config, device)
-        for side, cfg in variants:
+        for side, cfg, side_batches in variants:
             params = jax.jit(functools.partial(qwen2.init_params, cfg))(jax.random.key(FLAGS.seed))
-            for batch in batches if side == "ours" else [batches[len(batches) // 2]]:
-                rng = np.random.default_rng(FLAGS.seed)
-                ids, mask = random_prompts(config.vocab_size, batch, _PROMPT_LEN.value, rng)
+            for batch in side_batches:
+                ids, mask = random_prompts(config.vocab_size, batch, _PROMPT_LEN.value, np.random.default_rng(FLAGS.seed))
                 weight_bytes, kv_bytes, bound = roofline_ms(config, batch, mask.sum(1), n)
                 row = dict(model=preset, batch=batch, new_tokens=n, prompt_len=_PROMPT_LEN.value,
                            weight_bytes=weight_bytes, kv_bytes=kv_bytes, roofline_ms=bound)
-                measured = [(side, lambda: time_ours(cfg, params, ids, mask, n, _REPEATS.value, FLAGS.seed))]
-                if side == "ours":
-                    measured.append(("transformers", lambda: time_transformers(hf_model, ids, mask, n, _REPEATS.value)))
-                for name, timed in measured:
+                for name in [side] + (["transformers"] if side == "ours" else []):
                     if suite.out_of_time():
                         suite.decode.append({**row, "side": name, "skipped": "time budget"})
                         continue
                     try:
-                        call_s, step_ms = timed()
+                        if name == "transformers":
+                            call_s, step_ms = time_transformers(hf_model, ids, mask, n, _REPEATS.value)
+                        else:
+                            call_s, step_ms = time_ours(cfg, params, ids, mask, n, _REPEATS.value, FLAGS.seed)
                     except Exception as e:  # noqa: BLE001
                         suite.decode.append({**row, "side": name, "error": _error(e)})
                         continue
@@ -217,9 +216,9 @@ def decode_part(suite: Suite, device: str) -> None:
                                          "of_roofline": bound / step_ms})
                     print(f"  decode {preset} batch {batch} {name}: {step_ms:.2f} ms/step "
                           f"(roofline {bound:.2f})", flush=True)
-            del params
+            params = None  # frees the device copy before the next variant
             train_step.free_memory()
-        del hf_model
+        hf_model = None
         release_torch()
         suite.write()
 
