@@ -264,33 +264,36 @@ def _num(x, fmt: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
+def _table(title: str, header: str, rows: list[dict], cells, note_keys: tuple[str, ...]) -> list[str]:
+    """A markdown section: `header` ("| a | b |" with its alignment row), a line per row of
+    `cells(row)` (its cell strings), then the first of `note_keys` the row has as its note."""
+    lines = ["", f"## {title}", "", *header]
+    for r in rows:
+        note = next((r[k] for k in note_keys if r.get(k)), "")
+        lines.append("| " + " | ".join([*cells(r), note]) + " |")
+    return lines
+
+
 def markdown(parts: dict) -> str:
     env = parts["env"]
-    lines = ["# GPU suite", "", ", ".join(f"{k}: {v}" for k, v in env.items()), "",
-             "## Train step", "",
-             "| run | side | step s | tokens/s | model TFLOP/s | MFU | vs torch | note |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
-    for r in parts["train"]:
-        note = r.get("skipped") or r.get("error") or ""
-        lines.append(f"| {r['run']} | {r.get('side', '-')} | {_num(r.get('step_s'), '.3f')} "
-                     f"| {_num(r.get('tokens_per_s'), ',.0f')} | {_num(r.get('model_tflops'), '.1f')} "
-                     f"| {_num(r.get('mfu'), '.1%')} | {_num(r.get('vs_torch'), '.2f')} | {note} |")
-    lines += ["", "## Decode (bf16)", "",
-              "| model | batch | side | decode ms/step | decode tokens/s | roofline ms/step | of roofline "
-              "| whole call s | note |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
-    for r in parts["decode"]:
-        note = r.get("skipped") or r.get("error") or ""
-        lines.append(f"| {r['model']} | {r.get('batch', '-')} | {r.get('side', '-')} | {_num(r.get('step_ms'), '.2f')} "
-                     f"| {_num(r.get('decode_tokens_per_s'), ',.0f')} | {_num(r.get('roofline_ms'), '.3f')} "
-                     f"| {_num(r.get('of_roofline'), '.1%')} | {_num(r.get('call_s'), '.2f')} | {note} |")
-    lines += ["", "## Attention (causal, bf16)", "",
-              "| B x T x N x K x H | implementation | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | note |",
-              "|---|---|---:|---:|---:|---:|---|"]
-    for r in parts["attention"]:
-        note = r.get("skipped") or r.get("unavailable") or ""
-        lines.append(f"| {r['shape']} | {r['implementation']} | {_num(r.get('fwd_ms'), '.2f')} "
-                     f"| {_num(r.get('fwd_tflops'), '.1f')} | {_num(r.get('fwd_bwd_ms'), '.2f')} "
-                     f"| {_num(r.get('fwd_bwd_tflops'), '.1f')} | {note} |")
+    lines = ["# GPU suite", "", ", ".join(f"{k}: {v}" for k, v in env.items())]
+    lines += _table("Train step", ["| run | side | step s | tokens/s | model TFLOP/s | MFU | vs torch | note |",
+                                   "|---|---|---:|---:|---:|---:|---:|---|"], parts["train"],
+                    lambda r: [r["run"], r.get("side", "-"), _num(r.get("step_s"), ".3f"),
+                               _num(r.get("tokens_per_s"), ",.0f"), _num(r.get("model_tflops"), ".1f"),
+                               _num(r.get("mfu"), ".1%"), _num(r.get("vs_torch"), ".2f")], ("skipped", "error"))
+    lines += _table("Decode (bf16)", ["| model | batch | side | decode ms/step | decode tokens/s | roofline ms/step "
+                                      "| of roofline | whole call s | note |", "|---|---:|---|---:|---:|---:|---:|---:|---|"],
+                    parts["decode"],
+                    lambda r: [r["model"], str(r.get("batch", "-")), r.get("side", "-"), _num(r.get("step_ms"), ".2f"),
+                               _num(r.get("decode_tokens_per_s"), ",.0f"), _num(r.get("roofline_ms"), ".3f"),
+                               _num(r.get("of_roofline"), ".1%"), _num(r.get("call_s"), ".2f")], ("skipped", "error"))
+    lines += _table("Attention (causal, bf16)",
+                    ["| B x T x N x K x H | implementation | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | note |",
+                     "|---|---|---:|---:|---:|---:|---|"], parts["attention"],
+                    lambda r: [r["shape"], r["implementation"], _num(r.get("fwd_ms"), ".2f"),
+                               _num(r.get("fwd_tflops"), ".1f"), _num(r.get("fwd_bwd_ms"), ".2f"),
+                               _num(r.get("fwd_bwd_tflops"), ".1f")], ("skipped", "unavailable"))
     return "\n".join(lines) + "\n"
 
 
