@@ -51,7 +51,9 @@ def get_policy_sampling_config(*, tiny: bool = False) -> ml_collections.ConfigDi
     c.max_new_tokens = 32 if tiny else 2048  # per policy turn
     c.max_total_tokens = 1024 if tiny else 16384  # jax: per training row (think_history), then "truncated"
     # jax: KV-cache slots kept per dialogue between turns (0: re-encode the history every turn).
-    c.cache_slots = 2 * c.max_total_tokens if tiny else 0
+    # A session's rows share one fill level: a full row (max_total_tokens) plus another's fresh
+    # prompt (up to max_total_tokens, bucketed) plus the new tokens must fit.
+    c.cache_slots = 2 * c.max_total_tokens + c.max_new_tokens if tiny else 0
     # A think-mode reply without </think>: "continue" lets the simulated user judge the raw text
     # (as an API model's output would be); "end" would freeze the emotion at its last value.
     c.format_failure = "continue"

@@ -110,6 +110,7 @@ class KVSessions:
         if total > self.cache_slots:
             raise ValueError(
                 f"a dialogue of {int(sess.cache.index)} cached tokens needs {needed} more slots, beyond "
-                f"config.rollout.cache_slots={self.cache_slots}; raise it (about 2 x "
-                "config.rollout.max_total_tokens) or lower config.rollout.max_total_tokens")
+                f"config.rollout.cache_slots={self.cache_slots}; raise it (a row's fill plus another row's fresh "
+                "prompt: 2 x config.rollout.max_total_tokens + max_new_tokens) or lower "
+                "config.rollout.max_total_tokens")
         sess.cache = sampling.grow_cache(sess.cache, min(bucket(total, LENGTH_BUCKETS), self.cache_slots))
