@@ -86,7 +86,7 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     """The search against a hand-made cost (bytes = micro-batch x tokens): it recompiles (here:
     re-plans) with each override and returns the largest shape under the budget."""
     config = _config(grpo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 1024, "mesh.shape": (1, 2, 4),
-                                                      "rollout.max_new_tokens": 8})
+                                                      "rollout.max_new_tokens": 8, "rollout.cache_slots": 2048})
 
     def fake(s, phases, feed_tokens):
         if phases == ["rollout"]:  # rows per sampler call x cache slots
