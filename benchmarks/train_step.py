@@ -10,10 +10,10 @@ Hugging Face directory and loaded by transformers, so both sides train the same 
 batch: B rows of T random tokens, every row full length, alternating 64-token user and policy
 segments (the policy mask covers half the tokens), a GRPO reward on each row's last policy token.
 
-  ours: exactly what training runs per mini-batch (the body of `trainer.train_step`'s loop over
-    mini-batches): `trainer.update_minibatch`, jitted with the state donated, with GRPO settings
-    (no critic, no reference), the whole batch one mini-batch; old log-probs and advantages come
-    from `trainer.prepare` once, outside the timing. Forward, backward of the PPO loss
+  ours: exactly what training runs per mini-batch: the actor's program of a train step
+    (`make_update_fns(...).actor`, `trainer.model_epochs` over `actor_update`), its params and
+    AdamW state donated, with GRPO settings (no critic, no reference), the whole batch one
+    mini-batch; old log-probs and advantages come from the prepare program once, outside the timing. Forward, backward of the PPO loss
     (plus the entropy metric), global-norm clipping and optax AdamW, one jitted program. The LM
     head runs only at policy tokens (TrainBatch.arrays()["policy_positions"]), as in training.
   ours, all tokens: the same program with every token scored, as a plain step would.
@@ -35,7 +35,6 @@ median is reported.
 """
 
 import dataclasses
-import functools
 import gc
 import os
 import pathlib
@@ -138,21 +137,19 @@ def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: boo
     if score_all:  # every index (0 is the pad index: position 0 has no log-prob anyway)
         arrays["policy_positions"] = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))
     rl = trainer.RLSettings(algo="grpo", mini_batch_size=rows, micro_batch_size=_MICRO.value or rows)
-    tx = trainer.make_optimizer(trainer.OptimSettings(), total_steps=100).tx
-    state = trainer.init_train_state(init_params(config), tx, seed=_SEED.value)
-    prepare = jax.jit(functools.partial(trainer.prepare, rl, config, None))
-    update = jax.jit(functools.partial(trainer.update_minibatch, rl, config, None, tx, None), donate_argnums=(0,))
+    opt = trainer.make_optimizer(trainer.OptimSettings(), total_steps=100)
+    state = trainer.init_train_state(init_params(config), opt.tx, seed=_SEED.value)
+    fns = trainer.make_update_fns(rl, config, None, opt, None)
     device_batch = {k: jnp.asarray(v) for k, v in arrays.items()}
-    prepared = prepare(state, None, device_batch)
-    full = {**device_batch, **prepared}
-    all_rows = jnp.arange(rows, dtype=jnp.int32)
+    inputs, minibatch_rows, _ = fns.prepare(state.replace(actor_opt=None), None, device_batch)
+    params, opt_state = state.actor, state.actor_opt
 
     def step() -> None:
-        nonlocal state
-        state, metrics = update(state, full, all_rows)
+        nonlocal params, opt_state
+        params, opt_state, metrics = fns.actor(state.step, params, opt_state, inputs, minibatch_rows)
         jax.block_until_ready(metrics)
 
-    host = {k: np.asarray(prepared[k]) for k in ("old_logprobs", "advantages")}
+    host = {k: np.asarray(inputs[k]) for k in ("old_logprobs", "advantages")}
     scored = rows * length if score_all else int((batch.policy_mask > 0).sum())
     result = Result("ours, all tokens" if score_all else "ours", *median_step_seconds(step), scored)
     if _PROFILE.value:

@@ -5,8 +5,8 @@
     python launch/plan.py --config=configs/ppo_think.py:7b --config.mesh.shape='(1,16,1)' --memory_gb=16
 
 Takes the config and overrides of launch/train.py and compiles, from abstract shapes (no weights
-are allocated or read), the train step the run executes and its parts alone, and the sampler's
-program (rlver_jax/plan.py). Prints per-device arguments, temporaries and totals per phase, the
+are allocated or read), the programs of the train step the run executes (prepare, the actor's and
+the critic's updates) and the sampler's program (rlver_jax/plan.py). Prints per-device arguments, temporaries and totals per phase, the
 peak against --memory_gb, and, where a phase does not fit, the largest micro-batch or dialogue
 length that does. On a CPU, fake the target's device count with
 XLA_FLAGS=--xla_force_host_platform_device_count=N. docs/sharding.md has the figures.
@@ -23,7 +23,7 @@ from rlver_jax import cli  # noqa: E402
 
 _CONFIG = cli.config_flag("config", None, "Training config file[:preset], as for launch/train.py.")
 _MEMORY = flags.DEFINE_float("memory_gb", 16.0, "Per-device memory budget in GB (1e9 bytes).")
-_PHASES = flags.DEFINE_list("phases", "train step,prepare,actor update,critic update,rollout",
+_PHASES = flags.DEFINE_list("phases", "prepare,actor update,critic update,rollout",
                             "Phases to compile (comma-separated).")
 _SEARCH = flags.DEFINE_bool("search", True, "Where a phase does not fit, recompile at smaller shapes to find "
                             "the largest that does.")

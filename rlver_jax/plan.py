@@ -2,15 +2,17 @@
 shapes, without allocating a weight (launch/plan.py).
 
 The planner takes a training config (the same file and overrides as launch/train.py) and builds
-the update with `rlver_jax.run.update_program`, the call `build_run` makes, so the train step it
-compiles is the one training runs (tests/plan_test.py checks that both lower to one program).
-Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The phases:
+the update with `rlver_jax.run.update_program`, the call `build_run` makes, so the programs it
+compiles are the ones training runs (tests/plan_test.py checks that both lower to one program
+each). Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The phases:
 
-  train step     `trainer.train_step` as `make_update_fns` jits it: prepare, then epochs x
-                 mini-batches of actor (and critic) updates with micro-batch accumulation, the
-                 state donated. A run's update phase is this one program.
-  prepare        `trainer.prepare` alone: old (and reference) log-probs, values, advantages.
-  actor update   `trainer.actor_update` alone, one mini-batch; `critic update` the same (PPO).
+  prepare        the train step's first program (`trainer.prepare_step`): old (and reference)
+                 log-probs, values, advantages; it reads the models, not their AdamW states.
+  actor update   the actor's program (`trainer.model_epochs`): epochs x mini-batches of actor
+                 updates with micro-batch accumulation, its params and AdamW state donated.
+  critic update  the same for the critic (PPO). With config.train.offload "idle" the model not
+                 being updated waits in host memory meanwhile (trainer.train_step).
+                 A run's update phase is these three programs, one after another: its peak is theirs.
   rollout        the sampler's jitted program for one pipeline group at the longest prompt:
                  generation (prefill + decode loop) at a prompt of max_total_tokens when
                  rollout.cache_slots is 0, else the multi-turn program on a cache of
@@ -21,8 +23,9 @@ Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The phases:
 
 A phase's per-device total = resident + arguments + temporaries + outputs not aliased to donated
 arguments; `resident` is what stays on the device through the phase without being an argument of
-its program: the rest of the train state and, with the KV cache on, the caches of the other
-pipeline groups. Update shapes are the worst case of a run: every dialogue of the batch at the
+its program: the rest of the train state on the devices (not the offloaded idle model), the
+placed batch during the updates and, with the KV cache on, the caches of the other pipeline
+groups. Update shapes are the worst case of a run: every dialogue of the batch at the
 bucketed max_total_tokens, every token scored (the widest policy_positions).
 """
 
@@ -47,7 +50,8 @@ from rlver_jax.models import attention, qwen2
 from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import TrainBatch
 
-PHASES = ("train step", "prepare", "actor update", "critic update", "rollout")
+PHASES = ("prepare", "actor update", "critic update", "rollout")
+UPDATE = PHASES[:3]  # the train step's programs
 GB = 1e9  # budgets and figures in GB of 1e9 bytes (a "16 GB" chip holds 16 GiB: ~7% headroom)
 
 
@@ -62,6 +66,8 @@ class Setup:
     state: trainer.TrainState  # ShapeDtypeStructs with the state's shardings
     ref: Any | None  # the reference policy's, with a KL term
     batch: dict  # the train batch (TrainBatch.arrays()), split over the batch axes
+    inputs: dict  # what the model programs read: prepare_step's update inputs ...
+    rows: Any  # ... and mini-batch rows
     compiler_options: dict | None = None  # see abstract_setup(hoist_converts=...)
     host_devices: int | None = None  # devices per host for the rollout's layout; None: all of them
 
@@ -72,6 +78,18 @@ class Setup:
     @property
     def seq_len(self) -> int:
         return self.batch["tokens"].shape[1]
+
+    @property
+    def models(self) -> trainer.TrainState:
+        """What the prepare program reads of the state."""
+        return self.state.replace(actor_opt=None, critic_opt=None)
+
+    @property
+    def offload(self) -> bool:
+        return self.program.fns.offload_shardings is not None
+
+    def model_state(self, model: str) -> tuple:
+        return getattr(self.state, model), getattr(self.state, f"{model}_opt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +176,9 @@ def abstract_setup(config: ml_collections.ConfigDict, hoist_converts: bool = Tru
     state = sharding.with_shardings(state, prog.shardings)
     ref = None if prog.ref_shardings is None else sharding.with_shardings(actor, prog.ref_shardings)
     options = None if hoist_converts or jax.default_backend() != "cpu" else _NO_HOISTING
-    return Setup(config, rl, mesh, prog, state, ref, abstract_batch(config, mesh), options, host_devices)
+    batch = abstract_batch(config, mesh)
+    inputs, rows, _ = prog.fns.prepare.eval_shape(state.replace(actor_opt=None, critic_opt=None), ref, batch)
+    return Setup(config, rl, mesh, prog, state, ref, batch, inputs, rows, options, host_devices)
 
 
 def _compile(s: Setup, jitted, *args):
@@ -177,51 +197,24 @@ def _resident(s: Setup) -> int:
     return device_bytes(s.state) + device_bytes(s.ref)
 
 
-def train_step_phase(s: Setup) -> Phase:
-    compiled, secs = _compile(s, s.program.fns.train_step, s.state, s.ref, s.batch)
-    return _phase("train step", compiled, 0, secs, "prepare + updates, one program: what the update runs")
-
-
 def prepare_phase(s: Setup) -> Phase:
-    p = s.program
-    models = s.state.replace(actor_opt=None, critic_opt=None)  # what prepare reads of the state
-    models_sh = p.shardings.replace(actor_opt=None, critic_opt=None)
-    fn = sharding.jit_sharded(functools.partial(trainer.prepare, s.rl, p.actor_cfg, p.critic_cfg),
-                              (models_sh, p.ref_shardings, _batch_sharding(s.mesh)), _batch_sharding(s.mesh),
-                              rules=s.config.mesh.rules)
-    compiled, secs = _compile(s, fn, models, s.ref, s.batch)
-    return _phase("prepare", compiled, _resident(s) - device_bytes((models, s.ref)), secs,
+    compiled, secs = _compile(s, s.program.fns.prepare, s.models, s.ref, s.batch)
+    return _phase("prepare", compiled, _resident(s) - device_bytes((s.models, s.ref)), secs,
                   "old/ref log-probs, values, advantages")
 
 
-def _micro(s: Setup) -> dict:
-    """The abstract micro-batches of one mini-batch, split over the batch axes."""
-    p = s.program
-    models = s.state.replace(actor_opt=None, critic_opt=None)
-    prepared = jax.eval_shape(functools.partial(trainer.prepare, s.rl, p.actor_cfg, p.critic_cfg), models, s.ref,
-                              s.batch)
-    rows = jax.ShapeDtypeStruct((s.rl.mini_batch_size,), jnp.int32)
-    micro = jax.eval_shape(functools.partial(trainer.micro_batches, s.rl), trainer.update_inputs(s.batch, prepared),
-                           rows)
-    sh = NamedSharding(s.mesh, P(None, sharding.BATCH_AXES))
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), micro)
-
-
 def model_update_phase(s: Setup, name: str) -> Phase:
-    """`actor update` or `critic update` alone on one mini-batch, params and optimizer state donated."""
-    p = s.program
+    """The `actor update` or `critic update` program: every mini-batch of the step, its model's
+    params and AdamW state donated. Resident: the run key, the reference, the placed batch and,
+    unless offloaded, the other model's state."""
     model = name.split()[0]
-    cfg, opt = (p.actor_cfg, p.actor_opt) if model == "actor" else (p.critic_cfg, p.critic_opt)
-    update = trainer.actor_update if model == "actor" else trainer.critic_update
-    params, opt_state = getattr(s.state, model), getattr(s.state, f"{model}_opt")
-    sh = (getattr(p.shardings, model), getattr(p.shardings, f"{model}_opt"))
-    micro = _micro(s)
-    fn = sharding.jit_sharded(functools.partial(update, s.rl, cfg, opt.tx),
-                              sh + (NamedSharding(s.mesh, P(None, sharding.BATCH_AXES)),),
-                              sh + (NamedSharding(s.mesh, P()),), donate_argnums=(0, 1),
-                              rules=s.config.mesh.rules)
-    compiled, secs = _compile(s, fn, params, opt_state, micro)
-    return _phase(name, compiled, _resident(s) - device_bytes((params, opt_state)), secs, "one mini-batch")
+    fn = getattr(s.program.fns, model)
+    compiled, secs = _compile(s, fn, s.state.step, *s.model_state(model), s.inputs, s.rows)
+    other = "critic" if model == "actor" else "actor"
+    idle = 0 if s.offload else device_bytes(s.model_state(other))
+    minibatches = s.rows.shape[0]
+    note = f"{minibatches} mini-batch(es)" + (f"; the {other} in host memory" if s.offload else "")
+    return _phase(name, compiled, device_bytes((s.state.rng, s.ref, s.batch)) + idle, secs, note)
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -346,9 +339,7 @@ def run_phases(s: Setup, phases: Sequence[str], feed_tokens: int) -> list[Phase]
     for name in phases:
         if name == "critic update" and not s.rl.uses_critic:
             continue
-        if name == "train step":
-            out.append(train_step_phase(s))
-        elif name == "prepare":
+        if name == "prepare":
             out.append(prepare_phase(s))
         elif name in ("actor update", "critic update"):
             out.append(model_update_phase(s, name))
@@ -372,20 +363,21 @@ def _largest(candidates: Sequence[int], fits: Callable[[int], bool]) -> int | No
     return best
 
 
-def _search(config: ml_collections.ConfigDict, budget: float, phase: str, feed_tokens: int,
+def _search(config: ml_collections.ConfigDict, budget: float, phases: Sequence[str], feed_tokens: int,
             log: Callable[[str], None], hoist_converts: bool = True, host_devices: int | None = None) -> list[str]:
-    """The train step: the largest micro-batch, else the longest dialogue, that fits `budget`
-    bytes. The rollout: the fewest pipeline groups (most dialogues per sampler call), else the
-    longest dialogue (no cache) or the most cache slots."""
+    """Update phases (some of UPDATE): the largest micro-batch, else the longest dialogue, with
+    which each of them fits `budget` bytes. ["rollout"]: the fewest pipeline groups (most
+    dialogues per sampler call), else the longest dialogue (no cache) or the most cache slots."""
     s0 = abstract_setup(config, hoist_converts, host_devices)
     shards = math.prod(s0.mesh.shape[a] for a in sharding.BATCH_AXES)
 
     def total(cfg) -> float:
-        (p,) = run_phases(abstract_setup(cfg, hoist_converts, host_devices), [phase], feed_tokens)
-        log(f"  search: {phase} {p.total / GB:.2f} GB")
-        return p.total
+        worst = max(run_phases(abstract_setup(cfg, hoist_converts, host_devices), phases, feed_tokens),
+                    key=lambda p: p.total)
+        log(f"  search: {worst.name} {worst.total / GB:.2f} GB")
+        return worst.total
 
-    if phase == "train step":
+    if list(phases) != ["rollout"]:
         rl = s0.rl
         micro = [m for m in range(shards, rl.micro_batch_size) if rl.mini_batch_size % m == 0 and m % shards == 0]
         for m in reversed(micro):
@@ -427,7 +419,7 @@ def plan(config: ml_collections.ConfigDict, memory_gb: float = 16.0, phases: Seq
          feed_tokens: int = 512, search: bool = True, log: Callable[[str], None] = lambda _: None,
          hoist_converts: bool = True, host_devices: int | None = None) -> Plan:
     """Compile the phases of `config`'s run and, with `search`, find the largest shapes that fit
-    wherever the train step or the rollout does not."""
+    wherever the update (any of its programs) or the rollout does not."""
     s = abstract_setup(config, hoist_converts, host_devices)
     sizes = {"actor params": device_bytes(s.state.actor), "actor AdamW state": device_bytes(s.state.actor_opt)}
     if s.state.critic is not None:
@@ -442,11 +434,12 @@ def plan(config: ml_collections.ConfigDict, memory_gb: float = 16.0, phases: Seq
         done += run_phases(s, [name], feed_tokens)
     result = Plan(s, done, memory_gb, sizes, describe_rollout(rollout_shapes(config, feed_tokens, s.hosts)))
     if search:
-        for phase in done:
-            if phase.total > memory_gb * GB and phase.name in ("train step", "rollout"):
-                log(f"{phase.name} does not fit: searching")
-                found = _search(config, memory_gb * GB, phase.name, feed_tokens, log, hoist_converts, host_devices)
-                result.suggestions.append(f"{phase.name}: {' '.join(found)}")
+        over = [p.name for p in done if p.total > memory_gb * GB]
+        for label, names in (("update", [n for n in over if n in UPDATE]), ("rollout", [n for n in over if n == "rollout"])):
+            if names:
+                log(f"{', '.join(names)} does not fit: searching")
+                found = _search(config, memory_gb * GB, names, feed_tokens, log, hoist_converts, host_devices)
+                result.suggestions.append(f"{label}: {' '.join(found)}")
     return result
 
 
@@ -485,13 +478,22 @@ def format_plan(plan: Plan, label: str = "") -> str:
                      f"{ph.temporaries / scale:9.3f} {ph.outputs / scale:9.3f} {ph.total / scale:9.3f} "
                      f"{ph.seconds:7.1f}s  {ph.note}")
     done = {ph.name: ph for ph in plan.phases}
-    if s.state.critic is not None and {"actor update", "critic update"} <= done.keys():
-        # What each update would need with the other model's state off the device: the trainer
-        # does not do this (one program holds both); the figure says what that lever is worth.
-        actor = done["actor update"].total - device_bytes((s.state.critic, s.state.critic_opt))
-        critic = done["critic update"].total - device_bytes((s.state.actor, s.state.actor_opt))
-        lines.append(f"idle off   with the idle model's params + AdamW state in host memory (not done today): "
-                     f"actor update {actor / scale:.3f}, critic update {critic / scale:.3f} {unit}")
+    if s.state.critic is not None:
+        actor_state, critic_state = device_bytes(s.model_state("actor")), device_bytes(s.model_state("critic"))
+        if s.offload:
+            lines.append(f"offload    idle: the critic's params + AdamW state ({critic_state / scale:.3f} {unit}/device) "
+                         f"wait in host memory during the actor update, the actor's ({actor_state / scale:.3f}) "
+                         f"during the critic's; {2 * (actor_state + critic_state) / scale:.3f} {unit}/device "
+                         f"cross between host and device per step")
+        elif {"actor update", "critic update"} <= done.keys():
+            lines.append(f"offload    none; with --config.train.offload=idle (the idle model in host memory): "
+                         f"actor update {(done['actor update'].total - critic_state) / scale:.3f}, "
+                         f"critic update {(done['critic update'].total - actor_state) / scale:.3f} {unit}")
+    update = [ph for ph in plan.phases if ph.name in UPDATE]
+    if update:
+        top = max(update, key=lambda ph: ph.total)
+        lines.append(f"update     peak {top.total / scale:.3f} {unit} ({top.name}): "
+                     f"{'fits' if top.total <= plan.memory_gb * GB else 'does NOT fit'} in {plan.memory_gb:g} GB")
     peak = plan.peak
     verdict = "fits" if plan.fits else "does NOT fit"
     lines.append(f"peak       {peak.total / scale:.3f} {unit} ({peak.name}): {verdict} in {plan.memory_gb:g} GB per device")

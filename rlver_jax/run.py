@@ -170,7 +170,7 @@ def sampling_settings(config: ml_collections.ConfigDict) -> SamplingSettings:
 @dataclasses.dataclass(frozen=True)
 class UpdateProgram:
     """The update side of a run before any weight exists: models, optimizers, shardings and the
-    jitted train step. build_run loads weights into it; launch/plan.py compiles it from shapes."""
+    jitted programs of the train step. build_run loads weights into it; launch/plan.py compiles it from shapes."""
 
     actor_cfg: Qwen2Config
     critic_cfg: Qwen2Config | None  # None: no critic (GRPO)
@@ -197,7 +197,7 @@ def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, me
                                        critic_sh)
     ref_sh = actor_sh if rl.uses_reference else None
     fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, ref_sh,
-                                  config.mesh.rules)
+                                  config.mesh.rules, offload=config.train.offload)
     return UpdateProgram(actor_cfg, critic_cfg, actor_opt, critic_opt, actor_sh, critic_sh, state_sh, ref_sh, fns)
 
 

@@ -1,7 +1,7 @@
 """The memory planner compiles the run's own programs from a training config (8 virtual devices).
 
 Compiling is the cost here: the configs are the presets' with short dialogues (the figures at the
-paper's lengths are in docs/sharding.md), and the 0.5B case lowers and compiles the train step only.
+paper's lengths are in docs/sharding.md), and the 0.5B case lowers and compiles the actor's update only.
 """
 
 import os
@@ -30,39 +30,75 @@ def _tiny(module, workdir):
 
 
 @pytest.mark.parametrize("module", [ppo_think, grpo_think])
-def test_planner_lowers_the_trainers_train_step(module, tmp_path):
-    """build_run's jitted train step, lowered on the real state and a placed batch, is the very
-    program the planner lowers from shapes: the same HLO."""
+def test_planner_lowers_the_trainers_programs(module, tmp_path):
+    """Each of build_run's jitted train-step programs (prepare, the actor's and the critic's
+    updates), lowered on the real state and a placed batch, is the very program the planner
+    lowers from shapes: the same HLO."""
     config = _tiny(module, tmp_path)
     r = run.build_run(config)
     s = plan.abstract_setup(config)
     host = TrainBatch(**{k: np.zeros(v.shape, v.dtype) for k, v in s.batch.items() if k != "policy_positions"})
     host.policy_mask[:] = 1.0
     placed = sharding.shard_host_batch(r.mesh, host.arrays())
-    trainer_hlo = r.fns.train_step.lower(r.state, r.ref_params, placed).as_text()
-    assert s.program.fns.train_step.lower(s.state, s.ref, s.batch).as_text() == trainer_hlo
-    assert (s.state.critic is None) == (module is grpo_think)
+    models = r.state.replace(actor_opt=None, critic_opt=None)
+    assert s.program.fns.prepare.lower(s.models, s.ref, s.batch).as_text() == \
+        r.fns.prepare.lower(models, r.ref_params, placed).as_text()
+    inputs, rows, _ = r.fns.prepare(models, r.ref_params, placed)
+    names = ("actor", "critic") if module is ppo_think else ("actor",)
+    assert (r.fns.critic is None) == (module is grpo_think) and s.rl.uses_critic == (len(names) == 2)
+    for model in names:
+        real = (r.state.step, getattr(r.state, model), getattr(r.state, f"{model}_opt"), inputs, rows)
+        mine = (s.state.step, *s.model_state(model), s.inputs, s.rows)
+        assert getattr(s.program.fns, model).lower(*mine).as_text() == getattr(r.fns, model).lower(*real).as_text()
+
+
+def _read(tree: dict, unread: tuple[str, ...]) -> dict:
+    return {k: v for k, v in tree.items() if k not in unread}
 
 
 def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
-    """Every phase of a PPO run compiled; the train step's arguments are exactly the state's and
-    the batch's shards, and the donated state is updated in place."""
+    """Every phase of a PPO run compiled. Prepare's arguments are exactly the models' and the
+    batch's shards; each model's program reads its own state, the prepared inputs it uses and the
+    mini-batch rows, its state updated in place; resident is the rest of the state on the devices."""
     config = _tiny(ppo_think, tmp_path)
     result = plan.plan(config, memory_gb=16.0, search=False)
     assert [p.name for p in result.phases] == list(plan.PHASES)
     s = result.setup
-    train_step, prepare, actor, critic, rollout = result.phases
-    read = {k: v for k, v in s.batch.items() if k not in ("group", "dialogue")}  # PPO reads no group ids
-    assert train_step.arguments == plan.device_bytes((s.state, read)) and train_step.resident == 0
-    assert train_step.temporaries > 0 and train_step.outputs < 0.01 * train_step.arguments
-    assert actor.arguments >= plan.device_bytes((s.state.actor, s.state.actor_opt))
+    prepare, actor, critic, rollout = result.phases
+    opt_states = plan.device_bytes((s.state.actor_opt, s.state.critic_opt))
+    assert prepare.arguments == plan.device_bytes((s.models, _read(s.batch, ("group", "dialogue"))))  # PPO: no groups
+    assert prepare.resident == opt_states
+    # The actor reads no values or returns, the critic no old log-probs, advantages or policy
+    # positions (it values every token): hand lists.
+    own = {"actor": (actor, ("values", "returns")), "critic": (critic, ("old_logprobs", "advantages", "policy_positions"))}
+    for model, (phase, unread) in own.items():
+        other = "critic" if model == "actor" else "actor"
+        assert phase.arguments == plan.device_bytes((s.state.step, s.model_state(model), _read(s.inputs, unread),
+                                                     s.rows))
+        assert phase.resident == plan.device_bytes((s.state.rng, s.batch, s.model_state(other)))
+        assert phase.temporaries > 0 and phase.outputs < 0.01 * phase.arguments
     # Each phase's total counts the whole train state once: as arguments, or resident.
-    for p in (prepare, actor, critic, rollout):
+    for p in result.phases:
         assert p.resident + p.arguments >= plan.device_bytes(s.state)
     assert result.fits and result.peak.total == max(p.total for p in result.phases)
     text = plan.format_plan(result, "configs/ppo_think.py:tiny")
     assert "{'data': 1, 'fsdp': 4, 'tensor': 2}" in text and "fits in 16 GB" in text
     assert "no LM head" in text and "KV cache of 256 slots" in text
+    assert "offload    none; with --config.train.offload=idle" in text
+
+
+def test_offloaded_idle_model_leaves_the_update_phases(tmp_path):
+    """train.offload "idle": the same programs, and the model not being updated is no longer
+    resident: each update phase holds the run key, the batch and its own model only."""
+    config = _tiny(ppo_think, tmp_path)
+    config.train.offload = "idle"
+    result = plan.plan(config, memory_gb=16.0, phases=["actor update", "critic update"], search=False)
+    s = result.setup
+    assert s.offload
+    for phase in result.phases:
+        assert phase.resident == plan.device_bytes((s.state.rng, s.batch)) and "host memory" in phase.note
+    text = plan.format_plan(result)
+    assert "offload    idle: the critic's params + AdamW state" in text and "update     peak" in text
 
 
 def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
@@ -92,21 +128,25 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
         if phases == ["rollout"]:  # rows per sampler call x cache slots
             shapes = plan.rollout_shapes(s.config, feed_tokens)
             return [plan.Phase("rollout", 0, 0, shapes.rows * shapes.cache_slots, 0, 0.0)]
-        return [plan.Phase("train step", 0, 0, s.rl.micro_batch_size * s.seq_len, 0, 0.0)]
+        # The update's programs: the actor's at micro-batch x tokens, prepare's at half of that.
+        cost = {"actor update": s.rl.micro_batch_size * s.seq_len, "prepare": s.rl.micro_batch_size * s.seq_len // 2}
+        return [plan.Phase(name, 0, 0, cost[name], 0, 0.0) for name in phases]
 
     monkeypatch.setattr(plan, "run_phases", fake)
+    update = ["prepare", "actor update"]
     # micro-batch 8 of 32 at 1024 tokens: 8192 "bytes"; 4 x 1024 fits 4096, 2 x 1024 = 2048 fits 2100.
-    assert plan._search(config, 4096, "train step", 512, print) == ["--config.rl.micro_batch_size=4"]
-    assert plan._search(config, 2100, "train step", 512, print) == ["--config.rl.micro_batch_size=2"]
+    assert plan._search(config, 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert plan._search(config, 2100, update, 512, print) == ["--config.rl.micro_batch_size=2"]
+    assert plan._search(config, 2100, ["prepare"], 512, print) == ["--config.rl.micro_batch_size=4"]
     # Below the smallest micro-batch (2, one per batch shard): the longest 64-multiple dialogue.
-    assert plan._search(config, 1000, "train step", 512, print) == [
+    assert plan._search(config, 1000, update, 512, print) == [
         "--config.rl.micro_batch_size=2", "--config.rollout.max_total_tokens=448"]
-    assert plan._search(config, 100, "train step", 512, print)[-1].startswith("nothing")
+    assert plan._search(config, 100, update, 512, print)[-1].startswith("nothing")
     # The rollout: 32 dialogues x 2048 slots; more pipeline groups first, then fewer cache slots,
     # at least a turn of 8 new tokens plus the smallest feed (16): 32 x 32 fits 1100, not 1000.
-    assert plan._search(config, 16384, "rollout", 512, print) == ["--config.rollout.pipeline_groups=4"]
-    assert plan._search(config, 1100, "rollout", 512, print) == ["--config.rollout.cache_slots=32"]
-    assert plan._search(config, 1000, "rollout", 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
+    assert plan._search(config, 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
+    assert plan._search(config, 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
+    assert plan._search(config, 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
 
 
 def test_largest_bisects_a_monotone_predicate():
@@ -121,8 +161,8 @@ def test_largest_bisects_a_monotone_predicate():
 
 
 def test_planner_at_half_a_billion_parameters(tmp_path):
-    """The 0.5B preset (24 scanned layers, the real shapes) at 1024-token dialogues, the train
-    step alone: the per-device state is the exact shard arithmetic and XLA agrees."""
+    """The 0.5B preset (24 scanned layers, the real shapes) at 1024-token dialogues, the actor's
+    update alone: the per-device state is the exact shard arithmetic and XLA agrees."""
     config = _config(ppo_think, "0.5b", tmp_path, **{"rollout.max_total_tokens": 1024, "rl.micro_batch_size": 8})
     s = plan.abstract_setup(config)
     assert s.mesh.shape["fsdp"] == 8 and s.state.critic is not None
@@ -130,9 +170,9 @@ def test_planner_at_half_a_billion_parameters(tmp_path):
     v, d, layers, n, k, h, f = 151936, 896, 24, 14, 2, 64, 4864
     layer = d // 8 * (n + 2 * k) * h + (n + 2 * k) * h + n * h * d // 8 + 3 * d * f // 8 + 2 * d
     assert plan.device_bytes(s.state.actor) == 4 * (v * d // 8 + layers * layer + d) == 247_266_816
-    (phase,) = plan.run_phases(s, ["train step"], 512)
-    unread = ("group", "dialogue")  # GRPO's alone
-    assert phase.arguments == plan.device_bytes((s.state, {k: v for k, v in s.batch.items() if k not in unread}))
+    (phase,) = plan.run_phases(s, ["actor update"], 512)
+    args = (s.state.step, s.model_state("actor"), _read(s.inputs, ("values", "returns")), s.rows)
+    assert phase.arguments == plan.device_bytes(args)
     assert 0 < phase.temporaries < 16e9
 
 
@@ -141,7 +181,7 @@ def test_launch_plan_on_one_cpu_device_and_a_bad_mesh(tmp_path):
     the device count cannot make is one line naming mesh.shape, no traceback."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}
     base = [sys.executable, str(REPO / "launch" / "plan.py"), "--config=configs/grpo_think.py:tiny",
-            "--phases=train step", "--config.rollout.max_total_tokens=128", f"--config.workdir={tmp_path}"]
+            "--phases=actor update", "--config.rollout.max_total_tokens=128", f"--config.workdir={tmp_path}"]
     ok = subprocess.run(base, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "= 1 cpu devices" in ok.stdout and "fits in 16 GB" in ok.stdout

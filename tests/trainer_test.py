@@ -1,5 +1,8 @@
 """The PPO/GRPO update: batching, reward placement, accumulation, and the direction of learning."""
 
+import dataclasses
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -93,7 +96,7 @@ def test_settings_errors_name_the_field():
         trainer.RLSettings(mini_batch_size=6, micro_batch_size=4)
 
 
-def _placed_setup(mesh, rl, opt):
+def _placed_setup(mesh, rl, opt, offload="none"):
     """A tiny actor (and critic) and their state on `mesh`, as rlver_jax.run builds them."""
     cfg = get_preset("tiny")
     actor_sh = sharding.param_shardings(cfg, mesh, "fsdp_tensor")
@@ -107,20 +110,56 @@ def _placed_setup(mesh, rl, opt):
     critic_tx = critic_opt and critic_opt.tx
     state_sh = trainer.state_shardings(actor_opt.tx, actor, actor_sh, critic_tx, critic, critic_sh)
     state = trainer.init_train_state(actor, actor_opt.tx, critic, critic_tx, seed=0, shardings=state_sh)
-    return state, trainer.make_update_fns(rl, cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh)
+    return state, trainer.make_update_fns(rl, cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, offload=offload)
 
 
 def test_train_step_compiles_once_and_stays_on_the_device(monkeypatch):
-    """Two steps on the mesh (two epochs of two mini-batches each): one trace of the jitted
-    step, and the second step moves nothing between host and device but the batch (placed
-    explicitly) and the metrics (fetched explicitly)."""
-    monkeypatch.setattr(trainer, "train_step", chex.assert_max_traces(trainer.train_step, n=1))
+    """Two steps on the mesh (two epochs of two mini-batches each): one trace of each jitted
+    program (prepare; the actor's and the critic's epochs), and the second step moves nothing
+    between host and device but the batch (placed explicitly) and the metrics (fetched explicitly)."""
+    monkeypatch.setattr(trainer, "prepare_step", chex.assert_max_traces(trainer.prepare_step, n=1))
+    monkeypatch.setattr(trainer, "model_epochs", chex.assert_max_traces(trainer.model_epochs, n=2))
     rl = trainer.RLSettings(algo="ppo", mini_batch_size=2, micro_batch_size=1, ppo_epochs=2)
     state, fns = _placed_setup(sharding.make_mesh((1, 2, 4)), rl, trainer.OptimSettings(lr=1e-3))
     state, _ = trainer.train_on_batch(fns, state, _batch())
     with jax.transfer_guard("disallow"):
         state, metrics = trainer.train_on_batch(fns, state, _batch())
     assert int(jax.device_get(state.step)) == 2 and all(np.isfinite(v) for v in metrics.values())
+
+
+def test_offloaded_idle_model_changes_nothing(monkeypatch):
+    """offload "idle": the critic goes to host memory before the actor's program, the actor before
+    the critic's comes in, and both come back; two PPO steps give the same parameters, AdamW
+    states and metrics as keeping both on the devices, and the state ends in device memory."""
+    rl = trainer.RLSettings(algo="ppo", mini_batch_size=2, micro_batch_size=1)
+    mesh = sharding.make_mesh((1, 2, 4))
+    events, move = [], trainer._move
+
+    def logged_move(tree, shardings):
+        out = move(tree, shardings)
+        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(out)]
+        (kind,) = {x.sharding.memory_kind for x in jax.tree.leaves(out)}
+        events.append(f"{'critic' if any('value_kernel' in p for p in paths) else 'actor'} -> {kind}")
+        return out
+
+    monkeypatch.setattr(trainer, "_move", logged_move)
+    results = {}
+    for offload in ("none", "idle"):
+        state, fns = _placed_setup(mesh, rl, trainer.OptimSettings(lr=1e-2), offload)
+        programs = {name: getattr(fns, name) for name in ("actor", "critic")}
+        fns = dataclasses.replace(fns, **{name: functools.partial(
+            lambda name, fn, *a: (events.append(name), fn(*a))[1], name, fn) for name, fn in programs.items()})
+        events.clear()
+        for _ in range(2):
+            state, metrics = trainer.train_on_batch(fns, state, _batch())
+        results[offload] = (jax.device_get(state), metrics, list(events))
+    cycle = ["critic -> pinned_host", "actor", "actor -> pinned_host", "critic -> device", "critic", "actor -> device"]
+    assert results["idle"][2] == cycle * 2 and results["none"][2] == ["actor", "critic"] * 2
+    jax.tree.map(np.testing.assert_array_equal, results["none"][0], results["idle"][0])
+    assert results["none"][1] == results["idle"][1]
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(state)} == {"device"}
+    with pytest.raises(ValueError, match="config.train.offload"):
+        _placed_setup(mesh, rl, trainer.OptimSettings(), "all")
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])

@@ -1,12 +1,15 @@
 """PPO and GRPO updates: a train-state pytree and pure, jitted update functions.
 
-One train step (`train_step`, one jitted program) consumes a TrainBatch of dialogues' training
-rows (a dialogue each, or one per turn with think_history "drop"; rlver_jax.rl.batch):
+One train step (`train_step`: a jitted program per stage, in this order) consumes a TrainBatch
+of dialogues' training rows (a dialogue each, or one per turn with think_history "drop";
+rlver_jax.rl.batch):
   prepare:    old log-probs (actor), reference log-probs (only with a KL term), values (critic),
               token rewards (minus a KL penalty in "reward" mode) -> advantages and returns;
-  epochs x mini-batches of `update_minibatch`: gradients accumulated over micro-batches with
-              exact mini-batch loss weights, then one AdamW step for the actor (and the critic);
+  actor:      epochs x mini-batches of `actor_update`: gradients accumulated over micro-batches
+              with exact mini-batch loss weights, then one AdamW step each;
+  critic:     the same for the critic (PPO), on the same prepared inputs and mini-batch order;
   step + 1.
+A program per model lets the idle model wait in host memory (config.train.offload "idle").
 Per-token arrays follow rlver_jax.rl.losses (rlver_jax.rl.logprobs computes them).
 
 Randomness (big_vision style): the state keeps one run key; the draws of train step s (its
@@ -313,22 +316,6 @@ def critic_update(rl: RLSettings, cfg: Qwen2Config, tx, params: Params, opt_stat
     return _optimizer_step("critic", lambda p, x: _critic_loss(rl, cfg, p, x), tx, params, opt_state, micro)
 
 
-def update_minibatch(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
-                     actor_tx, critic_tx, state: TrainState, batch: dict, rows: jax.Array
-                     ) -> tuple[TrainState, dict]:
-    """One optimizer step on the mini-batch `batch[rows]` for the actor (and the critic),
-    gradients accumulated over its micro-batches. Metrics include the global norm of the step's
-    parameter change (`*_update_norm`)."""
-    micro = micro_batches(rl, batch, rows)
-    actor, actor_opt, metrics = actor_update(rl, actor_cfg, actor_tx, state.actor, state.actor_opt, micro)
-    state = state.replace(actor=actor, actor_opt=actor_opt)
-    if rl.uses_critic:
-        critic, critic_opt, m = critic_update(rl, critic_cfg, critic_tx, state.critic, state.critic_opt, micro)
-        metrics.update(m)
-        state = state.replace(critic=critic, critic_opt=critic_opt)
-    return state, metrics
-
-
 def minibatch_rows(rl: RLSettings, key: jax.Array, batch_size: int) -> jax.Array:
     """[ppo_epochs x mini-batches, rows per mini-batch] row indices of a batch of `batch_size`
     rows: each epoch a fresh permutation of the rows cut into `rl.minibatches` mini-batches
@@ -343,73 +330,159 @@ def update_inputs(batch: dict, prepared: dict) -> dict:
     return {k: v for k, v in {**batch, **prepared}.items() if k not in ("sample_logprobs", "group", "dialogue", "rewards")}
 
 
-def train_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None, actor_opt: Optimizer,
-               critic_opt: Optimizer | None, state: TrainState, ref_params: Params | None, batch: dict
-               ) -> tuple[TrainState, dict]:
-    """One train step: prepare, then `ppo_epochs` passes over mini-batches in the order of
-    `step_keys(state.rng, state.step).order`, then step + 1. Metrics are means over the
-    mini-batches (the learning rate of each), and the parameter norms after the step."""
-    prepared = prepare(rl, actor_cfg, critic_cfg, state, ref_params, batch)
-    full = update_inputs(batch, prepared)
-    rows = minibatch_rows(rl, step_keys(state.rng, state.step).order, batch["tokens"].shape[0])
-    first_update = state.step * rows.shape[0]  # optimizer steps before this train step
-
-    def body(st, xs):
-        i, r = xs
-        st, m = update_minibatch(rl, actor_cfg, critic_cfg, actor_opt.tx, None if critic_opt is None else critic_opt.tx,
-                                 st, full, r)
-        m["actor_lr"] = actor_opt.learning_rate(first_update + i)
-        if critic_opt is not None:
-            m["critic_lr"] = critic_opt.learning_rate(first_update + i)
-        return st, m
-
-    state, history = jax.lax.scan(body, state, (jnp.arange(rows.shape[0]), rows))
-    metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), history)
+def prepare_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None, models: TrainState,
+                 ref_params: Params | None, batch: dict) -> tuple[dict, jax.Array, dict]:
+    """The train step's first program: `prepare` on the batch, the arrays the updates read
+    (`update_inputs`), the step's mini-batch rows (`step_keys(state.rng, state.step).order`) and
+    the sampler-agreement metric. `models` is the state without its optimizer states (unread)."""
+    prepared = prepare(rl, actor_cfg, critic_cfg, models, ref_params, batch)
+    rows = minibatch_rows(rl, step_keys(models.rng, models.step).order, batch["tokens"].shape[0])
     mask = batch["policy_mask"]
     diff = jnp.abs(prepared["old_logprobs"] - batch["sample_logprobs"])
-    metrics["logprob_diff_sampler"] = jnp.sum(diff * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-    metrics["actor_param_norm"] = optax.global_norm(state.actor)
-    if state.critic is not None:
-        metrics["critic_param_norm"] = optax.global_norm(state.critic)
-    return state.replace(step=state.step + 1), metrics
+    metrics = {"logprob_diff_sampler": jnp.sum(diff * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
+    return update_inputs(batch, prepared), rows, metrics
+
+
+def model_epochs(name: str, rl: RLSettings, update: Callable, opt: Optimizer, step: jax.Array, params: Params,
+                 opt_state, inputs: dict, rows: jax.Array) -> tuple[Params, Any, dict]:
+    """One model's program of a train step: `ppo_epochs` x mini-batches of `update(params,
+    opt_state, micro) -> (params, opt_state, metrics)` (actor_update or critic_update) in the order
+    `rows`. Metrics are means over the mini-batches, with `{name}_lr` and the parameter norm after
+    the step. The actor's and the critic's programs read the same prepared inputs and not each
+    other's parameters, so running one after the other is PPO's joint update exactly."""
+    first_update = step * rows.shape[0]  # optimizer steps before this train step
+
+    def body(carry, xs):
+        i, r = xs
+        p, o, m = update(*carry, micro_batches(rl, inputs, r))
+        m[f"{name}_lr"] = opt.learning_rate(first_update + i)
+        return (p, o), m
+
+    (params, opt_state), history = jax.lax.scan(body, (params, opt_state), (jnp.arange(rows.shape[0]), rows))
+    metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), history)
+    metrics[f"{name}_param_norm"] = optax.global_norm(params)
+    return params, opt_state, metrics
 
 
 # ----------------------------------------------------------------------------- host driver
 
 
+OFFLOAD_MODES = ("none", "idle")
+HOST_MEMORY = "pinned_host"
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateFns:
-    """The jitted train step of one run (built once; shardings fixed at build time)."""
+    """The jitted programs of one run's train step (built once; shardings fixed at build time):
+    `prepare` (models, ref, batch) -> (inputs, rows, metrics); `actor` and (PPO) `critic`
+    (step, params, opt_state, inputs, rows) -> (params, opt_state, metrics), their model donated;
+    `next_step` (step) -> step + 1. `train_step` runs them in that order."""
 
-    train_step: Callable
+    prepare: Callable
+    actor: Callable
+    critic: Callable | None
+    next_step: Callable
     rl: RLSettings
     mesh: Any = None  # batches are split over its batch axes; None: the default device
+    # offload "idle": the TrainState's shardings in device memory, the idle model moves between
+    # them and their pinned-host twins (`host_shardings`) around each model's program. None: no moves.
+    offload_shardings: TrainState | None = None
+
+
+def host_shardings(shardings: Any) -> Any:
+    """The same layouts in host memory (pinned: DMA to and from the devices)."""
+    return jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), shardings)
+
+
+def _move(tree: Any, shardings: Any) -> Any:
+    """`tree` copied into `shardings` (host or device memory), its source buffers freed once the
+    copy is done, so the memory is free before the next program allocates (device_put cannot
+    donate across memory kinds)."""
+    out = jax.block_until_ready(jax.device_put(tree, shardings))
+    for x in jax.tree.leaves(tree):
+        x.delete()
+    return out
 
 
 def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
                     actor_opt: Optimizer, critic_opt: Optimizer | None, mesh=None, state_shardings=None,
-                    ref_shardings=None, rules=None) -> UpdateFns:
-    """Jit `train_step`; the state buffer is donated to it.
+                    ref_shardings=None, rules=None, offload: str = "none") -> UpdateFns:
+    """Jit the train step's programs; each model's program donates its parameters and optimizer state.
 
     With a mesh and the state's shardings (`state_shardings`), parameters and optimizer states
     keep their layout across steps, and every batch array is split over the batch axes; `rules`
     (config.mesh.rules) may split the residual stream's tokens (sharding.jit_sharded).
+    `offload="idle"` (PPO, with a mesh): while one model updates, the other's parameters and
+    AdamW state wait in host memory (config.train.offload).
     """
-    step = functools.partial(train_step, rl, actor_cfg, critic_cfg, actor_opt, critic_opt)
+    if offload not in OFFLOAD_MODES:
+        raise ValueError(f"config.train.offload={offload!r}; use one of {OFFLOAD_MODES}")
+    prepare_fn = functools.partial(prepare_step, rl, actor_cfg, critic_cfg)
+    actor_fn = functools.partial(model_epochs, "actor", rl, functools.partial(actor_update, rl, actor_cfg, actor_opt.tx),
+                                 actor_opt)
+    critic_fn = None if critic_opt is None else functools.partial(
+        model_epochs, "critic", rl, functools.partial(critic_update, rl, critic_cfg, critic_opt.tx), critic_opt)
     if mesh is None:
-        return UpdateFns(jax.jit(step, donate_argnums=(0,)), rl)
-    batch = NamedSharding(mesh, P(sharding.BATCH_AXES))  # a prefix: every leaf of the batch dict
+        if offload != "none":
+            raise ValueError("config.train.offload='idle' needs the run's mesh (the state's shardings)")
+        jit = functools.partial(jax.jit, donate_argnums=(1, 2))
+        return UpdateFns(jax.jit(prepare_fn), jit(actor_fn), critic_fn and jit(critic_fn),
+                         jax.jit(lambda s: s + 1, donate_argnums=0), rl)
+    batch = NamedSharding(mesh, P(sharding.BATCH_AXES))  # a prefix: every leaf of a batch dict
     replicated = NamedSharding(mesh, P())
+    sh = state_shardings
+    models_sh = sh.replace(actor_opt=None, critic_opt=None)
+    jit = functools.partial(sharding.jit_sharded, rules=rules)
+
+    def model_jit(fn, params_sh, opt_sh):
+        return jit(fn, (replicated, params_sh, opt_sh, batch, replicated), (params_sh, opt_sh, replicated),
+                   donate_argnums=(1, 2))
+
+    offload_shardings = None
+    if offload == "idle" and critic_fn is not None:
+        kinds = {m.kind for m in mesh.devices.flat[0].addressable_memories()}
+        if HOST_MEMORY not in kinds:
+            raise ValueError(f"config.train.offload='idle' needs {HOST_MEMORY!r} memory; the "
+                             f"{mesh.devices.flat[0].platform} devices have {sorted(kinds)}: use offload='none'")
+        offload_shardings = sh
     return UpdateFns(
-        sharding.jit_sharded(step, (state_shardings, ref_shardings, batch), (state_shardings, replicated),
-                             donate_argnums=(0,), rules=rules),
-        rl, mesh)
+        prepare=jit(prepare_fn, (models_sh, ref_shardings, batch), (batch, replicated, replicated)),
+        actor=model_jit(actor_fn, sh.actor, sh.actor_opt),
+        critic=critic_fn and model_jit(critic_fn, sh.critic, sh.critic_opt),
+        next_step=jit(lambda s: s + 1, (replicated,), replicated, donate_argnums=(0,)),
+        rl=rl, mesh=mesh, offload_shardings=offload_shardings)
+
+
+def train_step(fns: UpdateFns, state: TrainState, ref_params: Params | None, batch: dict
+               ) -> tuple[TrainState, dict]:
+    """One train step on placed arrays: prepare, then `ppo_epochs` passes over mini-batches of
+    the actor's updates, then the critic's (PPO), then step + 1; the state is consumed. Metrics
+    are replicated device scalars. With offload "idle" the critic waits in host memory during the
+    actor's program and the actor during the critic's; the state comes back whole on the devices."""
+    inputs, rows, metrics = fns.prepare(state.replace(actor_opt=None, critic_opt=None), ref_params, batch)
+    sh = fns.offload_shardings
+    critic = (state.critic, state.critic_opt)
+    if sh is not None:
+        critic = _move(critic, host_shardings((sh.critic, sh.critic_opt)))
+    actor, actor_opt, m = fns.actor(state.step, state.actor, state.actor_opt, inputs, rows)
+    metrics.update(m)
+    if fns.critic is not None:
+        if sh is not None:  # the actor out before the critic in: one model on the devices at a time
+            actor, actor_opt = _move((actor, actor_opt), host_shardings((sh.actor, sh.actor_opt)))
+            critic = _move(critic, (sh.critic, sh.critic_opt))
+        *critic, m = fns.critic(state.step, *critic, inputs, rows)
+        metrics.update(m)
+        if sh is not None:
+            actor, actor_opt = _move((actor, actor_opt), (sh.actor, sh.actor_opt))
+    new = TrainState(step=fns.next_step(state.step), rng=state.rng, actor=actor, actor_opt=actor_opt,
+                     critic=critic[0], critic_opt=critic[1])
+    return new, metrics
 
 
 def train_on_batch(fns: UpdateFns, state: TrainState, batch: TrainBatch, ref_params: Params | None = None,
                    policy_tokens: int | None = None) -> tuple[TrainState, dict[str, float]]:
     """One train step on the device: the batch is placed explicitly (this process's rows on the
-    mesh: rlver_jax.sharding.shard_host_batch), the jitted step runs, and its metrics (reduced
+    mesh: rlver_jax.sharding.shard_host_batch), the step's jitted programs run, and its metrics (reduced
     on device, replicated) come back as floats from this process's copy; nothing else crosses
     between host and device. `policy_tokens`: see rl.batch.policy_positions. Returns the new
     state (step + 1)."""
@@ -419,5 +492,5 @@ def train_on_batch(fns: UpdateFns, state: TrainState, batch: TrainBatch, ref_par
     if bsz % (rl.batch_size or rl.mini_batch_size):
         raise ValueError(f"batch of {bsz} rows is not a multiple of config.rl.mini_batch_size={rl.mini_batch_size}"
                          + (f" and of the {rl.batch_size} dialogues per step" if rl.batch_size else ""))
-    state, metrics = fns.train_step(state, ref_params, device_batch)
+    state, metrics = train_step(fns, state, ref_params, device_batch)
     return state, {k: float(sharding.replicated_value(v)) for k, v in metrics.items()}
