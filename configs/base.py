@@ -134,10 +134,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train = ml_collections.ConfigDict()
     c.train.steps = 40 if tiny else 1000  # rollout batches (paper: 1000)
     c.train.length_multiple = 64 if tiny else 512  # training sequence length bucket
-    # PPO: "idle" keeps the model not being updated (its params + AdamW state) in host memory during
-    # the other model's program, 4 x that state crossing PCIe per step; what fits 7B PPO on 16 x 16 GB
-    # (docs/sharding.md). "none": both stay on the devices.
-    c.train.offload = "idle" if preset == "7b" and not grpo else "none"
+    # What waits in host memory (rl.trainer.OFFLOAD): "none"; "idle": the model not being updated,
+    # during the other's program (PPO); "state": that, and the whole train state between steps
+    # (rollout, evaluation), the AdamW states during prepare. 7B: "state" fits PPO and GRPO on
+    # 16 x 16 GB chips (docs/sharding.md) for ~2 x the state crossing PCIe per step.
+    c.train.offload = "state" if preset == "7b" else "none"
     c.train.eval_every = 10 if tiny else 25  # in-loop Sentient evaluation; 0 = off
     c.train.eval_max_profiles = 0  # 0 = every eval profile
     # The in-loop evaluation runs under SAGE's rules (initial emotion 40, failure below 10, 10

@@ -10,8 +10,8 @@ each). Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The 
                  log-probs, values, advantages; it reads the models, not their AdamW states.
   actor update   the actor's program (`trainer.model_epochs`): epochs x mini-batches of actor
                  updates with micro-batch accumulation, its params and AdamW state donated.
-  critic update  the same for the critic (PPO). With config.train.offload "idle" the model not
-                 being updated waits in host memory meanwhile (trainer.train_step).
+  critic update  the same for the critic (PPO). config.train.offload says which of the state's
+                 parts wait in host memory in each (trainer.OFFLOAD, trainer.place).
                  A run's update phase is these three programs, one after another: its peak is theirs.
   rollout        the sampler's jitted program for one pipeline group at the longest prompt:
                  generation (prefill + decode loop) at a prompt of max_total_tokens when
@@ -23,9 +23,9 @@ each). Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The 
 
 A phase's per-device total = resident + arguments + temporaries + outputs not aliased to donated
 arguments; `resident` is what stays on the device through the phase without being an argument of
-its program: the rest of the train state on the devices (not the offloaded idle model), the
-placed batch during the updates and, with the KV cache on, the caches of the other pipeline
-groups. Update shapes are the worst case of a run: every dialogue of the batch at the
+its program: the rest of the train state on the devices (not what config.train.offload puts in
+host memory: `resident`), the placed batch during the updates and, with the KV cache on, the
+caches of the other pipeline groups. Update shapes are the worst case of a run: every dialogue of the batch at the
 bucketed max_total_tokens, every token scored (the widest policy_positions).
 """
 
@@ -85,8 +85,8 @@ class Setup:
         return self.state.replace(actor_opt=None, critic_opt=None)
 
     @property
-    def offload(self) -> bool:
-        return self.program.fns.offload_shardings is not None
+    def offload(self) -> str:
+        return self.program.fns.offload
 
     def model_state(self, model: str) -> tuple:
         return getattr(self.state, model), getattr(self.state, f"{model}_opt")
@@ -193,28 +193,49 @@ def _phase(name: str, compiled, resident: int, seconds: float, note: str = "") -
                  mem.output_size_in_bytes - mem.alias_size_in_bytes, seconds, note)
 
 
-def _resident(s: Setup) -> int:
-    return device_bytes(s.state) + device_bytes(s.ref)
+def _parts(s: Setup, parts: Sequence[str]) -> int:
+    return device_bytes([getattr(s.state, p) for p in parts])
+
+
+def resident(s: Setup, phase: str, mode: str | None = None) -> int:
+    """Bytes per device held through `phase` outside its program's arguments, with the state's
+    parts where offload `mode` (default: the run's, config.train.offload) has them."""
+    on = trainer.OFFLOAD[mode or s.offload]
+    if phase == "prepare":  # it reads the models: the rest of what is on the devices
+        return _parts(s, [p for p in on["prepare"] if p not in ("actor", "critic")])
+    if phase in ("actor update", "critic update"):
+        model = phase.split()[0]
+        idle = [p for p in on[model] if p not in (model, f"{model}_opt")]
+        return device_bytes((s.state.rng, s.ref, s.batch)) + _parts(s, idle)
+    # the rollout, between steps: the sampler reads its own copy
+    return device_bytes((s.state.step, s.state.rng, s.ref)) + _parts(s, on["rest"])
+
+
+def crossing_bytes(s: Setup, mode: str | None = None) -> int:
+    """Bytes per device that cross between host and device memory in a train step under offload
+    `mode` (trainer.place from stage to stage, from rest back to rest)."""
+    on = trainer.OFFLOAD[mode or s.offload]
+    stages = ["rest", "prepare", "actor"] + (["critic"] if s.state.critic is not None else []) + ["rest"]
+    return sum(_parts(s, set(on[a]) ^ set(on[b])) for a, b in zip(stages, stages[1:]))
 
 
 def prepare_phase(s: Setup) -> Phase:
     compiled, secs = _compile(s, s.program.fns.prepare, s.models, s.ref, s.batch)
-    return _phase("prepare", compiled, _resident(s) - device_bytes((s.models, s.ref)), secs,
-                  "old/ref log-probs, values, advantages")
+    return _phase("prepare", compiled, resident(s, "prepare"), secs, "old/ref log-probs, values, advantages")
 
 
 def model_update_phase(s: Setup, name: str) -> Phase:
     """The `actor update` or `critic update` program: every mini-batch of the step, its model's
-    params and AdamW state donated. Resident: the run key, the reference, the placed batch and,
-    unless offloaded, the other model's state."""
+    params and AdamW state donated. Resident: the run key, the reference, the placed batch and
+    what config.train.offload leaves on the devices of the rest of the state."""
     model = name.split()[0]
     fn = getattr(s.program.fns, model)
     compiled, secs = _compile(s, fn, s.state.step, *s.model_state(model), s.inputs, s.rows)
-    other = "critic" if model == "actor" else "actor"
-    idle = 0 if s.offload else device_bytes(s.model_state(other))
-    minibatches = s.rows.shape[0]
-    note = f"{minibatches} mini-batch(es)" + (f"; the {other} in host memory" if s.offload else "")
-    return _phase(name, compiled, device_bytes((s.state.rng, s.ref, s.batch)) + idle, secs, note)
+    note = f"{s.rows.shape[0]} mini-batch(es)"
+    away = [p for p in trainer.PARTS if getattr(s.state, p) is not None and p not in s.program.fns.on_device(model)]
+    if away:
+        note += f"; in host memory: {', '.join(away)}"
+    return _phase(name, compiled, resident(s, name), secs, note)
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -300,14 +321,14 @@ def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = No
     replicated = NamedSharding(host, P())
     sds = functools.partial(jax.ShapeDtypeStruct, sharding=replicated)
     ids, mask, rng = sds((b, e), jnp.int32), sds((b, e), jnp.bool_), sds((b, 2), jnp.uint32)  # row keys
-    resident = _resident(s)  # the train state stays on the devices beside the sampling copy
+    held = resident(s, "rollout")  # what of the train state rests on the devices
     copy = (f"sampling copy {device_bytes(params) / GB:.2f} GB/device ({layout.dtype.__name__}, "
             f"{host.size} devices per host)")
     if not shapes.cache_slots:
         # sampling.generate's settings: the run's, without cache slots.
         compiled, secs = _compile(s, sampling._generate_jit, cfg, dataclasses.replace(settings, cache_slots=0), host,
                                   params, ids, mask, rng)
-        return _phase("rollout", compiled, resident, secs, f"prefill + decode loop, no cache; {copy}")
+        return _phase("rollout", compiled, held, secs, f"prefill + decode loop, no cache; {copy}")
     cache = _cache_sharding(host, jax.eval_shape(lambda: qwen2.init_cache(cfg, b, shapes.cache_slots)))
     compiled, secs = _compile(s, sampling._continue_jit, cfg, settings, host, params, cache, ids, mask,
                               sds((b,), jnp.int32), rng)
@@ -315,7 +336,7 @@ def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = No
     cache_out = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), cache,
                              compiled.output_shardings[1])
     per_group = device_bytes(cache_out)
-    return _phase("rollout", compiled, resident + (shapes.groups - 1) * per_group, secs,
+    return _phase("rollout", compiled, held + (shapes.groups - 1) * per_group, secs,
                   f"cache {per_group / GB:.2f} GB/device per group of {b}, {shapes.groups} groups held; {copy}")
 
 
@@ -477,18 +498,18 @@ def format_plan(plan: Plan, label: str = "") -> str:
         lines.append(f"  {ph.name:<15}{ph.resident / scale:9.3f} {ph.arguments / scale:9.3f} "
                      f"{ph.temporaries / scale:9.3f} {ph.outputs / scale:9.3f} {ph.total / scale:9.3f} "
                      f"{ph.seconds:7.1f}s  {ph.note}")
-    done = {ph.name: ph for ph in plan.phases}
-    if s.state.critic is not None:
-        actor_state, critic_state = device_bytes(s.model_state("actor")), device_bytes(s.model_state("critic"))
-        if s.offload:
-            lines.append(f"offload    idle: the critic's params + AdamW state ({critic_state / scale:.3f} {unit}/device) "
-                         f"wait in host memory during the actor update, the actor's ({actor_state / scale:.3f}) "
-                         f"during the critic's; {2 * (actor_state + critic_state) / scale:.3f} {unit}/device "
-                         f"cross between host and device per step")
-        elif {"actor update", "critic update"} <= done.keys():
-            lines.append(f"offload    none; with --config.train.offload=idle (the idle model in host memory): "
-                         f"actor update {(done['actor update'].total - critic_state) / scale:.3f}, "
-                         f"critic update {(done['critic update'].total - actor_state) / scale:.3f} {unit}")
+    if s.offload != "none":
+        away = {stage: [p for p in trainer.PARTS if getattr(s.state, p) is not None and p not in s.program.fns.on_device(stage)]
+                for stage in trainer.STAGES}
+        where = "; ".join(f"{'between steps' if st == 'rest' else st}: {', '.join(ps) or 'nothing'}"
+                          for st, ps in away.items() if st != "critic" or s.state.critic is not None)
+        copy = (" + the actor's params for the sampling copy" if "actor" in away["rest"] else "")
+        lines.append(f"offload    {s.offload}: in host memory {where}; {crossing_bytes(s) / scale:.3f} {unit}/device "
+                     f"cross between host and device per step{copy}")
+    else:
+        lines.append("offload    none; with --config.train.offload=state: " + ", ".join(
+            f"{ph.name} {(ph.total - resident(s, ph.name) + resident(s, ph.name, 'state')) / scale:.3f}"
+            for ph in plan.phases) + f" {unit}")
     update = [ph for ph in plan.phases if ph.name in UPDATE]
     if update:
         top = max(update, key=lambda ph: ph.total)

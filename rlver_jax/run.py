@@ -238,6 +238,7 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
         critic = builders.load_critic(config, prog.critic_cfg, actor, prog.critic_shardings)
         critic_tx = prog.critic_opt.tx
     state = trainer.init_train_state(actor, prog.actor_opt.tx, critic, critic_tx, config.seed, shardings=prog.shardings)
+    state = trainer.place(prog.fns, state, "rest")  # where it waits between steps (config.train.offload)
     return Run(workdir=workdir, storage=storage, rl=rl, rollout=rollout, sampling=sampling_settings(config),
                simulator=simulator, eval=EvalSettings.from_config(config, simulator), tracking=tracking_settings,
                chat=chat_tokens, train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh,

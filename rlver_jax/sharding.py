@@ -501,7 +501,11 @@ class SamplingLayout:
         """This process's sampling copy of `params` (in any layout, e.g. the train state's
         actor): cast where they are, then resharded on device into `hosts`, of which this process
         keeps its row. Fresh buffers, never aliasing `params` (which an update may donate). A
-        collective: every process calls it at the same point, with the same global params."""
+        collective: every process calls it at the same point, with the same global params.
+        Params in host memory (config.train.offload "state") come to the devices in their own
+        layout first, for as long as the copy takes."""
+        if any(x.sharding.memory_kind not in (None, "device") for x in jax.tree.leaves(params)):
+            params = jax.device_put(params, jax.tree.map(lambda x: x.sharding.with_memory_kind("device"), params))
         same_dtype = all(x.dtype == self.dtype for x in jax.tree.leaves(params))
         if not same_dtype:
             params = _cast(params, self.dtype)

@@ -14,6 +14,7 @@ import pytest
 
 from configs import grpo_think, ppo_think
 from rlver_jax import plan, run, sharding
+from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import TrainBatch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -84,21 +85,35 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     text = plan.format_plan(result, "configs/ppo_think.py:tiny")
     assert "{'data': 1, 'fsdp': 4, 'tensor': 2}" in text and "fits in 16 GB" in text
     assert "no LM head" in text and "KV cache of 256 slots" in text
-    assert "offload    none; with --config.train.offload=idle" in text
+    assert "offload    none; with --config.train.offload=state: prepare" in text
 
 
-def test_offloaded_idle_model_leaves_the_update_phases(tmp_path):
-    """train.offload "idle": the same programs, and the model not being updated is no longer
-    resident: each update phase holds the run key, the batch and its own model only."""
+def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
+    """train.offload: the same programs, less resident. "idle": each update phase holds the run key,
+    the batch and its own model only. "state": besides, prepare holds nothing but its arguments
+    (the AdamW states wait in host memory) and the rollout only the step and key, and a step moves
+    by hand: both models' params in, the critic's out, the actor's AdamW state in, the actor out,
+    the critic in, the critic out."""
     config = _tiny(ppo_think, tmp_path)
-    config.train.offload = "idle"
-    result = plan.plan(config, memory_gb=16.0, phases=["actor update", "critic update"], search=False)
-    s = result.setup
-    assert s.offload
-    for phase in result.phases:
-        assert phase.resident == plan.device_bytes((s.state.rng, s.batch)) and "host memory" in phase.note
-    text = plan.format_plan(result)
-    assert "offload    idle: the critic's params + AdamW state" in text and "update     peak" in text
+    base = plan.plan(config, memory_gb=16.0, search=False)
+    s = base.setup
+    key_and_batch = plan.device_bytes((s.state.rng, s.batch))
+    actor, actor_opt, critic, critic_opt = (plan.device_bytes(getattr(s.state, p)) for p in trainer.PARTS)
+    for mode in ("idle", "state"):
+        config.train.offload = mode
+        result = plan.plan(config, memory_gb=16.0, search=False)
+        by_name = {p.name: p for p in result.phases}
+        for name in ("actor update", "critic update"):
+            assert by_name[name].resident == key_and_batch and "in host memory" in by_name[name].note
+        text = plan.format_plan(result)
+        assert f"offload    {mode}: in host memory" in text and "update     peak" in text
+        for old, new in zip(base.phases, result.phases):  # the same programs
+            assert (old.arguments, old.temporaries) == (new.arguments, new.temporaries)
+    assert by_name["prepare"].resident == 0
+    assert by_name["rollout"].resident == plan.device_bytes((s.state.step, s.state.rng))
+    moved = (actor + critic) + critic + actor_opt + (actor + actor_opt) + (critic + critic_opt) * 2
+    assert plan.crossing_bytes(result.setup) == moved
+    assert "between steps: actor, actor_opt, critic, critic_opt" in text
 
 
 def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):

@@ -9,7 +9,7 @@ rlver_jax.rl.batch):
               with exact mini-batch loss weights, then one AdamW step each;
   critic:     the same for the critic (PPO), on the same prepared inputs and mini-batch order;
   step + 1.
-A program per model lets the idle model wait in host memory (config.train.offload "idle").
+A program per model lets what a program does not read wait in host memory (config.train.offload).
 Per-token arrays follow rlver_jax.rl.losses (rlver_jax.rl.logprobs computes them).
 
 Randomness (big_vision style): the state keeps one run key; the draws of train step s (its
@@ -367,7 +367,19 @@ def model_epochs(name: str, rl: RLSettings, update: Callable, opt: Optimizer, st
 # ----------------------------------------------------------------------------- host driver
 
 
-OFFLOAD_MODES = ("none", "idle")
+# What of the train state waits in host memory (config.train.offload): per mode, the parts on the
+# devices in each program of a train step and between steps ("rest": the rollout, the evaluation,
+# checkpoints); the others are in host memory. Each program reads only parts its stage has on the
+# devices; the run key and the step counter never move.
+PARTS = ("actor", "actor_opt", "critic", "critic_opt")
+STAGES = ("prepare", "actor", "critic", "rest")
+OFFLOAD: dict[str, dict[str, tuple[str, ...]]] = {
+    "none": dict.fromkeys(STAGES, PARTS),
+    # the model not being updated in host memory during the other's program
+    "idle": {"prepare": PARTS, "actor": PARTS[:2], "critic": PARTS[2:], "rest": PARTS},
+    # and the whole state between steps, the AdamW states during prepare
+    "state": {"prepare": ("actor", "critic"), "actor": PARTS[:2], "critic": PARTS[2:], "rest": ()},
+}
 HOST_MEMORY = "pinned_host"
 
 
@@ -384,24 +396,39 @@ class UpdateFns:
     next_step: Callable
     rl: RLSettings
     mesh: Any = None  # batches are split over its batch axes; None: the default device
-    # offload "idle": the TrainState's shardings in device memory, the idle model moves between
-    # them and their pinned-host twins (`host_shardings`) around each model's program. None: no moves.
-    offload_shardings: TrainState | None = None
+    offload: str = "none"  # a key of OFFLOAD
+    shardings: TrainState | None = None  # the state's, in device memory (with a mesh)
+
+    def on_device(self, stage: str) -> tuple[str, ...]:
+        """The state's parts on the devices at `stage` (one of STAGES)."""
+        return OFFLOAD[self.offload][stage]
 
 
-def host_shardings(shardings: Any) -> Any:
-    """The same layouts in host memory (pinned: DMA to and from the devices)."""
-    return jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), shardings)
+def place(fns: UpdateFns, state: TrainState, stage: str) -> TrainState:
+    """`state` with its parts where `fns.offload` has them at `stage`: parts leaving the devices
+    go first, so the memory is free before the others arrive. Moving frees the source buffers
+    (device_put cannot donate across memory kinds), so `state` is consumed."""
+    if fns.offload == "none":
+        return state
+    wanted = fns.on_device(stage)
 
+    def kind(part: str) -> str:
+        return jax.tree.leaves(getattr(state, part))[0].sharding.memory_kind
 
-def _move(tree: Any, shardings: Any) -> Any:
-    """`tree` copied into `shardings` (host or device memory), its source buffers freed once the
-    copy is done, so the memory is free before the next program allocates (device_put cannot
-    donate across memory kinds)."""
-    out = jax.block_until_ready(jax.device_put(tree, shardings))
-    for x in jax.tree.leaves(tree):
-        x.delete()
-    return out
+    parts = [p for p in PARTS if getattr(state, p) is not None]
+    out = [p for p in parts if p not in wanted and kind(p) != HOST_MEMORY]
+    into = [p for p in parts if p in wanted and kind(p) == HOST_MEMORY]
+    for moving, to_host in ((out, True), (into, False)):
+        if moving:
+            trees = [getattr(state, p) for p in moving]
+            targets = [getattr(fns.shardings, p) for p in moving]
+            if to_host:
+                targets = jax.tree.map(lambda sh: sh.with_memory_kind(HOST_MEMORY), targets)
+            moved = jax.block_until_ready(jax.device_put(trees, targets))
+            for x in jax.tree.leaves(trees):
+                x.delete()
+            state = state.replace(**dict(zip(moving, moved)))
+    return state
 
 
 def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
@@ -412,11 +439,10 @@ def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Con
     With a mesh and the state's shardings (`state_shardings`), parameters and optimizer states
     keep their layout across steps, and every batch array is split over the batch axes; `rules`
     (config.mesh.rules) may split the residual stream's tokens (sharding.jit_sharded).
-    `offload="idle"` (PPO, with a mesh): while one model updates, the other's parameters and
-    AdamW state wait in host memory (config.train.offload).
+    `offload` (a key of OFFLOAD, with a mesh): what waits in host memory when (config.train.offload).
     """
-    if offload not in OFFLOAD_MODES:
-        raise ValueError(f"config.train.offload={offload!r}; use one of {OFFLOAD_MODES}")
+    if offload not in OFFLOAD:
+        raise ValueError(f"config.train.offload={offload!r}; use one of {tuple(OFFLOAD)}")
     prepare_fn = functools.partial(prepare_step, rl, actor_cfg, critic_cfg)
     actor_fn = functools.partial(model_epochs, "actor", rl, functools.partial(actor_update, rl, actor_cfg, actor_opt.tx),
                                  actor_opt)
@@ -424,10 +450,15 @@ def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Con
         model_epochs, "critic", rl, functools.partial(critic_update, rl, critic_cfg, critic_opt.tx), critic_opt)
     if mesh is None:
         if offload != "none":
-            raise ValueError("config.train.offload='idle' needs the run's mesh (the state's shardings)")
+            raise ValueError(f"config.train.offload={offload!r} needs the run's mesh (the state's shardings)")
         jit = functools.partial(jax.jit, donate_argnums=(1, 2))
         return UpdateFns(jax.jit(prepare_fn), jit(actor_fn), critic_fn and jit(critic_fn),
                          jax.jit(lambda s: s + 1, donate_argnums=0), rl)
+    if offload != "none":
+        kinds = {m.kind for m in mesh.devices.flat[0].addressable_memories()}
+        if HOST_MEMORY not in kinds:
+            raise ValueError(f"config.train.offload={offload!r} needs {HOST_MEMORY!r} memory; the "
+                             f"{mesh.devices.flat[0].platform} devices have {sorted(kinds)}: use offload='none'")
     batch = NamedSharding(mesh, P(sharding.BATCH_AXES))  # a prefix: every leaf of a batch dict
     replicated = NamedSharding(mesh, P())
     sh = state_shardings
@@ -438,45 +469,32 @@ def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Con
         return jit(fn, (replicated, params_sh, opt_sh, batch, replicated), (params_sh, opt_sh, replicated),
                    donate_argnums=(1, 2))
 
-    offload_shardings = None
-    if offload == "idle" and critic_fn is not None:
-        kinds = {m.kind for m in mesh.devices.flat[0].addressable_memories()}
-        if HOST_MEMORY not in kinds:
-            raise ValueError(f"config.train.offload='idle' needs {HOST_MEMORY!r} memory; the "
-                             f"{mesh.devices.flat[0].platform} devices have {sorted(kinds)}: use offload='none'")
-        offload_shardings = sh
     return UpdateFns(
         prepare=jit(prepare_fn, (models_sh, ref_shardings, batch), (batch, replicated, replicated)),
         actor=model_jit(actor_fn, sh.actor, sh.actor_opt),
         critic=critic_fn and model_jit(critic_fn, sh.critic, sh.critic_opt),
         next_step=jit(lambda s: s + 1, (replicated,), replicated, donate_argnums=(0,)),
-        rl=rl, mesh=mesh, offload_shardings=offload_shardings)
+        rl=rl, mesh=mesh, offload=offload, shardings=sh)
 
 
 def train_step(fns: UpdateFns, state: TrainState, ref_params: Params | None, batch: dict
                ) -> tuple[TrainState, dict]:
     """One train step on placed arrays: prepare, then `ppo_epochs` passes over mini-batches of
     the actor's updates, then the critic's (PPO), then step + 1; the state is consumed. Metrics
-    are replicated device scalars. With offload "idle" the critic waits in host memory during the
-    actor's program and the actor during the critic's; the state comes back whole on the devices."""
+    are replicated device scalars. Before each program the state's parts go where `fns.offload`
+    has them (`place`), and after the last to where they rest between steps."""
+    state = place(fns, state, "prepare")
     inputs, rows, metrics = fns.prepare(state.replace(actor_opt=None, critic_opt=None), ref_params, batch)
-    sh = fns.offload_shardings
-    critic = (state.critic, state.critic_opt)
-    if sh is not None:
-        critic = _move(critic, host_shardings((sh.critic, sh.critic_opt)))
-    actor, actor_opt, m = fns.actor(state.step, state.actor, state.actor_opt, inputs, rows)
-    metrics.update(m)
-    if fns.critic is not None:
-        if sh is not None:  # the actor out before the critic in: one model on the devices at a time
-            actor, actor_opt = _move((actor, actor_opt), host_shardings((sh.actor, sh.actor_opt)))
-            critic = _move(critic, (sh.critic, sh.critic_opt))
-        *critic, m = fns.critic(state.step, *critic, inputs, rows)
+    for model in ("actor", "critic"):
+        fn = getattr(fns, model)
+        if fn is None:
+            continue
+        state = place(fns, state, model)
+        params, opt_state, m = fn(state.step, getattr(state, model), getattr(state, f"{model}_opt"), inputs, rows)
+        state = state.replace(**{model: params, f"{model}_opt": opt_state})
         metrics.update(m)
-        if sh is not None:
-            actor, actor_opt = _move((actor, actor_opt), (sh.actor, sh.actor_opt))
-    new = TrainState(step=fns.next_step(state.step), rng=state.rng, actor=actor, actor_opt=actor_opt,
-                     critic=critic[0], critic_opt=critic[1])
-    return new, metrics
+    state = place(fns, state, "rest")
+    return state.replace(step=fns.next_step(state.step)), metrics
 
 
 def train_on_batch(fns: UpdateFns, state: TrainState, batch: TrainBatch, ref_params: Params | None = None,
