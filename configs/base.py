@@ -48,7 +48,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # (data, fsdp, tensor) devices, one entry may be -1 (the remaining devices); rules: fsdp | tensor |
     # fsdp_tensor (sharding.RULE_PRESETS) or (logical axis, mesh axes) pairs. 7B: tensor=4 splits its
     # 28 heads / 4 kv heads, MLP, vocabulary and the residual stream's tokens (the `sequence` rule), so
-    # each batch shard holds one dialogue; on 16 x 16 GB GRPO fits, PPO does not (docs/sharding.md).
+    # each batch shard holds one dialogue; with train.offload PPO and GRPO fit 16 x 16 GB (docs/sharding.md).
     c.mesh = get_mesh_config(shape=(1, -1, 4), rules="fsdp_tensor") if preset == "7b" else \
         get_mesh_config(shape=(1, -1, 1), rules="fsdp")
     c.simulator = get_simulator_config()

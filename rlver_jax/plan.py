@@ -501,10 +501,11 @@ def format_plan(plan: Plan, label: str = "") -> str:
     if s.offload != "none":
         away = {stage: [p for p in trainer.PARTS if getattr(s.state, p) is not None and p not in s.program.fns.on_device(stage)]
                 for stage in trainer.STAGES}
-        where = "; ".join(f"{'between steps' if st == 'rest' else st}: {', '.join(ps) or 'nothing'}"
+        label = {"prepare": "prepare", "actor": "actor update", "critic": "critic update", "rest": "between steps"}
+        where = "; ".join(f"{label[st]}: {', '.join(ps) or 'nothing'}"
                           for st, ps in away.items() if st != "critic" or s.state.critic is not None)
         copy = (" + the actor's params for the sampling copy" if "actor" in away["rest"] else "")
-        lines.append(f"offload    {s.offload}: in host memory {where}; {crossing_bytes(s) / scale:.3f} {unit}/device "
+        lines.append(f"offload    {s.offload}: in host memory ({where}); {crossing_bytes(s) / scale:.3f} {unit}/device "
                      f"cross between host and device per step{copy}")
     else:
         lines.append("offload    none; with --config.train.offload=state: " + ", ".join(

@@ -143,6 +143,9 @@ def test_grpo_two_processes_train_as_one_and_resume(tmp_path, cache):
     one, two = tmp_path / "one", tmp_path / "two"
     # The reference runs beside the two processes: while they wait on each other, it computes.
     reference = start("configs/grpo_think.py:tiny", one, cache, overrides + ["--config.train.steps=1"], processes=1)
+    # The pair keeps its state in host memory between steps (the 7B presets' train.offload): it
+    # changes nothing, and checkpoints are written and resumed from there.
+    overrides += ["--config.train.offload=state"]
     pair = start("configs/grpo_think.py:tiny", two, cache, overrides + ["--config.train.steps=2"])
     finish(reference)
     logs = [log for _, log in finish(pair)]
@@ -164,7 +167,9 @@ def test_ppo_two_processes_train_as_one(tmp_path, cache):
     overrides = SMALL + ["--config.rollout.profiles_per_step=8"]
     one, two = tmp_path / "one", tmp_path / "two"
     reference = start("configs/ppo_think.py:tiny", one, cache, overrides + ["--config.train.steps=1"], processes=1)
-    pair = start("configs/ppo_think.py:tiny", two, cache, overrides + ["--config.train.steps=2"])
+    # The pair moves each idle model and, between steps, the whole state to host memory.
+    pair = start("configs/ppo_think.py:tiny", two, cache, overrides + ["--config.train.steps=2",
+                                                                       "--config.train.offload=state"])
     finish(reference)
     finish(pair)
     compare_step0(one, two, COMPARED + PPO_COMPARED)
