@@ -89,31 +89,33 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
 
 
 def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
-    """train.offload: the same programs, less resident. "idle": each update phase holds the run key,
-    the batch and its own model only. "state": besides, prepare holds nothing but its arguments
-    (the AdamW states wait in host memory) and the rollout only the step and key, and a step moves
-    by hand: both models' params in, the critic's out, the actor's AdamW state in, the actor out,
-    the critic in, the critic out."""
+    """train.offload: less resident, the same arguments. "state" (planned): prepare holds nothing
+    but its arguments (the AdamW states wait in host memory), each update the run key, the batch and
+    its own model only, the rollout only the step and key; a step moves, by hand: both models'
+    params in, the critic's out, the actor's AdamW state in, the actor out, the critic in, the critic
+    out. "idle": the updates' residents as "state", prepare's and the rollout's as "none"."""
     config = _tiny(ppo_think, tmp_path)
-    base = plan.plan(config, memory_gb=16.0, search=False)
-    s = base.setup
+    config.train.offload = "state"
+    result = plan.plan(config, memory_gb=16.0, search=False)
+    s = result.setup
+    by_name = {p.name: p for p in result.phases}
     key_and_batch = plan.device_bytes((s.state.rng, s.batch))
     actor, actor_opt, critic, critic_opt = (plan.device_bytes(getattr(s.state, p)) for p in trainer.PARTS)
-    for mode in ("idle", "state"):
-        config.train.offload = mode
-        result = plan.plan(config, memory_gb=16.0, search=False)
-        by_name = {p.name: p for p in result.phases}
-        for name in ("actor update", "critic update"):
-            assert by_name[name].resident == key_and_batch and "in host memory" in by_name[name].note
-        text = plan.format_plan(result)
-        assert f"offload    {mode}: in host memory" in text and "update     peak" in text
-        for old, new in zip(base.phases, result.phases):  # the same programs
-            assert (old.arguments, old.temporaries) == (new.arguments, new.temporaries)
-    assert by_name["prepare"].resident == 0
-    assert by_name["rollout"].resident == plan.device_bytes((s.state.step, s.state.rng))
-    moved = (actor + critic) + critic + actor_opt + (actor + actor_opt) + (critic + critic_opt) * 2
-    assert plan.crossing_bytes(result.setup) == moved
-    assert "between steps: actor, actor_opt, critic, critic_opt" in text
+    for name in ("actor update", "critic update"):
+        assert by_name[name].resident == key_and_batch == plan.resident(s, name, "idle")
+        assert "in host memory" in by_name[name].note
+    assert by_name["prepare"].arguments == plan.device_bytes((s.models, _read(s.batch, ("group", "dialogue"))))
+    assert by_name["prepare"].resident == 0 and plan.resident(s, "prepare", "idle") == actor_opt + critic_opt
+    step_and_key = plan.device_bytes((s.state.step, s.state.rng))
+    assert by_name["rollout"].resident == step_and_key
+    assert plan.resident(s, "rollout", "idle") == step_and_key + plan.device_bytes([getattr(s.state, p) for p in
+                                                                                    trainer.PARTS])
+    assert plan.crossing_bytes(s) == (actor + critic) + critic + actor_opt + (actor + actor_opt) + (critic + critic_opt) * 2
+    assert plan.crossing_bytes(s, "idle") == (critic + critic_opt) * 2 + (actor + actor_opt) * 2
+    assert plan.crossing_bytes(s, "none") == 0
+    text = plan.format_plan(result)
+    assert "offload    state: in host memory (prepare: actor_opt, critic_opt;" in text and "update     peak" in text
+    assert "between steps: actor, actor_opt, critic, critic_opt)" in text
 
 
 def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):

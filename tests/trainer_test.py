@@ -1,7 +1,6 @@
 """The PPO/GRPO update: batching, reward placement, accumulation, and the direction of learning."""
 
 import dataclasses
-import functools
 
 import chex
 import jax
@@ -136,8 +135,7 @@ _PLACES = {
 }
 
 
-@pytest.mark.parametrize("offload", ["idle", "state"])
-def test_offload_moves_parts_and_changes_nothing(monkeypatch, offload):
+def test_offload_moves_parts_and_changes_nothing(monkeypatch):
     """train.offload: each program runs with the state's parts where the mode puts them, and two
     PPO steps give bit for bit the parameters, AdamW states and metrics of keeping everything on
     the devices. The state then rests where the mode says (in host memory for "state") and the
@@ -146,7 +144,7 @@ def test_offload_moves_parts_and_changes_nothing(monkeypatch, offload):
     mesh = sharding.make_mesh((1, 2, 4))
     seen = []
     results = {}
-    for mode in ("none", offload):
+    for mode in ("none", *_PLACES):
         state, fns = _placed_setup(mesh, rl, trainer.OptimSettings(lr=1e-2), mode)
 
         def where(st):
@@ -175,11 +173,12 @@ def test_offload_moves_parts_and_changes_nothing(monkeypatch, offload):
             seen.append(("after", where(state)))
         results[mode] = (jax.device_get(state), metrics, list(seen))
         monkeypatch.setattr(trainer, "place", place)
-    expected = [(stage, _PLACES[offload][stage]) for stage in ("prepare", "actor", "critic", "after")] * 2
-    assert results[offload][2] == expected
     assert all(w == "DDDD" for _, w in results["none"][2])
-    jax.tree.map(np.testing.assert_array_equal, results["none"][0], results[offload][0])
-    assert results["none"][1] == results[offload][1]
+    for mode, places in _PLACES.items():
+        assert results[mode][2] == [(stage, places[stage]) for stage in ("prepare", "actor", "critic", "after")] * 2
+        jax.tree.map(np.testing.assert_array_equal, results["none"][0], results[mode][0])
+        assert results["none"][1] == results[mode][1]
+    # `state` is the last mode run: its state rests in host memory, and the sampler copies from there.
     layout = sharding.SamplingLayout.create(get_preset("tiny"), mesh, "fsdp_tensor")
     copy = layout.copy(state.actor)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(copy), results["none"][0].actor)
