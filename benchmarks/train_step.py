@@ -141,7 +141,7 @@ def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: boo
     state = trainer.init_train_state(init_params(config), opt.tx, seed=_SEED.value)
     fns = trainer.make_update_fns(rl, config, None, opt, None)
     device_batch = {k: jnp.asarray(v) for k, v in arrays.items()}
-    inputs, minibatch_rows, _ = fns.prepare(state.replace(actor_opt=None), None, device_batch)
+    inputs, minibatch_rows, _ = fns.prepare(state.models(), None, device_batch)
     params, opt_state = state.actor, state.actor_opt
 
     def step() -> None:

@@ -81,8 +81,7 @@ class Setup:
 
     @property
     def models(self) -> trainer.TrainState:
-        """What the prepare program reads of the state."""
-        return self.state.replace(actor_opt=None, critic_opt=None)
+        return self.state.models()
 
     @property
     def offload(self) -> str:
@@ -90,6 +89,11 @@ class Setup:
 
     def model_state(self, model: str) -> tuple:
         return getattr(self.state, model), getattr(self.state, f"{model}_opt")
+
+    def in_host_memory(self, stage: str) -> list[str]:
+        """The state's parts that config.train.offload keeps in host memory at `stage` (trainer.STAGES)."""
+        on = self.program.fns.on_device(stage)
+        return [p for p in trainer.PARTS if getattr(self.state, p) is not None and p not in on]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +181,7 @@ def abstract_setup(config: ml_collections.ConfigDict, hoist_converts: bool = Tru
     ref = None if prog.ref_shardings is None else sharding.with_shardings(actor, prog.ref_shardings)
     options = None if hoist_converts or jax.default_backend() != "cpu" else _NO_HOISTING
     batch = abstract_batch(config, mesh)
-    inputs, rows, _ = prog.fns.prepare.eval_shape(state.replace(actor_opt=None, critic_opt=None), ref, batch)
+    inputs, rows, _ = prog.fns.prepare.eval_shape(state.models(), ref, batch)
     return Setup(config, rl, mesh, prog, state, ref, batch, inputs, rows, options, host_devices)
 
 
@@ -232,9 +236,8 @@ def model_update_phase(s: Setup, name: str) -> Phase:
     fn = getattr(s.program.fns, model)
     compiled, secs = _compile(s, fn, s.state.step, *s.model_state(model), s.inputs, s.rows)
     note = f"{s.rows.shape[0]} mini-batch(es)"
-    away = [p for p in trainer.PARTS if getattr(s.state, p) is not None and p not in s.program.fns.on_device(model)]
-    if away:
-        note += f"; in host memory: {', '.join(away)}"
+    if s.in_host_memory(model):
+        note += f"; in host memory: {', '.join(s.in_host_memory(model))}"
     return _phase(name, compiled, resident(s, name), secs, note)
 
 
@@ -499,8 +502,7 @@ def format_plan(plan: Plan, label: str = "") -> str:
                      f"{ph.temporaries / scale:9.3f} {ph.outputs / scale:9.3f} {ph.total / scale:9.3f} "
                      f"{ph.seconds:7.1f}s  {ph.note}")
     if s.offload != "none":
-        away = {stage: [p for p in trainer.PARTS if getattr(s.state, p) is not None and p not in s.program.fns.on_device(stage)]
-                for stage in trainer.STAGES}
+        away = {stage: s.in_host_memory(stage) for stage in trainer.STAGES}
         label = {"prepare": "prepare", "actor": "actor update", "critic": "critic update", "rest": "between steps"}
         where = "; ".join(f"{label[st]}: {', '.join(ps) or 'nothing'}"
                           for st, ps in away.items() if st != "critic" or s.state.critic is not None)

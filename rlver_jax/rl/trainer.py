@@ -146,6 +146,10 @@ class TrainState:
     critic: Params | None
     critic_opt: Any | None
 
+    def models(self) -> TrainState:
+        """What the prepare program reads: the state without its optimizer states."""
+        return self.replace(actor_opt=None, critic_opt=None)
+
 
 class SeedKeys(NamedTuple):
     init: jax.Array  # the policy's random initialisation
@@ -462,7 +466,6 @@ def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Con
     batch = NamedSharding(mesh, P(sharding.BATCH_AXES))  # a prefix: every leaf of a batch dict
     replicated = NamedSharding(mesh, P())
     sh = state_shardings
-    models_sh = sh.replace(actor_opt=None, critic_opt=None)
     jit = functools.partial(sharding.jit_sharded, rules=rules)
 
     def model_jit(fn, params_sh, opt_sh):
@@ -470,7 +473,7 @@ def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Con
                    donate_argnums=(1, 2))
 
     return UpdateFns(
-        prepare=jit(prepare_fn, (models_sh, ref_shardings, batch), (batch, replicated, replicated)),
+        prepare=jit(prepare_fn, (sh.models(), ref_shardings, batch), (batch, replicated, replicated)),
         actor=model_jit(actor_fn, sh.actor, sh.actor_opt),
         critic=critic_fn and model_jit(critic_fn, sh.critic, sh.critic_opt),
         next_step=jit(lambda s: s + 1, (replicated,), replicated, donate_argnums=(0,)),
@@ -484,7 +487,7 @@ def train_step(fns: UpdateFns, state: TrainState, ref_params: Params | None, bat
     are replicated device scalars. Before each program the state's parts go where `fns.offload`
     has them (`place`), and after the last to where they rest between steps."""
     state = place(fns, state, "prepare")
-    inputs, rows, metrics = fns.prepare(state.replace(actor_opt=None, critic_opt=None), ref_params, batch)
+    inputs, rows, metrics = fns.prepare(state.models(), ref_params, batch)
     for model in ("actor", "critic"):
         fn = getattr(fns, model)
         if fn is None:
