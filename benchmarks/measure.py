@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlver_jax import sampling
+from rlver_jax.sampling import generation
 from rlver_jax.models.config import Qwen2Config
 
 
@@ -74,7 +74,7 @@ def random_prompts(vocab_size: int, batch: int, prompt_len: int, rng: np.random.
 
 def time_ours(config: Qwen2Config, params, ids: np.ndarray, mask: np.ndarray, new_tokens: int,
               repeats: int, seed: int = 0) -> tuple[float, float]:
-    """(seconds of a whole `sampling.generate` call, decode ms per step).
+    """(seconds of a whole `generation.generate` call, decode ms per step).
 
     Sampling at temperature 1, no truncation, no stop ids: every row makes `new_tokens` tokens.
     decode ms/step = (t(call) - t(prefill-only call)) / (new_tokens - 1); the prefill-only call
@@ -85,7 +85,7 @@ def time_ours(config: Qwen2Config, params, ids: np.ndarray, mask: np.ndarray, ne
 
     def call(mask_, expected):
         def run():
-            out = sampling.generate(config, params, ids, mask_, max_new_tokens=new_tokens, rng=key,
+            out = generation.generate(config, params, ids, mask_, max_new_tokens=new_tokens, rng=key,
                                     temperature=1.0, top_p=1.0, top_k=0, stop_ids=())
             assert int(out.lengths.min()) == int(out.lengths.max()) == expected  # also waits for it
         return run

@@ -40,8 +40,9 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
-from rlver_jax import chat, sampling  # noqa: E402
-from rlver_jax.buckets import LENGTH_BUCKETS, bucket  # noqa: E402
+from rlver_jax.text import chat  # noqa: E402
+from rlver_jax.sampling import generation
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings  # noqa: E402
@@ -49,10 +50,10 @@ from rlver_jax.rollout.jax_policy import JaxPolicy  # noqa: E402
 from rlver_jax.rollout.policy import PolicyTurn, TurnRequest  # noqa: E402
 from rlver_jax.rollout.prompts import system_prompt  # noqa: E402
 from rlver_jax.rollout.sequence import DialogueSequence  # noqa: E402
-from rlver_jax.sampling_settings import SamplingSettings  # noqa: E402
+from rlver_jax.sampling.settings import SamplingSettings  # noqa: E402
 from rlver_jax.simulator import SimulatorSettings, build_simulator  # noqa: E402
 from rlver_jax.simulator.profiles import load_profiles  # noqa: E402
-from rlver_jax.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
+from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 from tests.scripted_server import ScriptedServer, route  # noqa: E402
 
 _DIALOGUES = flags.DEFINE_integer("dialogues", 32, "Dialogues per rollout.")
@@ -139,14 +140,14 @@ async def timed(name: str, rollout: Callable[[], Awaitable[list[DialogueSequence
     """Runs one rollout, checks that every dialogue ran all turns, and times it."""
     policy.intervals.clear()
     server.peak_in_flight = 0
-    requests, traces = len(server.requests), sampling.trace_count()
+    requests, traces = len(server.requests), generation.trace_count()
     start = time.perf_counter()
     seqs = await rollout()
     wall = time.perf_counter() - start
     short = [s.profile_id for s in seqs if s.end_reason != "turn_limit" or len(s.turn_ends) != turns]
     if short or server.errors:
         raise RuntimeError(f"{name}: dialogues ended early {short} or server errors {server.errors}")
-    return Timing(name, len(seqs), wall, policy.busy_seconds(), sampling.trace_count() - traces,
+    return Timing(name, len(seqs), wall, policy.busy_seconds(), generation.trace_count() - traces,
                   len(server.requests) - requests, server.peak_in_flight)
 
 

@@ -36,7 +36,7 @@ import jax  # noqa: E402
 import optax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from rlver_jax import chat  # noqa: E402
+from rlver_jax.text import chat  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
 from rlver_jax.rl import trainer  # noqa: E402
@@ -45,7 +45,7 @@ from rlver_jax.rollout.history import TokenHistory  # noqa: E402
 from rlver_jax.rollout.policy import PolicyTurn  # noqa: E402
 from rlver_jax.rollout.prompts import system_prompt  # noqa: E402
 from rlver_jax.rollout.sequence import DialogueSequence  # noqa: E402
-from rlver_jax.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
+from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 
 _RUNS = flags.DEFINE_list("runs", ["tiny:8x4", "qwen2.5-0.5b:2x2"], "preset:DIALOGUESxTURNS per run.")
 _STEPS = flags.DEFINE_integer("steps", 2, "Timed steps per side (the median is reported).")

@@ -1,6 +1,6 @@
 """The `mesh` section shared by every config: device mesh shape, sharding rules, multi-host set-up.
 
-Used as `config.mesh = mesh.get_mesh_config()` and read by `rlver_jax.sharding`:
+Used as `config.mesh = mesh.get_mesh_config()` and read by `rlver_jax.parallel.sharding`:
 `make_mesh(config.mesh.shape)`, `param_shardings(model, mesh, config.mesh.rules)`,
 `maybe_initialize_distributed(config.mesh.distributed)`. Overrides from the command line:
 `--config.mesh.shape='(1,4,4)' --config.mesh.rules=fsdp`.

@@ -17,7 +17,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/
 from absl import app, flags  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
-from rlver_jax import cli  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402
 
 _SIMULATOR = get_simulator_config(eval_mode=True)
 _RUNS = flags.DEFINE_list("runs", None, "Evaluation directories (launch/eval.py work directories), one model each.")
@@ -54,4 +54,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main, required=["runs", "out"])
+    program.run(main, required=["runs", "out"])

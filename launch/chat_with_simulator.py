@@ -29,12 +29,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs fro
 
 from absl import app, flags  # noqa: E402
 
-from rlver_jax import cli  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402
 
 if TYPE_CHECKING:
     from rlver_jax import simulator
 
-_CONFIG = cli.config_flag(
+_CONFIG = program.config_flag(
     "config", str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "simulator.py"),
     "The simulator section (configs/simulator.py; ':eval' for SAGE rules). Override fields with "
     "--config.<field>=..., e.g. --config.base_url=URL --config.backend=embedded")
@@ -110,15 +110,15 @@ def main(argv: list[str]) -> None:
             print(f"hidden goal: {profile.task}")
         state = asyncio.run(_chat(simulator.build_simulator(settings), profile))
     except (ValueError, simulator.SimulatorUnavailableError) as e:
-        if not cli.is_expected(e):
+        if not program.is_expected(e):
             raise
         # The library names training's flags (--config.simulator.base_url); this config is that
         # section, so here they are --config.base_url.
-        raise cli.UserError(str(e).replace("config.simulator.", "config.")) from e
+        raise program.UserError(str(e).replace("config.simulator.", "config.")) from e
     if _TRANSCRIPT.value:
         pathlib.Path(_TRANSCRIPT.value).write_text(
             json.dumps(state.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    program.run(main)

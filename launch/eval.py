@@ -29,9 +29,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/
 
 from absl import app, flags  # noqa: E402
 
-from rlver_jax import cli  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402
 
-_CONFIG = cli.config_flag("config", None, "Evaluation config file[:preset], e.g. configs/eval.py:tiny.")
+_CONFIG = program.config_flag("config", None, "Evaluation config file[:preset], e.g. configs/eval.py:tiny.")
 _COMPARE = flags.DEFINE_list("compare", None, "Evaluation directories to compare, baseline first (no --config).")
 _OUT = flags.DEFINE_string("out", None, "With --compare: directory for compare.md, compare.json, compare.png.")
 
@@ -55,10 +55,10 @@ def main(argv):
     if benchmark.needs_jax(config):  # a served policy on one process starts without JAX (~2 s)
         import jax
 
-        from rlver_jax import sharding
-        from rlver_jax.distributed import DistributedSettings
+        from rlver_jax.parallel import sharding
+        from rlver_jax.parallel.distributed import DistributedSettings
 
-        cli.enable_compilation_cache(config.compilation_cache_dir)
+        program.enable_compilation_cache(config.compilation_cache_dir)
         jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
     summary = benchmark.run_benchmark(config)
@@ -71,7 +71,7 @@ def main(argv):
         cause, count = causes.most_common(1)[0] if causes else ("unknown", errors)
         where = f"the transcripts are in {workdir / benchmark.TRANSCRIPTS}"
         if not summary["n"]:
-            raise cli.UserError(
+            raise program.UserError(
                 f"every one of the {errors} dialogues ended in a simulator error, so nothing was scored. "
                 f"Most common cause ({count}x): {cause}\n{where}")
         print(f"\n*** WARNING: {errors} of {errors + summary['n']} dialogues ended in a simulator error and are "
@@ -81,4 +81,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    program.run(main)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # rlver_ja
 
 from absl import app, flags  # noqa: E402
 
-from rlver_jax import cli  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training WORKDIR (latest step) or WORKDIR/checkpoints/STEP.")
 _OUT = flags.DEFINE_string("out", None, "New directory for the Hugging Face checkpoint.")
@@ -28,7 +28,7 @@ _BASE_PATH = flags.DEFINE_string("base_path", "", "Hugging Face directory of the
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    from rlver_jax import sharding
+    from rlver_jax.parallel import sharding
     from rlver_jax.eval.export import export_hf
     from rlver_jax.eval.policy_loading import load_checkpoint_policy, locate_checkpoint
 
@@ -41,4 +41,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main, required=["checkpoint", "out"])
+    program.run(main, required=["checkpoint", "out"])

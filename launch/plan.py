@@ -6,7 +6,7 @@
 
 Takes the config and overrides of launch/train.py and compiles, from abstract shapes (no weights
 are allocated or read), the programs of the train step the run executes (prepare, the actor's and
-the critic's updates) and the sampler's program (rlver_jax/plan.py). Prints per-device arguments, temporaries and totals per phase, the
+the critic's updates) and the sampler's program (rlver_jax/train/memory_plan.py). Prints per-device arguments, temporaries and totals per phase, the
 peak against --memory_gb, and, where a phase does not fit, the largest micro-batch or dialogue
 length that does. On a CPU, fake the target's device count with
 XLA_FLAGS=--xla_force_host_platform_device_count=N. docs/sharding.md has the figures.
@@ -19,9 +19,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/
 
 from absl import app, flags  # noqa: E402
 
-from rlver_jax import cli  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402
 
-_CONFIG = cli.config_flag("config", None, "Training config file[:preset], as for launch/train.py.")
+_CONFIG = program.config_flag("config", None, "Training config file[:preset], as for launch/train.py.")
 _MEMORY = flags.DEFINE_float("memory_gb", 16.0, "Per-device memory budget in GB (1e9 bytes).")
 _PHASES = flags.DEFINE_list("phases", "prepare,actor update,critic update,rollout",
                             "Phases to compile (comma-separated).")
@@ -41,19 +41,20 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
     import jax
 
-    from rlver_jax import plan, sharding
-    from rlver_jax.distributed import DistributedSettings
+    from rlver_jax.train import memory_plan
+    from rlver_jax.parallel import sharding
+    from rlver_jax.parallel.distributed import DistributedSettings
 
     jax.config.update("jax_threefry_partitionable", True)  # as launch/train.py: the same programs
     config = _CONFIG.value
-    # A config the run would reject fails here with the run's own one-line error (cli.run).
+    # A config the run would reject fails here with the run's own one-line error (program.run).
     sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-    result = plan.plan(config, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
+    result = memory_plan.plan(config, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
                        log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value,
                        host_devices=_HOST.value)
     label = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
-    print(plan.format_plan(result, label), flush=True)
+    print(memory_plan.format_plan(result, label), flush=True)
 
 
 if __name__ == "__main__":
-    cli.run(main, required=["config"])
+    program.run(main, required=["config"])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run one command on every worker of a Cloud TPU VM pod, the same way on each, so that
-# jax.distributed starts one process per worker (rlver_jax.sharding.maybe_initialize_distributed).
+# jax.distributed starts one process per worker (rlver_jax.parallel.sharding.maybe_initialize_distributed).
 set -euo pipefail
 
 usage() {

@@ -21,16 +21,16 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/
 
 from absl import app  # noqa: E402
 
-from rlver_jax import cli  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402
 
-_CONFIG = cli.config_flag("config", None, "Training config file[:preset], e.g. configs/grpo_think.py:tiny.")
+_CONFIG = program.config_flag("config", None, "Training config file[:preset], e.g. configs/grpo_think.py:tiny.")
 
 _DISK_FULL_OR_READ_ONLY = ("No space left on device", "Disk quota exceeded", "Read-only file system")
 
 
 def _disk_message(error: OSError, workdir: pathlib.Path) -> str:
     """The error, and for a full or read-only disk what was kept and how to resume."""
-    from rlver_jax import checkpoint
+    from rlver_jax.train import checkpoint
 
     text = str(error)
     if any(s in text for s in _DISK_FULL_OR_READ_ONLY) or isinstance(error, PermissionError):
@@ -46,19 +46,20 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
     import jax
 
-    from rlver_jax import checkpoint, sharding, training
-    from rlver_jax.distributed import DistributedSettings
+    from rlver_jax.train import checkpoint, loop
+    from rlver_jax.parallel import sharding
+    from rlver_jax.parallel.distributed import DistributedSettings
     from rlver_jax.rollout.buffer import RolloutError
 
     config = _CONFIG.value
     workdir = pathlib.Path(config.workdir)
-    cli.enable_compilation_cache(config.compilation_cache_dir)
+    program.enable_compilation_cache(config.compilation_cache_dir)
     # Launch-time guards, before anything touches a device: random draws split over the mesh
     # give the same numbers on any mesh, and every process joins the multi-host run.
     jax.config.update("jax_threefry_partitionable", True)
     try:
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-        training.train(config)
+        loop.train(config)
     except KeyboardInterrupt as e:  # TrainingInterrupted says what was saved
         print(f"train.py: {e}" if str(e) else
               f"train.py: interrupted; rerun the same command to resume from the newest checkpoint in "
@@ -67,9 +68,9 @@ def main(argv):
     except Exception as e:  # noqa: BLE001 - the producer's cause and disk faults as one line; cli sorts the rest
         cause = e.__cause__ if isinstance(e, RolloutError) and e.__cause__ is not None else e
         if isinstance(cause, OSError):
-            raise cli.UserError(_disk_message(cause, workdir)) from e
-        if cause is not e and cli.is_expected(cause):
-            raise cli.UserError(str(cause)) from e
+            raise program.UserError(_disk_message(cause, workdir)) from e
+        if cause is not e and program.is_expected(cause):
+            raise program.UserError(str(cause)) from e
         raise
     if jax.process_index() == 0:
         steps = checkpoint.saved_steps(workdir / "checkpoints")
@@ -78,4 +79,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main, required=["config"])
+    program.run(main, required=["config"])

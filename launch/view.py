@@ -17,7 +17,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # rlver_ja
 
 from absl import app, flags  # noqa: E402
 
-from rlver_jax import cli  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", None, "Training runs: directory for the pages (default RUN_DIR/view).")
 
@@ -36,4 +36,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    program.run(main)

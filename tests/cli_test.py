@@ -16,7 +16,7 @@ import pytest
 
 from configs import eval as eval_config
 from configs import grpo_think
-from rlver_jax import cli, config_doc
+from rlver_jax.cli import program, config_doc
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES
 from tests.conftest import REPO
 from tests.eval_test import Servers, _profiles_file
@@ -35,7 +35,7 @@ def no_jax(tmp_path_factory):
 
 
 def _run(script, *args, pythonpath=None, timeout=120, **env):
-    environ = {k: v for k, v in os.environ.items() if k != cli.TRACEBACK_ENV}
+    environ = {k: v for k, v in os.environ.items() if k != program.TRACEBACK_ENV}
     environ.update(JAX_PLATFORMS="cpu", **env)
     if pythonpath is not None:
         environ["PYTHONPATH"] = os.pathsep.join([str(pythonpath), environ.get("PYTHONPATH", "")])
@@ -60,12 +60,12 @@ def _free_port():
 
 def test_config_flags_go_first_and_nothing_else_moves():
     argv = ["p", "--config.rl.kl_coef=0.1", "--verbosity=1", "--config", "f.py:tiny", "--config.seed=2", "--", "--config=x"]
-    assert cli.config_flags_first(argv, ["config"]) == [
+    assert program.config_flags_first(argv, ["config"]) == [
         "p", "--config", "f.py:tiny", "--config.rl.kl_coef=0.1", "--verbosity=1", "--config.seed=2", "--", "--config=x"]
 
 
 def test_what_counts_as_an_expected_error():
-    from rlver_jax.sampling_settings import SamplingSettings
+    from rlver_jax.sampling.settings import SamplingSettings
 
     def raised(fn):
         try:
@@ -74,26 +74,26 @@ def test_what_counts_as_an_expected_error():
             return e
         raise AssertionError("no error")
 
-    assert cli.is_expected(raised(lambda: SamplingSettings(max_new_tokens=0)))  # our check of bad input
-    assert cli.is_expected(raised(lambda: open("/nonexistent/file")))  # a path, wherever it failed
-    assert cli.is_expected(cli.UserError("x"))
-    assert not cli.is_expected(raised(lambda: np.zeros(3).reshape(2, 2)))  # a ValueError inside a library: a bug
-    assert not cli.is_expected(raised(lambda: {}["key"]))
-    assert not cli.is_expected(raised(lambda: [][0]))
+    assert program.is_expected(raised(lambda: SamplingSettings(max_new_tokens=0)))  # our check of bad input
+    assert program.is_expected(raised(lambda: open("/nonexistent/file")))  # a path, wherever it failed
+    assert program.is_expected(program.UserError("x"))
+    assert not program.is_expected(raised(lambda: np.zeros(3).reshape(2, 2)))  # a ValueError inside a library: a bug
+    assert not program.is_expected(raised(lambda: {}["key"]))
+    assert not program.is_expected(raised(lambda: [][0]))
 
 
 def test_compilation_cache_directory(monkeypatch, tmp_path):
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cli.compilation_cache_dir("auto") == str(tmp_path / "rlver_jax" / "jax")
+    assert program.compilation_cache_dir("auto") == str(tmp_path / "rlver_jax" / "jax")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/elsewhere")
-    assert cli.compilation_cache_dir("auto") == "/elsewhere"
-    assert cli.compilation_cache_dir("/mine") == "/mine" and cli.compilation_cache_dir("") is None
+    assert program.compilation_cache_dir("auto") == "/elsewhere"
+    assert program.compilation_cache_dir("/mine") == "/mine" and program.compilation_cache_dir("") is None
 
 
 def test_the_compilation_cache_keeps_even_a_fast_program(tmp_path):
-    code = ("import jax, jax.numpy as jnp; from rlver_jax import cli; "
-            f"cli.enable_compilation_cache({str(tmp_path / 'cache')!r}); jax.jit(lambda x: x * 2 + 1)(jnp.ones(3))")
+    code = ("import jax, jax.numpy as jnp; from rlver_jax.cli import program; "
+            f"program.enable_compilation_cache({str(tmp_path / 'cache')!r}); jax.jit(lambda x: x * 2 + 1)(jnp.ones(3))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert done.returncode == 0, done.stderr
@@ -121,7 +121,7 @@ def test_config_errors_are_one_line_and_come_before_jax(no_jax):
     _one_line_error(_run("train.py", tiny, "--config.rl.gamma=high", pythonpath=no_jax), 2,
                     "--config.rl.gamma=high", "could not convert")
     # On request, the traceback.
-    for env, flag in (({cli.TRACEBACK_ENV: "1"}, ()), ({}, ("--verbosity=1",))):
+    for env, flag in (({program.TRACEBACK_ENV: "1"}, ()), ({}, ("--verbosity=1",))):
         done = _run("train.py", tiny, "--config.rl.algoo=grpo", *flag, pythonpath=no_jax, **env)
         assert done.returncode != 0 and "Traceback" in done.stderr and "algoo" in done.stderr
 

@@ -18,7 +18,9 @@ import torch
 import transformers
 
 from configs.grpo_think import get_config as train_config
-from rlver_jax import chat, checkpoint, sharding
+from rlver_jax.text import chat
+from rlver_jax.train import checkpoint
+from rlver_jax.parallel import sharding
 from rlver_jax.eval.export import export_hf
 from rlver_jax.eval.policy_loading import LoadedPolicy, load_checkpoint_policy, locate_checkpoint
 from rlver_jax.models import qwen2

@@ -14,7 +14,7 @@ ships (a test extra), with no model hub.
 - the 22 added tokens 151643-151664 with Qwen2.5's special flags: the control and vision tokens
   are special, the tool-call and code-infilling ones (<tool_call>, <|fim_prefix|>, ...) are not.
 
-The chat template is the project's ChatML (rlver_jax.tiny_tokenizer.CHAT_TEMPLATE, the same as
+The chat template is the project's ChatML (rlver_jax.text.tiny_tokenizer.CHAT_TEMPLATE, the same as
 the tiny tokenizer's: a `generation` block gives apply_chat_template's assistant mask as a
 reference), not Qwen2.5's own, which adds a default system message and tool-calling blocks that
 the project never uses. Building takes ~5 s of CPU (0.6 s from the cache): the backend's
@@ -33,7 +33,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import PreTrainedTokenizerFast
 
 from rlver_jax.models.hf_io import QWEN2_SPLIT, save_tokenizer
-from rlver_jax.tiny_tokenizer import CHAT_TEMPLATE
+from rlver_jax.text.tiny_tokenizer import CHAT_TEMPLATE
 
 # Qwen2.5's added tokens from id 151643 on, with their `special` flags (its tokenizer_config.json).
 ADDED_TOKENS = (

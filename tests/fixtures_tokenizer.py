@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rlver_jax.tiny_tokenizer import build_tiny_tokenizer
+from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from rlver_jax.interrupts import StepGuard
+from rlver_jax.train.interrupts import StepGuard
 
 
 def test_the_first_ctrl_c_waits_for_the_step_and_the_second_stops_at_once():

@@ -7,9 +7,9 @@ import struct
 
 from tensorboardX.proto import event_pb2
 
-from rlver_jax import metrics
+from rlver_jax.train import metrics
 from rlver_jax.files import read_jsonl
-from rlver_jax.metrics import keep_steps_before
+from rlver_jax.train.metrics import keep_steps_before
 
 
 def _tags(events_dir):

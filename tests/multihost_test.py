@@ -19,8 +19,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rlver_jax import sharding
-from rlver_jax.distributed import DistributedSettings
+from rlver_jax.parallel import sharding
+from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from configs.simulator import get_simulator_config
-from rlver_jax import chat, sampling
+from rlver_jax.text import chat
+from rlver_jax.sampling import generation
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl.batch import collate
@@ -18,7 +19,7 @@ from rlver_jax.rl.logprobs import token_logprobs
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.policy import PolicyTurn
-from rlver_jax.sampling_settings import SamplingSettings
+from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator import SimulatorSettings, build_simulator
 from rlver_jax.simulator.agent import Simulator
 from rlver_jax.simulator.backend import Utterance
@@ -120,7 +121,7 @@ def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
         return asyncio.run(runner.run(_requests(2, 1))), policy
 
     compactions = []
-    compact = sampling.compact_cache
+    compact = generation.compact_cache
     monkeypatch.setattr(sampling, "compact_cache", lambda c: compactions.append(1) or compact(c))
     fed = []  # each row's cached tokens at the end of every call
     generate = JaxPolicy._generate_with_sessions

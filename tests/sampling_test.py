@@ -10,7 +10,7 @@ import pytest
 import torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rlver_jax import sampling
+from rlver_jax.sampling import generation
 from rlver_jax.models import attention, hf_io, qwen2
 from tests.qwen2_test import make_hf_model
 
@@ -29,7 +29,7 @@ def left_padded(vocab: int, lengths, seed: int = 0):
     return ids, mask
 
 
-def teacher_forced_logits(config, params, ids, mask, out: sampling.Generation) -> np.ndarray:
+def teacher_forced_logits(config, params, ids, mask, out: generation.Generation) -> np.ndarray:
     """fp32 logits [B, N, V] predicting each generated token, from one full forward pass."""
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     n = tokens.shape[1]
@@ -77,9 +77,9 @@ def test_greedy_matches_transformers_generate(hf_tiny):
     model, _, config, params = hf_tiny
     ids, mask = left_padded(config.vocab_size, [9, 5, 2, 7])
     n = 12
-    free = sampling.generate(config, params, ids, mask, max_new_tokens=n, temperature=0.0, rng=jax.random.key(0))
+    free = generation.generate(config, params, ids, mask, max_new_tokens=n, temperature=0.0, rng=jax.random.key(0))
     stop = int(free.tokens[1, 4])  # a token row 1 produces: at least that row stops early
-    ours = sampling.generate(config, params, ids, mask, max_new_tokens=n, temperature=0.0, stop_ids=[stop],
+    ours = generation.generate(config, params, ids, mask, max_new_tokens=n, temperature=0.0, stop_ids=[stop],
                              pad_id=PAD, rng=jax.random.key(0))
     with torch.no_grad():
         ref = model.generate(input_ids=torch.tensor(ids, dtype=torch.long),
@@ -99,7 +99,7 @@ def test_a_long_prompts_blocked_prefill_equals_full_forward(hf_tiny):
     _, _, config, params = hf_tiny
     ids, mask = left_padded(config.vocab_size, [700, 520, 300, 610], seed=5)
     assert ids.shape[1] >= attention.BLOCK
-    out = sampling.generate(config, params, ids, mask, max_new_tokens=6, temperature=0.0, rng=jax.random.key(0),
+    out = generation.generate(config, params, ids, mask, max_new_tokens=6, temperature=0.0, rng=jax.random.key(0),
                             length_buckets=[768])
     logits = teacher_forced_logits(config, params, ids, mask, out)
     valid = valid_positions(out)
@@ -112,7 +112,7 @@ def test_a_long_prompts_blocked_prefill_equals_full_forward(hf_tiny):
 def test_logprobs_equal_full_forward(hf_tiny, temperature, top_k, top_p):
     _, _, config, params = hf_tiny
     ids, mask = left_padded(config.vocab_size, [9, 5, 2, 7], seed=1)
-    out = sampling.generate(config, params, ids, mask, max_new_tokens=10, temperature=temperature, top_k=top_k,
+    out = generation.generate(config, params, ids, mask, max_new_tokens=10, temperature=temperature, top_k=top_k,
                             top_p=top_p, rng=jax.random.key(3))
     logits = teacher_forced_logits(config, params, ids, mask, out)
     tokens = np.asarray(out.tokens)[..., None]
@@ -129,7 +129,7 @@ def test_logprobs_equal_full_forward(hf_tiny, temperature, top_k, top_p):
 def test_fixed_key_is_reproducible(hf_tiny):
     _, _, config, params = hf_tiny
     ids, mask = left_padded(config.vocab_size, [9, 5, 2, 7], seed=2)
-    run = lambda key: sampling.generate(config, params, ids, mask, max_new_tokens=10, rng=jax.random.key(key))
+    run = lambda key: generation.generate(config, params, ids, mask, max_new_tokens=10, rng=jax.random.key(key))
     a, b, c = run(5), run(5), run(6)
     jax.tree.map(np.testing.assert_array_equal, a, b)
     assert np.any(np.asarray(a.tokens) != np.asarray(c.tokens))
@@ -138,7 +138,7 @@ def test_fixed_key_is_reproducible(hf_tiny):
 def test_truncation_that_removes_nothing_equals_plain_sampling(hf_tiny):
     _, _, config, params = hf_tiny
     ids, mask = left_padded(config.vocab_size, [9, 5, 2, 7], seed=2)
-    run = lambda **kw: sampling.generate(config, params, ids, mask, max_new_tokens=10, rng=jax.random.key(5), **kw)
+    run = lambda **kw: generation.generate(config, params, ids, mask, max_new_tokens=10, rng=jax.random.key(5), **kw)
     plain = run()
     assert np.exp(np.asarray(plain.model_logprobs)).min() > 1e-4  # near-uniform: no token below 1e-6
     nucleus = run(top_p=1 - 1e-6)  # runs the top-p path, keeps every token
@@ -147,7 +147,7 @@ def test_truncation_that_removes_nothing_equals_plain_sampling(hf_tiny):
     # Unit level: top-k and top-p that only remove impossible tokens leave the draw unchanged.
     logits = jax.random.normal(jax.random.key(0), (64, 40)).at[:, 20:].set(-jnp.inf)
     key = jax.random.key(1)
-    sample = jax.jit(sampling.sample_logits, static_argnums=(2, 3, 4))
+    sample = jax.jit(generation.sample_logits, static_argnums=(2, 3, 4))
     base = sample(logits, key, 1.0, 0, 1.0)
     for top_k, top_p in ((20, 1.0), (0, 1 - 1e-6), (30, 1 - 1e-6)):
         got = sample(logits, key, 1.0, top_k, top_p)
@@ -161,7 +161,7 @@ def test_sampler_frequencies_follow_the_distribution(temperature, top_k, top_p):
     logits = jnp.array([[1.0, 0.2, -0.5, 2.0, 0.0, -1.0, 0.7, -jnp.inf]])
     draws = 40_000
     keys = jax.random.split(jax.random.key(7), draws)
-    tokens, logp = jax.jit(jax.vmap(lambda k: sampling.sample_logits(logits, k, temperature, top_k, top_p)))(keys)
+    tokens, logp = jax.jit(jax.vmap(lambda k: generation.sample_logits(logits, k, temperature, top_k, top_p)))(keys)
     expected = np.exp(warped_logprobs(np.asarray(logits[0]), temperature, top_k, top_p))
     freq = np.bincount(np.asarray(tokens[:, 0]), minlength=8) / draws
     np.testing.assert_allclose(freq, expected, atol=4 * np.sqrt(0.25 / draws))
@@ -173,7 +173,7 @@ def test_stop_tokens_end_rows_and_the_rest_is_padding(hf_tiny):
     _, _, config, params = hf_tiny
     ids, mask = left_padded(config.vocab_size, [9, 5, 2, 7, 3, 8], seed=3)
     stops, pad, n = tuple(range(40, 52)), 3, 24  # 12 of 96 ids: most rows stop within n tokens
-    out = sampling.generate(config, params, ids, mask, max_new_tokens=n, stop_ids=stops, pad_id=pad,
+    out = generation.generate(config, params, ids, mask, max_new_tokens=n, stop_ids=stops, pad_id=pad,
                             temperature=1.0, rng=jax.random.key(11))
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     assert lengths.min() < n and len(set(lengths.tolist())) > 1
@@ -189,32 +189,32 @@ def test_stop_tokens_end_rows_and_the_rest_is_padding(hf_tiny):
 def test_one_compilation_per_bucket(hf_tiny):
     _, _, config, params = hf_tiny
     settings = dict(max_new_tokens=6, temperature=0.0, rng=jax.random.key(0))  # unique to this test
-    before = sampling.trace_count()
+    before = generation.trace_count()
     outs = {}
     for b, t in [(3, 5), (3, 11), (4, 16), (4, 9)]:  # all in the (batch 4, length 16) bucket
         ids, mask = left_padded(config.vocab_size, [t] + [max(1, t - 3)] * (b - 1), seed=b)
-        outs[b, t] = sampling.generate(config, params, ids, mask, **settings)
+        outs[b, t] = generation.generate(config, params, ids, mask, **settings)
         assert outs[b, t].tokens.shape == (b, 6) and outs[b, t].lengths.shape == (b,)
-    assert sampling.trace_count() - before == 1
+    assert generation.trace_count() - before == 1
     ids, mask = left_padded(config.vocab_size, [17, 4, 4], seed=3)
-    sampling.generate(config, params, ids, mask, **settings)  # length bucket 32: a new program
-    assert sampling.trace_count() - before == 2
+    generation.generate(config, params, ids, mask, **settings)  # length bucket 32: a new program
+    assert generation.trace_count() - before == 2
     ids, mask = left_padded(config.vocab_size, [5, 2, 2], seed=3)
-    wide = sampling.generate(config, params, ids, mask, length_buckets=[24, 48], batch_buckets=[8], **settings)
-    assert sampling.trace_count() - before == 3
+    wide = generation.generate(config, params, ids, mask, length_buckets=[24, 48], batch_buckets=[8], **settings)
+    assert generation.trace_count() - before == 3
     # Bucket padding (more left padding, extra empty rows) does not change the result.
     np.testing.assert_array_equal(wide.tokens, outs[3, 5].tokens)
     np.testing.assert_array_equal(wide.lengths, outs[3, 5].lengths)
     np.testing.assert_allclose(wide.model_logprobs, outs[3, 5].model_logprobs, atol=1e-5)
     with pytest.raises(ValueError, match="largest bucket"):
-        sampling.generate(config, params, ids, mask, length_buckets=[4], **settings)
+        generation.generate(config, params, ids, mask, length_buckets=[4], **settings)
 
 
 def test_rejects_right_padding(hf_tiny):
     _, _, config, params = hf_tiny
     ids, mask = left_padded(config.vocab_size, [5, 3])
     with pytest.raises(ValueError, match="left-padded"):
-        sampling.generate(config, params, ids[:, ::-1], mask[:, ::-1], max_new_tokens=2, rng=jax.random.key(0))
+        generation.generate(config, params, ids[:, ::-1], mask[:, ::-1], max_new_tokens=2, rng=jax.random.key(0))
 
 
 def _shard_simply(mesh, params):
@@ -233,8 +233,8 @@ def test_sharded_params_give_the_same_generation(hf_tiny):
     assert not sharded["embed"]["embedding"].sharding.is_fully_replicated
     ids, mask = left_padded(config.vocab_size, [9, 5, 2, 7])
     kw = dict(max_new_tokens=10, rng=jax.random.key(4))  # the unsharded program is compiled already
-    ref = sampling.generate(config, params, ids, mask, **kw)
-    got = sampling.generate(config, sharded, ids, mask, **kw)
+    ref = generation.generate(config, params, ids, mask, **kw)
+    got = generation.generate(config, sharded, ids, mask, **kw)
     assert set(got.tokens.sharding.device_set) == set(mesh.devices.flat)  # ran on the mesh
     np.testing.assert_array_equal(got.tokens, ref.tokens)
     np.testing.assert_allclose(got.model_logprobs, ref.model_logprobs, atol=1e-5)
@@ -244,7 +244,7 @@ def test_bf16_params(hf_tiny):
     _, path, _, _ = hf_tiny
     config, params = hf_io.load_pretrained(path, dtype="bfloat16")
     ids, mask = left_padded(config.vocab_size, [9, 5, 2, 7], seed=4)
-    out = sampling.generate(config, params, ids, mask, max_new_tokens=8, rng=jax.random.key(2))
+    out = generation.generate(config, params, ids, mask, max_new_tokens=8, rng=jax.random.key(2))
     assert out.model_logprobs.dtype == jnp.float32
     logits = teacher_forced_logits(config, params, ids, mask, out)
     model_lp = np.take_along_axis(log_softmax(logits), np.asarray(out.tokens)[..., None], -1)[..., 0]
@@ -258,7 +258,7 @@ def test_ids_past_the_vocab_limit_are_never_sampled(hf_tiny):
     _, _, config, params = hf_tiny
     limit = 64
     ids, mask = left_padded(limit, [9, 5, 2, 7, 3, 8, 4, 6], seed=5)
-    run = lambda **kw: sampling.generate(config, params, ids, mask, max_new_tokens=16, rng=jax.random.key(4), **kw)
+    run = lambda **kw: generation.generate(config, params, ids, mask, max_new_tokens=16, rng=jax.random.key(4), **kw)
     free = run(temperature=1.5)
     assert np.any(np.asarray(free.tokens)[valid_positions(free)] >= limit)  # unlimited, they do come up
     for temperature, top_k, top_p in ((1.5, 0, 1.0), (0.8, 40, 0.9)):
@@ -283,11 +283,11 @@ def test_ids_past_the_vocab_limit_are_never_sampled(hf_tiny):
 def test_policy_samples_only_ids_its_tokenizer_has(tiny_tokenizer_dir, cache_slots):
     """JaxPolicy limits the sampler to len(tokenizer): a tiny model with 1024 embedding rows and the
     512-entry tiny tokenizer, where half of a random model's draws would have no entry."""
-    from rlver_jax import chat
+    from rlver_jax.text import chat
     from rlver_jax.models.config import get_preset
     from rlver_jax.rollout.jax_policy import JaxPolicy
     from rlver_jax.rollout.policy import TurnRequest
-    from rlver_jax.sampling_settings import SamplingSettings
+    from rlver_jax.sampling.settings import SamplingSettings
 
     chat_tokens = chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tiny_tokenizer_dir))
     config = get_preset("tiny").replace(vocab_size=1024)
@@ -307,8 +307,8 @@ def test_row_keys_make_each_row_independent_of_its_batch(hf_tiny):
     lengths = [5, 9, 7]
     ids, mask = left_padded(config.vocab_size, lengths, seed=3)
     keys = jax.random.split(jax.random.key(9), 3)
-    assert sampling.row_keys(keys) and not sampling.row_keys(keys[0])
-    run = lambda i, m, k: sampling.generate(config, params, i, m, rng=k, max_new_tokens=8)  # noqa: E731
+    assert generation.row_keys(keys) and not generation.row_keys(keys[0])
+    run = lambda i, m, k: generation.generate(config, params, i, m, rng=k, max_new_tokens=8)  # noqa: E731
     together = run(ids, mask, keys)
     toks, n = np.asarray(together.tokens), np.asarray(together.lengths)
     for b, length in enumerate(lengths):

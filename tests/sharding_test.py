@@ -17,8 +17,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from configs import mesh as mesh_config
-from rlver_jax import sharding
-from rlver_jax.distributed import DistributedSettings
+from rlver_jax.parallel import sharding
+from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
 
@@ -124,7 +124,7 @@ def test_rule_errors_name_the_config_field():
 def test_indivisible_dimension_keeps_the_dividing_prefix_and_warns(caplog):
     mesh = sharding.make_mesh((1, 2, 4))
     rules = [("x", ("fsdp", "tensor"))]
-    with caplog.at_level(logging.WARNING, logger="rlver_jax.sharding"):
+    with caplog.at_level(logging.WARNING, logger="rlver_jax.parallel.sharding"):
         assert sharding.logical_to_mesh(P("x"), (16,), mesh, rules) == P(("fsdp", "tensor"))
         assert sharding.logical_to_mesh(P("x"), (6,), mesh, rules, "w6") == P("fsdp")
         assert sharding.logical_to_mesh(P("x"), (3,), mesh, rules, "w3") == P(None)
@@ -242,7 +242,7 @@ def test_state_that_does_not_mirror_the_params_is_replicated(caplog):
         init=lambda p: {"acc": jax.tree.map(jnp.zeros_like, p), "step": jnp.zeros([], jnp.int32),
                         "table": jnp.zeros((3, 5))},
         update=None)
-    with caplog.at_level(logging.WARNING, logger="rlver_jax.sharding"):
+    with caplog.at_level(logging.WARNING, logger="rlver_jax.parallel.sharding"):
         o_sh = sharding.opt_state_shardings(odd, abstract, p_sh)
     assert o_sh["acc"] == p_sh
     assert o_sh["step"] == o_sh["table"] == NamedSharding(mesh, P())

@@ -1,4 +1,4 @@
-"""Tests for rlver_jax.tiny_tokenizer: a locally trained Qwen2-style ChatML tokenizer."""
+"""Tests for rlver_jax.text.tiny_tokenizer: a locally trained Qwen2-style ChatML tokenizer."""
 
 import json
 import time
@@ -8,7 +8,7 @@ import jinja2
 import pytest
 from transformers import AutoTokenizer
 
-from rlver_jax.tiny_tokenizer import SPECIAL_TOKENS, build_tiny_tokenizer
+from rlver_jax.text.tiny_tokenizer import SPECIAL_TOKENS, build_tiny_tokenizer
 
 ROUND_TRIP_TEXTS = [
     "I feel so tired after work today.",

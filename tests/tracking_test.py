@@ -1,4 +1,4 @@
-"""Weights & Biases logging (rlver_jax.tracking), in offline mode: the offline run's own files
+"""Weights & Biases logging (rlver_jax.train.tracking), in offline mode: the offline run's own files
 are read back record by record, independently of the logger."""
 
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from configs.grpo_think import get_config
-from rlver_jax import tracking
+from rlver_jax.train import tracking
 
 _BLOCK = 32768  # the record-log block size of W&B's transaction log (the LevelDB log format)
 _HEADER = 7  # ":W&B", 2 bytes of magic, 1 byte of version; then every record has a 7-byte header too

@@ -9,7 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from rlver_jax import builders, sharding
+from rlver_jax.models import loading
+from rlver_jax.parallel import sharding
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import trainer
@@ -42,7 +43,7 @@ def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):
     actor_opt = make_opt()
     critic_cfg, critic, critic_opt = None, None, None
     if rl.uses_critic:
-        critic_cfg, critic = builders.critic_from_actor(cfg, actor)
+        critic_cfg, critic = loading.critic_from_actor(cfg, actor)
         critic_opt = make_opt()
     state = trainer.init_train_state(actor, actor_opt.tx, critic, critic_opt and critic_opt.tx, seed=0)
     fns = trainer.make_update_fns(rl, cfg, critic_cfg, actor_opt, critic_opt)
@@ -96,14 +97,14 @@ def test_settings_errors_name_the_field():
 
 
 def _placed_setup(mesh, rl, opt, offload="none"):
-    """A tiny actor (and critic) and their state on `mesh`, as rlver_jax.run builds them."""
+    """A tiny actor (and critic) and their state on `mesh`, as rlver_jax.train.run builds them."""
     cfg = get_preset("tiny")
     actor_sh = sharding.param_shardings(cfg, mesh, "fsdp_tensor")
     actor = sharding.init_sharded_params(cfg, jax.random.key(0), shardings=actor_sh)
     actor_opt = trainer.make_optimizer(opt, 10)
     critic_cfg = critic = critic_opt = critic_sh = None
     if rl.uses_critic:
-        critic_cfg, critic = builders.critic_from_actor(cfg, actor)
+        critic_cfg, critic = loading.critic_from_actor(cfg, actor)
         critic_sh = sharding.param_shardings(critic_cfg, mesh, "fsdp_tensor")
         critic, critic_opt = jax.device_put(critic, critic_sh), trainer.make_optimizer(opt, 10)
     critic_tx = critic_opt and critic_opt.tx
@@ -270,7 +271,7 @@ def test_critic_has_no_lm_head_and_the_values_of_a_headed_critic():
     as a critic that carried the LM head computed them (numpy reference)."""
     cfg = get_preset("tiny", tie_word_embeddings=False)
     actor = qwen2.init_params(cfg, jax.random.key(7))
-    critic_cfg, critic = builders.critic_from_actor(cfg, actor)
+    critic_cfg, critic = loading.critic_from_actor(cfg, actor)
     assert "lm_head" in actor and "lm_head" not in critic
     assert critic_cfg.num_params() == cfg.num_params() - cfg.vocab_size * cfg.hidden_size
     assert jax.tree.structure(critic) == jax.tree.structure(qwen2.abstract_params(critic_cfg))

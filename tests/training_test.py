@@ -14,9 +14,11 @@ import pytest
 from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.simulator import get_simulator_config
-from rlver_jax import checkpoint, files, run as run_lib, sharding, training
+from rlver_jax.train import checkpoint, run as run_lib, loop
+from rlver_jax import files
+from rlver_jax.parallel import sharding
 from rlver_jax.files import read_jsonl
-from rlver_jax.interrupts import TrainingInterrupted
+from rlver_jax.train.interrupts import TrainingInterrupted
 from rlver_jax.rl import trainer
 from rlver_jax.rollout.buffer import RolloutBatch
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -52,7 +54,7 @@ def _actor(workdir):
 
 def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
     straight = small(grpo_think.get_config("tiny"), tmp_path / "straight", steps=3)
-    training.train(straight, progress=False)
+    loop.train(straight, progress=False)
     lines = [json.loads(l) for l in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert REQUIRED_METRICS <= set(lines[0]) and "eval_score" in lines[1]
@@ -67,9 +69,9 @@ def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
     assert any((tmp_path / "straight" / "tensorboard").iterdir())
 
     resumed = small(grpo_think.get_config("tiny"), tmp_path / "resumed", steps=2)
-    training.train(resumed, progress=False)
+    loop.train(resumed, progress=False)
     resumed.train.steps = 3
-    training.train(resumed, progress=False)
+    loop.train(resumed, progress=False)
     a, b = _actor(tmp_path / "straight"), _actor(tmp_path / "resumed")
     jax.tree.map(np.testing.assert_array_equal, a, b)
     steps = [json.loads(l)["step"] for l in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
@@ -80,7 +82,7 @@ def test_ppo_tiny_trains_with_a_critic(tmp_path):
     config = small(ppo_nothink.get_config("tiny"), tmp_path / "ppo", steps=2)
     config.train.eval_every = 0
     config.mesh.shape = (1, 1, -1)  # 2 dialogues a step: tensor parallelism over the 8 devices
-    metrics = training.train(config, progress=False)
+    metrics = loop.train(config, progress=False)
     assert metrics["value_loss"] >= 0 and metrics["critic_grad_norm"] > 0
 
 
@@ -88,18 +90,18 @@ def test_config_errors_name_the_fix(tmp_path):
     config = small(grpo_think.get_config("tiny"), tmp_path / "bad", steps=1)
     config.rollout.n = 1
     with pytest.raises(ValueError, match="config.rollout.n"):
-        training.train(config, progress=False)
+        loop.train(config, progress=False)
     config = small(grpo_think.get_config("tiny"), tmp_path / "bad_mesh", steps=1)
     config.rollout.profiles_per_step = 1  # 4 dialogues cannot split over 8 fsdp shards
     with pytest.raises(ValueError, match="config.mesh.shape"):
-        training.train(config, progress=False)
+        loop.train(config, progress=False)
     config = small(grpo_think.get_config("7b"), tmp_path / "bad7b", steps=1)
     with pytest.raises(ValueError, match="config.data.train_profiles"):
-        training.train(config, progress=False)
+        loop.train(config, progress=False)
     config.data.train_profiles = str(DEFAULT_PROFILES)
     config.simulator.backend = "embedded"
     with pytest.raises(ValueError, match="config.model.path"):
-        training.train(config, progress=False)
+        loop.train(config, progress=False)
 
 
 def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
@@ -111,7 +113,7 @@ def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
         config.rollout.pipeline_groups = groups
         config.rollout.format_failure = "continue"  # raw replies reach the user: two turns each
         run = run_lib.build_run(config)
-        buffer = training._rollout_buffer(config, run, sharding.replicated_value(run.state.rng), 0)
+        buffer = loop._rollout_buffer(config, run, sharding.replicated_value(run.state.rng), 0)
         buffer.publish(0, run.sampling_layout.copy(run.state.actor))
         try:
             return buffer.get().sequences
@@ -129,9 +131,9 @@ def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
 
 def test_profiles_for_step_is_a_pure_function_of_step():
     profiles = load_profiles()
-    a = [p.id for p in training.profiles_for_step(profiles, 5, 3, seed=0)]
-    assert a == [p.id for p in training.profiles_for_step(profiles, 5, 3, seed=0)]
-    epoch = [p.id for s in range(len(profiles)) for p in training.profiles_for_step(profiles, s, 1, seed=0)]
+    a = [p.id for p in loop.profiles_for_step(profiles, 5, 3, seed=0)]
+    assert a == [p.id for p in loop.profiles_for_step(profiles, 5, 3, seed=0)]
+    epoch = [p.id for s in range(len(profiles)) for p in loop.profiles_for_step(profiles, s, 1, seed=0)]
     assert sorted(epoch) == sorted(p.id for p in profiles)  # every profile once per epoch
 
 
@@ -169,7 +171,7 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
 
     monkeypatch.setattr(trainer, "train_on_batch", interrupted_update)
     with pytest.raises(TrainingInterrupted, match=r"the checkpoint of step 2 is in .*Rerun the same command"):
-        training.train(config, progress=False)
+        loop.train(config, progress=False)
     monkeypatch.undo()
     assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 2
     assert _steps(workdir) == [0, 1]
@@ -193,7 +195,7 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
 
     monkeypatch.setattr(files, "atomic_write_bytes", full_disk)
     with pytest.raises(OSError, match="No space left on device.*train_000003.jsonl"):
-        training.train(config, progress=False)
+        loop.train(config, progress=False)
     monkeypatch.undo()
     kept = checkpoint.saved_steps(workdir / "checkpoints")[-1]
     assert kept == 2 and _steps(workdir) == [0, 1, 2]
@@ -201,12 +203,12 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
                                      "train_000002.jsonl"]  # the stale ones removed, no temporary files
     assert read_jsonl(workdir / "transcripts" / "train_000002.jsonl")[0]["step"] == 2
 
-    training.train(config, progress=False)  # the rerun resumes at the checkpoint
+    loop.train(config, progress=False)  # the rerun resumes at the checkpoint
     assert _steps(workdir) == [0, 1, 2, 3]
     assert _transcripts(workdir) == ["eval_000001.jsonl", "eval_000003.jsonl", "train_000000.jsonl",
                                      "train_000001.jsonl", "train_000002.jsonl", "train_000003.jsonl"]
     assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 4
-    assert training.train(config, progress=False) == {}  # nothing left to do
+    assert loop.train(config, progress=False) == {}  # nothing left to do
 
 
 def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path):
@@ -216,9 +218,9 @@ def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path)
                                simulator_state={"error": "simulator refused the request with HTTP 400"})
               for i in range(2)]
     run = types.SimpleNamespace(workdir=tmp_path)
-    with pytest.raises(training.AllDialoguesFailedError,
+    with pytest.raises(loop.AllDialoguesFailedError,
                        match=r"step 5: .*2 of 2 ended as simulator_error \(last: .*HTTP 400\).*train_000005.jsonl"):
-        training._collate(config, run, 5, RolloutBatch(index=5, version=5, sequences=failed, seconds=1.0),
+        loop._collate(config, run, 5, RolloutBatch(index=5, version=5, sequences=failed, seconds=1.0),
                           failed)
     assert [r["profile_id"] for r in read_jsonl(tmp_path / "transcripts" / "train_000005.jsonl")] == ["p0", "p1"]
 
@@ -232,7 +234,7 @@ def test_config_ranges_are_checked_before_anything_starts(tmp_path):
     with pytest.raises(ValueError, match=r"config.train.steps=-1 must be >= 0; config.rollout.temperature=-0.5 "
                                          r"must be >= 0; config.simulator.max_concurrency=0 must be >= 1; "
                                          r"config.simulator.timeout_s=0.0 must be > 0"):
-        training.train(config, progress=False)
+        loop.train(config, progress=False)
     assert not (tmp_path / "never").exists()
 
 

@@ -8,8 +8,8 @@ import pytest
 from etils import epath
 from fsspec.implementations.memory import MemoryFileSystem
 
-from rlver_jax import checkpoint
-from rlver_jax.workdir import WorkDir, is_url
+from rlver_jax.train import checkpoint
+from rlver_jax.train.workdir import WorkDir, is_url
 
 
 class _Recording(dict):

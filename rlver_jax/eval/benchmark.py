@@ -33,8 +33,8 @@ from typing import Any
 import ml_collections
 from tqdm import tqdm
 
-from rlver_jax.config_checks import check_config
-from rlver_jax.distributed import DistributedSettings
+from rlver_jax.cli.config_checks import check_config
+from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.eval import report
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
@@ -42,7 +42,7 @@ from rlver_jax.llm_client import ClientSettings, EndpointUnavailableError, check
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.policy import OpenAIPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.sampling_settings import SamplingSettings
+from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator import (ProfileError, SimulatorSettings, SimulatorUnavailableError, build_simulator,
                                  check_endpoint, load_profiles)
 from rlver_jax.simulator.profiles import Profile
@@ -88,7 +88,7 @@ def process_index() -> int:
 def _allgather(obj: Any) -> list[Any]:
     if not _distributed():
         return [obj]
-    from rlver_jax import hosts  # jax.distributed runs only: it imports jax
+    from rlver_jax.parallel import hosts  # jax.distributed runs only: it imports jax
 
     return hosts.allgather_json(obj)
 
@@ -167,7 +167,7 @@ class _PolicySpec:
             return OpenAIPolicy(self.client, temperature=p.temperature, max_tokens=p.max_new_tokens), None
         import jax
 
-        from rlver_jax import sharding
+        from rlver_jax.parallel import sharding
         from rlver_jax.eval import policy_loading  # JAX policies only: transformers, Flax
         from rlver_jax.rollout.jax_policy import JaxPolicy
 
@@ -296,7 +296,7 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, pending: lis
     transcripts = workdir / TRANSCRIPTS
     mine = pending
     if _distributed():
-        from rlver_jax import hosts  # imports jax
+        from rlver_jax.parallel import hosts  # imports jax
 
         mine = [pending[i] for i in hosts.share(len(pending))]
     writes = process_index() == 0

@@ -19,8 +19,10 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
-from rlver_jax import chat, checkpoint, sharding
-from rlver_jax.builders import model_config, tiny_tokenizer
+from rlver_jax.text import chat
+from rlver_jax.train import checkpoint
+from rlver_jax.parallel import sharding
+from rlver_jax.models.loading import model_config, tiny_tokenizer
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import Qwen2Config, get_preset
 

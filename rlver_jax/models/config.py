@@ -94,7 +94,7 @@ PRESETS: dict[str, Qwen2Config] = {
     "qwen2.5-7b": Qwen2Config(
         vocab_size=152064, hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4,
         intermediate_size=18944, tie_word_embeddings=False),
-    # CPU tests and the tiny training preset; vocab matches rlver_jax.tiny_tokenizer.
+    # CPU tests and the tiny training preset; vocab matches rlver_jax.text.tiny_tokenizer.
     "tiny": Qwen2Config(
         vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
         intermediate_size=128, tie_word_embeddings=True, rope_theta=10_000.0,

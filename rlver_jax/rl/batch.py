@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlver_jax.buckets import bucket
+from rlver_jax.sampling.buckets import bucket
 from rlver_jax.rollout.sequence import DialogueSequence
 
 REWARD_MODES = ("final", "per_turn")

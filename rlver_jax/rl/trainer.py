@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from rlver_jax import sharding
+from rlver_jax.parallel import sharding
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import advantages as adv_lib
 from rlver_jax.rl import losses
@@ -176,7 +176,7 @@ def state_shardings(actor_tx: optax.GradientTransformation, actor: Params, actor
                     critic_tx: optax.GradientTransformation | None = None, critic: Params | None = None,
                     critic_sh: Params | None = None) -> TrainState:
     """NamedShardings of the TrainState: parameters as given, optimizer states mirroring them
-    (rlver_jax.sharding.opt_state_shardings), step and key replicated."""
+    (rlver_jax.parallel.sharding.opt_state_shardings), step and key replicated."""
     replicated = NamedSharding(jax.tree.leaves(actor_sh)[0].mesh, P())
     return TrainState(
         step=replicated, rng=replicated, actor=actor_sh,
@@ -503,7 +503,7 @@ def train_step(fns: UpdateFns, state: TrainState, ref_params: Params | None, bat
 def train_on_batch(fns: UpdateFns, state: TrainState, batch: TrainBatch, ref_params: Params | None = None,
                    policy_tokens: int | None = None) -> tuple[TrainState, dict[str, float]]:
     """One train step on the device: the batch is placed explicitly (this process's rows on the
-    mesh: rlver_jax.sharding.shard_host_batch), the step's jitted programs run, and its metrics (reduced
+    mesh: rlver_jax.parallel.sharding.shard_host_batch), the step's jitted programs run, and its metrics (reduced
     on device, replicated) come back as floats from this process's copy; nothing else crosses
     between host and device. `policy_tokens`: see rl.batch.policy_positions. Returns the new
     state (step + 1)."""

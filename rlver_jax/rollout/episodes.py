@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlver_jax import chat
+from rlver_jax.text import chat
 from rlver_jax.rollout.history import THINK_HISTORIES, TextHistory, TokenHistory
 from rlver_jax.rollout.policy import Policy, PolicyTurn, TurnRequest
 from rlver_jax.rollout.prompts import system_prompt

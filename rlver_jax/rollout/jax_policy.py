@@ -1,5 +1,5 @@
-"""`JaxPolicy`: samples with rlver_jax.sampling on the trainer's parameters, in the host-local copy
-each process keeps for sampling (rlver_jax.sharding.SamplingLayout; token ids and log-probs out,
+"""`JaxPolicy`: samples with rlver_jax.sampling.generation on the trainer's parameters, in the host-local copy
+each process keeps for sampling (rlver_jax.parallel.sharding.SamplingLayout; token ids and log-probs out,
 for training). Apart from rollout.policy so that served policies never import JAX.
 """
 
@@ -14,13 +14,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlver_jax import sampling
-from rlver_jax.buckets import LENGTH_BUCKETS
-from rlver_jax.chat import ChatTokens
+from rlver_jax.sampling import generation
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS
+from rlver_jax.text.chat import ChatTokens
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rollout.kv_sessions import KVSessions
 from rlver_jax.rollout.policy import PolicyTurn, TurnRequest
-from rlver_jax.sampling_settings import SamplingSettings
+from rlver_jax.sampling.settings import SamplingSettings
 
 
 class JaxPolicy:
@@ -29,7 +29,7 @@ class JaxPolicy:
     The parameters are this process's sampling copy (on its own devices), so generation never
     waits on another host. Generation runs in a worker thread so the asyncio loop keeps serving
     simulator requests of other dialogues meanwhile. A turn's key is
-    fold_in(fold_in(rng, request.dialogue), request.turn), one per row (sampling.row_keys): a
+    fold_in(fold_in(rng, request.dialogue), request.turn), one per row (generation.row_keys): a
     dialogue's tokens are a function of (rng, its index) alone, whatever it is batched with,
     whichever pipeline group, process or device count runs it. With settings.cache_slots > 0
     each dialogue's KV cache is kept between turns (kv_sessions).
@@ -67,9 +67,9 @@ class JaxPolicy:
                 out = self._generate_with_sessions(requests, key)
             else:
                 prompts = [r.prompt_ids for r in requests]
-                ids, mask = sampling.pad_left(prompts, max(len(p) for p in prompts), self.chat.end_of_text)
+                ids, mask = generation.pad_left(prompts, max(len(p) for p in prompts), self.chat.end_of_text)
                 st = self.settings
-                gen = sampling.generate(
+                gen = generation.generate(
                     self.model_cfg, self._params, ids, mask, rng=key, length_buckets=LENGTH_BUCKETS,
                     max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_p=st.top_p,
                     top_k=st.top_k, stop_ids=st.stop_ids, pad_id=st.pad_id, vocab_limit=st.vocab_limit)
@@ -93,7 +93,7 @@ class JaxPolicy:
                                    self.settings.max_new_tokens)
         row_keys = np.zeros((feed.ids.shape[0],) + key.shape[1:], key.dtype)
         row_keys[[r.slot for r in requests]] = key
-        gen, cache, fed = sampling.continue_generation(
+        gen, cache, fed = generation.continue_generation(
             self.model_cfg, self._params, feed.session.cache, feed.ids, feed.mask, feed.start_positions,
             settings=self.settings, rng=row_keys)
         tokens, lps, lengths, fed = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths, fed))

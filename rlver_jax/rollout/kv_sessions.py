@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlver_jax import sampling
-from rlver_jax.buckets import LENGTH_BUCKETS, bucket
+from rlver_jax.sampling import generation
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 
@@ -75,7 +75,7 @@ class KVSessions:
             new[row] = prompt[len(sess.fed[row]):]
         width = bucket(max(len(v) for v in new.values()), LENGTH_BUCKETS)
         self._make_room(sess, width + max_new_tokens)
-        ids, mask = sampling.pad_left([new.get(row, []) for row in range(len(sess.owners))], width, self.pad_id)
+        ids, mask = generation.pad_left([new.get(row, []) for row in range(len(sess.owners))], width, self.pad_id)
         return Feed(sess, new, ids, mask, np.asarray(sess.next_pos, np.int32))
 
     def commit(self, feed: Feed, cache: qwen2.KVCache, tokens: np.ndarray, fed: np.ndarray) -> None:
@@ -103,7 +103,7 @@ class KVSessions:
         capacity = sess.cache.mask.shape[1]
         if int(sess.cache.index) + needed <= capacity:
             return
-        sess.cache = sampling.compact_cache(sess.cache)
+        sess.cache = generation.compact_cache(sess.cache)
         if int(sess.cache.index) + needed <= capacity:
             return
         total = int(sess.cache.index) + needed
@@ -113,4 +113,4 @@ class KVSessions:
                 f"config.rollout.cache_slots={self.cache_slots}; raise it (a row's fill plus another row's fresh "
                 "prompt: 2 x config.rollout.max_total_tokens + max_new_tokens) or lower "
                 "config.rollout.max_total_tokens")
-        sess.cache = sampling.grow_cache(sess.cache, min(bucket(total, LENGTH_BUCKETS), self.cache_slots))
+        sess.cache = generation.grow_cache(sess.cache, min(bucket(total, LENGTH_BUCKETS), self.cache_slots))

@@ -1,4 +1,4 @@
-"""The models and tokenizer a config names, built for training (rlver_jax.run) and evaluation
+"""The models and tokenizer a config names, built for training (rlver_jax.train.run) and evaluation
 (rlver_jax.eval.policy_loading) alike.
 
 A config's `model` section names the policy: a Hugging Face directory (`model.path`), or for the
@@ -17,10 +17,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from rlver_jax import chat, sharding
+from rlver_jax.text import chat
+from rlver_jax.parallel import sharding
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import Qwen2Config, get_preset
-from rlver_jax.tiny_tokenizer import build_tiny_tokenizer
+from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer
 
 Params = Any
 

@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlver_jax import sharding
-from rlver_jax.buckets import MIN_PROMPT_BUCKET, bucket
+from rlver_jax.parallel import sharding
+from rlver_jax.sampling.buckets import MIN_PROMPT_BUCKET, bucket
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
-from rlver_jax.sampling_settings import SamplingSettings
+from rlver_jax.sampling.settings import SamplingSettings
 
 Params = qwen2.Params
 _BLOCK = 128  # W: vocabulary block of the inverse-CDF draw

@@ -29,7 +29,7 @@ import optax
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from rlver_jax.distributed import DistributedSettings
+from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 

@@ -20,18 +20,21 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from rlver_jax import builders, chat, sharding, tracking
-from rlver_jax.config_checks import check_config
+from rlver_jax.models import loading
+from rlver_jax.text import chat
+from rlver_jax.parallel import sharding
+from rlver_jax.train import tracking
+from rlver_jax.cli.config_checks import check_config
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import trainer
 from rlver_jax.rollout.episodes import RolloutSettings
-from rlver_jax.sampling_settings import SamplingSettings
+from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator.factory import check_endpoint
 from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.state import EmotionRules
 from rlver_jax.simulator.profiles import Profile, load_profiles
-from rlver_jax.workdir import WorkDir
+from rlver_jax.train.workdir import WorkDir
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +150,9 @@ def _tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat
     """The run's tokenizer. A tiny run builds one (deterministically) in WORKDIR/tokenizer on
     process 0; the other processes build theirs in a temporary directory, so no two write one file."""
     if jax.process_index() == 0:
-        return builders.load_tokenizer(config, workdir)
+        return loading.load_tokenizer(config, workdir)
     with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
-        return builders.load_tokenizer(config, pathlib.Path(tmp))
+        return loading.load_tokenizer(config, pathlib.Path(tmp))
 def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
                     ) -> tuple[trainer.Optimizer, trainer.Optimizer | None]:
     """The actor's and (PPO) the critic's optimizer; their schedules count the run's optimizer steps."""
@@ -190,7 +193,7 @@ def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, me
     actor_opt, critic_opt = make_optimizers(config, rl)
     critic_cfg = critic_sh = critic = critic_tx = None
     if rl.uses_critic:
-        critic_cfg = builders.critic_config(actor_cfg)
+        critic_cfg = loading.critic_config(actor_cfg)
         critic_sh = sharding.param_shardings(critic_cfg, mesh, config.mesh.rules)
         critic, critic_tx = qwen2.abstract_params(critic_cfg), critic_opt.tx
     state_sh = trainer.state_shardings(actor_opt.tx, qwen2.abstract_params(actor_cfg), actor_sh, critic_tx, critic,
@@ -226,16 +229,16 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     own = np.flatnonzero(owner == jax.process_index())
     log.info("process %d of %d: %d local devices (%s), dialogues %s of the %d per step", jax.process_index(),
              jax.process_count(), jax.local_device_count(), jax.local_devices()[0].platform, _ranges(own), len(owner))
-    actor_cfg = builders.policy_architecture(config)
+    actor_cfg = loading.policy_architecture(config)
     if actor_cfg.vocab_size < len(chat_tokens.tokenizer):
         raise ValueError(f"tokenizer has {len(chat_tokens.tokenizer)} tokens but the model's vocab_size is "
                          f"{actor_cfg.vocab_size}: config.model.tokenizer_path does not match the model")
     prog = update_program(config, rl, mesh, actor_cfg)
-    actor = builders.load_policy(config, actor_cfg, prog.actor_shardings, trainer.seed_keys(config.seed).init)
+    actor = loading.load_policy(config, actor_cfg, prog.actor_shardings, trainer.seed_keys(config.seed).init)
     ref_params = jax.tree.map(jnp.copy, actor) if rl.uses_reference else None
     critic = critic_tx = None
     if rl.uses_critic:
-        critic = builders.load_critic(config, prog.critic_cfg, actor, prog.critic_shardings)
+        critic = loading.load_critic(config, prog.critic_cfg, actor, prog.critic_shardings)
         critic_tx = prog.critic_opt.tx
     state = trainer.init_train_state(actor, prog.actor_opt.tx, critic, critic_tx, config.seed, shardings=prog.shardings)
     state = trainer.place(prog.fns, state, "rest")  # where it waits between steps (config.train.offload)

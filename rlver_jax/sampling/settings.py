@@ -1,5 +1,5 @@
 """How a policy samples its turns (`SamplingSettings`), apart from the sampler itself: training,
-evaluation configs and policies name these settings without importing JAX (rlver_jax.sampling
+evaluation configs and policies name these settings without importing JAX (rlver_jax.sampling.generation
 is the one that reads them)."""
 
 from __future__ import annotations

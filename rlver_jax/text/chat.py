@@ -55,7 +55,7 @@ THINK_CLOSE = "</think>"
 _FIX = (
     "Point the config at a local Hugging Face tokenizer directory of a Qwen2/Qwen2.5 model "
     "(with tokenizer.json and tokenizer_config.json), or build the CPU test tokenizer with "
-    "rlver_jax.tiny_tokenizer.build_tiny_tokenizer(dir)."
+    "rlver_jax.text.tiny_tokenizer.build_tiny_tokenizer(dir)."
 )
 
 

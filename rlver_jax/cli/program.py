@@ -1,15 +1,15 @@
 """What every entry point in launch/ shares: flags and config errors in one line, expected errors
 without a traceback, `--print_config`, quiet library logs, the persistent compilation cache.
 
-    from rlver_jax import cli
-    _CONFIG = cli.config_flag("config", None, "Training config file[:preset].")
+    from rlver_jax.cli import program
+    _CONFIG = program.config_flag("config", None, "Training config file[:preset].")
 
     def main(argv):
-        from rlver_jax import training  # heavy imports after flag parsing: --help stays fast
+        from rlver_jax.train import loop  # heavy imports after flag parsing: --help stays fast
         ...
 
     if __name__ == "__main__":
-        cli.run(main, required=["config"])
+        program.run(main, required=["config"])
 
 This module imports neither JAX nor the library, so `--help`, `--print_config` and a bad flag
 answer in well under two seconds. An expected error prints `PROG: error: MESSAGE` and exits 1
@@ -42,7 +42,7 @@ QUIET_LOGGERS = {"jax": logging.WARNING, "httpx": logging.WARNING, "httpx2": log
                  "absl": logging.ERROR}
 # Code of ours: an error raised here on purpose is a message to the user.
 _OWN_DIRS = ("rlver_jax", "configs", "launch")
-_REPO = pathlib.Path(__file__).resolve().parents[1]
+_REPO = pathlib.Path(__file__).resolve().parents[2]
 _config_flag_names: list[str] = []
 
 
@@ -216,7 +216,7 @@ def quiet_logs() -> None:
 
 
 def _print_configs() -> None:
-    from rlver_jax import config_doc
+    from rlver_jax.cli import config_doc
 
     for name in _config_flag_names:
         config = FLAGS[name].value

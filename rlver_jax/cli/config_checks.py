@@ -1,5 +1,5 @@
 """The range checks of a training or evaluation config (`check_config`), before anything starts;
-apart from rlver_jax.run so that an evaluation of served models checks its config without
+apart from rlver_jax.train.run so that an evaluation of served models checks its config without
 importing JAX or transformers."""
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from typing import Any
 
 import jax
 
-from rlver_jax import llm_client, tracking
+from rlver_jax import llm_client
+from rlver_jax.train import tracking
 from rlver_jax.files import append_jsonl, atomic_write_jsonl, is_torn, raw_lines
 from rlver_jax.rollout.sequence import DialogueSequence
 

@@ -38,7 +38,7 @@ THINK_TOKENS = ("<think>", "</think>")
 
 # ChatML without a default system message. The `generation` block marks what the policy writes
 # (assistant content plus its closing <|im_end|>), so `apply_chat_template(...,
-# return_assistant_tokens_mask=True)` gives an independent check of rlver_jax.chat's mask.
+# return_assistant_tokens_mask=True)` gives an independent check of rlver_jax.text.chat's mask.
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"

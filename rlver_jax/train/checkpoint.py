@@ -20,8 +20,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from rlver_jax import sharding
-from rlver_jax.workdir import is_url
+from rlver_jax.parallel import sharding
+from rlver_jax.train.workdir import is_url
 
 
 def _location(directory: str | os.PathLike) -> str:

@@ -2,7 +2,7 @@
 shapes, without allocating a weight (launch/plan.py).
 
 The planner takes a training config (the same file and overrides as launch/train.py) and builds
-the update with `rlver_jax.run.update_program`, the call `build_run` makes, so the programs it
+the update with `rlver_jax.train.run.update_program`, the call `build_run` makes, so the programs it
 compiles are the ones training runs (tests/plan_test.py checks that both lower to one program
 each). Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The phases:
 
@@ -44,8 +44,11 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rlver_jax import builders, run, sampling, sharding
-from rlver_jax.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
+from rlver_jax.models import loading
+from rlver_jax.train import run
+from rlver_jax.sampling import generation
+from rlver_jax.parallel import sharding
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
 from rlver_jax.models import attention, qwen2
 from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import TrainBatch
@@ -170,7 +173,7 @@ def abstract_setup(config: ml_collections.ConfigDict, hoist_converts: bool = Tru
     rl = run.rl_settings(config)
     mesh = sharding.make_mesh(config.mesh.shape)
     run.check_mesh(rl, mesh, config)
-    actor_cfg = builders.policy_architecture(config, any_preset=True)
+    actor_cfg = loading.policy_architecture(config, any_preset=True)
     prog = run.update_program(config, rl, mesh, actor_cfg)
     actor = qwen2.abstract_params(actor_cfg)
     critic = None if prog.critic_cfg is None else qwen2.abstract_params(prog.critic_cfg)
@@ -309,7 +312,7 @@ def _cache_sharding(mesh: Mesh, cache) -> Any:
 
 
 def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = None) -> Phase:
-    """The sampler's own jitted program (rlver_jax.sampling) on one host's sampling copy of the
+    """The sampler's own jitted program (rlver_jax.sampling.generation) on one host's sampling copy of the
     actor (`sampling_layout`: the compute dtype, split over the host's devices), its activations'
     rows split over the host mesh's batch axes as the sampler traces them. Token ids come from the
     host (replicated); a KV cache kept between turns has its rows and kv heads split."""
@@ -328,12 +331,12 @@ def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = No
     copy = (f"sampling copy {device_bytes(params) / GB:.2f} GB/device ({layout.dtype.__name__}, "
             f"{host.size} devices per host)")
     if not shapes.cache_slots:
-        # sampling.generate's settings: the run's, without cache slots.
-        compiled, secs = _compile(s, sampling._generate_jit, cfg, dataclasses.replace(settings, cache_slots=0), host,
+        # generation.generate's settings: the run's, without cache slots.
+        compiled, secs = _compile(s, generation._generate_jit, cfg, dataclasses.replace(settings, cache_slots=0), host,
                                   params, ids, mask, rng)
         return _phase("rollout", compiled, held, secs, f"prefill + decode loop, no cache; {copy}")
     cache = _cache_sharding(host, jax.eval_shape(lambda: qwen2.init_cache(cfg, b, shapes.cache_slots)))
-    compiled, secs = _compile(s, sampling._continue_jit, cfg, settings, host, params, cache, ids, mask,
+    compiled, secs = _compile(s, generation._continue_jit, cfg, settings, host, params, cache, ids, mask,
                               sds((b,), jnp.int32), rng)
     # The cache stays on the devices between turns in the layout the program gives it.
     cache_out = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), cache,

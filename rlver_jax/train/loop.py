@@ -1,16 +1,16 @@
 """The training program behind launch/train.py: rollouts -> PPO/GRPO updates -> logs, checkpoints.
 
-`train(config)` builds the run from a config (rlver_jax.run), resumes from the newest checkpoint
+`train(config)` builds the run from a config (rlver_jax.train.run), resumes from the newest checkpoint
 in the work directory, and runs `config.train.steps` steps. Each step takes the next batch of
 dialogues from the async rollout buffer, updates the policy (and the critic), publishes the new
-parameters to the sampler, and writes metrics (rlver_jax.metrics), transcripts and checkpoints.
+parameters to the sampler, and writes metrics (rlver_jax.train.metrics), transcripts and checkpoints.
 Every `eval_every` steps the current policy is scored on held-out profiles with the same
 simulator code path, so reward hacking shows up as a gap between the two.
 
 On many hosts every process runs this same loop. Rollouts are per process: each runs its own
 dialogues of the step (`Run.own_dialogues`, whole GRPO groups) with its own simulator client, on
 its own sampling copy of the policy (sharding.SamplingLayout). The finished dialogues are then
-all-gathered (rlver_jax.hosts), so every process computes the same metrics and agrees on the
+all-gathered (rlver_jax.parallel.hosts), so every process computes the same metrics and agrees on the
 batch shapes, and each contributes only its own rows to the one global update. Process 0 writes
 metrics, TensorBoard, transcripts and plots; every process saves its shards of the checkpoint.
 A dialogue's randomness is a function of (seed, step, dialogue index), so the dialogues of a step
@@ -30,10 +30,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from rlver_jax import checkpoint, hosts, sharding
-from rlver_jax.buckets import bucket
-from rlver_jax.interrupts import StepGuard, TrainingInterrupted
-from rlver_jax.metrics import Writers, check_finite, throughput_metrics
+from rlver_jax.train import checkpoint
+from rlver_jax.parallel import hosts, sharding
+from rlver_jax.sampling.buckets import bucket
+from rlver_jax.train.interrupts import StepGuard, TrainingInterrupted
+from rlver_jax.train.metrics import Writers, check_finite, throughput_metrics
 from rlver_jax.plots import training_curves
 from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import TrainBatch, batch_rows, collate, row_extent
@@ -44,7 +45,7 @@ from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.summary import rollout_metrics, summarize
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
 from rlver_jax.rollout.transcripts import transcript_path, write_transcripts
-from rlver_jax.run import Run, build_run
+from rlver_jax.train.run import Run, build_run
 from rlver_jax.simulator.agent import clipped_changes
 from rlver_jax.simulator.factory import build_simulator
 from rlver_jax.simulator.profiles import Profile
