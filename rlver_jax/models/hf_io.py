@@ -354,7 +354,8 @@ def save_pretrained(
                 save_file(shard, str(tmp / fname), metadata=metadata)
                 weight_map.update({name: fname for name in shard})
             total = sum(a.nbytes for a in tensors.values())
-            (tmp / _INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / _INDEX).write_text(json.dumps(index, indent=2))
     return path
 
 
