@@ -74,8 +74,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # 0 re-encodes the history every turn (less memory held between turns). With think_history
     # "drop" a turn's prompt no longer extends what the cache holds (the thoughts are gone), so its
     # row is encoded afresh each turn and a cache only holds memory: off in think mode. On for 7B
-    # without thinking: 0.86 GB/device per PPO pipeline group on 16 devices, the rollout 18.5 GB/device
-    # (PPO) and 23.6 (GRPO) at 30,000 slots: fits 32 GB chips, not 16 (launch/plan.py, docs/sharding.md); off at 0.5B.
+    # without thinking (its memory per device, measured with launch/plan.py: docs/sharding.md, "The KV
+    # cache between turns"); off at 0.5B.
     # The size: a session's rows share one fill level, so a full row plus another row's fresh
     # prompt (both up to max_total_tokens) plus the new tokens must fit.
     cached = tiny or (preset == "7b" and not think)

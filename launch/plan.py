@@ -6,9 +6,9 @@
 
 Takes the config and overrides of launch/train.py and compiles, from abstract shapes (no weights
 are allocated or read), the programs of the train step the run executes (prepare, the actor's and
-the critic's updates) and the sampler's program (rlver_jax/train/memory_plan.py). Prints per-device arguments, temporaries and totals per phase, the
-peak against --memory_gb, and, where a phase does not fit, the largest micro-batch or dialogue
-length that does. On a CPU, fake the target's device count with
+the critic's updates) and the sampler's program (rlver_jax/train/memory_plan.py). Prints
+per-device arguments, temporaries and totals per phase, the peak against --memory_gb, and, where
+a phase does not fit, the largest micro-batch or dialogue length that does. On a CPU, fake the target's device count with
 XLA_FLAGS=--xla_force_host_platform_device_count=N. docs/sharding.md has the figures.
 """
 

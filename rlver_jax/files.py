@@ -1,5 +1,5 @@
-"""Atomic file writes and JSON Lines: a crash never leaves a half-written transcript, metrics or
-report file, and any text a model produces survives the round trip.
+"""Atomic file and directory writes and JSON Lines: a crash never leaves a half-written transcript,
+metrics or report file, or model directory, and any text a model produces survives the round trip.
 
 JSON Lines are split on "\\n" only: JSON written with ensure_ascii=False keeps U+0085, U+2028 and
 U+2029 raw inside strings, and str.splitlines() would split there. A lone surrogate (an unpaired
@@ -9,11 +9,13 @@ U+2029 raw inside strings, and str.splitlines() would split there. A lone surrog
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
+import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 # Encoding error handler of every text writer: lone surrogates become "\udXXX" (the only code
@@ -43,6 +45,30 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> pathlib.Path:
 def atomic_write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
     """`atomic_write_bytes` of UTF-8 text (lone surrogates escaped, see the module docstring)."""
     return atomic_write_bytes(path, text.encode("utf-8", _ESCAPE))
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[pathlib.Path]:
+    """Yield a temporary sibling directory of `path` to fill; on a clean exit it is renamed to
+    `path` (an existing `path` is moved aside first and removed after), on an exception removed.
+    So `path` holds the old directory or the complete new one, never a partial one."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp creates 0700; outputs are meant to be shared
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def json_line(record: dict[str, Any]) -> str:

@@ -93,7 +93,8 @@ def test_compilation_cache_directory(monkeypatch, tmp_path):
 
 def test_the_compilation_cache_keeps_even_a_fast_program(tmp_path):
     code = ("import jax, jax.numpy as jnp; from rlver_jax.cli import program; "
-            f"program.enable_compilation_cache({str(tmp_path / 'cache')!r}); jax.jit(lambda x: x * 2 + 1)(jnp.ones(3))")
+            f"program.enable_compilation_cache({str(tmp_path / 'cache')!r}); "
+            "jax.jit(lambda x: x * 2 + 1)(jnp.ones(3))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert done.returncode == 0, done.stderr

@@ -1,12 +1,14 @@
 """JSON Lines and atomic writes with any text a model produces: Unicode line separators, NEL,
-lone surrogates, NUL; torn last lines, bytes that are not UTF-8, directories."""
+lone surrogates, NUL; torn last lines, bytes that are not UTF-8, directories; atomic directories
+that fail midway."""
 
 import json
 
 import pytest
 
 from rlver_jax.eval.resume import load_records
-from rlver_jax.files import append_jsonl, atomic_write_jsonl, atomic_write_text, is_torn, read_jsonl
+from rlver_jax.files import (append_jsonl, atomic_directory, atomic_write_jsonl, atomic_write_text, is_torn,
+                             read_jsonl)
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.transcripts import write_transcripts
 
@@ -78,3 +80,39 @@ def test_bad_lines_and_directories_are_named(tmp_path):
         read_jsonl(tmp_path)
     (tmp_path / "empty.jsonl").write_bytes(b"")
     assert read_jsonl(tmp_path / "empty.jsonl") == [] and not is_torn(tmp_path / "empty.jsonl")
+
+
+def _tree(path):
+    return {str(p.relative_to(path)): p.read_text() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_an_atomic_directory_appears_complete_or_not_at_all(tmp_path):
+    out = tmp_path / "model"
+    with pytest.raises(RuntimeError, match="disk full"):
+        with atomic_directory(out) as stage:
+            (stage / "config.json").write_text("{}")
+            raise RuntimeError("disk full")
+    assert list(tmp_path.iterdir()) == []  # neither `out` nor a partial sibling
+    with atomic_directory(out) as stage:
+        assert stage.parent == tmp_path and stage != out and not out.exists()
+        (stage / "sub").mkdir()
+        (stage / "sub" / "a.txt").write_text("first")
+    assert _tree(out) == {"sub/a.txt": "first"}
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_a_failed_rewrite_keeps_the_old_directory_and_a_finished_one_replaces_it(tmp_path):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "weights").write_text("old")
+    (out / "stale").write_text("old only")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_directory(out) as stage:
+            (stage / "weights").write_text("new, half")
+            raise KeyboardInterrupt  # not only Exceptions: an interrupt midway too
+    assert _tree(out) == {"weights": "old", "stale": "old only"}
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+    with atomic_directory(out) as stage:
+        (stage / "weights").write_text("new")
+    assert _tree(out) == {"weights": "new"}  # replaced, not merged
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # the old one moved aside is gone

@@ -6,33 +6,27 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 
 from rlver_jax.eval.policy_loading import LoadedPolicy
-from rlver_jax.files import atomic_write_text
+from rlver_jax.files import atomic_directory, atomic_write_text
 from rlver_jax.models import hf_io
 
 
 def export_hf(policy: LoadedPolicy, out: str | os.PathLike, dtype: str) -> pathlib.Path:
     """Write config.json, safetensors weights, generation_config.json and the tokenizer files (in
     the layout of Qwen2.5's release, `hf_io.save_tokenizer`) to `out`, which must not exist yet.
-    Everything is written beside it first and renamed into place at the end, so `out` is either
-    absent or complete."""
+    Everything is written into a sibling directory first and renamed into place at the end
+    (`files.atomic_directory`), so `out` is either absent or complete."""
     out = pathlib.Path(out)
     if out.exists():
         raise FileExistsError(f"--out={out} exists; choose a new directory or remove it first")
-    stage = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(stage, ignore_errors=True)  # left by an export that crashed
-    hf_io.save_pretrained(policy.model, policy.params, stage, dtype=dtype)
-    try:
+    with atomic_directory(out) as stage:
+        # Atomic itself: it writes its files beside the (empty) stage and swaps them in.
+        hf_io.save_pretrained(policy.model, policy.params, stage, dtype=dtype)
         # Not save_pretrained: transformers 5 writes a tokenizer_config.json that 4.x cannot read.
         hf_io.save_tokenizer(policy.chat.tokenizer, stage)
         # A chat turn ends at <|im_end|>: generation must stop there, not only at <|endoftext|>.
         ct = policy.chat
         atomic_write_text(stage / "generation_config.json", json.dumps(
             {"eos_token_id": [ct.im_end, ct.end_of_text], "pad_token_id": ct.end_of_text}, indent=2) + "\n")
-        stage.rename(out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     return out

@@ -135,39 +135,44 @@ def blockwise_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
     return jnp.moveaxis(ob, (0, -2), (1, 2)).reshape(b, nb * size, n, h)[:, :t]
 
 
-def _block_bias(i, j, mb):
-    """[B, 1, 1, size, size] bias of query block i against key block j."""
-    size = mb.shape[-1]
-    q_slot = i * size + jnp.arange(size)
+def _scores(q_i, kb, mb, q_start, j):
+    """Scores [B, K, G, q, s] (fp32, scaled, masked) of query block q_i, at slots q_start + 0..q-1,
+    against key block j (slots j * s + 0..s-1, real where mb[j] is)."""
+    q_slot = q_start + jnp.arange(q_i.shape[-2])
+    size = kb.shape[-2]
     k_slot = j * size + jnp.arange(size)
     ok = (k_slot[None, :] <= q_slot[:, None])[None] & jax.lax.dynamic_index_in_dim(mb, j, keepdims=False)[:, None, :]
-    return jnp.where(ok, 0.0, NEG_INF)[:, None, None]
-
-
-def _scores(q_i, kb, mb, i, j):
     k_j = jax.lax.dynamic_index_in_dim(kb, j, keepdims=False)
     s = jnp.einsum("BKGqH,BKsH->BKGqs", q_i, k_j, preferred_element_type=jnp.float32)
-    return s * (q_i.shape[-1] ** -0.5) + _block_bias(i, j, mb)
+    return s * (q_i.shape[-1] ** -0.5) + jnp.where(ok, 0.0, NEG_INF)[:, None, None]
+
+
+def _online_softmax(q_i, kb, vb, mb, q_start, key_blocks, dt):
+    """Query block q_i (slots q_start + 0..q-1) over key blocks 0..key_blocks-1 with an online
+    softmax: the running max m, sum l and output accumulator (all fp32), rescaled by exp(m - m_new)
+    at each block. The output is acc / l, its log-sum-exp m + log(l)."""
+    f32 = jnp.float32
+
+    def key_block(j, carry):
+        m, l, acc = carry
+        s = _scores(q_i, kb, mb, q_start, j)
+        m_new = jnp.maximum(m, s.max(-1))
+        p = jnp.exp(s - m_new[..., None])
+        corr = jnp.exp(m - m_new)
+        v_j = jax.lax.dynamic_index_in_dim(vb, j, keepdims=False)
+        pv = jnp.einsum("BKGqs,BKsH->BKGqH", p.astype(dt), v_j, preferred_element_type=f32)
+        return m_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
+
+    init = (jnp.full(q_i.shape[:-1], NEG_INF, f32), jnp.zeros(q_i.shape[:-1], f32), jnp.zeros(q_i.shape, f32))
+    return jax.lax.fori_loop(0, key_blocks, key_block, init)
 
 
 def _flash_forward(qb, kb, vb, mb):
-    f32, dt = jnp.float32, qb.dtype
+    dt, size = qb.dtype, qb.shape[-2]
 
     def query_block(_, xs):
         i, q_i = xs
-
-        def key_block(j, carry):
-            m, l, acc = carry
-            s = _scores(q_i, kb, mb, i, j)
-            m_new = jnp.maximum(m, s.max(-1))
-            p = jnp.exp(s - m_new[..., None])
-            corr = jnp.exp(m - m_new)
-            v_j = jax.lax.dynamic_index_in_dim(vb, j, keepdims=False)
-            pv = jnp.einsum("BKGqs,BKsH->BKGqH", p.astype(dt), v_j, preferred_element_type=f32)
-            return m_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
-
-        init = (jnp.full(q_i.shape[:-1], NEG_INF, f32), jnp.zeros(q_i.shape[:-1], f32), jnp.zeros(q_i.shape, f32))
-        m, l, acc = jax.lax.fori_loop(0, i + 1, key_block, init)  # causal: key blocks 0..i
+        m, l, acc = _online_softmax(q_i, kb, vb, mb, i * size, i + 1, dt)  # causal: key blocks 0..i
         return None, ((acc / l[..., None]).astype(dt), m + jnp.log(l))
 
     _, (ob, lse) = jax.lax.scan(query_block, None, (jnp.arange(qb.shape[0]), qb))
@@ -196,7 +201,7 @@ def _flash_bwd(res, dob):
 
         def key_block(j, c):
             dq_i, dk, dv = c
-            p = jnp.exp(_scores(q_i, kb, mb, i, j) - lse_i[..., None])
+            p = jnp.exp(_scores(q_i, kb, mb, i * q_i.shape[-2], j) - lse_i[..., None])
             k_j = jax.lax.dynamic_index_in_dim(kb, j, keepdims=False)
             v_j = jax.lax.dynamic_index_in_dim(vb, j, keepdims=False)
             dv_j = jnp.einsum("BKGqs,BKGqH->BKsH", p.astype(dt), do_i, preferred_element_type=f32)
@@ -235,7 +240,7 @@ def cached_attention(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.A
     s, kh = keys_BSKH.shape[1:3]
     if t < block:
         return dense_attention(q_BTNH, keys_BSKH, values_BSKH, slot_bias(index + jnp.arange(t), kv_mask_BS), dt)
-    f32, g = jnp.float32, n // kh
+    g = n // kh
     nq, ns = -(-t // block), -(-s // block)
 
     def blocks(x, count):  # [B, X, ...] -> [count, B, ..., block, H] (heads before the block's slots)
@@ -249,27 +254,8 @@ def cached_attention(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.A
 
     def query_block(_, xs):
         i, q_i = xs
-        q_slot = index + i * block + jnp.arange(block)
-
-        def key_block(j, carry):
-            m, l, acc = carry
-            k_slot = j * block + jnp.arange(block)
-            real = jax.lax.dynamic_index_in_dim(mb, j, keepdims=False)  # [B, block]
-            ok = (k_slot[None, :] <= q_slot[:, None])[None] & real[:, None]
-            sc = jnp.einsum("BKGqH,BKsH->BKGqs", q_i, jax.lax.dynamic_index_in_dim(kb, j, keepdims=False),
-                            preferred_element_type=f32) * (h ** -0.5)
-            sc = sc + jnp.where(ok, 0.0, NEG_INF)[:, None, None]
-            m_new = jnp.maximum(m, sc.max(-1))
-            p = jnp.exp(sc - m_new[..., None])
-            corr = jnp.exp(m - m_new)
-            pv = jnp.einsum("BKGqs,BKsH->BKGqH", p.astype(dt), jax.lax.dynamic_index_in_dim(vb, j, keepdims=False),
-                            preferred_element_type=f32)
-            return m_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
-
-        shape = q_i.shape[:-1]
-        init = (jnp.full(shape, NEG_INF, f32), jnp.zeros(shape, f32), jnp.zeros(q_i.shape, f32))
         last = jnp.minimum((index + (i + 1) * block - 1) // block + 1, ns)  # key blocks at or before its slots
-        m, l, acc = jax.lax.fori_loop(0, last, key_block, init)
+        m, l, acc = _online_softmax(q_i, kb, vb, mb, index + i * block, last, dt)
         return None, (acc / l[..., None]).astype(dt)
 
     _, ob = jax.lax.scan(query_block, None, (jnp.arange(nq), qb))  # [nq, B, K, G, block, H]

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
-import tempfile
 from typing import TYPE_CHECKING, Any, Callable
 
 import jax
@@ -22,7 +20,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
-from rlver_jax.files import atomic_write_text
+from rlver_jax.files import atomic_directory, atomic_write_text
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.models.qwen2 import abstract_params
 
@@ -336,9 +334,7 @@ def save_pretrained(
             tensors[hf_name] = _to_host(params[name]).reshape(_hf_expected_shape(hf_name, config)).astype(np_dtype)
     if jax.process_index() != 0:
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic_directory(path) as tmp:
         (tmp / "config.json").write_text(json.dumps(config_to_hf(config, dtype), indent=2))
         shards, current, size = [], {}, 0
         for name, arr in tensors.items():
@@ -358,18 +354,8 @@ def save_pretrained(
                 save_file(shard, str(tmp / fname), metadata=metadata)
                 weight_map.update({name: fname for name in shard})
             total = sum(a.nbytes for a in tensors.values())
-            (tmp / _INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / _INDEX).write_text(json.dumps(index, indent=2))
     return path
 
 

@@ -36,24 +36,45 @@ Modules: profiles (loading, validation, language), templates + prompts/ (the LLM
 vanilla/challenging), parsing (tolerant answer parsing, label neutralising), patterns (regexes
 shared by several modules), state (DialogueState, TurnRecord, EmotionRules), settings
 (SimulatorSettings), agent (the emotion state machine and Simulator), backend (the backend
-interface), openai_backend, embedded (a deterministic stand-in for demos and tests, not a
-benchmark), cache (record/replay), factory.
+interface), openai_backend, embedded + lexicon (a deterministic stand-in for demos and tests, not
+a benchmark), cache (record/replay), factory.
+
+The names above are imported lazily (PEP 562), each from its module on first use, so importing
+one module (rlver_jax.simulator.profiles, say) does not pull in the openai client and httpx.
 """
 
-from rlver_jax.simulator.agent import Simulator, is_goodbye
-from rlver_jax.simulator.backend import (Backend, EmotionJudgement, SimulatorOutputError,
-                                         SimulatorUnavailableError, Utterance)
-from rlver_jax.simulator.cache import CacheMissError
-from rlver_jax.simulator.factory import build_simulator, check_endpoint
-from rlver_jax.simulator.profiles import (DEFAULT_PROFILES, Profile, ProfileError,
-                                          detect_language, load_profiles)
-from rlver_jax.simulator.settings import SimulatorSettings
-from rlver_jax.simulator.state import END_REASONS, DialogueState, EmotionRules, TurnRecord
+from __future__ import annotations
 
-__all__ = [
-    "Backend", "CacheMissError", "DEFAULT_PROFILES", "DialogueState", "END_REASONS",
-    "EmotionJudgement", "EmotionRules", "Profile", "ProfileError", "Simulator",
-    "SimulatorOutputError", "SimulatorSettings", "SimulatorUnavailableError", "TurnRecord",
-    "Utterance", "build_simulator", "check_endpoint", "detect_language", "is_goodbye",
-    "load_profiles",
-]
+import importlib
+import importlib.util
+from typing import Any
+
+_MODULE_OF = {  # public name -> the module that defines it
+    "Simulator": "agent", "is_goodbye": "agent",
+    "Backend": "backend", "EmotionJudgement": "backend", "SimulatorOutputError": "backend",
+    "SimulatorUnavailableError": "backend", "Utterance": "backend",
+    "CacheMissError": "cache",
+    "build_simulator": "factory", "check_endpoint": "factory",
+    "DEFAULT_PROFILES": "profiles", "Profile": "profiles", "ProfileError": "profiles",
+    "detect_language": "profiles", "load_profiles": "profiles",
+    "SimulatorSettings": "settings",
+    "END_REASONS": "state", "DialogueState": "state", "EmotionRules": "state", "TurnRecord": "state",
+}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    """A public name from its module, or a submodule (`simulator.agent`), imported on first use."""
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

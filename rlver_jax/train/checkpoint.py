@@ -1,8 +1,9 @@
 """Checkpoints of the whole train state with orbax: save every N steps, keep K, resume exactly.
 
-A checkpoint holds the TrainState pytree (actor, critic, optimizer states, step, RNG) and a JSON
-record of host-side progress (the data cursor, the profile sampler's RNG state, anything else the
-loop needs to continue exactly where it stopped). Orbax writes each step into a temporary
+A checkpoint holds the TrainState pytree (actor, critic, optimizer states, step, RNG) and a small
+JSON record (`meta`: the step and the seed). Nothing else is needed to continue exactly where the
+run stopped: the profiles of a step and every random key are pure functions of (seed, step), so
+there is no data cursor or sampler state to save. Orbax writes each step into a temporary
 directory and renames it when complete, so a crash (or a full disk) never leaves a half-written
 checkpoint that looks finished: the last complete one stays the newest.
 
