@@ -1,0 +1,131 @@
+"""The child process of rlver_jax.eval.capabilities.sandbox: runs as `python -I sandbox_child.py`
+(no project imports), reads one task as JSON from stdin, confines itself, grades the program with
+LiveCodeBench's `run_test`, and writes the result as the last line of its original stdout.
+
+Confinement, in order, before any generated code runs: a network namespace of its own with no
+interfaces (unshare(CLONE_NEWNET), where permitted: as root); resource limits (address space,
+CPU seconds, file size, open files, processes, no core dumps); as root, the uid and gid of
+`nobody`, so the file system's permissions apply (when nobody can read the Python installation); an audit hook (PEP 578) that refuses sockets,
+processes (fork, exec, spawn, os.system, subprocess), signals to other processes, native code
+(ctypes) and any write, create, delete or rename outside the scratch directory, the working
+directory. Reads are allowed (imports need them).
+"""
+
+import ctypes
+import json
+import os
+import resource
+import sys
+
+MARKER = "@@rlver_sandbox_result@@ "
+_CLONE_NEWNET = 0x40000000
+_NOBODY = 65534
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_REFUSED = frozenset({
+    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen",
+    "os.kill", "os.killpg", "signal.pthread_kill", "socket.__new__", "socket.connect", "socket.bind",
+    "socket.getaddrinfo", "socket.gethostbyname", "socket.sendto", "socket.sendmsg", "ctypes.dlopen",
+    "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function", "os.setuid",
+    "os.chroot", "sys.remote_exec", "pty.spawn", "webbrowser.open", "urllib.Request", "ftplib.connect",
+    "smtplib.connect", "telnetlib.Telnet.open", "http.client.connect"})
+# (os.putenv stays allowed: LiveCodeBench sets OMP_NUM_THREADS, and no process is started to read it.)
+# Events whose first argument(s) are paths that must lie in the scratch directory.
+_PATH_EVENTS = {"os.remove": 1, "os.rename": 2, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.chown": 1,
+                "os.link": 2, "os.symlink": 2, "os.truncate": 1, "os.utime": 1, "os.chdir": 1, "os.mkfifo": 1,
+                "os.mknod": 1, "shutil.rmtree": 1, "shutil.move": 2, "shutil.copyfile": 2, "os.setxattr": 1,
+                "os.removexattr": 1, "os.chflags": 1}
+
+
+def _inside(path, scratch: str) -> bool:
+    if isinstance(path, int):  # an open descriptor: checked when it was opened
+        return True
+    # Relative to the working directory, the scratch directory (LiveCodeBench's guard removes
+    # os.getcwd and os.chdir, which realpath of a relative path would call).
+    real = os.path.realpath(os.path.join(scratch, os.fsdecode(path)))
+    return real == scratch or real.startswith(scratch + os.sep)
+
+
+def _audit_hook(scratch: str):
+    def hook(event, args):
+        if event in _REFUSED:
+            raise PermissionError(f"sandbox: {event} is not allowed")
+        if event == "open":
+            path, mode, flags = args
+            writes = (mode is not None and any(c in mode for c in "wax+")) or (
+                mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS)
+            if writes and path is not None and not _inside(path, scratch):
+                raise PermissionError(f"sandbox: writing {path!r} outside the scratch directory")
+        elif event in _PATH_EVENTS:
+            for path in args[:_PATH_EVENTS[event]]:
+                if path is not None and not _inside(path, scratch):
+                    raise PermissionError(f"sandbox: {event} on {path!r} outside the scratch directory")
+    return hook
+
+
+def _others_can_read(path: str) -> bool:
+    """Whether users other than the owner may read directory `path` (and search every parent)."""
+    import stat
+
+    path = os.path.realpath(path)
+    if not os.stat(path).st_mode & stat.S_IROTH:
+        return False
+    while True:
+        if not os.stat(path).st_mode & stat.S_IXOTH:
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+def _confine(task: dict) -> dict:
+    """Apply the limits of `task`; returns which layers took effect."""
+    layers = {"network_namespace": False, "nobody": False}
+    if os.geteuid() == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        layers["network_namespace"] = libc.unshare(_CLONE_NEWNET) == 0
+    mib = 1024 * 1024
+    limits = [(resource.RLIMIT_AS, task["memory_mb"] * mib), (resource.RLIMIT_CPU, task["cpu_s"]),
+              (resource.RLIMIT_FSIZE, task["file_mb"] * mib), (resource.RLIMIT_NOFILE, 64),
+              (resource.RLIMIT_NPROC, task["max_processes"]), (resource.RLIMIT_CORE, 0)]
+    for which, value in limits:
+        resource.setrlimit(which, (value, value))
+    # nobody must still read the Python installation (a pyenv under /root is closed to it).
+    readable = all(_others_can_read(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(os.__file__)))
+    if os.geteuid() == 0 and readable:
+        os.setgroups([])
+        os.setgid(_NOBODY)
+        os.setuid(_NOBODY)
+        layers["nobody"] = True
+    os.chdir(task["scratch"])
+    return layers
+
+
+def main() -> None:
+    task = json.loads(sys.stdin.read())
+    out = os.fdopen(os.dup(1), "w")  # the result's channel, kept from the program's own prints
+    from livecodebench.evaluation import testing_util  # before the hook: imports read files
+
+    layers = _confine(task)
+    # The program's own prints go to a file in the scratch directory (RLIMIT_FSIZE bounds it).
+    log = os.open("program_output.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    scratch = os.path.realpath(task["scratch"])
+    os.environ.clear()
+    os.environ.update({"HOME": scratch, "TMPDIR": scratch, "PATH": "/nonexistent"})
+    sys.addaudithook(_audit_hook(scratch))
+    try:
+        results, metadata = testing_util.run_test({"input_output": task["input_output"]}, test=task["code"],
+                                                  debug=False, timeout=task["test_timeout_s"])
+    except BaseException as e:  # the program may raise SystemExit or anything else out of run_test
+        results, metadata = [-4], {"error_code": -4, "error_message": f"{type(e).__name__}: {e}"}
+    results = [bool(r) if type(r).__name__ == "bool_" else (r.item(0) if hasattr(r, "item") else r) for r in results]
+    out.write("\n" + MARKER + json.dumps({"results": results, "metadata": metadata, "layers": layers},
+                                         default=str) + "\n")
+    out.flush()
+    os._exit(0)  # no atexit handlers or finalisers the program may have left behind
+
+
+if __name__ == "__main__":
+    main()
