@@ -1,4 +1,5 @@
-"""Capability retention (MATH500, IFEval, LiveCodeBench): `python launch/capabilities.py --config=configs/capabilities.py`.
+"""Capability retention (MATH500, IFEval, LiveCodeBench):
+`python launch/capabilities.py --config=configs/capabilities.py`.
 
 The policy section is configs/eval.py's (the same fields, defaults and meaning), but greedy and
 with room for worked answers; the data are local files in the published formats (fetch them once
@@ -63,7 +64,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh = shared.mesh
 
     c.code = ml_collections.ConfigDict()  # LiveCodeBench: how generated programs run (sandbox.py)
-    c.code.test_timeout_s = 6  # per test case (LiveCodeBench's default); a program's wall limit is (this+1) x tests + 5
+    # Per test case (LiveCodeBench's default); a program's wall limit is (this + 1) x tests + 5 s.
+    c.code.test_timeout_s = 6
     c.code.memory_mb = 4096  # address-space limit of a program's process
     c.code.file_mb = 16  # largest file a program may write, in its scratch directory
     c.code.max_processes = 64  # RLIMIT_NPROC (forks are refused anyway)

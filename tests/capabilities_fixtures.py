@@ -21,7 +21,8 @@ def require_extra() -> None:
 
     missing = [m for m in EXTRA_MODULES if importlib.util.find_spec(m) is None]
     if missing:
-        pytest.skip(f"the 'capabilities' extra is not installed (missing {missing}): pip install -e '.[capabilities]'")
+        pytest.skip(f"the 'capabilities' extra is not installed (missing {missing}): "
+                    "pip install -e '.[capabilities]'")
 
 
 MATH = [  # (row, reply, right?)
@@ -57,10 +58,12 @@ def compress_tests(tests: list[dict]) -> str:
     return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)))).decode()
 
 
-def _lcb_row(qid: str, content: str, starter: str, public: list[dict], private: list[dict], func: str | None) -> dict:
+def _lcb_row(qid: str, content: str, starter: str, public: list[dict], private: list[dict],
+             func: str | None) -> dict:
     return {"question_title": f"problem {qid}", "question_content": content, "platform": "atcoder",
             "question_id": qid, "contest_id": "c1", "contest_date": "2025-01-01T00:00:00", "starter_code": starter,
-            "difficulty": "easy", "public_test_cases": json.dumps(public), "private_test_cases": compress_tests(private),
+            "difficulty": "easy", "public_test_cases": json.dumps(public),
+            "private_test_cases": compress_tests(private),
             "metadata": json.dumps({"func_name": func} if func else {})}
 
 

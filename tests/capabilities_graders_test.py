@@ -14,7 +14,8 @@ from tests import capabilities_fixtures as fx
 
 fx.require_extra()
 
-from rlver_jax.eval.capabilities import data, extra, grade_code, grade_ifeval, grade_math, prompts, sandbox  # noqa: E402
+from rlver_jax.eval.capabilities import (data, extra, grade_code, grade_ifeval, grade_math,  # noqa: E402
+                                         prompts, sandbox)
 
 FAST = sandbox.Limits(test_timeout_s=1)
 
@@ -56,6 +57,29 @@ def test_readers_take_the_published_formats(tmp_path):
     assert io == {"inputs": ["1 2\n", "10 -4\n", "0 0\n"], "outputs": ["3\n", "6\n", "0\n"], "fn_name": None}
     assert json.loads(lcb[1].reference["input_output"])["fn_name"] == "doubled"
     assert "### Format: You will use the following starter code" in prompts.messages(lcb[1])[1]["content"]
+
+
+def test_livecodebench_prompt_is_its_own(tmp_path):
+    """Our copy of LiveCodeBench's chat prompt equals livecodebench.prompts.code_generation's,
+    whose module imports `datasets`: its constants and template function are read from the source."""
+    import ast
+    import importlib.util
+    import types
+
+    source = pathlib.Path(importlib.util.find_spec("livecodebench").origin).parent / "prompts" / "code_generation.py"
+    tree = ast.parse(source.read_text())
+    wanted = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PromptConstants"
+              or isinstance(n, ast.FunctionDef) and n.name == "get_generic_question_template_answer"]
+    for n in wanted:
+        if isinstance(n, ast.FunctionDef):
+            n.args.args[0].annotation = None
+    namespace: dict = {}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(source), "exec"), namespace)
+    assert prompts.LCB_SYSTEM == namespace["PromptConstants"].SYSTEM_MESSAGE_GENERIC
+    for starter in ("", "class Solution:\n    def f(self) -> int:\n        "):
+        q = types.SimpleNamespace(question_content="Add two numbers.", starter_code=starter)
+        assert prompts.lcb_question(q.question_content, starter) == \
+            namespace["get_generic_question_template_answer"](q)
 
 
 def test_compressed_private_tests_refuse_code(tmp_path):
@@ -144,5 +168,6 @@ def test_writes_inside_the_scratch_directory_are_allowed():
 
 
 def test_missing_extra_is_one_line():
-    with pytest.raises(extra.MissingExtraError, match=r"install the 'capabilities' extra: pip install -e '\.\[capabilities\]'"):
+    with pytest.raises(extra.MissingExtraError,
+                       match=r"install the 'capabilities' extra: pip install -e '\.\[capabilities\]'"):
         extra.require("no_such_grader_module", "no-such-grader")

@@ -49,7 +49,8 @@ def test_scores_are_the_graders_and_outputs_are_written(tmp_path):
     out = tmp_path / "run"
     saved = json.loads((out / "capabilities.json").read_text())
     assert saved["math500"]["accuracy"] == pytest.approx(2 / 3) and saved["livecodebench"]["pass@1"] == 0.5
-    items = {i["key"]: i for i in map(json.loads, (out / "items.jsonl").read_text().splitlines())}  # in finishing order
+    # items.jsonl is in finishing order
+    items = {i["key"]: i for i in map(json.loads, (out / "items.jsonl").read_text().splitlines())}
     assert [items[f"math500/{r['unique_id']}"]["correct"] for r, *_ in fx.MATH] == [right for *_, right in fx.MATH]
     assert [items[f"livecodebench/{r['question_id']}"]["correct"] for r, *_ in fx.LCB] == [ok for *_, ok in fx.LCB]
     assert "| MATH500 | 3 | accuracy | 66.7 |" in (out / "report.md").read_text()

@@ -49,7 +49,8 @@ def compare(base_records: list[dict[str, Any]], trained_records: list[dict[str, 
         t = np.array([bool(p[1]["correct"]) for p in pairs], float)
         low, high = paired_bootstrap(b, t, seed=seed)
         out[bench] = {
-            "metric": HEADLINE[bench], "paired_items": len(pairs), "base": float(b.mean()), "trained": float(t.mean()),
+            "metric": HEADLINE[bench], "paired_items": len(pairs),
+            "base": float(b.mean()), "trained": float(t.mean()),
             "difference": float(t.mean() - b.mean()), "ci95": [low, high],
             "gained": [p[1]["id"] for p in pairs if p[1]["correct"] and not p[0]["correct"]],
             "lost": [p[1]["id"] for p in pairs if p[0]["correct"] and not p[1]["correct"]],
@@ -60,19 +61,22 @@ def compare(base_records: list[dict[str, Any]], trained_records: list[dict[str, 
 def markdown(result: dict[str, Any], base_dir: pathlib.Path, trained_dir: pathlib.Path) -> str:
     lines = [f"# Capabilities: {trained_dir} against {base_dir}", "",
              "Paired over the items both runs graded; difference = trained - base, 95% paired bootstrap interval "
-             f"({BOOTSTRAP} resamples). Paper: RLVER's Qwen2.5-7B-Instruct base and PPO policy, settings unpublished.",
+             f"({BOOTSTRAP} resamples). Paper: RLVER's Qwen2.5-7B-Instruct base and PPO policy, settings "
+             "unpublished.",
              "", "| benchmark | metric | n | base (%) | trained (%) | difference (points) | 95% CI | gained | lost "
              "| paper base / PPO (%, settings unpublished) |", "|---|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for bench, r in result.items():
         lo, hi = r["ci95"]
+        paper = r["paper_percent"]
         lines.append(f"| {NAMES[bench]} | {r['metric']} | {r['paired_items']} | {100 * r['base']:.1f} | "
-                     f"{100 * r['trained']:.1f} | {100 * r['difference']:+.1f} | [{100 * lo:+.1f}, {100 * hi:+.1f}] | "
-                     f"{len(r['gained'])} | {len(r['lost'])} | {r['paper_percent']['base']} / {r['paper_percent']['ppo']} |")
+                     f"{100 * r['trained']:.1f} | {100 * r['difference']:+.1f} | "
+                     f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | {len(r['gained'])} | {len(r['lost'])} | "
+                     f"{paper['base']} / {paper['ppo']} |")
     for bench, r in result.items():
-        for way in ("gained", "lost"):
+        for way, meaning in (("gained", "wrong in the base, right trained"),
+                             ("lost", "right in the base, wrong trained")):
             if r[way]:
-                lines += ["", f"{NAMES[bench]} {way} ({'wrong in the base, right trained' if way == 'gained' else 'right in the base, wrong trained'}): "
-                          + ", ".join(r[way])]
+                lines += ["", f"{NAMES[bench]} {way} ({meaning}): " + ", ".join(r[way])]
     return "\n".join(lines) + "\n"
 
 

@@ -138,7 +138,8 @@ def livecodebench(path: str, field: str = "config.data.livecodebench") -> list[I
             except (ValueError, zlib.error, pickle.UnpicklingError) as e:
                 raise DataError(f"{where}: unreadable test cases ({e})") from None
             # livecodebench.benchmarks.code_generation.CodeGenerationProblem.get_evaluation_sample
-            input_output = json.dumps({"inputs": [t["input"] for t in tests], "outputs": [t["output"] for t in tests],
+            input_output = json.dumps({"inputs": [t["input"] for t in tests],
+                                       "outputs": [t["output"] for t in tests],
                                        "fn_name": metadata.get("func_name", None)})
             items.append(Item(
                 "livecodebench", str(row["question_id"]),

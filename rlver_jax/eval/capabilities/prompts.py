@@ -15,13 +15,14 @@ from __future__ import annotations
 from rlver_jax.eval.capabilities.data import Item
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
-              "generate a correct Python program that matches the specification and passes all tests.")
+LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem specification) and "
+              "will generate a correct Python program that matches the specification and passes all tests.")
 LCB_WITH_STARTER = ("You will use the following starter code to write the solution to the problem and enclose "
                     "your code within delimiters.")
-LCB_WITHOUT_STARTER = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not directly "
-                       "test on the sample inputs). Enclose your code within delimiters as follows. Ensure that when "
-                       "the python program runs, it reads the inputs, runs the algorithm and writes output to STDOUT.")
+LCB_WITHOUT_STARTER = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not "
+                       "directly test on the sample inputs). Enclose your code within delimiters as follows. "
+                       "Ensure that when the python program runs, it reads the inputs, runs the algorithm and "
+                       "writes output to STDOUT.")
 
 
 def lcb_question(content: str, starter_code: str) -> str:

@@ -89,6 +89,9 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str
         raise ValueError("config.workdir is empty: set --config.workdir=DIR (results and reports go there)")
     workdir = pathlib.Path(config.workdir)
     items = load_items(config)
+    from rlver_jax.eval.capabilities import extra
+
+    extra.check(sorted({i.benchmark for i in items}))
     spec = policy.resolve(config)
     limits = code_limits(config)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +177,8 @@ def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy.PolicySource,
                        if chat_tokens is not None else None)
                 # dialogue: the item's place in the run, so a JAX policy's draws depend on neither
                 # batching nor resuming
-                requests.append(TurnRequest(ids, messages, config.policy.max_new_tokens, dialogue=position[item.key]))
+                requests.append(TurnRequest(ids, messages, config.policy.max_new_tokens,
+                                            dialogue=position[item.key]))
             async with slots:
                 turns = await built.act(requests)
             for item, turn in zip(chunk, turns):

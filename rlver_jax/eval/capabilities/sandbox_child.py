@@ -5,10 +5,11 @@ LiveCodeBench's `run_test`, and writes the result as the last line of its origin
 Confinement, in order, before any generated code runs: a network namespace of its own with no
 interfaces (unshare(CLONE_NEWNET), where permitted: as root); resource limits (address space,
 CPU seconds, file size, open files, processes, no core dumps); as root, the uid and gid of
-`nobody`, so the file system's permissions apply (when nobody can read the Python installation); an audit hook (PEP 578) that refuses sockets,
-processes (fork, exec, spawn, os.system, subprocess), signals to other processes, native code
-(ctypes) and any write, create, delete or rename outside the scratch directory, the working
-directory. Reads are allowed (imports need them).
+`nobody`, so the file system's permissions apply (when nobody can read the Python installation);
+an audit hook (PEP 578) that refuses sockets, processes (fork, exec, spawn, os.system,
+subprocess), signals to other processes, native code (ctypes) and any write, create, delete or
+rename outside the scratch directory, the working directory. Reads are allowed (imports need
+them). The program's own output goes to a file there.
 """
 
 import ctypes
