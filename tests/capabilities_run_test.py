@@ -171,3 +171,35 @@ def test_jax_backend_on_a_tiny_model(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "tiny" / "items.jsonl").read_text().splitlines()]
     assert len(records) == 8 and all(isinstance(r["reply"], str) for r in records)
     assert (tmp_path / "tiny" / "capabilities.html").exists()
+
+
+def test_an_endpoint_policy_fills_the_client_limit(tmp_path):
+    rows = [{"problem": f"What is {i}+1?", "answer": str(i + 1), "unique_id": f"p{i}"} for i in range(12)]
+    paths = {"math500": fx.write_jsonl(tmp_path / "m.jsonl", rows)}
+    with ScriptedServer(lambda r: "\\boxed{1}", model="policy", delay_s=0.2) as server:
+        scores = runner.run(_config(tmp_path, server, paths, **{"eval.max_in_flight": 4}), progress=False)
+        assert server.peak_in_flight == 4
+    assert scores["math500"]["correct"] == 1  # only 0+1 is 1
+
+
+def test_fetch_writes_the_local_layout_with_checksums(tmp_path, monkeypatch):
+    import hashlib
+    import types
+
+    from rlver_jax.eval.capabilities import fetch
+
+    def download(repo, name, repo_type):
+        assert repo_type == "dataset"
+        path = tmp_path / "hub" / repo / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{repo}/{name}\n")
+        return str(path)
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=download))
+    sums = fetch.fetch(tmp_path / "caps").read_text().splitlines()
+    assert len(sums) == 8
+    assert sums[0].endswith("  math500/test.jsonl") and sums[-1].endswith("  livecodebench/test6.jsonl")
+    digest, name = sums[1].split("  ")
+    assert digest == hashlib.sha256((tmp_path / "caps" / name).read_bytes()).hexdigest()
+    copied = (tmp_path / "caps" / "ifeval" / "ifeval_input_data.jsonl").read_text()
+    assert copied == "google/IFEval/ifeval_input_data.jsonl\n"
