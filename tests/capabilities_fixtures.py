@@ -22,7 +22,7 @@ def require_extra() -> None:
     missing = [m for m in EXTRA_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"the 'capabilities' extra is not installed (missing {missing}): "
-                    "pip install -e '.[capabilities]'")
+                    "pip install -e '.[capabilities]'", allow_module_level=True)
 
 
 MATH = [  # (row, reply, right?)
