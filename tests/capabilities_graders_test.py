@@ -138,6 +138,13 @@ def test_a_program_that_never_ends_fails_within_its_limit():
     ("os.open outside", "import os\nos.close(os.open('{target}', os.O_CREAT | os.O_WRONLY))\n"),
     ("fork", "import os\nif os.fork() == 0:\n    open('{target}', 'w').write('x')\n"),
     ("ctypes", "import ctypes\nctypes.CDLL(None).system(b'touch {target}')\n"),
+    # no audit event covers _posixsubprocess: the kernel's seccomp filter refuses the fork
+    ("_posixsubprocess", "import _posixsubprocess, os\nr, w = os.pipe()\n_posixsubprocess.fork_exec("
+     "[b'/usr/bin/touch', b'{target}'], [b'/usr/bin/touch'], True, (w,), None, None, -1, -1, -1, -1, -1, -1, "
+     "r, w, True, False, -1, None, None, None, -1, None, False)\nimport time\ntime.sleep(0.5)\n"),
+    ("dir_fd", "import os\nfd = os.open('{target.parent}', os.O_RDONLY)\n"
+     "os.close(os.open('{target.name}', os.O_CREAT | os.O_WRONLY, dir_fd=fd))\n"),
+    ("symlink out", "import os\nos.symlink('{target.parent}', 'out')\nopen('out/{target.name}', 'w').write('x')\n"),
 ])
 def test_hostile_programs_fail_and_harm_nothing(tmp_path, name, code):
     target = tmp_path / "harmed"
@@ -162,6 +169,11 @@ def test_no_network():
         server.close()
 
 
-def test_writes_inside_the_scratch_directory_are_allowed():
-    out = _run("open('notes.txt', 'w').write('x')\n" + SUM)
+def test_writes_inside_the_scratch_directory_and_threads_are_allowed():
+    out = _run("open('notes.txt', 'w').write('x')\nimport threading\nt = threading.Thread(target=print)\n"
+               "t.start()\nt.join()\n" + SUM)
     assert out.results == [True]
+    import platform
+
+    if platform.system() == "Linux" and platform.machine() in ("x86_64", "aarch64"):
+        assert out.layers["seccomp"]

@@ -1,7 +1,8 @@
 """Generated code, run where it can harm nothing: each program in a child process
 (sandbox_child.py, `python -I`) that confines itself before the program runs (a network
-namespace without interfaces where permitted, resource limits, the `nobody` user as root, an
-audit hook refusing processes, sockets, native code and writes outside its scratch directory),
+namespace without interfaces where permitted, resource limits, a seccomp filter refusing new
+processes and programs, the `nobody` user as root, an audit hook refusing processes, sockets,
+native code and writes outside its scratch directory),
 in a session of its own that is killed, whole, at the wall-clock limit. A program that loops
 forever costs its limit; one that calls os.system fails its test.
 

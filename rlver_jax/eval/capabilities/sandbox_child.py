@@ -4,7 +4,8 @@ LiveCodeBench's `run_test`, and writes the result as the last line of its origin
 
 Confinement, in order, before any generated code runs: a network namespace of its own with no
 interfaces (unshare(CLONE_NEWNET), where permitted: as root); resource limits (address space,
-CPU seconds, file size, open files, processes, no core dumps); as root, the uid and gid of
+CPU seconds, file size, open files, processes, no core dumps); a seccomp filter refusing new
+programs and processes (execve, fork, clone but of threads) in the kernel; as root, the uid and gid of
 `nobody`, so the file system's permissions apply (when nobody can read the Python installation);
 an audit hook (PEP 578) that refuses sockets, processes (fork, exec, spawn, os.system,
 subprocess), signals to other processes, native code (ctypes) and any write, create, delete or
@@ -37,6 +38,49 @@ _PATH_EVENTS = {"os.remove": 1, "os.rename": 2, "os.rmdir": 1, "os.mkdir": 1, "o
                 "os.removexattr": 1, "os.chflags": 1}
 
 
+# seccomp (Linux, x86-64 and AArch64): the kernel refuses new programs and processes (execve,
+# execveat, fork, vfork, and clone but of threads) whatever Python-level route a program finds
+# around the audit hook (e.g. _posixsubprocess.fork_exec, which raises no audit event).
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_SYSCALLS = {"x86_64": {"execve": 59, "execveat": 322, "fork": 57, "vfork": 58, "clone": 56, "clone3": 435},
+             "aarch64": {"execve": 221, "execveat": 281, "clone": 220, "clone3": 435}}
+_CLONE_THREAD = 0x10000
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_EPERM, _ENOSYS = 1, 38
+
+
+def _seccomp_no_new_processes() -> bool:
+    """Install the filter above; False where the machine or kernel has none."""
+    import platform
+
+    machine = platform.machine()
+    if machine not in _AUDIT_ARCH:
+        return False
+    nr = _SYSCALLS[machine]
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    load, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
+    code = [(load, 0, 0, 4), (jeq, 1, 0, _AUDIT_ARCH[machine]), (ret, 0, 0, _RET_ALLOW), (load, 0, 0, 0)]
+    for name in ("execve", "execveat", "fork", "vfork"):
+        if name in nr:
+            code += [(jeq, 0, 1, nr[name]), (ret, 0, 0, _RET_ERRNO | _EPERM)]
+    code += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, _RET_ERRNO | _ENOSYS)]  # the C library falls back to clone
+    code += [(jeq, 0, 3, nr["clone"]), (load, 0, 0, 16), (jset, 1, 0, _CLONE_THREAD),  # clone's flags (low word)
+             (ret, 0, 0, _RET_ERRNO | _EPERM), (ret, 0, 0, _RET_ALLOW)]
+    filters = (Filter * len(code))(*[Filter(*c) for c in code])
+    program = Program(len(code), filters)
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
+        return False
+    return libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(program), 0, 0) == 0
+
+
 def _inside(path, scratch: str) -> bool:
     if isinstance(path, int):  # an open descriptor: checked when it was opened
         return True
@@ -56,6 +100,11 @@ def _audit_hook(scratch: str):
                 mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS)
             if writes and path is not None and not _inside(path, scratch):
                 raise PermissionError(f"sandbox: writing {path!r} outside the scratch directory")
+            # No directory descriptors from outside: a relative path under dir_fd (which the event
+            # does not carry) would escape the scratch directory.
+            if path is not None and not isinstance(path, int) and not _inside(path, scratch) and \
+                    os.path.isdir(os.path.join(scratch, os.fsdecode(path))):
+                raise PermissionError(f"sandbox: opening the directory {path!r}")
         elif event in _PATH_EVENTS:
             for path in args[:_PATH_EVENTS[event]]:
                 if path is not None and not _inside(path, scratch):
@@ -81,7 +130,7 @@ def _others_can_read(path: str) -> bool:
 
 def _confine(task: dict) -> dict:
     """Apply the limits of `task`; returns which layers took effect."""
-    layers = {"network_namespace": False, "nobody": False}
+    layers = {"network_namespace": False, "nobody": False, "seccomp": False}
     if os.geteuid() == 0:
         libc = ctypes.CDLL(None, use_errno=True)
         layers["network_namespace"] = libc.unshare(_CLONE_NEWNET) == 0
@@ -99,6 +148,7 @@ def _confine(task: dict) -> dict:
         os.setuid(_NOBODY)
         layers["nobody"] = True
     os.chdir(task["scratch"])
+    layers["seccomp"] = _seccomp_no_new_processes()
     return layers
 
 
