@@ -3,7 +3,7 @@
 LiveCodeBench's `run_test`, and writes the result as the last line of its original stdout.
 
 Confinement, in order, before any generated code runs: a network namespace of its own with no
-interfaces (unshare(CLONE_NEWNET), where permitted: as root); resource limits (address space,
+interfaces (unshare(CLONE_NEWNET) as root, with CLONE_NEWUSER otherwise, where permitted); resource limits (address space,
 CPU seconds, file size, open files, processes, no core dumps); a seccomp filter refusing new
 programs and processes (execve, fork, clone but of threads) in the kernel; as root, the uid and gid of
 `nobody`, so the file system's permissions apply (when nobody can read the Python installation);
@@ -21,6 +21,7 @@ import sys
 
 MARKER = "@@rlver_sandbox_result@@ "
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWUSER = 0x10000000
 _NOBODY = 65534
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _REFUSED = frozenset({
@@ -131,9 +132,10 @@ def _others_can_read(path: str) -> bool:
 def _confine(task: dict) -> dict:
     """Apply the limits of `task`; returns which layers took effect."""
     layers = {"network_namespace": False, "nobody": False, "seccomp": False}
-    if os.geteuid() == 0:
-        libc = ctypes.CDLL(None, use_errno=True)
-        layers["network_namespace"] = libc.unshare(_CLONE_NEWNET) == 0
+    # Root may make a network namespace; other users may where unprivileged user namespaces are on.
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = _CLONE_NEWNET if os.geteuid() == 0 else _CLONE_NEWUSER | _CLONE_NEWNET
+    layers["network_namespace"] = libc.unshare(flags) == 0
     mib = 1024 * 1024
     limits = [(resource.RLIMIT_AS, task["memory_mb"] * mib), (resource.RLIMIT_CPU, task["cpu_s"]),
               (resource.RLIMIT_FSIZE, task["file_mb"] * mib), (resource.RLIMIT_NOFILE, 64),
