@@ -40,13 +40,14 @@ MATH = [  # (row, reply, right?)
 IFEVAL = [  # (row, reply, strict per instruction, loose per instruction)
     ({"key": 1, "prompt": "Write a greeting in lowercase letters only, without commas.",
       "instruction_id_list": ["punctuation:no_comma", "change_case:english_lowercase"], "kwargs": [{}, {}]},
-     "hello there. all is well.", [True, True], [True, True]),
+     "hello there my friend. everything is going well today and the weather is lovely.", [True, True],
+     [True, True]),
     ({"key": 2, "prompt": "Say hello to the world in lowercase, with no commas.",
       "instruction_id_list": ["punctuation:no_comma", "change_case:english_lowercase"], "kwargs": [{}, {}]},
      "Hello, World", [False, False], [False, False]),
     ({"key": 3, "prompt": "Describe the sea in lowercase and without any commas.",
       "instruction_id_list": ["punctuation:no_comma", "change_case:english_lowercase"], "kwargs": [{}, {}]},
-     "Sure, here it is:\nthe sea is wide and blue", [False, False], [True, True]),
+     "Sure, here it is:\nthe sea is wide and blue and calm under the morning sun", [False, False], [True, True]),
 ]
 # lm-eval's ifeval metrics of those replies, counted by hand from the lists above
 IFEVAL_SCORES = {"prompt_level_strict_acc": 1 / 3, "instruction_level_strict_acc": 2 / 6,

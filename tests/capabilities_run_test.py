@@ -173,6 +173,22 @@ def test_jax_backend_on_a_tiny_model(tmp_path):
     assert (tmp_path / "tiny" / "capabilities.html").exists()
 
 
+def test_a_request_the_endpoint_refuses_is_counted_not_fatal(tmp_path):
+    from tests.scripted_server import Reply
+
+    paths = {"math500": fx.write_jsonl(tmp_path / "m.jsonl", [r for r, *_ in fx.MATH])}
+    table = fx.replies()
+
+    def script(request):
+        if fx.MATH[0][0]["problem"] in request["messages"][-1]["content"]:
+            return Reply(status=400, body={"error": {"message": "too long for the context"}})
+        return fx.answer_for(request, table)
+
+    with ScriptedServer(script, model="policy") as server:
+        scores = runner.run(_config(tmp_path, server, paths), progress=False)
+    assert scores["math500"]["rejected"] == 1 and scores["math500"]["accuracy"] == pytest.approx(1 / 3)
+
+
 def test_an_endpoint_policy_fills_the_client_limit(tmp_path):
     rows = [{"problem": f"What is {i}+1?", "answer": str(i + 1), "unique_id": f"p{i}"} for i in range(12)]
     paths = {"math500": fx.write_jsonl(tmp_path / "m.jsonl", rows)}

@@ -70,7 +70,9 @@ def punkt_data_dir(cache: pathlib.Path | None = None) -> pathlib.Path:
 def ifeval_utils() -> Any:
     """lm-eval's `lm_eval.tasks.ifeval.utils` (the verifiers' entry points), without running
     `lm_eval/tasks/__init__.py` (its TaskManager needs `datasets`; the ifeval modules do not)."""
-    require("langdetect", "langdetect")
+    # The case verifiers ask langdetect whether a reply is English; its draws are random unless
+    # seeded (lm-eval leaves it unseeded), so a short reply could pass in one run and fail in the next.
+    require("langdetect", "langdetect").DetectorFactory.seed = 0
     require("immutabledict", "immutabledict")
     punkt_data_dir()
     lm_eval = require("lm_eval", "lm-eval")

@@ -40,6 +40,7 @@ def scores(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             s["pass@1"] = grade_code.pass_at_1([r["results"] for r in rs])
         s["correct"] = sum(bool(r["correct"]) for r in rs)
         s["cut_by_length"] = sum(not r["stopped"] for r in rs)
+        s["rejected"] = sum(bool(r.get("rejected")) for r in rs)
         if any(r["think_closed"] is not None for r in rs):
             s["think_unclosed"] = sum(r["think_closed"] is False for r in rs)
         out[bench] = s
@@ -61,6 +62,8 @@ def markdown(s: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
         extra = [f"{v['think_unclosed']} without </think>"] if "think_unclosed" in v else []
         if v["cut_by_length"]:
             extra.append(f"{v['cut_by_length']} cut by the token limit")
+        if v["rejected"]:
+            extra.append(f"{v['rejected']} refused by the endpoint")
         lines.append(f"| {NAMES[bench]} | {v['n']} | {head} | {_pct(v[head])} | "
                      f"{'; '.join(x for x in [others] + extra if x) or '-'} |")
     lines += ["", f"Per item: items.jsonl; every answer: {HTML}."]

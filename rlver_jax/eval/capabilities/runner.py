@@ -8,7 +8,9 @@ defines the results (policy, sampling, prompts, data checksums, code limits) and
 different set-up is refused rather than mixed in (rlver_jax.eval.resume).
 
 Think mode: the text after the last </think> is graded (the reference's rule); a reply without
-it is graded as empty and counted (think_unclosed).
+it is graded as empty and counted (think_unclosed). A request the endpoint refuses alone (HTTP
+400/413/422: too long for its context, a content filter) is recorded as an empty answer with the
+refusal (`rejected`), graded wrong and counted; any other endpoint failure stops the run.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tqdm import tqdm
 from rlver_jax.eval.capabilities import data, policy, prompts, report, sandbox
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
-from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, show_requests
+from rlver_jax.llm_client import EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, show_requests
 from rlver_jax.text.chat import THINK_CLOSE
 
 log = logging.getLogger(__name__)
@@ -157,7 +159,7 @@ def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy.PolicySource,
         append_jsonl(workdir / ITEMS, {
             "key": item.key, "benchmark": item.benchmark, "id": item.id, "question": messages[-1]["content"],
             "reply": answer["reply"], "graded_text": text, "think_closed": closed, "stopped": answer["stopped"],
-            **result})
+            "rejected": answer.get("rejected", ""), **result})
         bar.update(1)
 
     async def main() -> None:
@@ -180,9 +182,12 @@ def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy.PolicySource,
                 requests.append(TurnRequest(ids, messages, config.policy.max_new_tokens,
                                             dialogue=position[item.key]))
             async with slots:
-                turns = await built.act(requests)
-            for item, turn in zip(chunk, turns):
-                answer = {"key": item.key, "reply": turn.text, "stopped": turn.stopped}
+                try:
+                    turns = [(t.text, t.stopped, "") for t in await built.act(requests)]
+                except RequestRejectedError as e:  # this request only (e.g. too long): graded as no answer
+                    turns = [("", True, str(e))] * len(requests)
+            for item, (text, stopped, rejected) in zip(chunk, turns):
+                answer = {"key": item.key, "reply": text, "stopped": stopped, "rejected": rejected}
                 append_jsonl(workdir / ANSWERS, answer)
                 tasks.append(asyncio.create_task(grade(item, answer)))
 

@@ -3,14 +3,15 @@
 LiveCodeBench's `run_test`, and writes the result as the last line of its original stdout.
 
 Confinement, in order, before any generated code runs: a network namespace of its own with no
-interfaces (unshare(CLONE_NEWNET) as root, with CLONE_NEWUSER otherwise, where permitted); resource limits (address space,
-CPU seconds, file size, open files, processes, no core dumps); a seccomp filter refusing new
-programs and processes (execve, fork, clone but of threads) in the kernel; as root, the uid and gid of
-`nobody`, so the file system's permissions apply (when nobody can read the Python installation);
-an audit hook (PEP 578) that refuses sockets, processes (fork, exec, spawn, os.system,
-subprocess), signals to other processes, native code (ctypes) and any write, create, delete or
-rename outside the scratch directory, the working directory. Reads are allowed (imports need
-them). The program's own output goes to a file there.
+interfaces (unshare(CLONE_NEWNET) as root, with CLONE_NEWUSER otherwise, where permitted);
+resource limits (address space, CPU seconds, file size, open files, processes, no core dumps);
+as root, the uid and gid of `nobody`, so the file system's permissions apply (when nobody can
+read the Python installation); a seccomp filter refusing new programs and processes (execve,
+fork, clone but of threads) in the kernel; an audit hook (PEP 578) that refuses sockets,
+processes (fork, exec, spawn, os.system, subprocess), signals to other processes, native code
+(ctypes), any write, create, delete or rename outside the scratch directory (the working
+directory) and opening a directory outside it. Reads are allowed (imports need them). The
+program's own output goes to a file in the scratch directory.
 """
 
 import ctypes
