@@ -152,6 +152,26 @@ def test_hostile_programs_fail_and_harm_nothing(tmp_path, name, code):
     assert out.results != [True] and not target.exists(), name
 
 
+def test_the_kernel_refuses_processes_and_sockets_without_the_audit_hook():
+    """The seccomp layer alone (no audit hook in this child): fork, exec and socket fail, threads run."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("seccomp filter: Linux on x86-64 or AArch64 only")
+    child = pathlib.Path(sandbox.__file__).with_name("sandbox_child.py")
+    script = (f"import runpy, os, socket, threading\nns = runpy.run_path({str(child)!r})\n"
+              "assert ns['seccomp_filter']()\nt = threading.Thread(target=print, args=('thread ran',))\n"
+              "t.start(); t.join()\n"
+              "for name, call in (('fork', os.fork), ('exec', lambda: os.execv('/bin/true', ['true'])),\n"
+              "                   ('socket', socket.socket)):\n"
+              "    try:\n        call()\n        print(name, 'allowed')\n"
+              "    except PermissionError:\n        print(name, 'refused')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split("\n")[:4] == ["thread ran", "fork refused", "exec refused", "socket refused"], done
+
+
 def test_no_network():
     import socket
 

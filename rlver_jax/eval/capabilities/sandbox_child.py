@@ -7,7 +7,7 @@ interfaces (unshare(CLONE_NEWNET) as root, with CLONE_NEWUSER otherwise, where p
 resource limits (address space, CPU seconds, file size, open files, processes, no core dumps);
 as root, the uid and gid of `nobody`, so the file system's permissions apply (when nobody can
 read the Python installation); a seccomp filter refusing new programs and processes (execve,
-fork, clone but of threads) in the kernel; an audit hook (PEP 578) that refuses sockets,
+fork, clone but of threads) and sockets in the kernel; an audit hook (PEP 578) that refuses sockets,
 processes (fork, exec, spawn, os.system, subprocess), signals to other processes, native code
 (ctypes), any write, create, delete or rename outside the scratch directory (the working
 directory) and opening a directory outside it. Reads are allowed (imports need them). The
@@ -41,18 +41,19 @@ _PATH_EVENTS = {"os.remove": 1, "os.rename": 2, "os.rmdir": 1, "os.mkdir": 1, "o
 
 
 # seccomp (Linux, x86-64 and AArch64): the kernel refuses new programs and processes (execve,
-# execveat, fork, vfork, and clone but of threads) whatever Python-level route a program finds
-# around the audit hook (e.g. _posixsubprocess.fork_exec, which raises no audit event).
+# execveat, fork, vfork, and clone but of threads) and sockets, whatever Python-level route a
+# program finds around the audit hook (e.g. _posixsubprocess.fork_exec, which raises no audit event).
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-_SYSCALLS = {"x86_64": {"execve": 59, "execveat": 322, "fork": 57, "vfork": 58, "clone": 56, "clone3": 435},
-             "aarch64": {"execve": 221, "execveat": 281, "clone": 220, "clone3": 435}}
+_SYSCALLS = {"x86_64": {"execve": 59, "execveat": 322, "fork": 57, "vfork": 58, "socket": 41, "clone": 56,
+                        "clone3": 435},
+             "aarch64": {"execve": 221, "execveat": 281, "socket": 198, "clone": 220, "clone3": 435}}
 _CLONE_THREAD = 0x10000
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _EPERM, _ENOSYS = 1, 38
 
 
-def _seccomp_no_new_processes() -> bool:
-    """Install the filter above; False where the machine or kernel has none."""
+def seccomp_filter() -> bool:
+    """Install the filter above on this process; False where the machine or kernel has none."""
     import platform
 
     machine = platform.machine()
@@ -68,7 +69,7 @@ def _seccomp_no_new_processes() -> bool:
 
     load, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
     code = [(load, 0, 0, 4), (jeq, 1, 0, _AUDIT_ARCH[machine]), (ret, 0, 0, _RET_ALLOW), (load, 0, 0, 0)]
-    for name in ("execve", "execveat", "fork", "vfork"):
+    for name in ("execve", "execveat", "fork", "vfork", "socket"):
         if name in nr:
             code += [(jeq, 0, 1, nr[name]), (ret, 0, 0, _RET_ERRNO | _EPERM)]
     code += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, _RET_ERRNO | _ENOSYS)]  # the C library falls back to clone
@@ -151,7 +152,7 @@ def _confine(task: dict) -> dict:
         os.setuid(_NOBODY)
         layers["nobody"] = True
     os.chdir(task["scratch"])
-    layers["seccomp"] = _seccomp_no_new_processes()
+    layers["seccomp"] = seccomp_filter()
     return layers
 
 
