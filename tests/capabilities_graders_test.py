@@ -172,6 +172,31 @@ def test_the_kernel_refuses_processes_and_sockets_without_the_audit_hook():
     assert done.stdout.split("\n")[:4] == ["thread ran", "fork refused", "exec refused", "socket refused"], done
 
 
+def test_the_kernel_allows_writes_only_in_the_scratch_directory_without_the_audit_hook(tmp_path):
+    """The Landlock layer alone: a write outside the directory fails, inside it works (sqlite3
+    opens its files in C, past any audit of `open`)."""
+    import subprocess
+    import sys
+
+    child = pathlib.Path(sandbox.__file__).with_name("sandbox_child.py")
+    inside, outside = tmp_path / "scratch", tmp_path / "outside"
+    inside.mkdir()
+    outside.mkdir()
+    script = (f"import runpy, sqlite3\nns = runpy.run_path({str(child)!r})\n"
+              f"if not ns['landlock_writes_only_in']({str(inside)!r}):\n"
+              "    print('no landlock')\n    raise SystemExit\n"
+              f"sqlite3.connect({str(inside / 'ok.db')!r}).execute('create table t (x)')\n"
+              f"for path in ({str(outside / 'x.txt')!r}, {str(outside / 'x.db')!r}):\n"
+              "    try:\n        (sqlite3.connect(path).execute('create table t (x)') if path.endswith('.db')\n"
+              "         else open(path, 'w'))\n        print('allowed')\n"
+              "    except (PermissionError, sqlite3.OperationalError):\n        print('refused')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    if done.stdout.strip() == "no landlock":
+        pytest.skip("this kernel has no Landlock")
+    assert done.stdout.split() == ["refused", "refused"], done
+    assert (inside / "ok.db").exists() and not list(outside.iterdir())
+
+
 def test_no_network():
     import socket
 

@@ -1,10 +1,11 @@
 """Generated code, run where it can harm nothing: each program in a child process
 (sandbox_child.py, `python -I`) that confines itself before the program runs (a network
-namespace without interfaces where permitted, resource limits, a seccomp filter refusing new
-processes and programs, the `nobody` user as root, an audit hook refusing processes, sockets,
-native code and writes outside its scratch directory),
-in a session of its own that is killed, whole, at the wall-clock limit. A program that loops
-forever costs its limit; one that calls os.system fails its test.
+namespace without interfaces where permitted, resource limits, Landlock allowing writes only in
+its scratch directory, a seccomp filter refusing new processes, programs and sockets, the
+`nobody` user as root, an audit hook refusing processes, sockets, native code and writes outside
+its scratch directory), in a session of its own that is killed, whole, at the wall-clock limit.
+A program that loops forever costs its limit; one that calls os.system fails its test. Which
+layers took effect is part of each result (Outcome.layers).
 
 The wall-clock limit is LiveCodeBench's own global timeout for a program,
 (test_timeout_s + 1) x tests + 5 s (livecodebench.evaluation.compute_code_generation_metrics

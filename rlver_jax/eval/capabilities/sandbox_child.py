@@ -6,7 +6,9 @@ Confinement, in order, before any generated code runs: a network namespace of it
 interfaces (unshare(CLONE_NEWNET) as root, with CLONE_NEWUSER otherwise, where permitted);
 resource limits (address space, CPU seconds, file size, open files, processes, no core dumps);
 as root, the uid and gid of `nobody`, so the file system's permissions apply (when nobody can
-read the Python installation); a seccomp filter refusing new programs and processes (execve,
+read the Python installation); Landlock, so that the kernel allows writes only beneath the
+scratch directory (and no TCP, no signals out of the sandbox, where the kernel's Landlock has
+them); a seccomp filter refusing new programs and processes (execve,
 fork, clone but of threads) and sockets in the kernel; an audit hook (PEP 578) that refuses sockets,
 processes (fork, exec, spawn, os.system, subprocess), signals to other processes, native code
 (ctypes), any write, create, delete or rename outside the scratch directory (the working
@@ -84,6 +86,49 @@ def seccomp_filter() -> bool:
     return libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(program), 0, 0) == 0
 
 
+# Landlock (Linux 5.13+, any user): the kernel allows writes (create, remove, rename, truncate, ...)
+# only beneath the scratch directory, and from ABI 4 on no TCP bind or connect, from ABI 6 on no
+# signals to processes outside the sandbox. Reads and the already open descriptors are untouched.
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446  # every architecture
+_FS_WRITE_ABI1 = sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12))  # write file, remove, make *
+_FS_REFER, _FS_TRUNCATE, _FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15  # ABI 2, 3, 5
+
+
+def landlock_writes_only_in(scratch: str) -> bool:
+    """Restrict this process as above; False where the kernel has no Landlock."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi < 1:
+        return False
+    fs = _FS_WRITE_ABI1 | (_FS_REFER if abi >= 2 else 0) | (_FS_TRUNCATE if abi >= 3 else 0) | (
+        _FS_IOCTL_DEV if abi >= 5 else 0)
+    net = 0b11 if abi >= 4 else 0  # bind and connect TCP: no rule grants them
+    scoped = 0b10 if abi >= 6 else 0  # signals
+    attr = (ctypes.c_uint64 * 3)(fs, net, scoped)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return False
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    parent = os.open(scratch, os.O_PATH | os.O_CLOEXEC)
+    try:
+        rule = PathBeneath(fs, parent)
+        if libc.syscall(_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.byref(rule),
+                        ctypes.c_uint32(0)) != 0:
+            return False
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS, required first
+            return False
+        return libc.syscall(_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) == 0
+    finally:
+        os.close(parent)
+        os.close(ruleset)
+
+
 def _inside(path, scratch: str) -> bool:
     if isinstance(path, int):  # an open descriptor: checked when it was opened
         return True
@@ -133,7 +178,7 @@ def _others_can_read(path: str) -> bool:
 
 def _confine(task: dict) -> dict:
     """Apply the limits of `task`; returns which layers took effect."""
-    layers = {"network_namespace": False, "nobody": False, "seccomp": False}
+    layers = {"network_namespace": False, "nobody": False, "landlock": False, "seccomp": False}
     # Root may make a network namespace; other users may where unprivileged user namespaces are on.
     libc = ctypes.CDLL(None, use_errno=True)
     flags = _CLONE_NEWNET if os.geteuid() == 0 else _CLONE_NEWUSER | _CLONE_NEWNET
@@ -152,6 +197,7 @@ def _confine(task: dict) -> dict:
         os.setuid(_NOBODY)
         layers["nobody"] = True
     os.chdir(task["scratch"])
+    layers["landlock"] = landlock_writes_only_in(os.path.realpath(task["scratch"]))
     layers["seccomp"] = seccomp_filter()
     return layers
 
