@@ -46,6 +46,7 @@ def test_scores_are_the_graders_and_outputs_are_written(tmp_path):
     assert scores["ifeval"]["n"] == 3
     assert {k: scores["ifeval"][k] for k in fx.IFEVAL_SCORES} == pytest.approx(fx.IFEVAL_SCORES)
     assert scores["livecodebench"]["n"] == 2 and scores["livecodebench"]["pass@1"] == 0.5
+    assert set(scores["livecodebench"]["sandbox_layers"]) == {"landlock", "network_namespace", "nobody", "seccomp"}
     out = tmp_path / "run"
     saved = json.loads((out / "capabilities.json").read_text())
     assert saved["math500"]["accuracy"] == pytest.approx(2 / 3) and saved["livecodebench"]["pass@1"] == 0.5

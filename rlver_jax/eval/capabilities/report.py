@@ -38,6 +38,10 @@ def scores(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             from rlver_jax.eval.capabilities import grade_code
 
             s["pass@1"] = grade_code.pass_at_1([r["results"] for r in rs])
+            # how many programs ran under each confinement layer (sandbox.py), for the record
+            layers = [r["sandbox"] for r in rs if r.get("sandbox")]
+            names = sorted({k for x in layers for k in x})
+            s["sandbox_layers"] = {k: sum(bool(x.get(k)) for x in layers) for k in names}
         s["correct"] = sum(bool(r["correct"]) for r in rs)
         s["cut_by_length"] = sum(not r["stopped"] for r in rs)
         s["rejected"] = sum(bool(r.get("rejected")) for r in rs)
