@@ -100,7 +100,6 @@ def test_missing_fields_name_the_format(tmp_path):
 
 def test_code_extraction_and_passing_and_failing_programs():
     good, bad = fx.LCB[0], fx.LCB[1]
-    items = data.livecodebench  # noqa: F841 - the readers build input_output as below
     io_good = json.dumps({"inputs": ["1 2\n", "10 -4\n"], "outputs": ["3\n", "6\n"], "fn_name": None})
     io_bad = json.dumps({"inputs": ["[1, 2]"], "outputs": ["[2, 4]"], "fn_name": "doubled"})
     r1 = asyncio.run(grade_code.grade(good[1], io_good, FAST))

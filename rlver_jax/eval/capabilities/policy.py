@@ -64,7 +64,7 @@ def resolve(config: ml_collections.ConfigDict) -> PolicySource:
                      "--config.policy.base_url and --config.policy.model")
 
 
-def build(config: ml_collections.ConfigDict, spec: PolicySource, workdir: pathlib.Path):
+def build(config: ml_collections.ConfigDict, spec: PolicySource, workdir: pathlib.Path) -> tuple[Any, Any]:
     """(policy, chat tokens or None for a text policy)."""
     p = config.policy
     if spec.client is not None:
