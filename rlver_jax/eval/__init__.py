@@ -6,6 +6,7 @@ Hugging Face directory or a fresh tiny model as a policy), report (sentient.json
 the PNGs of rlver_jax.plots), html_report (report.html and compare.html), run_view (the pages of a
 training run, launch/view.py), compare (paired comparison of runs), export (Hugging Face export
 behind launch/export_hf.py), judge and analysis (capability ratings and response strategies
-behind launch/analyze.py), resume (append-as-you-go result files). The OpenAI-compatible client
+behind launch/analyze.py), resume (append-as-you-go result files); the subpackage capabilities
+(MATH500, IFEval and LiveCodeBench retention behind launch/capabilities.py). The OpenAI-compatible client
 and its endpoint check are rlver_jax.llm_client.
 """

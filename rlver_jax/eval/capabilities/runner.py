@@ -1,0 +1,212 @@
+"""The capability run behind launch/capabilities.py: every item of the benchmarks given
+(config.data.*) asked of the policy, graded, and the outputs written.
+
+Resumable, in two steps per item, each appended the moment it is done: the policy's answer to
+WORKDIR/answers.jsonl, then its grade to WORKDIR/items.jsonl. A rerun asks only the items
+without an answer and grades only the answers without a grade; WORKDIR/setup.json records what
+defines the results (policy, sampling, prompts, data checksums, code limits) and a rerun with a
+different set-up is refused rather than mixed in (rlver_jax.eval.resume).
+
+Think mode: the text after the last </think> is graded (the reference's rule); a reply without
+it is graded as empty and counted (think_unclosed). A request the endpoint refuses alone (HTTP
+400/413/422: too long for its context, a content filter) is recorded as an empty answer with the
+refusal (`rejected`), graded wrong and counted; any other endpoint failure stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+from typing import Any
+
+import ml_collections
+from tqdm import tqdm
+
+from rlver_jax.eval.capabilities import data, policy, prompts, report, sandbox
+from rlver_jax.eval.resume import check_setup, load_records
+from rlver_jax.files import append_jsonl
+from rlver_jax.llm_client import EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, show_requests
+from rlver_jax.text.chat import THINK_CLOSE
+
+log = logging.getLogger(__name__)
+
+ANSWERS = "answers.jsonl"
+ITEMS = "items.jsonl"
+SETUP = "setup.json"
+
+
+def load_items(config: ml_collections.ConfigDict) -> list[data.Item]:
+    """The items of every benchmark config.data names (the first eval.max_examples of each)."""
+    given = [b for b in data.BENCHMARKS if config.data[b]]
+    if not given:
+        raise ValueError("no benchmark to run: set at least one of --config.data.math500, --config.data.ifeval, "
+                         "--config.data.livecodebench to a local file (docs/capabilities.md)")
+    if config.eval.max_examples < 0:
+        raise ValueError(f"config.eval.max_examples={config.eval.max_examples}: use 0 (all) or a positive count")
+    items = []
+    for b in given:
+        found = data.READERS[b](config.data[b])
+        if not found:
+            raise data.DataError(f"config.data.{b}={config.data[b]!r} holds no items")
+        items += found[:config.eval.max_examples] if config.eval.max_examples else found
+    if len({i.key for i in items}) != len(items):
+        raise data.DataError("two items share an id within one benchmark; ids must be unique")
+    return items
+
+
+def graded_text(reply: str, think: bool) -> tuple[str, bool | None]:
+    """(the text graded, whether </think> closed the thinking; None outside think mode)."""
+    if not think:
+        return reply, None
+    _, closed, tail = reply.rpartition(THINK_CLOSE)
+    return (tail.strip(), True) if closed else ("", False)
+
+
+def code_limits(config: ml_collections.ConfigDict) -> sandbox.Limits:
+    c = config.code
+    return sandbox.Limits(test_timeout_s=c.test_timeout_s, memory_mb=c.memory_mb, file_mb=c.file_mb,
+                          max_processes=c.max_processes, scratch_root=c.scratch_dir)
+
+
+def setup_of(config: ml_collections.ConfigDict, spec: policy.PolicySource) -> dict[str, Any]:
+    """What defines the results, for setup.json (not how they are fetched)."""
+    p = config.policy
+    out: dict[str, Any] = {"policy.source": spec.source, "policy.think": spec.think, "seed": config.seed,
+                           "eval.think_instruction": config.eval.think_instruction if spec.think else "",
+                           "eval.max_examples": config.eval.max_examples}
+    out.update({f"policy.{k}": p[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens")})
+    for b in data.BENCHMARKS:
+        if config.data[b]:
+            out[f"data.{b}.sha256"] = data.sha256(data.files(config.data[b], f"config.data.{b}"))
+    if config.data.livecodebench:
+        out["code.test_timeout_s"] = config.code.test_timeout_s
+        out["code.memory_mb"] = config.code.memory_mb
+    return out
+
+
+def run(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or finish) the evaluation of config.policy; returns capabilities.json's scores."""
+    if not config.workdir:
+        raise ValueError("config.workdir is empty: set --config.workdir=DIR (results and reports go there)")
+    workdir = pathlib.Path(config.workdir)
+    items = load_items(config)
+    from rlver_jax.eval.capabilities import extra
+
+    extra.check(sorted({i.benchmark for i in items}))
+    spec = policy.resolve(config)
+    limits = code_limits(config)
+    workdir.mkdir(parents=True, exist_ok=True)
+    answers_path, items_path = workdir / ANSWERS, workdir / ITEMS
+    check_setup(workdir / SETUP, setup_of(config, spec), answers_path)
+    answered = {r["key"]: r for r in load_records(answers_path)}
+    graded = {r["key"] for r in load_records(items_path)}
+    to_ask = [i for i in items if i.key not in answered]
+    to_grade = [i for i in items if i.key in answered and i.key not in graded]
+    log.info("%d items: %d to ask, %d more to grade, %d done", len(items), len(to_ask), len(to_grade),
+             len(items) - len(to_ask) - len(to_grade))
+    if to_ask or to_grade:
+        position = {item.key: n for n, item in enumerate(items)}
+        _ask_and_grade(config, spec, limits, workdir, to_ask, to_grade, answered, position, progress)
+    done = {r["key"]: r for r in load_records(items_path)}
+    records = [done[i.key] for i in items]
+    info = {"policy": spec.label, "source": spec.source, "backend": spec.backend, "think": spec.think,
+            "temperature": config.policy.temperature, "max_new_tokens": config.policy.max_new_tokens,
+            "data": {b: config.data[b] for b in data.BENCHMARKS if config.data[b]}}
+    scores = report.write_outputs(workdir, records, info)
+    if config.compare_to:
+        from rlver_jax.eval.capabilities import compare
+
+        compare.write_comparison(pathlib.Path(config.compare_to), workdir, seed=config.seed)
+    return scores
+
+
+def _grade_sync(item: data.Item, text: str) -> dict[str, Any]:
+    if item.benchmark == "math500":
+        from rlver_jax.eval.capabilities import grade_math
+
+        return {**grade_math.grade(text, item.reference["answer"]), "answer": item.reference["answer"],
+                "subject": item.reference["subject"], "level": item.reference["level"]}
+    from rlver_jax.eval.capabilities import grade_ifeval
+
+    return {**grade_ifeval.grade(text, item.reference["doc"]),
+            "instruction_id_list": item.reference["doc"]["instruction_id_list"]}
+
+
+def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy.PolicySource, limits: sandbox.Limits,
+                   workdir: pathlib.Path, to_ask: list[data.Item], to_grade: list[data.Item],
+                   answered: dict[str, dict[str, Any]], position: dict[str, int], progress: bool) -> None:
+    if spec.client is not None:
+        check_chat_endpoint(spec.client)
+    think_instruction = config.eval.think_instruction if spec.think else ""
+    bar = tqdm(total=len(to_ask) + len(to_grade), disable=not progress, desc="capabilities", unit="item",
+               dynamic_ncols=True)
+    stop_showing = show_requests(bar, "capabilities")
+    code_slots = asyncio.Semaphore(config.code.workers) if config.data.livecodebench else None
+
+    async def grade(item: data.Item, answer: dict[str, Any]) -> None:
+        text, closed = graded_text(answer["reply"], spec.think)
+        if item.benchmark == "livecodebench":
+            from rlver_jax.eval.capabilities import grade_code
+
+            async with code_slots:
+                result = await grade_code.grade(text, item.reference["input_output"], limits)
+            result.update(tests=item.reference["tests"], difficulty=item.reference["difficulty"],
+                          platform=item.reference["platform"], title=item.reference["title"])
+        else:
+            result = _grade_sync(item, text)  # on the loop's (main) thread: math-verify times out by signal
+        messages = prompts.messages(item, think_instruction)
+        append_jsonl(workdir / ITEMS, {
+            "key": item.key, "benchmark": item.benchmark, "id": item.id, "question": messages[-1]["content"],
+            "reply": answer["reply"], "graded_text": text, "think_closed": closed, "stopped": answer["stopped"],
+            "rejected": answer.get("rejected", ""), **result})
+        bar.update(1)
+
+    async def main() -> None:
+        built, chat_tokens = policy.build(config, spec, workdir)
+        group = 1 if chat_tokens is None else max(1, config.eval.group_size)
+        slots = asyncio.Semaphore(max(1, config.eval.max_in_flight // group))
+        tasks: list[asyncio.Task] = []
+
+        async def ask(chunk: list[data.Item]) -> None:
+            from rlver_jax.rollout.policy import TurnRequest
+            from rlver_jax.text import chat
+
+            requests = []
+            for item in chunk:
+                messages = prompts.messages(item, think_instruction)
+                ids = (chat.conversation_ids(chat_tokens, messages, add_generation_prompt=True)[0]
+                       if chat_tokens is not None else None)
+                # dialogue: the item's place in the run, so a JAX policy's draws depend on neither
+                # batching nor resuming
+                requests.append(TurnRequest(ids, messages, config.policy.max_new_tokens,
+                                            dialogue=position[item.key]))
+            async with slots:
+                try:
+                    turns = [(t.text, t.stopped, "") for t in await built.act(requests)]
+                except RequestRejectedError as e:  # this request only (e.g. too long): graded as no answer
+                    turns = [("", True, str(e))] * len(requests)
+            for item, (text, stopped, rejected) in zip(chunk, turns):
+                answer = {"key": item.key, "reply": text, "stopped": stopped, "rejected": rejected}
+                append_jsonl(workdir / ANSWERS, answer)
+                tasks.append(asyncio.create_task(grade(item, answer)))
+
+        try:
+            for item in to_grade:
+                tasks.append(asyncio.create_task(grade(item, answered[item.key])))
+            await asyncio.gather(*(ask(to_ask[i:i + group]) for i in range(0, len(to_ask), group)))
+            while tasks:  # grading tasks started as the answers came in
+                pending, tasks[:] = list(tasks), []
+                await asyncio.gather(*pending)
+        finally:
+            if hasattr(built, "aclose"):
+                await built.aclose()
+
+    resume = f"Finished items are saved in {workdir}; rerun the same command to resume."
+    try:
+        asyncio.run(main())
+    except EndpointUnavailableError as e:
+        raise EndpointUnavailableError(f"{e}\n{resume}") from e
+    finally:
+        stop_showing()
+        bar.close()
