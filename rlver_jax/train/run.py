@@ -148,10 +148,10 @@ def rl_settings(config: ml_collections.ConfigDict) -> trainer.RLSettings:
 
 def split_profiles(config: ml_collections.ConfigDict) -> tuple[list[Profile], list[Profile]]:
     """(training, held-out) profiles: `data.eval_profiles`, or the last `data.eval_holdout` of training's."""
-    train = load_profiles(config.data.train_profiles or None)
-    if not config.data.train_profiles and config.model.preset != "tiny":
+    if not config.data.train_profiles:
         raise ValueError("config.data.train_profiles is empty: set it to a JSONL profile file, e.g. "
                          "--config.data.train_profiles=../shared/data/rlver/train_profile.jsonl")
+    train = load_profiles(config.data.train_profiles)
     if config.data.eval_profiles:
         return train, load_profiles(config.data.eval_profiles)
     k = config.data.eval_holdout
@@ -189,9 +189,9 @@ def _tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat
     """The run's tokenizer. A tiny run builds one (deterministically) in WORKDIR/tokenizer on
     process 0; the other processes build theirs in a temporary directory, so no two write one file."""
     if jax.process_index() == 0:
-        return loading.load_tokenizer(config, workdir)
+        return loading.tokenizer_for(config, workdir)
     with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
-        return loading.load_tokenizer(config, pathlib.Path(tmp))
+        return loading.tokenizer_for(config, pathlib.Path(tmp))
 def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
                     ) -> tuple[trainer.Optimizer, trainer.Optimizer | None]:
     """The actor's and (PPO) the critic's optimizer; their schedules count the run's optimizer steps."""
