@@ -13,11 +13,11 @@ def check_ranges(values: Mapping[str, Any], *, lowest: Mapping[str, float] | Non
                  positive: Collection[str] = (), fraction: Collection[str] = ()) -> None:
     """One ValueError naming every value of `values` (its key: the field's name, e.g.
     "config.train.steps") that is below its `lowest` value, not > 0 (`positive`) or outside (0, 1]
-    (`fraction`); the bounds name fields by their last part ("steps")."""
+    (`fraction`); the bounds name fields by their last part ("steps", "timeout_s")."""
     problems = []
     for check in ("lowest", "positive", "fraction"):
         for name, value in values.items():
-            field = name.rsplit(".", 1)[-1]
+            field = name.rsplit(".", 1)[-1].lstrip("-")  # "config.train.steps", "--timeout_s": the field
             if check == "lowest" and lowest and field in lowest and value < lowest[field]:
                 problems.append(f"{name}={value} must be >= {lowest[field]}")
             elif check == "positive" and field in positive and not value > 0:
