@@ -38,6 +38,7 @@ from rlver_jax.train.workdir import WorkDir
 
 log = logging.getLogger(__name__)
 
+
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
     """What the training loop reads of the config: step count and batch, staleness, evaluation,
@@ -192,6 +193,8 @@ def _tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat
         return loading.tokenizer_for(config, workdir)
     with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
         return loading.tokenizer_for(config, pathlib.Path(tmp))
+
+
 def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
                     ) -> tuple[trainer.Optimizer, trainer.Optimizer | None]:
     """The actor's and (PPO) the critic's optimizer; their schedules count the run's optimizer steps."""
@@ -246,6 +249,8 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
         lambda: SamplingSettings.from_config(r, "config.rollout."),
         lambda: RolloutSettings.from_config(r, "config.rollout.", think=r.think, pipeline_groups=r.pipeline_groups),
         lambda: SimulatorSettings.from_config(config.simulator))
+    # Then what builds on those (the in-loop evaluation varies the simulator's settings; rl_settings
+    # divides by the batch sizes checked above).
     eval_settings, rl, tracking_settings = build_all(
         lambda: EvalSettings.from_config(config, simulator), lambda: rl_settings(config),
         lambda: tracking.TrackingSettings.from_config(config))
