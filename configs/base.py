@@ -10,7 +10,7 @@ think)`. Presets:
 
 import ml_collections
 
-from configs.eval import get_policy_sampling_config
+from configs.eval import SHIPPED_PROFILES, get_policy_sampling_config
 from configs.mesh import get_mesh_config
 from configs.simulator import get_emotion_rules_config, get_simulator_config
 
@@ -32,8 +32,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = _MODEL_PRESETS[preset]  # architecture (rlver_jax.models.config.PRESETS)
-    c.model.path = ""  # Hugging Face directory of the policy; "" = random init (tiny only)
-    c.model.tokenizer_path = ""  # "" = model.path; tiny: built locally into WORKDIR/tokenizer
+    c.model.path = ""  # Hugging Face directory of the policy (required unless random_init)
+    # With model.path "": random weights of the preset's architecture and a tokenizer built locally
+    # into WORKDIR/tokenizer (tiny: CPU minutes, no download); False: model.path is required.
+    c.model.random_init = tiny
+    c.model.tokenizer_path = ""  # "" = model.path (or the locally built one of random_init)
     c.model.param_dtype = "float32"  # master weights
     c.model.dtype = "float32" if tiny else "bfloat16"  # compute dtype
     c.model.scan_layers = not tiny  # compile one layer, not 28
@@ -60,7 +63,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
         c.simulator.max_turns = 1 if think else 3
 
     c.data = ml_collections.ConfigDict()
-    c.data.train_profiles = ""  # JSONL of training profiles; "" = the project's own (tiny only)
+    # JSONL of training profiles (required); tiny: the project's own, shipped with the package
+    c.data.train_profiles = str(SHIPPED_PROFILES) if tiny else ""
     c.data.eval_profiles = ""  # held-out profiles for in-loop evaluation; "" = hold out from train
     c.data.eval_holdout = 4 if tiny else 0  # with eval_profiles "": the last N train profiles
 

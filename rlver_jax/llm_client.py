@@ -33,8 +33,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import openai
+
+from rlver_jax.checks import check_ranges, named
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +98,23 @@ class ClientSettings:
     backoff_max_s: float = 30.0  # cap of one wait
 
     def __post_init__(self):
-        for field, low in (("max_concurrency", 1), ("max_retries", 0)):
-            if getattr(self, field) < low:
-                raise ValueError(f"{self.flag_prefix}{field}={getattr(self, field)} is out of range: "
-                                 f"use {low} or more")
+        # Errors name the config field ("config.simulator.timeout_s") or the flag ("--timeout_s").
+        where = self.flag_prefix.removeprefix("--") if self.flag_prefix.startswith("--config.") else self.flag_prefix
+        check_ranges(named(self, where, ("max_concurrency", "max_retries", "backoff_initial_s", "backoff_max_s",
+                                         "timeout_s")),
+                     lowest={"max_concurrency": 1, "max_retries": 0, "backoff_initial_s": 0, "backoff_max_s": 0},
+                     positive=("timeout_s",))
+
+    @classmethod
+    def from_config(cls, section: Any, *, name: str, flag_prefix: str,
+                    max_concurrency: int | None = None) -> ClientSettings:
+        """The endpoint fields of a config section (config.simulator, config.policy) or of any
+        settings with those fields (the judge's); `max_concurrency` in place of the section's."""
+        return cls(name=name, flag_prefix=flag_prefix, base_url=section.base_url, model=section.model,
+                   api_key_env=section.api_key_env, timeout_s=section.timeout_s,
+                   max_concurrency=section.max_concurrency if max_concurrency is None else max_concurrency,
+                   max_retries=section.max_retries, backoff_initial_s=section.backoff_initial_s,
+                   backoff_max_s=section.backoff_max_s)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -325,3 +325,21 @@ def test_like_training_plays_under_the_runs_own_settings(tmp_path):
     config.workdir = str(tmp_path / "eval")
     with pytest.raises(FileNotFoundError, match="config.eval.like_training=.*nowhere.*: no such directory"):
         run_benchmark(config, progress=False)
+
+
+def test_an_old_runs_config_json_gets_the_fields_added_since(tmp_path):
+    """A run saved before config.model.attention and mlp_chunk existed reads as one that trained with
+    the defaults of the time (auto attention, no MLP chunks); every other field as it was saved."""
+    from configs.grpo_think import get_config as training_config
+    from rlver_jax.eval.policy_loading import locate_checkpoint
+    from rlver_jax.models.loading import model_config
+
+    (tmp_path / "checkpoints").mkdir()
+    old = json.loads(training_config("tiny").to_json_best_effort())
+    del old["model"]["attention"], old["model"]["mlp_chunk"]
+    old["model"]["dtype"] = "bfloat16"
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    run = locate_checkpoint(tmp_path, "--run").config()
+    assert model_config(run) == dict(param_dtype="float32", dtype="bfloat16", scan_layers=False, remat="none",
+                                     attention="auto", mlp_chunk=0)
+    assert run.to_dict() == {**old, "model": {**old["model"], "attention": "auto", "mlp_chunk": 0}}

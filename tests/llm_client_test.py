@@ -120,9 +120,9 @@ def test_the_semaphore_bounds_requests_in_flight():
 
 
 def test_settings_out_of_range_name_the_flag():
-    with pytest.raises(ValueError, match="--config.policy.max_concurrency=0 is out of range"):
+    with pytest.raises(ValueError, match="config.policy.max_concurrency=0 must be >= 1"):
         _settings("http://x", max_concurrency=0)
-    with pytest.raises(ValueError, match="--config.policy.max_retries=-1 is out of range"):
+    with pytest.raises(ValueError, match="config.policy.max_retries=-1 must be >= 0"):
         _settings("http://x", max_retries=-1)
 
 

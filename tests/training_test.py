@@ -113,7 +113,7 @@ def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
         config.rollout.pipeline_groups = groups
         config.rollout.format_failure = "continue"  # raw replies reach the user: two turns each
         run = run_lib.build_run(config)
-        buffer = loop._rollout_buffer(config, run, sharding.replicated_value(run.state.rng), 0)
+        buffer = loop._rollout_buffer(run, sharding.replicated_value(run.state.rng), 0)
         buffer.publish(0, run.sampling_layout.copy(run.state.actor))
         try:
             return buffer.get().sequences
@@ -217,11 +217,10 @@ def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path)
                                emotions=[30.0], end_reason="simulator_error", simulator_error=True,
                                simulator_state={"error": "simulator refused the request with HTTP 400"})
               for i in range(2)]
-    run = types.SimpleNamespace(workdir=tmp_path)
+    run = types.SimpleNamespace(workdir=tmp_path, loop=run_lib.LoopSettings.from_config(config))
     with pytest.raises(loop.AllDialoguesFailedError,
                        match=r"step 5: .*2 of 2 ended as simulator_error \(last: .*HTTP 400\).*train_000005.jsonl"):
-        loop._collate(config, run, 5, RolloutBatch(index=5, version=5, sequences=failed, seconds=1.0),
-                          failed)
+        loop._collate(run, 5, RolloutBatch(index=5, version=5, sequences=failed, seconds=1.0), failed)
     assert [r["profile_id"] for r in read_jsonl(tmp_path / "transcripts" / "train_000005.jsonl")] == ["p0", "p1"]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import dataclasses
 import importlib
 import logging
 import pathlib
@@ -33,7 +34,7 @@ from typing import Any
 import ml_collections
 from tqdm import tqdm
 
-from rlver_jax.cli.config_checks import check_config
+from rlver_jax.checks import build_all, check_ranges, named
 from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.eval import report
 from rlver_jax.eval.resume import check_setup, load_records
@@ -109,6 +110,31 @@ def load_eval_profiles(config: ml_collections.ConfigDict) -> list[Profile]:
     return profiles
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSettings:
+    """How the benchmark plays: `config.eval`'s numbers, the policy's sampling and dialogue
+    settings (`config.policy`; the think mode is the policy's, `_PolicySpec.think`) and the simulator."""
+
+    max_dialogues: int  # in flight at once
+    group_size: int  # dialogues per policy call
+    max_profiles: int  # 0: every profile of config.eval.profiles
+    sampling: SamplingSettings
+    rollout: RolloutSettings
+    simulator: SimulatorSettings
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> BenchmarkSettings:
+        """One ValueError names every bad field of the config."""
+        e, p = config.eval, config.policy
+        _, sampling, rollout, simulator = build_all(
+            lambda: check_ranges(named(e, "config.eval.", ("max_dialogues", "group_size", "max_profiles")),
+                                 lowest={"max_dialogues": 1, "group_size": 1, "max_profiles": 0}),
+            lambda: SamplingSettings.from_config(p, "config.policy."),
+            lambda: RolloutSettings.from_config(p, "config.policy.", think=bool(p.think)),
+            lambda: SimulatorSettings.from_config(config.simulator))
+        return cls(e.max_dialogues, e.group_size, e.max_profiles, sampling, rollout, simulator)
+
+
 class _PolicySpec:
     """The policy of `config.policy`, resolved without loading any weights: what it is (for
     setup.json and reports), its think mode, and how to load it."""
@@ -121,10 +147,8 @@ class _PolicySpec:
         run_think = None
         if p.backend == "openai":
             self.source = self.label = p.model
-            self.client = ClientSettings(
-                name="policy endpoint", flag_prefix="--config.policy.", base_url=p.base_url, model=p.model,
-                api_key_env=p.api_key_env, timeout_s=p.timeout_s, max_concurrency=config.eval.max_dialogues,
-                max_retries=p.max_retries, backoff_initial_s=p.backoff_initial_s, backoff_max_s=p.backoff_max_s)
+            self.client = ClientSettings.from_config(p, name="policy endpoint", flag_prefix="--config.policy.",
+                                                     max_concurrency=config.eval.max_dialogues)
         elif p.checkpoint and p.path:
             raise ValueError("set one of config.policy.checkpoint (a training run) and config.policy.path "
                              "(a Hugging Face directory), not both")
@@ -160,11 +184,11 @@ class _PolicySpec:
         out.update({f"simulator.{k}": v for k, v in c.simulator.items() if k not in _TRANSPORT})
         return out
 
-    def build(self, workdir: pathlib.Path):
-        """(policy, chat tokens or None for a text policy) ready to play."""
+    def build(self, workdir: pathlib.Path, sampling: SamplingSettings):
+        """(policy, chat tokens or None for a text policy) ready to play, sampling by `sampling`."""
         c, p = self.config, self.config.policy
         if self.client is not None:
-            return OpenAIPolicy(self.client, temperature=p.temperature, max_tokens=p.max_new_tokens), None
+            return OpenAIPolicy(self.client, temperature=sampling.temperature, max_tokens=sampling.max_new_tokens), None
         import jax
 
         from rlver_jax.parallel import sharding
@@ -181,10 +205,8 @@ class _PolicySpec:
         else:  # the same tokenizer, built where no other process writes
             with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
                 loaded = policy_loading.fresh_tiny_policy(pathlib.Path(tmp), c.seed, mesh, c.mesh.rules)
-        settings = SamplingSettings(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                                    max_new_tokens=p.max_new_tokens, cache_slots=p.cache_slots)
         params = sharding.SamplingLayout.create(loaded.model, mesh, c.mesh.rules).copy(loaded.params)
-        return JaxPolicy(loaded.model, loaded.chat, settings, params, jax.random.PRNGKey(c.seed)), loaded.chat
+        return JaxPolicy(loaded.model, loaded.chat, sampling, params, jax.random.PRNGKey(c.seed)), loaded.chat
 
     def run_info(self) -> dict[str, Any]:
         c = self.config
@@ -242,7 +264,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
     """Evaluate (or finish evaluating) the policy of `config` (under `like_training`'s settings when
     config.eval.like_training is set); returns the scores of sentient.json."""
     config = like_training(config)
-    check_config(config)
+    settings = BenchmarkSettings.from_config(config)  # every field checked before any file, model or server is touched
     if not config.workdir:
         raise ValueError("config.workdir is empty: set --config.workdir=DIR (results, report and plots go there)")
     workdir = pathlib.Path(config.workdir)
@@ -256,7 +278,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
     log.info("%d profiles: %d already evaluated in %s, %d to go", len(profiles), len(profiles) - len(pending),
              transcripts, len(pending))
     if pending:
-        _evaluate(config, spec, pending, workdir, progress)
+        _evaluate(config, settings, spec, pending, workdir, progress)
     scores = None
     if process_index() == 0:
         done = {r["profile_id"]: r for r in load_records(transcripts)}
@@ -279,20 +301,16 @@ def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile]) -> 
     return {"pending": [p.id for p in profiles if p.id not in finished]}
 
 
-def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, pending: list[tuple[int, Profile]],
-              workdir: pathlib.Path, progress: bool) -> None:
+def _evaluate(config: ml_collections.ConfigDict, settings: BenchmarkSettings, spec: _PolicySpec,
+              pending: list[tuple[int, Profile]], workdir: pathlib.Path, progress: bool) -> None:
     """Play the dialogues of `pending` ((index in the benchmark, profile) pairs; this process's
     share of them), appending each to the transcripts as it ends: process 0 its own at once, the
     other processes' when they are gathered at the end."""
-    simulator_settings = SimulatorSettings.from_config(config.simulator)
-    check_endpoint(simulator_settings)
+    check_endpoint(settings.simulator)
     if spec.client is not None:
         check_chat_endpoint(spec.client)
-    policy, chat_tokens = spec.build(workdir)
-    settings = RolloutSettings(think=spec.think, max_new_tokens=config.policy.max_new_tokens,
-                               max_total_tokens=config.policy.max_total_tokens,
-                               format_failure=config.policy.format_failure,
-                               think_history=config.policy.think_history)
+    policy, chat_tokens = spec.build(workdir, settings.sampling)
+    rollout = dataclasses.replace(settings.rollout, think=spec.think)
     transcripts = workdir / TRANSCRIPTS
     mine = pending
     if _distributed():
@@ -313,12 +331,12 @@ def _evaluate(config: ml_collections.ConfigDict, spec: _PolicySpec, pending: lis
         bar.update(1)
 
     async def play():
-        async with build_simulator(simulator_settings) as sim:
-            runner = EpisodeRunner(policy, sim, chat_tokens, settings)
+        async with build_simulator(settings.simulator) as sim:
+            runner = EpisodeRunner(policy, sim, chat_tokens, rollout)
             try:
                 # index: the dialogue's sampling index, its place in the benchmark (any split, any resume)
                 await _play(runner, [EpisodeRequest(p, i, index=i) for i, p in mine],
-                            config.eval.group_size, config.eval.max_dialogues, on_finish)
+                            settings.group_size, settings.max_dialogues, on_finish)
             finally:
                 if isinstance(policy, OpenAIPolicy):
                     await policy.aclose()

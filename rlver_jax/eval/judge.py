@@ -236,11 +236,7 @@ class JudgeSettings:
     @property
     def client(self) -> ClientSettings:
         """The judge's endpoint; its fields are flags of launch/analyze.py."""
-        return ClientSettings(
-            name="judge", flag_prefix="--", base_url=self.base_url, model=self.model,
-            api_key_env=self.api_key_env, timeout_s=self.timeout_s, max_concurrency=self.max_concurrency,
-            max_retries=self.max_retries, backoff_initial_s=self.backoff_initial_s,
-            backoff_max_s=self.backoff_max_s)
+        return ClientSettings.from_config(self, name="judge", flag_prefix="--")
 
 
 class Judge:

@@ -35,6 +35,20 @@ class LoadedPolicy:
     source: str  # what was loaded, for reports
 
 
+# Fields added to the training config since the first runs, with the values those runs trained with
+# (the Qwen2Config defaults of the time), by config section.
+_ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0}}
+
+
+def migrate_run_config(fields: dict[str, Any]) -> dict[str, Any]:
+    """A run's config.json (parsed) with the fields added since it was written filled in, so that
+    the code reading it reads every field directly."""
+    out = {**fields}
+    for section, added in _ADDED_FIELDS.items():
+        out[section] = {**added, **out.get(section, {})}
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class RunCheckpoint:
     """Where a training run's checkpoint lies; `step` None = the latest."""
@@ -44,7 +58,8 @@ class RunCheckpoint:
     step: int | None
 
     def config(self) -> ml_collections.ConfigDict:
-        return ml_collections.ConfigDict(json.loads((self.run_dir / "config.json").read_text()))
+        """The run's config.json, brought up to the fields read today (`migrate_run_config`)."""
+        return ml_collections.ConfigDict(migrate_run_config(json.loads((self.run_dir / "config.json").read_text())))
 
     def resolved_step(self) -> int:
         """The step to load (the latest one when none was named); lists the directory only."""

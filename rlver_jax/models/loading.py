@@ -1,8 +1,9 @@
 """The models and tokenizer a config names, built for training (rlver_jax.train.run) and evaluation
 (rlver_jax.eval.policy_loading) alike.
 
-A config's `model` section names the policy: a Hugging Face directory (`model.path`), or for the
-tiny preset a random model and a tokenizer built locally. The PPO critic is the actor's weights
+A config's `model` section names the policy: a Hugging Face directory (`model.path`), or with
+`model.random_init` (the tiny presets) random weights of the preset's architecture and a
+tokenizer built locally. The PPO critic is the actor's weights
 without the LM head and with a zero-initialised value head, or the Hugging Face directory
 `critic.path` (a critic exported as Qwen2ForTokenClassification, or a causal LM).
 """
@@ -29,9 +30,8 @@ Params = Any
 def model_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """The Qwen2Config fields a run's `config.model` sets on top of the architecture."""
     m = config.model
-    # .get: the config.json of runs saved before the attention and mlp_chunk fields existed
     return dict(param_dtype=m.param_dtype, dtype=m.dtype, scan_layers=m.scan_layers, remat=m.remat,
-                attention=m.get("attention", "auto"), mlp_chunk=m.get("mlp_chunk", 0))
+                attention=m.attention, mlp_chunk=m.mlp_chunk)
 
 
 def tiny_tokenizer(directory: pathlib.Path) -> chat.ChatTokens:
@@ -41,11 +41,11 @@ def tiny_tokenizer(directory: pathlib.Path) -> chat.ChatTokens:
     return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(directory))
 
 
-def load_tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat.ChatTokens:
-    """The tokenizer of `config.model`; a tiny run without a path builds one in WORKDIR/tokenizer."""
+def tokenizer_for(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat.ChatTokens:
+    """The tokenizer of `config.model`; a random-init run without a path builds one in WORKDIR/tokenizer."""
     path = config.model.tokenizer_path or config.model.path
     if not path:
-        if config.model.preset != "tiny":
+        if not config.model.random_init:
             raise ValueError("config.model.path is empty: set --config.model.path=/path/to/Qwen2.5-7B-Instruct "
                              "(a local Hugging Face directory), or use a :tiny config for a random CPU model")
         return tiny_tokenizer(workdir / "tokenizer")
@@ -53,17 +53,17 @@ def load_tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> 
 
 
 def policy_architecture(config: ml_collections.ConfigDict, any_preset: bool = False) -> Qwen2Config:
-    """The actor's architecture: the Hugging Face config.json at `config.model.path`, or the tiny
-    preset; with `any_preset` (the memory planner, which reads no weights) any `config.model.preset`."""
+    """The actor's architecture: the Hugging Face config.json at `config.model.path`, or the preset's
+    (`config.model.random_init`, or `any_preset`: the memory planner, which reads no weights)."""
     overrides = model_config(config)
     if config.model.path:
         cfg_file = pathlib.Path(config.model.path) / "config.json"
         if not cfg_file.exists():
             raise FileNotFoundError(f"{cfg_file}: not found; config.model.path must be a Hugging Face model directory")
         return hf_io.config_from_hf(json.loads(cfg_file.read_text()), **overrides)
-    if config.model.preset != "tiny" and not any_preset:
+    if not config.model.random_init and not any_preset:
         raise ValueError(f"config.model.path is empty for preset {config.model.preset!r}: set "
-                         "--config.model.path to a local Hugging Face directory (random init is for tiny only)")
+                         "--config.model.path to a local Hugging Face directory (config.model.random_init is for tiny models)")
     return get_preset(config.model.preset, **overrides)
 
 

@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlver_jax.checks import check_ranges, named
 from rlver_jax.text import chat
 from rlver_jax.rollout.history import THINK_HISTORIES, TextHistory, TokenHistory
 from rlver_jax.rollout.policy import Policy, PolicyTurn, TurnRequest
@@ -45,18 +46,30 @@ class RolloutSettings:
     # reference), or "keep" them, one row per dialogue (rollout.history).
     think_history: str = "drop"
 
+    where: str = dataclasses.field(default="config.rollout.", compare=False)  # the config section, for errors
+
     @property
     def drop_thoughts(self) -> bool:
         return self.think and self.think_history == "drop"
 
     def __post_init__(self):
         if self.think_history not in THINK_HISTORIES:
-            raise ValueError(f"config.rollout.think_history={self.think_history!r}; use one of {THINK_HISTORIES}")
+            raise ValueError(f"{self.where}think_history={self.think_history!r}; use one of {THINK_HISTORIES}")
         if self.format_failure not in FORMAT_FAILURE_OUTCOMES:
-            raise ValueError(f"config.rollout.format_failure={self.format_failure!r}; "
+            raise ValueError(f"{self.where}format_failure={self.format_failure!r}; "
                              f"use one of {FORMAT_FAILURE_OUTCOMES}")
-        if self.pipeline_groups < 1:
-            raise ValueError(f"config.rollout.pipeline_groups={self.pipeline_groups} must be >= 1")
+        # max_new_tokens: SamplingSettings checks it, built from the same section
+        check_ranges(named(self, self.where, ("max_total_tokens", "pipeline_groups")),
+                     lowest={"max_total_tokens": 1, "pipeline_groups": 1})
+
+    @classmethod
+    def from_config(cls, section: Any, where: str, *, think: bool, pipeline_groups: int = 1) -> RolloutSettings:
+        """The dialogue fields of a config section (config.rollout, config.policy,
+        config.train.eval_policy; `where` names it in errors); the think mode and the pipeline
+        groups are the caller's (an evaluation's think mode may come from the policy's run)."""
+        return cls(think=think, max_new_tokens=section.max_new_tokens, max_total_tokens=section.max_total_tokens,
+                   format_failure=section.format_failure, pipeline_groups=pipeline_groups,
+                   think_history=section.think_history, where=where)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,9 @@ is the one that reads them)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+from rlver_jax.checks import check_ranges, named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,16 +33,18 @@ class SamplingSettings:
     # while staying in the training sequence.
     vocab_limit: int = 0
 
+    # The config section the settings came from ("config.rollout."), for error messages only.
+    where: str = dataclasses.field(default="", compare=False)
+
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be at least 1")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 is greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 is off)")
-        if self.cache_slots < 0:
-            raise ValueError(f"cache_slots={self.cache_slots} must be >= 0 (0 is off)")
-        if self.vocab_limit < 0:
-            raise ValueError(f"vocab_limit={self.vocab_limit} must be >= 0 (0 is no limit)")
+        check_ranges(named(self, self.where, ("max_new_tokens", "temperature", "top_k", "cache_slots", "top_p",
+                                              "vocab_limit")),
+                     lowest={"max_new_tokens": 1, "temperature": 0, "top_k": 0, "cache_slots": 0, "vocab_limit": 0},
+                     fraction=("top_p",))
+
+    @classmethod
+    def from_config(cls, section: Any, where: str) -> SamplingSettings:
+        """The sampling fields of a config section (config.rollout, config.policy,
+        config.train.eval_policy); `where` names it in errors ("config.rollout.")."""
+        return cls(max_new_tokens=section.max_new_tokens, temperature=section.temperature, top_p=section.top_p,
+                   top_k=section.top_k, cache_slots=section.cache_slots, where=where)

@@ -1,9 +1,11 @@
 """The training program behind launch/train.py: rollouts -> PPO/GRPO updates -> logs, checkpoints.
 
-`train(config)` builds the run from a config (rlver_jax.train.run), resumes from the newest checkpoint
-in the work directory, and runs `config.train.steps` steps. Each step takes the next batch of
-dialogues from the async rollout buffer, updates the policy (and the critic), publishes the new
-parameters to the sampler, and writes metrics (rlver_jax.train.metrics), transcripts and checkpoints.
+`train(config)` builds the run from a config (rlver_jax.train.run.build_run) and `train_run(run)`
+trains it, reading the run's typed settings only (`run.loop`: train.run.LoopSettings): it resumes
+from the newest checkpoint in the work directory and runs `run.loop.steps` steps. Each step takes
+the next batch of dialogues from the async rollout buffer, updates the policy (and the critic),
+publishes the new parameters to the sampler, and writes metrics (rlver_jax.train.metrics),
+transcripts and checkpoints.
 Every `eval_every` steps the current policy is scored on held-out profiles with the same
 simulator code path, so reward hacking shows up as a gap between the two.
 
@@ -54,28 +56,33 @@ log = logging.getLogger(__name__)
 
 
 def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str, float]:
-    """Run (or resume) the training of `config`; returns the last step's metrics.
+    """Build the run of `config` (rlver_jax.train.run.build_run) and train it (`train_run`)."""
+    return train_run(build_run(config), progress=progress)
+
+
+def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
+    """Run (or resume) the training of `run`; returns the last step's metrics.
 
     Ctrl-C finishes the running step (interrupts.StepGuard), saves its checkpoint and raises
     interrupts.TrainingInterrupted, whose message says where the checkpoint is and how to resume;
     any other error leaves the last complete checkpoint and the finished steps' files as they are.
     """
-    run = build_run(config)
-    manager = checkpoint.make_manager(run.storage.checkpoints, save_every=config.checkpoint.save_every,
-                                      keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
-    state, start = _resume(config, manager, run.state)
-    if start >= config.train.steps:
+    s = run.loop
+    manager = checkpoint.make_manager(run.storage.checkpoints, save_every=s.save_every, keep=s.keep,
+                                      async_save=s.async_save)
+    state, start = _resume(run, manager)
+    if start >= s.steps:
         manager.close()
         log.info("nothing left to train: %s holds step %d of config.train.steps=%d; raise --config.train.steps "
-                 "to train further", manager.directory, start, config.train.steps)
+                 "to train further", manager.directory, start, s.steps)
         return {}
     if start and jax.process_index() == 0:
         run.storage.pull("metrics.jsonl")  # a gs:// run resumed elsewhere: the curves so far
     # A host copy of the run key (replicated; every update donates state.rng).
     rng = sharding.replicated_value(state.rng)
-    buffer = _rollout_buffer(config, run, rng, start)
-    writers = Writers(run.workdir, start=start, total=config.train.steps, progress=progress,
-                      tracking_settings=run.tracking, config=config.to_dict(), table_every=config.train.eval_every)
+    buffer = _rollout_buffer(run, rng, start)
+    writers = Writers(run.workdir, start=start, total=s.steps, progress=progress, tracking_settings=run.tracking,
+                      config=run.config_record, table_every=s.eval_every)
     if jax.process_index() == 0:
         discard_transcripts(run.workdir / "transcripts", start)  # steps >= start run again
     sampler = run.sampling_layout.copy(state.actor)  # this process's copy, on its own devices
@@ -83,65 +90,68 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
     metrics: dict[str, float] = {}
     guard = StepGuard()
     try:
-        for step in range(start, config.train.steps):
+        for step in range(start, s.steps):
             t0 = time.perf_counter()
             batch = buffer.get()
             wait_s = time.perf_counter() - t0
             guard.begin_step(step)  # from here to the checkpoint, Ctrl-C waits for the step to end
-            if config.rollout.max_staleness == 0:  # the sampler idles until the next publish:
+            if s.max_staleness == 0:  # the sampler idles until the next publish:
                 jax.tree.map(lambda x: x.delete(), sampler)  # its memory goes to the update
-            dialogues = hosts.allgather_dialogues(batch.sequences, run.dialogue_process)  # every process's
-            train_batch, policy_tokens = _collate(config, run, step, batch, dialogues)
-            t1 = time.perf_counter()
-            state, update_metrics = trainer.train_on_batch(run.fns, state, train_batch, run.ref_params,
-                                                           policy_tokens)
-            update_s = time.perf_counter() - t1
-            check_finite(step, update_metrics)
+            state, dialogues, metrics = _update(run, step, state, batch, wait_s)
             sampler = run.sampling_layout.copy(state.actor)
             buffer.publish(step + 1, sampler)
-            tokens = float(sum(len(s.tokens) for s in dialogues if s.trainable))
-            metrics = {**rollout_metrics(dialogues), **update_metrics,
-                       **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
-                       "policy_lag": float(step - batch.version),
-                       "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in dialogues))}
-            if config.train.transcripts and jax.process_index() == 0:
+            if s.transcripts and jax.process_index() == 0:
                 write_transcripts(run.workdir / "transcripts", step, dialogues)
-            if config.train.eval_every and run.eval_profiles and (step + 1) % config.train.eval_every == 0:
-                metrics.update(evaluate(config, run, sampler, step, trainer.step_keys(rng, step).eval))
+            if s.eval_every and run.eval_profiles and (step + 1) % s.eval_every == 0:
+                metrics.update(evaluate(run, sampler, step, trainer.step_keys(rng, step).eval))
             writers.write(step, metrics, dialogues)
-            checkpoint.save(manager, step + 1, state, {"step": step + 1, "seed": config.seed},
-                            force=step + 1 == config.train.steps)
+            checkpoint.save(manager, step + 1, state, {"step": step + 1, "seed": s.seed}, force=step + 1 == s.steps)
             if jax.process_index() == 0:
                 run.storage.push()
             guard.end_step()
     except KeyboardInterrupt:
-        raise _interrupted(config, manager, state, guard.step) from None
+        raise _interrupted(run, manager, state, guard.step) from None
     finally:
         guard.close()
         _shut_down(buffer, manager, writers)
     if jax.process_index() == 0 and writers.metrics_path.exists():
-        training_curves(writers.metrics_path, run.workdir / "reward.png",
-                        title=pathlib.PurePosixPath(config.workdir).name)
+        training_curves(writers.metrics_path, run.workdir / "reward.png", title=pathlib.PurePosixPath(s.workdir).name)
         run.storage.push()
     return metrics
 
 
-def _interrupted(config: ml_collections.ConfigDict, manager, state: trainer.TrainState,
-                 torn_step: int | None) -> TrainingInterrupted:
+def _update(run: Run, step: int, state: trainer.TrainState, batch: RolloutBatch, wait_s: float
+            ) -> tuple[trainer.TrainState, list[DialogueSequence], dict[str, float]]:
+    """Step `step`'s update on `batch` (this process's dialogues of it; `wait_s`: how long the loop
+    waited for it): the new state, every process's dialogues and the step's metrics so far."""
+    dialogues = hosts.allgather_dialogues(batch.sequences, run.dialogue_process)  # every process's
+    train_batch, policy_tokens = _collate(run, step, batch, dialogues)
+    t1 = time.perf_counter()
+    state, update_metrics = trainer.train_on_batch(run.fns, state, train_batch, run.ref_params, policy_tokens)
+    update_s = time.perf_counter() - t1
+    check_finite(step, update_metrics)
+    tokens = float(sum(len(s.tokens) for s in dialogues if s.trainable))
+    return state, dialogues, {**rollout_metrics(dialogues), **update_metrics,
+                              **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
+                              "policy_lag": float(step - batch.version),
+                              "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in dialogues))}
+
+
+def _interrupted(run: Run, manager, state: trainer.TrainState, torn_step: int | None) -> TrainingInterrupted:
     """After Ctrl-C: save the state of the last complete step unless a checkpoint of it exists
     (or it is torn: then the last checkpoint is kept); the error that says so."""
     if torn_step is None:
         step = int(state.step)  # every step up to here is complete, its metrics written
         if step > 0 and checkpoint.latest_step(manager) != step:
             log.warning("interrupted: saving the checkpoint of step %d", step)
-            checkpoint.save(manager, step, state, {"step": step, "seed": config.seed}, force=True)
+            checkpoint.save(manager, step, state, {"step": step, "seed": run.loop.seed}, force=True)
         checkpoint.wait(manager)
     saved = checkpoint.latest_step(manager)
     lost = f"step {torn_step} was cut short and is not kept; " if torn_step is not None else ""
     where = (f"the checkpoint of step {saved} is in {manager.directory}" if saved is not None
              else "no step was completed, nothing is saved")
     return TrainingInterrupted(f"interrupted: {lost}{where}. Rerun the same command to resume "
-                               f"(config.workdir={config.workdir}).")
+                               f"(config.workdir={run.loop.workdir}).")
 
 
 def _shut_down(buffer: RolloutBuffer, manager, writers: Writers) -> None:
@@ -161,31 +171,31 @@ def _shut_down(buffer: RolloutBuffer, manager, writers: Writers) -> None:
         raise first
 
 
-def _resume(config: ml_collections.ConfigDict, manager, state: trainer.TrainState) -> tuple[trainer.TrainState, int]:
-    """The state to start from and its step: the newest checkpoint, or `state` at step 0."""
-    if not config.checkpoint.resume or checkpoint.latest_step(manager) is None:
-        return state, 0
-    state, meta = checkpoint.restore(manager, None, state)
+def _resume(run: Run, manager) -> tuple[trainer.TrainState, int]:
+    """The state to start from and its step: the newest checkpoint, or the run's initial state at step 0."""
+    if not run.loop.resume or checkpoint.latest_step(manager) is None:
+        return run.state, 0
+    state, meta = checkpoint.restore(manager, None, run.state)
     log.info("resumed from %s at step %d", manager.directory, int(meta["step"]))
     return state, int(meta["step"])
 
 
-def _rollout_buffer(config: ml_collections.ConfigDict, run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
+def _rollout_buffer(run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
     """The producer of batch after batch from `start` on: batch i holds this process's dialogues
     of `profiles_for_step(i)` (`run.own_dialogues`; dialogue d is sample d % n of profile d // n),
     dialogue d sampled from fold_in(rollout key of step i, d)."""
     simulator = build_simulator(run.simulator)
     policy = JaxPolicy(run.actor_cfg, run.chat, run.sampling, None, trainer.step_keys(rng, start).rollout)
     runner = EpisodeRunner(policy, simulator, run.chat, run.rollout)
-    k, n = config.rollout.profiles_per_step, config.rollout.n
+    k, n = run.loop.profiles_per_step, run.loop.n
 
     async def make_batch(index: int, version: int, params: Any) -> list[DialogueSequence]:
         policy.set_params(params, version, rng=trainer.step_keys(rng, index).rollout)
-        profiles = profiles_for_step(run.train_profiles, index, k, config.seed)
+        profiles = profiles_for_step(run.train_profiles, index, k, run.loop.seed)
         requests = [EpisodeRequest(profiles[d // n], int(d // n), index=int(d)) for d in run.own_dialogues]
         return await runner.run(requests, version)
 
-    return RolloutBuffer(make_batch, max_staleness=config.rollout.max_staleness, start_index=start,
+    return RolloutBuffer(make_batch, max_staleness=run.loop.max_staleness, start_index=start,
                          finalize=simulator.aclose)
 
 
@@ -194,15 +204,14 @@ class AllDialoguesFailedError(RuntimeError):
     policy turn); the step's transcripts are written first."""
 
 
-def _collate(config: ml_collections.ConfigDict, run: Run, step: int, batch: RolloutBatch,
-             dialogues: list[DialogueSequence]) -> tuple[TrainBatch, int]:
+def _collate(run: Run, step: int, batch: RolloutBatch, dialogues: list[DialogueSequence]) -> tuple[TrainBatch, int]:
     """This process's rows of the step's train batch (its trainable dialogues' rows, then
     padding), and the policy-token count that sizes C.
 
     The shapes come from every process's dialogues (`dialogues`, all-gathered), so every process
     agrees on the rows per process (the most any process needs), T (the longest row, bucketed)
     and C without another exchange; row and group ids are global."""
-    if batch.version < step - config.rollout.max_staleness:  # the buffer guarantees this
+    if batch.version < step - run.loop.max_staleness:  # the buffer guarantees this
         raise AssertionError(f"batch of version {batch.version} at step {step}")
     usable = [s for s in dialogues if s.trainable]
     if not usable:
@@ -220,13 +229,13 @@ def _collate(config: ml_collections.ConfigDict, run: Run, step: int, batch: Roll
     rows = max(batch_rows([dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable], share)
                for p in range(jax.process_count()))
     longest, policy_tokens = row_extent(usable)
-    length = bucket(longest, multiple=config.train.length_multiple)
+    length = bucket(longest, multiple=run.loop.length_multiple)
     mine = [(int(d), s) for d, s in zip(run.own_dialogues, batch.sequences) if s.trainable]
     if jax.process_count() > 1:
         alone = row_extent([s for _, s in mine])
         log.info("step %d: batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues "
                  "alone: T=%d, %d)", step, length, policy_tokens, rows,
-                 bucket(alone[0], multiple=config.train.length_multiple), alone[1])
+                 bucket(alone[0], multiple=run.loop.length_multiple), alone[1])
     return collate([s for _, s in mine], batch_size=share, reward_mode=run.rl.reward_mode, rows=rows,
                    length=length, dialogue_ids=[d for d, _ in mine], padding_ids=rows * jax.process_count(),
                    pad_id=run.chat.end_of_text), policy_tokens
@@ -244,16 +253,15 @@ def profiles_for_step(profiles: list[Profile], step: int, k: int, seed: int) -> 
     return out
 
 
-def evaluate(config: ml_collections.ConfigDict, run: Run, params: Any, step: int, key: jax.Array
-             ) -> dict[str, float]:
+def evaluate(run: Run, params: Any, step: int, key: jax.Array) -> dict[str, float]:
     """Score the current policy (`params`: this process's sampling copy) on held-out profiles as
     the Sentient benchmark does (run.eval: the training simulator's backend under SAGE's rules,
     the benchmark's policy sampling), profile i sampled from fold_in(key, i) (`key`: the step's
     evaluation key); eval_score is comparable with launch/eval.py's. Each process plays a
     contiguous share of the profiles; the results are combined."""
     profiles = run.eval_profiles
-    if config.train.eval_max_profiles:
-        profiles = profiles[:config.train.eval_max_profiles]
+    if run.loop.eval_max_profiles:
+        profiles = profiles[:run.loop.eval_max_profiles]
     mine = hosts.share(len(profiles))
     policy = JaxPolicy(run.actor_cfg, run.chat, run.eval.sampling, params, key)
 

@@ -49,6 +49,7 @@ from rlver_jax.train import run
 from rlver_jax.sampling import generation
 from rlver_jax.parallel import sharding
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
+from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.models import attention, qwen2
 from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import TrainBatch
@@ -318,7 +319,7 @@ def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = No
     host (replicated); a KV cache kept between turns has its rows and kv heads split."""
     cfg = s.program.actor_cfg
     # JaxPolicy fills stop and pad ids from the tokenizer; their values do not change the program.
-    settings = dataclasses.replace(run.sampling_settings(s.config), stop_ids=(0, 1), pad_id=0)
+    settings = dataclasses.replace(SamplingSettings.from_config(s.config.rollout, "config.rollout."), stop_ids=(0, 1), pad_id=0)
     layout = sampling_layout(s, host_devices)
     host = layout.local
     params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, layout.dtype, sharding=sh),

@@ -20,11 +20,11 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
+from rlver_jax.checks import build_all, check_ranges
 from rlver_jax.models import loading
 from rlver_jax.text import chat
 from rlver_jax.parallel import sharding
 from rlver_jax.train import tracking
-from rlver_jax.cli.config_checks import check_config
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import trainer
@@ -38,6 +38,46 @@ from rlver_jax.train.workdir import WorkDir
 
 log = logging.getLogger(__name__)
 
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """What the training loop reads of the config: step count and batch, staleness, evaluation,
+    transcript and checkpoint cadence, the seed."""
+
+    steps: int  # config.train.steps
+    profiles_per_step: int  # config.rollout: k profiles a step, n dialogues each
+    n: int
+    max_staleness: int  # config.rollout: policy versions a batch may lag
+    length_multiple: int  # config.train: the training sequence length bucket
+    eval_every: int  # config.train: in-loop evaluation every N steps (0: off), on at most
+    eval_max_profiles: int  # this many held-out profiles (0: all)
+    transcripts: bool  # config.train: write every batch's dialogues
+    save_every: int  # config.checkpoint
+    keep: int
+    async_save: bool
+    resume: bool
+    seed: int  # config.seed
+    workdir: str  # config.workdir as given (a path or a gs:// URL): for messages and the plot's title
+
+    def __post_init__(self):
+        check_ranges({"config.train.steps": self.steps, "config.train.eval_every": self.eval_every,
+                      "config.train.eval_max_profiles": self.eval_max_profiles,
+                      "config.train.length_multiple": self.length_multiple, "config.rollout.n": self.n,
+                      "config.rollout.profiles_per_step": self.profiles_per_step,
+                      "config.rollout.max_staleness": self.max_staleness,
+                      "config.checkpoint.save_every": self.save_every, "config.checkpoint.keep": self.keep},
+                     lowest={"steps": 0, "eval_every": 0, "eval_max_profiles": 0, "length_multiple": 1, "n": 1,
+                             "profiles_per_step": 1, "max_staleness": 0, "save_every": 1, "keep": 1})
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> LoopSettings:
+        t, r, c = config.train, config.rollout, config.checkpoint
+        return cls(steps=t.steps, profiles_per_step=r.profiles_per_step, n=r.n, max_staleness=r.max_staleness,
+                   length_multiple=t.length_multiple, eval_every=t.eval_every, eval_max_profiles=t.eval_max_profiles,
+                   transcripts=t.transcripts, save_every=c.save_every, keep=c.keep, async_save=c.async_save,
+                   resume=c.resume, seed=config.seed, workdir=config.workdir)
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """The in-loop evaluation (`config.train.eval_*`): the training simulator's backend under SAGE's
@@ -49,13 +89,11 @@ class EvalSettings:
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict, simulator: SimulatorSettings) -> EvalSettings:
-        p = config.train.eval_policy
-        rules = EmotionRules.from_config(config.train.eval_rules)
-        rollout = RolloutSettings(think=config.rollout.think, max_new_tokens=p.max_new_tokens,
-                                  max_total_tokens=p.max_total_tokens, format_failure=p.format_failure,
-                                  think_history=p.think_history)
-        sampling = SamplingSettings(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                                    max_new_tokens=p.max_new_tokens, cache_slots=p.cache_slots)
+        p, where = config.train.eval_policy, "config.train.eval_policy."
+        rules, rollout, sampling = build_all(
+            lambda: EmotionRules.from_config(config.train.eval_rules),
+            lambda: RolloutSettings.from_config(p, where, think=config.rollout.think),
+            lambda: SamplingSettings.from_config(p, where))
         return cls(dataclasses.replace(simulator, rules=rules), rollout, sampling)
 
 
@@ -63,6 +101,8 @@ class EvalSettings:
 class Run:
     """Everything a training run needs, built from its config by `build_run`."""
 
+    loop: LoopSettings
+    config_record: dict[str, Any]  # config.to_dict(), which W&B records
     workdir: pathlib.Path  # where the run's files go: `storage.local`
     storage: WorkDir  # config.workdir: a path, or a gs:// URL mirrored from `workdir`
     rl: trainer.RLSettings
@@ -109,10 +149,10 @@ def rl_settings(config: ml_collections.ConfigDict) -> trainer.RLSettings:
 
 def split_profiles(config: ml_collections.ConfigDict) -> tuple[list[Profile], list[Profile]]:
     """(training, held-out) profiles: `data.eval_profiles`, or the last `data.eval_holdout` of training's."""
-    train = load_profiles(config.data.train_profiles or None)
-    if not config.data.train_profiles and config.model.preset != "tiny":
+    if not config.data.train_profiles:
         raise ValueError("config.data.train_profiles is empty: set it to a JSONL profile file, e.g. "
                          "--config.data.train_profiles=../shared/data/rlver/train_profile.jsonl")
+    train = load_profiles(config.data.train_profiles)
     if config.data.eval_profiles:
         return train, load_profiles(config.data.eval_profiles)
     k = config.data.eval_holdout
@@ -150,9 +190,11 @@ def _tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat
     """The run's tokenizer. A tiny run builds one (deterministically) in WORKDIR/tokenizer on
     process 0; the other processes build theirs in a temporary directory, so no two write one file."""
     if jax.process_index() == 0:
-        return loading.load_tokenizer(config, workdir)
+        return loading.tokenizer_for(config, workdir)
     with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
-        return loading.load_tokenizer(config, pathlib.Path(tmp))
+        return loading.tokenizer_for(config, pathlib.Path(tmp))
+
+
 def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
                     ) -> tuple[trainer.Optimizer, trainer.Optimizer | None]:
     """The actor's and (PPO) the critic's optimizer; their schedules count the run's optimizer steps."""
@@ -162,12 +204,6 @@ def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
     if not rl.uses_critic:
         return actor_opt, None
     return actor_opt, trainer.make_optimizer(trainer.OptimSettings(**config.optim.critic), optimizer_steps)
-
-
-def sampling_settings(config: ml_collections.ConfigDict) -> SamplingSettings:
-    r = config.rollout
-    return SamplingSettings(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                            max_new_tokens=r.max_new_tokens, cache_slots=r.cache_slots)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,20 +242,24 @@ def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, me
 
 def build_run(config: ml_collections.ConfigDict) -> Run:
     """Build the run of `config` (configs/base.py); creates the work directory and (process 0)
-    writes its config.json."""
-    check_config(config)
+    writes its config.json. Every settings type checks its fields before anything is touched."""
+    r = config.rollout
+    loop, sampling, rollout, simulator = build_all(
+        lambda: LoopSettings.from_config(config),
+        lambda: SamplingSettings.from_config(r, "config.rollout."),
+        lambda: RolloutSettings.from_config(r, "config.rollout.", think=r.think, pipeline_groups=r.pipeline_groups),
+        lambda: SimulatorSettings.from_config(config.simulator))
+    # Then what builds on those (the in-loop evaluation varies the simulator's settings; rl_settings
+    # divides by the batch sizes checked above).
+    eval_settings, rl, tracking_settings = build_all(
+        lambda: EvalSettings.from_config(config, simulator), lambda: rl_settings(config),
+        lambda: tracking.TrackingSettings.from_config(config))
     storage = WorkDir(config.workdir)
     workdir = storage.local
     if jax.process_index() == 0:
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-    rl = rl_settings(config)
-    r = config.rollout
-    rollout = RolloutSettings(think=r.think, max_new_tokens=r.max_new_tokens, max_total_tokens=r.max_total_tokens,
-                              format_failure=r.format_failure, pipeline_groups=r.pipeline_groups,
-                              think_history=r.think_history)
     train_profiles, eval_profiles = split_profiles(config)
-    simulator = SimulatorSettings.from_config(config.simulator)
-    tracking_settings = dataclasses.replace(tracking.TrackingSettings.from_config(config), run_dir=str(workdir))
+    tracking_settings = dataclasses.replace(tracking_settings, run_dir=str(workdir))
     check_endpoint(simulator)
     chat_tokens = _tokenizer(config, workdir)
 
@@ -242,8 +282,8 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
         critic_tx = prog.critic_opt.tx
     state = trainer.init_train_state(actor, prog.actor_opt.tx, critic, critic_tx, config.seed, shardings=prog.shardings)
     state = trainer.place(prog.fns, state, "rest")  # where it waits between steps (config.train.offload)
-    return Run(workdir=workdir, storage=storage, rl=rl, rollout=rollout, sampling=sampling_settings(config),
-               simulator=simulator, eval=EvalSettings.from_config(config, simulator), tracking=tracking_settings,
+    return Run(loop=loop, config_record=config.to_dict(), workdir=workdir, storage=storage, rl=rl, rollout=rollout,
+               sampling=sampling, simulator=simulator, eval=eval_settings, tracking=tracking_settings,
                chat=chat_tokens, train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh,
                dialogue_process=owner, own_dialogues=own,
                sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, config.mesh.rules), actor_cfg=actor_cfg,
