@@ -93,8 +93,8 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
             dialogues = hosts.allgather_dialogues(batch.sequences, run.dialogue_process)  # every process's
             train_batch, policy_tokens = _collate(config, run, step, batch, dialogues)
             t1 = time.perf_counter()
-            state, update_metrics = trainer.train_on_batch(run.fns, state, train_batch, run.ref_params,
-                                                           policy_tokens)
+            state, update_metrics, advantages = trainer.train_on_batch(run.update, state, train_batch,
+                                                                       run.ref_params, policy_tokens)
             update_s = time.perf_counter() - t1
             check_finite(step, update_metrics)
             sampler = run.sampling_layout.copy(state.actor)
@@ -105,7 +105,8 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
                        "policy_lag": float(step - batch.version),
                        "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in dialogues))}
             if config.train.transcripts and jax.process_index() == 0:
-                write_transcripts(run.workdir / "transcripts", step, dialogues)
+                write_transcripts(run.workdir / "transcripts", step, dialogues,
+                                  advantages=_advantages(advantages, dialogues))
             if config.train.eval_every and run.eval_profiles and (step + 1) % config.train.eval_every == 0:
                 metrics.update(evaluate(config, run, sampler, step, trainer.step_keys(rng, step).eval))
             writers.write(step, metrics, dialogues)
@@ -124,6 +125,12 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
                         title=pathlib.PurePosixPath(config.workdir).name)
         run.storage.push()
     return metrics
+
+
+def _advantages(advantages: np.ndarray, dialogues: list[DialogueSequence]) -> list[float | None]:
+    """Each dialogue's advantage as the trainer gave it (`advantages` by the batch's dialogue ids:
+    a dialogue's index in the step), None for one left out of training."""
+    return [float(advantages[d]) if s.trainable else None for d, s in enumerate(dialogues)]
 
 
 def _interrupted(config: ml_collections.ConfigDict, manager, state: trainer.TrainState,
@@ -175,7 +182,7 @@ def _rollout_buffer(config: ml_collections.ConfigDict, run: Run, rng: np.ndarray
     of `profiles_for_step(i)` (`run.own_dialogues`; dialogue d is sample d % n of profile d // n),
     dialogue d sampled from fold_in(rollout key of step i, d)."""
     simulator = build_simulator(run.simulator)
-    policy = JaxPolicy(run.actor_cfg, run.chat, run.sampling, None, trainer.step_keys(rng, start).rollout)
+    policy = JaxPolicy(run.update.actor_cfg, run.chat, run.sampling, None, trainer.step_keys(rng, start).rollout)
     runner = EpisodeRunner(policy, simulator, run.chat, run.rollout)
     k, n = config.rollout.profiles_per_step, config.rollout.n
 
@@ -255,7 +262,7 @@ def evaluate(config: ml_collections.ConfigDict, run: Run, params: Any, step: int
     if config.train.eval_max_profiles:
         profiles = profiles[:config.train.eval_max_profiles]
     mine = hosts.share(len(profiles))
-    policy = JaxPolicy(run.actor_cfg, run.chat, run.eval.sampling, params, key)
+    policy = JaxPolicy(run.update.actor_cfg, run.chat, run.eval.sampling, params, key)
 
     async def rollouts():
         async with build_simulator(run.eval.simulator) as sim:
