@@ -245,9 +245,9 @@ def _micro_map(fn, n_micro: int, *arrays):
 
 
 def id_bound(rows: int) -> int:
-    """An exclusive bound of the group and dialogue ids of a batch of `rows` rows (all processes'):
-    collate gives a dialogue's rows ids below `rows` (a step has at most a row per dialogue slot)
-    and padding row b the id rows + b (rlver_jax.rl.batch.collate's `padding_ids`)."""
+    """An exclusive bound of the group and dialogue ids in a batch of `rows` rows (every process's):
+    a dialogue's rows carry ids below the step's dialogue count (at most `rows`), a process's
+    padding row b the id rows + b with b < rows (rlver_jax.rl.batch.collate's `padding_ids`)."""
     return 2 * rows
 
 
