@@ -12,7 +12,7 @@ words (random words from a small list, tokenised by the tiny tokenizer; ids vali
 preset's vocabulary). "keep": one row per dialogue, every turn's thinking stays in the context.
 "drop": one row per turn, its prompt the reply-only history. Both are collated as training does
 (rlver_jax.rl.batch.collate: rows padded to a multiple of the dialogues, length to a multiple
-of --length_multiple) and updated by the jitted train step of training (trainer.make_update_fns:
+of --length_multiple) and updated by the jitted train step of training (trainer.make_update_program:
 old log-probs, GRPO advantages, one mini-batch of all dialogues, micro-batches of
 --micro_batch_size rows, AdamW (or --optimizer=sgd); groups of 2 dialogues, the paper's loss
 settings). One warm-up
@@ -85,12 +85,12 @@ def dialogues(chat_tokens: chat.ChatTokens, n: int, turns: int, drop: bool) -> l
     return out
 
 
-def median_update_seconds(fns, state, batch) -> tuple[float, float]:
+def median_update_seconds(program, state, batch) -> tuple[float, float]:
     """Median seconds of a train step after one warm-up step, and the load average after."""
     times = []
     for i in range(_STEPS.value + 1):
         t0 = time.perf_counter()
-        state, _ = trainer.train_on_batch(fns, state, batch)  # fetches the metrics: the step is done
+        state, _, _ = trainer.train_on_batch(program, state, batch)  # fetches the metrics: the step is done
         if i:
             times.append(time.perf_counter() - t0)
     return statistics.median(times), os.getloadavg()[0]
@@ -111,8 +111,8 @@ def bench(chat_tokens: chat.ChatTokens, spec: str) -> list[str]:
         opt = (trainer.make_optimizer(trainer.OptimSettings(), total_steps=100) if _OPTIMIZER.value == "adamw"
                else trainer.Optimizer(optax.sgd(1e-6), optax.constant_schedule(1e-6)))
         state = trainer.init_train_state(qwen2.init_params(cfg, jax.random.key(0)), opt.tx, seed=0)
-        fns = trainer.make_update_fns(rl, cfg, None, opt, None)
-        seconds, load = median_update_seconds(fns, state, batch)
+        program = trainer.make_update_program(rl, cfg, None, opt, None)
+        seconds, load = median_update_seconds(program, state, batch)
         b, t = batch.tokens.shape
         real, policy = int(batch.attention_mask.sum()), int(batch.policy_mask.sum())
         rows.append(f"| {preset} | {n} x {turns} | {mode} | {b} x {t} | {real:,} | {b * t:,} | {policy:,} | "

@@ -11,7 +11,7 @@ batch: B rows of T random tokens, every row full length, alternating 64-token us
 segments (the policy mask covers half the tokens), a GRPO reward on each row's last policy token.
 
   ours: exactly what training runs per mini-batch: the actor's program of a train step
-    (`make_update_fns(...).actor`, `trainer.model_epochs` over `actor_update`), its params and
+    (`make_update_program(...).actor`, `trainer.model_epochs` over `actor_update`), its params and
     AdamW state donated, with GRPO settings (no critic, no reference), the whole batch one
     mini-batch; old log-probs and advantages come from the prepare program once, outside the timing. Forward, backward of the PPO loss
     (plus the entropy metric), global-norm clipping and optax AdamW, one jitted program. The LM
@@ -139,14 +139,14 @@ def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: boo
     rl = trainer.RLSettings(algo="grpo", mini_batch_size=rows, micro_batch_size=_MICRO.value or rows)
     opt = trainer.make_optimizer(trainer.OptimSettings(), total_steps=100)
     state = trainer.init_train_state(init_params(config), opt.tx, seed=_SEED.value)
-    fns = trainer.make_update_fns(rl, config, None, opt, None)
+    program = trainer.make_update_program(rl, config, None, opt, None)
     device_batch = {k: jnp.asarray(v) for k, v in arrays.items()}
-    inputs, minibatch_rows, _ = fns.prepare(state.models(), None, device_batch)
-    params, opt_state = state.actor, state.actor_opt
+    inputs, minibatch_rows, _, _ = program.prepare(state.models(), None, device_batch)
+    params, opt_state = state.model("actor")
 
     def step() -> None:
         nonlocal params, opt_state
-        params, opt_state, metrics = fns.actor(state.step, params, opt_state, inputs, minibatch_rows)
+        params, opt_state, metrics = program.actor(state.step, params, opt_state, inputs, minibatch_rows)
         jax.block_until_ready(metrics)
 
     host = {k: np.asarray(inputs[k]) for k in ("old_logprobs", "advantages")}

@@ -138,7 +138,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train = ml_collections.ConfigDict()
     c.train.steps = 40 if tiny else 1000  # rollout batches (paper: 1000)
     c.train.length_multiple = 64 if tiny else 512  # training sequence length bucket
-    # What waits in host memory (rl.trainer.OFFLOAD): "none"; "idle": the model not being updated,
+    # What waits in host memory (rl.offload.OFFLOAD): "none"; "idle": the model not being updated,
     # during the other's program (PPO); "state": that, and the whole train state between steps
     # (rollout, evaluation), the AdamW states during prepare. 7B: "state" fits PPO and GRPO on
     # 16 x 16 GB chips (docs/sharding.md) for ~2 x the state crossing PCIe per step.

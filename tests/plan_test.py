@@ -15,7 +15,6 @@ import pytest
 from configs import grpo_think, ppo_think
 from rlver_jax.train import memory_plan, run
 from rlver_jax.parallel import sharding
-from rlver_jax.rl import trainer
 from rlver_jax.rl.batch import TrainBatch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -42,16 +41,17 @@ def test_planner_lowers_the_trainers_programs(module, tmp_path):
     host = TrainBatch(**{k: np.zeros(v.shape, v.dtype) for k, v in s.batch.items() if k != "policy_positions"})
     host.policy_mask[:] = 1.0
     placed = sharding.shard_host_batch(r.mesh, host.arrays())
-    models = r.state.replace(actor_opt=None, critic_opt=None)
-    assert s.program.fns.prepare.lower(s.models, s.ref, s.batch).as_text() == \
-        r.fns.prepare.lower(models, r.ref_params, placed).as_text()
-    inputs, rows, _ = r.fns.prepare(models, r.ref_params, placed)
-    names = ("actor", "critic") if module is ppo_think else ("actor",)
-    assert (r.fns.critic is None) == (module is grpo_think) and s.rl.uses_critic == (len(names) == 2)
-    for model in names:
-        real = (r.state.step, getattr(r.state, model), getattr(r.state, f"{model}_opt"), inputs, rows)
-        mine = (s.state.step, *s.model_state(model), s.inputs, s.rows)
-        assert getattr(s.program.fns, model).lower(*mine).as_text() == getattr(r.fns, model).lower(*real).as_text()
+    models = r.state.models()
+    assert s.update.prepare.lower(s.models, s.ref, s.batch).as_text() == \
+        r.update.prepare.lower(models, r.ref_params, placed).as_text()
+    inputs, rows, _, _ = r.update.prepare(models, r.ref_params, placed)
+    names = ["actor", "critic"] if module is ppo_think else ["actor"]
+    assert [name for name, _ in r.update.model_programs()] == names and s.rl.uses_critic == (len(names) == 2)
+    planned = dict(s.update.model_programs())
+    for model, fn in r.update.model_programs():
+        real = (r.state.step, *r.state.model(model), inputs, rows)
+        mine = (s.state.step, *s.state.model(model), s.inputs, s.rows)
+        assert planned[model].lower(*mine).as_text() == fn.lower(*real).as_text()
 
 
 def _read(tree: dict, unread: tuple[str, ...]) -> dict:
@@ -68,16 +68,16 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     s = result.setup
     prepare, actor, critic, rollout = result.phases
     opt_states = memory_plan.device_bytes((s.state.actor_opt, s.state.critic_opt))
-    assert prepare.arguments == memory_plan.device_bytes((s.models, _read(s.batch, ("group", "dialogue"))))  # PPO: no groups
+    assert prepare.arguments == memory_plan.device_bytes((s.models, _read(s.batch, ("group",))))  # PPO: no groups
     assert prepare.resident == opt_states
     # The actor reads no values or returns, the critic no old log-probs, advantages or policy
     # positions (it values every token): hand lists.
     own = {"actor": (actor, ("values", "returns")), "critic": (critic, ("old_logprobs", "advantages", "policy_positions"))}
     for model, (phase, unread) in own.items():
         other = "critic" if model == "actor" else "actor"
-        assert phase.arguments == memory_plan.device_bytes((s.state.step, s.model_state(model), _read(s.inputs, unread),
-                                                     s.rows))
-        assert phase.resident == memory_plan.device_bytes((s.state.rng, s.batch, s.model_state(other)))
+        assert phase.arguments == memory_plan.device_bytes((s.state.step, s.state.model(model),
+                                                            _read(s.inputs, unread), s.rows))
+        assert phase.resident == memory_plan.device_bytes((s.state.rng, s.batch, s.state.model(other)))
         assert phase.temporaries > 0 and phase.outputs < 0.01 * phase.arguments
     # Each phase's total counts the whole train state once: as arguments, or resident.
     for p in result.phases:
@@ -101,16 +101,16 @@ def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
     s = result.setup
     by_name = {p.name: p for p in result.phases}
     key_and_batch = memory_plan.device_bytes((s.state.rng, s.batch))
-    actor, actor_opt, critic, critic_opt = (memory_plan.device_bytes(getattr(s.state, p)) for p in trainer.PARTS)
+    actor, actor_opt, critic, critic_opt = (memory_plan.device_bytes(x) for x in (s.state.actor, s.state.actor_opt,
+                                                                                  s.state.critic, s.state.critic_opt))
     for name in ("actor update", "critic update"):
         assert by_name[name].resident == key_and_batch == memory_plan.resident(s, name, "idle")
         assert "in host memory" in by_name[name].note
-    assert by_name["prepare"].arguments == memory_plan.device_bytes((s.models, _read(s.batch, ("group", "dialogue"))))
+    assert by_name["prepare"].arguments == memory_plan.device_bytes((s.models, _read(s.batch, ("group",))))
     assert by_name["prepare"].resident == 0 and memory_plan.resident(s, "prepare", "idle") == actor_opt + critic_opt
     step_and_key = memory_plan.device_bytes((s.state.step, s.state.rng))
     assert by_name["rollout"].resident == step_and_key
-    assert memory_plan.resident(s, "rollout", "idle") == step_and_key + memory_plan.device_bytes([getattr(s.state, p) for p in
-                                                                                    trainer.PARTS])
+    assert memory_plan.resident(s, "rollout", "idle") == step_and_key + actor + actor_opt + critic + critic_opt
     assert memory_plan.crossing_bytes(s) == (actor + critic) + critic + actor_opt + (actor + actor_opt) + (critic + critic_opt) * 2
     assert memory_plan.crossing_bytes(s, "idle") == (critic + critic_opt) * 2 + (actor + actor_opt) * 2
     assert memory_plan.crossing_bytes(s, "none") == 0
@@ -133,7 +133,7 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     phase = memory_plan.rollout_phase(s, shapes, 4)
     assert phase.resident == memory_plan.device_bytes(s.state)
     b, e = shapes.rows, shapes.prompt
-    assert phase.arguments == layout.device_bytes(s.program.actor_cfg) + b * e * (4 + 1) + b * 2 * 4
+    assert phase.arguments == layout.device_bytes(s.update.actor_cfg) + b * e * (4 + 1) + b * 2 * 4
 
 
 def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp_path, monkeypatch):
@@ -150,7 +150,7 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
         cost = {"actor update": s.rl.micro_batch_size * s.seq_len, "prepare": s.rl.micro_batch_size * s.seq_len // 2}
         return [memory_plan.Phase(name, 0, 0, cost[name], 0, 0.0) for name in phases]
 
-    monkeypatch.setattr(plan, "run_phases", fake)
+    monkeypatch.setattr(memory_plan, "run_phases", fake)
     update = ["prepare", "actor update"]
     # micro-batch 8 of 32 at 1024 tokens: 8192 "bytes"; 4 x 1024 fits 4096, 2 x 1024 = 2048 fits 2100.
     assert memory_plan._search(config, 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
@@ -189,7 +189,7 @@ def test_planner_at_half_a_billion_parameters(tmp_path):
     layer = d // 8 * (n + 2 * k) * h + (n + 2 * k) * h + n * h * d // 8 + 3 * d * f // 8 + 2 * d
     assert memory_plan.device_bytes(s.state.actor) == 4 * (v * d // 8 + layers * layer + d) == 247_266_816
     (phase,) = memory_plan.run_phases(s, ["actor update"], 512)
-    args = (s.state.step, s.model_state("actor"), _read(s.inputs, ("values", "returns")), s.rows)
+    args = (s.state.step, s.state.actor, s.state.actor_opt, _read(s.inputs, ("values", "returns")), s.rows)
     assert phase.arguments == memory_plan.device_bytes(args)
     assert 0 < phase.temporaries < 16e9
 

@@ -13,7 +13,7 @@ from rlver_jax.models import loading
 from rlver_jax.parallel import sharding
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
-from rlver_jax.rl import trainer
+from rlver_jax.rl import offload, trainer
 from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -46,8 +46,8 @@ def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):
         critic_cfg, critic = loading.critic_from_actor(cfg, actor)
         critic_opt = make_opt()
     state = trainer.init_train_state(actor, actor_opt.tx, critic, critic_opt and critic_opt.tx, seed=0)
-    fns = trainer.make_update_fns(rl, cfg, critic_cfg, actor_opt, critic_opt)
-    return cfg, state, fns
+    program = trainer.make_update_program(rl, cfg, critic_cfg, actor_opt, critic_opt)
+    return cfg, state, program
 
 
 def _batch():
@@ -64,10 +64,10 @@ def _policy_logprob(cfg, params, batch):
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_update_raises_logprob_of_rewarded_dialogues(algo):
-    cfg, state, fns = _setup(algo, micro=2)
+    cfg, state, program = _setup(algo, micro=2)
     batch = _batch()
     before = _policy_logprob(cfg, state.actor, batch)
-    state, metrics = trainer.train_on_batch(fns, state, batch)
+    state, metrics, _ = trainer.train_on_batch(program, state, batch)
     after = _policy_logprob(cfg, state.actor, batch)
     assert int(state.step) == 1 and all(np.isfinite(v) for v in metrics.values())
     # Within each group the better dialogue gains probability and the worse one loses it.
@@ -82,11 +82,27 @@ def test_microbatch_accumulation_is_exact(algo):
     batch = _batch()
     results = []
     for micro in (4, 2, 1):
-        _, state, fns = _setup(algo, micro=micro, lr=1.0, sgd=True)
-        state, _ = trainer.train_on_batch(fns, state, batch)
+        _, state, program = _setup(algo, micro=micro, lr=1.0, sgd=True)
+        state, _, _ = trainer.train_on_batch(program, state, batch)
         results.append((state.actor, state.critic))
     for other in results[1:]:
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), results[0], other)
+
+
+def test_grpo_dialogue_advantages_are_the_group_normalised_rewards():
+    """train_on_batch hands back each dialogue's advantage (for the transcripts) by its dialogue
+    id: with GRPO the dialogue's reward normalised within its group, in plain numpy; the ids past
+    the dialogues' (padding rows') hold 0."""
+    rng = np.random.default_rng(2)
+    finals = [90.0, 5.0, 70.0, 0.0]
+    seqs = [_dialogue(rng, 0, [30.0, 50.0, f]) for f in finals]
+    _, state, program = _setup("grpo", micro=2)
+    state, _, advantages = trainer.train_on_batch(program, state, collate(seqs, batch_size=4, reward_mode="final",
+                                                                          length_multiple=8))
+    r = np.array(finals) / 100
+    assert advantages.shape == (8,)
+    np.testing.assert_allclose(advantages[:4], (r - r.mean()) / (r.std(ddof=1) + 1e-6), rtol=1e-5)
+    np.testing.assert_array_equal(advantages[4:], 0.0)
 
 
 def test_settings_errors_name_the_field():
@@ -110,7 +126,7 @@ def _placed_setup(mesh, rl, opt, offload="none"):
     critic_tx = critic_opt and critic_opt.tx
     state_sh = trainer.state_shardings(actor_opt.tx, actor, actor_sh, critic_tx, critic, critic_sh)
     state = trainer.init_train_state(actor, actor_opt.tx, critic, critic_tx, seed=0, shardings=state_sh)
-    return state, trainer.make_update_fns(rl, cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, offload=offload)
+    return state, trainer.make_update_program(rl, cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, offload=offload)
 
 
 def test_train_step_compiles_once_and_stays_on_the_device(monkeypatch):
@@ -120,10 +136,10 @@ def test_train_step_compiles_once_and_stays_on_the_device(monkeypatch):
     monkeypatch.setattr(trainer, "prepare_step", chex.assert_max_traces(trainer.prepare_step, n=1))
     monkeypatch.setattr(trainer, "model_epochs", chex.assert_max_traces(trainer.model_epochs, n=2))
     rl = trainer.RLSettings(algo="ppo", mini_batch_size=2, micro_batch_size=1, ppo_epochs=2)
-    state, fns = _placed_setup(sharding.make_mesh((1, 2, 4)), rl, trainer.OptimSettings(lr=1e-3))
-    state, _ = trainer.train_on_batch(fns, state, _batch())
+    state, program = _placed_setup(sharding.make_mesh((1, 2, 4)), rl, trainer.OptimSettings(lr=1e-3))
+    state, _, _ = trainer.train_on_batch(program, state, _batch())
     with jax.transfer_guard("disallow"):
-        state, metrics = trainer.train_on_batch(fns, state, _batch())
+        state, metrics, _ = trainer.train_on_batch(program, state, _batch())
     assert int(jax.device_get(state.step)) == 2 and all(np.isfinite(v) for v in metrics.values())
 
 
@@ -146,7 +162,7 @@ def test_offload_moves_parts_and_changes_nothing(monkeypatch):
     seen = []
     results = {}
     for mode in ("none", *_PLACES):
-        state, fns = _placed_setup(mesh, rl, trainer.OptimSettings(lr=1e-2), mode)
+        state, program = _placed_setup(mesh, rl, trainer.OptimSettings(lr=1e-2), mode)
 
         def where(st):
             return "".join("H" if jax.tree.leaves(getattr(st, p))[0].sharding.memory_kind == "pinned_host" else "D"
@@ -159,21 +175,21 @@ def test_offload_moves_parts_and_changes_nothing(monkeypatch):
             return run
 
         current = [state]
-        place = trainer.place
+        place = offload.place
 
-        def tracked_place(f, st, stage):
-            current[0] = place(f, st, stage)
+        def tracked_place(*args):
+            current[0] = place(*args)
             return current[0]
 
-        monkeypatch.setattr(trainer, "place", tracked_place)
-        fns = dataclasses.replace(fns, prepare=watch("prepare", fns.prepare), actor=watch("actor", fns.actor),
-                                  critic=watch("critic", fns.critic))
+        monkeypatch.setattr(offload, "place", tracked_place)
+        program = dataclasses.replace(program, prepare=watch("prepare", program.prepare), actor=watch("actor", program.actor),
+                                  critic=watch("critic", program.critic))
         seen.clear()
         for _ in range(2):
-            state, metrics = trainer.train_on_batch(fns, state, _batch())
+            state, metrics, _ = trainer.train_on_batch(program, state, _batch())
             seen.append(("after", where(state)))
         results[mode] = (jax.device_get(state), metrics, list(seen))
-        monkeypatch.setattr(trainer, "place", place)
+        monkeypatch.setattr(offload, "place", place)
     assert all(w == "DDDD" for _, w in results["none"][2])
     for mode, places in _PLACES.items():
         assert results[mode][2] == [(stage, places[stage]) for stage in ("prepare", "actor", "critic", "after")] * 2
@@ -194,7 +210,7 @@ def test_norm_and_learning_rate_metrics_match_numpy(algo):
     warmup steps from lr / 5 to lr: 2e-3 at the first step, 4e-3 at the second."""
     rl = trainer.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2)
     opt = trainer.OptimSettings(lr=1e-2, warmup_ratio=0.5)
-    state, fns = _placed_setup(sharding.make_mesh((1, 4, 2)), rl, opt)
+    state, program = _placed_setup(sharding.make_mesh((1, 4, 2)), rl, opt)
     models = ("actor", "critic") if algo == "ppo" else ("actor",)
 
     def norm(tree):
@@ -202,7 +218,7 @@ def test_norm_and_learning_rate_metrics_match_numpy(algo):
 
     for expected_lr in (2e-3, 4e-3):
         old = {m: jax.device_get(getattr(state, m)) for m in models}  # host copies: the step donates
-        state, metrics = trainer.train_on_batch(fns, state, _batch())
+        state, metrics, _ = trainer.train_on_batch(program, state, _batch())
         for m in models:
             new = jax.device_get(getattr(state, m))
             assert metrics[f"{m}_update_norm"] == pytest.approx(norm(jax.tree.map(np.subtract, new, old[m])), rel=1e-4)
@@ -259,12 +275,13 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     np.testing.assert_allclose(row_adv, [a, a, a, -a, 0, 0, 0, 0], atol=1e-5)
     assert trainer.minibatch_rows(rl, jax.random.key(1), 8).shape == (2, 4)
     opt = trainer.Optimizer(optax.sgd(1e-2), optax.constant_schedule(1e-2))
-    fns = trainer.make_update_fns(rl, cfg, None, opt, None)
+    program = trainer.make_update_program(rl, cfg, None, opt, None)
     state = trainer.init_train_state(actor, opt.tx, seed=0)
-    state, metrics = trainer.train_on_batch(fns, state, batch)
+    state, metrics, advantages = trainer.train_on_batch(program, state, batch)
     assert int(state.step) == 1 and np.isfinite(metrics["policy_loss"])
+    np.testing.assert_allclose(advantages[:4], [a, -a, 0, 0], atol=1e-5)  # a dialogue's, whatever its rows
     with pytest.raises(ValueError, match="and of the 4 dialogues per step"):
-        trainer.train_on_batch(fns, state, collate(seqs[:1], batch_size=3, reward_mode="final", length_multiple=8))
+        trainer.train_on_batch(program, state, collate(seqs[:1], batch_size=3, reward_mode="final", length_multiple=8))
 def test_critic_has_no_lm_head_and_the_values_of_a_headed_critic():
     """The critic built from an untied actor keeps no vocabulary projection, in its parameters or
     its optimizer state, and its values are the actor's last hidden state through the value head,

@@ -14,6 +14,7 @@ import pytest
 from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.simulator import get_simulator_config
+from rlver_jax.eval import run_view
 from rlver_jax.train import checkpoint, run as run_lib, loop
 from rlver_jax import files
 from rlver_jax.parallel import sharding
@@ -67,6 +68,7 @@ def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
                       for name in transcripts[:2]}
     assert first_emotions == {"eval_000001.jsonl": {40}, "train_000000.jsonl": {30}}
     assert any((tmp_path / "straight" / "tensorboard").iterdir())
+    _check_transcript_advantages(tmp_path / "straight", straight.rl.grpo_eps)
 
     resumed = small(grpo_think.get_config("tiny"), tmp_path / "resumed", steps=2)
     loop.train(resumed, progress=False)
@@ -76,6 +78,23 @@ def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, a, b)
     steps = [json.loads(l)["step"] for l in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2]
+
+
+def _check_transcript_advantages(workdir, eps):
+    """A GRPO step's transcripts carry the trainer's advantages: each trained dialogue's reward
+    normalised over its group's trained dialogues (plain numpy; none for the others), and the
+    step's page shows them."""
+    records = read_jsonl(workdir / "transcripts" / "train_000000.jsonl")
+    trained = [not r["simulator_error"] and bool(r["turns"]) for r in records]
+    for group in {r["group"] for r in records}:
+        members = [i for i, r in enumerate(records) if r["group"] == group and trained[i]]
+        rewards = np.array([records[i]["reward"] for i in members])
+        std = rewards.std(ddof=1) if len(rewards) > 1 else 0.0
+        expected = np.zeros_like(rewards) if std == 0 else (rewards - rewards.mean()) / (std + eps)
+        np.testing.assert_allclose([records[i]["advantage"] for i in members], expected, atol=1e-5)
+    assert all(r["advantage"] is None for r, t in zip(records, trained) if not t)
+    page = (run_view.write_run_view(workdir).parent / "train_000000.html").read_text()
+    assert all(f"advantage {r['advantage']:+.3f}" in page for r in records if r["advantage"])
 
 
 def test_ppo_tiny_trains_with_a_critic(tmp_path):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import pathlib
 import re
 from collections.abc import Mapping, Sequence
@@ -54,21 +53,6 @@ class AdvantageSettings:
                    eps=rl.get("grpo_eps", 1e-6))
 
 
-def group_advantages(rewards: Sequence[float], normalize_std: bool = True, eps: float = 1e-6) -> list[float]:
-    """GRPO's advantage of each member of one group (as rl.advantages.grpo_advantages):
-    A_i = (r_i - mean) / (std + eps) with the sample std (ddof=1), or r_i - mean without
-    normalisation; 0 for a group of one or of identical rewards."""
-    n = len(rewards)
-    if n < 2:
-        return [0.0] * n
-    mean = sum(rewards) / n
-    centered = [r - mean for r in rewards]
-    if not normalize_std:
-        return centered
-    std = math.sqrt(sum(c * c for c in centered) / (n - 1))
-    return [0.0 if std == 0 else c / (std + eps) for c in centered]
-
-
 def _trainable(t: Mapping[str, Any]) -> bool:
     """The trainer leaves out dialogues the simulator failed on and those without a policy turn."""
     return not t.get("simulator_error") and bool(t.get("turns"))
@@ -76,22 +60,16 @@ def _trainable(t: Mapping[str, Any]) -> bool:
 
 def step_groups(records: Sequence[Mapping[str, Any]], settings: AdvantageSettings) -> list[dict[str, Any]]:
     """A batch's dialogues by GRPO group (first appearance order), each with its reward and the
-    advantage the trainer gave it: the record's own "advantage" when saved, else computed from the
-    group's rewards; None for a dialogue left out of training."""
+    advantage the trainer gave it (the record's "advantage", written by the training loop); None
+    for a dialogue left out of training, with PPO, or in a transcript written without one."""
     by_group: dict[Any, list[tuple[int, Mapping[str, Any]]]] = {}
     for i, t in enumerate(records):
         by_group.setdefault(t.get("group", i), []).append((i, t))
     groups = []
     for gid, members in by_group.items():
         used = [t for _, t in members if _trainable(t)]
-        computed = iter(group_advantages([float(t.get("reward") or 0.0) for t in used],
-                                         settings.normalize_std, settings.eps))
-        dialogues = []
-        for i, t in members:
-            adv = next(computed) if _trainable(t) else None
-            if settings.grpo and adv is not None:
-                adv = t.get("advantage", adv)
-            dialogues.append((html_report.dialogue_view(t, i), adv if settings.grpo else None))
+        dialogues = [(html_report.dialogue_view(t, i), t.get("advantage") if settings.grpo and _trainable(t) else None)
+                     for i, t in members]
         rewards = [float(t.get("reward") or 0.0) for t in used]
         groups.append({"id": gid, "dialogues": dialogues, "first": dialogues[0][0],
                        "mean": sum(rewards) / len(rewards) if rewards else None,

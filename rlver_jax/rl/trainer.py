@@ -9,7 +9,9 @@ rlver_jax.rl.batch):
               with exact mini-batch loss weights, then one AdamW step each;
   critic:     the same for the critic (PPO), on the same prepared inputs and mini-batch order;
   step + 1.
-A program per model lets what a program does not read wait in host memory (config.train.offload).
+A program per model lets what a program does not read wait in host memory (config.train.offload,
+rlver_jax.rl.offload). `UpdateProgram` holds the update side of a run once: the models'
+architectures and optimizers, the state's shardings and the jitted programs.
 Per-token arrays follow rlver_jax.rl.losses (rlver_jax.rl.logprobs computes them).
 
 Randomness (big_vision style): the state keeps one run key; the draws of train step s (its
@@ -26,6 +28,7 @@ from typing import Any, Callable, NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -33,6 +36,7 @@ from rlver_jax.parallel import sharding
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import advantages as adv_lib
 from rlver_jax.rl import losses
+from rlver_jax.rl import offload as offload_lib
 from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 
@@ -137,6 +141,16 @@ def make_optimizer(opt: OptimSettings, total_steps: int) -> Optimizer:
 # ----------------------------------------------------------------------------- state and keys
 
 
+class ModelState(NamedTuple):
+    """One model's parameters and optimizer state: what its update program reads and donates."""
+
+    params: Params
+    opt: Any
+
+
+MODELS = ("actor", "critic")
+
+
 @flax.struct.dataclass
 class TrainState:
     step: jax.Array  # int32 scalar: completed train steps (one per rollout batch)
@@ -149,6 +163,22 @@ class TrainState:
     def models(self) -> TrainState:
         """What the prepare program reads: the state without its optimizer states."""
         return self.replace(actor_opt=None, critic_opt=None)
+
+    def model(self, name: str) -> ModelState:
+        """The parameters and optimizer state of model `name` (one of MODELS)."""
+        if name == "actor":
+            return ModelState(self.actor, self.actor_opt)
+        if name == "critic":
+            return ModelState(self.critic, self.critic_opt)
+        raise ValueError(f"no model {name!r} in the train state; use one of {MODELS}")
+
+    def with_model(self, name: str, model: ModelState) -> TrainState:
+        """The state with model `name`'s parameters and optimizer state replaced by `model`'s."""
+        if name == "actor":
+            return self.replace(actor=model.params, actor_opt=model.opt)
+        if name == "critic":
+            return self.replace(critic=model.params, critic_opt=model.opt)
+        raise ValueError(f"no model {name!r} in the train state; use one of {MODELS}")
 
 
 class SeedKeys(NamedTuple):
@@ -214,6 +244,23 @@ def _micro_map(fn, n_micro: int, *arrays):
     return jax.tree.map(lambda y: y.reshape((-1,) + y.shape[2:]), out)
 
 
+def id_bound(rows: int) -> int:
+    """An exclusive bound of the group and dialogue ids in a batch of `rows` rows (every process's):
+    a dialogue's rows carry ids below the step's dialogue count (at most `rows`), a process's
+    padding row b the id rows + b with b < rows (rlver_jax.rl.batch.collate's `padding_ids`)."""
+    return 2 * rows
+
+
+def dialogue_advantages(advantages: jax.Array, mask: jax.Array, dialogue: jax.Array) -> jax.Array:
+    """[id_bound(rows)] each dialogue's mean advantage over its policy tokens, indexed by its id
+    (`batch["dialogue"]`), 0 for an id without policy tokens; for the transcripts, not the loss."""
+    m = mask.astype(jnp.float32)
+    n = id_bound(dialogue.shape[0])
+    total = jax.ops.segment_sum(jnp.sum(advantages * m, axis=-1), dialogue, n)
+    count = jax.ops.segment_sum(jnp.sum(m, axis=-1), dialogue, n)
+    return total / jnp.maximum(count, 1.0)
+
+
 def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
             state: TrainState, ref_params: Params | None, batch: dict) -> dict:
     """Old log-probs, values, advantages and returns for a whole batch (no gradients)."""
@@ -244,7 +291,7 @@ def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | No
         # A dialogue's rows are consecutive: its first row stands for it in its group's baseline.
         dialogue = batch["dialogue"]
         first_rows = jnp.concatenate([jnp.ones((1,), bool), dialogue[1:] != dialogue[:-1]])
-        seq_adv = adv_lib.grpo_advantages(scores, batch["group"], 2 * tokens.shape[0],
+        seq_adv = adv_lib.grpo_advantages(scores, batch["group"], id_bound(tokens.shape[0]),
                                           normalize_std=rl.grpo_normalize_std, eps=rl.grpo_eps,
                                           members=first_rows)
         advantages = adv_lib.broadcast_to_tokens(seq_adv, mask)
@@ -335,16 +382,18 @@ def update_inputs(batch: dict, prepared: dict) -> dict:
 
 
 def prepare_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None, models: TrainState,
-                 ref_params: Params | None, batch: dict) -> tuple[dict, jax.Array, dict]:
+                 ref_params: Params | None, batch: dict) -> tuple[dict, jax.Array, dict, jax.Array]:
     """The train step's first program: `prepare` on the batch, the arrays the updates read
-    (`update_inputs`), the step's mini-batch rows (`step_keys(state.rng, state.step).order`) and
-    the sampler-agreement metric. `models` is the state without its optimizer states (unread)."""
+    (`update_inputs`), the step's mini-batch rows (`step_keys(state.rng, state.step).order`), the
+    sampler-agreement metric and each dialogue's advantage (`dialogue_advantages`). `models` is
+    the state without its optimizer states (unread)."""
     prepared = prepare(rl, actor_cfg, critic_cfg, models, ref_params, batch)
     rows = minibatch_rows(rl, step_keys(models.rng, models.step).order, batch["tokens"].shape[0])
     mask = batch["policy_mask"]
     diff = jnp.abs(prepared["old_logprobs"] - batch["sample_logprobs"])
     metrics = {"logprob_diff_sampler": jnp.sum(diff * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
-    return update_inputs(batch, prepared), rows, metrics
+    advantages = dialogue_advantages(prepared["advantages"], mask, batch["dialogue"])
+    return update_inputs(batch, prepared), rows, metrics, advantages
 
 
 def model_epochs(name: str, rl: RLSettings, update: Callable, opt: Optimizer, step: jax.Array, params: Params,
@@ -371,98 +420,56 @@ def model_epochs(name: str, rl: RLSettings, update: Callable, opt: Optimizer, st
 # ----------------------------------------------------------------------------- host driver
 
 
-# What of the train state waits in host memory (config.train.offload): per mode, the parts on the
-# devices in each program of a train step and between steps ("rest": the rollout, the evaluation,
-# checkpoints); the others are in host memory. Each program reads only parts its stage has on the
-# devices; the run key and the step counter never move.
-PARTS = ("actor", "actor_opt", "critic", "critic_opt")
-STAGES = ("prepare", "actor", "critic", "rest")
-OFFLOAD: dict[str, dict[str, tuple[str, ...]]] = {
-    "none": dict.fromkeys(STAGES, PARTS),
-    # the model not being updated in host memory during the other's program
-    "idle": {"prepare": PARTS, "actor": PARTS[:2], "critic": PARTS[2:], "rest": PARTS},
-    # and the whole state between steps, the AdamW states during prepare
-    "state": {"prepare": ("actor", "critic"), "actor": PARTS[:2], "critic": PARTS[2:], "rest": ()},
-}
-HOST_MEMORY = "pinned_host"
-
-
 @dataclasses.dataclass(frozen=True)
-class UpdateFns:
-    """The jitted programs of one run's train step (built once; shardings fixed at build time):
-    `prepare` (models, ref, batch) -> (inputs, rows, metrics); `actor` and (PPO) `critic`
-    (step, params, opt_state, inputs, rows) -> (params, opt_state, metrics), their model donated;
-    `next_step` (step) -> step + 1. `train_step` runs them in that order."""
+class UpdateProgram:
+    """The update side of one run, built once (shardings fixed at build time): the models'
+    architectures and optimizers, the state's shardings and the train step's jitted programs:
+    `prepare` (models, ref, batch) -> (inputs, rows, metrics, dialogue advantages); `actor` and
+    (PPO) `critic` (step, params, opt_state, inputs, rows) -> (params, opt_state, metrics), their
+    model donated; `next_step` (step) -> step + 1. `train_step` runs them in that order."""
 
+    rl: RLSettings
+    actor_cfg: Qwen2Config
+    critic_cfg: Qwen2Config | None  # None: no critic (GRPO)
+    actor_opt: Optimizer
+    critic_opt: Optimizer | None
     prepare: Callable
     actor: Callable
     critic: Callable | None
     next_step: Callable
-    rl: RLSettings
     mesh: Any = None  # batches are split over its batch axes; None: the default device
-    offload: str = "none"  # a key of OFFLOAD
+    offload: str = "none"  # a mode of rlver_jax.rl.offload.OFFLOAD
     shardings: TrainState | None = None  # the state's, in device memory (with a mesh)
+    ref_shardings: Any | None = None  # the frozen reference policy's (a KL term only)
 
-    def on_device(self, stage: str) -> tuple[str, ...]:
-        """The state's parts on the devices at `stage` (one of STAGES)."""
-        return OFFLOAD[self.offload][stage]
-
-
-def place(fns: UpdateFns, state: TrainState, stage: str) -> TrainState:
-    """`state` with its parts where `fns.offload` has them at `stage`: parts leaving the devices
-    go first, so the memory is free before the others arrive. Moving frees the source buffers
-    (device_put cannot donate across memory kinds), so `state` is consumed."""
-    if fns.offload == "none":
-        return state
-    wanted = fns.on_device(stage)
-
-    def kind(part: str) -> str:
-        return jax.tree.leaves(getattr(state, part))[0].sharding.memory_kind
-
-    parts = [p for p in PARTS if getattr(state, p) is not None]
-    out = [p for p in parts if p not in wanted and kind(p) != HOST_MEMORY]
-    into = [p for p in parts if p in wanted and kind(p) == HOST_MEMORY]
-    for moving, to_host in ((out, True), (into, False)):
-        if moving:
-            trees = [getattr(state, p) for p in moving]
-            targets = [getattr(fns.shardings, p) for p in moving]
-            if to_host:
-                targets = jax.tree.map(lambda sh: sh.with_memory_kind(HOST_MEMORY), targets)
-            moved = jax.block_until_ready(jax.device_put(trees, targets))
-            for x in jax.tree.leaves(trees):
-                x.delete()
-            state = state.replace(**dict(zip(moving, moved)))
-    return state
+    def model_programs(self) -> list[tuple[str, Callable]]:
+        """(model, its update program) in the order a train step runs them."""
+        return [(name, fn) for name, fn in (("actor", self.actor), ("critic", self.critic)) if fn is not None]
 
 
-def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
-                    actor_opt: Optimizer, critic_opt: Optimizer | None, mesh=None, state_shardings=None,
-                    ref_shardings=None, rules=None, offload: str = "none") -> UpdateFns:
+def make_update_program(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
+                        actor_opt: Optimizer, critic_opt: Optimizer | None, mesh=None, state_shardings=None,
+                        ref_shardings=None, rules=None, offload: str = "none") -> UpdateProgram:
     """Jit the train step's programs; each model's program donates its parameters and optimizer state.
 
     With a mesh and the state's shardings (`state_shardings`), parameters and optimizer states
     keep their layout across steps, and every batch array is split over the batch axes; `rules`
     (config.mesh.rules) may split the residual stream's tokens (sharding.jit_sharded).
-    `offload` (a key of OFFLOAD, with a mesh): what waits in host memory when (config.train.offload).
+    `offload` (a mode of rlver_jax.rl.offload.OFFLOAD, with a mesh): what waits in host memory
+    when (config.train.offload).
     """
-    if offload not in OFFLOAD:
-        raise ValueError(f"config.train.offload={offload!r}; use one of {tuple(OFFLOAD)}")
+    offload_lib.check_mode(offload, mesh)
     prepare_fn = functools.partial(prepare_step, rl, actor_cfg, critic_cfg)
     actor_fn = functools.partial(model_epochs, "actor", rl, functools.partial(actor_update, rl, actor_cfg, actor_opt.tx),
                                  actor_opt)
     critic_fn = None if critic_opt is None else functools.partial(
         model_epochs, "critic", rl, functools.partial(critic_update, rl, critic_cfg, critic_opt.tx), critic_opt)
+    common = dict(rl=rl, actor_cfg=actor_cfg, critic_cfg=critic_cfg, actor_opt=actor_opt, critic_opt=critic_opt)
     if mesh is None:
-        if offload != "none":
-            raise ValueError(f"config.train.offload={offload!r} needs the run's mesh (the state's shardings)")
         jit = functools.partial(jax.jit, donate_argnums=(1, 2))
-        return UpdateFns(jax.jit(prepare_fn), jit(actor_fn), critic_fn and jit(critic_fn),
-                         jax.jit(lambda s: s + 1, donate_argnums=0), rl)
-    if offload != "none":
-        kinds = {m.kind for m in mesh.devices.flat[0].addressable_memories()}
-        if HOST_MEMORY not in kinds:
-            raise ValueError(f"config.train.offload={offload!r} needs {HOST_MEMORY!r} memory; the "
-                             f"{mesh.devices.flat[0].platform} devices have {sorted(kinds)}: use offload='none'")
+        return UpdateProgram(**common, prepare=jax.jit(prepare_fn), actor=jit(actor_fn),
+                             critic=critic_fn and jit(critic_fn), next_step=jax.jit(lambda s: s + 1, donate_argnums=0),
+                             ref_shardings=ref_shardings)
     batch = NamedSharding(mesh, P(sharding.BATCH_AXES))  # a prefix: every leaf of a batch dict
     replicated = NamedSharding(mesh, P())
     sh = state_shardings
@@ -472,46 +479,52 @@ def make_update_fns(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Con
         return jit(fn, (replicated, params_sh, opt_sh, batch, replicated), (params_sh, opt_sh, replicated),
                    donate_argnums=(1, 2))
 
-    return UpdateFns(
-        prepare=jit(prepare_fn, (sh.models(), ref_shardings, batch), (batch, replicated, replicated)),
+    return UpdateProgram(
+        **common,
+        prepare=jit(prepare_fn, (sh.models(), ref_shardings, batch), (batch, replicated, replicated, replicated)),
         actor=model_jit(actor_fn, sh.actor, sh.actor_opt),
         critic=critic_fn and model_jit(critic_fn, sh.critic, sh.critic_opt),
         next_step=jit(lambda s: s + 1, (replicated,), replicated, donate_argnums=(0,)),
-        rl=rl, mesh=mesh, offload=offload, shardings=sh)
+        mesh=mesh, offload=offload, shardings=sh, ref_shardings=ref_shardings)
 
 
-def train_step(fns: UpdateFns, state: TrainState, ref_params: Params | None, batch: dict
-               ) -> tuple[TrainState, dict]:
+def train_step(program: UpdateProgram, state: TrainState, ref_params: Params | None, batch: dict
+               ) -> tuple[TrainState, dict, jax.Array]:
     """One train step on placed arrays: prepare, then `ppo_epochs` passes over mini-batches of
     the actor's updates, then the critic's (PPO), then step + 1; the state is consumed. Metrics
-    are replicated device scalars. Before each program the state's parts go where `fns.offload`
-    has them (`place`), and after the last to where they rest between steps."""
-    state = place(fns, state, "prepare")
-    inputs, rows, metrics = fns.prepare(state.models(), ref_params, batch)
-    for model in ("actor", "critic"):
-        fn = getattr(fns, model)
-        if fn is None:
-            continue
-        state = place(fns, state, model)
-        params, opt_state, m = fn(state.step, getattr(state, model), getattr(state, f"{model}_opt"), inputs, rows)
-        state = state.replace(**{model: params, f"{model}_opt": opt_state})
+    are replicated device scalars, as is each dialogue's advantage (`dialogue_advantages`).
+    Before each program the state's parts go where `program.offload` has them (rlver_jax.rl.offload.place),
+    and after the last to where they rest between steps."""
+
+    def place(state: TrainState, stage: str) -> TrainState:
+        return offload_lib.place(state, stage, program.offload, program.shardings)
+
+    state = place(state, "prepare")
+    inputs, rows, metrics, advantages = program.prepare(state.models(), ref_params, batch)
+    for name, fn in program.model_programs():
+        state = place(state, name)
+        params, opt_state, m = fn(state.step, *state.model(name), inputs, rows)
+        state = state.with_model(name, ModelState(params, opt_state))
         metrics.update(m)
-    state = place(fns, state, "rest")
-    return state.replace(step=fns.next_step(state.step)), metrics
+    state = place(state, "rest")
+    return state.replace(step=program.next_step(state.step)), metrics, advantages
 
 
-def train_on_batch(fns: UpdateFns, state: TrainState, batch: TrainBatch, ref_params: Params | None = None,
-                   policy_tokens: int | None = None) -> tuple[TrainState, dict[str, float]]:
+def train_on_batch(program: UpdateProgram, state: TrainState, batch: TrainBatch, ref_params: Params | None = None,
+                   policy_tokens: int | None = None) -> tuple[TrainState, dict[str, float], np.ndarray]:
     """One train step on the device: the batch is placed explicitly (this process's rows on the
-    mesh: rlver_jax.parallel.sharding.shard_host_batch), the step's jitted programs run, and its metrics (reduced
-    on device, replicated) come back as floats from this process's copy; nothing else crosses
-    between host and device. `policy_tokens`: see rl.batch.policy_positions. Returns the new
-    state (step + 1)."""
+    mesh: rlver_jax.parallel.sharding.shard_host_batch), the step's jitted programs run, and its
+    metrics (reduced on device, replicated) come back as floats from this process's copy, with each
+    dialogue's advantage (`dialogue_advantages`, indexed by the batch's global dialogue ids: every
+    process has all of them); nothing else crosses between host and device.
+    `policy_tokens`: see rl.batch.policy_positions. Returns the new state (step + 1)."""
     arrays = batch.arrays(policy_tokens)
-    device_batch = jax.device_put(arrays) if fns.mesh is None else sharding.shard_host_batch(fns.mesh, arrays)
-    bsz, rl = device_batch["tokens"].shape[0], fns.rl  # the global batch: every process's rows
+    mesh = program.mesh
+    device_batch = jax.device_put(arrays) if mesh is None else sharding.shard_host_batch(mesh, arrays)
+    bsz, rl = device_batch["tokens"].shape[0], program.rl  # the global batch: every process's rows
     if bsz % (rl.batch_size or rl.mini_batch_size):
         raise ValueError(f"batch of {bsz} rows is not a multiple of config.rl.mini_batch_size={rl.mini_batch_size}"
                          + (f" and of the {rl.batch_size} dialogues per step" if rl.batch_size else ""))
-    state, metrics = train_step(fns, state, ref_params, device_batch)
-    return state, {k: float(sharding.replicated_value(v)) for k, v in metrics.items()}
+    state, metrics, advantages = train_step(program, state, ref_params, device_batch)
+    return (state, {k: float(sharding.replicated_value(v)) for k, v in metrics.items()},
+            sharding.replicated_value(advantages))

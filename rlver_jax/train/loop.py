@@ -97,11 +97,11 @@ def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
             guard.begin_step(step)  # from here to the checkpoint, Ctrl-C waits for the step to end
             if s.max_staleness == 0:  # the sampler idles until the next publish:
                 jax.tree.map(lambda x: x.delete(), sampler)  # its memory goes to the update
-            state, dialogues, metrics = _update(run, step, state, batch, wait_s)
+            state, dialogues, advantages, metrics = _update(run, step, state, batch, wait_s)
             sampler = run.sampling_layout.copy(state.actor)
             buffer.publish(step + 1, sampler)
             if s.transcripts and jax.process_index() == 0:
-                write_transcripts(run.workdir / "transcripts", step, dialogues)
+                write_transcripts(run.workdir / "transcripts", step, dialogues, advantages=advantages)
             if s.eval_every and run.eval_profiles and (step + 1) % s.eval_every == 0:
                 metrics.update(evaluate(run, sampler, step, trainer.step_keys(rng, step).eval))
             writers.write(step, metrics, dialogues)
@@ -121,20 +121,28 @@ def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
 
 
 def _update(run: Run, step: int, state: trainer.TrainState, batch: RolloutBatch, wait_s: float
-            ) -> tuple[trainer.TrainState, list[DialogueSequence], dict[str, float]]:
+            ) -> tuple[trainer.TrainState, list[DialogueSequence], list[float | None], dict[str, float]]:
     """Step `step`'s update on `batch` (this process's dialogues of it; `wait_s`: how long the loop
-    waited for it): the new state, every process's dialogues and the step's metrics so far."""
+    waited for it): the new state, every process's dialogues, their advantages as the trainer gave
+    them (`_advantages`) and the step's metrics so far."""
     dialogues = hosts.allgather_dialogues(batch.sequences, run.dialogue_process)  # every process's
     train_batch, policy_tokens = _collate(run, step, batch, dialogues)
     t1 = time.perf_counter()
-    state, update_metrics = trainer.train_on_batch(run.fns, state, train_batch, run.ref_params, policy_tokens)
+    state, update_metrics, advantages = trainer.train_on_batch(run.update, state, train_batch, run.ref_params,
+                                                               policy_tokens)
     update_s = time.perf_counter() - t1
     check_finite(step, update_metrics)
     tokens = float(sum(len(s.tokens) for s in dialogues if s.trainable))
-    return state, dialogues, {**rollout_metrics(dialogues), **update_metrics,
+    return state, dialogues, _advantages(advantages, dialogues), {**rollout_metrics(dialogues), **update_metrics,
                               **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
                               "policy_lag": float(step - batch.version),
                               "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in dialogues))}
+
+
+def _advantages(advantages: np.ndarray, dialogues: list[DialogueSequence]) -> list[float | None]:
+    """Each dialogue's advantage as the trainer gave it (`advantages` by the batch's dialogue ids:
+    a dialogue's index in the step), None for one left out of training."""
+    return [float(advantages[d]) if s.trainable else None for d, s in enumerate(dialogues)]
 
 
 def _interrupted(run: Run, manager, state: trainer.TrainState, torn_step: int | None) -> TrainingInterrupted:
@@ -185,7 +193,7 @@ def _rollout_buffer(run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
     of `profiles_for_step(i)` (`run.own_dialogues`; dialogue d is sample d % n of profile d // n),
     dialogue d sampled from fold_in(rollout key of step i, d)."""
     simulator = build_simulator(run.simulator)
-    policy = JaxPolicy(run.actor_cfg, run.chat, run.sampling, None, trainer.step_keys(rng, start).rollout)
+    policy = JaxPolicy(run.update.actor_cfg, run.chat, run.sampling, None, trainer.step_keys(rng, start).rollout)
     runner = EpisodeRunner(policy, simulator, run.chat, run.rollout)
     k, n = run.loop.profiles_per_step, run.loop.n
 
@@ -263,7 +271,7 @@ def evaluate(run: Run, params: Any, step: int, key: jax.Array) -> dict[str, floa
     if run.loop.eval_max_profiles:
         profiles = profiles[:run.loop.eval_max_profiles]
     mine = hosts.share(len(profiles))
-    policy = JaxPolicy(run.actor_cfg, run.chat, run.eval.sampling, params, key)
+    policy = JaxPolicy(run.update.actor_cfg, run.chat, run.eval.sampling, params, key)
 
     async def rollouts():
         async with build_simulator(run.eval.simulator) as sim:

@@ -11,7 +11,7 @@ each). Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The 
   actor update   the actor's program (`trainer.model_epochs`): epochs x mini-batches of actor
                  updates with micro-batch accumulation, its params and AdamW state donated.
   critic update  the same for the critic (PPO). config.train.offload says which of the state's
-                 parts wait in host memory in each (trainer.OFFLOAD, trainer.place).
+                 parts wait in host memory in each (rlver_jax.rl.offload).
                  A run's update phase is these three programs, one after another: its peak is theirs.
   rollout        the sampler's jitted program for one pipeline group at the longest prompt:
                  generation (prefill + decode loop) at a prompt of max_total_tokens when
@@ -51,7 +51,7 @@ from rlver_jax.parallel import sharding
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.models import attention, qwen2
-from rlver_jax.rl import trainer
+from rlver_jax.rl import offload, trainer
 from rlver_jax.rl.batch import TrainBatch
 
 PHASES = ("prepare", "actor update", "critic update", "rollout")
@@ -66,7 +66,7 @@ class Setup:
     config: ml_collections.ConfigDict
     rl: trainer.RLSettings
     mesh: Mesh
-    program: run.UpdateProgram
+    update: trainer.UpdateProgram  # what build_run builds: the models, optimizers, shardings, programs
     state: trainer.TrainState  # ShapeDtypeStructs with the state's shardings
     ref: Any | None  # the reference policy's, with a KL term
     batch: dict  # the train batch (TrainBatch.arrays()), split over the batch axes
@@ -89,15 +89,12 @@ class Setup:
 
     @property
     def offload(self) -> str:
-        return self.program.fns.offload
-
-    def model_state(self, model: str) -> tuple:
-        return getattr(self.state, model), getattr(self.state, f"{model}_opt")
+        return self.update.offload
 
     def in_host_memory(self, stage: str) -> list[str]:
-        """The state's parts that config.train.offload keeps in host memory at `stage` (trainer.STAGES)."""
-        on = self.program.fns.on_device(stage)
-        return [p for p in trainer.PARTS if getattr(self.state, p) is not None and p not in on]
+        """The state's parts that config.train.offload keeps in host memory at `stage` (offload.STAGES)."""
+        present = tuple(p for p in offload.PARTS if getattr(self.state, p) is not None)
+        return offload.in_host_memory(self.offload, stage, present)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +182,7 @@ def abstract_setup(config: ml_collections.ConfigDict, hoist_converts: bool = Tru
     ref = None if prog.ref_shardings is None else sharding.with_shardings(actor, prog.ref_shardings)
     options = None if hoist_converts or jax.default_backend() != "cpu" else _NO_HOISTING
     batch = abstract_batch(config, mesh)
-    inputs, rows, _ = prog.fns.prepare.eval_shape(state.models(), ref, batch)
+    inputs, rows, _, _ = prog.prepare.eval_shape(state.models(), ref, batch)
     return Setup(config, rl, mesh, prog, state, ref, batch, inputs, rows, options, host_devices)
 
 
@@ -208,12 +205,12 @@ def _parts(s: Setup, parts: Sequence[str]) -> int:
 def resident(s: Setup, phase: str, mode: str | None = None) -> int:
     """Bytes per device held through `phase` outside its program's arguments, with the state's
     parts where offload `mode` (default: the run's, config.train.offload) has them."""
-    on = trainer.OFFLOAD[mode or s.offload]
+    on = offload.OFFLOAD[mode or s.offload]
     if phase == "prepare":  # it reads the models: the rest of what is on the devices
-        return _parts(s, [p for p in on["prepare"] if p not in ("actor", "critic")])
+        return _parts(s, [p for p in on["prepare"] if p not in offload.READS["prepare"]])
     if phase in ("actor update", "critic update"):
         model = phase.split()[0]
-        idle = [p for p in on[model] if p not in (model, f"{model}_opt")]
+        idle = [p for p in on[model] if p not in offload.READS[model]]
         return device_bytes((s.state.rng, s.ref, s.batch)) + _parts(s, idle)
     # the rollout, between steps: the sampler reads its own copy
     return device_bytes((s.state.step, s.state.rng, s.ref)) + _parts(s, on["rest"])
@@ -221,14 +218,14 @@ def resident(s: Setup, phase: str, mode: str | None = None) -> int:
 
 def crossing_bytes(s: Setup, mode: str | None = None) -> int:
     """Bytes per device that cross between host and device memory in a train step under offload
-    `mode` (trainer.place from stage to stage, from rest back to rest)."""
-    on = trainer.OFFLOAD[mode or s.offload]
+    `mode` (offload.place from stage to stage, from rest back to rest)."""
+    on = offload.OFFLOAD[mode or s.offload]
     stages = ["rest", "prepare", "actor"] + (["critic"] if s.state.critic is not None else []) + ["rest"]
     return sum(_parts(s, set(on[a]) ^ set(on[b])) for a, b in zip(stages, stages[1:]))
 
 
 def prepare_phase(s: Setup) -> Phase:
-    compiled, secs = _compile(s, s.program.fns.prepare, s.models, s.ref, s.batch)
+    compiled, secs = _compile(s, s.update.prepare, s.models, s.ref, s.batch)
     return _phase("prepare", compiled, resident(s, "prepare"), secs, "old/ref log-probs, values, advantages")
 
 
@@ -237,8 +234,8 @@ def model_update_phase(s: Setup, name: str) -> Phase:
     params and AdamW state donated. Resident: the run key, the reference, the placed batch and
     what config.train.offload leaves on the devices of the rest of the state."""
     model = name.split()[0]
-    fn = getattr(s.program.fns, model)
-    compiled, secs = _compile(s, fn, s.state.step, *s.model_state(model), s.inputs, s.rows)
+    fn = dict(s.update.model_programs())[model]
+    compiled, secs = _compile(s, fn, s.state.step, *s.state.model(model), s.inputs, s.rows)
     note = f"{s.rows.shape[0]} mini-batch(es)"
     if s.in_host_memory(model):
         note += f"; in host memory: {', '.join(s.in_host_memory(model))}"
@@ -293,7 +290,7 @@ def sampling_layout(s: Setup, host_devices: int | None = None) -> sharding.Sampl
         raise ValueError(f"--host_devices={n} does not divide the {s.mesh.size} devices of the mesh")
     tensor = math.gcd(s.mesh.shape["tensor"], n)
     host = sharding.make_mesh((1, n // tensor, tensor), list(s.mesh.devices.flat)[:n])
-    return sharding.SamplingLayout.create(s.program.actor_cfg, host, s.config.mesh.rules)
+    return sharding.SamplingLayout.create(s.update.actor_cfg, host, s.config.mesh.rules)
 
 
 def _cache_sharding(mesh: Mesh, cache) -> Any:
@@ -317,7 +314,7 @@ def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = No
     actor (`sampling_layout`: the compute dtype, split over the host's devices), its activations'
     rows split over the host mesh's batch axes as the sampler traces them. Token ids come from the
     host (replicated); a KV cache kept between turns has its rows and kv heads split."""
-    cfg = s.program.actor_cfg
+    cfg = s.update.actor_cfg
     # JaxPolicy fills stop and pad ids from the tokenizer; their values do not change the program.
     settings = dataclasses.replace(SamplingSettings.from_config(s.config.rollout, "config.rollout."), stop_ids=(0, 1), pad_id=0)
     layout = sampling_layout(s, host_devices)
@@ -473,7 +470,7 @@ def plan(config: ml_collections.ConfigDict, memory_gb: float = 16.0, phases: Seq
 
 def format_plan(plan: Plan, label: str = "") -> str:
     s = plan.setup
-    p, rl, mesh = s.program, s.rl, s.mesh
+    p, rl, mesh = s.update, s.rl, s.mesh
     actor = p.actor_cfg
     shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
     impl = attention.resolve(actor.attention, s.seq_len, actor.jnp_dtype)
@@ -506,7 +503,7 @@ def format_plan(plan: Plan, label: str = "") -> str:
                      f"{ph.temporaries / scale:9.3f} {ph.outputs / scale:9.3f} {ph.total / scale:9.3f} "
                      f"{ph.seconds:7.1f}s  {ph.note}")
     if s.offload != "none":
-        away = {stage: s.in_host_memory(stage) for stage in trainer.STAGES}
+        away = {stage: s.in_host_memory(stage) for stage in offload.STAGES}
         label = {"prepare": "prepare", "actor": "actor update", "critic": "critic update", "rest": "between steps"}
         where = "; ".join(f"{label[st]}: {', '.join(ps) or 'nothing'}"
                           for st, ps in away.items() if st != "critic" or s.state.critic is not None)

@@ -27,7 +27,7 @@ from rlver_jax.parallel import sharding
 from rlver_jax.train import tracking
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
-from rlver_jax.rl import trainer
+from rlver_jax.rl import offload, trainer
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator.factory import check_endpoint
@@ -121,14 +121,9 @@ class Run:
     dialogue_process: np.ndarray
     own_dialogues: np.ndarray
     sampling_layout: sharding.SamplingLayout  # each process's sampling copy of the actor
-    actor_cfg: Qwen2Config
-    critic_cfg: Qwen2Config | None  # None: no critic (GRPO)
-    actor_opt: trainer.Optimizer
-    critic_opt: trainer.Optimizer | None
-    shardings: trainer.TrainState  # NamedShardings of every state leaf, computed once per model
+    update: trainer.UpdateProgram  # models, optimizers, the state's shardings, the jitted train step
     state: trainer.TrainState  # before step 0; the first update donates it
     ref_params: Any | None  # the frozen reference policy (a KL term only)
-    fns: trainer.UpdateFns
 
 
 def rl_settings(config: ml_collections.ConfigDict) -> trainer.RLSettings:
@@ -206,25 +201,10 @@ def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
     return actor_opt, trainer.make_optimizer(trainer.OptimSettings(**config.optim.critic), optimizer_steps)
 
 
-@dataclasses.dataclass(frozen=True)
-class UpdateProgram:
-    """The update side of a run before any weight exists: models, optimizers, shardings and the
-    jitted programs of the train step. build_run loads weights into it; launch/plan.py compiles it from shapes."""
-
-    actor_cfg: Qwen2Config
-    critic_cfg: Qwen2Config | None  # None: no critic (GRPO)
-    actor_opt: trainer.Optimizer
-    critic_opt: trainer.Optimizer | None
-    actor_shardings: Any
-    critic_shardings: Any | None
-    shardings: trainer.TrainState  # NamedShardings of every state leaf
-    ref_shardings: Any | None  # the frozen reference policy (a KL term only)
-    fns: trainer.UpdateFns
-
-
 def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, mesh: Mesh,
-                   actor_cfg: Qwen2Config) -> UpdateProgram:
-    """Everything of the update that follows from the config and the actor's architecture."""
+                   actor_cfg: Qwen2Config) -> trainer.UpdateProgram:
+    """Everything of the update that follows from the config and the actor's architecture, before
+    any weight exists: build_run loads weights into it; launch/plan.py compiles it from shapes."""
     actor_sh = sharding.param_shardings(actor_cfg, mesh, config.mesh.rules)
     actor_opt, critic_opt = make_optimizers(config, rl)
     critic_cfg = critic_sh = critic = critic_tx = None
@@ -235,9 +215,8 @@ def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, me
     state_sh = trainer.state_shardings(actor_opt.tx, qwen2.abstract_params(actor_cfg), actor_sh, critic_tx, critic,
                                        critic_sh)
     ref_sh = actor_sh if rl.uses_reference else None
-    fns = trainer.make_update_fns(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, ref_sh,
-                                  config.mesh.rules, offload=config.train.offload)
-    return UpdateProgram(actor_cfg, critic_cfg, actor_opt, critic_opt, actor_sh, critic_sh, state_sh, ref_sh, fns)
+    return trainer.make_update_program(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, ref_sh,
+                                       config.mesh.rules, offload=config.train.offload)
 
 
 def build_run(config: ml_collections.ConfigDict) -> Run:
@@ -274,21 +253,20 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
         raise ValueError(f"tokenizer has {len(chat_tokens.tokenizer)} tokens but the model's vocab_size is "
                          f"{actor_cfg.vocab_size}: config.model.tokenizer_path does not match the model")
     prog = update_program(config, rl, mesh, actor_cfg)
-    actor = loading.load_policy(config, actor_cfg, prog.actor_shardings, trainer.seed_keys(config.seed).init)
+    actor = loading.load_policy(config, actor_cfg, prog.shardings.actor, trainer.seed_keys(config.seed).init)
     ref_params = jax.tree.map(jnp.copy, actor) if rl.uses_reference else None
     critic = critic_tx = None
     if rl.uses_critic:
-        critic = loading.load_critic(config, prog.critic_cfg, actor, prog.critic_shardings)
+        critic = loading.load_critic(config, prog.critic_cfg, actor, prog.shardings.critic)
         critic_tx = prog.critic_opt.tx
     state = trainer.init_train_state(actor, prog.actor_opt.tx, critic, critic_tx, config.seed, shardings=prog.shardings)
-    state = trainer.place(prog.fns, state, "rest")  # where it waits between steps (config.train.offload)
+    state = offload.place(state, "rest", prog.offload, prog.shardings)  # where it waits between steps
     return Run(loop=loop, config_record=config.to_dict(), workdir=workdir, storage=storage, rl=rl, rollout=rollout,
                sampling=sampling, simulator=simulator, eval=eval_settings, tracking=tracking_settings,
                chat=chat_tokens, train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh,
                dialogue_process=owner, own_dialogues=own,
-               sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, config.mesh.rules), actor_cfg=actor_cfg,
-               critic_cfg=prog.critic_cfg, actor_opt=prog.actor_opt, critic_opt=prog.critic_opt,
-               shardings=prog.shardings, state=state, ref_params=ref_params, fns=prog.fns)
+               sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, config.mesh.rules), update=prog,
+               state=state, ref_params=ref_params)
 
 
 def _ranges(rows: np.ndarray) -> str:

@@ -1,0 +1,88 @@
+"""What of the train state waits in host memory (config.train.offload), and moving it there and back.
+
+A train step is a program per stage (rlver_jax.rl.trainer.train_step): `prepare`, the `actor`'s
+update, the `critic`'s update; `rest` is between steps (the rollout, the evaluation,
+checkpoints). Per mode, OFFLOAD names the state's parts on the devices at each stage; the others
+are in host memory. Each program reads only parts its stage has on the devices; the run key and
+the step counter never move. The planner (rlver_jax.train.memory_plan) reads the same table.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+if TYPE_CHECKING:
+    from rlver_jax.rl.trainer import TrainState
+
+PARTS = ("actor", "actor_opt", "critic", "critic_opt")  # the TrainState fields that can move
+STAGES = ("prepare", "actor", "critic", "rest")
+OFFLOAD: dict[str, dict[str, tuple[str, ...]]] = {
+    # everything on the devices all the time
+    "none": {"prepare": ("actor", "actor_opt", "critic", "critic_opt"),
+             "actor": ("actor", "actor_opt", "critic", "critic_opt"),
+             "critic": ("actor", "actor_opt", "critic", "critic_opt"),
+             "rest": ("actor", "actor_opt", "critic", "critic_opt")},
+    # the model not being updated in host memory during the other's program
+    "idle": {"prepare": ("actor", "actor_opt", "critic", "critic_opt"),
+             "actor": ("actor", "actor_opt"),
+             "critic": ("critic", "critic_opt"),
+             "rest": ("actor", "actor_opt", "critic", "critic_opt")},
+    # and the AdamW states during prepare, the whole state between steps
+    "state": {"prepare": ("actor", "critic"),
+              "actor": ("actor", "actor_opt"),
+              "critic": ("critic", "critic_opt"),
+              "rest": ()},
+}
+# The parts each program reads (its arguments): a stage has at least these on the devices.
+READS = {"prepare": ("actor", "critic"), "actor": ("actor", "actor_opt"), "critic": ("critic", "critic_opt")}
+HOST_MEMORY = "pinned_host"
+
+
+def check_mode(mode: str, mesh: Any) -> None:
+    """One clear error for an offload mode the run cannot use: unknown, without a mesh (no
+    shardings to move between), or on devices without host memory."""
+    if mode not in OFFLOAD:
+        raise ValueError(f"config.train.offload={mode!r}; use one of {tuple(OFFLOAD)}")
+    if mode == "none":
+        return
+    if mesh is None:
+        raise ValueError(f"config.train.offload={mode!r} needs the run's mesh (the state's shardings)")
+    kinds = {m.kind for m in mesh.devices.flat[0].addressable_memories()}
+    if HOST_MEMORY not in kinds:
+        raise ValueError(f"config.train.offload={mode!r} needs {HOST_MEMORY!r} memory; the "
+                         f"{mesh.devices.flat[0].platform} devices have {sorted(kinds)}: use offload='none'")
+
+
+def in_host_memory(mode: str, stage: str, parts: tuple[str, ...] = PARTS) -> list[str]:
+    """Those of `parts` that offload `mode` keeps in host memory at `stage` (one of STAGES)."""
+    return [p for p in parts if p not in OFFLOAD[mode][stage]]
+
+
+def place(state: TrainState, stage: str, mode: str, shardings: TrainState | None) -> TrainState:
+    """`state` with its parts where offload `mode` has them at `stage` (`shardings`: the state's
+    in device memory): parts leaving the devices go first, so the memory is free before the others
+    arrive. Moving frees the source buffers (device_put cannot donate across memory kinds), so
+    `state` is consumed."""
+    if mode == "none":
+        return state
+    wanted = OFFLOAD[mode][stage]
+
+    def kind(part: str) -> str:
+        return jax.tree.leaves(getattr(state, part))[0].sharding.memory_kind
+
+    parts = [p for p in PARTS if getattr(state, p) is not None]
+    out = [p for p in parts if p not in wanted and kind(p) != HOST_MEMORY]
+    into = [p for p in parts if p in wanted and kind(p) == HOST_MEMORY]
+    for moving, to_host in ((out, True), (into, False)):
+        if moving:
+            trees = [getattr(state, p) for p in moving]
+            targets = [getattr(shardings, p) for p in moving]
+            if to_host:
+                targets = jax.tree.map(lambda sh: sh.with_memory_kind(HOST_MEMORY), targets)
+            moved = jax.block_until_ready(jax.device_put(trees, targets))
+            for x in jax.tree.leaves(trees):
+                x.delete()
+            state = state.replace(**dict(zip(moving, moved)))
+    return state
