@@ -137,8 +137,8 @@ def test_a_torn_step_keeps_the_last_checkpoint(tmp_path, manager, saves):
     # The state's buffers of a torn step may be donated: the loop must not touch them.
     error = loop._interrupted(_config(tmp_path), manager, state=None, torn_step=4)
     assert saves == [2] and checkpoint.saved_steps(tmp_path / "checkpoints") == [2]
-    assert str(error).startswith(f"interrupted: step 4 was cut short and is not kept; the checkpoint of step 2 is in "
-                                 f"{tmp_path / 'checkpoints'}. Rerun the same command")
+    assert str(error).startswith(f"interrupted: step 4 was cut short and is not kept; the checkpoint of step 2 "
+                                 f"is in {tmp_path / 'checkpoints'}. Rerun the same command")
 
 
 def test_before_the_first_step_nothing_is_saved(tmp_path, manager, saves):
