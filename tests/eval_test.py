@@ -284,6 +284,7 @@ def test_checkpoint_and_fresh_policies_on_the_cpu(tmp_path, tiny_tokenizer_dir):
     assert (tmp_path / "fresh" / "tokenizer" / "tokenizer.json").exists()
 
 
+@pytest.mark.slow
 def test_command_line_contract(tmp_path):
     with Servers() as servers:
         cmd = [sys.executable, str(REPO / "launch" / "eval.py"), "--config=configs/eval.py",

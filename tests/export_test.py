@@ -109,6 +109,7 @@ def test_export_loads_in_transformers_with_the_same_logits(tmp_path, tiny_tokeni
         export_hf(loaded, out, dtype="float32")
 
 
+@pytest.mark.slow
 def test_export_command(tmp_path, tiny_tokenizer_dir):
     make_run(tmp_path / "run", tiny_tokenizer_dir)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -244,6 +245,7 @@ json.dump({
 
 @pytest.mark.skipif(not os.environ.get("RLVER_TF4_PYTHON"),
                     reason="set RLVER_TF4_PYTHON to a Python with transformers 4.x (docs/tokenizers.md)")
+@pytest.mark.slow
 def test_export_loads_in_transformers_4(exported, tmp_path):
     """The export read by transformers 4.x (a separate venv): fast and slow tokenizers give our
     ids, the model our logits."""

@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # The tiny preset by hand (vocab 512, width 64, 2 layers, 4 heads of 16, 2 kv heads, MLP 128, tied):
@@ -22,6 +24,7 @@ _TINY_STEP_TOKENS = 2 * 128
 _HBM_BYTES_PER_MS = 4.8e9  # the roofline's default 4.8 TB/s
 
 
+@pytest.mark.slow
 def test_smoke_runs_every_part(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(_ROOT), "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--smoke", f"--out={tmp_path}"],

@@ -178,6 +178,7 @@ def test_largest_bisects_a_monotone_predicate():
     assert memory_plan._largest([5, 6], lambda n: False) is None
 
 
+@pytest.mark.slow
 def test_planner_at_half_a_billion_parameters(tmp_path):
     """The 0.5B preset (24 scanned layers, the real shapes) at 1024-token dialogues, the actor's
     update alone: the per-device state is the exact shard arithmetic and XLA agrees."""
@@ -194,6 +195,7 @@ def test_planner_at_half_a_billion_parameters(tmp_path):
     assert 0 < phase.temporaries < 16e9
 
 
+@pytest.mark.slow
 def test_launch_plan_on_one_cpu_device_and_a_bad_mesh(tmp_path):
     """launch/plan.py with the tiny preset on one CPU device prints a plan that fits; a mesh that
     the device count cannot make is one line naming mesh.shape, no traceback."""

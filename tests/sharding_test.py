@@ -328,6 +328,7 @@ def test_distributed_config_errors(fake_initialize, monkeypatch):
 # ----------------------------------------------------------------------------- launch tools
 
 
+@pytest.mark.slow
 def test_tpu_pod_script_runs_the_command_in_the_repo_with_the_venv(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)

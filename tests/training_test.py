@@ -52,6 +52,7 @@ def _actor(workdir):
     return restored["state"]["actor"]
 
 
+@pytest.mark.slow
 def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
     straight = small(grpo_think.get_config("tiny"), tmp_path / "straight", steps=3)
     loop.train(straight, progress=False)
@@ -78,6 +79,7 @@ def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
     assert steps == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_ppo_tiny_trains_with_a_critic(tmp_path):
     config = small(ppo_nothink.get_config("tiny"), tmp_path / "ppo", steps=2)
     config.train.eval_every = 0
@@ -104,6 +106,7 @@ def test_config_errors_name_the_fix(tmp_path):
         loop.train(config, progress=False)
 
 
+@pytest.mark.slow
 def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
     """A dialogue's sampling key is a function of (seed, step, its index), so running the step's
     8 two-turn dialogues in one group or in two concurrent groups (other batch rows, other KV
@@ -137,6 +140,7 @@ def test_profiles_for_step_is_a_pure_function_of_step():
     assert sorted(epoch) == sorted(p.id for p in profiles)  # every profile once per epoch
 
 
+@pytest.mark.slow
 def test_launch_train_rejects_unknown_override(tmp_path):
     out = subprocess.run(
         [sys.executable, "launch/train.py", "--config=configs/grpo_think.py:tiny",
@@ -155,6 +159,7 @@ def _transcripts(workdir):
     return sorted(p.name for p in (workdir / "transcripts").iterdir())
 
 
+@pytest.mark.slow
 def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypatch):
     workdir = tmp_path / "run"
     config = small(grpo_think.get_config("tiny"), workdir, steps=4)  # eval after steps 1 and 3, checkpoints 1, 2, 4
