@@ -265,6 +265,7 @@ def test_compare_pairs_runs_per_profile(tmp_path):
         (tmp_path / "cmp" / "compare.md").read_text()
 
 
+@pytest.mark.slow
 def test_checkpoint_and_fresh_policies_on_the_cpu(tmp_path, tiny_tokenizer_dir):
     make_run(tmp_path / "run", tiny_tokenizer_dir, think=False)
     config = get_config("tiny")
