@@ -78,6 +78,7 @@ def test_fp32_values_and_grads_match_reference(path, t, n, k):
     assert max(errs) < 1e-5, errs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["blockwise", "cudnn_layout"])
 def test_bf16_within_bf16_precision(path):
     """bf16 inputs: errors against the fp32 reference of the same (rounded) inputs are of the
@@ -88,6 +89,7 @@ def test_bf16_within_bf16_precision(path):
     assert all(e <= 2 * d + 4e-3 for e, d in zip(errs, dense_errs)), (errs, dense_errs)
 
 
+@pytest.mark.slow
 def test_splash_kernel_matches_reference_in_interpret_mode():
     """The Pallas kernel (interpreted on CPU) with its segment ids, padding to the 128 tile and,
     inside a mesh context, its shard_map over batch and heads."""
@@ -100,6 +102,7 @@ def test_splash_kernel_matches_reference_in_interpret_mode():
     assert max(errs) < 1e-5, errs
 
 
+@pytest.mark.slow
 def test_choice_of_implementation():
     f32, bf16 = jnp.float32, jnp.bfloat16
     assert attention.resolve("auto", 100, bf16, "tpu") == "splash"
@@ -128,6 +131,7 @@ def _grad_temp_bytes(impl: str, t: int) -> int:
     return compiled.memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow
 def test_blockwise_memory_grows_linearly_and_dense_quadratically():
     """4x the tokens: xla's temporaries grow ~16x (T^2 scores), blockwise's at most 4x."""
     xla = _grad_temp_bytes("xla", 4096) / _grad_temp_bytes("xla", 1024)
@@ -135,6 +139,7 @@ def test_blockwise_memory_grows_linearly_and_dense_quadratically():
     assert xla > 12 and blockwise < 4.5, (xla, blockwise)
 
 
+@pytest.mark.slow
 def test_model_logits_and_gradients_equal_across_paths():
     """The tiny model (scanned, remat) at T = 1100 (three 512-token blocks, the last partial) on
     left- and right-padded rows: log-probs at real tokens and the gradient of a masked loss,
@@ -158,6 +163,7 @@ def test_model_logits_and_gradients_equal_across_paths():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g1, g0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index,t,s", [(0, 37, 45), (5, 20, 33), (0, 16, 16)])
 def test_cached_attention_in_blocks_matches_the_slot_reference(index, t, s):
     """Queries at cache slots [index, index + t) over s slots with holes in the mask (earlier

@@ -69,6 +69,7 @@ def _errors(browser):
     return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
+@pytest.mark.slow
 def test_filters_change_the_visible_rows(browser, pages):
     transcripts = pages["a"]
     _open(browser, pages["root"] / "a" / "report.html")
@@ -97,6 +98,7 @@ def test_filters_change_the_visible_rows(browser, pages):
     assert not _errors(browser)
 
 
+@pytest.mark.slow
 def test_sorting_orders_the_rows(browser, pages):
     _open(browser, pages["root"] / "a" / "report.html")
     header = browser.find_element(By.CSS_SELECTOR, "th[data-sort=final]")
@@ -107,6 +109,7 @@ def test_sorting_orders_the_rows(browser, pages):
     assert [float(r.get_attribute("data-final")) for r in _visible_rows(browser)] == sorted(finals, reverse=True)
 
 
+@pytest.mark.slow
 def test_a_row_opens_its_dialogue(browser, pages):
     transcripts = pages["a"]
     _open(browser, pages["root"] / "a" / "report.html")
@@ -129,6 +132,7 @@ def test_a_row_opens_its_dialogue(browser, pages):
     assert browser.find_element(By.ID, "dlg-2").is_displayed()
 
 
+@pytest.mark.slow
 def test_a_hostile_reply_does_not_execute(browser, pages):
     transcripts = pages["a"]
     hostile = next(i for i, t in enumerate(transcripts) if any(x["reply"] == HOSTILE for x in t["turns"]))
@@ -144,6 +148,7 @@ def test_a_hostile_reply_does_not_execute(browser, pages):
     assert not _errors(browser)  # no blocked script either: nothing tried to run
 
 
+@pytest.mark.slow
 def test_the_compare_view_pairs_profiles(browser, pages):
     a, b = pages["a"], pages["b"]
     _open(browser, pages["root"] / "cmp" / "compare.html")
@@ -164,6 +169,7 @@ def test_the_compare_view_pairs_profiles(browser, pages):
     assert right["x"] > left["x"] + left["width"] - 1 and abs(right["y"] - left["y"]) < 2  # side by side
 
 
+@pytest.mark.slow
 def test_the_training_index_opens_a_step(browser, pages):
     _open(browser, pages["root"] / "run" / "view" / "index.html")
     rows = _visible_rows(browser, "steps")

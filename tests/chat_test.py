@@ -260,6 +260,7 @@ def test_added_tokens_that_are_not_special_stay_tokens(qwen_tokenizer):
 _VOCAB_ROWS = {"tiny": 512, "qwen2.5": 151936}
 
 
+@pytest.mark.slow
 def test_sampler_stops_at_im_end(tokenizer, chat_tokens, tokenizer_name):
     """A turn sampled with the rollouts' stop ids (<|im_end|>, <|endoftext|>) ends at <|im_end|>
     and closes as ChatML with it masked 1; a turn cut at max_new_tokens gets the template's

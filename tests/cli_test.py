@@ -16,7 +16,7 @@ import pytest
 
 from configs import eval as eval_config
 from configs import grpo_think
-from rlver_jax.cli import program, config_doc
+from rlver_jax.cli import program
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES
 from tests.conftest import REPO
 from tests.eval_test import Servers, _profiles_file
@@ -91,6 +91,7 @@ def test_compilation_cache_directory(monkeypatch, tmp_path):
     assert program.compilation_cache_dir("/mine") == "/mine" and program.compilation_cache_dir("") is None
 
 
+@pytest.mark.slow
 def test_the_compilation_cache_keeps_even_a_fast_program(tmp_path):
     code = ("import jax, jax.numpy as jnp; from rlver_jax.cli import program; "
             f"program.enable_compilation_cache({str(tmp_path / 'cache')!r}); "
@@ -101,6 +102,7 @@ def test_the_compilation_cache_keeps_even_a_fast_program(tmp_path):
     assert any(p.name.startswith("jit_") for p in (tmp_path / "cache").iterdir())
 
 
+@pytest.mark.slow
 def test_help_answers_without_importing_jax(no_jax):
     for script in ENTRY_POINTS:
         t0 = time.perf_counter()
@@ -110,6 +112,7 @@ def test_help_answers_without_importing_jax(no_jax):
         assert seconds < 20, (script, seconds)  # ~0.7 s on an idle machine; a sanity bound on a loaded one
 
 
+@pytest.mark.slow
 def test_config_errors_are_one_line_and_come_before_jax(no_jax):
     tiny = "--config=configs/grpo_think.py:tiny"
     _one_line_error(_run("train.py", tiny, "--config.rl.algoo=grpo", pythonpath=no_jax), 2,
@@ -127,6 +130,13 @@ def test_config_errors_are_one_line_and_come_before_jax(no_jax):
         assert done.returncode != 0 and "Traceback" in done.stderr and "algoo" in done.stderr
 
 
+def _fields(section: dict, prefix: str = "") -> list[str]:
+    """The dotted paths of the fields of a config's plain dict (ConfigDict.to_dict)."""
+    return [path for key, value in section.items()
+            for path in (_fields(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"])]
+
+
+@pytest.mark.slow
 def test_print_config_shows_every_field_with_its_comment_and_flags_come_in_any_order(no_jax):
     # The override before --config: ml_collections alone refuses that order.
     done = _run("train.py", "--config.rl.kl_coef=0.01", "--config=configs/grpo_think.py:tiny", "--print_config",
@@ -134,8 +144,11 @@ def test_print_config_shows_every_field_with_its_comment_and_flags_come_in_any_o
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert lines[0] == "# --config=configs/grpo_think.py:tiny with 1 override(s)"
-    fields = [path for path, _ in config_doc.leaves(grpo_think.get_config("tiny"))]
-    assert [line.split(" = ", 1)[0] for line in lines[1:]] == fields
+    printed = [line.split(" = ", 1)[0] for line in lines[1:]]
+    assert sorted(printed) == sorted(_fields(grpo_think.get_config("tiny").to_dict()))  # every field, once
+    assert list(dict.fromkeys(path.split(".")[0] for path in printed)) == [  # in configs/base.py's order
+        "workdir", "seed", "compilation_cache_dir", "model", "critic", "mesh", "simulator", "data", "rollout", "rl",
+        "optim", "train", "checkpoint"]
     assert all("  # " in line for line in lines[1:]), [line for line in lines[1:] if "  # " not in line]
     assert "rl.kl_coef = 0.01  (--config.rl.kl_coef)  # paper: no KL; non-zero builds a frozen reference model" \
         in lines
@@ -144,7 +157,8 @@ def test_print_config_shows_every_field_with_its_comment_and_flags_come_in_any_o
     done = _run("eval.py", "--print_config", "--config=configs/eval.py:tiny", pythonpath=no_jax)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()[1:]
-    assert len(lines) == len(list(config_doc.leaves(eval_config.get_config("tiny"))))
+    printed = sorted(line.split(" = ", 1)[0] for line in lines)
+    assert printed == sorted(_fields(eval_config.get_config("tiny").to_dict()))
     assert all("  # " in line for line in lines), [line for line in lines if "  # " not in line]
 
 
@@ -152,6 +166,7 @@ def test_the_eval_config_names_the_shipped_profiles_without_importing_them():
     assert eval_config.SHIPPED_PROFILES == DEFAULT_PROFILES.resolve()
 
 
+@pytest.mark.slow
 def test_chat_with_the_simulator_down_names_its_own_flags(no_jax):
     url = f"http://127.0.0.1:{_free_port()}/v1"
     done = _run("chat_with_simulator.py", "--profile=0", f"--config.base_url={url}", "--config=configs/simulator.py:eval",
@@ -163,6 +178,7 @@ def test_chat_with_the_simulator_down_names_its_own_flags(no_jax):
                     "--config.simulator.base_url", "no field 'simulator'")
 
 
+@pytest.mark.slow
 def test_train_with_the_simulator_down(tmp_path):
     url = f"http://127.0.0.1:{_free_port()}/v1"
     done = _run("train.py", "--config=configs/grpo_think.py:tiny", f"--config.workdir={tmp_path / 'run'}",
@@ -170,6 +186,7 @@ def test_train_with_the_simulator_down(tmp_path):
     _one_line_error(done, 1, f"no server answers at --config.simulator.base_url={url}", "serve_simulator.sh")
 
 
+@pytest.mark.slow
 def test_export_of_a_run_without_its_tokenizer_and_no_backend_probe_line(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -181,6 +198,7 @@ def test_export_of_a_run_without_its_tokenizer_and_no_backend_probe_line(tmp_pat
     assert "Unable to initialize backend" not in done.stderr
 
 
+@pytest.mark.slow
 def test_eval_refuses_a_directory_of_another_set_up(tmp_path):
     workdir = tmp_path / "eval"
     workdir.mkdir()
@@ -190,6 +208,7 @@ def test_eval_refuses_a_directory_of_another_set_up(tmp_path):
     _one_line_error(done, 1, "holds results of a different set-up", "seed: 7 -> 0", "Use a new work directory")
 
 
+@pytest.mark.slow
 def test_eval_exits_non_zero_when_every_dialogue_is_a_simulator_error(tmp_path):
     def evaluate(workdir, names):
         return _run("eval.py", "--config=configs/eval.py", f"--config.workdir={tmp_path / workdir}",
@@ -210,6 +229,7 @@ def test_eval_exits_non_zero_when_every_dialogue_is_a_simulator_error(tmp_path):
     assert "HTTP Request" not in partly.stderr  # httpx logs each simulator request at INFO: quiet
 
 
+@pytest.mark.slow
 def test_eval_of_served_models_imports_no_ml_framework(tmp_path):
     """Policy and simulator served, one process: launch/eval.py plays and reports without importing
     jax, flax, transformers or torch (each ~1-3 s of start-up). Each is shadowed by a package that
@@ -227,6 +247,7 @@ def test_eval_of_served_models_imports_no_ml_framework(tmp_path):
     assert "n 1  simulator errors 0" in done.stdout, done.stdout
 
 
+@pytest.mark.slow
 def test_serve_simulator_logs_to_the_ignored_logs_folder(tmp_path):
     package = tmp_path / "fake" / "sglang"
     package.mkdir(parents=True)

@@ -265,6 +265,7 @@ def test_compare_pairs_runs_per_profile(tmp_path):
         (tmp_path / "cmp" / "compare.md").read_text()
 
 
+@pytest.mark.slow
 def test_checkpoint_and_fresh_policies_on_the_cpu(tmp_path, tiny_tokenizer_dir):
     make_run(tmp_path / "run", tiny_tokenizer_dir, think=False)
     config = get_config("tiny")
@@ -284,6 +285,7 @@ def test_checkpoint_and_fresh_policies_on_the_cpu(tmp_path, tiny_tokenizer_dir):
     assert (tmp_path / "fresh" / "tokenizer" / "tokenizer.json").exists()
 
 
+@pytest.mark.slow
 def test_command_line_contract(tmp_path):
     with Servers() as servers:
         cmd = [sys.executable, str(REPO / "launch" / "eval.py"), "--config=configs/eval.py",

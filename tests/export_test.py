@@ -85,6 +85,7 @@ def test_bad_checkpoint_paths_name_the_flag(tmp_path, tiny_tokenizer_dir):
         load_checkpoint_policy(locate_checkpoint(tmp_path / "run", "--checkpoint"), _mesh(), "fsdp")
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_the_same_logits(tmp_path, tiny_tokenizer_dir):
     actor = make_run(tmp_path / "run", tiny_tokenizer_dir, scan_layers=True)
     loaded = load_checkpoint_policy(locate_checkpoint(tmp_path / "run", "--checkpoint"), _mesh(), "fsdp")
@@ -109,6 +110,7 @@ def test_export_loads_in_transformers_with_the_same_logits(tmp_path, tiny_tokeni
         export_hf(loaded, out, dtype="float32")
 
 
+@pytest.mark.slow
 def test_export_command(tmp_path, tiny_tokenizer_dir):
     make_run(tmp_path / "run", tiny_tokenizer_dir)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -204,6 +206,7 @@ def _our_logits(policy: LoadedPolicy, ids: list[int]) -> np.ndarray:
     return np.asarray(qwen2.forward(policy.model, policy.params, np.array([ids])))[0]
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_its_tokenizer(exported):
     """Weights, tokenizer, chat template and stop ids of the export, read by the installed
     transformers, against ours: on the real Qwen2.5 vocabulary as well as the tiny one."""
@@ -244,6 +247,7 @@ json.dump({
 
 @pytest.mark.skipif(not os.environ.get("RLVER_TF4_PYTHON"),
                     reason="set RLVER_TF4_PYTHON to a Python with transformers 4.x (docs/tokenizers.md)")
+@pytest.mark.slow
 def test_export_loads_in_transformers_4(exported, tmp_path):
     """The export read by transformers 4.x (a separate venv): fast and slow tokenizers give our
     ids, the model our logits."""

@@ -54,6 +54,7 @@ def _profiles(tmp_path, data: bytes):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["directory", "not_utf8", "ranges", "full_disk"])
 def test_train_stops_on_bad_input_or_a_full_disk_with_one_line(tmp_path, case):
     workdir = tmp_path / "run"
@@ -78,6 +79,7 @@ def test_train_stops_on_bad_input_or_a_full_disk_with_one_line(tmp_path, case):
         assert "tokenizer" in _last_line(out) and "rerun the same command to resume" in _last_line(out)
 
 
+@pytest.mark.slow
 def test_eval_rejects_out_of_range_settings_with_one_line(tmp_path):
     out = _run(["launch/eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={tmp_path}",
                 "--config.eval.group_size=0", "--config.simulator.max_concurrency=0"])
@@ -86,6 +88,7 @@ def test_eval_rejects_out_of_range_settings_with_one_line(tmp_path):
                                "config.simulator.max_concurrency=0 must be >= 1")
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_the_last_complete_step_and_exits_130(tmp_path):
     workdir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "launch/train.py", *SMALL, f"--config.workdir={workdir}",

@@ -234,6 +234,7 @@ def _eval_dir(directory, transcripts):
     return report.write_outputs(directory, transcripts, profiles, _run_info(), levels=(10, 40, 70, 100))
 
 
+@pytest.mark.slow
 def test_write_outputs_and_view_rewrite_report_html(tmp_path):
     transcripts = eval_fixture()
     summary = _eval_dir(tmp_path, transcripts)
@@ -319,6 +320,7 @@ def test_training_run_view(tmp_path):
     assert (tmp_path / "view" / "train_000001.html").stat().st_mtime_ns > pages["train_000001.html"]
 
 
+@pytest.mark.slow
 def test_view_refuses_a_directory_that_is_no_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither metrics.jsonl nor transcripts"):
         run_view.write_run_view(tmp_path)

@@ -12,6 +12,7 @@ from rlver_jax.rl.logprobs import token_logprobs
 from tests.trainer_test import _batch
 
 
+@pytest.mark.slow
 def test_token_logprobs_value_and_gradient_match_plain_log_softmax():
     """The custom-VJP head (no [B, T, V] log-softmax kept) against autodiff of the textbook form."""
     cfg = get_preset("tiny")
@@ -36,6 +37,7 @@ def test_token_logprobs_value_and_gradient_match_plain_log_softmax():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4), g1, g2)
 
 
+@pytest.mark.slow
 def test_token_logprobs_at_policy_positions_match_the_full_head():
     cfg = get_preset("tiny")
     params = qwen2.init_params(cfg, jax.random.key(4))

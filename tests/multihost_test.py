@@ -16,6 +16,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -80,6 +81,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_compute_the_single_process_loss():
     port = _free_port()
     # Backend optimisation level 0: a third of the compile time on CPU, same HLO.

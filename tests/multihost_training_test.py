@@ -137,6 +137,7 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("jax_cache")
 
 
+@pytest.mark.slow
 def test_grpo_two_processes_train_as_one_and_resume(tmp_path, cache):
     # Length buckets of 16 tokens: the processes' own dialogues would ask for different lengths.
     overrides = SMALL + ["--config.rollout.profiles_per_step=2", "--config.train.length_multiple=16"]
@@ -163,6 +164,7 @@ def test_grpo_two_processes_train_as_one_and_resume(tmp_path, cache):
     assert [r["group"] for r in evals] == list(range(8))  # every held-out profile once, in order
 
 
+@pytest.mark.slow
 def test_ppo_two_processes_train_as_one(tmp_path, cache):
     overrides = SMALL + ["--config.rollout.profiles_per_step=8"]
     one, two = tmp_path / "one", tmp_path / "two"
@@ -177,6 +179,7 @@ def test_ppo_two_processes_train_as_one(tmp_path, cache):
     assert sorted(int(p.name) for p in (two / "checkpoints").iterdir() if p.name.isdigit())[-1] == 2
 
 
+@pytest.mark.slow
 def test_a_mismatch_stops_every_process_with_the_fix(tmp_path, cache):
     """3 profiles x 4 dialogues on 4 batch shards: a GRPO group would span the two processes."""
     overrides = ["--config.rollout.profiles_per_step=3", "--config.mesh.shape=(1,4,2)", "--config.rl.micro_batch_size=4"]

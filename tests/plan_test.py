@@ -30,6 +30,7 @@ def _tiny(module, workdir):
                                               "mesh.shape": (1, 4, 2)})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", [ppo_think, grpo_think])
 def test_planner_lowers_the_trainers_programs(module, tmp_path):
     """Each of build_run's jitted train-step programs (prepare, the actor's and the critic's
@@ -58,6 +59,7 @@ def _read(tree: dict, unread: tuple[str, ...]) -> dict:
     return {k: v for k, v in tree.items() if k not in unread}
 
 
+@pytest.mark.slow
 def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     """Every phase of a PPO run compiled. Prepare's arguments are exactly the models' and the
     batch's shards; each model's program reads its own state, the prepared inputs it uses and the
@@ -89,6 +91,7 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     assert "offload    none; with --config.train.offload=state: prepare" in text
 
 
+@pytest.mark.slow
 def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
     """train.offload: less resident, the same arguments. "state" (planned): prepare holds nothing
     but its arguments (the AdamW states wait in host memory), each update the run key, the batch and
@@ -119,6 +122,7 @@ def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
     assert "between steps: actor, actor_opt, critic, critic_opt)" in text
 
 
+@pytest.mark.slow
 def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     """Two hosts of 4 devices: a host samples its 4 of the 8 dialogues on its own copy of the
     actor (SamplingLayout over its devices) beside the whole train state; the program's
@@ -178,6 +182,7 @@ def test_largest_bisects_a_monotone_predicate():
     assert memory_plan._largest([5, 6], lambda n: False) is None
 
 
+@pytest.mark.slow
 def test_planner_at_half_a_billion_parameters(tmp_path):
     """The 0.5B preset (24 scanned layers, the real shapes) at 1024-token dialogues, the actor's
     update alone: the per-device state is the exact shard arithmetic and XLA agrees."""
@@ -194,6 +199,7 @@ def test_planner_at_half_a_billion_parameters(tmp_path):
     assert 0 < phase.temporaries < 16e9
 
 
+@pytest.mark.slow
 def test_launch_plan_on_one_cpu_device_and_a_bad_mesh(tmp_path):
     """launch/plan.py with the tiny preset on one CPU device prints a plan that fits; a mesh that
     the device count cannot make is one line naming mesh.shape, no traceback."""

@@ -54,6 +54,7 @@ def torch_logits(model, ids, mask, positions):
     return out.logits.float().numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("scan", [False, True])
 def test_logits_match_transformers(tmp_path, tied, scan):
@@ -67,6 +68,7 @@ def test_logits_match_transformers(tmp_path, tied, scan):
     np.testing.assert_allclose(ours[valid], ref[valid], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 def test_save_pretrained_loads_in_transformers(tmp_path, tied):
     config = get_preset("tiny", tie_word_embeddings=tied)
@@ -118,6 +120,7 @@ def test_sharded_checkpoint_roundtrip(tmp_path):
     np.testing.assert_array_equal(reloaded["layers"]["attn"]["q_kernel"][1], params["layer_1"]["attn"]["q_kernel"])
 
 
+@pytest.mark.slow
 def test_kv_cache_decoding_equals_full_forward(tmp_path):
     config = get_preset("tiny")
     params = qwen2.init_params(config, jax.random.key(3))
@@ -168,6 +171,7 @@ def test_cached_greedy_decoding_equals_transformers_generate(tmp_path, scan):
     np.testing.assert_allclose(logits, torch.stack(ref.logits, dim=1).numpy(), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_bf16_cached_decoding_stays_close_to_fp32(tmp_path, scan):
     """A bf16 cache (held as raw bits) reads back as the keys and values it was given."""
@@ -215,6 +219,7 @@ def test_load_errors_name_file_and_tensor(tmp_path):
         hf_io.load_pretrained(path)
 
 
+@pytest.mark.slow
 def test_value_head_and_logical_axes():
     config = get_preset("tiny", value_head=True, scan_layers=True)
     params = qwen2.init_params(config, jax.random.key(0))
@@ -229,6 +234,7 @@ def test_value_head_and_logical_axes():
     assert qwen2.values_from_hidden(config, params, h).shape == (2, 5)
 
 
+@pytest.mark.slow
 def test_remat_does_not_change_gradients():
     base = get_preset("tiny")
     params = qwen2.init_params(base, jax.random.key(0))
@@ -242,6 +248,7 @@ def test_remat_does_not_change_gradients():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 4])  # T=11 and 12: chunks of 1 token; of 4 (and 1)
 def test_mlp_over_token_chunks_matches_transformers_and_the_whole_mlps_gradients(tmp_path, chunk):
     model, path = make_hf_model(tmp_path, tied=False)

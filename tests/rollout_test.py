@@ -67,6 +67,7 @@ def _requests(n_profiles=2, n=2):
     return [EpisodeRequest(p, g) for g, p in enumerate(profiles) for _ in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache_slots", [0, 2048])
 def test_random_policy_sequences_are_exact(chat_tokens, cache_slots):
     cfg = get_preset("tiny")

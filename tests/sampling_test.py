@@ -92,6 +92,7 @@ def test_greedy_matches_transformers_generate(hf_tiny):
     np.testing.assert_array_equal(ours.logprobs, 0.0)  # greedy: each choice is certain
 
 
+@pytest.mark.slow
 def test_a_long_prompts_blocked_prefill_equals_full_forward(hf_tiny):
     """Prompts bucketed to 768 slots (>= attention.BLOCK) prefill in query x key blocks
     (attention.cached_attention), never [B, N, T, S] scores: greedy tokens and log-probs are a
@@ -108,6 +109,7 @@ def test_a_long_prompts_blocked_prefill_equals_full_forward(hf_tiny):
     np.testing.assert_allclose(np.asarray(out.model_logprobs)[valid], model_lp[valid], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.8), (1.3, 0, 0.6)])
 def test_logprobs_equal_full_forward(hf_tiny, temperature, top_k, top_p):
     _, _, config, params = hf_tiny
@@ -135,6 +137,7 @@ def test_fixed_key_is_reproducible(hf_tiny):
     assert np.any(np.asarray(a.tokens) != np.asarray(c.tokens))
 
 
+@pytest.mark.slow
 def test_truncation_that_removes_nothing_equals_plain_sampling(hf_tiny):
     _, _, config, params = hf_tiny
     ids, mask = left_padded(config.vocab_size, [9, 5, 2, 7], seed=2)
@@ -186,6 +189,7 @@ def test_stop_tokens_end_rows_and_the_rest_is_padding(hf_tiny):
     assert np.all(np.asarray(out.logprobs)[after] == 0) and np.all(np.asarray(out.model_logprobs)[after] == 0)
 
 
+@pytest.mark.slow
 def test_one_compilation_per_bucket(hf_tiny):
     _, _, config, params = hf_tiny
     settings = dict(max_new_tokens=6, temperature=0.0, rng=jax.random.key(0))  # unique to this test
@@ -240,6 +244,7 @@ def test_sharded_params_give_the_same_generation(hf_tiny):
     np.testing.assert_allclose(got.model_logprobs, ref.model_logprobs, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bf16_params(hf_tiny):
     _, path, _, _ = hf_tiny
     config, params = hf_io.load_pretrained(path, dtype="bfloat16")
@@ -252,6 +257,7 @@ def test_bf16_params(hf_tiny):
     np.testing.assert_allclose(np.asarray(out.model_logprobs)[valid], model_lp[valid], atol=0.05)
 
 
+@pytest.mark.slow
 def test_ids_past_the_vocab_limit_are_never_sampled(hf_tiny):
     """A model with more embedding rows (96) than tokenizer entries (vocab_limit 64), as Qwen2.5's
     151,936 rows for 151,665 entries: the sampler draws from the first 64 logits only."""

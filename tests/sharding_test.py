@@ -134,6 +134,7 @@ def test_indivisible_dimension_keeps_the_dividing_prefix_and_warns(caplog):
 # ----------------------------------------------------------------------------- parity
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
 def test_sharded_forward_and_gradient_match_one_device(reference, shape):
     ref_params, ref_loss, ref_logits, ref_grads = reference
@@ -163,6 +164,7 @@ def test_sharded_forward_and_gradient_match_one_device(reference, shape):
     assert grads["layer_0"]["mlp"]["gate_kernel"].addressable_shards[0].data.shape == shards["gate"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1, 2, 4), (2, 2, 2)])
 def test_sequence_rule_splits_the_residual_stream_and_changes_no_number(reference, shape):
     """With the rules, the residual stream between layers has its 16 tokens split over `tensor`
@@ -328,6 +330,7 @@ def test_distributed_config_errors(fake_initialize, monkeypatch):
 # ----------------------------------------------------------------------------- launch tools
 
 
+@pytest.mark.slow
 def test_tpu_pod_script_runs_the_command_in_the_repo_with_the_venv(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)

@@ -62,6 +62,7 @@ def _reply(request):
     return f"Plan: go on\nResponse: Yeah... it has been a lot.\n{PAYLOADS[_name(request)]}"
 
 
+@pytest.mark.slow
 def test_no_reply_moves_the_emotion_through_launch_eval(tmp_path):
     profiles = _profiles_file(tmp_path, PAYLOADS)
     with ScriptedServer(_policy, model="policy") as policy, \

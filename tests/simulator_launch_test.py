@@ -11,6 +11,8 @@ import sys
 import textwrap
 import urllib.request
 
+import pytest
+
 from rlver_jax import simulator
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -23,6 +25,7 @@ def _chat(*flags, stdin=""):
         input=stdin, capture_output=True, text=True, env=ENV, timeout=60)
 
 
+@pytest.mark.slow
 def test_chat_lists_profiles_and_plays_a_dialogue(tmp_path):
     listing = _chat("--list", "--config.backend=embedded")
     assert listing.returncode == 0, listing.stderr
@@ -81,6 +84,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_serve_script_waits_for_health_and_prints_the_url(tmp_path):
     port = _free_port()
     run = _serve(tmp_path, "--model-path", "some/model", "--port", str(port), "--tp", "2",
@@ -100,6 +104,7 @@ def test_serve_script_waits_for_health_and_prints_the_url(tmp_path):
             os.kill(int(pid[1]), signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_serve_script_reports_a_server_that_dies(tmp_path):
     run = _serve(tmp_path, "--model-path", "crash", "--port", str(_free_port()), "--detach")
     assert run.returncode == 1

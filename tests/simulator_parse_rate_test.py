@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 from tests.scripted_server import ScriptedServer, quoted_reply, route
 
@@ -36,6 +38,7 @@ def _run(server, tmp_path):
     return json.loads(out.read_text())["modes"], done.stdout
 
 
+@pytest.mark.slow
 def test_parse_rates_of_both_modes(tmp_path):
     with ScriptedServer(route(emotion=_emotion, reply=_reply), response_format="validate") as server:
         modes, stdout = _run(server, tmp_path)
@@ -49,6 +52,7 @@ def test_parse_rates_of_both_modes(tmp_path):
     assert "| off | emotion | 6 | 4 | 67% |" in stdout and "| json_schema | emotion | 6 | 6 | 100% |" in stdout
 
 
+@pytest.mark.slow
 def test_a_server_refusing_response_format_is_reported(tmp_path):
     with ScriptedServer(route(emotion=_emotion, reply=_reply), response_format="reject") as server:
         modes, stdout = _run(server, tmp_path)

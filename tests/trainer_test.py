@@ -62,6 +62,7 @@ def _policy_logprob(cfg, params, batch):
     return np.asarray((lp * batch.policy_mask).sum(-1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_update_raises_logprob_of_rewarded_dialogues(algo):
     cfg, state, program = _setup(algo, micro=2)
@@ -77,6 +78,7 @@ def test_update_raises_logprob_of_rewarded_dialogues(algo):
         assert "value_loss" in metrics and metrics["critic_grad_norm"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_microbatch_accumulation_is_exact(algo):
     batch = _batch()
@@ -129,6 +131,7 @@ def _placed_setup(mesh, rl, opt, offload="none"):
     return state, trainer.make_update_program(rl, cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, offload=offload)
 
 
+@pytest.mark.slow
 def test_train_step_compiles_once_and_stays_on_the_device(monkeypatch):
     """Two steps on the mesh (two epochs of two mini-batches each): one trace of each jitted
     program (prepare; the actor's and the critic's epochs), and the second step moves nothing
@@ -152,6 +155,7 @@ _PLACES = {
 }
 
 
+@pytest.mark.slow
 def test_offload_moves_parts_and_changes_nothing(monkeypatch):
     """train.offload: each program runs with the state's parts where the mode puts them, and two
     PPO steps give bit for bit the parameters, AdamW states and metrics of keeping everything on
@@ -203,6 +207,7 @@ def test_offload_moves_parts_and_changes_nothing(monkeypatch):
         _placed_setup(mesh, rl, trainer.OptimSettings(), "all")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_norm_and_learning_rate_metrics_match_numpy(algo):
     """One mini-batch per step: the update norm is |new - old|, the parameter norm |new|, and

@@ -53,6 +53,7 @@ def _actor(workdir):
     return restored["state"]["actor"]
 
 
+@pytest.mark.slow
 def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
     straight = small(grpo_think.get_config("tiny"), tmp_path / "straight", steps=3)
     loop.train(straight, progress=False)
@@ -97,6 +98,7 @@ def _check_transcript_advantages(workdir, eps):
     assert all(f"advantage {r['advantage']:+.3f}" in page for r in records if r["advantage"])
 
 
+@pytest.mark.slow
 def test_ppo_tiny_trains_with_a_critic(tmp_path):
     config = small(ppo_nothink.get_config("tiny"), tmp_path / "ppo", steps=2)
     config.train.eval_every = 0
@@ -123,6 +125,7 @@ def test_config_errors_name_the_fix(tmp_path):
         loop.train(config, progress=False)
 
 
+@pytest.mark.slow
 def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
     """A dialogue's sampling key is a function of (seed, step, its index), so running the step's
     8 two-turn dialogues in one group or in two concurrent groups (other batch rows, other KV
@@ -156,6 +159,7 @@ def test_profiles_for_step_is_a_pure_function_of_step():
     assert sorted(epoch) == sorted(p.id for p in profiles)  # every profile once per epoch
 
 
+@pytest.mark.slow
 def test_launch_train_rejects_unknown_override(tmp_path):
     out = subprocess.run(
         [sys.executable, "launch/train.py", "--config=configs/grpo_think.py:tiny",
@@ -174,6 +178,7 @@ def _transcripts(workdir):
     return sorted(p.name for p in (workdir / "transcripts").iterdir())
 
 
+@pytest.mark.slow
 def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypatch):
     workdir = tmp_path / "run"
     config = small(grpo_think.get_config("tiny"), workdir, steps=4)  # eval after steps 1 and 3, checkpoints 1, 2, 4
@@ -256,6 +261,16 @@ def test_config_ranges_are_checked_before_anything_starts(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+# SAGE's rules: start at 40, a change clipped to +-10, success at 100, failure below 10, bands
+# S/A/B/C at 100/70/40/10, 10 rounds with the last reply unjudged.
+_SAGE_RULES = dict(initial_emotion=40, max_change=10, ceiling=100, floor=10, floor_inclusive=False, band_a=70,
+                   band_b=40, band_c=10, max_turns=10, score_final_turn=False)
+# The benchmark's policy: temperature 0.7, no top-p/top-k, 2048 new tokens a turn, earlier thoughts dropped.
+_BENCHMARK_POLICY = dict(temperature=0.7, top_p=1.0, top_k=0, max_new_tokens=2048, max_total_tokens=16384,
+                         cache_slots=0, format_failure="continue", think_history="drop")
+_TINY_POLICY = dict(max_new_tokens=32, max_total_tokens=1024, cache_slots=2 * 1024 + 32)  # the tiny preset's lengths
+
+
 @pytest.mark.parametrize("module", [ppo_think, grpo_think, ppo_nothink, grpo_nothink])
 def test_paper_configs_hold_the_reference_values(module):
     """The official training script's values (docs/fidelity.md) in the paper presets; the
@@ -265,13 +280,14 @@ def test_paper_configs_hold_the_reference_values(module):
     assert (c.rollout.think_history, c.rollout.format_failure) == ("drop", "continue")
     assert (c.rollout.temperature, c.rollout.top_p, c.rl.kl_coef, c.simulator.max_turns) == (1.0, 1.0, 0.0, 8)
     assert c.simulator.max_tokens == 2048
+    # SAGE's emotion machine (docs/fidelity.md): the in-loop evaluation's and launch/eval.py's simulator's.
+    assert dict(c.train.eval_rules) == _SAGE_RULES
     sage = get_simulator_config(eval_mode=True)
-    assert dict(c.train.eval_rules) == {k: sage[k] for k in c.train.eval_rules}
-    assert (c.train.eval_rules.initial_emotion, c.train.eval_rules.floor, c.train.eval_rules.floor_inclusive,
-            c.train.eval_rules.max_turns, c.train.eval_rules.score_final_turn) == (40, 10, False, 10, False)
-    policy = eval_config.get_config().policy
-    assert dict(c.train.eval_policy) == {k: policy[k] for k in c.train.eval_policy}
-    assert (c.train.eval_policy.temperature, c.train.eval_policy.format_failure) == (0.7, "continue")
-    tiny = module.get_config("tiny")
+    assert {k: sage[k] for k in _SAGE_RULES} == _SAGE_RULES
+    # The benchmark's policy sampling, in the in-loop evaluation as in launch/eval.py.
+    tiny, tiny_policy = module.get_config("tiny"), {**_BENCHMARK_POLICY, **_TINY_POLICY}
+    assert dict(c.train.eval_policy) == _BENCHMARK_POLICY and dict(tiny.train.eval_policy) == tiny_policy
+    for policy, expected in ((eval_config.get_config().policy, _BENCHMARK_POLICY),
+                             (eval_config.get_config("tiny").policy, tiny_policy)):
+        assert {k: policy[k] for k in expected} == expected  # beside the backend's fields
     assert tiny.rollout.format_failure == "end"  # documented: a random tiny model learns </think> first
-    assert dict(tiny.train.eval_policy) == {k: eval_config.get_config("tiny").policy[k] for k in tiny.train.eval_policy}
