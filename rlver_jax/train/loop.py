@@ -42,7 +42,7 @@ from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.rollout.summary import rollout_metrics, summarize
+from rlver_jax.rollout.summary import reencoded_turns, rollout_metrics, summarize
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
 from rlver_jax.rollout.transcripts import transcript_path, write_transcripts
 from rlver_jax.train.run import Run, build_run
@@ -103,6 +103,7 @@ def train(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[s
             metrics = {**rollout_metrics(dialogues), **update_metrics,
                        **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
                        "policy_lag": float(step - batch.version),
+                       "kv_cache_reencodes": float(reencoded_turns(dialogues)),
                        "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in dialogues))}
             if config.train.transcripts and jax.process_index() == 0:
                 write_transcripts(run.workdir / "transcripts", step, dialogues)
@@ -269,4 +270,5 @@ def evaluate(config: ml_collections.ConfigDict, run: Run, params: Any, step: int
     s = summarize(seqs)
     n = max(s.scored, 1)
     return {"eval_score": s.score, "eval_success_rate": s.success / n, "eval_failure_rate": s.failure / n,
-            "eval_mean_turns": s.scored_turns, "eval_simulator_errors": float(s.simulator_errors)}
+            "eval_mean_turns": s.scored_turns, "eval_simulator_errors": float(s.simulator_errors),
+            "eval_kv_cache_reencodes": float(reencoded_turns(seqs))}
