@@ -86,28 +86,42 @@ class KVSessions:
         width = bucket(max(len(v) for v in new.values()), LENGTH_BUCKETS)
         reencoded = False
         if not self._make_room(sess, width + max_new_tokens):
-            cached = int(sess.cache.index)
-            # Rows of no dialogue of this call (dialogues that are over) give their slots back.
-            self._reset(sess, [row for row in range(len(sess.owners)) if row not in new])
-            if not self._make_room(sess, width + max_new_tokens):
-                self._reset(sess, list(new))  # rebuilt: every dialogue of the call encoded afresh
-                for row, episode, _ in prompts:
-                    sess.owners[row] = episode
-                new = {row: list(prompt) for row, _, prompt in prompts}
-                wide = bucket(max(len(v) for v in new.values()), LENGTH_BUCKETS)
-                fits = self._make_room(sess, wide + max_new_tokens)
-                log.warning(
-                    "KV cache of session %d: %d cached tokens plus this turn's %d slots are beyond cache_slots=%d; "
-                    "%s (counted in kv_cache_reencodes). Configs size cache_slots with "
-                    "rlver_jax.rollout.cache_bound.session_slots", session, cached, width + max_new_tokens,
-                    self.cache_slots, f"its {len(new)} dialogue(s) are encoded afresh" if fits else
-                    f"not even the {wide} slots of the prompts afresh fit: this turn is encoded without the cache")
-                if not fits:
-                    self.release(session)
-                    return None
-                width, reencoded = wide, True
+            if (fitted := self._beyond_cache_slots(session, sess, prompts, new, width, max_new_tokens)) is None:
+                return None
+            new, width, reencoded = fitted
         ids, mask = generation.pad_left([new.get(row, []) for row in range(len(sess.owners))], width, self.pad_id)
         return Feed(sess, new, ids, mask, np.asarray(sess.next_pos, np.int32), reencoded)
+
+    def _beyond_cache_slots(self, session: int, sess: Session, prompts: Sequence[tuple[int, int, list[int]]],
+                            new: dict[int, list[int]], width: int, max_new_tokens: int
+                            ) -> tuple[dict[int, list[int]], int, bool] | None:
+        """Room for a call that does not fit cache_slots (the module docstring): the new tokens,
+        their width and whether the session was rebuilt, or None (dropped: no cache holds the call)."""
+        cached = int(sess.cache.index)
+        # Rows of no dialogue of this call (dialogues that are over) give their slots back.
+        others = [row for row in range(len(sess.owners)) if row not in new]
+        self._reset(sess, others)
+        if self._make_room(sess, width + max_new_tokens):
+            log.info("KV cache of session %d: rows %s of dialogues that are over gave their slots back (%d cached "
+                     "tokens plus %d slots for this turn were beyond cache_slots=%d)", session, others, cached,
+                     width + max_new_tokens, self.cache_slots)
+            return new, width, False
+        self._reset(sess, list(new))  # rebuilt: every dialogue of the call encoded afresh
+        for row, episode, _ in prompts:
+            sess.owners[row] = episode
+        afresh = {row: list(prompt) for row, _, prompt in prompts}
+        wide = bucket(max(len(v) for v in afresh.values()), LENGTH_BUCKETS)
+        fits = self._make_room(sess, wide + max_new_tokens)
+        log.warning(
+            "KV cache of session %d: %d cached tokens plus this turn's %d slots are beyond cache_slots=%d; %s "
+            "(counted in kv_cache_reencodes). Configs size cache_slots with rlver_jax.rollout.cache_bound",
+            session, cached, width + max_new_tokens, self.cache_slots,
+            f"its {len(afresh)} dialogue(s) are encoded afresh" if fits else
+            f"not even the {wide} slots of the prompts afresh fit: this turn is encoded without the cache")
+        if not fits:
+            self.release(session)
+            return None
+        return afresh, wide, True
 
     def commit(self, feed: Feed, cache: qwen2.KVCache, tokens: np.ndarray, fed: np.ndarray) -> None:
         """Record the call's result: the new cache, and per row its new tokens plus the first
