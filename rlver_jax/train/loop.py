@@ -163,10 +163,11 @@ def _shut_down(buffer: RolloutBuffer, manager, writers: Writers) -> None:
 
 
 def _resume(config: ml_collections.ConfigDict, manager, state: trainer.TrainState) -> tuple[trainer.TrainState, int]:
-    """The state to start from and its step: the newest checkpoint, or `state` at step 0."""
-    if not config.checkpoint.resume or checkpoint.latest_step(manager) is None:
+    """The state to start from and its step: the newest readable checkpoint, or `state` at step 0."""
+    restored = checkpoint.restore_newest_readable(manager, state) if config.checkpoint.resume else None
+    if restored is None:
         return state, 0
-    state, meta = checkpoint.restore(manager, None, state)
+    state, meta = restored
     log.info("resumed from %s at step %d", manager.directory, int(meta["step"]))
     return state, int(meta["step"])
 
