@@ -87,8 +87,8 @@ def main() -> None:
     if args.reference in per_step and per_step:
         last = max(per_step)
         ratio = per_step[last] / per_step[args.reference]
-        print(f"step {last} / step {args.reference}: {mib(per_step[last]):.1f} / {mib(per_step[args.reference]):.1f} MiB "
-              f"= {ratio:.3f} (target <= 1.25); peak {mib(peak):.1f} MiB")
+        print(f"step {last} / step {args.reference}: {mib(per_step[last]):.1f} / "
+              f"{mib(per_step[args.reference]):.1f} MiB = {ratio:.3f} (target <= 1.25); peak {mib(peak):.1f} MiB")
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps({"config": args.config, "steps": args.steps, "exit": rc,
                                                       "seconds": seconds, "peak": peak,

@@ -120,7 +120,8 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_newest_readable(tmp_p
         restored, meta = checkpoint.restore_newest_readable(manager, _state(mesh, seed=9))
     assert meta == {"step": 2}
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), expected)
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == checkpoint.log.name]
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and r.name == checkpoint.log.name]
     assert len(warnings) == 1 and "(step 3: " in warnings[0] and "resuming from step 2" in warnings[0]
     # Set aside, so the step run again saves there; the next restore is of the new save.
     assert checkpoint.saved_steps(tmp_path) == [1, 2] and (tmp_path / "unreadable_3").is_dir()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from rlver_jax.rollout.cache_bound import session_slots
+
 # The lowest value of every count, size and sampling number a run reads (training or evaluation
 # config), checked before anything starts; fields absent from a config are skipped.
 _LOWEST = {
@@ -41,3 +43,48 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             problems.append(f"config.{field}={value} must be in (0, 1] (1 is off)")
     if problems:
         raise ValueError("; ".join(problems))
+
+
+# The sampling sections of a config: (prefix, section) for training's rollout, its in-loop
+# evaluation's policy and an evaluation's policy.
+def _sampling_sections(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict]]:
+    found = [(name, config[name]) for name in ("rollout", "policy") if name in config]
+    if "train" in config and "eval_policy" in config.train:
+        found.append(("train.eval_policy", config.train.eval_policy))
+    return found
+
+
+def consistency_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """What of a config's cache, length and batch settings contradicts another (each in range:
+    `check_config`): a KV cache below what a session can need (rlver_jax.rollout.cache_bound;
+    a run survives it by encoding such turns afresh, but a preset must not ship it), a turn longer
+    than its row, a step's dialogues that do not split into mini-batches of micro-batches, more
+    pipeline groups than dialogues. Every preset returns none (tests/presets_test.py)."""
+    problems = []
+    for name, s in _sampling_sections(config):
+        if not {"max_new_tokens", "max_total_tokens"} <= set(s):
+            continue
+        if s.max_new_tokens >= s.max_total_tokens:
+            problems.append(f"config.{name}.max_new_tokens={s.max_new_tokens} leaves no room for a prompt in "
+                            f"config.{name}.max_total_tokens={s.max_total_tokens}")
+        need = session_slots(s.max_total_tokens, s.max_new_tokens)
+        if s.get("cache_slots", 0) and s.cache_slots < need:
+            problems.append(f"config.{name}.cache_slots={s.cache_slots} is below the {need} slots a session of "
+                            f"max_total_tokens={s.max_total_tokens} and max_new_tokens={s.max_new_tokens} can "
+                            f"need: set it to {need} (or 0)")
+    if {"rollout", "rl", "train"} <= set(config):
+        r, rl = config.rollout, config.rl
+        dialogues = r.profiles_per_step * r.n
+        mini = rl.mini_batch_size or dialogues
+        if dialogues % mini:
+            problems.append(f"{dialogues} dialogues per step (config.rollout.profiles_per_step x n) are not a "
+                            f"multiple of config.rl.mini_batch_size={mini}")
+        if mini % min(rl.micro_batch_size, mini):
+            problems.append(f"config.rl.mini_batch_size={mini} is not a multiple of "
+                            f"config.rl.micro_batch_size={rl.micro_batch_size}")
+        if rl.algo == "grpo" and r.n < 2:
+            problems.append(f"config.rl.algo='grpo' needs config.rollout.n >= 2 (got {r.n})")
+        if r.pipeline_groups > dialogues:
+            problems.append(f"config.rollout.pipeline_groups={r.pipeline_groups} is more than the {dialogues} "
+                            "dialogues of a step")
+    return problems
