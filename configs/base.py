@@ -13,6 +13,7 @@ import ml_collections
 from configs.eval import SHIPPED_PROFILES, get_policy_sampling_config
 from configs.mesh import get_mesh_config
 from configs.simulator import get_emotion_rules_config, get_simulator_config
+from rlver_jax.rollout.cache_bound import session_slots
 
 PRESETS = ("tiny", "0.5b", "7b")
 _MODEL_PRESETS = {"tiny": "tiny", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b"}
@@ -80,10 +81,10 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # row is encoded afresh each turn and a cache only holds memory: off in think mode. On for 7B
     # without thinking (its memory per device, measured with launch/plan.py: docs/sharding.md, "The KV
     # cache between turns"); off at 0.5B.
-    # The size: a session's rows share one fill level, so a full row plus another row's fresh
-    # prompt (both up to max_total_tokens) plus the new tokens must fit.
+    # The size: the most a session can need (a full row plus another row's fresh prompt plus the
+    # new tokens: rlver_jax.rollout.cache_bound); a turn beyond it is encoded afresh, with a warning.
     cached = tiny or (preset == "7b" and not think)
-    c.rollout.cache_slots = 2 * c.rollout.max_total_tokens + c.rollout.max_new_tokens if cached else 0
+    c.rollout.cache_slots = session_slots(c.rollout.max_total_tokens, c.rollout.max_new_tokens) if cached else 0
     c.rollout.temperature = 1.0  # paper: 1.0
     c.rollout.top_p = 1.0  # paper: 1.0
     c.rollout.top_k = 0  # 0 = off

@@ -33,6 +33,7 @@ from ml_collections import config_dict
 
 from configs.mesh import get_mesh_config
 from configs.simulator import get_simulator_config
+from rlver_jax.rollout.cache_bound import session_slots
 
 PRESETS = ("sage", "tiny")
 # The project's own profiles (rlver_jax.simulator.profiles.DEFAULT_PROFILES, which
@@ -51,9 +52,8 @@ def get_policy_sampling_config(*, tiny: bool = False) -> ml_collections.ConfigDi
     c.max_new_tokens = 32 if tiny else 2048  # per policy turn
     c.max_total_tokens = 1024 if tiny else 16384  # jax: per training row (think_history), then "truncated"
     # jax: KV-cache slots kept per dialogue between turns (0: re-encode the history every turn).
-    # A session's rows share one fill level: a full row (max_total_tokens) plus another's fresh
-    # prompt (up to max_total_tokens, bucketed) plus the new tokens must fit.
-    c.cache_slots = 2 * c.max_total_tokens + c.max_new_tokens if tiny else 0
+    # The most a session can need (rlver_jax.rollout.cache_bound); a turn beyond it is encoded afresh.
+    c.cache_slots = session_slots(c.max_total_tokens, c.max_new_tokens) if tiny else 0
     # A think-mode reply without </think>: "continue" lets the simulated user judge the raw text
     # (as an API model's output would be); "end" would freeze the emotion at its last value.
     c.format_failure = "continue"

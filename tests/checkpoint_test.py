@@ -1,6 +1,8 @@
 """Checkpoints of the whole train state: exact round trips onto the mesh, the actor alone onto
 another layout, the save interval and retention, and errors that say what is there."""
 
+import logging
+
 import jax
 import numpy as np
 import optax
@@ -86,3 +88,65 @@ def test_a_checkpoint_of_another_model_names_both_shapes(tmp_path):
         checkpoint.restore(manager, None, template)
     manager.close()
     assert checkpoint.saved_steps(tmp_path) == [4] and checkpoint.saved_steps(tmp_path / "none") == []
+
+
+def _damage(step_dir, kind):
+    """What a disk fault or a copy cut short leaves: array files cut to half or gone, or metadata
+    that is not JSON."""
+    if kind == "truncated":
+        for path in (step_dir / "state").rglob("*"):
+            if path.is_file() and path.parent.name == "d":
+                with open(path, "r+b") as f:
+                    f.truncate(path.stat().st_size // 2)
+    elif kind == "missing":
+        for path in (step_dir / "state").rglob("*"):
+            if path.is_file() and path.parent.name == "d":
+                path.unlink()
+    else:
+        (step_dir / "state" / "_METADATA").write_text("{cut")
+
+
+@pytest.mark.parametrize("kind", ["truncated", "missing", "metadata"])
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_newest_readable(tmp_path, kind, caplog):
+    mesh = sharding.make_mesh((1, 8, 1))
+    manager = _manager(tmp_path)
+    for step in (1, 2, 3):
+        checkpoint.save(manager, step, _state(mesh, seed=step), {"step": step}, force=True)
+    manager.close()
+    expected = jax.device_get(_state(mesh, seed=2))
+    _damage(tmp_path / "3", kind)
+    manager = _manager(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        restored, meta = checkpoint.restore_newest_readable(manager, _state(mesh, seed=9))
+    assert meta == {"step": 2}
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), expected)
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and r.name == checkpoint.log.name]
+    assert len(warnings) == 1 and "(step 3: " in warnings[0] and "resuming from step 2" in warnings[0]
+    # Set aside, so the step run again saves there; the next restore is of the new save.
+    assert checkpoint.saved_steps(tmp_path) == [1, 2] and (tmp_path / "unreadable_3").is_dir()
+    checkpoint.save(manager, 3, _state(mesh, seed=5), {"step": 3}, force=True)
+    restored, meta = checkpoint.restore_newest_readable(manager, _state(mesh, seed=9))
+    manager.close()
+    assert meta == {"step": 3}
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(_state(mesh, seed=5)))
+
+
+def test_no_readable_checkpoint_stops_naming_the_directory(tmp_path):
+    mesh = sharding.make_mesh((1, 8, 1))
+    manager = _manager(tmp_path / "empty")
+    assert checkpoint.restore_newest_readable(manager, _state(mesh, seed=0)) is None
+    manager.close()
+    manager = _manager(tmp_path)
+    for step in (1, 2):
+        checkpoint.save(manager, step, _state(mesh, seed=step), {"step": step}, force=True)
+    manager.close()
+    _damage(tmp_path / "1", "missing")
+    _damage(tmp_path / "2", "metadata")
+    manager = _manager(tmp_path)
+    with pytest.raises(checkpoint.UnreadableCheckpointError) as error:
+        checkpoint.restore_newest_readable(manager, _state(mesh, seed=0))
+    manager.close()
+    message = str(error.value)
+    assert "\n" not in message and f"no checkpoint in {tmp_path} can be read (step 2: " in message
+    assert "; step 1: " in message and checkpoint.saved_steps(tmp_path) == [1, 2]  # nothing moved

@@ -19,6 +19,7 @@ from rlver_jax.rl.logprobs import token_logprobs
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.policy import PolicyTurn
+from rlver_jax.rollout.summary import reencoded_turns
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator import SimulatorSettings, build_simulator
 from rlver_jax.simulator.agent import Simulator
@@ -123,7 +124,7 @@ def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
 
     compactions = []
     compact = generation.compact_cache
-    monkeypatch.setattr(sampling, "compact_cache", lambda c: compactions.append(1) or compact(c))
+    monkeypatch.setattr(generation, "compact_cache", lambda c: compactions.append(1) or compact(c))
     fed = []  # each row's cached tokens at the end of every call
     generate = JaxPolicy._generate_with_sessions
 
@@ -349,3 +350,24 @@ def test_grpo_group_shares_one_opening():
     assert [s.group for s in seqs] == [0] * 4 + [1] * 4
     with pytest.raises(ValueError, match="share one profile"):
         asyncio.run(runner.run([EpisodeRequest(profiles[0], 0), EpisodeRequest(profiles[1], 0)]))
+
+
+def test_turns_beyond_the_kv_cache_are_encoded_afresh(chat_tokens):
+    """A cache too small for any turn (16 slots; a rebuilt session: kv_sessions_test): every turn is
+    encoded without it, marked and counted, and the greedy dialogues are those of cache_slots=0."""
+    cfg = get_preset("tiny")
+    params = qwen2.init_params(cfg, jax.random.key(0))
+
+    def rollout(slots):
+        policy = JaxPolicy(cfg, chat_tokens, SamplingSettings(temperature=0.0, max_new_tokens=10, cache_slots=slots),
+                           params, jax.random.key(1))
+        runner = EpisodeRunner(policy, embedded_simulator(max_turns=4), chat_tokens,
+                               RolloutSettings(think=False, max_new_tokens=10, max_total_tokens=1024,
+                                               format_failure="continue"))
+        return asyncio.run(runner.run(_requests(2, 1))), policy
+
+    (fresh, _), (small, policy) = rollout(0), rollout(16)
+    assert [s.tokens for s in small] == [s.tokens for s in fresh]
+    assert [[t.get("reencoded") for t in s.turns] for s in small] == [[True] * len(s.turns) for s in fresh]
+    assert reencoded_turns(small) == sum(len(s.turns) for s in fresh) >= 4 and reencoded_turns(fresh) == 0
+    assert not policy._sessions

@@ -12,6 +12,7 @@ from rlver_jax import plots
 from rlver_jax.eval import html_report
 from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import atomic_write_text
+from rlver_jax.rollout.summary import reencoded_turns
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.agent import clipped_changes
 from rlver_jax.simulator.profiles import Profile
@@ -95,6 +96,8 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         ["simulator errors (not scored)", summary["simulator_errors"]],
         [f"changes clipped to +-{rules['max_change']}", f"{clipped_changes(d.simulator_state for d in dialogues)} / {judged} judged turns"],
         ["mean policy turns", summary["mean_turns"]],
+        ["policy turns encoded afresh (beyond the KV cache)",
+         f"{reencoded_turns(dialogues)} / {sum(len(d.turns) for d in dialogues)}"],
     ]))
     out.append(
         f"\nPolicy: {run['source']} ({run['backend']}, {'think' if run['think'] else 'no-think'}). "

@@ -212,6 +212,8 @@ class EpisodeRunner:
         fits = episode.history.add_turn(turn, shown)
         record = {"turn": len(episode.turns) + 1, "raw": turn.text, "thinking": split.thinking,
                   "reply": split.reply, "stopped": turn.stopped, "format_ok": split.ok}
+        if turn.reencoded:  # the KV cache could not hold it (rollout.kv_sessions): counted, see turns_reencoded
+            record["reencoded"] = True
         episode.turns.append(record)
         episode.messages.append({"role": "assistant", "content": shown})
         if not fits:

@@ -63,34 +63,44 @@ class JaxPolicy:
             # them with the parameters, on whatever devices hold those.
             key = np.asarray(_turn_keys(self._rng, np.array([r.dialogue for r in requests], np.int32),
                                         np.array([r.turn for r in requests], np.int32)))
-            if self.settings.cache_slots:
-                out = self._generate_with_sessions(requests, key)
-            else:
-                prompts = [r.prompt_ids for r in requests]
-                ids, mask = generation.pad_left(prompts, max(len(p) for p in prompts), self.chat.end_of_text)
-                st = self.settings
-                gen = generation.generate(
-                    self.model_cfg, self._params, ids, mask, rng=key, length_buckets=LENGTH_BUCKETS,
-                    max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_p=st.top_p,
-                    top_k=st.top_k, stop_ids=st.stop_ids, pad_id=st.pad_id, vocab_limit=st.vocab_limit)
-                tokens, lps, lengths = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths))
-                out = [(tokens[b, :n].tolist(), lps[b, :n].tolist()) for b, n in enumerate(lengths)]
+            if not self.settings.cache_slots:
+                out, reencoded = self._generate_afresh(requests, key), False
+            else:  # a call beyond any cache of cache_slots is encoded afresh
+                cached = self._generate_with_sessions(requests, key)
+                out, reencoded = cached if cached is not None else (self._generate_afresh(requests, key), True)
         turns = []
         for req, (ids, lps) in zip(requests, out):
             ids, lps = ids[:req.max_new_tokens], lps[:req.max_new_tokens]
             stopped = bool(ids) and ids[-1] in self.stop_ids
             text_ids = ids[:-1] if stopped else ids
             text = self.chat.tokenizer.decode(text_ids, skip_special_tokens=False)
-            turns.append(PolicyTurn(text=text, token_ids=ids, logprobs=lps, stopped=stopped))
+            turns.append(PolicyTurn(text=text, token_ids=ids, logprobs=lps, stopped=stopped,
+                                    reencoded=reencoded))
         return turns
+
+    def _generate_afresh(self, requests: list[TurnRequest], key: np.ndarray) -> list[tuple[list[int], list[float]]]:
+        """One turn for each request, its whole prompt encoded (no cache kept)."""
+        prompts = [r.prompt_ids for r in requests]
+        ids, mask = generation.pad_left(prompts, max(len(p) for p in prompts), self.chat.end_of_text)
+        st = self.settings
+        gen = generation.generate(
+            self.model_cfg, self._params, ids, mask, rng=key, length_buckets=LENGTH_BUCKETS,
+            max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_p=st.top_p,
+            top_k=st.top_k, stop_ids=st.stop_ids, pad_id=st.pad_id, vocab_limit=st.vocab_limit)
+        tokens, lps, lengths = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths))
+        return [(tokens[b, :n].tolist(), lps[b, :n].tolist()) for b, n in enumerate(lengths)]
 
     def _generate_with_sessions(self, requests: list[TurnRequest], key: np.ndarray):
         """One turn for dialogues whose earlier turns are already in their rows' caches; `key`:
-        each request's turn key, placed in its cache row (other rows run nothing)."""
+        each request's turn key, placed in its cache row (other rows run nothing). Returns the
+        turns and whether the session was rebuilt for them, or None when the call does not fit a
+        cache of cache_slots at all (kv_sessions)."""
         if len({r.session for r in requests}) != 1:
             raise ValueError("one act() call must hold the dialogues of one session")
         feed = self._sessions.feed(requests[0].session, [(r.slot, r.episode, r.prompt_ids) for r in requests],
                                    self.settings.max_new_tokens)
+        if feed is None:
+            return None
         row_keys = np.zeros((feed.ids.shape[0],) + key.shape[1:], key.dtype)
         row_keys[[r.slot for r in requests]] = key
         gen, cache, fed = generation.continue_generation(
@@ -99,7 +109,7 @@ class JaxPolicy:
         tokens, lps, lengths, fed = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths, fed))
         self._sessions.commit(feed, cache, tokens, fed)
         return [(tokens[r.slot, :lengths[r.slot]].tolist(), lps[r.slot, :lengths[r.slot]].tolist())
-                for r in requests]
+                for r in requests], feed.reencoded
 
     async def act(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
         return await asyncio.to_thread(self._generate, requests)

@@ -6,11 +6,17 @@ cache row per dialogue. The host keeps, per row, the dialogue that owns it, the 
 the cache and its next position id; a row whose prompt does not extend what it holds (a new
 dialogue, or a history we did not write) starts afresh. Caches start at the smallest length bucket
 and grow by bucket up to cache_slots, after compacting out the slots of padding and finished rows.
+
+A turn that would still not fit (cache_slots below rollout.cache_bound.session_slots) does not end
+the run: the rows of no dialogue of the call give their slots back, and if that is not enough the
+session is rebuilt with every dialogue of the call encoded afresh (`Feed.reencoded`, a warning);
+when not even that fits, `feed` returns None and the policy encodes the call without a cache.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,6 +25,8 @@ from rlver_jax.sampling import generation
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -40,6 +48,7 @@ class Feed:
     ids: np.ndarray  # int32 [B, E]: `new`, left-padded to a length bucket
     mask: np.ndarray  # bool [B, E]
     start_positions: np.ndarray  # int32 [B]: each row's position id of its first new token
+    reencoded: bool = False  # the session was rebuilt for this call: its rows' histories encoded afresh
 
 
 class KVSessions:
@@ -62,21 +71,57 @@ class KVSessions:
     def release(self, session: int) -> None:
         self._sessions.pop(session, None)
 
-    def feed(self, session: int, prompts: Sequence[tuple[int, int, list[int]]], max_new_tokens: int) -> Feed:
+    def feed(self, session: int, prompts: Sequence[tuple[int, int, list[int]]], max_new_tokens: int
+             ) -> Feed | None:
         """The call for `prompts`, (slot, episode, prompt ids) per dialogue of `session`, with room in
-        the cache for the new tokens and `max_new_tokens` generated ones."""
+        the cache for the new tokens and `max_new_tokens` generated ones; None when not even a fresh
+        cache of cache_slots holds the call (the session is dropped: encode the call without it)."""
         sess = self._session(session, max(slot for slot, _, _ in prompts) + 1)
-        new: dict[int, list[int]] = {}
         for row, episode, prompt in prompts:
             if sess.owners[row] != episode or prompt[:len(sess.fed[row])] != sess.fed[row]:
                 # A new dialogue in this row (or a history we did not write): start it afresh.
-                sess.owners[row], sess.fed[row], sess.next_pos[row] = episode, [], 0
-                sess.cache = sess.cache._replace(mask=sess.cache.mask.at[row].set(False))
-            new[row] = prompt[len(sess.fed[row]):]
+                self._reset(sess, [row])
+                sess.owners[row] = episode
+        new = {row: prompt[len(sess.fed[row]):] for row, _, prompt in prompts}
         width = bucket(max(len(v) for v in new.values()), LENGTH_BUCKETS)
-        self._make_room(sess, width + max_new_tokens)
+        reencoded = False
+        if not self._make_room(sess, width + max_new_tokens):
+            if (fitted := self._beyond_cache_slots(session, sess, prompts, new, width, max_new_tokens)) is None:
+                return None
+            new, width, reencoded = fitted
         ids, mask = generation.pad_left([new.get(row, []) for row in range(len(sess.owners))], width, self.pad_id)
-        return Feed(sess, new, ids, mask, np.asarray(sess.next_pos, np.int32))
+        return Feed(sess, new, ids, mask, np.asarray(sess.next_pos, np.int32), reencoded)
+
+    def _beyond_cache_slots(self, session: int, sess: Session, prompts: Sequence[tuple[int, int, list[int]]],
+                            new: dict[int, list[int]], width: int, max_new_tokens: int
+                            ) -> tuple[dict[int, list[int]], int, bool] | None:
+        """Room for a call that does not fit cache_slots (the module docstring): the new tokens,
+        their width and whether the session was rebuilt, or None (dropped: no cache holds the call)."""
+        cached = int(sess.cache.index)
+        # Rows of no dialogue of this call (dialogues that are over) give their slots back.
+        others = [row for row in range(len(sess.owners)) if row not in new]
+        self._reset(sess, others)
+        if self._make_room(sess, width + max_new_tokens):
+            log.info("KV cache of session %d: rows %s of dialogues that are over gave their slots back (%d cached "
+                     "tokens plus %d slots for this turn were beyond cache_slots=%d)", session, others, cached,
+                     width + max_new_tokens, self.cache_slots)
+            return new, width, False
+        self._reset(sess, list(new))  # rebuilt: every dialogue of the call encoded afresh
+        for row, episode, _ in prompts:
+            sess.owners[row] = episode
+        afresh = {row: list(prompt) for row, _, prompt in prompts}
+        wide = bucket(max(len(v) for v in afresh.values()), LENGTH_BUCKETS)
+        fits = self._make_room(sess, wide + max_new_tokens)
+        log.warning(
+            "KV cache of session %d: %d cached tokens plus this turn's %d slots are beyond cache_slots=%d; %s "
+            "(counted in kv_cache_reencodes). Configs size cache_slots with rlver_jax.rollout.cache_bound",
+            session, cached, width + max_new_tokens, self.cache_slots,
+            f"its {len(afresh)} dialogue(s) are encoded afresh" if fits else
+            f"not even the {wide} slots of the prompts afresh fit: this turn is encoded without the cache")
+        if not fits:
+            self.release(session)
+            return None
+        return afresh, wide, True
 
     def commit(self, feed: Feed, cache: qwen2.KVCache, tokens: np.ndarray, fed: np.ndarray) -> None:
         """Record the call's result: the new cache, and per row its new tokens plus the first
@@ -97,20 +142,27 @@ class KVSessions:
             self._sessions[session] = sess
         return sess
 
-    def _make_room(self, sess: Session, needed: int) -> None:
+    @staticmethod
+    def _reset(sess: Session, rows: list[int]) -> None:
+        """Empty `rows`: no owner, nothing cached (their old slots masked out, freed by compacting)."""
+        if not rows:
+            return
+        for row in rows:
+            sess.owners[row], sess.fed[row], sess.next_pos[row] = None, [], 0
+        sess.cache = sess.cache._replace(mask=sess.cache.mask.at[np.asarray(rows)].set(False))
+
+    def _make_room(self, sess: Session, needed: int) -> bool:
         """Ensure `needed` free slots after the cache's index: compact out the slots of padding
-        and finished rows, else grow the cache to the next length bucket (at most cache_slots)."""
+        and finished rows, else grow the cache to the next length bucket, at most cache_slots;
+        False (the cache compacted, not grown) when more than cache_slots would be needed."""
         capacity = sess.cache.mask.shape[1]
         if int(sess.cache.index) + needed <= capacity:
-            return
+            return True
         sess.cache = generation.compact_cache(sess.cache)
         if int(sess.cache.index) + needed <= capacity:
-            return
+            return True
         total = int(sess.cache.index) + needed
         if total > self.cache_slots:
-            raise ValueError(
-                f"a dialogue of {int(sess.cache.index)} cached tokens needs {needed} more slots, beyond "
-                f"config.rollout.cache_slots={self.cache_slots}; raise it (a row's fill plus another row's fresh "
-                "prompt: 2 x config.rollout.max_total_tokens + max_new_tokens) or lower "
-                "config.rollout.max_total_tokens")
+            return False
         sess.cache = generation.grow_cache(sess.cache, min(bucket(total, LENGTH_BUCKETS), self.cache_slots))
+        return True

@@ -36,6 +36,7 @@ class PolicyTurn:
     token_ids: list[int] | None = None  # sampled ids, ending with the stop id when `stopped`
     logprobs: list[float] | None = None  # log-probs of token_ids under the model (temperature 1)
     stopped: bool = True  # ended by a stop token (False: cut by the token budget)
+    reencoded: bool = False  # its history did not fit the KV cache kept between turns: encoded afresh
 
 
 class Policy(Protocol):

@@ -75,3 +75,9 @@ def rollout_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
         "turns_mean": s.turns, "sequence_tokens_mean": s.tokens,
     }
     return {k: 0.0 if math.isnan(v) else v for k, v in metrics.items()}
+
+
+def reencoded_turns(dialogues: Sequence[DialogueSequence]) -> int:
+    """Policy turns whose history did not fit the KV cache kept between turns (rollout.kv_sessions),
+    so it was encoded afresh: `kv_cache_reencodes` in the training metrics, a row of report.md."""
+    return sum(bool(t.get("reencoded")) for d in dialogues for t in d.turns)

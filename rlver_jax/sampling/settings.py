@@ -25,8 +25,8 @@ class SamplingSettings:
     pad_id: int = 0
     # Multi-turn rollouts: at most this many KV-cache slots kept per dialogue between turns (0:
     # re-encode the whole history every turn; see rollout.kv_sessions). Reuse makes a turn's prefill
-    # cost its new tokens only; the cache grows with the dialogue up to this bound, which must hold a
-    # whole dialogue plus one turn's padding, e.g. 2 x max_total_tokens.
+    # cost its new tokens only; the cache grows with the dialogue up to this bound: what a session
+    # can need is rollout.cache_bound.session_slots (a turn beyond it is encoded afresh).
     cache_slots: int = 0
     # Ids >= vocab_limit are never sampled (0: no limit): Qwen2.5's embedding has 151,936 rows for
     # 151,665 tokenizer entries, and an id without an entry would vanish from the decoded reply

@@ -15,6 +15,7 @@ directly.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -23,6 +24,8 @@ import orbax.checkpoint as ocp
 
 from rlver_jax.parallel import sharding
 from rlver_jax.train.workdir import is_url
+
+log = logging.getLogger(__name__)
 
 
 def _location(directory: str | os.PathLike) -> str:
@@ -92,6 +95,69 @@ def restore(manager: ocp.CheckpointManager, step: int | None, template: Any) -> 
     out = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(sharding.with_shardings(template)), meta=ocp.args.JsonRestore()))
     return out.state, dict(out.meta)
+
+
+class UnreadableCheckpointError(RuntimeError):
+    """A directory holds checkpoints, and none of them can be read."""
+
+
+def restore_newest_readable(manager: ocp.CheckpointManager, template: Any) -> tuple[Any, dict[str, Any]] | None:
+    """(state, meta) of the newest checkpoint that can be read, as `restore`; None when there is none.
+
+    Newer ones that cannot be read (array files truncated or missing, bad metadata: a disk fault,
+    a copy cut short) are named, with why, in one warning and set aside as `unreadable_STEP` in
+    the same directory (deleted on a bucket), so the steps run again can save there; a run then
+    goes on from the restored step, rewriting the metrics and transcripts of later steps. None
+    readable: UnreadableCheckpointError, one line naming the directory. A checkpoint of another
+    model (CheckpointMismatchError) is not a fault of the files: it stops at once. Every process
+    tries the same steps in order; a fault that only some processes see is not reconciled.
+    """
+    failed: list[tuple[int, str]] = []
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            restored = restore(manager, step, template)
+        except CheckpointMismatchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - what damaged files raise varies (tensorstore, JSON, OS)
+            failed.append((step, _reason(e)))
+            continue
+        if failed:
+            aside = _set_aside(manager, [s for s, _ in failed])
+            log.warning("the newest checkpoint(s) in %s cannot be read (%s); resuming from step %d, the newest that "
+                        "can, and running the later steps again (the unreadable ones are kept as %s)",
+                        manager.directory, "; ".join(f"step {s}: {why}" for s, why in failed), step, aside)
+        return restored
+    if failed:
+        raise UnreadableCheckpointError(
+            f"no checkpoint in {manager.directory} can be read ({'; '.join(f'step {s}: {w}' for s, w in failed)}): "
+            "restore the directory from a copy, or move it away (or set config.checkpoint.resume=False) to start "
+            "from step 0")
+    return None
+
+
+def _reason(error: Exception, limit: int = 160) -> str:
+    """The first line of an error, shortened (tensorstore's messages run to kilobytes)."""
+    text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> str:
+    """Rename the folders of `steps` to unreadable_STEP (a URL: delete them); what became of them."""
+    directory = str(manager.directory)
+    if is_url(directory):
+        for step in steps:
+            manager.delete(step)
+        manager.reload()
+        return "nothing: deleted from the bucket"
+    names = []
+    for step in steps:
+        name, n = f"unreadable_{step}", 1
+        while os.path.exists(os.path.join(directory, name)):
+            name, n = f"unreadable_{step}.{n}", n + 1
+        os.rename(os.path.join(directory, str(step)), os.path.join(directory, name))
+        names.append(name)
+    manager.reload()
+    return ", ".join(names)
 
 
 def _path_name(path: tuple) -> str:

@@ -44,7 +44,7 @@ from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.rollout.summary import rollout_metrics, summarize
+from rlver_jax.rollout.summary import reencoded_turns, rollout_metrics, summarize
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
 from rlver_jax.rollout.transcripts import transcript_path, write_transcripts
 from rlver_jax.train.run import Run, build_run
@@ -136,6 +136,7 @@ def _update(run: Run, step: int, state: trainer.TrainState, batch: RolloutBatch,
     return state, dialogues, _advantages(advantages, dialogues), {**rollout_metrics(dialogues), **update_metrics,
                               **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
                               "policy_lag": float(step - batch.version),
+                              "kv_cache_reencodes": float(reencoded_turns(dialogues)),
                               "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in dialogues))}
 
 
@@ -180,10 +181,12 @@ def _shut_down(buffer: RolloutBuffer, manager, writers: Writers) -> None:
 
 
 def _resume(run: Run, manager) -> tuple[trainer.TrainState, int]:
-    """The state to start from and its step: the newest checkpoint, or the run's initial state at step 0."""
-    if not run.loop.resume or checkpoint.latest_step(manager) is None:
+    """The state to start from and its step: the newest readable checkpoint, or the run's initial
+    state at step 0."""
+    restored = checkpoint.restore_newest_readable(manager, run.state) if run.loop.resume else None
+    if restored is None:
         return run.state, 0
-    state, meta = checkpoint.restore(manager, None, run.state)
+    state, meta = restored
     log.info("resumed from %s at step %d", manager.directory, int(meta["step"]))
     return state, int(meta["step"])
 
@@ -285,4 +288,5 @@ def evaluate(run: Run, params: Any, step: int, key: jax.Array) -> dict[str, floa
     s = summarize(seqs)
     n = max(s.scored, 1)
     return {"eval_score": s.score, "eval_success_rate": s.success / n, "eval_failure_rate": s.failure / n,
-            "eval_mean_turns": s.scored_turns, "eval_simulator_errors": float(s.simulator_errors)}
+            "eval_mean_turns": s.scored_turns, "eval_simulator_errors": float(s.simulator_errors),
+            "eval_kv_cache_reencodes": float(reencoded_turns(seqs))}

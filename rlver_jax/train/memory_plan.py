@@ -49,6 +49,7 @@ from rlver_jax.train import run
 from rlver_jax.sampling import generation
 from rlver_jax.parallel import sharding
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
+from rlver_jax.rollout.cache_bound import session_slots
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.models import attention, qwen2
 from rlver_jax.rl import offload, trainer
@@ -266,7 +267,8 @@ def rollout_shapes(config: ml_collections.ConfigDict, feed_tokens: int, hosts: i
         room = [b for b in LENGTH_BUCKETS if b <= r.cache_slots - r.max_new_tokens]
         if not room:
             raise ValueError(f"config.rollout.cache_slots={r.cache_slots} leaves no room for a turn of "
-                             f"config.rollout.max_new_tokens={r.max_new_tokens}; raise it to about 2 x max_total_tokens")
+                             f"config.rollout.max_new_tokens={r.max_new_tokens}; raise it to "
+                             f"{session_slots(r.max_total_tokens, r.max_new_tokens)} (rollout.cache_bound)")
         prompt = min(bucket(feed_tokens, LENGTH_BUCKETS), room[-1])
     else:  # the last turn re-encodes a history of up to max_total_tokens
         prompt = bucket(r.max_total_tokens, LENGTH_BUCKETS, MIN_PROMPT_BUCKET)

@@ -219,9 +219,22 @@ def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, me
                                        config.mesh.rules, offload=config.train.offload)
 
 
-def build_run(config: ml_collections.ConfigDict) -> Run:
-    """Build the run of `config` (configs/base.py); creates the work directory and (process 0)
-    writes its config.json. Every settings type checks its fields before anything is touched."""
+@dataclasses.dataclass(frozen=True)
+class TrainingSettings:
+    """Every settings type of a training config, each built and checked by its own constructor."""
+
+    loop: LoopSettings
+    sampling: SamplingSettings
+    rollout: RolloutSettings
+    simulator: SimulatorSettings
+    eval: EvalSettings
+    rl: trainer.RLSettings
+    tracking: tracking.TrackingSettings
+
+
+def training_settings(config: ml_collections.ConfigDict) -> TrainingSettings:
+    """The settings of a training config, before anything is touched: one ValueError names every
+    bad field."""
     r = config.rollout
     loop, sampling, rollout, simulator = build_all(
         lambda: LoopSettings.from_config(config),
@@ -233,6 +246,15 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
     eval_settings, rl, tracking_settings = build_all(
         lambda: EvalSettings.from_config(config, simulator), lambda: rl_settings(config),
         lambda: tracking.TrackingSettings.from_config(config))
+    return TrainingSettings(loop, sampling, rollout, simulator, eval_settings, rl, tracking_settings)
+
+
+def build_run(config: ml_collections.ConfigDict) -> Run:
+    """Build the run of `config` (configs/base.py); creates the work directory and (process 0)
+    writes its config.json. Every settings type checks its fields before anything is touched."""
+    s = training_settings(config)
+    loop, sampling, rollout, simulator, eval_settings, rl, tracking_settings = (
+        s.loop, s.sampling, s.rollout, s.simulator, s.eval, s.rl, s.tracking)
     storage = WorkDir(config.workdir)
     workdir = storage.local
     if jax.process_index() == 0:

@@ -1,0 +1,36 @@
+"""How many KV-cache slots a multi-turn session can need (rollout.kv_sessions), from what the
+sampler can place; free of JAX so that configs compute their `cache_slots` from it.
+
+A session's rows share one fill level (the cache's index). When a call does not fit, the cache
+is compacted and the rows of no dialogue of the call (dialogues that are over) give their slots
+back. What is left in the worst call:
+  - a row of the call holds at most its prompt minus the tokens new to it, so less than the longest
+    prompt, max_total_tokens - 2 (TokenHistory lets a user message in only with room for one sampled
+    token and <|im_end|> after the generation prompt). Only a finished row holds more: its last
+    prompt plus the max_new_tokens - 1 sampled tokens fed back (the sampler runs max_new_tokens
+    steps whatever the turn's own budget), the 1052 of a 1024-token tiny evaluation;
+  - another row starts a prompt of the longest length afresh (its first turn, or think_history
+    "drop", whose prompt no longer extends what its row holds), left-padded to its length bucket;
+  - then the call's max_new_tokens decode steps.
+The number of turns does not enter: a dialogue's prompt is bounded by max_total_tokens, not by its turns.
+"""
+
+from __future__ import annotations
+
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
+
+# Tokens TokenHistory keeps free after the longest prompt: one sampled token and <|im_end|> (and the
+# "\n" after it, left out so that the bound holds for any tokenizer's newline).
+_PROMPT_MARGIN = 2
+
+
+def longest_prompt(max_total_tokens: int) -> int:
+    """The longest prompt (history plus generation prompt) a turn can send."""
+    return max(max_total_tokens - _PROMPT_MARGIN, 1)
+
+
+def session_slots(max_total_tokens: int, max_new_tokens: int) -> int:
+    """The slots a session of rows of `max_total_tokens` and turns of `max_new_tokens` can need,
+    rounded up to a multiple of MIN_PROMPT_BUCKET as every length bucket is."""
+    prompt = longest_prompt(max_total_tokens)
+    return bucket(prompt + bucket(prompt, LENGTH_BUCKETS) + max_new_tokens, multiple=MIN_PROMPT_BUCKET)
