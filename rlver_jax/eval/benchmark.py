@@ -27,7 +27,6 @@ import importlib
 import logging
 import pathlib
 import sys
-import tempfile
 import threading
 from typing import Any
 
@@ -36,10 +35,10 @@ from tqdm import tqdm
 
 from rlver_jax.checks import build_all, check_ranges, named
 from rlver_jax.parallel.distributed import DistributedSettings
-from rlver_jax.eval import report
+from rlver_jax.eval import policy_source, report
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
-from rlver_jax.llm_client import ClientSettings, EndpointUnavailableError, check_chat_endpoint, show_requests
+from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, show_requests
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.policy import OpenAIPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -50,7 +49,6 @@ from rlver_jax.simulator.profiles import Profile
 
 log = logging.getLogger(__name__)
 
-POLICY_BACKENDS = ("jax", "openai")
 TRANSCRIPTS = "transcripts.jsonl"
 SETUP = "setup.json"
 # Fields that change how results are fetched, not what they are (a resumed run may change them).
@@ -113,7 +111,7 @@ def load_eval_profiles(config: ml_collections.ConfigDict) -> list[Profile]:
 @dataclasses.dataclass(frozen=True)
 class BenchmarkSettings:
     """How the benchmark plays: `config.eval`'s numbers, the policy's sampling and dialogue
-    settings (`config.policy`; the think mode is the policy's, `_PolicySpec.think`) and the simulator."""
+    settings (`config.policy`; the think mode is the policy's, `PolicySource.think`) and the simulator."""
 
     max_dialogues: int  # in flight at once
     group_size: int  # dialogues per policy call
@@ -136,48 +134,17 @@ class BenchmarkSettings:
 
 
 class _PolicySpec:
-    """The policy of `config.policy`, resolved without loading any weights: what it is (for
-    setup.json and reports), its think mode, and how to load it."""
+    """The policy of `config.policy` (eval/policy_source.py) with what the benchmark records of it:
+    setup.json's fields and the report's run line."""
 
     def __init__(self, config: ml_collections.ConfigDict):
-        p = config.policy
-        if p.backend not in POLICY_BACKENDS:
-            raise ValueError(f"config.policy.backend={p.backend!r}: use one of {POLICY_BACKENDS}")
-        self.config, self.ckpt, self.client = config, None, None
-        run_think = None
-        if p.backend == "openai":
-            self.source = self.label = p.model
-            self.client = ClientSettings.from_config(p, name="policy endpoint", flag_prefix="--config.policy.",
-                                                     max_concurrency=config.eval.max_dialogues)
-        elif p.checkpoint and p.path:
-            raise ValueError("set one of config.policy.checkpoint (a training run) and config.policy.path "
-                             "(a Hugging Face directory), not both")
-        elif p.checkpoint:
-            from rlver_jax.eval import policy_loading  # JAX policies only: transformers, Flax
-            self.ckpt = policy_loading.locate_checkpoint(p.checkpoint, "config.policy.checkpoint")
-            step = self.ckpt.resolved_step()
-            self.source = str((self.ckpt.checkpoints / str(step)).resolve())
-            self.label = f"{self.ckpt.run_dir.resolve().name} step {step}"
-            run_think = bool(self.ckpt.config().rollout.think)
-        elif p.path:
-            if not pathlib.Path(p.path, "config.json").exists():
-                raise FileNotFoundError(f"config.policy.path={p.path!r}: no config.json there; it must be a "
-                                        "Hugging Face Qwen2 directory (e.g. one written by launch/export_hf.py)")
-            self.source = str(pathlib.Path(p.path).resolve())
-            self.label = pathlib.Path(self.source).name
-        elif p.fresh_tiny:
-            self.source = self.label = f"fresh tiny model (seed {config.seed})"
-        else:
-            raise ValueError("no policy to evaluate: set --config.policy.checkpoint=TRAIN_WORKDIR (a run of "
-                             "launch/train.py), --config.policy.path=HF_DIR, or --config.policy.backend=openai "
-                             "with --config.policy.base_url and --config.policy.model")
-        self.think = p.think if p.think is not None else bool(run_think)
-        self.backend = p.backend
+        self.config = config
+        self.source = policy_source.resolve(config, max_in_flight=config.eval.max_dialogues)
 
     def setup(self) -> dict[str, Any]:
         """What defines the results, for setup.json."""
         c = self.config
-        out: dict[str, Any] = {"policy.source": self.source, "policy.think": self.think, "seed": c.seed,
+        out: dict[str, Any] = {"policy.source": self.source.source, "policy.think": self.source.think, "seed": c.seed,
                                "eval.profiles": str(pathlib.Path(c.eval.profiles).resolve())}
         skip = _TRANSPORT | {"checkpoint", "path", "base_path", "think", "fresh_tiny"}
         out.update({f"policy.{k}": v for k, v in c.policy.items() if k not in skip})
@@ -186,34 +153,15 @@ class _PolicySpec:
 
     def build(self, workdir: pathlib.Path, sampling: SamplingSettings):
         """(policy, chat tokens or None for a text policy) ready to play, sampling by `sampling`."""
-        c, p = self.config, self.config.policy
-        if self.client is not None:
-            return OpenAIPolicy(self.client, temperature=sampling.temperature, max_tokens=sampling.max_new_tokens), None
-        import jax
-
-        from rlver_jax.parallel import sharding
-        from rlver_jax.eval import policy_loading  # JAX policies only: transformers, Flax
-        from rlver_jax.rollout.jax_policy import JaxPolicy
-
-        mesh = sharding.make_mesh(c.mesh.shape)
-        if self.ckpt is not None:
-            loaded = policy_loading.load_checkpoint_policy(self.ckpt, mesh, c.mesh.rules, p.base_path)
-        elif p.path:
-            loaded = policy_loading.load_hf_policy(p.path, mesh, c.mesh.rules, p.dtype)
-        elif process_index() == 0:
-            loaded = policy_loading.fresh_tiny_policy(workdir / "tokenizer", c.seed, mesh, c.mesh.rules)
-        else:  # the same tokenizer, built where no other process writes
-            with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
-                loaded = policy_loading.fresh_tiny_policy(pathlib.Path(tmp), c.seed, mesh, c.mesh.rules)
-        params = sharding.SamplingLayout.create(loaded.model, mesh, c.mesh.rules).copy(loaded.params)
-        return JaxPolicy(loaded.model, loaded.chat, sampling, params, jax.random.PRNGKey(c.seed)), loaded.chat
+        return policy_source.build(self.config, self.source, workdir, sampling, first_process=process_index() == 0)
 
     def run_info(self) -> dict[str, Any]:
         c = self.config
         s = c.simulator
         rules = ("initial_emotion", "max_change", "ceiling", "floor", "floor_inclusive", "max_turns",
                  "score_final_turn")
-        return {"policy": self.label, "source": self.source, "backend": self.backend, "think": self.think,
+        src = self.source
+        return {"policy": src.label, "source": src.source, "backend": src.backend, "think": src.think,
                 "simulator": f"{s.backend}" + (f" {s.model} at {s.base_url}" if s.backend == "openai" else ""),
                 "difficulty": s.difficulty, "profiles": c.eval.profiles, "rules": {k: s[k] for k in rules}}
 
@@ -307,10 +255,10 @@ def _evaluate(config: ml_collections.ConfigDict, settings: BenchmarkSettings, sp
     share of them), appending each to the transcripts as it ends: process 0 its own at once, the
     other processes' when they are gathered at the end."""
     check_endpoint(settings.simulator)
-    if spec.client is not None:
-        check_chat_endpoint(spec.client)
+    if spec.source.client is not None:
+        check_chat_endpoint(spec.source.client)
     policy, chat_tokens = spec.build(workdir, settings.sampling)
-    rollout = dataclasses.replace(settings.rollout, think=spec.think)
+    rollout = dataclasses.replace(settings.rollout, think=spec.source.think)
     transcripts = workdir / TRANSCRIPTS
     mine = pending
     if _distributed():

@@ -23,10 +23,12 @@ from typing import Any
 import ml_collections
 from tqdm import tqdm
 
-from rlver_jax.eval.capabilities import data, policy, prompts, report, sandbox
+from rlver_jax.eval import policy_source
+from rlver_jax.eval.capabilities import data, prompts, report, sandbox
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
 from rlver_jax.llm_client import EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, show_requests
+from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.text.chat import THINK_CLOSE
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,7 @@ def code_limits(config: ml_collections.ConfigDict) -> sandbox.Limits:
                           max_processes=c.max_processes, scratch_root=c.scratch_dir)
 
 
-def setup_of(config: ml_collections.ConfigDict, spec: policy.PolicySource) -> dict[str, Any]:
+def setup_of(config: ml_collections.ConfigDict, spec: policy_source.PolicySource) -> dict[str, Any]:
     """What defines the results, for setup.json (not how they are fetched)."""
     p = config.policy
     out: dict[str, Any] = {"policy.source": spec.source, "policy.think": spec.think, "seed": config.seed,
@@ -94,7 +96,8 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str
     from rlver_jax.eval.capabilities import extra
 
     extra.check(sorted({i.benchmark for i in items}))
-    spec = policy.resolve(config)
+    spec = policy_source.resolve(config, max_in_flight=config.eval.max_in_flight)
+    sampling = SamplingSettings.from_config(config.policy, "config.policy.")
     limits = code_limits(config)
     workdir.mkdir(parents=True, exist_ok=True)
     answers_path, items_path = workdir / ANSWERS, workdir / ITEMS
@@ -107,7 +110,7 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str
              len(items) - len(to_ask) - len(to_grade))
     if to_ask or to_grade:
         position = {item.key: n for n, item in enumerate(items)}
-        _ask_and_grade(config, spec, limits, workdir, to_ask, to_grade, answered, position, progress)
+        _ask_and_grade(config, spec, sampling, limits, workdir, to_ask, to_grade, answered, position, progress)
     done = {r["key"]: r for r in load_records(items_path)}
     records = [done[i.key] for i in items]
     info = {"policy": spec.label, "source": spec.source, "backend": spec.backend, "think": spec.think,
@@ -133,8 +136,8 @@ def _grade_sync(item: data.Item, text: str) -> dict[str, Any]:
             "instruction_id_list": item.reference["doc"]["instruction_id_list"]}
 
 
-def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy.PolicySource, limits: sandbox.Limits,
-                   workdir: pathlib.Path, to_ask: list[data.Item], to_grade: list[data.Item],
+def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy_source.PolicySource, sampling: SamplingSettings,
+                   limits: sandbox.Limits, workdir: pathlib.Path, to_ask: list[data.Item], to_grade: list[data.Item],
                    answered: dict[str, dict[str, Any]], position: dict[str, int], progress: bool) -> None:
     if spec.client is not None:
         check_chat_endpoint(spec.client)
@@ -163,7 +166,7 @@ def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy.PolicySource,
         bar.update(1)
 
     async def main() -> None:
-        built, chat_tokens = policy.build(config, spec, workdir)
+        built, chat_tokens = policy_source.build(config, spec, workdir, sampling)
         group = 1 if chat_tokens is None else max(1, config.eval.group_size)
         slots = asyncio.Semaphore(max(1, config.eval.max_in_flight // group))
         tasks: list[asyncio.Task] = []
