@@ -118,7 +118,7 @@ def bench(chat_tokens: chat.ChatTokens, spec: str) -> list[str]:
         rows.append(f"| {preset} | {n} x {turns} | {mode} | {b} x {t} | {real:,} | {b * t:,} | {policy:,} | "
                     f"{seconds:.2f} | {load:.1f} |")
         print(rows[-1], flush=True)
-        del state, fns, batch, seqs
+        del state, program, batch, seqs
         gc.collect()  # the next side starts from the memory this one took (0.5B: ~7 GB)
         jax.clear_caches()
     return rows
