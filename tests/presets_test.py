@@ -68,6 +68,9 @@ def check_full_run(workdir, config) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RLVER_PRESET_RUNS") != "1",
+                    reason="about 8 minutes per preset on 2 cores, 33 for the four: beyond CI's suite budget; "
+                           "RLVER_PRESET_RUNS=1 runs them (docs/faults.md)")
 @pytest.mark.parametrize("name", TRAINING)
 def test_every_tiny_training_preset_runs_its_default_steps(name, tmp_path):
     """launch/train.py with nothing but the preset and a work directory: all its default steps
