@@ -299,8 +299,7 @@ def test_config_from_hf_reads_plain_rope_in_both_spellings():
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
     {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},  # transformers < 4.45
     {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 8192},
+    {"rope_type": "longrope", "factor": 2.0},  # llama3 is implemented: tests/llama_test.py
 ])
 def test_config_from_hf_rejects_other_rope_types(field, spec):
     kind = spec.get("rope_type", spec.get("type"))

@@ -1,4 +1,7 @@
-"""Qwen2 / Qwen2.5 model configuration and named presets."""
+"""Decoder configuration (Qwen2 / Qwen2.5 and the Llama family: SmolLM2, Llama 3) and named presets.
+
+Qwen2 is a Llama with q/k/v biases; one config describes both, and `architecture` says which
+Hugging Face class a checkpoint is written back as."""
 
 from __future__ import annotations
 
@@ -10,6 +13,22 @@ from rlver_jax.models.attention import IMPLEMENTATIONS
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _REMAT = ("none", "full", "dots")
+ARCHITECTURES = ("qwen2", "llama")  # Hugging Face model_type: Qwen2ForCausalLM, LlamaForCausalLM
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+    """transformers' `rope_type: llama3` (Llama 3.1+): long wavelengths divided by `factor`, short
+    ones kept, the band between interpolated (rlver_jax.models.qwen2.rope_frequencies)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self):
+        if not self.high_freq_factor > self.low_freq_factor > 0 or self.factor <= 0:
+            raise ValueError(f"rope_scaling {self}: needs factor > 0 and high_freq_factor > low_freq_factor > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +43,13 @@ class Qwen2Config:
     intermediate_size: int
     tie_word_embeddings: bool
     rope_theta: float = 1_000_000.0
+    rope_scaling: Llama3RopeScaling | None = None  # None: plain RoPE
+    architecture: str = "qwen2"  # qwen2 | llama: the Hugging Face class an export is written as
+    attention_bias: bool = True  # q/k/v projection biases (Qwen2: yes; Llama: its attention_bias)
+    o_bias: bool = False  # output projection bias (Llama's attention_bias covers it; Qwen2 has none)
+    mlp_bias: bool = False  # gate/up/down biases (Llama's mlp_bias)
+    # Per-head width; 0: hidden_size // num_heads. Set where a checkpoint says otherwise (Llama's head_dim).
+    head_size: int = 0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 32768
     initializer_range: float = 0.02
@@ -38,8 +64,12 @@ class Qwen2Config:
     mlp_chunk: int = 0
 
     def __post_init__(self):
-        if self.hidden_size % self.num_heads:
+        if not self.head_size and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+        if self.head_size < 0 or self.head_size % 2:
+            raise ValueError(f"head_size={self.head_size} must be even (RoPE rotates pairs), or 0")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture={self.architecture!r}; use one of {ARCHITECTURES}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         for field in ("param_dtype", "dtype"):
@@ -54,7 +84,7 @@ class Qwen2Config:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
     @property
     def untied_lm_head(self) -> bool:
@@ -76,9 +106,9 @@ class Qwen2Config:
     def num_params(self) -> int:
         """Parameter count (without the value head), for FLOP and memory estimates."""
         d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
-        attn = d * (self.num_heads + 2 * self.num_kv_heads) * h + (self.num_heads + 2 * self.num_kv_heads) * h
-        attn += self.num_heads * h * d
-        layer = attn + 3 * d * f + 2 * d
+        qkv = (self.num_heads + 2 * self.num_kv_heads) * h
+        attn = d * qkv + self.attention_bias * qkv + self.num_heads * h * d + self.o_bias * d
+        layer = attn + 3 * d * f + self.mlp_bias * (2 * f + d) + 2 * d
         head = self.vocab_size * d if self.untied_lm_head else 0
         return self.vocab_size * d + self.num_layers * layer + d + head
 
@@ -99,6 +129,11 @@ PRESETS: dict[str, Qwen2Config] = {
         vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
         intermediate_size=128, tie_word_embeddings=True, rope_theta=10_000.0,
         max_position_embeddings=4096),
+    # SmolLM2-135M-Instruct (a Llama: no biases, tied embeddings), the real model of the smol presets.
+    "smollm2-135m": Qwen2Config(
+        vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+        intermediate_size=1536, tie_word_embeddings=True, rope_theta=100_000.0, rms_norm_eps=1e-5,
+        max_position_embeddings=8192, architecture="llama", attention_bias=False),
 }
 
 

@@ -1,4 +1,7 @@
-"""Read and write Hugging Face Qwen2 checkpoints (config.json + safetensors) and their tokenizer files.
+"""Read and write Hugging Face Qwen2 and Llama checkpoints (config.json + safetensors) and their tokenizer files.
+
+A Llama (SmolLM2, Llama 3) is our decoder without the q/k/v biases (or with Llama's own optional
+attention and MLP biases), and is written back as `LlamaForCausalLM`; both share the tensor names.
 
 Loading streams tensor by tensor: each Hugging Face tensor is read, converted to our layout and,
 when shardings are given, placed on the mesh with `jax.make_array_from_callback`, so every device
@@ -7,6 +10,7 @@ receives only its own shard and the host holds at most one (stacked, for scanned
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -21,7 +25,7 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
 from rlver_jax.files import atomic_directory, atomic_write_text
-from rlver_jax.models.config import Qwen2Config
+from rlver_jax.models.config import ARCHITECTURES, Llama3RopeScaling, Qwen2Config
 from rlver_jax.models.qwen2 import abstract_params
 
 if TYPE_CHECKING:
@@ -41,19 +45,29 @@ QWEN2_SPLIT = (
 
 
 class CheckpointError(ValueError):
-    """A Hugging Face checkpoint that cannot be loaded as a Qwen2 model."""
+    """A Hugging Face checkpoint that cannot be loaded as a Qwen2 or Llama model."""
+
+
+# Per architecture: the Hugging Face classes of a causal LM and of a critic (one-label token classifier).
+_CLASSES = {"qwen2": ("Qwen2ForCausalLM", "Qwen2ForTokenClassification"),
+            "llama": ("LlamaForCausalLM", "LlamaForTokenClassification")}
 
 
 def config_from_hf(hf: dict[str, Any], path: str = "config.json", **overrides) -> Qwen2Config:
-    """Our config from a Hugging Face Qwen2 `config.json` dict."""
+    """Our config from a Hugging Face Qwen2 or Llama `config.json` dict."""
     model_type = hf.get("model_type")
-    if model_type != "qwen2":
+    if model_type not in ARCHITECTURES:
         raise CheckpointError(
-            f"{path}: model_type={model_type!r}, expected 'qwen2' (Qwen2/Qwen2.5 checkpoints only)")
+            f"{path}: model_type={model_type!r}, expected one of {list(ARCHITECTURES)} "
+            "(Qwen2/Qwen2.5 and Llama-family checkpoints such as SmolLM2)")
+    llama = model_type == "llama"
+    if llama and hf.get("pretraining_tp", 1) != 1:
+        raise CheckpointError(f"{path}: pretraining_tp={hf['pretraining_tp']} is not supported (only 1)")
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act={hf['hidden_act']!r}, expected 'silu'")
     if hf.get("use_sliding_window", False):
         raise CheckpointError(f"{path}: use_sliding_window=true is not supported")
+    rope_theta, rope_scaling = _rope(hf, path, default_theta=10000.0)
     try:
         fields = dict(
             vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
@@ -61,7 +75,12 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json", **overrides) -
             num_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
             intermediate_size=hf["intermediate_size"],
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            rope_theta=_rope_theta(hf, path),
+            rope_theta=rope_theta, rope_scaling=rope_scaling,
+            architecture=model_type,
+            # Qwen2: q/k/v biases always, none elsewhere; Llama: its two flags.
+            attention_bias=bool(hf.get("attention_bias", False)) if llama else True,
+            o_bias=bool(hf.get("attention_bias", False)) if llama else False,
+            mlp_bias=bool(hf.get("mlp_bias", False)) if llama else False,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
             initializer_range=float(hf.get("initializer_range", 0.02)))
@@ -69,15 +88,20 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json", **overrides) -
         raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
     head_dim = hf.get("head_dim")
     if head_dim is not None and head_dim != fields["hidden_size"] // fields["num_heads"]:
-        raise CheckpointError(f"{path}: head_dim={head_dim} differs from hidden_size/num_attention_heads")
+        if not llama:
+            raise CheckpointError(f"{path}: head_dim={head_dim} differs from hidden_size/num_attention_heads")
+        fields["head_size"] = int(head_dim)
     fields.update(overrides)
-    return Qwen2Config(**fields)
+    try:
+        return Qwen2Config(**fields)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
 
 
-def _rope_theta(hf: dict[str, Any], path: str) -> float:
-    """The theta of plain RoPE, the only variant our model implements, from either spelling:
-    transformers 4's `rope_theta` (+ `rope_scaling`), transformers 5's `rope_parameters` (flat, or
-    one dict per layer type). Any other rope type, or thetas that disagree, is an error."""
+def _rope(hf: dict[str, Any], path: str, default_theta: float) -> tuple[float, Llama3RopeScaling | None]:
+    """RoPE's theta and scaling from either spelling: transformers 4's `rope_theta` (+ `rope_scaling`),
+    transformers 5's `rope_parameters` (flat, or one dict per layer type). Plain RoPE and llama3's
+    rescaling are implemented; any other rope type, or specs that disagree, is an error."""
     specs = []  # (field name, dict)
     for field in ("rope_scaling", "rope_parameters"):
         value = hf.get(field) or {}
@@ -87,12 +111,26 @@ def _rope_theta(hf: dict[str, Any], path: str) -> float:
             specs += [(f"{field}.{k}", v) for k, v in value.items()]
         elif value:
             specs.append((field, value))
+    scalings = {}
     for field, spec in specs:
         kind = spec.get("rope_type", spec.get("type", "default"))
-        if kind != "default":
+        if kind not in ("default", "llama3"):
             raise CheckpointError(
                 f"{path}: {field} has rope_type={kind!r}, which is not supported: only plain RoPE "
-                "(rope_type 'default') is implemented, and reading it as plain RoPE would give wrong positions")
+                "(rope_type 'default') and 'llama3' are implemented, and reading it as plain RoPE would give "
+                "wrong positions")
+        if kind == "llama3":
+            try:
+                scalings[field] = Llama3RopeScaling(
+                    factor=float(spec["factor"]), low_freq_factor=float(spec["low_freq_factor"]),
+                    high_freq_factor=float(spec["high_freq_factor"]),
+                    original_max_position_embeddings=int(spec["original_max_position_embeddings"]))
+            except KeyError as e:
+                raise CheckpointError(f"{path}: {field} (rope_type 'llama3') lacks {e.args[0]!r}") from None
+            except ValueError as e:
+                raise CheckpointError(f"{path}: {field}: {e}") from None
+        else:
+            scalings[field] = None
         if spec.get("partial_rotary_factor", 1.0) != 1.0:
             raise CheckpointError(f"{path}: {field} has partial_rotary_factor={spec['partial_rotary_factor']}; "
                                   "only full rotary embeddings (1.0) are supported")
@@ -102,18 +140,38 @@ def _rope_theta(hf: dict[str, Any], path: str) -> float:
     if len(set(thetas.values())) > 1:
         raise CheckpointError(f"{path}: the RoPE thetas disagree ({thetas}); transformers 4 reads rope_theta, "
                               "5 reads rope_parameters: make them equal")
-    return next(iter(thetas.values()), 10000.0)
+    if len(set(scalings.values())) > 1:
+        raise CheckpointError(f"{path}: the RoPE scalings disagree ({scalings}); transformers 4 reads "
+                              "rope_scaling, 5 reads rope_parameters: make them equal")
+    return next(iter(thetas.values()), default_theta), next(iter(scalings.values()), None)
 
 
 def config_to_hf(config: Qwen2Config, torch_dtype: str) -> dict[str, Any]:
-    """A Hugging Face `config.json` dict for `Qwen2ForCausalLM`, or for a critic
-    (`config.value_head`) `Qwen2ForTokenClassification` with one label: its `score` layer is the
-    value head, as verl and OpenRLHF load critics (`AutoModelForTokenClassification`, num_labels=1)."""
-    critic = {"architectures": ["Qwen2ForTokenClassification"], "id2label": {"0": "LABEL_0"},
+    """A Hugging Face `config.json` dict for `Qwen2ForCausalLM` or `LlamaForCausalLM` (the config's
+    architecture), or for a critic (`config.value_head`) the matching `...ForTokenClassification` with
+    one label: its `score` layer is the value head, as verl and OpenRLHF load critics
+    (`AutoModelForTokenClassification`, num_labels=1). RoPE is spelled as transformers 4 reads it
+    (`rope_theta`, `rope_scaling`); transformers 5 converts that spelling on loading."""
+    llama = config.architecture == "llama"
+    if llama and config.attention_bias != config.o_bias:
+        raise ValueError("a Llama has q/k/v and output biases together (attention_bias) or neither; "
+                         f"got attention_bias={config.attention_bias}, o_bias={config.o_bias}")
+    if not llama and (not config.attention_bias or config.o_bias or config.mlp_bias or config.head_size
+                      and config.head_size != config.hidden_size // config.num_heads):
+        raise ValueError("a Qwen2 has q/k/v biases, no other biases and head_dim = hidden_size / num_heads; "
+                         "use architecture='llama' for another layout")
+    causal, classifier = _CLASSES[config.architecture]
+    critic = {"architectures": [classifier], "id2label": {"0": "LABEL_0"},
               "label2id": {"LABEL_0": 0}} if config.value_head else {}
+    scaling = config.rope_scaling
+    if llama:
+        family = {"attention_bias": config.attention_bias, "mlp_bias": config.mlp_bias,
+                  "head_dim": config.head_dim, "pretraining_tp": 1}
+    else:
+        family = {"use_sliding_window": False, "sliding_window": None, "max_window_layers": config.num_layers}
     return {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
+        "architectures": [causal],
+        "model_type": config.architecture,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -125,10 +183,9 @@ def config_to_hf(config: Qwen2Config, torch_dtype: str) -> dict[str, Any]:
         "initializer_range": config.initializer_range,
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
+        **({"rope_scaling": {"rope_type": "llama3", **dataclasses.asdict(scaling)}} if scaling else {}),
         "tie_word_embeddings": config.tie_word_embeddings,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": config.num_layers,
+        **family,
         "attention_dropout": 0.0,
         "use_cache": True,
         "torch_dtype": torch_dtype,
@@ -142,8 +199,10 @@ def config_to_hf(config: Qwen2Config, torch_dtype: str) -> dict[str, Any]:
 
 
 def _layer_rules(config: Qwen2Config) -> dict[tuple[str, ...], tuple[str, Callable, Callable]]:
+    """The rules of the layer parameters this architecture has (a Llama: no q/k/v biases)."""
     d, n, k, h = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
-    return {
+    same = (lambda w: w, lambda w: w)
+    rules = {
         ("input_norm", "scale"): ("input_layernorm.weight", lambda w: w, lambda w: w),
         ("post_attn_norm", "scale"): ("post_attention_layernorm.weight", lambda w: w, lambda w: w),
         ("attn", "q_kernel"): ("self_attn.q_proj.weight", lambda w: w.T.reshape(d, n, h), lambda w: w.reshape(d, n * h).T),
@@ -156,7 +215,15 @@ def _layer_rules(config: Qwen2Config) -> dict[tuple[str, ...], tuple[str, Callab
         ("mlp", "gate_kernel"): ("mlp.gate_proj.weight", lambda w: w.T, lambda w: w.T),
         ("mlp", "up_kernel"): ("mlp.up_proj.weight", lambda w: w.T, lambda w: w.T),
         ("mlp", "down_kernel"): ("mlp.down_proj.weight", lambda w: w.T, lambda w: w.T),
+        ("attn", "o_bias"): ("self_attn.o_proj.bias", *same),
+        ("mlp", "gate_bias"): ("mlp.gate_proj.bias", *same),
+        ("mlp", "up_bias"): ("mlp.up_proj.bias", *same),
+        ("mlp", "down_bias"): ("mlp.down_proj.bias", *same),
     }
+    absent = {("attn", b) for b in ("q_bias", "k_bias", "v_bias") if not config.attention_bias}
+    absent |= {("attn", "o_bias")} if not config.o_bias else set()
+    absent |= {("mlp", b) for b in ("gate_bias", "up_bias", "down_bias") if not config.mlp_bias}
+    return {sub: rule for sub, rule in rules.items() if sub not in absent}
 
 
 def _hf_expected_shape(name: str, config: Qwen2Config) -> tuple[int, ...]:
@@ -167,8 +234,9 @@ def _hf_expected_shape(name: str, config: Qwen2Config) -> tuple[int, ...]:
         "self_attn.q_proj.weight": (n * h, d), "self_attn.q_proj.bias": (n * h,),
         "self_attn.k_proj.weight": (k * h, d), "self_attn.k_proj.bias": (k * h,),
         "self_attn.v_proj.weight": (k * h, d), "self_attn.v_proj.bias": (k * h,),
-        "self_attn.o_proj.weight": (d, n * h),
+        "self_attn.o_proj.weight": (d, n * h), "self_attn.o_proj.bias": (d,),
         "mlp.gate_proj.weight": (f, d), "mlp.up_proj.weight": (f, d), "mlp.down_proj.weight": (d, f),
+        "mlp.gate_proj.bias": (f,), "mlp.up_proj.bias": (f,), "mlp.down_proj.bias": (d,),
         "model.embed_tokens.weight": (v, d), "lm_head.weight": (v, d), "model.norm.weight": (d,),
         "score.weight": (1, d), "score.bias": (1,),
     }
@@ -242,7 +310,7 @@ class _TensorReader:
         return arr
 
 
-# A critic's value head as Qwen2ForTokenClassification's `score` layer (weight [1, D], bias [1]).
+# A critic's value head as Qwen2/LlamaForTokenClassification's `score` layer (weight [1, D], bias [1]).
 _VALUE_HEAD = {"value_kernel": "score.weight", "value_bias": "score.bias"}
 
 
@@ -253,7 +321,7 @@ def load_pretrained(
     compute_dtype: str | None = None,
     **config_overrides,
 ) -> tuple[Qwen2Config, Params]:
-    """Load a Hugging Face Qwen2 directory as `(config, params)`.
+    """Load a Hugging Face Qwen2 or Llama directory as `(config, params)`.
 
     dtype: parameter dtype to load into ("float32" or "bfloat16"); compute_dtype defaults to it.
     shardings: optional pytree of
@@ -262,7 +330,7 @@ def load_pretrained(
     config.json is read); each tensor then goes straight to its shards.
     config_overrides: other Qwen2Config fields (compute dtype, scan_layers, remat, value_head...).
     With value_head=True the model is a critic: no LM head is read, and the value head is the
-    checkpoint's `score` layer (a critic saved by `save_pretrained`, Qwen2ForTokenClassification
+    checkpoint's `score` layer (a critic saved by `save_pretrained`, ...ForTokenClassification
     with one label) or, in a causal-LM checkpoint, zero.
     """
     path = pathlib.Path(path)
@@ -317,7 +385,7 @@ def save_pretrained(
 
     Written atomically (a temporary sibling directory renamed into place), in `dtype` (default:
     the parameter dtype), sharded with an index file above `max_shard_bytes`. A critic
-    (`config.value_head`) is written as `Qwen2ForTokenClassification` with one label (the value
+    (`config.value_head`) is written as `...ForTokenClassification` with one label (the value
     head as its `score` layer, no LM head), which `AutoModelForTokenClassification` loads. In
     multi-host runs every process must call this (arrays are gathered); only process 0 writes.
     """

@@ -1,4 +1,4 @@
-"""Qwen2 / Qwen2.5 decoder in Flax linen, used functionally.
+"""Qwen2 / Qwen2.5 (and Llama-family) decoder in Flax linen, used functionally.
 
 Parameters are a plain nested-dict pytree; every function here is pure. Each parameter carries
 logical axis names (see `logical_axes`) so sharding is a table of rules elsewhere, never code here.
@@ -104,10 +104,28 @@ class RMSNorm(nn.Module):
         return (y * scale.astype(jnp.float32)).astype(self.config.jnp_dtype)
 
 
-def rotary(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
-    """Rotary embedding, half-split layout (as in Hugging Face Qwen2), computed in fp32."""
+def rope_frequencies(config: Qwen2Config) -> jax.Array:
+    """RoPE's inverse frequencies [H/2] in fp32: plain, or rescaled by `config.rope_scaling` (llama3) in
+    transformers' own order of fp32 operations (modeling_rope_utils._compute_llama3_parameters)."""
+    h = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    s = config.rope_scaling
+    if s is None:
+        return inv_freq
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = ((s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+              / (s.high_freq_factor - s.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def rotary(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotary embedding, half-split layout (as in Hugging Face Qwen2 and Llama), computed in fp32."""
     h = x_BTNH.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
     angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
     cos = jnp.cos(angles_BTh)[:, :, None, :]
     sin = jnp.sin(angles_BTh)[:, :, None, :]
@@ -115,6 +133,15 @@ def rotary(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Arra
     x1, x2 = x[..., : h // 2], x[..., h // 2:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_BTNH.dtype)
+
+
+def _bias(module: nn.Module, name: str, shape, names, enabled: bool) -> jax.Array | None:
+    """A zero-initialised bias parameter, or None where the architecture has none (no leaf at all)."""
+    return _param(module, name, shape, names, nn.initializers.zeros) if enabled else None
+
+
+def _add(y: jax.Array, bias: jax.Array | None) -> jax.Array:
+    return y if bias is None else y + bias.astype(y.dtype)
 
 
 class Attention(nn.Module):
@@ -127,20 +154,22 @@ class Attention(nn.Module):
         dt = cfg.jnp_dtype
         init = _normal(cfg)
         wq = _param(self, "q_kernel", (d, n, h), ("embed", "heads", "head_dim"), init)
-        bq = _param(self, "q_bias", (n, h), ("heads", "head_dim"), nn.initializers.zeros)
+        bq = _bias(self, "q_bias", (n, h), ("heads", "head_dim"), cfg.attention_bias)
         wk = _param(self, "k_kernel", (d, k, h), ("embed", "kv_heads", "head_dim"), init)
-        bk = _param(self, "k_bias", (k, h), ("kv_heads", "head_dim"), nn.initializers.zeros)
+        bk = _bias(self, "k_bias", (k, h), ("kv_heads", "head_dim"), cfg.attention_bias)
         wv = _param(self, "v_kernel", (d, k, h), ("embed", "kv_heads", "head_dim"), init)
-        bv = _param(self, "v_bias", (k, h), ("kv_heads", "head_dim"), nn.initializers.zeros)
+        bv = _bias(self, "v_bias", (k, h), ("kv_heads", "head_dim"), cfg.attention_bias)
         wo = _param(self, "o_kernel", (n, h, d), ("heads", "head_dim", "embed"), init)
+        bo = _bias(self, "o_bias", (d,), ("embed",), cfg.o_bias)
 
         b, t = x_BTD.shape[:2]
         x_MD = x_BTD.reshape(b * t, d)
-        q = _dense(x_MD, wq.astype(dt)).reshape(b, t, n, h) + bq.astype(dt)
-        kk = _dense(x_MD, wk.astype(dt)).reshape(b, t, k, h) + bk.astype(dt)
-        vv = _dense(x_MD, wv.astype(dt)).reshape(b, t, k, h) + bv.astype(dt)
-        q = rotary(q, positions_BT, cfg.rope_theta)
-        kk = rotary(kk, positions_BT, cfg.rope_theta)
+        q = _add(_dense(x_MD, wq.astype(dt)).reshape(b, t, n, h), bq)
+        kk = _add(_dense(x_MD, wk.astype(dt)).reshape(b, t, k, h), bk)
+        vv = _add(_dense(x_MD, wv.astype(dt)).reshape(b, t, k, h), bv)
+        inv_freq = rope_frequencies(cfg)
+        q = rotary(q, positions_BT, inv_freq)
+        kk = rotary(kk, positions_BT, inv_freq)
 
         if cache is None:  # no cache: the keys are exactly the new tokens, slot = index
             out = attention.attend(q, kk, vv, kv_mask_BS, cfg.attention)
@@ -151,7 +180,7 @@ class Attention(nn.Module):
             cache = cache._replace(k=write(cache.k, kk), v=write(cache.v, vv))
             keys, values = _from_cache(cache.k[cache.layer], dt), _from_cache(cache.v[cache.layer], dt)
             out = attention.cached_attention(q, keys, values, index, kv_mask_BS, dt)
-        return _dense(out.reshape(b * t, n, h), wo.astype(dt), in_dims=2).reshape(b, t, d), cache
+        return _add(_dense(out.reshape(b * t, n, h), wo.astype(dt), in_dims=2), bo).reshape(b, t, d), cache
 
 
 class MLP(nn.Module):
@@ -165,11 +194,14 @@ class MLP(nn.Module):
         wg = _param(self, "gate_kernel", (d, f), ("embed", "mlp"), init)
         wu = _param(self, "up_kernel", (d, f), ("embed", "mlp"), init)
         wd = _param(self, "down_kernel", (f, d), ("mlp", "embed"), init)
+        bg, bu = (_bias(self, name, (f,), ("mlp",), cfg.mlp_bias) for name in ("gate_bias", "up_bias"))
+        bd = _bias(self, "down_bias", (d,), ("embed",), cfg.mlp_bias)
         wg, wu, wd = wg.astype(dt), wu.astype(dt), wd.astype(dt)
 
         def mlp(x_BCD):
             x_MD = x_BCD.reshape(-1, d)
-            return _dense(nn.silu(_dense(x_MD, wg)) * _dense(x_MD, wu), wd).reshape(x_BCD.shape)
+            gated = nn.silu(_add(_dense(x_MD, wg), bg)) * _add(_dense(x_MD, wu), bu)
+            return _add(_dense(gated, wd), bd).reshape(x_BCD.shape)
 
         b, t = x_BTD.shape[:2]
         chunk = _chunk_length(t, cfg.mlp_chunk)
