@@ -99,3 +99,13 @@ def test_unsupported_llama_fields_are_refused():
         hf_io.config_from_hf({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     with pytest.raises(hf_io.CheckpointError, match="model_type='mistral'"):
         hf_io.config_from_hf({**base, "model_type": "mistral"})
+
+
+def test_biases_the_config_lacks_are_an_error(tmp_path):
+    """A Qwen2 checkpoint relabelled llama keeps its q/k/v bias tensors: refused, not dropped."""
+    from tests.qwen2_test import make_hf_model
+    _, path = make_hf_model(tmp_path, tied=True)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    with pytest.raises(hf_io.CheckpointError, match=r"holds 6 bias tensors .*'model.layers.0.self_attn.k_proj.bias'.*model_type='llama'"):
+        hf_io.load_pretrained(path)

@@ -211,8 +211,8 @@ def test_load_errors_name_file_and_tensor(tmp_path):
         hf_io.load_pretrained(tmp_path / "nowhere")
     _, path = make_hf_model(tmp_path, tied=True)
     cfg = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    with pytest.raises(hf_io.CheckpointError, match="model_type='llama'"):
+    (path / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))  # llama: tests/llama_test.py
+    with pytest.raises(hf_io.CheckpointError, match="model_type='mistral'"):
         hf_io.load_pretrained(path)
     (path / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 81}))
     with pytest.raises(hf_io.CheckpointError, match=r"model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight'"):

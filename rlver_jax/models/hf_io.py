@@ -345,7 +345,15 @@ def load_pretrained(
     np_dtype = _NP_DTYPES[dtype]
     abstract = abstract_params(config)
     params: dict = {}
-    for our_path, names, to_ours, _ in _param_plan(config):
+    plan = _param_plan(config)
+    # A bias the architecture lacks (a Qwen2 labelled llama, attention_bias false over biased
+    # tensors) would be dropped silently: the model would not be the checkpoint's.
+    read = {name for _, names, _, _ in plan for name in names}
+    unread = sorted(n for n in reader.file_of if n.endswith(".bias") and n not in read and not n.startswith("score."))
+    if unread:
+        raise CheckpointError(f"{cfg_file}: the checkpoint holds {len(unread)} bias tensors (e.g. {unread[0]!r}) that "
+                              f"model_type={config.architecture!r} with these attention_bias/mlp_bias fields has not")
+    for our_path, names, to_ours, _ in plan:
         arr = to_ours([reader.read(n, _hf_expected_shape(n, config)) for n in names]).astype(np_dtype)
         expected = _tree_get(abstract, our_path).shape
         assert arr.shape == expected, (our_path, arr.shape, expected)  # our own mapping, not input

@@ -16,6 +16,7 @@ import numpy as np
 
 from rlver_jax.sampling import generation
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS
+from rlver_jax.text import chat
 from rlver_jax.text.chat import ChatTokens
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rollout.kv_sessions import KVSessions
@@ -73,7 +74,7 @@ class JaxPolicy:
             ids, lps = ids[:req.max_new_tokens], lps[:req.max_new_tokens]
             stopped = bool(ids) and ids[-1] in self.stop_ids
             text_ids = ids[:-1] if stopped else ids
-            text = self.chat.tokenizer.decode(text_ids, skip_special_tokens=False)
+            text = chat.decode_turn(self.chat, text_ids, cut=not stopped)
             turns.append(PolicyTurn(text=text, token_ids=ids, logprobs=lps, stopped=stopped,
                                     reencoded=reencoded))
         return turns

@@ -1,10 +1,13 @@
 """ChatML conversations as exact token ids, the mask of policy tokens, and think-then-say parsing.
 
-Qwen2.5 chats in ChatML: every message is
+Qwen2.5 and SmolLM2 chat in ChatML: every message is
 
     <|im_start|>{role}\\n{content}<|im_end|>\\n
 
-and a generation prompt is `<|im_start|>assistant\\n`. Rollouts build one training sequence per
+and a generation prompt is `<|im_start|>assistant\\n`. Both are read from the model's own tokenizer:
+its <|im_start|>/<|im_end|> ids, and its chat template, rendered once on a probe conversation at
+start-up, must be ChatML (its generation prompt the text after the last message); a template of
+another family (Llama 3 headers, [INST], Gemma turns, ...) is refused, naming the family. Rollouts build one training sequence per
 dialogue from the token ids the sampler produced plus the template tokens around them
 (`generation_prompt_ids`, `assistant_turn_ids`, `encode_message`), never by decoding to text and
 re-tokenising, which drifts. The assistant mask is 1 on the assistant's content tokens and on
@@ -30,8 +33,11 @@ Added tokens without the special flag (Qwen2.5's <tool_call>, </tool_call>, <|fi
 token wherever their text appears, as transformers, and so any server rendering the template,
 encodes them, and decoding keeps them. Sanitising them too would make training see other ids
 than a server feeds the exported model for the same conversation (docs/tokenizers.md).
-Also note: Qwen2.5's own template inserts a default system message when a conversation has
-none; this module never does (rollouts pass the project's own system prompt).
+Also note: Qwen2.5's and SmolLM2's own templates insert a default system message when a conversation
+has none ("You are Qwen, created by Alibaba Cloud. ...", "You are a helpful AI assistant named SmolLM,
+trained by Hugging Face"); this module never does (rollouts pass the project's own system prompt).
+A policy turn cut by the token budget may end inside a multi-byte character; `decode_turn` drops
+that incomplete tail instead of showing U+FFFD.
 """
 
 from __future__ import annotations
@@ -53,10 +59,18 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
 _FIX = (
-    "Point the config at a local Hugging Face tokenizer directory of a Qwen2/Qwen2.5 model "
-    "(with tokenizer.json and tokenizer_config.json), or build the CPU test tokenizer with "
-    "rlver_jax.text.tiny_tokenizer.build_tiny_tokenizer(dir)."
+    "Point the config at a local Hugging Face tokenizer directory of a ChatML model such as "
+    "Qwen2.5 or SmolLM2 (with tokenizer.json and tokenizer_config.json), or build the CPU test "
+    "tokenizer with rlver_jax.text.tiny_tokenizer.build_tiny_tokenizer(dir)."
 )
+# A probe conversation, and the ChatML text of it (without a generation prompt).
+_PROBE = ({"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"})
+_PROBE_CHATML = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in _PROBE)
+# Marks of other chat-template families, for the refusal's message.
+_FAMILIES = (("<|start_header_id|>", "Llama 3 (<|start_header_id|> headers)"),
+             ("[INST]", "Llama 2 / Mistral ([INST] blocks)"), ("<start_of_turn>", "Gemma (<start_of_turn>)"),
+             ("<|user|>", "Zephyr / Phi-3 (<|user|> tags)"), ("<|User|>", "DeepSeek (<|User|> tags)"),
+             ("### Instruction", "Alpaca (### Instruction)"), (IM_START, "ChatML-like, but rendered differently"))
 
 
 def _text_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -85,19 +99,25 @@ class ChatTokens:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: PreTrainedTokenizerBase) -> "ChatTokens":
-        """Reads the ids from `tokenizer`; a ValueError names the missing ChatML tokens."""
+        """Reads the ids and the generation prompt from `tokenizer`; a ValueError names the missing
+        ChatML tokens, or the family of a chat template that is not ChatML."""
         added = tokenizer.get_added_vocab()
         missing = [t for t in (IM_START, IM_END, END_OF_TEXT) if t not in added]
         if missing:
             raise ValueError(
                 f"tokenizer {tokenizer.name_or_path!r} lacks the ChatML special tokens "
-                f"{missing}; it is not a Qwen2/ChatML tokenizer. {_FIX}"
+                f"{missing}; it is not a ChatML tokenizer. {_FIX}"
             )
         im_start = added[IM_START]
 
         def header(role: str) -> tuple[int, ...]:
             return (im_start, *_text_ids(tokenizer, role + "\n"))
 
+        # The template's own generation prompt, as ids with its control tokens.
+        prompt_ids = tuple(tokenizer.encode(chatml_generation_prompt(tokenizer), add_special_tokens=False))
+        if prompt_ids != header("assistant"):
+            raise ValueError(f"tokenizer {tokenizer.name_or_path!r}: the chat template's generation prompt "
+                             f"encodes as {list(prompt_ids)}, not as <|im_start|> + 'assistant\\n'. {_FIX}")
         return cls(
             tokenizer=tokenizer,
             im_start=im_start,
@@ -106,13 +126,38 @@ class ChatTokens:
             newline=tuple(_text_ids(tokenizer, "\n")),
             system_header=header("system"),
             user_header=header("user"),
-            assistant_header=header("assistant"),
+            assistant_header=prompt_ids,
         )
 
     def header(self, role: str) -> tuple[int, ...]:
         """The ids of "<|im_start|>{role}\\n"."""
         _check_role(role)
         return getattr(self, f"{role}_header")
+
+
+def template_family(template: str) -> str:
+    """The family a chat template that is not plain ChatML belongs to, by its marks."""
+    return next((family for mark, family in _FAMILIES if mark in template), "unknown (no known role marks)")
+
+
+def chatml_generation_prompt(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The generation prompt of `tokenizer`'s chat template, checked to be ChatML: the template must
+    render a system/user/assistant probe as ChatML text; the prompt is what it adds after it. A
+    ValueError (one line) names the template's family otherwise."""
+    name = tokenizer.name_or_path
+    template = tokenizer.chat_template
+    if not isinstance(template, str):  # None, or a dict of named templates (tool use, RAG)
+        raise ValueError(f"tokenizer {name!r} has no single chat template ({type(template).__name__}); "
+                         f"a ChatML template is needed. {_FIX}")
+    try:
+        plain = tokenizer.apply_chat_template(list(_PROBE), tokenize=False)
+        prompted = tokenizer.apply_chat_template(list(_PROBE), tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # a template that rejects the probe (e.g. no system role) is not ChatML
+        plain = prompted = f"error: {e}"
+    if plain != _PROBE_CHATML or not prompted.startswith(plain):
+        raise ValueError(f"tokenizer {name!r}: its chat template is not ChatML but {template_family(template)}; "
+                         f"this project trains and samples ChatML conversations. {_FIX}")
+    return prompted[len(plain):]
 
 
 def _check_role(role: str) -> None:
@@ -205,6 +250,58 @@ def conversation_ids(
         ids += prompt
         mask += [0] * len(prompt)
     return ids, mask
+
+
+def decode_turn(chat: ChatTokens | PreTrainedTokenizerBase, text_ids: Sequence[int], cut: bool) -> str:
+    """The text of a policy turn's ids (without its stop token). A turn `cut` by the token budget may
+    end inside a multi-byte character: those incomplete bytes are dropped (the decoder would show
+    them as U+FFFD), so the simulated user and the transcripts never see a broken character."""
+    ct = _chat_tokens(chat)
+    text = ct.tokenizer.decode(list(text_ids), skip_special_tokens=False)
+    # An incomplete UTF-8 tail is at most 3 bytes, so within the last 3 tokens; decoders show it as
+    # one U+FFFD (the maximal ill-formed subpart).
+    if cut and text.endswith("\ufffd") and _incomplete_utf8_tail(_token_bytes(ct.tokenizer, text_ids[-3:])):
+        text = text[:-1]
+    return text
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2's): printable Latin-1 bytes stand for themselves, the other
+    bytes for the code points 256, 257, ... in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(shifted)}}
+
+
+_BYTE_LEVEL = _byte_level_decoder()
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
+
+
+def _token_bytes(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> bytes:
+    """The bytes the tokens `ids` stand for: byte-level BPE pieces through its alphabet, byte-fallback
+    pieces as their byte, added tokens as their UTF-8 text."""
+    added = set(tokenizer.get_added_vocab())
+    out = bytearray()
+    for piece in tokenizer.convert_ids_to_tokens(list(ids)):
+        match = _BYTE_FALLBACK.fullmatch(piece)
+        if match:
+            out.append(int(match.group(1), 16))
+        elif piece not in added and all(c in _BYTE_LEVEL for c in piece):
+            out += bytes(_BYTE_LEVEL[c] for c in piece)
+        else:
+            out += piece.encode("utf-8")
+    return bytes(out)
+
+
+def _incomplete_utf8_tail(data: bytes) -> bool:
+    """Whether `data` ends with the start of a multi-byte UTF-8 character and not all of it."""
+    for back in range(1, min(3, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for the lead byte
+            continue
+        length = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+        return back < length
+    return False
 
 
 # A speaker label the policy may write before its reply ("你：", "Me:", "**Reply:**"); the user
