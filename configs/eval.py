@@ -24,6 +24,8 @@ Presets:
         (10 rounds, initial emotion 40) are not those of a tiny training run (1 round in think
         mode, 48-token turns, initial emotion 30); to score a run under its own rules add
         --config.eval.like_training=RUN (docs/cli.md).
+  smol: CPU, the tiny preset's lengths and simulator with the real SmolLM2-135M-Instruct of
+        `python launch/fetch_smollm2.py` (policy.path), or a smol training run's --config.policy.checkpoint.
 """
 
 import pathlib
@@ -33,9 +35,10 @@ from ml_collections import config_dict
 
 from configs.mesh import get_mesh_config
 from configs.simulator import get_simulator_config
+from rlver_jax.models import smollm2
 from rlver_jax.rollout.cache_bound import session_slots
 
-PRESETS = ("sage", "tiny")
+PRESETS = ("sage", "tiny", "smol")
 # The project's own profiles (rlver_jax.simulator.profiles.DEFAULT_PROFILES, which
 # tests/cli_test.py checks this equals): spelled out, because importing the simulator package
 # (openai, httpx) would cost every --help of launch/eval.py two seconds.
@@ -68,6 +71,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; use one of {PRESETS} (e.g. configs/eval.py:tiny)")
     tiny = preset == "tiny"
+    smol = preset == "smol"
+    cpu = tiny or smol
     c = ml_collections.ConfigDict()
     c.workdir = ""  # required: sentient.json, transcripts.jsonl, report.md and plots go here
     c.seed = 0  # sampling key of a JAX policy; the init of a fresh tiny policy
@@ -77,11 +82,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.eval = ml_collections.ConfigDict()
     # JSONL profiles with first_talk (SAGE: ../shared/data/rlver/test_profile.jsonl); tiny: our own.
-    c.eval.profiles = str(SHIPPED_PROFILES) if tiny else ""
+    c.eval.profiles = str(SHIPPED_PROFILES) if cpu else ""
     c.eval.max_profiles = 0  # 0 = every profile of the file; else the first N
     # Dialogues in flight at once (simulator.max_concurrency bounds the simulator's requests); an
     # openai policy also has at most this many requests in flight.
-    c.eval.max_dialogues = 16 if tiny else 64
+    c.eval.max_dialogues = 16 if cpu else 64
     # Dialogues per policy call: a JAX policy samples a group as one batch; the dialogues of a
     # group advance in lockstep, so an endpoint policy does best with small groups. With several
     # groups in flight a JAX policy's draws depend on the order of calls; max_dialogues equal
@@ -95,13 +100,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.policy = ml_collections.ConfigDict()
     c.policy.backend = "jax"  # jax: our sampler on a checkpoint; openai: a chat endpoint
     c.policy.checkpoint = ""  # jax: a training WORKDIR (latest step) or WORKDIR/checkpoints/STEP
-    c.policy.path = ""  # jax: a Hugging Face Qwen2 directory instead of a checkpoint
+    # jax: a Hugging Face Qwen2/Llama directory instead of a checkpoint (smol: the fetched SmolLM2)
+    c.policy.path = str(smollm2.DEFAULT_DIR) if smol else ""
     c.policy.fresh_tiny = tiny  # jax with neither checkpoint nor path: a randomly initialised tiny model
-    c.policy.dtype = "float32" if tiny else "bfloat16"  # jax with policy.path (a run keeps its own)
+    c.policy.dtype = "float32" if cpu else "bfloat16"  # jax with policy.path (a run keeps its own)
     c.policy.base_path = ""  # jax: HF dir for the run's architecture and tokenizer if its model.path moved
     # Think-then-say; None = the run's own setting for a checkpoint, else no-think.
     c.policy.think = config_dict.placeholder(bool)
-    c.policy.update(get_policy_sampling_config(tiny=tiny))
+    c.policy.update(get_policy_sampling_config(tiny=cpu))
     c.policy.base_url = "http://127.0.0.1:8000/v1"  # openai
     c.policy.model = "policy"  # openai: the served model name
     c.policy.api_key_env = "POLICY_API_KEY"  # openai: env var holding the key; unset for local servers
@@ -114,6 +120,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         shape=(1, 1, -1),  # (data, fsdp, tensor) devices; one entry may be -1: the remaining devices
         rules="tensor")  # fsdp | tensor | fsdp_tensor (sharding.RULE_PRESETS), or (logical axis, mesh axes) pairs
     c.simulator = get_simulator_config(eval_mode=True)
-    if tiny:
+    if cpu:
         c.simulator.backend = "embedded"
     return c

@@ -15,6 +15,7 @@ from typing import Any
 import ml_collections
 
 from rlver_jax.llm_client import ClientSettings
+from rlver_jax.models import smollm2
 from rlver_jax.sampling.settings import SamplingSettings
 
 BACKENDS = ("jax", "openai")
@@ -53,7 +54,8 @@ def resolve(config: ml_collections.ConfigDict, max_in_flight: int) -> PolicySour
     if p.path:
         if not pathlib.Path(p.path, "config.json").exists():
             raise FileNotFoundError(f"config.policy.path={p.path!r}: no config.json there; it must be a Hugging "
-                                    "Face Qwen2 directory (e.g. one written by launch/export_hf.py)")
+                                    "Face Qwen2/Llama directory (e.g. one written by launch/export_hf.py)"
+                                    + smollm2.missing_hint(p.path))
         source = str(pathlib.Path(p.path).resolve())
         return PolicySource("jax", source, pathlib.Path(source).name, bool(p.think))
     if p.fresh_tiny:

@@ -20,7 +20,7 @@ import ml_collections
 
 from rlver_jax.text import chat
 from rlver_jax.parallel import sharding
-from rlver_jax.models import hf_io, qwen2
+from rlver_jax.models import hf_io, qwen2, smollm2
 from rlver_jax.models.config import Qwen2Config, get_preset
 from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer
 
@@ -59,7 +59,8 @@ def policy_architecture(config: ml_collections.ConfigDict, any_preset: bool = Fa
     if config.model.path:
         cfg_file = pathlib.Path(config.model.path) / "config.json"
         if not cfg_file.exists():
-            raise FileNotFoundError(f"{cfg_file}: not found; config.model.path must be a Hugging Face model directory")
+            raise FileNotFoundError(f"{cfg_file}: not found; config.model.path must be a Hugging Face model directory"
+                                    + smollm2.missing_hint(config.model.path))
         return hf_io.config_from_hf(json.loads(cfg_file.read_text()), **overrides)
     if not config.model.random_init and not any_preset:
         raise ValueError(f"config.model.path is empty for preset {config.model.preset!r}: set "
