@@ -42,10 +42,13 @@ from benchmarks.measure import (  # noqa: E402
     best_of, generation_flops, matmul_params, matmul_peak, random_prompts, stream_bandwidth, time_ours,
     time_transformers)
 from rlver_jax.sampling import generation  # noqa: E402
-from rlver_jax.models import hf_io, qwen2  # noqa: E402
+from rlver_jax.models import hf_io, qwen2, smollm2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
 
-_PRESETS = flags.DEFINE_list("presets", ["tiny", "qwen2.5-0.5b"], "Model presets (random weights).")
+_ARCH = {"smol": "smollm2-135m"}  # --presets names with real weights: their architecture
+
+_PRESETS = flags.DEFINE_list("presets", ["tiny", "qwen2.5-0.5b"], "Model presets (random weights); smol: the "
+                             "real SmolLM2-135M-Instruct of launch/fetch_smollm2.py.")
 _BATCHES = flags.DEFINE_list("batches", ["8", "32"], "Batch sizes.")
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Parameter and compute dtypes.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "New tokens per row.")
@@ -87,11 +90,15 @@ def gemm_stream(dtype, rows: int = 8) -> float:
 
 
 def bench_preset(preset: str, rng: np.random.Generator, report: Callable[[Row], None]) -> None:
-    base = get_preset(preset)
-    params32 = qwen2.init_params(base, jax.random.key(_SEED.value))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = hf_io.save_pretrained(base, params32, pathlib.Path(tmp) / preset)
-        hf_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    if preset == "smol":  # real weights: both sides read the same directory
+        base, params32 = hf_io.load_pretrained(smollm2.DEFAULT_DIR)
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(smollm2.DEFAULT_DIR, dtype=torch.float32).eval()
+    else:
+        base = get_preset(preset)
+        params32 = qwen2.init_params(base, jax.random.key(_SEED.value))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = hf_io.save_pretrained(base, params32, pathlib.Path(tmp) / preset)
+            hf_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     n = _NEW_TOKENS.value
     for dtype in _DTYPES.value:
         # Both sides hold the same weights in `dtype` (cast from the same fp32 draw).
@@ -132,7 +139,7 @@ def main(argv):
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
 
     def report(r: Row) -> None:  # a row as soon as it is measured: a long run that dies keeps its rows
-        bound_ms = matmul_params(get_preset(r.preset)) * jnp.dtype(r.dtype).itemsize / bandwidth * 1e3
+        bound_ms = matmul_params(get_preset(_ARCH.get(r.preset, r.preset))) * jnp.dtype(r.dtype).itemsize / bandwidth * 1e3
         peak = peaks[r.dtype]
         print(f"| {r.preset} | {r.dtype} | {r.batch} | {r.batch * n / r.ours_s:.1f} | {r.batch * n / r.hf_s:.1f} "
               f"| {r.hf_s / r.ours_s:.2f}x | {r.ours_step_ms:.1f} | {r.hf_step_ms:.1f} | {r.hf_step_ms / r.ours_step_ms:.2f}x "

@@ -1,4 +1,4 @@
-"""The Sentient benchmark under the SAGE protocol: `python launch/eval.py --config=configs/eval.py[:tiny]`.
+"""The Sentient benchmark under the SAGE protocol: `python launch/eval.py --config=configs/eval.py[:tiny|smol]`.
 
 The simulated user opens with each profile's `first_talk`, starts at emotion 40, and the dialogue
 ends on a goodbye, at 100 (success), below 10 (failure) or after 10 rounds, the 10th reply not
