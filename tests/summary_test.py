@@ -19,7 +19,7 @@ def dialogue(pid, emotions, end_reason, turns, tokens, **flags):
 DIALOGUES = [
     dialogue("A", [30, 60, 100], "success", 2, 10),
     dialogue("B", [30, 10, 0], "failure", 2, 8),
-    dialogue("C", [30, 35, 40], "turn_limit", 3, 12, format_failure=True),
+    dialogue("C", [30, 35, 40], "format_failure", 3, 12, format_failure=True),
     dialogue("D", [30, 55], "simulator_error", 1, 4, simulator_error=True),
     dialogue("E", [30, 60], "truncated", 1, 6, truncated=True),
 ]

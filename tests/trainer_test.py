@@ -28,8 +28,8 @@ def _dialogue(rng, group, emotions, n_turns=2, ctx=5, turn=4, format_failure=Fal
         ends.append(len(tokens) - 1)
     return DialogueSequence(
         profile_id=f"p{group}", group=group, tokens=tokens, policy_mask=mask,
-        logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions, end_reason="turn_limit",
-        format_failure=format_failure)
+        logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions,
+        end_reason="format_failure" if format_failure else "turn_limit", format_failure=format_failure)
 
 
 def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):

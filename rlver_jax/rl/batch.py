@@ -59,7 +59,7 @@ def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
         for i, end in enumerate(seq.turn_ends):
             if i + 1 < len(seq.emotions):
                 dialogue[end] = (seq.emotions[i + 1] - seq.emotions[i]) / 100.0
-        if seq.format_failure:
+        if seq.ended_by_format_failure:
             dialogue[seq.turn_ends[-1]] = dialogue.get(seq.turn_ends[-1], 0.0) - seq.emotions[-1] / 100.0
     else:
         raise ValueError(f"config.rl.reward_mode={mode!r}; use one of {REWARD_MODES}")

@@ -24,7 +24,7 @@ class DialogueSummary:
     success: int  # reached the emotion ceiling
     failure: int  # ended at the floor: the user left
     score: float  # mean final emotion
-    reward: float  # mean reward (final emotion / 100 clipped at 0; 0 after a format failure)
+    reward: float  # mean reward (final emotion / 100 clipped at 0; 0 for a format failure that ended it)
     scored_turns: float  # mean policy turns
     # Over all dialogues:
     turns: float  # mean policy turns
