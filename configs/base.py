@@ -62,6 +62,10 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
         # first discover "</think>", and a format failure in any turn zeroes the dialogue's
         # reward: one-turn dialogues give it a learning signal from the start.
         c.simulator.max_turns = 1 if think else 3
+    else:
+        # The reference's training simulator adds the change as written (the emotion capped at 100);
+        # +-100 is the parser's bound, so this is no clip. Evaluation (train.eval_rules) keeps SAGE's +-10.
+        c.simulator.max_change = 100
 
     c.data = ml_collections.ConfigDict()
     # JSONL of training profiles (required); tiny: the project's own, shipped with the package
