@@ -44,7 +44,7 @@ from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.rollout.summary import reencoded_turns, rollout_metrics, summarize
+from rlver_jax.rollout.summary import reencoded_turns, reference_metrics, rollout_metrics, summarize
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
 from rlver_jax.rollout.transcripts import transcript_path, write_transcripts
 from rlver_jax.train.run import Run, build_run
@@ -133,7 +133,8 @@ def _update(run: Run, step: int, state: trainer.TrainState, batch: RolloutBatch,
     update_s = time.perf_counter() - t1
     check_finite(step, update_metrics)
     tokens = float(sum(len(s.tokens) for s in dialogues if s.trainable))
-    return state, dialogues, _advantages(advantages, dialogues), {**rollout_metrics(dialogues), **update_metrics,
+    return state, dialogues, _advantages(advantages, dialogues), {**rollout_metrics(dialogues),
+                              **reference_metrics(dialogues), **update_metrics,
                               **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
                               "policy_lag": float(step - batch.version),
                               "kv_cache_reencodes": float(reencoded_turns(dialogues)),
