@@ -122,7 +122,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # a token mean per micro-batch of one sequence, averaged over ranks) | token_mean
     c.rl.loss_agg_mode = "seq_mean_token_mean"
     c.rl.ppo_epochs = 1  # passes over each rollout batch
-    c.rl.mini_batch_size = 0  # in dialogues; 0 = the whole batch (paper: mini-batch = batch = 32)
+    # Train-batch rows per optimizer step (turn rows in think mode with think_history "drop"): the paper's
+    # 32 x n, about one step per turn; 0 = the whole batch, one step per epoch (tiny: a short CPU run)
+    c.rl.mini_batch_size = 0 if tiny else 32 * c.rollout.n
     c.rl.micro_batch_size = 8 if tiny else 4  # gradient accumulation unit (memory)
     c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
 

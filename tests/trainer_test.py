@@ -38,7 +38,7 @@ def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):
     rl = trainer.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=micro, ppo_epochs=epochs)
     opt = trainer.OptimSettings(lr=lr, warmup_ratio=0.0, weight_decay=0.0)
     # Plain SGD makes the parameter change the gradient itself (Adam would normalise it away).
-    make_opt = ((lambda: trainer.Optimizer(optax.sgd(lr), optax.constant_schedule(lr))) if sgd
+    make_opt = ((lambda: trainer.Optimizer(optax.sgd(1.0), optax.constant_schedule(lr))) if sgd
                 else (lambda: trainer.make_optimizer(opt, 10)))
     actor_opt = make_opt()
     critic_cfg, critic, critic_opt = None, None, None
@@ -279,7 +279,7 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     row_adv = np.asarray(out["advantages"]).sum(-1) / np.maximum(batch.policy_mask.sum(-1), 1)
     np.testing.assert_allclose(row_adv, [a, a, a, -a, 0, 0, 0, 0], atol=1e-5)
     assert trainer.minibatch_rows(rl, jax.random.key(1), 8).shape == (2, 4)
-    opt = trainer.Optimizer(optax.sgd(1e-2), optax.constant_schedule(1e-2))
+    opt = trainer.Optimizer(optax.sgd(1.0), optax.constant_schedule(1e-2))
     program = trainer.make_update_program(rl, cfg, None, opt, None)
     state = trainer.init_train_state(actor, opt.tx, seed=0)
     state, metrics, advantages = trainer.train_on_batch(program, state, batch)

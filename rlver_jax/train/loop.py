@@ -237,8 +237,11 @@ def _collate(run: Run, step: int, batch: RolloutBatch, dialogues: list[DialogueS
         raise AllDialoguesFailedError(f"step {step}: no dialogue can be trained on: {cause}. The dialogues "
                                       f"are in {path}")
     share = len(batch.sequences)  # dialogue slots per process
+    # Rows mode (rl.batch_size 0): rows a multiple of each process's share of a mini-batch, so the
+    # global batch is whole mini-batches; one program per multiple, at most max_turns x dialogues / mini.
+    multiple = share if run.rl.batch_size else run.rl.mini_batch_size // jax.process_count()
     owner = run.dialogue_process
-    rows = max(batch_rows([dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable], share)
+    rows = max(batch_rows([dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable], multiple)
                for p in range(jax.process_count()))
     longest, policy_tokens = row_extent(usable)
     length = bucket(longest, multiple=run.loop.length_multiple)
@@ -250,7 +253,7 @@ def _collate(run: Run, step: int, batch: RolloutBatch, dialogues: list[DialogueS
                  bucket(alone[0], multiple=run.loop.length_multiple), alone[1])
     return collate([s for _, s in mine], batch_size=share, reward_mode=run.rl.reward_mode, rows=rows,
                    length=length, dialogue_ids=[d for d, _ in mine], padding_ids=rows * jax.process_count(),
-                   pad_id=run.chat.end_of_text), policy_tokens
+                   pad_id=run.chat.end_of_text, row_multiple=multiple), policy_tokens
 
 
 def profiles_for_step(profiles: list[Profile], step: int, k: int, seed: int) -> list[Profile]:
