@@ -109,7 +109,7 @@ def bench(chat_tokens: chat.ChatTokens, spec: str) -> list[str]:
         rl = trainer.RLSettings(algo="grpo", mini_batch_size=n, micro_batch_size=min(_MICRO.value, n), batch_size=n,
                                 entropy_coef=0.001, loss_agg_mode="seq_mean_token_mean")
         opt = (trainer.make_optimizer(trainer.OptimSettings(), total_steps=100) if _OPTIMIZER.value == "adamw"
-               else trainer.Optimizer(optax.sgd(1e-6), optax.constant_schedule(1e-6)))
+               else trainer.Optimizer(optax.sgd(1.0), optax.constant_schedule(1e-6)))
         state = trainer.init_train_state(qwen2.init_params(cfg, jax.random.key(0)), opt.tx, seed=0)
         program = trainer.make_update_program(rl, cfg, None, opt, None)
         seconds, load = median_update_seconds(program, state, batch)

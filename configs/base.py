@@ -68,6 +68,10 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
         # first discover "</think>", and a format failure in any turn zeroes the dialogue's
         # reward: one-turn dialogues give it a learning signal from the start.
         c.simulator.max_turns = 1 if think else 3
+    else:
+        # The reference's training simulator adds the change as written (the emotion capped at 100);
+        # +-100 is the parser's bound, so this is no clip. Evaluation (train.eval_rules) keeps SAGE's +-10.
+        c.simulator.max_change = 100
 
     c.data = ml_collections.ConfigDict()
     # JSONL of training profiles (required); tiny: the project's own, shipped with the package
@@ -125,7 +129,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # a token mean per micro-batch of one sequence, averaged over ranks) | token_mean
     c.rl.loss_agg_mode = "seq_mean_token_mean"
     c.rl.ppo_epochs = 1  # passes over each rollout batch
-    c.rl.mini_batch_size = 0  # in dialogues; 0 = the whole batch (paper: mini-batch = batch = 32)
+    # Train-batch rows per optimizer step (turn rows in think mode with think_history "drop"): the paper's
+    # 32 x n, about one step per turn; 0 = the whole batch, one step per epoch (tiny, smol: short CPU runs)
+    c.rl.mini_batch_size = 0 if cpu else 32 * c.rollout.n
     c.rl.micro_batch_size = 8 if cpu else 4  # gradient accumulation unit (memory)
     c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
 

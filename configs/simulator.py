@@ -47,7 +47,7 @@ def get_emotion_rules_config(*, eval_mode: bool = False) -> ml_collections.Confi
     or SAGE's when `eval_mode` (also the in-loop evaluation's, configs/base.py)."""
     c = ml_collections.ConfigDict()
     c.initial_emotion = 40 if eval_mode else 30  # SAGE 40, RLVER training 30
-    c.max_change = 10  # per-turn change clipped to [-10, +10] (SAGE; applied in training too)
+    c.max_change = 10  # per-turn change clipped to [-10, +10] (SAGE); the paper training configs set 100: no clip
     c.ceiling = 100  # emotion cap; reaching it ends the dialogue as a success
     c.floor = 10 if eval_mode else 0  # reaching it ends the dialogue as a failure
     c.floor_inclusive = not eval_mode  # training ends at <= 0; SAGE at < 10

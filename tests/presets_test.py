@@ -82,3 +82,12 @@ def test_every_tiny_training_preset_runs_its_default_steps(name, tmp_path):
                           f"--config.workdir={workdir}"], capture_output=True, text=True, env=env, timeout=3600)
     assert out.returncode == 0, out.stderr[-3000:]
     check_full_run(workdir, config)
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_paper_training_simulator_does_not_clip(name):
+    """As the reference: the change is added as written (+-100 is the parser's bound); the in-loop
+    evaluation keeps SAGE's +-10, and so do the tiny presets."""
+    for preset, change in (("7b", 100), ("0.5b", 100), ("tiny", 10)):
+        c = TRAINING[name].get_config(preset)
+        assert (c.simulator.max_change, c.train.eval_rules.max_change) == (change, 10), preset

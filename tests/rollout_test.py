@@ -189,6 +189,16 @@ def test_format_failure_ends_with_zero_reward(chat_tokens, text):
     assert len(seq.turn_ends) == 1 and seq.trainable
 
 
+@pytest.mark.parametrize("text", ["no closing tag here", "<think>only thinking</think>   "])
+def test_format_failure_under_continue_keeps_the_emotion_reward(chat_tokens, text):
+    """As in the reference: the raw text reaches the user and the reward is the final emotion / 100."""
+    runner = EpisodeRunner(ScriptedTokenPolicy(chat_tokens, [text]), embedded_simulator(max_turns=2), chat_tokens,
+                           RolloutSettings(think=True, format_failure="continue"))
+    (seq,) = asyncio.run(runner.run(_requests(1, 1)))
+    assert seq.format_failure and seq.end_reason != "format_failure" and len(seq.turn_ends) == 2
+    assert seq.reward == pytest.approx(max(seq.emotions[-1], 0.0) / 100.0)
+
+
 def test_scripted_openai_simulator_drives_the_dialogue(chat_tokens):
     # The emotion step always answers +15 (clipped to +10): 30 -> 40 -> 50 -> 60 over 3 turns.
     script = route(emotion=lambda r: "Analysis: warm.\nChange: +15",

@@ -41,7 +41,8 @@ def test_round_trip_through_json_keeps_all_but_the_token_view():
 def test_reward_is_final_emotion_over_100():
     assert _dialogue().reward == pytest.approx(0.38)
     assert _dialogue(emotions=[30, -4]).reward == 0.0  # clipped at 0
-    assert _dialogue(format_failure=True).reward == 0.0
+    assert _dialogue(format_failure=True, end_reason="format_failure").reward == 0.0  # format_failure "end"
+    assert _dialogue(format_failure=True).reward == pytest.approx(0.38)  # "continue": the reward stays
 
 
 def test_from_record_rejects_what_to_record_never_wrote():

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.rollout.summary import rollout_metrics, summarize
+from rlver_jax.rollout.summary import reference_metrics, rollout_metrics, summarize
 
 
 def dialogue(pid, emotions, end_reason, turns, tokens, **flags):
@@ -19,7 +19,7 @@ def dialogue(pid, emotions, end_reason, turns, tokens, **flags):
 DIALOGUES = [
     dialogue("A", [30, 60, 100], "success", 2, 10),
     dialogue("B", [30, 10, 0], "failure", 2, 8),
-    dialogue("C", [30, 35, 40], "turn_limit", 3, 12, format_failure=True),
+    dialogue("C", [30, 35, 40], "format_failure", 3, 12, format_failure=True),
     dialogue("D", [30, 55], "simulator_error", 1, 4, simulator_error=True),
     dialogue("E", [30, 60], "truncated", 1, 6, truncated=True),
 ]
@@ -51,3 +51,19 @@ def test_no_scored_dialogue():
     assert metrics["simulator_errors"] == 1.0 and metrics["emotion_mean"] == metrics["success_rate"] == 0.0
     assert metrics["turns_mean"] == 1.0  # over every dialogue, the failed one too
     assert set(rollout_metrics([]).values()) == {0.0}
+
+
+def test_reference_metrics_by_hand():
+    """Rewards by group: g0 (A 1.0, B 0.0), g1 (C 0.35, E 0.6); D is a simulator error. Rows: A 3, B 1, C 2, E 1."""
+    seqs = [dialogue("A", [30, 100], "success", 3, 9), dialogue("B", [30, 0], "failure", 1, 3),
+            dialogue("C", [30, 35], "turn_limit", 2, 6, format_failure=True),
+            dialogue("D", [30, 55], "simulator_error", 1, 4, simulator_error=True),
+            dialogue("E", [30, 60], "truncated", 1, 6)]
+    for s, group, starts in zip(seqs, [0, 0, 1, 1, 1], [[0, 3, 6], [0], [0, 3], [0], [0]]):
+        s.group, s.row_starts = group, starts
+    assert reference_metrics(seqs) == pytest.approx({
+        "reward_above_0.4_rate": 2 / 4,
+        "reward_group_std_mean": (math.sqrt(0.5) + math.sqrt((0.6 - 0.35) ** 2 / 2)) / 2,
+        "success_rate_rows": 3 / 7, "failure_rate_rows": 1 / 7,
+        "success_rate_reward": 1 / 4, "failure_rate_reward": 1 / 4})
+    assert set(reference_metrics([]).values()) == {0.0}

@@ -28,8 +28,8 @@ def _dialogue(rng, group, emotions, n_turns=2, ctx=5, turn=4, format_failure=Fal
         ends.append(len(tokens) - 1)
     return DialogueSequence(
         profile_id=f"p{group}", group=group, tokens=tokens, policy_mask=mask,
-        logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions, end_reason="turn_limit",
-        format_failure=format_failure)
+        logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions,
+        end_reason="format_failure" if format_failure else "turn_limit", format_failure=format_failure)
 
 
 def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):
@@ -38,7 +38,7 @@ def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):
     rl = trainer.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=micro, ppo_epochs=epochs)
     opt = trainer.OptimSettings(lr=lr, warmup_ratio=0.0, weight_decay=0.0)
     # Plain SGD makes the parameter change the gradient itself (Adam would normalise it away).
-    make_opt = ((lambda: trainer.Optimizer(optax.sgd(lr), optax.constant_schedule(lr))) if sgd
+    make_opt = ((lambda: trainer.Optimizer(optax.sgd(1.0), optax.constant_schedule(lr))) if sgd
                 else (lambda: trainer.make_optimizer(opt, 10)))
     actor_opt = make_opt()
     critic_cfg, critic, critic_opt = None, None, None
@@ -279,7 +279,7 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     row_adv = np.asarray(out["advantages"]).sum(-1) / np.maximum(batch.policy_mask.sum(-1), 1)
     np.testing.assert_allclose(row_adv, [a, a, a, -a, 0, 0, 0, 0], atol=1e-5)
     assert trainer.minibatch_rows(rl, jax.random.key(1), 8).shape == (2, 4)
-    opt = trainer.Optimizer(optax.sgd(1e-2), optax.constant_schedule(1e-2))
+    opt = trainer.Optimizer(optax.sgd(1.0), optax.constant_schedule(1e-2))
     program = trainer.make_update_program(rl, cfg, None, opt, None)
     state = trainer.init_train_state(actor, opt.tx, seed=0)
     state, metrics, advantages = trainer.train_on_batch(program, state, batch)
@@ -313,3 +313,24 @@ def test_critic_has_no_lm_head_and_the_values_of_a_headed_critic():
     np.testing.assert_allclose(values[attn.astype(bool)], expected[attn.astype(bool)], atol=1e-5)
     with pytest.raises(ValueError, match="no LM head"):
         qwen2.logits_from_hidden(critic_cfg, critic, h)
+
+
+def test_minibatch_rows_put_padding_last():
+    rl = trainer.RLSettings(mini_batch_size=2, micro_batch_size=1, ppo_epochs=2)
+    padding = jnp.array([False, True, False, False, True, False])
+    rows = np.asarray(trainer.minibatch_rows(rl, trainer.step_keys(trainer.seed_keys(0).run, 0).order, 6, padding))
+    for epoch in rows.reshape(2, 3, 2):  # the four real rows fill the first two mini-batches
+        assert sorted(epoch[:2].ravel().tolist()) == [0, 2, 3, 5] and sorted(epoch[2].tolist()) == [1, 4]
+
+
+def test_optimizer_steps_count_row_mini_batches_and_skip_padding_only_ones():
+    """3 rows, mini-batches of 2 rows, the batch padded to 6 rows (as a multi-host batch may be): ceil(3 / 2)
+    = 2 optimizer steps; the third mini-batch holds padding only and is skipped."""
+    cfg, state, program = _setup("grpo", micro=1, lr=1e-2)
+    program = dataclasses.replace(program, rl=dataclasses.replace(program.rl, mini_batch_size=2))
+    program = trainer.make_update_program(program.rl, cfg, None, program.actor_opt, None)
+    rng = np.random.default_rng(1)
+    seqs = [_dialogue(rng, 0, [30.0, 60.0]), _dialogue(rng, 0, [30.0, 20.0]), _dialogue(rng, 0, [30.0, 40.0])]
+    _, metrics, _ = trainer.train_on_batch(program, state, collate(seqs, batch_size=4, reward_mode="final",
+                                                                   length_multiple=8, rows=6, row_multiple=2))
+    assert metrics["optimizer_steps"] == 2.0

@@ -59,7 +59,7 @@ def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
         for i, end in enumerate(seq.turn_ends):
             if i + 1 < len(seq.emotions):
                 dialogue[end] = (seq.emotions[i + 1] - seq.emotions[i]) / 100.0
-        if seq.format_failure:
+        if seq.ended_by_format_failure:
             dialogue[seq.turn_ends[-1]] = dialogue.get(seq.turn_ends[-1], 0.0) - seq.emotions[-1] / 100.0
     else:
         raise ValueError(f"config.rl.reward_mode={mode!r}; use one of {REWARD_MODES}")
@@ -101,8 +101,8 @@ def row_extent(sequences: Sequence[DialogueSequence]) -> tuple[int, int]:
 
 
 def batch_rows(sequences: Sequence[DialogueSequence], batch_size: int) -> int:
-    """The rows of the batch of `sequences`: the smallest multiple of batch_size that holds all
-    their rows (batch_size itself with one row per dialogue)."""
+    """The rows of the batch of `sequences`: the smallest multiple of batch_size (or of the
+    per-process mini-batch share, rows mode) that holds all their rows."""
     return bucket(sum(len(s.rows) for s in sequences), multiple=batch_size)
 
 
@@ -117,11 +117,13 @@ def collate(
     length: int | None = None,
     dialogue_ids: Sequence[int] | None = None,
     padding_ids: int | None = None,
+    row_multiple: int | None = None,
 ) -> TrainBatch:
     """Stack the rows of `sequences` (at most batch_size trainable dialogues) into a TrainBatch.
 
     batch_size counts dialogue slots; the batch has `rows` rows (default `batch_rows`; a
-    multiple of batch_size: several hosts pass the largest of theirs, so their shapes agree).
+    multiple of `row_multiple`, default batch_size: several hosts pass the largest of theirs, so
+    their shapes agree).
     The length is bucketed to a multiple of `length_multiple` so the update compiles once per
     bucket, or is `length`; missing rows are padding with zero masks, which every loss ignores.
     A dialogue's rows carry its id, `dialogue_ids[d]` (default d), and its group; padding row b
@@ -135,10 +137,12 @@ def collate(
         seq.check()
         if not seq.trainable:
             raise ValueError(f"dialogue {seq.profile_id} is not trainable ({seq.end_reason}); filter it out first")
-    needed = batch_rows(sequences, batch_size)
+    multiple = row_multiple or batch_size
+    needed = batch_rows(sequences, multiple)
     rows = needed if rows is None else rows
-    if rows < needed or rows % batch_size:
-        raise ValueError(f"rows={rows}: need a multiple of batch_size={batch_size} of at least {needed}")
+    if rows < needed or rows % multiple:
+        unit = f"row_multiple={row_multiple}" if row_multiple else f"batch_size={batch_size}"
+        raise ValueError(f"rows={rows}: need a multiple of {unit} of at least {needed}")
     longest, _ = row_extent(sequences)
     t = bucket(longest, multiple=length_multiple) if length is None else length
     if t < longest:

@@ -66,10 +66,11 @@ class RLSettings:
     kl_estimator: str = "k3"
     loss_agg_mode: str = "token_mean"
     ppo_epochs: int = 1
-    mini_batch_size: int = 32
+    mini_batch_size: int = 32  # train-batch rows per optimizer step (with batch_size 0)
     micro_batch_size: int = 8
-    # Dialogues per train step; mini-batches are cut in these units (a batch of more rows, one per
-    # dialogue turn, gives each mini-batch proportionally more rows). 0: the batch's rows.
+    # Dialogues per train step: mini-batches are then cut in these units (a batch of more rows, one
+    # per dialogue turn, gives each mini-batch proportionally more rows). 0: in the batch's rows, and
+    # the batch's rows are a multiple of mini_batch_size (the last mini-batch's real rows may be fewer).
     batch_size: int = 0
     logprob_chunk: int = 1024  # tokens per row through the LM head at a time (rl.logprobs)
 
@@ -121,20 +122,23 @@ class OptimSettings:
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
-    """An optax transformation and its learning rate at an optimizer step (for the metrics)."""
+    """An optax transformation without the learning rate, and the learning rate at a train step: every
+    optimizer step of a train step scales `tx`'s update by that step's rate, so the schedule's length
+    counts train steps whatever the mini-batches per step (the reference steps its scheduler once per
+    train step)."""
 
     tx: optax.GradientTransformation
     learning_rate: optax.Schedule
 
 
 def make_optimizer(opt: OptimSettings, total_steps: int) -> Optimizer:
-    """`total_steps` counts optimizer steps (train steps x epochs x mini-batches)."""
+    """`total_steps` counts train steps."""
     warmup = max(int(opt.warmup_ratio * total_steps), 1)
     schedule = optax.join_schedules(
         [optax.linear_schedule(opt.lr / warmup, opt.lr, warmup - 1), optax.constant_schedule(opt.lr)], [warmup - 1])
     tx = optax.chain(
         optax.clip_by_global_norm(opt.grad_clip),
-        optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay))
+        optax.adamw(1.0, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay))
     return Optimizer(tx, schedule)
 
 
@@ -338,9 +342,9 @@ def micro_batches(rl: RLSettings, batch: dict, rows: jax.Array) -> dict:
     return jax.tree.map(lambda x: _micro_split(x, n_micro), mb)
 
 
-def _optimizer_step(name: str, loss_fn, tx, params, opt_state, micro: dict):
+def _optimizer_step(name: str, loss_fn, tx, params, opt_state, micro: dict, lr: jax.Array):
     """Gradients of `loss_fn(params, micro-batch) -> (loss, metrics)` accumulated over the
-    micro-batches, then one step of `tx`; metrics get `{name}_grad_norm` and `{name}_update_norm`."""
+    micro-batches, then one step of `tx` scaled by `lr`; metrics get `{name}_grad_norm` and `{name}_update_norm`."""
     grad_fn = jax.grad(loss_fn, argnums=0, has_aux=True)
 
     def body(carry, xs):
@@ -353,25 +357,31 @@ def _optimizer_step(name: str, loss_fn, tx, params, opt_state, micro: dict):
     zeros_m = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: loss_fn(params, first)[1]))
     (g, m), _ = jax.lax.scan(body, (zeros_g, zeros_m), micro)
     updates, opt_state = tx.update(jax.tree.map(lambda u, p: u.astype(p.dtype), g, params), opt_state, params)
+    updates = jax.tree.map(lambda u: u * jnp.asarray(lr, u.dtype), updates)
     m.update({f"{name}_grad_norm": optax.global_norm(g), f"{name}_update_norm": optax.global_norm(updates)})
     return optax.apply_updates(params, updates), opt_state, m
 
 
-def actor_update(rl: RLSettings, cfg: Qwen2Config, tx, params: Params, opt_state, micro: dict):
-    """The actor's optimizer step on one mini-batch (`micro_batches`): (params, opt_state, metrics)."""
-    return _optimizer_step("actor", lambda p, x: _actor_loss(rl, cfg, p, x), tx, params, opt_state, micro)
+def actor_update(rl: RLSettings, cfg: Qwen2Config, tx, params: Params, opt_state, micro: dict, lr: jax.Array):
+    """The actor's optimizer step on one mini-batch (`micro_batches`) at learning rate `lr`: (params,
+    opt_state, metrics)."""
+    return _optimizer_step("actor", lambda p, x: _actor_loss(rl, cfg, p, x), tx, params, opt_state, micro, lr)
 
 
-def critic_update(rl: RLSettings, cfg: Qwen2Config, tx, params: Params, opt_state, micro: dict):
-    """The critic's optimizer step on one mini-batch (`micro_batches`): (params, opt_state, metrics)."""
-    return _optimizer_step("critic", lambda p, x: _critic_loss(rl, cfg, p, x), tx, params, opt_state, micro)
+def critic_update(rl: RLSettings, cfg: Qwen2Config, tx, params: Params, opt_state, micro: dict, lr: jax.Array):
+    """The critic's optimizer step on one mini-batch (`micro_batches`) at learning rate `lr`: (params,
+    opt_state, metrics)."""
+    return _optimizer_step("critic", lambda p, x: _critic_loss(rl, cfg, p, x), tx, params, opt_state, micro, lr)
 
 
-def minibatch_rows(rl: RLSettings, key: jax.Array, batch_size: int) -> jax.Array:
+def minibatch_rows(rl: RLSettings, key: jax.Array, batch_size: int, padding: jax.Array | None = None) -> jax.Array:
     """[ppo_epochs x mini-batches, rows per mini-batch] row indices of a batch of `batch_size`
     rows: each epoch a fresh permutation of the rows cut into `rl.minibatches` mini-batches
-    (rows sorted within one)."""
+    (rows sorted within one). `padding` (bool [batch_size]): those rows go last (in permuted order),
+    so every mini-batch but the last ones is full of real rows and the padding fills the tail."""
     perms = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(jax.random.split(key, rl.ppo_epochs))
+    if padding is not None:  # a stable sort keeps the permutation among real and among padding rows
+        perms = jnp.take_along_axis(perms, jnp.argsort(padding[perms], axis=-1, stable=True), axis=-1)
     return jnp.sort(perms.reshape(rl.ppo_epochs * rl.minibatches(batch_size), -1), axis=-1).astype(jnp.int32)
 
 
@@ -388,8 +398,8 @@ def prepare_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config
     sampler-agreement metric and each dialogue's advantage (`dialogue_advantages`). `models` is
     the state without its optimizer states (unread)."""
     prepared = prepare(rl, actor_cfg, critic_cfg, models, ref_params, batch)
-    rows = minibatch_rows(rl, step_keys(models.rng, models.step).order, batch["tokens"].shape[0])
     mask = batch["policy_mask"]
+    rows = minibatch_rows(rl, step_keys(models.rng, models.step).order, mask.shape[0], jnp.sum(mask, -1) == 0)
     diff = jnp.abs(prepared["old_logprobs"] - batch["sample_logprobs"])
     metrics = {"logprob_diff_sampler": jnp.sum(diff * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
     advantages = dialogue_advantages(prepared["advantages"], mask, batch["dialogue"])
@@ -400,19 +410,27 @@ def model_epochs(name: str, rl: RLSettings, update: Callable, opt: Optimizer, st
                  opt_state, inputs: dict, rows: jax.Array) -> tuple[Params, Any, dict]:
     """One model's program of a train step: `ppo_epochs` x mini-batches of `update(params,
     opt_state, micro) -> (params, opt_state, metrics)` (actor_update or critic_update) in the order
-    `rows`. Metrics are means over the mini-batches, with `{name}_lr` and the parameter norm after
-    the step. The actor's and the critic's programs read the same prepared inputs and not each
+    `rows`, all at the train step's learning rate; a mini-batch of padding rows only (the processes of a
+    multi-host run pad to the most rows any of them holds) is skipped. Metrics are means over the
+    mini-batches run, with `{name}_lr`, `optimizer_steps` (those run, all epochs) and the parameter norm
+    after the step. The actor's and the critic's programs read the same prepared inputs and not each
     other's parameters, so running one after the other is PPO's joint update exactly."""
-    first_update = step * rows.shape[0]  # optimizer steps before this train step
+    lr = jnp.asarray(opt.learning_rate(step), jnp.float32)
 
-    def body(carry, xs):
-        i, r = xs
-        p, o, m = update(*carry, micro_batches(rl, inputs, r))
-        m[f"{name}_lr"] = opt.learning_rate(first_update + i)
+    def run(carry, r):
+        p, o, m = update(*carry, micro_batches(rl, inputs, r), lr)
         return (p, o), m
 
-    (params, opt_state), history = jax.lax.scan(body, (params, opt_state), (jnp.arange(rows.shape[0]), rows))
-    metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), history)
+    def body(carry, r):
+        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(run, carry, r)[1])
+        real = jnp.any(inputs["policy_mask"][r] > 0)
+        carry, m = jax.lax.cond(real, run, lambda c, _: (c, zeros), carry, r)
+        return carry, (m, real.astype(jnp.float32))
+
+    (params, opt_state), (history, real) = jax.lax.scan(body, (params, opt_state), rows)
+    steps = jnp.sum(real)
+    metrics = jax.tree.map(lambda x: jnp.sum(x * real, axis=0) / jnp.maximum(steps, 1.0), history)
+    metrics.update({f"{name}_lr": lr, "optimizer_steps": steps})
     metrics[f"{name}_param_norm"] = optax.global_norm(params)
     return params, opt_state, metrics
 

@@ -68,9 +68,15 @@ class DialogueSequence:
         return self.emotions[-1] if self.emotions else 0.0
 
     @property
+    def ended_by_format_failure(self) -> bool:
+        return self.end_reason == "format_failure"
+
+    @property
     def reward(self) -> float:
-        """The paper's reward: final emotion / 100, clipped at 0; 0 after a format failure."""
-        if self.format_failure:
+        """The paper's reward: final emotion / 100, clipped at 0; 0 for a dialogue a format failure
+        ended (rollout.format_failure "end"). Under "continue" the raw text reached the user and the
+        dialogue keeps its reward, as in the reference."""
+        if self.ended_by_format_failure:
             return 0.0
         return max(self.final_emotion, 0.0) / 100.0
 

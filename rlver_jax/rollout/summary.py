@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Sequence
 
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -24,7 +25,7 @@ class DialogueSummary:
     success: int  # reached the emotion ceiling
     failure: int  # ended at the floor: the user left
     score: float  # mean final emotion
-    reward: float  # mean reward (final emotion / 100 clipped at 0; 0 after a format failure)
+    reward: float  # mean reward (final emotion / 100 clipped at 0; 0 for a format failure that ended it)
     scored_turns: float  # mean policy turns
     # Over all dialogues:
     turns: float  # mean policy turns
@@ -73,6 +74,30 @@ def rollout_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
         "failure_rate": s.failure_rate, "format_failure_rate": s.format_failure_rate,
         "truncated_rate": s.truncated_rate, "simulator_errors": float(s.simulator_errors),
         "turns_mean": s.turns, "sequence_tokens_mean": s.tokens,
+    }
+    return {k: 0.0 if math.isnan(v) else v for k, v in metrics.items()}
+
+
+def reference_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
+    """The reference trainer's reward statistics, beside ours, over the scored dialogues (0 over none):
+    the share with reward > 0.4; the reward's std within each GRPO group (unbiased, as torch.std; groups of
+    two or more), averaged over groups; success (reward >= 1) and failure (reward < 0.1) counted per
+    training row (in think mode with think_history "drop" every turn is a row carrying the dialogue's
+    reward, so long dialogues weigh more) and per dialogue."""
+    scored = [d for d in dialogues if not d.simulator_error]
+    rewards = [d.reward for d in scored]
+    rows = [max(len(d.rows), 1) for d in scored]
+    groups: dict[int, list[float]] = {}
+    for d, r in zip(scored, rewards):
+        groups.setdefault(d.group, []).append(r)
+    stds = [statistics.stdev(g) for g in groups.values() if len(g) > 1]
+    metrics = {
+        "reward_above_0.4_rate": _mean(sum(r > 0.4 for r in rewards), len(scored)),
+        "reward_group_std_mean": _mean(sum(stds), len(stds)),
+        "success_rate_rows": _mean(sum(n for n, r in zip(rows, rewards) if r >= 1.0), sum(rows)),
+        "failure_rate_rows": _mean(sum(n for n, r in zip(rows, rewards) if r < 0.1), sum(rows)),
+        "success_rate_reward": _mean(sum(r >= 1.0 for r in rewards), len(scored)),
+        "failure_rate_reward": _mean(sum(r < 0.1 for r in rewards), len(scored)),
     }
     return {k: 0.0 if math.isnan(v) else v for k, v in metrics.items()}
 

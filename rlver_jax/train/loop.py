@@ -44,7 +44,7 @@ from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.rollout.summary import reencoded_turns, rollout_metrics, summarize
+from rlver_jax.rollout.summary import reencoded_turns, reference_metrics, rollout_metrics, summarize
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
 from rlver_jax.rollout.transcripts import transcript_path, write_transcripts
 from rlver_jax.train.run import Run, build_run
@@ -133,7 +133,8 @@ def _update(run: Run, step: int, state: trainer.TrainState, batch: RolloutBatch,
     update_s = time.perf_counter() - t1
     check_finite(step, update_metrics)
     tokens = float(sum(len(s.tokens) for s in dialogues if s.trainable))
-    return state, dialogues, _advantages(advantages, dialogues), {**rollout_metrics(dialogues), **update_metrics,
+    return state, dialogues, _advantages(advantages, dialogues), {**rollout_metrics(dialogues),
+                              **reference_metrics(dialogues), **update_metrics,
                               **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
                               "policy_lag": float(step - batch.version),
                               "kv_cache_reencodes": float(reencoded_turns(dialogues)),
@@ -236,8 +237,11 @@ def _collate(run: Run, step: int, batch: RolloutBatch, dialogues: list[DialogueS
         raise AllDialoguesFailedError(f"step {step}: no dialogue can be trained on: {cause}. The dialogues "
                                       f"are in {path}")
     share = len(batch.sequences)  # dialogue slots per process
+    # Rows mode (rl.batch_size 0): rows a multiple of each process's share of a mini-batch, so the
+    # global batch is whole mini-batches; one program per multiple, at most max_turns x dialogues / mini.
+    multiple = share if run.rl.batch_size else run.rl.mini_batch_size // jax.process_count()
     owner = run.dialogue_process
-    rows = max(batch_rows([dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable], share)
+    rows = max(batch_rows([dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable], multiple)
                for p in range(jax.process_count()))
     longest, policy_tokens = row_extent(usable)
     length = bucket(longest, multiple=run.loop.length_multiple)
@@ -249,7 +253,7 @@ def _collate(run: Run, step: int, batch: RolloutBatch, dialogues: list[DialogueS
                  bucket(alone[0], multiple=run.loop.length_multiple), alone[1])
     return collate([s for _, s in mine], batch_size=share, reward_mode=run.rl.reward_mode, rows=rows,
                    length=length, dialogue_ids=[d for d, _ in mine], padding_ids=rows * jax.process_count(),
-                   pad_id=run.chat.end_of_text), policy_tokens
+                   pad_id=run.chat.end_of_text, row_multiple=multiple), policy_tokens
 
 
 def profiles_for_step(profiles: list[Profile], step: int, k: int, seed: int) -> list[Profile]:

@@ -488,7 +488,8 @@ def format_plan(plan: Plan, label: str = "") -> str:
         f"param_dtype={actor.param_dtype} dtype={actor.dtype} remat={actor.remat} scan_layers={actor.scan_layers} "
         f"attention={actor.attention} ({impl} here)",
         f"mesh       {dict(mesh.shape)} = {mesh.size} {mesh.devices.flat[0].platform} devices; rules={s.config.mesh.rules}",
-        f"update     {b} dialogues x {t} tokens, every token scored; mini-batch {rl.mini_batch_size}, micro-batch "
+        f"update     {b} dialogues x {t} tokens, every token scored; mini-batch {rl.mini_batch_size} "
+        f"{'dialogues' if rl.batch_size else 'rows'}, micro-batch "
         f"{rl.micro_batch_size} ({rl.micro_batch_size / shards:g} per batch shard), {rl.ppo_epochs} epoch(s), "
         f"log-prob chunk {rl.logprob_chunk}",
         *([f"note       micro-batch {rl.micro_batch_size} does not split over the {shards} batch shards: XLA "

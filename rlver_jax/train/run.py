@@ -129,16 +129,16 @@ class Run:
 def rl_settings(config: ml_collections.ConfigDict) -> trainer.RLSettings:
     dialogues = config.rollout.profiles_per_step * config.rollout.n
     fields = config.rl.to_dict()
+    whole = not fields["mini_batch_size"]
     fields["mini_batch_size"] = fields["mini_batch_size"] or dialogues
     fields["micro_batch_size"] = min(fields["micro_batch_size"], fields["mini_batch_size"])
-    fields["batch_size"] = dialogues  # mini-batches count dialogues, whatever the rows per dialogue
+    # 0: the whole batch, one optimizer step per epoch, cut in dialogues whatever their rows; else
+    # mini-batches of mini_batch_size train-batch rows (the reference's ppo_mini_batch_size)
+    fields["batch_size"] = dialogues if whole else 0
     rl = trainer.RLSettings(**fields)
     if rl.algo == "grpo" and config.rollout.n < 2:
         raise ValueError(f"config.rl.algo='grpo' needs config.rollout.n >= 2 dialogues per profile "
                          f"(got {config.rollout.n}); e.g. --config.rollout.n=4")
-    if dialogues % rl.mini_batch_size:
-        raise ValueError(f"{dialogues} dialogues per step (config.rollout.profiles_per_step x n) are not a "
-                         f"multiple of config.rl.mini_batch_size={rl.mini_batch_size}")
     return rl
 
 
@@ -158,11 +158,16 @@ def split_profiles(config: ml_collections.ConfigDict) -> tuple[list[Profile], li
 
 def check_mesh(rl: trainer.RLSettings, mesh: Mesh, config: ml_collections.ConfigDict) -> None:
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    unit = "dialogues" if rl.batch_size else "rows"
     if rl.mini_batch_size % shards:
         raise ValueError(
-            f"mini-batches of {rl.mini_batch_size} dialogues must split over the {shards} data x fsdp shards of "
+            f"mini-batches of {rl.mini_batch_size} {unit} must split over the {shards} data x fsdp shards of "
             f"config.mesh.shape={tuple(config.mesh.shape)}: change config.rollout.profiles_per_step or "
             "config.rl.mini_batch_size, or move devices to the tensor axis")
+    if not rl.batch_size and rl.mini_batch_size % jax.process_count():
+        raise ValueError(f"config.rl.mini_batch_size={rl.mini_batch_size} rows must split over the "
+                         f"{jax.process_count()} processes (each pads its rows to a multiple of its share): "
+                         "make it a multiple of the process count")
 
 
 def dialogue_processes(config: ml_collections.ConfigDict, mesh: Mesh) -> np.ndarray:
@@ -192,13 +197,11 @@ def _tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat
 
 def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
                     ) -> tuple[trainer.Optimizer, trainer.Optimizer | None]:
-    """The actor's and (PPO) the critic's optimizer; their schedules count the run's optimizer steps."""
-    r = config.rollout
-    optimizer_steps = config.train.steps * rl.ppo_epochs * (r.profiles_per_step * r.n // rl.mini_batch_size)
-    actor_opt = trainer.make_optimizer(trainer.OptimSettings(**config.optim.actor), optimizer_steps)
+    """The actor's and (PPO) the critic's optimizer; their schedules count the run's train steps."""
+    actor_opt = trainer.make_optimizer(trainer.OptimSettings(**config.optim.actor), config.train.steps)
     if not rl.uses_critic:
         return actor_opt, None
-    return actor_opt, trainer.make_optimizer(trainer.OptimSettings(**config.optim.critic), optimizer_steps)
+    return actor_opt, trainer.make_optimizer(trainer.OptimSettings(**config.optim.critic), config.train.steps)
 
 
 def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, mesh: Mesh,
