@@ -331,3 +331,17 @@ def test_copied_placeholders_are_malformed_not_scores():
     with ScriptedServer(route(emotion=_json_judge(), reply=lambda r: next(utterances))) as server:
         [state] = _one_turn(_config(server.base_url, structured_output="json_schema"), [EN])
     assert state.history[-1]["content"] == "Thanks." and state.records[-1].attempts == 1 + 3
+
+
+def test_every_rejected_answer_is_kept_with_its_step():
+    judgements = iter(["no change line", "still none", "Feeling: ok\nChange: +2"])
+    replies = iter(["Plan: only a plan"] * 2 + ["Plan: x\nResponse: Fine."])
+    script = route(emotion=lambda r: next(judgements), reply=lambda r: next(replies))
+    with ScriptedServer(script) as server:
+        [state] = _one_turn(_config(server.base_url), [EN])
+    record = state.records[-1]
+    assert (record.emotion_attempts, record.reply_attempts, record.attempts) == (3, 3, 6)
+    assert record.rejected == ({"step": "emotion", "answer": "no change line"},
+                               {"step": "emotion", "answer": "still none"},
+                               {"step": "reply", "answer": "Plan: only a plan"},
+                               {"step": "reply", "answer": "Plan: only a plan"})

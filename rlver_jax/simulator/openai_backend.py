@@ -133,14 +133,15 @@ class OpenAIBackend:
         return await self._send(render, schema, sample)
 
     async def _ask(self, render: Callable[[bool], Messages], schema: tuple[str, dict[str, Any]],
-                   parse_text: Callable[[str], _T], parse_json: Callable[[str], _T]) -> tuple[_T, str, int]:
-        """(parsed answer, raw answer, samples used), retrying malformed answers; `render(structured)`
+                   parse_text: Callable[[str], _T], parse_json: Callable[[str], _T]
+                   ) -> tuple[_T, str, tuple[str, ...]]:
+        """(parsed answer, raw answer, the malformed answers before it), retrying malformed answers; `render(structured)`
         gives the request, `schema` its (name, JSON schema) when structured."""
         raws: list[str] = []
         for sample in range(self.settings.malformed_retries + 1):
             raw, structured = await self._request(render, schema, sample)
             try:
-                return (parse_json if structured else parse_text)(raw), raw, sample + 1
+                return (parse_json if structured else parse_text)(raw), raw, tuple(raws)
             except parsing.MalformedOutputError as e:
                 raws.append(raw)
                 error = e
@@ -153,33 +154,34 @@ class OpenAIBackend:
 
     async def open(self, state: DialogueState) -> Utterance:
         s = self.settings
-        parsed, raw, n = await self._ask(
+        parsed, raw, rejected = await self._ask(
             lambda structured: templates.opening_messages(state.profile, language=state.language,
                                                           difficulty=state.difficulty, structured=structured),
             ("utterance", parsing.UTTERANCE_SCHEMA),
             lambda raw: parsing.parse_response(raw, max_chars=s.max_utterance_chars),
             lambda raw: parsing.parse_response_json(raw, max_chars=s.max_utterance_chars,
                                                     placeholders=templates.json_placeholders(state.language)))
-        return Utterance(parsed.utterance, parsed.thoughts, raw, n)
+        return Utterance(parsed.utterance, parsed.thoughts, raw, len(rejected) + 1, rejected)
 
     async def judge(self, state: DialogueState, reply: str) -> EmotionJudgement:
         s = self.settings
         untrusted = self._untrusted(state, reply)
-        parsed, raw, n = await self._ask(
+        parsed, raw, rejected = await self._ask(
             lambda structured: templates.emotion_messages(
                 state.profile, language=state.language, difficulty=state.difficulty, emotion=state.emotion,
                 history=state.history, reply=reply, structured=structured, max_prompt_tokens=s.max_prompt_tokens),
             ("emotion_change", parsing.change_schema(state.rules.max_change)),
             lambda raw: parsing.parse_change(raw, untrusted=untrusted),
-            lambda raw: parsing.parse_change_json(raw, placeholders=templates.json_placeholders(state.language)))
-        return EmotionJudgement(parsed.change, parsed.thoughts, raw, n)
+            lambda raw: parsing.parse_change_json(raw,
+                                                  placeholders=templates.json_placeholders(state.language)))
+        return EmotionJudgement(parsed.change, parsed.thoughts, raw, len(rejected) + 1, rejected)
 
     async def speak(self, state: DialogueState, thoughts: str) -> Utterance:
         s = self.settings
         last = state.history[-1] if state.history else None
         last_reply = last["content"] if last is not None and last["role"] == "assistant" else ""
         untrusted = self._untrusted(state, thoughts)
-        parsed, raw, n = await self._ask(
+        parsed, raw, rejected = await self._ask(
             lambda structured: templates.reply_messages(
                 state.profile, language=state.language, difficulty=state.difficulty, band=state.band,
                 thoughts=thoughts, history=state.history, structured=structured,
@@ -189,7 +191,7 @@ class OpenAIBackend:
                                                max_chars=s.max_utterance_chars),
             lambda raw: parsing.parse_response_json(raw, last_reply=last_reply, max_chars=s.max_utterance_chars,
                                                     placeholders=templates.json_placeholders(state.language)))
-        return Utterance(parsed.utterance, parsed.thoughts, raw, n)
+        return Utterance(parsed.utterance, parsed.thoughts, raw, len(rejected) + 1, rejected)
 
     async def aclose(self) -> None:
         await self.client.aclose()
