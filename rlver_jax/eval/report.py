@@ -92,7 +92,8 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
                    "and rerun (finished dialogues are kept; remove the failed ones from transcripts.jsonl "
                    "to replay them).\n\n")
     if summary.get("degenerate_judgements"):
-        out.append(f"> **Warning: the simulator's judgements look degenerate ({summary['degenerate_judgements']}).** "
+        out.append("> **Warning: the simulator's judgements look degenerate "
+                   f"({summary['degenerate_judgements']}).** "
                    "The score then measures the simulator model, not the policy; use a stronger simulator or "
                    "check its prompts.\n\n")
     out.append(table(["metric", "value"], [
