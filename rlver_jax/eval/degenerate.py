@@ -14,7 +14,8 @@ _MIN_JUDGED = 4  # fewer judged turns say nothing either way
 
 def degenerate_judgements(states: Iterable[Mapping[str, Any]], max_change: int) -> str:
     """"" when the judged turns of `states` (DialogueState.to_dict() form) look like judgements,
-    else what is wrong with them, e.g. "21 of 25 changes at +-10; 21 of 25 reasonings empty"."""
+    else what is wrong with them, e.g. "21 of 25 changes at +-10; 21 of 25 reasonings empty": most
+    changes at the bounds or most reasonings empty (most repeated is named beside either)."""
     records = [r for state in states for r in state.get("records", ()) if r["scored"]]
     n = len(records)
     if n < _MIN_JUDGED:
@@ -24,6 +25,10 @@ def degenerate_judgements(states: Iterable[Mapping[str, Any]], max_change: int) 
     empty = sum(not t for t in thoughts)
     counts = collections.Counter(t for t in thoughts if t)
     repeated = sum(c for c in counts.values() if c > 1)
+    if at_bounds <= _MOST * n and empty <= _MOST * n:
+        # Repeated reasoning alone is no sign: a scripted or terse simulator may reuse one analysis
+        # while its changes vary; beside changes at the bounds it says the numbers are not read.
+        return ""
     found = [f"{at_bounds} of {n} changes at +-{max_change}" if at_bounds > _MOST * n else "",
              f"{empty} of {n} reasonings empty" if empty > _MOST * n else "",
              f"{repeated} of {n} reasonings repeated" if repeated > _MOST * n else ""]
