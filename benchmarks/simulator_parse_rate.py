@@ -11,8 +11,9 @@ is malformed. Steps run one at a time, so the latency is the server's for one re
 
 Prints per mode and step: answers, parsed, the parse rate and the mean / median / p90 seconds per
 answer, and whether the server refused response_format (its json_schema rows then measured text
-answers after the fallback; the refused request's time is in the first answer). --out writes the
-same as JSON. docs/simulator.md holds measured numbers.
+answers after the fallback; the refused request's time is in the first answer) or took the
+`json_object` spelling. A mode that could not run (the server went away, ...) gets one line saying
+why, and the modes already measured are kept. --out writes the same as JSON. docs/simulator.md holds measured numbers.
 """
 
 import asyncio
@@ -31,8 +32,8 @@ from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
-from rlver_jax.simulator import (SimulatorOutputError, SimulatorSettings, build_simulator,  # noqa: E402
-                                 check_endpoint, load_profiles)
+from rlver_jax.simulator import (SimulatorOutputError, SimulatorSettings,  # noqa: E402
+                                 SimulatorUnavailableError, build_simulator, check_endpoint, load_profiles)
 from rlver_jax.simulator.settings import STRUCTURED_OUTPUTS  # noqa: E402
 from rlver_jax.simulator.state import DialogueState  # noqa: E402
 
@@ -99,7 +100,8 @@ async def measure(mode: str, profiles) -> dict[str, Any]:
                 utterance, seconds = await _timed(sim.backend.speak(state, thoughts))
                 outcomes["reply"].append((utterance is not None, seconds))
         refused = mode == "json_schema" and not sim.backend.structured
-    result: dict[str, Any] = {"refused_response_format": refused}
+        spelling = sim.backend.spelling
+    result: dict[str, Any] = {"refused_response_format": refused, "spelling": spelling}
     for step, rows in outcomes.items():
         seconds = sorted(s for _, s in rows)
         parsed = sum(ok for ok, _ in rows)
@@ -107,6 +109,15 @@ async def measure(mode: str, profiles) -> dict[str, Any]:
                         "mean_s": statistics.fmean(seconds), "p50_s": statistics.median(seconds),
                         "p90_s": seconds[min(len(seconds) - 1, math.ceil(0.9 * len(seconds)) - 1)]}
     return result
+
+
+def _measured(mode: str, profiles) -> dict[str, Any]:
+    """measure(), or {"error": why} when the mode could not run (the server went away, refused the
+    key, ...): the other modes' results are kept and printed."""
+    try:
+        return asyncio.run(measure(mode, profiles))
+    except SimulatorUnavailableError as e:
+        return {"error": str(e)}
 
 
 def main(argv):
@@ -117,12 +128,16 @@ def main(argv):
             raise app.UsageError(f"--modes: {mode!r} is not one of {STRUCTURED_OUTPUTS}")
     profiles = _profiles(_PROFILES.value)
     results = {"base_url": _BASE_URL.value, "model": _MODEL.value, "profiles": [p.id for p in profiles],
-               "modes": {mode: asyncio.run(measure(mode, profiles)) for mode in _MODES.value}}
+               "modes": {mode: _measured(mode, profiles) for mode in _MODES.value}}
     print(f"simulator {_MODEL.value} at {_BASE_URL.value}, {len(profiles)} profiles")
     print("| mode | step | answers | parsed | parse rate | mean s | p50 s | p90 s |")
     print("|---|---|---|---|---|---|---|---|")
     for mode, r in results["modes"].items():
-        label = mode + (" (refused: text)" if r["refused_response_format"] else "")
+        if "error" in r:
+            print(f"| {mode} | could not run: {r['error']} |")
+            continue
+        label = mode + (" (refused: text)" if r["refused_response_format"] else
+                        f" ({r['spelling']})" if r["spelling"] not in (None, mode) else "")
         for step in STEPS:
             s = r[step]
             print(f"| {label} | {step} | {s['answers']} | {s['parsed']} | {100 * s['rate']:.0f}% | "

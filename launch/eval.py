@@ -76,8 +76,10 @@ def main(argv):
                 f"Most common cause ({count}x): {cause}\n{where}")
         print(f"\n*** WARNING: {errors} of {errors + summary['n']} dialogues ended in a simulator error and are "
               f"left out of the score. Most common cause ({count}x): {cause}\n*** {where}\n", file=sys.stderr)
+    degenerate = summary.get("degenerate_judgements")
     print(f"score {summary['score']:.1f}  success {summary['success']}  failure {summary['failure']}  "
-          f"n {summary['n']}  simulator errors {errors}  ->  {workdir / 'report.md'}")
+          f"n {summary['n']}  simulator errors {errors}"
+          + (f"  DEGENERATE JUDGEMENTS ({degenerate})" if degenerate else "") + f"  ->  {workdir / 'report.md'}")
 
 
 if __name__ == "__main__":

@@ -60,11 +60,14 @@ class ResponseFormatRejectedError(EndpointUnavailableError):
 
 
 def _rejects_response_format(e: openai.APIStatusError) -> bool:
-    """A 400/422/501 whose message is about the structured-output parameter (OpenAI: "Invalid
-    parameter: 'response_format'...", TGI: "unknown variant `json_schema`", others: "schema" or
-    "grammar")."""
-    return e.status_code in (400, 422, 501) and any(
-        word in str(e.message).lower() for word in ("response_format", "json_schema", "schema", "grammar"))
+    """An HTTP error whose message is about the structured-output parameter, whatever its status
+    (OpenAI: 400 "Invalid parameter: 'response_format'...", TGI: "unknown variant `json_schema`",
+    llama-cpp-python: 500, a validation error naming `response_format`); a 400/422/501 that names
+    a "schema" or "grammar" is one too."""
+    message = str(e.message).lower()
+    if any(word in message for word in ("response_format", "json_schema")):
+        return True
+    return e.status_code in (400, 422, 501) and any(word in message for word in ("schema", "grammar"))
 
 
 class RequestRejectedError(EndpointUnavailableError):

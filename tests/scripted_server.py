@@ -30,7 +30,10 @@ is; "validate" acts as a server that enforces the request's JSON schema: the sch
 the keywords servers commonly support (SCHEMA_KEYWORDS) and the script's answer must validate,
 else HTTP 500 and an entry in `errors`; "reject" answers every request that carries
 `response_format` with HTTP 400 "Invalid parameter: 'response_format' ..." (as OpenAI does for a
-model without structured outputs) and `rejected` counts them.
+model without structured outputs) and `rejected` counts them; "json_object" acts as
+llama-cpp-python's server: a request of type `json_schema` gets HTTP 500 with a validation error
+naming `response_format` (counted in `rejected`), one of type `json_object` with a `schema` goes to
+the script.
 """
 
 from __future__ import annotations
@@ -188,8 +191,9 @@ class ScriptedServer:
     def __init__(self, script: Script, *, delay_s: float = 0.0,
                  fail_statuses: Sequence[int] = (), delays: Sequence[float] = (),
                  model: str = "simulator", response_format: str = "pass"):
-        if response_format not in ("pass", "validate", "reject"):
-            raise ValueError(f"response_format={response_format!r}: use 'pass', 'validate' or 'reject'")
+        if response_format not in ("pass", "validate", "reject", "json_object"):
+            raise ValueError(f"response_format={response_format!r}: use 'pass', 'validate', 'reject' or "
+                             "'json_object'")
         self.response_format = response_format
         self.rejected = 0
         self.script = script
@@ -233,6 +237,12 @@ class ScriptedServer:
                     self.rejected += 1
                 return self._error(400, "Invalid parameter: 'response_format' of type 'json_schema' is not "
                                         "supported with this model.")
+            if self.response_format == "json_object" and (request.get("response_format") or {}).get(
+                    "type") == "json_schema":
+                with self._lock:
+                    self.rejected += 1
+                return self._error(500, "1 validation error for CreateChatCompletionRequest\nresponse_format\n  "
+                                        "Input should be a valid dictionary or instance of ResponseFormat")
             choices = []
             for i in range(max(1, int(request.get("n") or 1))):
                 try:

@@ -310,3 +310,38 @@ def test_an_utterance_echoing_the_reply_is_resampled():
     with ScriptedServer(route(emotion=_judge(), reply=lambda r: next(answers))) as server:
         [state] = _one_turn(_config(server.base_url), [EN], reply=reply)
     assert state.history[-1]["content"] == "My boss yelled at me." and state.records[-1].attempts == 1 + 2
+
+
+def test_a_server_taking_only_json_object_gets_that_spelling_after_one_refusal(caplog):
+    """As llama-cpp-python's server: `json_schema` refused with HTTP 500, `json_object` + schema taken."""
+    with ScriptedServer(route(emotion=_json_judge(), reply=_json_speak), response_format="json_object") as server:
+        with caplog.at_level(logging.INFO, logger="rlver_jax.simulator.openai_backend"):
+            states = _one_turn(_config(server.base_url, structured_output="json_schema", max_retries=0),
+                               PROFILES[:6])
+        assert server.rejected == 1  # tried once, while the other dialogues waited
+        kinds = [r["response_format"]["type"] for r in server.requests]
+    assert kinds == ["json_schema"] + ["json_object"] * 12
+    assert all(s.emotion == s.records[0].emotion + 4 for s in states)
+    assert any("takes response_format type 'json_object'" in r.getMessage() for r in caplog.records)
+
+
+def test_copied_placeholders_are_malformed_not_scores():
+    utterances = iter(['{"reasoning": "Plan: open up", "utterance": "<the words of the Response line>"}'] * 2
+                      + ['{"reasoning": "Plan: open up", "utterance": "Thanks."}'])
+    with ScriptedServer(route(emotion=_json_judge(), reply=lambda r: next(utterances))) as server:
+        [state] = _one_turn(_config(server.base_url, structured_output="json_schema"), [EN])
+    assert state.history[-1]["content"] == "Thanks." and state.records[-1].attempts == 1 + 3
+
+
+def test_every_rejected_answer_is_kept_with_its_step():
+    judgements = iter(["no change line", "still none", "Feeling: ok\nChange: +2"])
+    replies = iter(["Plan: only a plan"] * 2 + ["Plan: x\nResponse: Fine."])
+    script = route(emotion=lambda r: next(judgements), reply=lambda r: next(replies))
+    with ScriptedServer(script) as server:
+        [state] = _one_turn(_config(server.base_url), [EN])
+    record = state.records[-1]
+    assert (record.emotion_attempts, record.reply_attempts, record.attempts) == (3, 3, 6)
+    assert record.rejected == ({"step": "emotion", "answer": "no change line"},
+                               {"step": "emotion", "answer": "still none"},
+                               {"step": "reply", "answer": "Plan: only a plan"},
+                               {"step": "reply", "answer": "Plan: only a plan"})

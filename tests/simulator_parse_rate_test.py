@@ -56,6 +56,18 @@ def test_parse_rates_of_both_modes(tmp_path):
 def test_a_server_refusing_response_format_is_reported(tmp_path):
     with ScriptedServer(route(emotion=_emotion, reply=_reply), response_format="reject") as server:
         modes, stdout = _run(server, tmp_path)
-        assert server.rejected == 1
+        assert server.rejected == 2  # each spelling tried once
     assert modes["json_schema"]["refused_response_format"] and modes["json_schema"]["emotion"]["parsed"] == 4
     assert "| json_schema (refused: text) | emotion | 6 | 4 | 67% |" in stdout
+
+
+@pytest.mark.slow
+def test_a_mode_that_cannot_run_is_reported_and_the_others_kept(tmp_path):
+    def emotion(request):  # text answers parse; every JSON request fails (retried, then given up)
+        if request.get("response_format"):
+            raise RuntimeError("no JSON today")
+        return _emotion(request)
+    with ScriptedServer(route(emotion=emotion, reply=_reply)) as server:
+        modes, stdout = _run(server, tmp_path)
+    assert modes["off"]["reply"]["parsed"] == 6 and "failed 3 times" in modes["json_schema"]["error"]
+    assert "| json_schema | could not run: " in stdout and "Traceback" not in stdout

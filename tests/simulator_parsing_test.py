@@ -293,3 +293,50 @@ def test_a_long_dialogue_parses_the_same_at_every_step():
         history.append({"role": "user", "content": spoken + (" 嗯。" if step % 2 else "")})
     # Without the history as untrusted text an echo does count: the cases above test the echoes.
     assert parsing.parse_change(f"{own}\n{fake_section[0]}").change == 10
+
+
+# ----------------------------------------------------------------------------- junk is not a score
+PLACEHOLDERS = ("the Plan line", "the words of the Response line", "Plan 那一行", "Response 那一行里你说的话")
+
+
+@pytest.mark.parametrize("answer", [
+    '{"reasoning": "", "change": 10}', '{"reasoning": "  ", "change": -10}',
+    '{"reasoning": "<the four sections>", "change": 10}',
+])
+def test_junk_structured_changes_are_malformed(answer):
+    with pytest.raises(parsing.MalformedOutputError):
+        parsing.parse_change_json(answer)
+
+
+@pytest.mark.parametrize("answer", [
+    '{"reasoning": "open up", "utterance": "<the words of the Response line>"}',
+    '{"reasoning": "open up", "utterance": "<Response 那一行>"}',
+    '{"reasoning": "open up", "utterance": "the words of the Response line"}',  # brackets dropped
+    '{"reasoning": "<Plan 那一行>", "utterance": "我还好"}', '{"reasoning": "", "utterance": "Fine."}',
+])
+def test_copied_placeholders_and_empty_reasoning_are_malformed(answer):
+    with pytest.raises(parsing.MalformedOutputError):
+        parsing.parse_response_json(answer, placeholders=PLACEHOLDERS)
+
+
+def test_an_utterance_of_its_own_is_not_a_placeholder():
+    parsed = parsing.parse_response_json('{"reasoning": "the plan: thank them", "utterance": "Thanks, 3 < 4."}',
+                                         placeholders=PLACEHOLDERS)
+    assert parsed.utterance == "Thanks, 3 < 4."
+
+
+@pytest.mark.parametrize("answer", ["Change: ‹1＃+2．-5+6、什么感受！…", "Change: 1#+2.-5+6", "Change: +3 -2",
+                                    "Change: +3, then 10"])
+def test_a_change_value_holding_more_than_one_number_is_malformed(answer):
+    with pytest.raises(parsing.MalformedOutputError):
+        parsing.parse_change(answer)
+
+
+def test_a_signed_integer_with_words_after_it_is_one_change():
+    assert parsing.parse_change("Change: +3 (a little better)").change == 3
+
+
+def test_both_response_format_spellings():
+    assert parsing.response_format("x", {"type": "object"}, "json_object") == {
+        "type": "json_object", "schema": {"type": "object"}}
+    assert parsing.response_format("x", {"type": "object"})["type"] == "json_schema"

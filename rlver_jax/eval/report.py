@@ -10,6 +10,7 @@ from typing import Any
 
 from rlver_jax import plots
 from rlver_jax.eval import html_report
+from rlver_jax.eval.degenerate import degenerate_judgements
 from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import atomic_write_text
 from rlver_jax.rollout.summary import reencoded_turns
@@ -52,6 +53,8 @@ def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
     order); returns the scores."""
     dialogues = [DialogueSequence.from_record(t) for t in transcripts]
     summary = {**summarize(dialogues), "run": run}
+    summary["degenerate_judgements"] = degenerate_judgements((d.simulator_state for d in dialogues),
+                                                             run["rules"]["max_change"])
     atomic_write_text(workdir / "sentient.json", json_text(summary))
     plots.emotion_trajectories(transcripts, workdir / TRAJECTORIES_PNG, title=f"emotion per dialogue: {run['policy']}",
                                levels=levels)
@@ -88,6 +91,11 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
                    "comparable with published Sentient scores; see their transcripts, fix the simulator "
                    "and rerun (finished dialogues are kept; remove the failed ones from transcripts.jsonl "
                    "to replay them).\n\n")
+    if summary.get("degenerate_judgements"):
+        out.append("> **Warning: the simulator's judgements look degenerate "
+                   f"({summary['degenerate_judgements']}).** "
+                   "The score then measures the simulator model, not the policy; use a stronger simulator or "
+                   "check its prompts.\n\n")
     out.append(table(["metric", "value"], [
         ["score (mean final emotion)", summary["score"]],
         ["success (reached 100)", f"{summary['success']} / {n}"],

@@ -75,9 +75,15 @@ def _judged(state: DialogueState, history: tuple[dict[str, str], ...], turn: int
     emotion = min(state.emotion + change, rules.ceiling)
     fields = dict(turn=turn, policy_reply=reply, scored=True, change_proposed=judgement.change,
                   change=change, emotion=emotion, band=rules.band(emotion),
-                  thoughts=judgement.thoughts, raw_emotion=judgement.raw)
+                  thoughts=judgement.thoughts, raw_emotion=judgement.raw, emotion_attempts=judgement.attempts,
+                  rejected=_rejected("emotion", judgement.rejected))
     return dataclasses.replace(state, emotion=emotion, emotions=state.emotions + (emotion,),
                                history=history), fields
+
+
+def _rejected(step: str, answers) -> tuple[dict[str, str], ...]:
+    """A step's malformed answers as the turn record keeps them."""
+    return tuple({"step": step, "answer": answer} for answer in answers)
 
 
 def _finish(state: DialogueState, record: TurnRecord, end_reason: str, error: str | None = None,
@@ -110,17 +116,18 @@ class Simulator:
             emotions=(rules.initial_emotion,), history=(), records=(),
         )
         if profile.first_talk is not None:
-            text, plan, raw, attempts = profile.first_talk, "", "", 0
+            text, plan, raw, attempts, rejected = profile.first_talk, "", "", 0, ()
         else:
             try:
                 u = await self.backend.open(state)
             except SimulatorOutputError as e:
-                record = _unscored(state, 0, None, raw_reply=e.raw_outputs[-1],
-                                   attempts=len(e.raw_outputs), error=str(e))
+                record = _unscored(state, 0, None, raw_reply=e.raw_outputs[-1], attempts=len(e.raw_outputs),
+                                   reply_attempts=len(e.raw_outputs), rejected=_rejected("opening", e.raw_outputs),
+                                   error=str(e))
                 return _finish(state, record, "simulator_error", str(e))
-            text, plan, raw, attempts = u.text, u.thoughts, u.raw, u.attempts
+            text, plan, raw, attempts, rejected = u.text, u.thoughts, u.raw, u.attempts, u.rejected
         record = _unscored(state, 0, None, utterance=text, reply_thoughts=plan, raw_reply=raw,
-                           attempts=attempts)
+                           attempts=attempts, reply_attempts=attempts, rejected=_rejected("opening", rejected))
         return dataclasses.replace(state, history=({"role": "user", "content": text},),
                                    records=(record,))
 
@@ -138,8 +145,9 @@ class Simulator:
         try:
             judgement = await self.backend.judge(state, reply)
         except SimulatorOutputError as e:
-            record = _unscored(state, turn, reply, raw_emotion=e.raw_outputs[-1],
-                               attempts=len(e.raw_outputs), error=str(e))
+            record = _unscored(state, turn, reply, raw_emotion=e.raw_outputs[-1], attempts=len(e.raw_outputs),
+                               emotion_attempts=len(e.raw_outputs), rejected=_rejected("emotion", e.raw_outputs),
+                               error=str(e))
             return _finish(state, record, "simulator_error", str(e), history=history)
         state, judged = _judged(state, history, turn, reply, judgement)
         end_reason = _end_reason(rules, state.emotion, turn)
@@ -156,12 +164,14 @@ class Simulator:
         try:
             u = await self.backend.speak(state, judgement.thoughts)
         except SimulatorOutputError as e:
-            record = TurnRecord(**judged, utterance=None, reply_thoughts="",
-                                raw_reply=e.raw_outputs[-1],
-                                attempts=judgement.attempts + len(e.raw_outputs), error=str(e))
+            record = TurnRecord(**{**judged, "rejected": judged["rejected"] + _rejected("reply", e.raw_outputs)},
+                                utterance=None, reply_thoughts="", raw_reply=e.raw_outputs[-1],
+                                attempts=judgement.attempts + len(e.raw_outputs), error=str(e),
+                                reply_attempts=len(e.raw_outputs))
             return _finish(state, record, "simulator_error", str(e))
-        record = TurnRecord(**judged, utterance=u.text, reply_thoughts=u.thoughts,
-                            raw_reply=u.raw, attempts=judgement.attempts + u.attempts)
+        record = TurnRecord(**{**judged, "rejected": judged["rejected"] + _rejected("reply", u.rejected)},
+                            utterance=u.text, reply_thoughts=u.thoughts, raw_reply=u.raw,
+                            attempts=judgement.attempts + u.attempts, reply_attempts=u.attempts)
         goodbye = is_goodbye(u.text)
         return dataclasses.replace(
             state, history=state.history + ({"role": "user", "content": u.text},),

@@ -23,6 +23,7 @@ class EmotionJudgement:
     thoughts: str  # the simulator's analysis
     raw: str  # the raw answer that was parsed
     attempts: int = 1  # answers requested, counting malformed ones that were retried
+    rejected: tuple[str, ...] = ()  # the malformed answers before `raw`, oldest first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Utterance:
     thoughts: str
     raw: str
     attempts: int = 1
+    rejected: tuple[str, ...] = ()  # the malformed answers before `raw`, oldest first
 
 
 class SimulatorOutputError(RuntimeError):

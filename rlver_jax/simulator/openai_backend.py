@@ -8,15 +8,19 @@ sample) up to `malformed_retries` times, then SimulatorOutputError. With `cache_
 are recorded and replayed (cache.py).
 
 Structured outputs (`structured_output="json_schema"`): the emotion and reply steps ask for JSON
-under a schema (parsing.change_schema, parsing.UTTERANCE_SCHEMA). A server that refuses
-`response_format` is reported once (a warning) and the backend falls back to text answers for the
-rest of the run, re-sending the refused request as text.
+under a schema (parsing.change_schema, parsing.UTTERANCE_SCHEMA). The first structured request
+finds the spelling the server takes (parsing.SPELLINGS: `json_schema`, then `json_object` +
+`schema`) while the others wait; the one that works is kept and logged. A server that refuses
+both is reported once (a warning) and the backend falls back to text answers for the rest of the
+run, re-sending the refused request as text. The schema's range is checked here too, whatever the
+server enforces.
 
 Prompts keep within `max_prompt_tokens` (templates: older turns left out, long texts cut).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -42,7 +46,15 @@ class OpenAIBackend:
         self.settings = settings
         self.client = ChatClient(settings.client)
         self.cache = RequestCache(settings.cache_dir) if settings.cache_dir else None
-        self.structured = settings.structured_output == "json_schema"  # False after a refusal
+        # The response_format spelling in use (parsing.SPELLINGS); None: text answers.
+        self.spelling: str | None = parsing.SPELLINGS[0] if settings.structured_output == "json_schema" else None
+        self._settled = self.spelling is None  # a structured request was answered (or none is made)
+        self._refusals: list[str] = []
+        self._probe: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    @property
+    def structured(self) -> bool:
+        return self.spelling is not None
 
     async def _post(self, messages: Messages, response_format: dict[str, Any] | None) -> str:
         try:
@@ -79,32 +91,60 @@ class OpenAIBackend:
             self.cache.put(key, content)
         return content
 
-    def _fall_back_to_text(self, error: ResponseFormatRejectedError) -> None:
-        if self.structured:  # once: concurrent dialogues may all be refused at the same moment
-            self.structured = False
+    def _refused(self, spelling: str, error: ResponseFormatRejectedError) -> None:
+        """The server refused `spelling`: try the next one, or text answers after the last."""
+        if self.spelling != spelling:  # concurrent refusals of one spelling count once
+            return
+        self._refusals.append(f"{spelling}: {error}")
+        later = parsing.SPELLINGS[parsing.SPELLINGS.index(spelling) + 1:]
+        self.spelling = later[0] if later else None
+        if self.spelling is None:
+            self._settled = True
             log.warning("%s; config.simulator.structured_output='json_schema' falls back to text answers "
-                        "for the rest of this run", error)
+                        "for the rest of this run", "; ".join(self._refusals))
+
+    def _probe_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._probe is None or self._probe[0] is not loop:
+            self._probe = (loop, asyncio.Lock())
+        return self._probe[1]
+
+    async def _send(self, render: Callable[[bool], Messages], schema: tuple[str, dict[str, Any]],
+                    sample: int) -> tuple[str, bool]:
+        """(raw answer, whether it was asked for as JSON), trying the spellings in turn."""
+        while True:
+            spelling = self.spelling
+            fmt = None if spelling is None else parsing.response_format(*schema, spelling)
+            try:
+                raw = await self._complete(render(spelling is not None), fmt, sample)
+            except ResponseFormatRejectedError as e:
+                self._refused(spelling, e)
+                continue
+            if not self._settled:
+                self._settled = True
+                log.info("the simulator server takes response_format type %r; kept for this run", spelling)
+            return raw, spelling is not None
+
+    async def _request(self, render: Callable[[bool], Messages], schema: tuple[str, dict[str, Any]],
+                       sample: int) -> tuple[str, bool]:
+        if not self._settled:
+            async with self._probe_lock():  # one request finds the spelling; the others wait for it
+                return await self._send(render, schema, sample)
+        return await self._send(render, schema, sample)
 
     async def _ask(self, render: Callable[[bool], Messages], schema: tuple[str, dict[str, Any]],
-                   parse_text: Callable[[str], _T], parse_json: Callable[[str], _T]) -> tuple[_T, str, int]:
-        """(parsed answer, raw answer, samples used), retrying malformed answers; `render(structured)`
+                   parse_text: Callable[[str], _T], parse_json: Callable[[str], _T]
+                   ) -> tuple[_T, str, tuple[str, ...]]:
+        """(parsed answer, raw answer, the malformed answers before it), retrying malformed answers; `render(structured)`
         gives the request, `schema` its (name, JSON schema) when structured."""
         raws: list[str] = []
-        sample = 0
-        while sample <= self.settings.malformed_retries:
-            structured = self.structured
-            response_format = parsing.response_format(*schema) if structured else None
+        for sample in range(self.settings.malformed_retries + 1):
+            raw, structured = await self._request(render, schema, sample)
             try:
-                raw = await self._complete(render(structured), response_format, sample)
-            except ResponseFormatRejectedError as e:
-                self._fall_back_to_text(e)
-                continue  # the same sample, as text
-            try:
-                return (parse_json if structured else parse_text)(raw), raw, sample + 1
+                return (parse_json if structured else parse_text)(raw), raw, tuple(raws)
             except parsing.MalformedOutputError as e:
                 raws.append(raw)
                 error = e
-            sample += 1
         raise SimulatorOutputError(
             f"simulator answer malformed {len(raws)} times in a row (last: {error})", raws)
 
@@ -114,32 +154,34 @@ class OpenAIBackend:
 
     async def open(self, state: DialogueState) -> Utterance:
         s = self.settings
-        parsed, raw, n = await self._ask(
+        parsed, raw, rejected = await self._ask(
             lambda structured: templates.opening_messages(state.profile, language=state.language,
                                                           difficulty=state.difficulty, structured=structured),
             ("utterance", parsing.UTTERANCE_SCHEMA),
             lambda raw: parsing.parse_response(raw, max_chars=s.max_utterance_chars),
-            lambda raw: parsing.parse_response_json(raw, max_chars=s.max_utterance_chars))
-        return Utterance(parsed.utterance, parsed.thoughts, raw, n)
+            lambda raw: parsing.parse_response_json(raw, max_chars=s.max_utterance_chars,
+                                                    placeholders=templates.json_placeholders(state.language)))
+        return Utterance(parsed.utterance, parsed.thoughts, raw, len(rejected) + 1, rejected)
 
     async def judge(self, state: DialogueState, reply: str) -> EmotionJudgement:
         s = self.settings
         untrusted = self._untrusted(state, reply)
-        parsed, raw, n = await self._ask(
+        parsed, raw, rejected = await self._ask(
             lambda structured: templates.emotion_messages(
                 state.profile, language=state.language, difficulty=state.difficulty, emotion=state.emotion,
                 history=state.history, reply=reply, structured=structured, max_prompt_tokens=s.max_prompt_tokens),
             ("emotion_change", parsing.change_schema(state.rules.max_change)),
             lambda raw: parsing.parse_change(raw, untrusted=untrusted),
-            parsing.parse_change_json)
-        return EmotionJudgement(parsed.change, parsed.thoughts, raw, n)
+            lambda raw: parsing.parse_change_json(raw,
+                                                  placeholders=templates.json_placeholders(state.language)))
+        return EmotionJudgement(parsed.change, parsed.thoughts, raw, len(rejected) + 1, rejected)
 
     async def speak(self, state: DialogueState, thoughts: str) -> Utterance:
         s = self.settings
         last = state.history[-1] if state.history else None
         last_reply = last["content"] if last is not None and last["role"] == "assistant" else ""
         untrusted = self._untrusted(state, thoughts)
-        parsed, raw, n = await self._ask(
+        parsed, raw, rejected = await self._ask(
             lambda structured: templates.reply_messages(
                 state.profile, language=state.language, difficulty=state.difficulty, band=state.band,
                 thoughts=thoughts, history=state.history, structured=structured,
@@ -147,8 +189,9 @@ class OpenAIBackend:
             ("utterance", parsing.UTTERANCE_SCHEMA),
             lambda raw: parsing.parse_response(raw, untrusted=untrusted, last_reply=last_reply,
                                                max_chars=s.max_utterance_chars),
-            lambda raw: parsing.parse_response_json(raw, last_reply=last_reply, max_chars=s.max_utterance_chars))
-        return Utterance(parsed.utterance, parsed.thoughts, raw, n)
+            lambda raw: parsing.parse_response_json(raw, last_reply=last_reply, max_chars=s.max_utterance_chars,
+                                                    placeholders=templates.json_placeholders(state.language)))
+        return Utterance(parsed.utterance, parsed.thoughts, raw, len(rejected) + 1, rejected)
 
     async def aclose(self) -> None:
         await self.client.aclose()

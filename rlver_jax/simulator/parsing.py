@@ -3,12 +3,14 @@
 The output contract (prompts/*.txt; docs/simulator.md has the rules with examples):
   emotion step: analysis sections (Intent, Fit, Inner reaction, Feeling), then `Change: <signed
     integer>`; the change is clipped to +-max_change later, but a value beyond +-100, a
-    non-integer or an absurdly long number is malformed.
+    non-integer, an absurdly long number or a value holding more than one number
+    (`Change: 1#+2.-5+6`) is malformed.
   reply and opening steps: `Plan: ...`, then `Response: <the user's words>`; the words end at a
     blank line, the next label line, a quoted line, a heading or an echoed line, and are cut at
     `max_chars` (at a sentence end); words that repeat the policy's last reply are malformed.
   structured outputs (config.simulator.structured_output="json_schema"): one JSON object,
-    {"reasoning", "change"} or {"reasoning", "utterance"} (`change_schema`, UTTERANCE_SCHEMA).
+    {"reasoning", "change"} or {"reasoning", "utterance"} (`change_schema`, UTTERANCE_SCHEMA); an
+    empty field, or one that copies the instruction's placeholders (`<the Plan line>`), is malformed.
 
 Every decision is taken on one view of the text:
   1. `_strip_hidden`: format characters (zero-width spaces and joiners, bidi marks, soft hyphens)
@@ -106,8 +108,15 @@ def change_schema(max_change: int) -> dict[str, Any]:
     }
 
 
-def response_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """The chat request's `response_format` for a JSON schema (OpenAI, SGLang, vLLM, llama.cpp)."""
+SPELLINGS = ("json_schema", "json_object")  # the two ways servers take a JSON schema, tried in this order
+
+
+def response_format(name: str, schema: dict[str, Any], spelling: str = "json_schema") -> dict[str, Any]:
+    """The chat request's `response_format` for a JSON schema: "json_schema" as OpenAI, SGLang, vLLM
+    and llama.cpp's C++ server take it, "json_object" (with the schema beside it) as
+    llama-cpp-python's server takes it."""
+    if spelling == "json_object":
+        return {"type": "json_object", "schema": schema}
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
@@ -255,6 +264,8 @@ def _change_value(value: str) -> int | None:
         return None
     if m["fraction"]:
         raise MalformedOutputError(f"'Change:' value {value.strip()[:40]!r} is not an integer")
+    if any(ch.isdigit() for ch in fold(value).strip(_VALUE_WRAPPING)[m.end():]):
+        raise MalformedOutputError(f"'Change:' value {value.strip()[:40]!r} is not one signed integer")
     digits = m["digits"].lstrip("0") or "0"
     if len(digits) > _MAX_DIGITS:
         raise MalformedOutputError(f"'Change:' value has {len(m['digits'])} digits")
@@ -372,17 +383,39 @@ def _json_answer(text: str, fields: dict[str, type]) -> dict[str, Any]:
     return answer
 
 
-def parse_change_json(text: str) -> ParsedChange:
-    """The change of a structured emotion-step answer ({"reasoning": str, "change": int})."""
+# An angle-bracketed span as the JSON instructions write their placeholders (`<the Plan line>`):
+# an answer holding one copied the instruction instead of answering it.
+_PLACEHOLDER = re.compile(r"<[^<>\n]{2,80}>")
+
+
+def _own_words(answer: dict[str, Any], field: str, placeholders: Sequence[str]) -> str:
+    """The answer's `field`, stripped; malformed when it is empty or copies a placeholder of the
+    instruction (an angle-bracketed span, or the words of one of `placeholders`)."""
+    text = answer[field].strip()
+    if not text:
+        raise MalformedOutputError(f"JSON answer field {field!r} is empty")
+    normal = _normal(text)
+    if _PLACEHOLDER.search(text) or any(p and p in normal for p in map(_normal, placeholders)):
+        raise MalformedOutputError(f"JSON answer field {field!r} copies the instruction's placeholder: "
+                                   f"{text[:60]!r}")
+    return text
+
+
+def parse_change_json(text: str, *, placeholders: Sequence[str] = ()) -> ParsedChange:
+    """The change of a structured emotion-step answer ({"reasoning": str, "change": int}); empty
+    reasoning or a copied placeholder (`_own_words`) is malformed, as a change beyond the scale."""
     answer = _json_answer(text, {"reasoning": str, "change": int})
-    return ParsedChange(_checked(answer["change"]), answer["reasoning"].strip())
+    return ParsedChange(_checked(answer["change"]), _own_words(answer, "reasoning", placeholders))
 
 
-def parse_response_json(text: str, *, last_reply: str = "", max_chars: int | None = None) -> ParsedResponse:
+def parse_response_json(text: str, *, last_reply: str = "", max_chars: int | None = None,
+                        placeholders: Sequence[str] = ()) -> ParsedResponse:
     """The words of a structured reply-step answer ({"reasoning": str, "utterance": str}), cut and
-    checked as in `parse_response`."""
+    checked as in `parse_response`; empty fields or copied placeholders (`_own_words`) are malformed."""
     answer = _json_answer(text, {"reasoning": str, "utterance": str})
-    utterance = _finish(answer["utterance"].splitlines() or [""], last_reply=last_reply, max_chars=max_chars)
+    reasoning = _own_words(answer, "reasoning", placeholders)
+    words = _own_words(answer, "utterance", placeholders)
+    utterance = _finish(words.splitlines() or [""], last_reply=last_reply, max_chars=max_chars)
     if not utterance:
         raise MalformedOutputError("JSON answer field 'utterance' is empty")
-    return ParsedResponse(utterance, answer["reasoning"].strip())
+    return ParsedResponse(utterance, reasoning)

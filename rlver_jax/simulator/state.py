@@ -82,6 +82,9 @@ class TurnRecord:
     raw_reply: str
     attempts: int  # simulator answers requested in this turn, retries of malformed ones included
     error: str | None = None
+    emotion_attempts: int = 0  # of `attempts`, the emotion step's
+    reply_attempts: int = 0  # of `attempts`, the reply (or opening) step's
+    rejected: tuple[dict[str, str], ...] = ()  # every malformed answer of the turn: {"step", "answer"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +126,7 @@ class DialogueState:
                 "rules": EmotionRules(**d["rules"]),
                 "emotions": tuple(d["emotions"]),
                 "history": tuple(dict(m) for m in d["history"]),
-                "records": tuple(TurnRecord(**r) for r in d["records"]),
+                "records": tuple(TurnRecord(**{**r, "rejected": tuple(r.get("rejected", ()))})
+                                 for r in d["records"]),
             }
         )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import re
 from collections.abc import Callable, Sequence
 
 from rlver_jax.simulator import parsing
@@ -69,6 +70,13 @@ def _json_instruction(kind: str, language: str) -> str:
         if name == kind:
             return body.strip()
     raise ValueError(f"prompt file json_{language}.txt lacks the '=== {kind} ===' section")
+
+
+@functools.lru_cache(maxsize=None)
+def json_placeholders(language: str) -> tuple[str, ...]:
+    """The placeholders of the JSON instructions (`<the Plan line>`): an answer copying one is junk."""
+    return tuple(m for kind in ("emotion", "utterance")
+                 for m in re.findall(r"<([^<>]+)>", _json_instruction(kind, language)))
 
 
 @functools.lru_cache(maxsize=None)
