@@ -20,8 +20,9 @@ def _random_adapters(settings, base, seed=1):
     return jax.tree_util.tree_unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-def test_fresh_adapters_leave_the_base_and_merge_matches_numpy(scan_layers):
+def test_fresh_adapters_leave_the_base_and_merge_matches_numpy():
+    """The scanned stack (a leading layer axis); the unrolled one is the export test's."""
+    scan_layers = True
     config = get_preset("tiny", scan_layers=scan_layers)
     base = qwen2.init_params(config, jax.random.key(0))
     settings = lora.LoraSettings(rank=4, alpha=8.0, targets=("q", "o", "down"))
@@ -46,16 +47,19 @@ def test_fresh_adapters_leave_the_base_and_merge_matches_numpy(scan_layers):
     assert tuple(axes[group]["attn"]["q_kernel"]["lora_b"]) == lead + ("lora_rank", "heads", "head_dim")
 
 
-def test_rank_zero_is_the_base_itself():
+@pytest.fixture(scope="module")
+def tiny():
     config = get_preset("tiny")
-    base = qwen2.init_params(config, jax.random.key(0))
-    assert lora.merge(lora.LoraSettings(), base, {}) is base
+    return config, qwen2.init_params(config, jax.random.key(0))
 
 
-def test_merged_export_and_peft_adapter_give_our_logits(tmp_path):
+def test_rank_zero_is_the_base_itself(tiny):
+    assert lora.merge(lora.LoraSettings(), tiny[1], {}) is tiny[1]
+
+
+def test_merged_export_and_peft_adapter_give_our_logits(tmp_path, tiny):
     peft = pytest.importorskip("peft")
-    config = get_preset("tiny")
-    base = qwen2.init_params(config, jax.random.key(0))
+    config, base = tiny
     settings = lora.LoraSettings(rank=4, alpha=8.0)
     ad = _random_adapters(settings, base)
     merged = lora.merge(settings, base, ad)
@@ -88,3 +92,19 @@ def test_settings_name_the_bad_fields():
         lora.LoraSettings(rank=8, alpha=0.0)
     with pytest.raises(ValueError, match=r"config.lora.targets"):
         lora.LoraSettings(rank=8, targets=("qkv",))
+
+
+def test_config_lora_section_is_checked_with_the_training_settings():
+    from configs.grpo_think import get_config
+    from rlver_jax.train import run
+
+    config = get_config("tiny")
+    assert run.training_settings(config).lora == lora.LoraSettings(rank=0, alpha=16.0)
+    config.lora.targets = "q,v"
+    config.lora.rank = -2
+    with pytest.raises(ValueError, match=r"config.lora.rank=-2 must be >= 0"):
+        run.training_settings(config)
+    config.lora.rank = 8
+    with pytest.raises(ValueError, match=r"config.lora.rank=8: LoRA training is not wired"):
+        run.training_settings(config)
+    assert lora.LoraSettings.from_config(config.lora).targets == ("q", "v")
