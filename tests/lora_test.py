@@ -108,3 +108,23 @@ def test_config_lora_section_is_checked_with_the_training_settings():
     with pytest.raises(ValueError, match=r"config.lora.rank=8: LoRA training is not wired"):
         run.training_settings(config)
     assert lora.LoraSettings.from_config(config.lora).targets == ("q", "v")
+
+
+def test_gradients_reach_only_the_adapters_by_the_chain_rule(tiny):
+    """d/dA and d/dB of a loss through the merge equal the hand chain rule from d/dW:
+    dA = scale * dW @ B^T, dB = scale * A^T @ dW (the gate kernel, [D, F])."""
+    config, base = tiny
+    settings = lora.LoraSettings(rank=4, alpha=8.0, targets=("gate",))
+    ad = _random_adapters(settings, base)
+
+    def loss(params):  # any smooth function of the kernels (a forward pass would only cost time)
+        return jnp.sum(jnp.sin(params["layer_0"]["mlp"]["gate_kernel"] * 30.0)) + jnp.sum(
+            params["layer_1"]["mlp"]["gate_kernel"] ** 2)
+
+    g = jax.grad(lora.on_adapters(settings, base, loss))(ad)
+    assert set(g) == {"layer_0", "layer_1"} and set(g["layer_0"]) == {"mlp"}
+    merged = lora.merge(settings, base, ad)
+    g_w = np.asarray(jax.grad(loss)(merged)["layer_0"]["mlp"]["gate_kernel"])
+    a, b = (np.asarray(ad["layer_0"]["mlp"]["gate_kernel"][k]) for k in ("lora_a", "lora_b"))
+    np.testing.assert_allclose(g["layer_0"]["mlp"]["gate_kernel"]["lora_a"], 2.0 * g_w @ b.T, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(g["layer_0"]["mlp"]["gate_kernel"]["lora_b"], 2.0 * a.T @ g_w, rtol=1e-4, atol=1e-7)
