@@ -20,11 +20,20 @@ def _random_adapters(settings, base, seed=1):
     return jax.tree_util.tree_unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
 
-def test_fresh_adapters_leave_the_base_and_merge_matches_numpy():
+@pytest.fixture(scope="module")
+def tiny():
+    config = get_preset("tiny")
+    return config, qwen2.init_params(config, jax.random.key(0))
+
+
+def test_fresh_adapters_leave_the_base_and_merge_matches_numpy(tiny):
     """The scanned stack (a leading layer axis); the unrolled one is the export test's."""
     scan_layers = True
-    config = get_preset("tiny", scan_layers=scan_layers)
-    base = qwen2.init_params(config, jax.random.key(0))
+    config = tiny[0].replace(scan_layers=True)
+    unrolled = tiny[1]
+    base = {k: v for k, v in unrolled.items() if not k.startswith("layer_")}
+    base["layers"] = jax.tree.map(lambda *x: jnp.stack(x), unrolled["layer_0"], unrolled["layer_1"])
+    assert jax.tree.structure(base) == jax.tree.structure(qwen2.abstract_params(config))
     settings = lora.LoraSettings(rank=4, alpha=8.0, targets=("q", "o", "down"))
     fresh = lora.merge(settings, base, lora.init_adapters(settings, base, jax.random.key(1)))
     for x, y in zip(jax.tree_util.tree_leaves(fresh), jax.tree_util.tree_leaves(base)):
@@ -45,12 +54,6 @@ def test_fresh_adapters_leave_the_base_and_merge_matches_numpy():
     lead = ("layers",) if scan_layers else ()
     assert tuple(axes[group]["attn"]["q_kernel"]["lora_a"]) == lead + ("embed", "lora_rank")
     assert tuple(axes[group]["attn"]["q_kernel"]["lora_b"]) == lead + ("lora_rank", "heads", "head_dim")
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    config = get_preset("tiny")
-    return config, qwen2.init_params(config, jax.random.key(0))
 
 
 def test_rank_zero_is_the_base_itself(tiny):
