@@ -52,6 +52,13 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # MLP over token chunks of at most this many tokens (0: whole rows); 7B: docs/sharding.md, memory plan
     c.model.mlp_chunk = 0 if cpu else 1024
 
+    # LoRA (rlver_jax/models/lora.py): adapters on a frozen base. rank 0 = full fine-tuning.
+    c.lora = ml_collections.ConfigDict()
+    c.lora.rank = 0  # adapter rank; 0 = no adapters (every parameter trains, as before)
+    c.lora.alpha = 16.0  # the update is (alpha / rank) * A @ B; PEFT's default alpha/rank pair is 8/8
+    c.lora.targets = "q,k,v,o,gate,up,down"  # adapted projections (all linear layers, as QLoRA)
+    c.lora.base_dtype = "bfloat16" if preset == "7b" else "float32"  # storage dtype of the frozen base
+
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)
 

@@ -45,19 +45,23 @@ BATCH_AXES = ("data", "fsdp")
 # stream between decoder layers (what remat saves per layer). Split over `tensor` (Megatron's
 # sequence parallelism) each device keeps 1/tensor of it; inside a layer XLA gathers the tokens
 # for the head- and MLP-split matmuls. Optional in an explicit rules list (absent: not split).
+# `lora_rank` is the rank axis of LoRA adapters (models/lora.py): tiny, never split.
 RULE_PRESETS: dict[str, tuple[tuple[str, Any], ...]] = {
     # ZeRO-3 style: every matrix split along its model-width dimension.
     "fsdp": (
         ("vocab", None), ("embed", "fsdp"), ("heads", None), ("kv_heads", None),
-        ("head_dim", None), ("mlp", None), ("norm", None), ("layers", None), ("sequence", None)),
+        ("head_dim", None), ("mlp", None), ("norm", None), ("layers", None), ("sequence", None),
+        ("lora_rank", None)),
     # Megatron style: attention heads, MLP width and vocabulary split; model width replicated.
     "tensor": (
         ("vocab", "tensor"), ("embed", None), ("heads", "tensor"), ("kv_heads", "tensor"),
-        ("head_dim", None), ("mlp", "tensor"), ("norm", None), ("layers", None), ("sequence", "tensor")),
+        ("head_dim", None), ("mlp", "tensor"), ("norm", None), ("layers", None), ("sequence", "tensor"),
+        ("lora_rank", None)),
     # Both: model width over fsdp, the Megatron dimensions over tensor.
     "fsdp_tensor": (
         ("vocab", "tensor"), ("embed", "fsdp"), ("heads", "tensor"), ("kv_heads", "tensor"),
-        ("head_dim", None), ("mlp", "tensor"), ("norm", None), ("layers", None), ("sequence", "tensor")),
+        ("head_dim", None), ("mlp", "tensor"), ("norm", None), ("layers", None), ("sequence", "tensor"),
+        ("lora_rank", None)),
 }
 
 _log = logging.getLogger(__name__)

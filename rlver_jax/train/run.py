@@ -27,6 +27,7 @@ from rlver_jax.parallel import sharding
 from rlver_jax.train import tracking
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.models.lora import LoraSettings
 from rlver_jax.rl import offload, trainer
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.sampling.settings import SamplingSettings
@@ -233,6 +234,7 @@ class TrainingSettings:
     eval: EvalSettings
     rl: trainer.RLSettings
     tracking: tracking.TrackingSettings
+    lora: LoraSettings = LoraSettings()
 
 
 def training_settings(config: ml_collections.ConfigDict) -> TrainingSettings:
@@ -246,10 +248,19 @@ def training_settings(config: ml_collections.ConfigDict) -> TrainingSettings:
         lambda: SimulatorSettings.from_config(config.simulator))
     # Then what builds on those (the in-loop evaluation varies the simulator's settings; rl_settings
     # divides by the batch sizes checked above).
-    eval_settings, rl, tracking_settings = build_all(
+    eval_settings, rl, tracking_settings, lora_settings = build_all(
         lambda: EvalSettings.from_config(config, simulator), lambda: rl_settings(config),
-        lambda: tracking.TrackingSettings.from_config(config))
-    return TrainingSettings(loop, sampling, rollout, simulator, eval_settings, rl, tracking_settings)
+        lambda: tracking.TrackingSettings.from_config(config), lambda: _lora_settings(config))
+    return TrainingSettings(loop, sampling, rollout, simulator, eval_settings, rl, tracking_settings, lora_settings)
+
+
+def _lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
+    """config.lora, typed; rank > 0 is refused until the trainer holds adapters (issue 28)."""
+    lora = LoraSettings.from_config(config.lora) if "lora" in config else LoraSettings()
+    if lora.enabled:
+        raise ValueError(f"config.lora.rank={lora.rank}: LoRA training is not wired into the trainer yet "
+                         "(models/lora.py has the adapters, merge and export); use config.lora.rank=0")
+    return lora
 
 
 def build_run(config: ml_collections.ConfigDict) -> Run:

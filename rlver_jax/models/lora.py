@@ -1,0 +1,195 @@
+"""LoRA adapters on the decoder's projection kernels, as a small explicit functional transform.
+
+An adapter for kernel W [*in, *out] is two leaves, `lora_a` [*in, rank] (random) and `lora_b`
+[rank, *out] (zeros, so a fresh adapter leaves the model equal to its base); the adapted kernel is
+W + scale * A @ B with scale = alpha / rank. The adapters form their own pytree, nested like the
+base parameters ({"layers": {"attn": {"q_kernel": {"lora_a", "lora_b"}}}}), with logical axes
+derived from the base kernel's (the new axis is "lora_rank"), so sharding rules, the memory planner
+and orbax treat them as ordinary parameters; the base tree stays frozen and is held once.
+
+Our own ~100 lines, not qwix: qwix is not installed, and our projections are explicit 2-D matmuls
+(qwen2._dense), so the adapter needs nothing from a module-interception library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from rlver_jax import checks
+from rlver_jax.models.config import Qwen2Config
+
+Params = Any
+
+# target name -> (module, kernel, number of input dims, Hugging Face module name)
+TARGETS: dict[str, tuple[str, str, int, str]] = {
+    "q": ("attn", "q_kernel", 1, "self_attn.q_proj"),
+    "k": ("attn", "k_kernel", 1, "self_attn.k_proj"),
+    "v": ("attn", "v_kernel", 1, "self_attn.v_proj"),
+    "o": ("attn", "o_kernel", 2, "self_attn.o_proj"),
+    "gate": ("mlp", "gate_kernel", 1, "mlp.gate_proj"),
+    "up": ("mlp", "up_kernel", 1, "mlp.up_proj"),
+    "down": ("mlp", "down_kernel", 1, "mlp.down_proj"),
+}
+RANK_AXIS = "lora_rank"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings:
+    """config.lora, typed: rank 0 is full fine-tuning (no adapters)."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    targets: tuple[str, ...] = tuple(TARGETS)
+    base_dtype: str = "float32"
+
+    def __post_init__(self):
+        checks.check_ranges(checks.named(self, "config.lora.", ("rank", "alpha")), lowest={"rank": 0},
+                            positive=("alpha",))
+        unknown = [t for t in self.targets if t not in TARGETS]
+        if unknown or (self.rank and not self.targets):
+            raise ValueError(f"config.lora.targets={self.targets!r}: use a non-empty subset of {tuple(TARGETS)}")
+        if self.base_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"config.lora.base_dtype={self.base_dtype!r}; use float32 or bfloat16")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    @classmethod
+    def from_config(cls, c) -> "LoraSettings":
+        """From the `config.lora` ConfigDict; targets as a comma-separated string or a sequence."""
+        targets = c.targets.split(",") if isinstance(c.targets, str) else c.targets
+        return cls(rank=c.rank, alpha=float(c.alpha), targets=tuple(t.strip() for t in targets if t.strip()),
+                   base_dtype=c.base_dtype)
+
+
+def _layer_groups(params: Params) -> list[str]:
+    """The keys of the base tree holding decoder layers ("layers" scanned, or "layer_0", ...)."""
+    return [k for k in params if k == "layers" or k.startswith("layer_")]
+
+
+def _sites(settings: LoraSettings, params: Params):
+    """(layer group, module, kernel, input dims) of every adapted kernel."""
+    for group in _layer_groups(params):
+        for t in settings.targets:
+            module, kernel, in_dims, _ = TARGETS[t]
+            yield group, module, kernel, in_dims
+
+
+def init_adapters(settings: LoraSettings, base: Params, rng: jax.Array) -> Params:
+    """Fresh adapters (fp32): lora_a ~ normal(1/sqrt(fan_in)) as Kaiming-style LoRA inits, lora_b zeros."""
+    out: dict = {}
+    for i, (group, module, kernel, in_dims) in enumerate(_sites(settings, base)):
+        w = base[group][module][kernel]
+        lead = 1 if group == "layers" else 0  # the scanned stack's layer axis
+        in_shape, out_shape = w.shape[lead:lead + in_dims], w.shape[lead + in_dims:]
+        a_shape = w.shape[:lead] + in_shape + (settings.rank,)
+        a = jax.random.normal(jax.random.fold_in(rng, i), a_shape, jnp.float32) / math.sqrt(math.prod(in_shape))
+        b = jnp.zeros(w.shape[:lead] + (settings.rank,) + out_shape, jnp.float32)
+        out.setdefault(group, {}).setdefault(module, {})[kernel] = {"lora_a": a, "lora_b": b}
+    return out
+
+
+def adapter_axes(settings: LoraSettings, base_axes: Params) -> Params:
+    """Logical axes of the adapters from the base kernels' (`qwen2.logical_axes`)."""
+    out: dict = {}
+    for group, module, kernel, in_dims in _sites(settings, base_axes):
+        spec = tuple(base_axes[group][module][kernel])
+        lead = 1 if group == "layers" else 0
+        a = spec[:lead + in_dims] + (RANK_AXIS,)
+        b = spec[:lead] + (RANK_AXIS,) + spec[lead + in_dims:]
+        out.setdefault(group, {}).setdefault(module, {})[kernel] = {
+            "lora_a": PartitionSpec(*a), "lora_b": PartitionSpec(*b)}
+    return out
+
+
+def delta(settings: LoraSettings, adapter: dict, in_dims: int, scanned: bool) -> jax.Array:
+    """scale * A @ B in fp32, shaped like the kernel."""
+    a, b = adapter["lora_a"].astype(jnp.float32), adapter["lora_b"].astype(jnp.float32)
+    r = settings.rank
+    if scanned:
+        a2 = a.reshape(a.shape[0], -1, r)
+        d = jnp.einsum("lir,lro->lio", a2, b.reshape(b.shape[0], r, -1))
+        return settings.scale * d.reshape(a.shape[:-1] + b.shape[2:])
+    d = a.reshape(-1, r) @ b.reshape(r, -1)
+    return settings.scale * d.reshape(a.shape[:-1] + b.shape[1:])
+
+
+def merge(settings: LoraSettings, base: Params, adapters: Params, dtype=None) -> Params:
+    """The plain parameter tree with every adapted kernel replaced by W + scale * A @ B (summed in
+    fp32, stored in `dtype`, default the kernel's); rank 0 returns `base` itself."""
+    if not settings.enabled:
+        return base
+    merged = jax.tree_util.tree_map(lambda x: x, base)  # a new tree: `base` stays as it is
+    for group, module, kernel, in_dims in _sites(settings, base):
+        w = base[group][module][kernel]
+        d = delta(settings, adapters[group][module][kernel], in_dims, group == "layers")
+        merged[group][module][kernel] = (w.astype(jnp.float32) + d).astype(dtype or w.dtype)
+    return merged
+
+
+
+def on_adapters(settings: LoraSettings, base: Params, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`loss_fn(params, *args)` as a function of the adapters alone, `base` held fixed: what
+    `jax.grad` differentiates so that gradients (and an optimizer's state) exist only for the
+    adapters. It merges every adapted kernel first (a full-size temporary per kernel)."""
+    def on(adapters: Params, *args):
+        return loss_fn(merge(settings, jax.lax.stop_gradient(base), adapters), *args)
+    return on
+
+# ----------------------------------------------------------------------------- PEFT format
+
+
+def peft_tensors(settings: LoraSettings, config: Qwen2Config, adapters: Params) -> dict[str, np.ndarray]:
+    """The adapters as PEFT's `adapter_model.safetensors` names them: lora_A [rank, in],
+    lora_B [out, rank] per HF projection (PEFT adds scale * B_hf @ A_hf to the [out, in] weight)."""
+    out = {}
+    for t in settings.targets:
+        module, kernel, in_dims, hf_name = TARGETS[t]
+        for i in range(config.num_layers):
+            group, idx = ("layers", i) if config.scan_layers else (f"layer_{i}", None)
+            ad = adapters[group][module][kernel]
+            a, b = (np.asarray(jax.device_get(ad[k]), np.float32) for k in ("lora_a", "lora_b"))
+            if idx is not None:
+                a, b = a[idx], b[idx]
+            prefix = f"base_model.model.model.layers.{i}.{hf_name}"
+            out[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, settings.rank).T)
+            out[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b.reshape(settings.rank, -1).T)
+    return out
+
+
+def peft_config(settings: LoraSettings, base_path: str) -> dict[str, Any]:
+    """PEFT's `adapter_config.json` for these adapters on the base model at `base_path`."""
+    return {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,
+        "r": settings.rank, "lora_alpha": settings.alpha, "lora_dropout": 0.0, "bias": "none",
+        "target_modules": sorted(TARGETS[t][3].rsplit(".", 1)[-1] for t in settings.targets),
+        "fan_in_fan_out": False, "inference_mode": True, "use_rslora": False, "use_dora": False,
+    }
+
+
+def save_peft_adapter(settings: LoraSettings, config: Qwen2Config, adapters: Params, path, base_path: str):
+    """Write `adapter_model.safetensors` and `adapter_config.json` into directory `path`, which
+    `peft.PeftModel.from_pretrained(base, path)` loads onto the transformers base at `base_path`."""
+    import json
+    import pathlib
+
+    from safetensors.numpy import save_file
+
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(peft_tensors(settings, config, adapters), str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps(peft_config(settings, base_path), indent=1))
+    return path
