@@ -233,6 +233,28 @@ def test_bad_input_names_the_field(tmp_path):
             run_benchmark(_config_urls(tmp_path / "eval", stopped, simulator.base_url, _profiles_file(tmp_path)))
 
 
+SAGE_POLICY_PROMPT = REPO.parent / "shared" / "data" / "sage" / "policy_system_prompt.txt"
+
+
+@pytest.mark.skipif(not SAGE_POLICY_PROMPT.exists(), reason=f"needs SAGE's policy prompt at {SAGE_POLICY_PROMPT}")
+def test_the_policy_gets_the_system_prompt_of_the_configured_file(tmp_path):
+    """policy.system_prompt_file: every policy request opens with the file's text (SAGE's own
+    prompt), not the project's; both fields set, or an unreadable file, name the field."""
+    want = SAGE_POLICY_PROMPT.read_text(encoding="utf-8").strip()
+    with Servers() as servers:
+        config = _config(tmp_path, servers, _profiles_file(tmp_path, names=("P1",)),
+                         **{"policy.system_prompt_file": str(SAGE_POLICY_PROMPT)})
+        assert run_benchmark(config, progress=False)["n"] == 1
+        assert servers.policy.requests and all(
+            r["messages"][0] == {"role": "system", "content": want} for r in servers.policy.requests)
+        config.policy.system_prompt = "Be kind."
+        with pytest.raises(ValueError, match="config.policy.system_prompt and config.policy.system_prompt_file"):
+            run_benchmark(config, progress=False)
+        config.policy.system_prompt, config.policy.system_prompt_file = "", str(tmp_path / "none.txt")
+        with pytest.raises(ValueError, match="config.policy.system_prompt_file=.*none.txt.* cannot be read"):
+            run_benchmark(config, progress=False)
+
+
 def test_only_a_policy_of_ours_or_a_multi_process_run_needs_jax(monkeypatch):
     for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "RLVER_MULTIHOST"):
         monkeypatch.delenv(var, raising=False)

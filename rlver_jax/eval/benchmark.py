@@ -128,9 +128,30 @@ class BenchmarkSettings:
             lambda: check_ranges(named(e, "config.eval.", ("max_dialogues", "group_size", "max_profiles")),
                                  lowest={"max_dialogues": 1, "group_size": 1, "max_profiles": 0}),
             lambda: SamplingSettings.from_config(p, "config.policy."),
-            lambda: RolloutSettings.from_config(p, "config.policy.", think=bool(p.think)),
+            lambda: RolloutSettings.from_config(p, "config.policy.", think=bool(p.think),
+                                                system_prompt=policy_system_prompt(p)),
             lambda: SimulatorSettings.from_config(config.simulator))
         return cls(e.max_dialogues, e.group_size, e.max_profiles, sampling, rollout, simulator)
+
+
+def policy_system_prompt(policy: ml_collections.ConfigDict) -> str:
+    """The system message config.policy gives the policy: `system_prompt`, the text of
+    `system_prompt_file`, or "" (the project's own prompt)."""
+    if policy.system_prompt and policy.system_prompt_file:
+        raise ValueError("config.policy.system_prompt and config.policy.system_prompt_file are both set; "
+                         "give one of them")
+    if not policy.system_prompt_file:
+        return policy.system_prompt
+    path = pathlib.Path(policy.system_prompt_file).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"config.policy.system_prompt_file={str(path)!r} cannot be read "
+                         f"({type(e).__name__}: {e}); give a UTF-8 text file") from None
+    if not text:
+        raise ValueError(f"config.policy.system_prompt_file={str(path)!r} is empty; give the prompt's text, "
+                         "or leave the field empty for the project's own prompt")
+    return text
 
 
 class _PolicySpec:

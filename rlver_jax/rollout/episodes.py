@@ -45,6 +45,8 @@ class RolloutSettings:
     # Think mode: "drop" earlier thoughts from the context, one training row per turn (the
     # reference), or "keep" them, one row per dialogue (rollout.history).
     think_history: str = "drop"
+    # The policy's system message; "" = the project's own (rollout/prompts.py, by language and think mode).
+    system_prompt: str = ""
 
     where: str = dataclasses.field(default="config.rollout.", compare=False)  # the config section, for errors
 
@@ -63,13 +65,15 @@ class RolloutSettings:
                      lowest={"max_total_tokens": 1, "pipeline_groups": 1})
 
     @classmethod
-    def from_config(cls, section: Any, where: str, *, think: bool, pipeline_groups: int = 1) -> RolloutSettings:
+    def from_config(cls, section: Any, where: str, *, think: bool, pipeline_groups: int = 1,
+                    system_prompt: str = "") -> RolloutSettings:
         """The dialogue fields of a config section (config.rollout, config.policy,
-        config.train.eval_policy; `where` names it in errors); the think mode and the pipeline
-        groups are the caller's (an evaluation's think mode may come from the policy's run)."""
+        config.train.eval_policy; `where` names it in errors); the think mode, the pipeline
+        groups and a system prompt of the caller's own are the caller's (an evaluation's think
+        mode may come from the policy's run)."""
         return cls(think=think, max_new_tokens=section.max_new_tokens, max_total_tokens=section.max_total_tokens,
                    format_failure=section.format_failure, pipeline_groups=pipeline_groups,
-                   think_history=section.think_history, where=where)
+                   think_history=section.think_history, system_prompt=system_prompt, where=where)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +188,7 @@ class EpisodeRunner:
         return [finished[i] for i in range(len(episodes))]
 
     def _open(self, request: EpisodeRequest, state: DialogueState) -> _Episode:
-        system = system_prompt(state.language, self.settings.think)
+        system = self.settings.system_prompt or system_prompt(state.language, self.settings.think)
         episode = _Episode(request=request, state=state, history=self._history(),
                            messages=[{"role": "system", "content": system}])
         episode.history.add_system(system)
