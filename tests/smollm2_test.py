@@ -114,6 +114,9 @@ def test_chat_template_matches_apply_chat_template(smol_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RLVER_SMOL_RUNS") != "1",
+                    reason="one smol training step takes ~11 min on 2 cores, beyond the suite's budget: "
+                           "RLVER_SMOL_RUNS=1 runs it")
 def test_one_training_step_of_the_smol_preset(smol_dir, tmp_path):
     workdir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "RLVER_SMOLLM2_DIR": str(smol_dir)}
