@@ -107,11 +107,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.policy.base_path = ""  # jax: HF dir for the run's architecture and tokenizer if its model.path moved
     # Think-then-say; None = the run's own setting for a checkpoint, else no-think.
     c.policy.think = config_dict.placeholder(bool)
-    # The policy's system message: "" = the project's training prompt (rollout/prompts.py, by language
-    # and think mode). Published Sentient scores come from SAGE's own loop and prompt: give that prompt
-    # (as text or a UTF-8 file; one of the two) to compare with them. docs/evaluation.md says more.
-    c.policy.system_prompt = ""
-    c.policy.system_prompt_file = ""
+    # Published Sentient scores come from SAGE's own loop and its policy prompt: give that prompt (text
+    # or a UTF-8 file, one of the two) to compare with them (README, "Evaluation").
+    c.policy.system_prompt = ""  # the policy's system message; "" = the project's training prompt
+    c.policy.system_prompt_file = ""  # or a file holding it
     c.policy.update(get_policy_sampling_config(tiny=cpu))
     c.policy.base_url = "http://127.0.0.1:8000/v1"  # openai
     c.policy.model = "policy"  # openai: the served model name

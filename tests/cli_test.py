@@ -147,7 +147,7 @@ def test_print_config_shows_every_field_with_its_comment_and_flags_come_in_any_o
     printed = [line.split(" = ", 1)[0] for line in lines[1:]]
     assert sorted(printed) == sorted(_fields(grpo_think.get_config("tiny").to_dict()))  # every field, once
     assert list(dict.fromkeys(path.split(".")[0] for path in printed)) == [  # in configs/base.py's order
-        "workdir", "seed", "compilation_cache_dir", "model", "critic", "mesh", "simulator", "data", "rollout", "rl",
+        "workdir", "seed", "compilation_cache_dir", "model", "lora", "critic", "mesh", "simulator", "data", "rollout", "rl",
         "optim", "train", "checkpoint"]
     assert all("  # " in line for line in lines[1:]), [line for line in lines[1:] if "  # " not in line]
     assert "rl.kl_coef = 0.01  (--config.rl.kl_coef)  # paper: no KL; non-zero builds a frozen reference model" \
