@@ -61,6 +61,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
 
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)
+    # "normal" (std model.initializer_range): as transformers initialises the reference's critic head;
+    # "zero": every first value is 0, no noise in the first advantages (the CPU presets, as before)
+    c.critic.value_head_init = "zero" if cpu else "normal"  # the value head on top of the actor's copy
 
     # (data, fsdp, tensor) devices, one entry may be -1 (the remaining devices); rules: fsdp | tensor |
     # fsdp_tensor (sharding.RULE_PRESETS) or (logical axis, mesh axes) pairs. 7B: tensor=4 splits its
@@ -135,6 +138,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # seq_mean_token_mean: each row's token mean, averaged over rows (what the reference optimises:
     # a token mean per micro-batch of one sequence, averaged over ranks) | token_mean
     c.rl.loss_agg_mode = "seq_mean_token_mean"
+    # seq_mean_token_mean: the reference's per-row token mean; token_mean: one mean over all tokens
+    # (long rows weigh more; the CPU presets, as before)
+    c.rl.value_loss_agg_mode = "token_mean" if cpu else "seq_mean_token_mean"  # the critic's loss over rows
     c.rl.ppo_epochs = 1  # passes over each rollout batch
     # Train-batch rows per optimizer step (turn rows in think mode with think_history "drop"): the paper's
     # 32 x n, about one step per turn; 0 = the whole batch, one step per epoch (tiny, smol: short CPU runs)

@@ -362,3 +362,28 @@ def test_split_think(text, think, expected):
 ])
 def test_shown_text(text, shown):
     assert chat.shown_text(text, chat.split_think(text)) == shown
+
+
+def test_a_template_that_is_not_chatml_is_refused_by_its_family(qwen_tokenizer_dir, tmp_path):
+    """A tokenizer with the ChatML tokens but a Llama-2 style template is refused at start-up,
+    one line naming the family."""
+    tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+    tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+                               "{% else %}{{ m['content'] }}{% endif %}{% endfor %}")
+    tokenizer.save_pretrained(tmp_path / "inst")
+    with pytest.raises(ValueError, match=r"inst.*not ChatML but Llama 2 / Mistral \(\[INST\] blocks\)") as e:
+        chat.load_tokenizer(tmp_path / "inst")
+    assert "\n" not in str(e.value)
+
+
+def test_a_turn_cut_inside_a_character_drops_its_incomplete_bytes(qwen_tokenizer):
+    """Qwen2.5's byte-level BPE splits rare CJK characters over several tokens: cut after the first
+    of them, a turn decodes to the text before the character, and a turn not cut, or whole, decodes
+    as the tokenizer decodes it."""
+    text = "我很好𠀋"  # U+2000B: 4 UTF-8 bytes, more than one token
+    ids = qwen_tokenizer.encode(text, add_special_tokens=False)
+    pieces = [qwen_tokenizer.decode(ids[:k]) for k in range(1, len(ids) + 1)]
+    k = next(k for k in range(1, len(ids)) if pieces[k - 1].endswith("\ufffd"))  # a cut inside the character
+    assert chat.decode_turn(qwen_tokenizer, ids[:k], cut=True) == "我很好"
+    assert chat.decode_turn(qwen_tokenizer, ids[:k], cut=False) == pieces[k - 1]  # not cut: as decoded
+    assert chat.decode_turn(qwen_tokenizer, ids, cut=True) == text

@@ -92,7 +92,10 @@ def test_random_policy_sequences_are_exact(chat_tokens, cache_slots):
             assert mask[start:end + 1].all() and not mask[end + 1]
             ids = s.tokens[start:end + 1]
             stop = ids[-1] in (chat_tokens.im_end, chat_tokens.end_of_text)
-            assert tok.decode(ids[:-1] if stop else ids) == turn["raw"]
+            text = tok.decode(ids[:-1] if stop else ids)
+            # A turn cut by the budget loses an incomplete character at its end (chat.decode_turn;
+            # tests/chat_test.py checks which): the decoder's trailing U+FFFD at most.
+            assert turn["raw"] == text or (not stop and text.endswith("\ufffd") and turn["raw"] == text[:-1])
             # Each policy turn follows the generation prompt.
             assert s.tokens[start - len(chat_tokens.assistant_header):start] == list(chat_tokens.assistant_header)
         assert not np.asarray(s.logprobs)[~mask].any()

@@ -287,6 +287,36 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     np.testing.assert_allclose(advantages[:4], [a, -a, 0, 0], atol=1e-5)  # a dialogue's, whatever its rows
     with pytest.raises(ValueError, match="and of the 4 dialogues per step"):
         trainer.train_on_batch(program, state, collate(seqs[:1], batch_size=3, reward_mode="final", length_multiple=8))
+def test_value_head_init_and_the_critic_loss_aggregation():
+    """config.critic.value_head_init="normal": the head as transformers initialises the reference's
+    token-classification head (kernel ~ N(0, initializer_range^2), zero bias), the body the actor's;
+    rl.value_loss_agg_mode picks the critic's mini-batch weights (numpy: per-row token means
+    averaged over rows, or one mean over all tokens)."""
+    cfg = get_preset("tiny")
+    actor = qwen2.init_params(cfg, jax.random.key(7))
+    _, zero = loading.critic_from_actor(cfg, actor)
+    _, normal = loading.critic_from_actor(cfg, actor, "normal", jax.random.key(3))
+    assert not np.any(np.asarray(zero["value_kernel"])) and float(normal["value_bias"]) == 0.0
+    assert abs(float(np.std(np.asarray(normal["value_kernel"]))) / cfg.initializer_range - 1) < 0.3
+    jax.tree.map(np.testing.assert_array_equal, {k: v for k, v in normal.items() if not k.startswith("value_")},
+                 {k: v for k, v in zero.items() if not k.startswith("value_")})
+    with pytest.raises(ValueError, match="config.critic.value_head_init='xavier'"):
+        loading.critic_from_actor(cfg, actor, "xavier")
+
+    mask = np.zeros((4, 6), np.float32)
+    for row, n in enumerate((1, 2, 3, 6)):
+        mask[row, :n] = 1
+    batch = {"policy_mask": jnp.asarray(mask), "tokens": jnp.zeros((4, 6), jnp.int32)}
+    rows = jnp.arange(4)
+    expected = {"seq_mean_token_mean": mask / mask.sum(1, keepdims=True) / 4, "token_mean": mask / mask.sum()}
+    for mode, want in expected.items():
+        rl = trainer.RLSettings(value_loss_agg_mode=mode, mini_batch_size=4, micro_batch_size=4)
+        got = trainer.micro_batches(rl, batch, rows)["value_weights"]
+        np.testing.assert_allclose(np.asarray(got).reshape(4, 6), want, rtol=1e-6)
+    with pytest.raises(ValueError, match="config.rl.value_loss_agg_mode='row_mean'"):
+        trainer.RLSettings(value_loss_agg_mode="row_mean")
+
+
 def test_critic_has_no_lm_head_and_the_values_of_a_headed_critic():
     """The critic built from an untied actor keeps no vocabulary projection, in its parameters or
     its optimizer state, and its values are the actor's last hidden state through the value head,

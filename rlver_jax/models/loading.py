@@ -84,12 +84,23 @@ def critic_config(actor_cfg: Qwen2Config) -> Qwen2Config:
     return actor_cfg.replace(value_head=True)
 
 
-def critic_from_actor(actor_cfg: Qwen2Config, actor: Params) -> tuple[Qwen2Config, Params]:
-    """A critic initialised from the actor's weights (a copy of all but the LM head), with a
-    zero-initialised value head."""
+VALUE_HEAD_INITS = ("zero", "normal")
+
+
+def critic_from_actor(actor_cfg: Qwen2Config, actor: Params, value_head_init: str = "zero",
+                      rng: jax.Array | None = None) -> tuple[Qwen2Config, Params]:
+    """A critic initialised from the actor's weights (a copy of all but the LM head), with a value
+    head of zeros, or ("normal") a kernel drawn from N(0, initializer_range^2) with `rng` and a zero
+    bias, as transformers initialises the reference's token-classification head."""
+    if value_head_init not in VALUE_HEAD_INITS:
+        raise ValueError(f"config.critic.value_head_init={value_head_init!r}; use one of {VALUE_HEAD_INITS}")
     critic_cfg = critic_config(actor_cfg)
     abstract = qwen2.abstract_params(critic_cfg.replace(num_layers=0))
     head = {k: jnp.zeros(v.shape, v.dtype) for k, v in abstract.items() if k.startswith("value_")}
+    if value_head_init == "normal":
+        kernel = head["value_kernel"]
+        head["value_kernel"] = (actor_cfg.initializer_range
+                                * jax.random.normal(rng, kernel.shape, jnp.float32)).astype(kernel.dtype)
     body = {k: jax.tree.map(jnp.array, v) for k, v in actor.items() if k != "lm_head"}
     return critic_cfg, {**body, **head}
 
@@ -104,5 +115,6 @@ def load_critic(config: ml_collections.ConfigDict, critic_cfg: Qwen2Config, acto
             scan_layers=critic_cfg.scan_layers, remat=critic_cfg.remat, attention=critic_cfg.attention,
             value_head=True, shardings=shardings)
         return params
-    _, params = critic_from_actor(critic_cfg, actor)
+    rng = jax.random.fold_in(jax.random.key(config.seed), 1)  # the value head's own stream
+    _, params = critic_from_actor(critic_cfg, actor, config.critic.value_head_init, rng)
     return jax.device_put(params, shardings)

@@ -65,6 +65,7 @@ class RLSettings:
     kl_mode: str = "loss"
     kl_estimator: str = "k3"
     loss_agg_mode: str = "token_mean"
+    value_loss_agg_mode: str = "token_mean"  # the critic's loss (losses.AGG_MODES)
     ppo_epochs: int = 1
     mini_batch_size: int = 32  # train-batch rows per optimizer step (with batch_size 0)
     micro_batch_size: int = 8
@@ -78,6 +79,7 @@ class RLSettings:
         checks = [("algo", self.algo, ALGOS), ("kl_mode", self.kl_mode, KL_MODES),
                   ("kl_estimator", self.kl_estimator, tuple(losses.KL_ESTIMATORS)),
                   ("loss_agg_mode", self.loss_agg_mode, tuple(losses.AGG_MODES)),
+                  ("value_loss_agg_mode", self.value_loss_agg_mode, tuple(losses.AGG_MODES)),
                   ("reward_mode", self.reward_mode, ("final", "per_turn"))]
         for name, value, valid in checks:
             if value not in valid:
@@ -337,7 +339,7 @@ def micro_batches(rl: RLSettings, batch: dict, rows: jax.Array) -> dict:
     The rows are gathered inside the program, so the batch stays on the mesh."""
     mb = {k: v[rows] for k, v in batch.items()}
     mb["weights"] = losses.loss_weights(mb["policy_mask"], rl.loss_agg_mode)
-    mb["value_weights"] = losses.loss_weights(mb["policy_mask"], "token_mean")
+    mb["value_weights"] = losses.loss_weights(mb["policy_mask"], rl.value_loss_agg_mode)
     n_micro = mb["tokens"].shape[0] // rl.micro_batch_size
     return jax.tree.map(lambda x: _micro_split(x, n_micro), mb)
 
