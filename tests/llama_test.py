@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from rlver_jax.models import hf_io, qwen2
-from tests.qwen2_test import left_padded_batch, torch_logits
+from tests.qwen2_test import left_padded_batch, perturb_biases_and_norms, torch_logits
 
 _HF_LLAMA = dict(
     vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
@@ -26,11 +26,8 @@ _HF_LLAMA = dict(
 
 def make_llama(tmp_path, seed: int = 0, **extra):
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**_HF_LLAMA, **extra})).eval()
-    with torch.no_grad():  # HF zero-inits biases and unit-inits norms; random ones test the mapping
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+    config = transformers.LlamaConfig(**{**_HF_LLAMA, **extra})
+    model = perturb_biases_and_norms(transformers.LlamaForCausalLM(config).eval())
     out = tmp_path / f"llama_{seed}"
     model.save_pretrained(out)
     return model, out

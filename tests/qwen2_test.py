@@ -20,15 +20,20 @@ _HF_TINY = dict(
     max_position_embeddings=128)
 
 
+def perturb_biases_and_norms(model):
+    """HF zero-inits biases and unit-inits norms; random ones make a parity test check their mapping."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
 def make_hf_model(tmp_path, tied: bool, seed: int = 0):
     """A random transformers Qwen2ForCausalLM saved as a Hugging Face directory."""
     torch.manual_seed(seed)
     cfg = transformers.Qwen2Config(**_HF_TINY, tie_word_embeddings=tied)
-    model = transformers.Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():  # HF zero-inits biases; random ones make the parity test meaningful
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+    model = perturb_biases_and_norms(transformers.Qwen2ForCausalLM(cfg).eval())
     out = tmp_path / f"hf_{'tied' if tied else 'untied'}"
     model.save_pretrained(out)
     return model, out
