@@ -166,7 +166,10 @@ def test_grpo_two_processes_train_as_one_and_resume(tmp_path, cache):
 
 @pytest.mark.slow
 def test_ppo_two_processes_train_as_one(tmp_path, cache):
-    overrides = SMALL + ["--config.rollout.profiles_per_step=8"]
+    # Mini-batches of 4 of the 8 turn rows on 4 data shards (tensor axis 2): two optimizer steps per
+    # model, each process holding half of every mini-batch, in the one process's row order.
+    overrides = SMALL + ["--config.rollout.profiles_per_step=8", "--config.rl.mini_batch_size=4",
+                         "--config.mesh.shape=(1,-1,2)"]
     one, two = tmp_path / "one", tmp_path / "two"
     reference = start("configs/ppo_think.py:tiny", one, cache, overrides + ["--config.train.steps=1"], processes=1)
     # The pair moves each idle model and, between steps, the whole state to host memory.
@@ -175,6 +178,7 @@ def test_ppo_two_processes_train_as_one(tmp_path, cache):
     finish(reference)
     finish(pair)
     compare_step0(one, two, COMPARED + PPO_COMPARED)
+    assert [m["optimizer_steps"] for m in metrics(one) + metrics(two)] == [2, 2, 2]
     check_each_once(two, steps=2, dialogues=8, n=1)
     assert sorted(int(p.name) for p in (two / "checkpoints").iterdir() if p.name.isdigit())[-1] == 2
 
