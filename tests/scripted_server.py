@@ -25,7 +25,8 @@ the server cannot cancel it. `server.peak_in_flight` then counts the queued ones
 
 `route(emotion=..., reply=..., policy=...)` builds a script that tells the simulator's two kinds
 of request apart by their system prompt (the emotion step asks for a `Change:` line, the reply
-and opening steps for a `Response:` line) and sends anything else to `policy`. `echoing(script)`
+and opening steps for a `Response:` line), answers the simulator's start-up probe (any other
+request with a `response_format`) with a JSON utterance, and sends anything else to `policy`. `echoing(script)`
 wraps an emotion-step script like a simulator model that repeats the reply it judges (as the
 prompt quotes it, without the "> " markers) before and after its own answer.
 
@@ -132,6 +133,8 @@ def route(*, emotion: Script | None = None, reply: Script | None = None,
             handler, kind = emotion, "emotion-step"
         elif "Response:" in system:
             handler, kind = reply, "reply-step"
+        elif request.get("response_format") is not None:  # the simulator's start-up probe
+            return json.dumps({"reasoning": "", "utterance": "ok"})
         else:
             handler, kind = policy, "policy"
         if handler is None:
