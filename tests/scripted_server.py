@@ -217,11 +217,12 @@ class _Turns:
 
 
 class ScriptedServer:
-    """Context manager: serves on 127.0.0.1 at an ephemeral port in a background thread."""
+    """Context manager: serves on 127.0.0.1 at `port` (an ephemeral one by default) in a background thread."""
 
     def __init__(self, script: Script, *, delay_s: float = 0.0,
                  fail_statuses: Sequence[int] = (), delays: Sequence[float] = (),
-                 model: str = "simulator", response_format: str = "pass", one_at_a_time: bool = False):
+                 model: str = "simulator", response_format: str = "pass", one_at_a_time: bool = False,
+                 port: int = 0):
         if response_format not in ("pass", "validate", "reject", "json_object"):
             raise ValueError(f"response_format={response_format!r}: use 'pass', 'validate', 'reject' or "
                              "'json_object'")
@@ -232,6 +233,7 @@ class ScriptedServer:
         self.fail_statuses = list(fail_statuses)
         self.delays = list(delays)
         self.model = model
+        self.port = port  # 0: an ephemeral one
         self.requests: list[dict[str, Any]] = []
         self.arrivals: list[float] = []
         self.errors: list[BaseException] = []
@@ -325,7 +327,7 @@ class ScriptedServer:
         return status, {"error": {"message": message, "type": "scripted", "code": status}}
 
     def __enter__(self) -> ScriptedServer:
-        self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd = _HTTPServer(("127.0.0.1", self.port), _Handler)
         self._httpd.owner = self
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
                                         kwargs={"poll_interval": 0.05})
