@@ -174,7 +174,8 @@ def step_counts(states: Iterable[Mapping[str, Any]]) -> dict[str, StepCounts]:
 
 
 def _states(kind: str, workdir: pathlib.Path) -> list[dict[str, Any]]:
-    paths = [workdir / "transcripts.jsonl"] if kind == "eval" else sorted((workdir / "transcripts").glob("train_*.jsonl"))
+    paths = ([workdir / "transcripts.jsonl"] if kind == "eval" else
+             sorted((workdir / "transcripts").glob("train_*.jsonl")))
     return [r["simulator_state"] for p in paths if p.exists() for r in read_jsonl(p)]
 
 
@@ -189,8 +190,8 @@ def run(kind: str, cmd: list[str], workdir: pathlib.Path, timeout_s: float) -> d
         rc, output = None, f"timed out after {timeout_s} s: {(e.stdout or b'')[-2000:]!r}"
     (workdir.parent / f"{workdir.name}.log").write_text(output)
     lines = [line for line in output.splitlines() if line.strip()]
-    closing = next((line for line in reversed(lines) if line.startswith(("score ", "train.py:", "outputs in"))),
-                   lines[-1] if lines else "")
+    closing = next((line for line in reversed(lines)
+                    if line.startswith(("score ", "eval.py:", "train.py:", "outputs in"))), lines[-1] if lines else "")
     spelling = next((line.split("response_format type ")[1].split()[0].strip("'") for line in lines
                      if "takes response_format type" in line), None)
     counts = step_counts(_states(kind, workdir))

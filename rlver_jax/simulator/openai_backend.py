@@ -1,8 +1,9 @@
 """The LLM simulator backend: any OpenAI-compatible chat endpoint (SGLang by default).
 
 Requests go through llm_client.ChatClient (one bound on requests in flight shared by all
-dialogues of the backend, adapting to the server's pace, a per-request timeout, retries with backoff on connection errors, timeouts, 408/409/429 and 5xx
-but 501/505; other HTTP errors stop the run at once); its EndpointUnavailableError becomes
+dialogues of the backend, adapting to the server's pace, a per-request timeout, retries with
+backoff on connection errors, timeouts, 408/409/429 and 5xx but 501/505; other HTTP errors stop
+the run at once); its EndpointUnavailableError becomes
 SimulatorUnavailableError. An answer that breaks the output contract is requested again (a fresh
 sample) up to `malformed_retries` times, then SimulatorOutputError. With `cache_dir` set, answers
 are recorded and replayed (cache.py).
