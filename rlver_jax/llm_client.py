@@ -18,8 +18,9 @@ is one): a caller that does not handle a rejection stops. What a caller does wit
 
 Clients built from equal ClientSettings share one bound on requests in flight across threads and
 event loops (training's in-loop evaluation and its rollout producer talk to one simulator). Retries
-and changes of the bound are logged, at most once per `_RETRY_LOG_EVERY_S` per endpoint (how many, the last error), and
-`activity()` tells requests in flight and done, which `show_requests` puts in a progress bar.
+and changes of the bound are logged, each at most once per `_RETRY_LOG_EVERY_S` per endpoint (how
+many, the last error), and `activity()` tells requests in flight and done, which `show_requests`
+puts in a progress bar.
 """
 
 from __future__ import annotations
