@@ -81,5 +81,6 @@ def test_against_llama_cpp_python_server(tmp_path):
     results, _ = _run(tmp_path, python, "--profiles=1", "--turns=2", "--runs=eval", "--modes=json_schema")
     r = results["eval:json_schema"]
     assert r["spelling"] == "json_object"  # json_schema refused at start-up, json_object kept
-    assert r["rc"] in (0, 1) and r["closing"].startswith("score ")  # finished (1: nothing scored, said so)
+    # Finished: scored, or (SmolLM2 often copies the placeholders) nothing scored, and said so.
+    assert (r["rc"], r["closing"][:6]) == (0, "score ") or (r["rc"] == 1 and "nothing was scored" in r["closing"])
     assert r["steps"]["emotion"]["answers"] >= 1
