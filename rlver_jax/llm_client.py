@@ -4,7 +4,10 @@ first whether a server can serve.
 
 One policy for every request: at most `max_concurrency` requests in flight, a per-request
 timeout, and up to `max_retries` retries with exponential backoff and jitter on connection errors,
-timeouts, HTTP 408/409/429 and 5xx (but 501/505: the server does not speak this API). HTTP 400,
+timeouts, HTTP 408/409/429 and 5xx (but 501/505: the server does not speak this API). The bound on
+requests in flight adapts (`aimd`): it halves when timeouts or HTTP 429/503 show the server
+overloaded and grows back as answers come, so a server that answers one request at a time is not
+sent 64 that time out in its queue; a retry after a timeout waits at least `timeout_s`. HTTP 400,
 413 and 422 are about the one request (too long for the model's context, stopped by a content
 filter, a value the server rejects): RequestRejectedError, which a caller may record against that
 request and go on (the simulator marks the dialogue `simulator_error`, the judge records a judge
@@ -15,14 +18,16 @@ is one): a caller that does not handle a rejection stops. What a caller does wit
 
 Clients built from equal ClientSettings share one bound on requests in flight across threads and
 event loops (training's in-loop evaluation and its rollout producer talk to one simulator). Retries
-are logged, at most once per `_RETRY_LOG_EVERY_S` per endpoint (how many, the last error), and
-`activity()` tells requests in flight and done, which `show_requests` puts in a progress bar.
+and changes of the bound are logged, each at most once per `_RETRY_LOG_EVERY_S` per endpoint (how
+many, the last error), and `activity()` tells requests in flight and done, which `show_requests`
+puts in a progress bar.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -32,7 +37,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import openai
@@ -44,6 +49,7 @@ log = logging.getLogger(__name__)
 _RETRY_STATUS = frozenset({408, 409, 429})  # and every 5xx but _NOT_THIS_API
 _NOT_THIS_API = frozenset({501, 505})  # not implemented: retrying cannot help
 _REQUEST_STATUS = frozenset({400, 413, 422})  # about this request: context length, content filter, ...
+_CONGESTION_STATUS = frozenset({429, 503})  # with timeouts: the server is overloaded, send less
 _CHECK_TIMEOUT_S = 30.0  # the start-up check waits at most this long
 _RETRY_LOG_EVERY_S = 30.0  # at most one retry log line per endpoint this often
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -126,30 +132,70 @@ class Completion:
     finish_reason: str | None  # "stop", "length", ...; None without a choice
 
 
-class _Limit:
-    """At most `n` requests in flight across threads and event loops (an asyncio.Semaphore belongs
-    to one loop), first come first served, with the endpoint's counts: in flight, answered,
-    retried, and what the retry log has yet to say."""
+def aimd(limit: float, in_flight: int, ceiling: int, congested: bool) -> float:
+    """The next bound on requests in flight (additive increase, multiplicative decrease, as TCP's
+    congestion window): a congestion signal halves what was in flight (the bound, or fewer when
+    fewer were sent: RFC 5681 halves the flight size), an answer adds 1/limit (about one more
+    request in flight per `limit` answers); always within [1, ceiling]."""
+    if congested:
+        return max(1.0, min(limit, in_flight) / 2)
+    return min(float(ceiling), limit + 1 / limit)
 
-    def __init__(self, n: int):
-        self.n = n
+
+def _congestion(error: BaseException) -> bool:
+    """A sign the server is overloaded: no answer within the timeout, HTTP 429 or 503."""
+    return isinstance(error, openai.APITimeoutError) or (
+        isinstance(error, openai.APIStatusError) and error.status_code in _CONGESTION_STATUS)
+
+
+class _Limit:
+    """The requests in flight across threads and event loops (an asyncio.Semaphore belongs to one
+    loop), first come first served, at most `limit`: it starts at max_concurrency, halves when the
+    server shows congestion (timeouts, 429, 503) and grows back as answers come (`aimd`). Only a
+    request admitted after the last halving can halve it again: the ones already in flight were
+    sent under the old bound, and a burst of their timeouts says nothing about the new one. Also
+    the endpoint's counts: in flight, answered, retried, and what the retry log has yet to say."""
+
+    def __init__(self, settings: ClientSettings):
+        self.settings = settings
+        self.limit = float(settings.max_concurrency)
         self.in_flight = self.answered = self.retried = 0
         self.unlogged, self.last_log, self.last_error = 0, float("-inf"), ""
+        self._halvings = 0  # how many times the bound was halved; a request notes it when admitted
+        self._logged_limit, self._last_limit_log = settings.max_concurrency, float("-inf")
         self._lock = threading.Lock()
         self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
 
-    async def __aenter__(self) -> None:
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Holds one of the requests in flight; what the request ends with moves the bound."""
+        admitted = await self._acquire()
+        try:
+            yield
+        except BaseException as e:
+            if _congestion(e):  # other errors (a 500, a refusal, a cancellation) leave the bound be
+                self._settle(admitted, congested=True)
+            raise
+        else:
+            self.answered += 1
+            self._settle(admitted, congested=False)
+        finally:
+            self._release()
+
+    async def _acquire(self) -> int:
+        """Waits for a free slot; returns the halvings so far."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            free = self.in_flight < self.n and not self._waiters
+            free = self.in_flight < int(self.limit) and not self._waiters
             if free:
                 self.in_flight += 1
+                admitted = self._halvings
             else:
                 waiter = (loop, loop.create_future())
                 self._waiters.append(waiter)
         if free:
             _notify()
-            return
+            return admitted
         try:
             await waiter[1]
         except asyncio.CancelledError:
@@ -160,23 +206,44 @@ class _Limit:
             if not queued and waiter[1].done() and not waiter[1].cancelled():
                 self._release()  # the slot was handed over as the waiter was cancelled: pass it on
             raise
+        return self._halvings
 
-    async def __aexit__(self, exc_type, *exc_info) -> None:
-        if exc_type is None:
-            self.answered += 1
-        self._release()
+    def _settle(self, admitted: int, *, congested: bool) -> None:
+        """Moves the bound by what a request admitted at `admitted` halvings ended with."""
+        with self._lock:
+            if congested and admitted < self._halvings:
+                return  # sent under a bound already halved since
+            self._halvings += congested
+            self.limit = aimd(self.limit, self.in_flight, self.settings.max_concurrency, congested)
+            self._admit()
+        self._log_limit()
+
+    def _log_limit(self) -> None:
+        """Says when the whole bound changed, at most once per _RETRY_LOG_EVERY_S."""
+        now, current = time.monotonic(), int(self.limit)
+        if current == self._logged_limit or now - self._last_limit_log < _RETRY_LOG_EVERY_S:
+            return
+        s = self.settings
+        log.warning("%s at %s: now at most %d request(s) in flight (was %d; %smax_concurrency=%d): the bound halves "
+                    "on timeouts and HTTP 429/503 and grows back by one per that many answers", s.name,
+                    s.base_url, current, self._logged_limit, s.flag_prefix, s.max_concurrency)
+        self._logged_limit, self._last_limit_log = current, now
 
     def _release(self) -> None:
         with self._lock:
-            while self._waiters:  # hand the slot straight to the next waiter
-                loop, future = self._waiters.popleft()
-                try:
-                    loop.call_soon_threadsafe(self._hand_over, future)
-                    return
-                except RuntimeError:  # its event loop has closed: no one waits there any more
-                    continue
             self.in_flight -= 1
+            self._admit()
         _notify()
+
+    def _admit(self) -> None:
+        """Hands free slots straight to the waiters, oldest first (under the lock)."""
+        while self._waiters and self.in_flight < int(self.limit):
+            loop, future = self._waiters.popleft()
+            try:
+                loop.call_soon_threadsafe(self._hand_over, future)
+            except RuntimeError:  # its event loop has closed: no one waits there any more
+                continue
+            self.in_flight += 1
 
     @property
     def waiting(self) -> int:
@@ -199,7 +266,7 @@ def _shared_limit(settings: ClientSettings) -> _Limit:
     with _LIMITS_LOCK:
         limit = _LIMITS.get(settings)
         if limit is None:
-            limit = _LIMITS[settings] = _Limit(settings.max_concurrency)
+            limit = _LIMITS[settings] = _Limit(settings)
         return limit
 
 
@@ -264,7 +331,7 @@ class ChatClient:
         self._rng = random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: openai.AsyncOpenAI | None = None
-        self._semaphore = _shared_limit(settings)
+        self._limit = _shared_limit(settings)
 
     def _connection(self) -> tuple[openai.AsyncOpenAI, _Limit]:
         loop = asyncio.get_running_loop()
@@ -273,27 +340,33 @@ class ChatClient:
             self._client = openai.AsyncOpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
                                               timeout=s.timeout_s, max_retries=0)  # retries are ours
             self._loop = loop
-        return self._client, self._semaphore
+        return self._client, self._limit
 
-    def _backoff_s(self, attempt: int) -> float:
-        """The wait after failed attempt `attempt` (0-based): doubling, capped, jittered to 50-100%."""
+    def _backoff_s(self, attempt: int, error: Exception) -> float:
+        """The wait after failed attempt `attempt` (0-based): doubling, capped, jittered to 50-100%.
+        After a timeout at least timeout_s: a server that cannot cancel the abandoned request (most
+        cannot) may work on it about as long as it kept it queued, and a retry sent at once would
+        queue behind it and hand the server the same work twice."""
         s = self.settings
-        return min(s.backoff_max_s, s.backoff_initial_s * 2**attempt) * self._rng.uniform(0.5, 1.0)
+        wait = min(s.backoff_max_s, s.backoff_initial_s * 2**attempt)
+        if isinstance(error, openai.APITimeoutError):
+            wait = max(wait, s.timeout_s)
+        return wait * self._rng.uniform(0.5, 1.0)
 
     def _log_retry(self, error: Exception) -> None:
         """Count a retry; say so at once for the first, then at most every _RETRY_LOG_EVERY_S."""
-        limit, now = self._semaphore, time.monotonic()
+        limit, now = self._limit, time.monotonic()
         limit.retried += 1
         limit.unlogged += 1
         limit.last_error = _describe(error)
         _notify()
         if now - limit.last_log >= _RETRY_LOG_EVERY_S:
             s = self.settings
-            log.warning("%s at %s: %d request(s) retried since the last report (%d in flight, %d answered, "
-                        "%d retries in all); last error: %s. Slow is not down: each request may take up to "
-                        "%s s (%stimeout_s) and is retried up to %d times", s.name, s.base_url, limit.unlogged,
-                        limit.in_flight, limit.answered, limit.retried, limit.last_error, s.timeout_s,
-                        s.flag_prefix, s.max_retries)
+            log.warning("%s at %s: %d request(s) retried since the last report (%d in flight of at most %d now, "
+                        "%d answered, %d retries in all); last error: %s. Slow is not down: each request may take "
+                        "up to %s s (%stimeout_s) and is retried up to %d times", s.name, s.base_url,
+                        limit.unlogged, limit.in_flight, int(limit.limit), limit.answered, limit.retried,
+                        limit.last_error, s.timeout_s, s.flag_prefix, s.max_retries)
             limit.unlogged, limit.last_log = 0, now
 
     async def complete(self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int,
@@ -302,13 +375,13 @@ class ChatClient:
         (RequestRejectedError when the server refused this request only, ResponseFormatRejectedError
         when it refused `response_format`, sent when given)."""
         messages = _sendable(messages)
-        client, semaphore = self._connection()
+        client, limit = self._connection()
         s = self.settings
         body = dict(model=s.model, messages=messages, temperature=temperature, max_tokens=max_tokens,
                     **({} if response_format is None else {"response_format": response_format}))
         for attempt in range(s.max_retries + 1):
             try:
-                async with semaphore:
+                async with limit.slot():
                     # post(), not chat.completions.create(): create() first walks the messages
                     # through openai's type transform (~6 ms of CPU for a 20-message dialogue),
                     # and the body is read as JSON, not built into openai's ChatCompletion model
@@ -331,7 +404,7 @@ class ChatClient:
                 error = e
             if attempt < s.max_retries:
                 self._log_retry(error)
-                await asyncio.sleep(self._backoff_s(attempt))
+                await asyncio.sleep(self._backoff_s(attempt, error))
         raise EndpointUnavailableError(
             f"{s.name} at {s.base_url} failed {s.max_retries + 1} times; last error: {error!r}. Is the server "
             f"up and keeping pace? ({s.flag_prefix}timeout_s={s.timeout_s}, at most {s.max_concurrency} "

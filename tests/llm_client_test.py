@@ -10,13 +10,15 @@ import socket
 import threading
 import time
 
+import httpx
+import openai
 import pytest
 
 from configs.simulator import get_simulator_config
 from rlver_jax import simulator
 from rlver_jax.eval.judge import Judge, JudgeSettings
-from rlver_jax.llm_client import (ChatClient, ClientSettings, EndpointUnavailableError, RequestRejectedError, activity,
-                                  check_chat_endpoint)
+from rlver_jax.llm_client import (ChatClient, ClientSettings, EndpointUnavailableError, RequestRejectedError, _Limit,
+                                  activity, aimd, check_chat_endpoint)
 from rlver_jax.rollout.policy import OpenAIPolicy, TurnRequest
 from tests.scripted_server import Reply, ScriptedServer, route
 
@@ -255,7 +257,7 @@ def test_retries_are_logged_once_per_interval(caplog):
     with ScriptedServer(lambda r: "ok", fail_statuses=[503, 500, 502]) as server:
         with caplog.at_level(logging.WARNING, logger="rlver_jax.llm_client"):
             assert _complete(_settings(server.base_url, max_retries=3)).text == "ok"
-    [line] = [r.getMessage() for r in caplog.records]  # 3 retries, one line within 30 s
+    [line] = [r.getMessage() for r in caplog.records if "retried" in r.getMessage()]  # 3 retries, one line in 30 s
     assert "policy endpoint at" in line and "1 request(s) retried" in line and "HTTP 503" in line
 
 
@@ -303,3 +305,50 @@ def test_the_start_up_check_tells_slow_from_down(caplog):
         busy.close()
     with pytest.raises(EndpointUnavailableError, match=r"no server answers at .*\(.*[Cc]onnection refused"):
         check_chat_endpoint(_settings(url))
+
+
+# ----------------------------------------------------------------------------- adaptive concurrency: issue 30
+
+def test_aimd_halves_what_was_in_flight_and_grows_back_by_one_per_bound_of_answers():
+    # (requests in flight, congested) -> the bound, by hand: halve min(bound, in flight), floor 1;
+    # an answer adds 1/bound, ceiling 3.
+    steps = [((3, False), 3.0), ((3, True), 1.5), ((1, True), 1.0), ((1, False), 2.0), ((2, False), 2.5),
+             ((2, False), 2.9), ((3, False), 3.0), ((2, True), 1.0)]
+    limit = 3.0
+    for (in_flight, congested), expected in steps:
+        limit = aimd(limit, in_flight, 3, congested)
+        assert limit == pytest.approx(expected)
+    assert aimd(64.0, 16, 64, True) == 8.0  # 16 sent of 64 allowed: 8, not 32
+
+
+def _timeout():
+    return openai.APITimeoutError(request=httpx.Request("POST", "http://127.0.0.1/v1/chat/completions"))
+
+
+def test_a_burst_of_timeouts_halves_the_bound_once_and_later_ones_again(caplog):
+    limit = _Limit(_settings("http://127.0.0.1:1/v1", max_concurrency=8))
+
+    async def time_out():
+        async with limit.slot():
+            await asyncio.sleep(0.01)  # all in flight together
+            raise _timeout()
+
+    async def burst(n):
+        results = await asyncio.gather(*(time_out() for _ in range(n)), return_exceptions=True)
+        assert all(isinstance(r, openai.APITimeoutError) for r in results)
+
+    with caplog.at_level(logging.WARNING, logger="rlver_jax.llm_client"):
+        asyncio.run(burst(8))
+        assert limit.limit == 4.0  # the 7 timeouts after the first were sent under the old bound
+        asyncio.run(burst(3))
+        assert limit.limit == 1.5  # sent after the halving: min(4, 3) / 2
+    assert limit.in_flight == 0 and limit.answered == 0
+    [line] = [r.getMessage() for r in caplog.records]  # the second change falls within the log interval
+    assert "now at most 4 request(s) in flight (was 8; --config.policy.max_concurrency=8)" in line
+
+
+def test_a_retry_after_a_timeout_waits_at_least_the_timeout():
+    client = ChatClient(_settings("http://127.0.0.1:1/v1", timeout_s=2.0, backoff_initial_s=0.1, backoff_max_s=1.0))
+    waits = [client._backoff_s(0, _timeout()) for _ in range(20)]
+    assert all(1.0 <= w <= 2.0 for w in waits)  # timeout_s jittered to 50-100%, above backoff_max_s
+    assert all(0.05 <= client._backoff_s(0, ConnectionError()) <= 0.1 for _ in range(20))

@@ -19,9 +19,14 @@ len(delays) requests sleep delays[i] seconds first; every request sleeps `delay_
 may return a Reply to set the status, add a delay or send a body of its own for that answer. An exception in the script
 becomes an HTTP 500 and is kept in `server.errors`.
 
+`one_at_a_time=True` serves as llama-cpp-python's server does: one request at a time, in arrival
+order, the others queued; a request whose client gave up (a timeout) is still worked on, since
+the server cannot cancel it. `server.peak_in_flight` then counts the queued ones too.
+
 `route(emotion=..., reply=..., policy=...)` builds a script that tells the simulator's two kinds
 of request apart by their system prompt (the emotion step asks for a `Change:` line, the reply
-and opening steps for a `Response:` line) and sends anything else to `policy`. `echoing(script)`
+and opening steps for a `Response:` line), answers the simulator's start-up probe (any other
+request with a `response_format`) with a JSON utterance, and sends anything else to `policy`. `echoing(script)`
 wraps an emotion-step script like a simulator model that repeats the reply it judges (as the
 prompt quotes it, without the "> " markers) before and after its own answer.
 
@@ -38,9 +43,11 @@ the script.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.server
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -126,6 +133,8 @@ def route(*, emotion: Script | None = None, reply: Script | None = None,
             handler, kind = emotion, "emotion-step"
         elif "Response:" in system:
             handler, kind = reply, "reply-step"
+        elif request.get("response_format") is not None:  # the simulator's start-up probe
+            return json.dumps({"reasoning": "", "utterance": "ok"})
         else:
             handler, kind = policy, "policy"
         if handler is None:
@@ -184,13 +193,36 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     request_queue_size = 256  # many dialogues connect at once; a short backlog drops SYNs
     owner: ScriptedServer
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):  # a client gave up: no news
+            super().handle_error(request, client_address)
+
+
+class _Turns:
+    """A lock taken in arrival order (threading.Lock promises no order)."""
+
+    def __init__(self):
+        self._turn = threading.Condition()
+        self._next = self._serving = 0
+
+    def __enter__(self) -> None:
+        with self._turn:
+            ticket, self._next = self._next, self._next + 1
+            self._turn.wait_for(lambda: self._serving == ticket)
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._turn:
+            self._serving += 1
+            self._turn.notify_all()
+
 
 class ScriptedServer:
-    """Context manager: serves on 127.0.0.1 at an ephemeral port in a background thread."""
+    """Context manager: serves on 127.0.0.1 at `port` (an ephemeral one by default) in a background thread."""
 
     def __init__(self, script: Script, *, delay_s: float = 0.0,
                  fail_statuses: Sequence[int] = (), delays: Sequence[float] = (),
-                 model: str = "simulator", response_format: str = "pass"):
+                 model: str = "simulator", response_format: str = "pass", one_at_a_time: bool = False,
+                 port: int = 0):
         if response_format not in ("pass", "validate", "reject", "json_object"):
             raise ValueError(f"response_format={response_format!r}: use 'pass', 'validate', 'reject' or "
                              "'json_object'")
@@ -201,12 +233,14 @@ class ScriptedServer:
         self.fail_statuses = list(fail_statuses)
         self.delays = list(delays)
         self.model = model
+        self.port = port  # 0: an ephemeral one
         self.requests: list[dict[str, Any]] = []
         self.arrivals: list[float] = []
         self.errors: list[BaseException] = []
         self.peak_in_flight = 0
         self._in_flight = 0
         self._lock = threading.Lock()
+        self._turns = _Turns() if one_at_a_time else contextlib.nullcontext()
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -229,47 +263,51 @@ class ScriptedServer:
             self._in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
         try:
-            time.sleep(self.delay_s + (self.delays[index] if index < len(self.delays) else 0.0))
-            if index < len(self.fail_statuses):
-                return self._error(self.fail_statuses[index], "scripted failure")
-            if self.response_format == "reject" and request.get("response_format") is not None:
-                with self._lock:
-                    self.rejected += 1
-                return self._error(400, "Invalid parameter: 'response_format' of type 'json_schema' is not "
-                                        "supported with this model.")
-            if self.response_format == "json_object" and (request.get("response_format") or {}).get(
-                    "type") == "json_schema":
-                with self._lock:
-                    self.rejected += 1
-                return self._error(500, "1 validation error for CreateChatCompletionRequest\nresponse_format\n  "
-                                        "Input should be a valid dictionary or instance of ResponseFormat")
-            choices = []
-            for i in range(max(1, int(request.get("n") or 1))):
-                try:
-                    answer = self.script(request)
-                except Exception as e:  # surfaced to the test through `errors`
-                    self.errors.append(e)
-                    return self._error(500, f"script raised {e!r}")
-                if isinstance(answer, str):
-                    answer = Reply(answer)
-                time.sleep(answer.delay_s)
-                if answer.status != 200:
-                    return self._error(answer.status, "scripted status")
-                if answer.body is not None:
-                    return 200, answer.body
-                if problem := self._schema_problem(request, answer.content):
-                    self.errors.append(AssertionError(problem))
-                    return self._error(500, problem)
-                choices.append({"index": i, "finish_reason": "stop",
-                                "message": {"role": "assistant", "content": answer.content}})
-            return 200, {
-                "id": f"chatcmpl-{index}", "object": "chat.completion", "created": int(time.time()),
-                "model": request.get("model", self.model), "choices": choices,
-                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-            }
+            with self._turns:
+                return self._work(index, request)
         finally:
             with self._lock:
                 self._in_flight -= 1
+
+    def _work(self, index: int, request: dict[str, Any]) -> tuple[int, Any]:
+        time.sleep(self.delay_s + (self.delays[index] if index < len(self.delays) else 0.0))
+        if index < len(self.fail_statuses):
+            return self._error(self.fail_statuses[index], "scripted failure")
+        if self.response_format == "reject" and request.get("response_format") is not None:
+            with self._lock:
+                self.rejected += 1
+            return self._error(400, "Invalid parameter: 'response_format' of type 'json_schema' is not "
+                                    "supported with this model.")
+        if self.response_format == "json_object" and (request.get("response_format") or {}).get(
+                "type") == "json_schema":
+            with self._lock:
+                self.rejected += 1
+            return self._error(500, "1 validation error for CreateChatCompletionRequest\nresponse_format\n  "
+                                    "Input should be a valid dictionary or instance of ResponseFormat")
+        choices = []
+        for i in range(max(1, int(request.get("n") or 1))):
+            try:
+                answer = self.script(request)
+            except Exception as e:  # surfaced to the test through `errors`
+                self.errors.append(e)
+                return self._error(500, f"script raised {e!r}")
+            if isinstance(answer, str):
+                answer = Reply(answer)
+            time.sleep(answer.delay_s)
+            if answer.status != 200:
+                return self._error(answer.status, "scripted status")
+            if answer.body is not None:
+                return 200, answer.body
+            if problem := self._schema_problem(request, answer.content):
+                self.errors.append(AssertionError(problem))
+                return self._error(500, problem)
+            choices.append({"index": i, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": answer.content}})
+        return 200, {
+            "id": f"chatcmpl-{index}", "object": "chat.completion", "created": int(time.time()),
+            "model": request.get("model", self.model), "choices": choices,
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
 
     def _schema_problem(self, request: dict[str, Any], content: str) -> str:
         """In "validate" mode, what is wrong with the request's schema or the answer under it."""
@@ -289,7 +327,7 @@ class ScriptedServer:
         return status, {"error": {"message": message, "type": "scripted", "code": status}}
 
     def __enter__(self) -> ScriptedServer:
-        self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd = _HTTPServer(("127.0.0.1", self.port), _Handler)
         self._httpd.owner = self
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
                                         kwargs={"poll_interval": 0.05})

@@ -7,13 +7,15 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
 from configs.eval import get_config
+from rlver_jax import llm_client
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.files import read_jsonl
-from rlver_jax.simulator import parsing
+from rlver_jax.simulator import SimulatorUnavailableError, parsing
 from rlver_jax.simulator.profiles import GOALS
 from tests.conftest import REPO
 from tests.scripted_server import ScriptedServer, echoing, route
@@ -122,3 +124,42 @@ def test_values_outside_the_contract(tmp_path):
     errors = {r["profile_id"]: r["simulator_state"]["error"] for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")}
     assert "beyond +-100" in errors["id-V2"] and "not an integer" in errors["id-V3"] and "5000 digits" in errors["id-V4"]
     assert "| changes clipped to +-10 | 2 / 2 judged turns |" in (tmp_path / "eval" / "report.md").read_text()
+
+
+def _eval_against_a_one_at_a_time_simulator(tmp_path):
+    """16 dialogues of 3 turns, all at once, under the project's simulator defaults (64 requests in flight, 6
+    retries), with its times scaled by 1/600: a server that takes 0.05 s per answer (30 s on a
+    CPU), one at a time, and cannot cancel; timeout 0.2 s (120 s), backoff 0.0017 s (1 s) doubling
+    to 0.05 s (30 s). Four answers fit in one timeout."""
+    names = [f"U{i}" for i in range(16)]
+    with ScriptedServer(lambda r: "I am here for you.", model="policy") as policy, \
+            ScriptedServer(route(emotion=lambda r: "Feeling: ok\nChange: +2", reply=lambda r: "Plan: x\nResponse: Mm."),
+                           delay_s=0.05, one_at_a_time=True) as sim:
+        c = _config(tmp_path, policy, sim, _profiles_file(tmp_path, names))
+        c.simulator.update(timeout_s=0.2, backoff_initial_s=1 / 600, backoff_max_s=30 / 600)
+        assert (c.simulator.max_concurrency, c.simulator.max_retries, c.eval.max_dialogues) == (64, 6, 64)
+        try:
+            return run_benchmark(c, progress=False), sim
+        except SimulatorUnavailableError as e:
+            return e, sim
+
+
+def test_the_defaults_finish_an_evaluation_against_a_one_at_a_time_server(tmp_path):
+    start = time.perf_counter()
+    summary, sim = _eval_against_a_one_at_a_time_simulator(tmp_path)
+    print(f"adaptive: {time.perf_counter() - start:.1f} s, {len(sim.requests)} requests, {sim.peak_in_flight} at most")
+    assert (summary["n"], summary["simulator_errors"], summary["score"]) == (16, 0, 44)
+    assert sim.peak_in_flight <= 32  # the server's queue, abandoned requests included (fixed: ~80, measured)
+
+
+def test_without_adaptive_concurrency_the_same_evaluation_fails(tmp_path, monkeypatch):
+    """The behaviour before issue 30: a fixed bound, and a retry after a timeout sent after the
+    ordinary backoff, behind the abandoned request in the server's queue."""
+    monkeypatch.setattr(llm_client, "aimd", lambda limit, in_flight, ceiling, congested: limit)
+    monkeypatch.setattr(llm_client.ChatClient, "_backoff_s",
+                        lambda self, attempt, error: min(self.settings.backoff_max_s,
+                                                         self.settings.backoff_initial_s * 2**attempt))
+    start = time.perf_counter()
+    error, sim = _eval_against_a_one_at_a_time_simulator(tmp_path)
+    print(f"fixed: {time.perf_counter() - start:.1f} s, {len(sim.requests)} requests, {sim.peak_in_flight} at most")
+    assert isinstance(error, SimulatorUnavailableError) and "failed 7 times" in str(error)

@@ -14,6 +14,7 @@ import pytest
 from configs.simulator import get_simulator_config
 from rlver_jax import simulator
 from rlver_jax.simulator import templates
+from rlver_jax.simulator.openai_backend import PROBE_MESSAGES
 from tests.scripted_server import ScriptedServer, route
 
 PROFILES = simulator.load_profiles()
@@ -236,13 +237,15 @@ def test_structured_outputs_against_a_server_that_enforces_the_schema():
     with ScriptedServer(route(emotion=_json_judge(), reply=_json_speak), response_format="validate") as server:
         [state] = _one_turn(_config(server.base_url, structured_output="json_schema"), [EN])
         assert not server.errors
-        emotion, reply = server.requests
+        probe, emotion, reply = server.requests
     assert state.emotion == 34 and state.history[-1] == {"role": "user", "content": "Thanks, that helps."}
     assert (state.records[-1].thoughts, state.records[-1].reply_thoughts) == ("Feeling: seen", "Plan: open up")
     assert emotion["response_format"]["json_schema"]["schema"]["properties"]["change"] == {
         "type": "integer", "minimum": -10, "maximum": 10}
     assert set(reply["response_format"]["json_schema"]["schema"]["properties"]) == {"reasoning", "utterance"}
     assert '"change": <' in emotion["messages"][-1]["content"]
+    assert (probe["messages"], probe["max_tokens"], probe["response_format"]["type"]) == (
+        PROBE_MESSAGES, 16, "json_schema")
     # The schema holds the change to the clip range: an answer of 15 breaks it.
     with ScriptedServer(route(emotion=_json_judge(15), reply=_json_speak), response_format="validate") as server:
         with pytest.raises(simulator.SimulatorUnavailableError):
@@ -262,7 +265,7 @@ def test_a_server_rejecting_response_format_falls_back_to_text_once(caplog):
         with caplog.at_level(logging.WARNING, logger="rlver_jax.simulator.openai_backend"):
             states = _one_turn(_config(server.base_url, structured_output="json_schema"), PROFILES[:6])
         text_requests = [r for r in server.requests if "response_format" not in r]
-        assert 1 <= server.rejected <= 6 and len(text_requests) == 12  # every request answered as text
+        assert server.rejected == 2 and len(text_requests) == 12  # the probe's two spellings; then all text
         assert all("JSON" not in r["messages"][-1]["content"] for r in text_requests)
     assert all(s.emotion == 33 and s.end_reason is None for s in states)
     [warning] = [r for r in caplog.records if "response_format" in r.getMessage()]
@@ -275,7 +278,7 @@ def test_structured_and_text_answers_are_cached_apart(tmp_path):
         _one_turn(_config(server.base_url, cache_dir=cache), [EN])
     with ScriptedServer(route(emotion=_json_judge(), reply=_json_speak)) as server:
         [state] = _one_turn(_config(server.base_url, cache_dir=cache, structured_output="json_schema"), [EN])
-        assert len(server.requests) == 2  # no text answer replayed for a JSON request
+        assert len(server.requests) == 1 + 2  # the probe; no text answer replayed for a JSON request
     assert state.emotion == 34
 
 
@@ -318,11 +321,12 @@ def test_a_server_taking_only_json_object_gets_that_spelling_after_one_refusal(c
         with caplog.at_level(logging.INFO, logger="rlver_jax.simulator.openai_backend"):
             states = _one_turn(_config(server.base_url, structured_output="json_schema", max_retries=0),
                                PROFILES[:6])
-        assert server.rejected == 1  # tried once, while the other dialogues waited
+        assert server.rejected == 1  # probed once, while the other dialogues waited
         kinds = [r["response_format"]["type"] for r in server.requests]
-    assert kinds == ["json_schema"] + ["json_object"] * 12
+        assert [r["messages"] == PROBE_MESSAGES for r in server.requests[:3]] == [True, True, False]
+    assert kinds == ["json_schema", "json_object"] + ["json_object"] * 12
     assert all(s.emotion == s.records[0].emotion + 4 for s in states)
-    assert any("takes response_format type 'json_object'" in r.getMessage() for r in caplog.records)
+    assert any("takes response_format type 'json_object' (start-up probe)" in r.getMessage() for r in caplog.records)
 
 
 def test_copied_placeholders_are_malformed_not_scores():

@@ -43,8 +43,8 @@ def test_parse_rates_of_both_modes(tmp_path):
     with ScriptedServer(route(emotion=_emotion, reply=_reply), response_format="validate") as server:
         modes, stdout = _run(server, tmp_path)
         assert not server.errors
-        # 2 profiles x 3 replies x 2 steps per mode; JSON requests carry the schema.
-        assert sum("response_format" in r for r in server.requests) == 12 == len(server.requests) - 12
+        # 2 profiles x 3 replies x 2 steps per mode; JSON requests (and the start-up probe) carry the schema.
+        assert sum("response_format" in r for r in server.requests) == 1 + 12 == len(server.requests) - 12
     # Text: the curt reply of each profile gets an answer without a Change line.
     assert {k: modes["off"]["emotion"][k] for k in ("answers", "parsed")} == {"answers": 6, "parsed": 4}
     assert modes["off"]["reply"]["parsed"] == 6 and not modes["off"]["refused_response_format"]

@@ -313,6 +313,8 @@ def test_junk_structured_changes_are_malformed(answer):
     '{"reasoning": "open up", "utterance": "<Response 那一行>"}',
     '{"reasoning": "open up", "utterance": "the words of the Response line"}',  # brackets dropped
     '{"reasoning": "<Plan 那一行>", "utterance": "我还好"}', '{"reasoning": "", "utterance": "Fine."}',
+    '{"reasoning": "1", "utterance": "<Response 那一行觉孰"}',  # unclosed, as SmolLM2 wrote it (issue 30)
+    '{"reasoning": "<Plan 左行", "utterance": "还好"}',
 ])
 def test_copied_placeholders_and_empty_reasoning_are_malformed(answer):
     with pytest.raises(parsing.MalformedOutputError):
@@ -323,6 +325,8 @@ def test_an_utterance_of_its_own_is_not_a_placeholder():
     parsed = parsing.parse_response_json('{"reasoning": "the plan: thank them", "utterance": "Thanks, 3 < 4."}',
                                          placeholders=PLACEHOLDERS)
     assert parsed.utterance == "Thanks, 3 < 4."
+    assert parsing.parse_response_json('{"reasoning": "x", "utterance": "I <3 the plan."}',
+                                       placeholders=PLACEHOLDERS).utterance == "I <3 the plan."
 
 
 @pytest.mark.parametrize("answer", ["Change: ‹1＃+2．-5+6、什么感受！…", "Change: 1#+2.-5+6", "Change: +3 -2",

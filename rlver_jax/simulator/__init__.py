@@ -15,7 +15,8 @@ Usage (rollout and evaluation code):
             state = await sim.respond(state, reply)     # emotion step, end checks, reply step
 
 Run many dialogues at once with asyncio.gather over start/respond; the openai backend bounds
-in-flight requests with one semaphore (config.simulator.max_concurrency; rlver_jax.llm_client).
+in-flight requests with one bound that adapts to the server's pace, at most
+config.simulator.max_concurrency (rlver_jax.llm_client).
 
 DialogueState (frozen, JSON via to_dict()/DialogueState.from_dict()):
   emotion      current emotion (int; capped at rules.ceiling, not clipped below)

@@ -1,19 +1,21 @@
 """The LLM simulator backend: any OpenAI-compatible chat endpoint (SGLang by default).
 
-Requests go through llm_client.ChatClient (one semaphore shared by all dialogues of the backend,
-a per-request timeout, retries with backoff on connection errors, timeouts, 408/409/429 and 5xx
-but 501/505; other HTTP errors stop the run at once); its EndpointUnavailableError becomes
+Requests go through llm_client.ChatClient (one bound on requests in flight shared by all
+dialogues of the backend, adapting to the server's pace, a per-request timeout, retries with
+backoff on connection errors, timeouts, 408/409/429 and 5xx but 501/505; other HTTP errors stop
+the run at once); its EndpointUnavailableError becomes
 SimulatorUnavailableError. An answer that breaks the output contract is requested again (a fresh
 sample) up to `malformed_retries` times, then SimulatorOutputError. With `cache_dir` set, answers
 are recorded and replayed (cache.py).
 
 Structured outputs (`structured_output="json_schema"`): the emotion and reply steps ask for JSON
-under a schema (parsing.change_schema, parsing.UTTERANCE_SCHEMA). The first structured request
-finds the spelling the server takes (parsing.SPELLINGS: `json_schema`, then `json_object` +
-`schema`) while the others wait; the one that works is kept and logged. A server that refuses
-both is reported once (a warning) and the backend falls back to text answers for the rest of the
-run, re-sending the refused request as text. The schema's range is checked here too, whatever the
-server enforces.
+under a schema (parsing.change_schema, parsing.UTTERANCE_SCHEMA). Before the first of them, a
+start-up probe (PROBE_MESSAGES: one small structured request, `_PROBE_TOKENS` tokens) finds the
+spelling the server takes (parsing.SPELLINGS: `json_schema`, then `json_object` + `schema`) while
+the other dialogues wait; the one answered is kept and logged. A server that refuses both is
+reported once (a warning) and the backend falls back to text answers for the rest of the run; a
+later refusal of a real request (a server that changed its mind) moves on the same way and
+re-sends that request. The schema's range is checked here too, whatever the server enforces.
 
 Prompts keep within `max_prompt_tokens` (templates: older turns left out, long texts cut).
 """
@@ -38,6 +40,11 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 Messages = list[dict[str, str]]
 
+# The start-up probe: its answer is not read, only whether the server takes its response_format;
+# few tokens, so a slow CPU server answers it in seconds.
+PROBE_MESSAGES: Messages = [{"role": "user", "content": 'Answer with {"reasoning": "", "utterance": "ok"}.'}]
+_PROBE_TOKENS = 16
+
 
 class OpenAIBackend:
     """Simulated user played by an LLM."""
@@ -48,18 +55,20 @@ class OpenAIBackend:
         self.cache = RequestCache(settings.cache_dir) if settings.cache_dir else None
         # The response_format spelling in use (parsing.SPELLINGS); None: text answers.
         self.spelling: str | None = parsing.SPELLINGS[0] if settings.structured_output == "json_schema" else None
-        self._settled = self.spelling is None  # a structured request was answered (or none is made)
+        # The spelling is settled once the probe found it; no probe without structured requests or a server.
+        self._settled = self.spelling is None or settings.cache_replay_only
         self._refusals: list[str] = []
-        self._probe: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._probing: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     @property
     def structured(self) -> bool:
         return self.spelling is not None
 
-    async def _post(self, messages: Messages, response_format: dict[str, Any] | None) -> str:
+    async def _post(self, messages: Messages, response_format: dict[str, Any] | None,
+                    max_tokens: int | None = None) -> str:
         try:
             completion = await self.client.complete(messages, temperature=self.settings.temperature,
-                                                    max_tokens=self.settings.max_tokens,
+                                                    max_tokens=max_tokens or self.settings.max_tokens,
                                                     response_format=response_format)
         except ResponseFormatRejectedError:
             raise
@@ -99,38 +108,45 @@ class OpenAIBackend:
         later = parsing.SPELLINGS[parsing.SPELLINGS.index(spelling) + 1:]
         self.spelling = later[0] if later else None
         if self.spelling is None:
-            self._settled = True
             log.warning("%s; config.simulator.structured_output='json_schema' falls back to text answers "
                         "for the rest of this run", "; ".join(self._refusals))
 
     def _probe_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
-        if self._probe is None or self._probe[0] is not loop:
-            self._probe = (loop, asyncio.Lock())
-        return self._probe[1]
+        if self._probing is None or self._probing[0] is not loop:
+            self._probing = (loop, asyncio.Lock())
+        return self._probing[1]
 
-    async def _send(self, render: Callable[[bool], Messages], schema: tuple[str, dict[str, Any]],
-                    sample: int) -> tuple[str, bool]:
-        """(raw answer, whether it was asked for as JSON), trying the spellings in turn."""
+    async def _probe(self) -> None:
+        """The start-up probe: one small structured request per spelling, in turn, until one is
+        answered; that one is kept (logged), text answers after the last refusal."""
+        while self.spelling is not None:
+            spelling = self.spelling
+            try:
+                await self._post(PROBE_MESSAGES, parsing.response_format("utterance", parsing.UTTERANCE_SCHEMA,
+                                                                         spelling), _PROBE_TOKENS)
+            except ResponseFormatRejectedError as e:
+                self._refused(spelling, e)
+                continue
+            log.info("the simulator server takes response_format type %r (start-up probe); kept for this run",
+                     spelling)
+            break
+        self._settled = True
+
+    async def _request(self, render: Callable[[bool], Messages], schema: tuple[str, dict[str, Any]],
+                       sample: int) -> tuple[str, bool]:
+        """(raw answer, whether it was asked for as JSON), after the probe."""
+        if not self._settled:
+            async with self._probe_lock():  # one dialogue probes; the others wait for the spelling
+                if not self._settled:
+                    await self._probe()
         while True:
             spelling = self.spelling
             fmt = None if spelling is None else parsing.response_format(*schema, spelling)
             try:
-                raw = await self._complete(render(spelling is not None), fmt, sample)
+                return await self._complete(render(spelling is not None), fmt, sample), spelling is not None
             except ResponseFormatRejectedError as e:
                 self._refused(spelling, e)
-                continue
-            if not self._settled:
-                self._settled = True
-                log.info("the simulator server takes response_format type %r; kept for this run", spelling)
-            return raw, spelling is not None
-
-    async def _request(self, render: Callable[[bool], Messages], schema: tuple[str, dict[str, Any]],
-                       sample: int) -> tuple[str, bool]:
-        if not self._settled:
-            async with self._probe_lock():  # one request finds the spelling; the others wait for it
-                return await self._send(render, schema, sample)
-        return await self._send(render, schema, sample)
 
     async def _ask(self, render: Callable[[bool], Messages], schema: tuple[str, dict[str, Any]],
                    parse_text: Callable[[str], _T], parse_json: Callable[[str], _T]

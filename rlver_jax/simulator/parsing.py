@@ -390,12 +390,14 @@ _PLACEHOLDER = re.compile(r"<[^<>\n]{2,80}>")
 
 def _own_words(answer: dict[str, Any], field: str, placeholders: Sequence[str]) -> str:
     """The answer's `field`, stripped; malformed when it is empty or copies a placeholder of the
-    instruction (an angle-bracketed span, or the words of one of `placeholders`)."""
+    instruction (an angle-bracketed span, the words of one of `placeholders`, or "<" and a
+    placeholder's first word: SmolLM2 wrote `<Response 那一行觉…`, the bracket never closed)."""
     text = answer[field].strip()
     if not text:
         raise MalformedOutputError(f"JSON answer field {field!r} is empty")
-    normal = _normal(text)
-    if _PLACEHOLDER.search(text) or any(p and p in normal for p in map(_normal, placeholders)):
+    normal, lower = _normal(text), text.lower()
+    if (_PLACEHOLDER.search(text) or any(p and p in normal for p in map(_normal, placeholders))
+            or any(f"<{p.split()[0].lower()}" in lower for p in placeholders if p.split())):
         raise MalformedOutputError(f"JSON answer field {field!r} copies the instruction's placeholder: "
                                    f"{text[:60]!r}")
     return text
