@@ -50,8 +50,8 @@ def test_planner_lowers_the_trainers_programs(module, tmp_path):
     assert [name for name, _ in r.update.model_programs()] == names and s.rl.uses_critic == (len(names) == 2)
     planned = dict(s.update.model_programs())
     for model, fn in r.update.model_programs():
-        real = (r.state.step, *r.state.model(model), inputs, rows)
-        mine = (s.state.step, *s.state.model(model), s.inputs, s.rows)
+        real = (r.state.step, *r.state.model(model), r.update.base(r.ref_params), inputs, rows)
+        mine = (s.state.step, *s.state.model(model), s.base, s.inputs, s.rows)
         assert planned[model].lower(*mine).as_text() == fn.lower(*real).as_text()
 
 

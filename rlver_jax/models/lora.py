@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -141,13 +140,6 @@ def merge(settings: LoraSettings, base: Params, adapters: Params, dtype=None) ->
 
 
 
-def on_adapters(settings: LoraSettings, base: Params, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`loss_fn(params, *args)` as a function of the adapters alone, `base` held fixed: what
-    `jax.grad` differentiates so that gradients (and an optimizer's state) exist only for the
-    adapters. It merges every adapted kernel first (a full-size temporary per kernel)."""
-    def on(adapters: Params, *args):
-        return loss_fn(merge(settings, jax.lax.stop_gradient(base), adapters), *args)
-    return on
 
 # ----------------------------------------------------------------------------- PEFT format
 

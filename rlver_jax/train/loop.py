@@ -85,7 +85,8 @@ def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
                       config=run.config_record, table_every=s.eval_every)
     if jax.process_index() == 0:
         discard_transcripts(run.workdir / "transcripts", start)  # steps >= start run again
-    sampler = run.sampling_layout.copy(state.actor)  # this process's copy, on its own devices
+    # this process's copy, on its own devices (LoRA: the adapters merged into the base)
+    sampler = run.sampling_layout.copy(run.update.actor_params(state, run.ref_params))
     buffer.publish(start, sampler)
     metrics: dict[str, float] = {}
     guard = StepGuard()
@@ -98,7 +99,7 @@ def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
             if s.max_staleness == 0:  # the sampler idles until the next publish:
                 jax.tree.map(lambda x: x.delete(), sampler)  # its memory goes to the update
             state, dialogues, advantages, metrics = _update(run, step, state, batch, wait_s)
-            sampler = run.sampling_layout.copy(state.actor)
+            sampler = run.sampling_layout.copy(run.update.actor_params(state, run.ref_params))
             buffer.publish(step + 1, sampler)
             if s.transcripts and jax.process_index() == 0:
                 write_transcripts(run.workdir / "transcripts", step, dialogues, advantages=advantages)

@@ -27,6 +27,7 @@ from rlver_jax.parallel import sharding
 from rlver_jax.train import tracking
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.models import lora as lora_lib
 from rlver_jax.models.lora import LoraSettings
 from rlver_jax.rl import offload, trainer
 from rlver_jax.rollout.episodes import RolloutSettings
@@ -124,7 +125,7 @@ class Run:
     sampling_layout: sharding.SamplingLayout  # each process's sampling copy of the actor
     update: trainer.UpdateProgram  # models, optimizers, the state's shardings, the jitted train step
     state: trainer.TrainState  # before step 0; the first update donates it
-    ref_params: Any | None  # the frozen reference policy (a KL term only)
+    ref_params: Any | None  # the frozen reference policy (a KL term), or LoRA's base (every program's)
 
 
 def rl_settings(config: ml_collections.ConfigDict) -> trainer.RLSettings:
@@ -205,22 +206,75 @@ def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
     return actor_opt, trainer.make_optimizer(trainer.OptimSettings(**config.optim.critic), config.train.steps)
 
 
+def base_architecture(actor_cfg: Qwen2Config, lora: LoraSettings) -> Qwen2Config:
+    """The frozen base of a LoRA run: the actor's architecture stored in config.lora.base_dtype."""
+    return actor_cfg.replace(param_dtype=lora.base_dtype)
+
+
+def trainable_shapes(lora: LoraSettings, cfg: Qwen2Config, mesh: Mesh, rules) -> tuple[Any, Any]:
+    """(ShapeDtypeStructs, NamedShardings) of what model `cfg` (the actor, or the critic with its value
+    head) trains: every parameter in full fine-tuning; with LoRA its adapters (fp32, sharded by their
+    logical axes) and a critic's value head."""
+    full, full_sh = qwen2.abstract_params(cfg), sharding.param_shardings(cfg, mesh, rules)
+    if not lora.enabled:
+        return full, full_sh
+    adapters = jax.eval_shape(lambda k: lora_lib.init_adapters(lora, full, k), jax.random.key(0))
+    adapters_sh = sharding.tree_shardings(lora_lib.adapter_axes(lora, qwen2.logical_axes(cfg)), adapters, mesh, rules)
+    head = [k for k in full if k.startswith("value_")]
+    return {**adapters, **{k: full[k] for k in head}}, {**adapters_sh, **{k: full_sh[k] for k in head}}
+
+
 def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, mesh: Mesh,
                    actor_cfg: Qwen2Config) -> trainer.UpdateProgram:
     """Everything of the update that follows from the config and the actor's architecture, before
-    any weight exists: build_run loads weights into it; launch/plan.py compiles it from shapes."""
-    actor_sh = sharding.param_shardings(actor_cfg, mesh, config.mesh.rules)
+    any weight exists: build_run loads weights into it; launch/plan.py compiles it from shapes.
+    With LoRA the state's models are their trainable leaves (`trainable_shapes`) and the reference
+    slot holds the frozen base (trainer.model_params)."""
+    lora, rules = _lora_settings(config), config.mesh.rules
+    actor, actor_sh = trainable_shapes(lora, actor_cfg, mesh, rules)
     actor_opt, critic_opt = make_optimizers(config, rl)
     critic_cfg = critic_sh = critic = critic_tx = None
     if rl.uses_critic:
         critic_cfg = loading.critic_config(actor_cfg)
-        critic_sh = sharding.param_shardings(critic_cfg, mesh, config.mesh.rules)
-        critic, critic_tx = qwen2.abstract_params(critic_cfg), critic_opt.tx
-    state_sh = trainer.state_shardings(actor_opt.tx, qwen2.abstract_params(actor_cfg), actor_sh, critic_tx, critic,
-                                       critic_sh)
-    ref_sh = actor_sh if rl.uses_reference else None
+        critic, critic_sh = trainable_shapes(lora, critic_cfg, mesh, rules)
+        critic_tx = critic_opt.tx
+    state_sh = trainer.state_shardings(actor_opt.tx, actor, actor_sh, critic_tx, critic, critic_sh)
+    ref_sh = sharding.param_shardings(actor_cfg, mesh, rules) if rl.uses_reference or lora.enabled else None
     return trainer.make_update_program(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, ref_sh,
-                                       config.mesh.rules, offload=config.train.offload)
+                                       rules, offload=config.train.offload, lora=lora)
+
+
+def initial_models(config: ml_collections.ConfigDict, prog: trainer.UpdateProgram, actor_cfg: Qwen2Config
+                   ) -> tuple[Any, Any | None, Any | None]:
+    """(actor, critic, reference or base) before step 0, in the program's shardings. Full fine-tuning:
+    the policy, the critic from it (PPO) and a copy of the policy (a KL term). LoRA: the policy is
+    the frozen base (config.lora.base_dtype), the actor fresh adapters, the critic fresh adapters and
+    a value head (PPO): the adapters' B is zero, so both models start as the base does."""
+    init_key = trainer.seed_keys(config.seed).init
+    if not prog.lora.enabled:
+        actor = loading.load_policy(config, actor_cfg, prog.shardings.actor, init_key)
+        ref_params = jax.tree.map(jnp.copy, actor) if prog.rl.uses_reference else None
+        critic = None
+        if prog.rl.uses_critic:
+            critic = loading.load_critic(config, prog.critic_cfg, actor, prog.shardings.critic)
+        return actor, critic, ref_params
+    base_cfg = base_architecture(actor_cfg, prog.lora)
+    base = loading.load_policy(config, base_cfg, prog.ref_shardings, init_key)
+    abstract_base = qwen2.abstract_params(base_cfg)
+
+    def adapters(key: jax.Array, shardings: Any) -> Any:
+        init = jax.jit(lambda k: lora_lib.init_adapters(prog.lora, abstract_base, k),
+                       out_shardings={k: v for k, v in shardings.items() if not k.startswith("value_")})
+        return init(key)
+
+    actor = adapters(jax.random.fold_in(init_key, 1), prog.shardings.actor)
+    critic = None
+    if prog.rl.uses_critic:
+        head_key = jax.random.fold_in(jax.random.key(config.seed), 1)  # load_critic's value-head stream
+        head = loading.value_head(prog.critic_cfg, config.critic.value_head_init, head_key)
+        critic = {**adapters(jax.random.fold_in(init_key, 2), prog.shardings.critic),
+                  **jax.device_put(head, {k: prog.shardings.critic[k] for k in head})}
+    return actor, critic, base
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,11 +309,13 @@ def training_settings(config: ml_collections.ConfigDict) -> TrainingSettings:
 
 
 def _lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
-    """config.lora, typed; rank > 0 is refused until the trainer holds adapters (issue 28)."""
+    """config.lora, typed. A LoRA critic is the actor's base plus its own adapters and value head,
+    so a separate critic checkpoint (config.critic.path) has no place in it."""
     lora = LoraSettings.from_config(config.lora) if "lora" in config else LoraSettings()
-    if lora.enabled:
-        raise ValueError(f"config.lora.rank={lora.rank}: LoRA training is not wired into the trainer yet "
-                         "(models/lora.py has the adapters, merge and export); use config.lora.rank=0")
+    if lora.enabled and config.critic.path:
+        raise ValueError(f"config.critic.path={config.critic.path!r} with config.lora.rank={lora.rank}: the LoRA "
+                         "critic shares the policy's frozen base (its own adapters and value head on it); "
+                         "set --config.critic.path= or config.lora.rank=0")
     return lora
 
 
@@ -289,12 +345,8 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
         raise ValueError(f"tokenizer has {len(chat_tokens.tokenizer)} tokens but the model's vocab_size is "
                          f"{actor_cfg.vocab_size}: config.model.tokenizer_path does not match the model")
     prog = update_program(config, rl, mesh, actor_cfg)
-    actor = loading.load_policy(config, actor_cfg, prog.shardings.actor, trainer.seed_keys(config.seed).init)
-    ref_params = jax.tree.map(jnp.copy, actor) if rl.uses_reference else None
-    critic = critic_tx = None
-    if rl.uses_critic:
-        critic = loading.load_critic(config, prog.critic_cfg, actor, prog.shardings.critic)
-        critic_tx = prog.critic_opt.tx
+    actor, critic, ref_params = initial_models(config, prog, actor_cfg)
+    critic_tx = prog.critic_opt.tx if rl.uses_critic else None
     state = trainer.init_train_state(actor, prog.actor_opt.tx, critic, critic_tx, config.seed, shardings=prog.shardings)
     state = offload.place(state, "rest", prog.offload, prog.shardings)  # where it waits between steps
     return Run(loop=loop, config_record=config.to_dict(), workdir=workdir, storage=storage, rl=rl, rollout=rollout,
