@@ -126,6 +126,7 @@ class Run:
     update: trainer.UpdateProgram  # models, optimizers, the state's shardings, the jitted train step
     state: trainer.TrainState  # before step 0; the first update donates it
     ref_params: Any | None  # the frozen reference policy (a KL term), or LoRA's base (every program's)
+    lora_base: dict | None = None  # LoRA: the base its checkpoints need (`lora_base`), in their records
 
 
 def rl_settings(config: ml_collections.ConfigDict) -> trainer.RLSettings:
@@ -244,6 +245,18 @@ def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, me
                                        rules, offload=config.train.offload, lora=lora)
 
 
+def lora_base(config: ml_collections.ConfigDict, lora: LoraSettings) -> dict | None:
+    """The record a LoRA run's checkpoints carry (they hold the adapters, not the base): the base
+    (a Hugging Face directory, or the preset and seed of a random init) and the adapters' settings.
+    None in full fine-tuning."""
+    if not lora.enabled:
+        return None
+    base = ({"model_path": config.model.path} if config.model.path
+            else {"random_init": config.model.preset, "seed": config.seed})
+    return {**base, "base_dtype": lora.base_dtype, "rank": lora.rank, "alpha": lora.alpha,
+            "targets": list(lora.targets)}
+
+
 def initial_models(config: ml_collections.ConfigDict, prog: trainer.UpdateProgram, actor_cfg: Qwen2Config
                    ) -> tuple[Any, Any | None, Any | None]:
     """(actor, critic, reference or base) before step 0, in the program's shardings. Full fine-tuning:
@@ -354,7 +367,7 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
                chat=chat_tokens, train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh,
                dialogue_process=owner, own_dialogues=own,
                sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, config.mesh.rules), update=prog,
-               state=state, ref_params=ref_params)
+               state=state, ref_params=ref_params, lora_base=lora_base(config, s.lora))
 
 
 def _ranges(rows: np.ndarray) -> str:
