@@ -31,13 +31,21 @@ from rlver_jax.models.config import Qwen2Config, get_preset
 
 
 @dataclasses.dataclass(frozen=True)
+class Adapter:
+    """A LoRA run's actor as trained: adapters on the base at `base_path` ("": a random init)."""
+
+    settings: lora.LoraSettings
+    params: Any
+    base_path: str
+
+
+@dataclasses.dataclass(frozen=True)
 class LoadedPolicy:
     model: Qwen2Config
     params: Any
     chat: chat.ChatTokens
     source: str  # what was loaded, for reports
-    lora: lora.LoraSettings = lora.LoraSettings()  # a LoRA run's: `params` are merged, ...
-    adapters: Any = None  # ... these adapters (its actor) into its base
+    adapter: Adapter | None = None  # a LoRA run's: `params` are these adapters merged into its base
 
 
 # Fields added to the training config since the first runs, with the values those runs trained with
@@ -133,7 +141,8 @@ def load_checkpoint_policy(ckpt: RunCheckpoint, mesh: Mesh, rules: sharding.Rule
         run.model.path = base_path
     base = load_policy(run, run_lib.base_architecture(cfg, settings), sharding.param_shardings(cfg, mesh, rules),
                        trainer.seed_keys(run.seed).init)
-    return LoadedPolicy(cfg, lora.merge(settings, base, params), chat_tokens, source, settings, params)
+    return LoadedPolicy(cfg, lora.merge(settings, base, params), chat_tokens, source,
+                        Adapter(settings, params, run.model.path))
 
 
 def load_hf_policy(path: str, mesh: Mesh, rules: sharding.RulesLike, dtype: str = "float32") -> LoadedPolicy:
