@@ -51,7 +51,8 @@ class LoadedPolicy:
 # Fields added to the training config since the first runs, with the values those runs trained with
 # (the Qwen2Config defaults of the time), by config section.
 _ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0},
-                 "lora": {"rank": 0, "alpha": 16.0, "targets": ",".join(lora.TARGETS), "base_dtype": "float32"}}
+                 "lora": {"rank": 0, "alpha": 16.0, "targets": ",".join(lora.TARGETS), "base_dtype": "float32",
+                          "lr_multiplier": 10.0}}
 
 
 def migrate_run_config(fields: dict[str, Any]) -> dict[str, Any]:

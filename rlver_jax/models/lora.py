@@ -48,10 +48,11 @@ class LoraSettings:
     alpha: float = 16.0
     targets: tuple[str, ...] = tuple(TARGETS)
     base_dtype: str = "float32"
+    lr_multiplier: float = 10.0  # the optimizers' learning rates (config.optim) are scaled by this
 
     def __post_init__(self):
-        checks.check_ranges(checks.named(self, "config.lora.", ("rank", "alpha")), lowest={"rank": 0},
-                            positive=("alpha",))
+        checks.check_ranges(checks.named(self, "config.lora.", ("rank", "alpha", "lr_multiplier")), lowest={"rank": 0},
+                            positive=("alpha", "lr_multiplier"))
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or (self.rank and not self.targets):
             raise ValueError(f"config.lora.targets={self.targets!r}: use a non-empty subset of {tuple(TARGETS)}")
@@ -71,7 +72,7 @@ class LoraSettings:
         """From the `config.lora` ConfigDict; targets as a comma-separated string or a sequence."""
         targets = c.targets.split(",") if isinstance(c.targets, str) else c.targets
         return cls(rank=c.rank, alpha=float(c.alpha), targets=tuple(t.strip() for t in targets if t.strip()),
-                   base_dtype=c.base_dtype)
+                   base_dtype=c.base_dtype, lr_multiplier=float(c.lr_multiplier))
 
 
 def _layer_groups(params: Params) -> list[str]:

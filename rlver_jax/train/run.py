@@ -200,11 +200,17 @@ def _tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat
 
 def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
                     ) -> tuple[trainer.Optimizer, trainer.Optimizer | None]:
-    """The actor's and (PPO) the critic's optimizer; their schedules count the run's train steps."""
-    actor_opt = trainer.make_optimizer(trainer.OptimSettings(**config.optim.actor), config.train.steps)
-    if not rl.uses_critic:
-        return actor_opt, None
-    return actor_opt, trainer.make_optimizer(trainer.OptimSettings(**config.optim.critic), config.train.steps)
+    """The actor's and (PPO) the critic's optimizer; their schedules count the run's train steps. With
+    LoRA their learning rates are config.optim's x config.lora.lr_multiplier."""
+    lora = _lora_settings(config)
+
+    def make(fields: ml_collections.ConfigDict) -> trainer.Optimizer:
+        settings = trainer.OptimSettings(**fields)
+        if lora.enabled:
+            settings = dataclasses.replace(settings, lr=settings.lr * lora.lr_multiplier)
+        return trainer.make_optimizer(settings, config.train.steps)
+
+    return make(config.optim.actor), make(config.optim.critic) if rl.uses_critic else None
 
 
 def base_architecture(actor_cfg: Qwen2Config, lora: LoraSettings) -> Qwen2Config:
