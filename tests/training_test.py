@@ -322,7 +322,8 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
                                  "targets": ["q", "k", "v", "o", "gate", "up", "down"]}
     assert set(state["actor"]) == {"layer_0", "layer_1"}  # adapters only: no embedding, norms or LM head
     assert set(state["critic"]) == {"layer_0", "layer_1", "value_kernel", "value_bias"}
-    moved = [float(np.abs(np.asarray(b) - a).max()) for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(state["actor"]))]
+    moved = [float(np.abs(np.asarray(b) - a).max())
+             for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(state["actor"]))]
     assert min(moved[1::2]) > 0  # every B (lora_b leaves sort after lora_a) left zero
 
     resumed = lora_config(tmp_path / "resumed", 2)
@@ -335,5 +336,6 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
 
     other = lora_config(tmp_path / "resumed", 4)
     other.seed = 1  # another random base: the adapters in the checkpoint do not belong to it
-    with pytest.raises(ValueError, match="holds LoRA adapters of the base .*'seed': 0.* but the config names .*'seed': 1"):
+    with pytest.raises(ValueError, match="holds LoRA adapters of the base .*'seed': 0.* but the config names "
+                                         ".*'seed': 1"):
         loop.train(other, progress=False)

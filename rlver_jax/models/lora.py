@@ -140,8 +140,6 @@ def merge(settings: LoraSettings, base: Params, adapters: Params, dtype=None) ->
     return merged
 
 
-
-
 # ----------------------------------------------------------------------------- PEFT format
 
 

@@ -10,7 +10,9 @@ rlver_jax.rl.batch):
   critic:     the same for the critic (PPO), on the same prepared inputs and mini-batch order;
   step + 1.
 A program per model lets what a program does not read wait in host memory (config.train.offload,
-rlver_jax.rl.offload). `UpdateProgram` holds the update side of a run once: the models'
+rlver_jax.rl.offload). With LoRA (config.lora.rank > 0) the state's models are their trainable leaves
+(adapters; the critic's value head) and every program also reads the one frozen base, which is the
+reference too (`model_params`). `UpdateProgram` holds the update side of a run once: the models'
 architectures and optimizers, the state's shardings and the jitted programs.
 Per-token arrays follow rlver_jax.rl.losses (rlver_jax.rl.logprobs computes them).
 
@@ -252,7 +254,6 @@ def model_params(lora: lora_lib.LoraSettings, cfg: Qwen2Config, trainable: Param
     body = {k: v for k, v in base.items() if not (cfg.value_head and k == "lm_head")}
     merged = lora_lib.merge(lora, body, trainable)
     return {**merged, **{k: v for k, v in trainable.items() if k not in body}}
-
 
 
 def _micro_split(x, n_micro: int):
