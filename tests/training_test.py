@@ -339,3 +339,22 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
     with pytest.raises(ValueError, match="holds LoRA adapters of the base .*'seed': 0.* but the config names "
                                          ".*'seed': 1"):
         loop.train(other, progress=False)
+
+
+@pytest.mark.slow
+def test_lora_train_step_is_the_same_with_the_state_offloaded(tmp_path):
+    """The 7B presets keep the train state in host memory between programs (train.offload="state");
+    with LoRA that state is the adapters and the value head, while the base stays on the devices:
+    one step on the same batch gives the same models either way."""
+    from tests.trainer_test import _batch
+
+    trained = []
+    for mode in ("none", "state"):
+        config = small(ppo_nothink.get_config("tiny"), tmp_path / mode, steps=1)
+        config.lora.rank, config.rl.kl_coef, config.train.offload = 4, 0.05, mode
+        config.mesh.shape = (1, 2, 4)
+        r = run_lib.build_run(config)
+        state, metrics, _ = trainer.train_on_batch(r.update, r.state, _batch(), r.ref_params)
+        assert metrics["critic_grad_norm"] > 0
+        trained.append(jax.device_get((state.actor, state.critic)))
+    jax.tree.map(np.testing.assert_array_equal, *trained)
