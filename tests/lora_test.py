@@ -194,3 +194,20 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
                 # dW is a difference of fp32 weights (~0.02): rounded at ~2e-9 each
                 np.testing.assert_allclose(np.asarray(got["lora_b"]).reshape(want.shape), want,
                                            rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_lora_scales_the_learning_rates_by_its_multiplier():
+    """config.lora.lr_multiplier x config.optim's rates with LoRA (after warmup), not without."""
+    from configs.ppo_think import get_config
+    from rlver_jax.train import run
+
+    config = get_config("tiny")
+    full = run.make_optimizers(config, run.rl_settings(config))
+    config.lora.rank = 8
+    adapted = run.make_optimizers(config, run.rl_settings(config))
+    for f, a, lr in zip(full, adapted, (config.optim.actor.lr, config.optim.critic.lr)):
+        assert float(f.learning_rate(100)) == pytest.approx(lr)
+        assert float(a.learning_rate(100)) == pytest.approx(10.0 * lr)
+    config.lora.lr_multiplier = 0.0
+    with pytest.raises(ValueError, match=r"config.lora.lr_multiplier=0.0 must be > 0"):
+        run.training_settings(config)
