@@ -58,6 +58,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.lora.alpha = 16.0  # the update is (alpha / rank) * A @ B; PEFT's default alpha/rank pair is 8/8
     c.lora.targets = "q,k,v,o,gate,up,down"  # adapted projections (all linear layers, as QLoRA)
     c.lora.base_dtype = "bfloat16" if preset == "7b" else "float32"  # storage dtype of the frozen base
+    # config.optim's learning rates x this with LoRA: adapters want ~10x full fine-tuning's rate
+    # (Schulman et al. 2025, "LoRA Without Regret"; verl and the tinker cookbook use the same factor)
+    c.lora.lr_multiplier = 10.0
 
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)

@@ -23,7 +23,7 @@ from rlver_jax.train import checkpoint
 from rlver_jax.parallel import sharding
 from rlver_jax.eval.export import export_hf
 from rlver_jax.eval.policy_loading import LoadedPolicy, load_checkpoint_policy, locate_checkpoint
-from rlver_jax.models import qwen2
+from rlver_jax.models import hf_io, lora, qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import trainer
 from tests.conftest import REPO
@@ -120,6 +120,62 @@ def test_export_command(tmp_path, tiny_tokenizer_dir):
     assert done.returncode == 0, done.stderr
     assert "checkpoints/3" in done.stdout and "bfloat16" in done.stdout
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+@pytest.mark.slow
+def test_lora_run_exports_the_merged_model_and_its_peft_adapter(tmp_path, tiny_tokenizer_dir):
+    """A LoRA run's checkpoint holds adapters: launch/export_hf.py writes the plain model with them
+    merged (W + scale * A @ B, in numpy here), which transformers loads with no adapter tensors and
+    our logits, and with --peft_adapter the adapters alone, which peft puts on the base with the same."""
+    peft = pytest.importorskip("peft")
+    config = train_config("tiny")
+    config.workdir = str(tmp_path / "run")
+    config.lora.rank, config.lora.alpha, config.lora.targets = 4, 8.0, "q,v,o,down"
+    settings = lora.LoraSettings.from_config(config.lora)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(config.to_json_best_effort(indent=2))
+    shutil.copytree(tiny_tokenizer_dir, tmp_path / "run" / "tokenizer")
+    cfg = get_preset("tiny")
+    base = jax.tree.map(np.asarray, sharding.init_sharded_params(cfg, trainer.seed_keys(config.seed).init, _mesh(),
+                                                                 "fsdp"))
+    rng = np.random.default_rng(0)  # B != 0, or the merge would be the base
+    adapters = jax.tree.map(lambda x: rng.normal(0.0, 0.2, x.shape).astype(np.float32),
+                            lora.init_adapters(settings, base, jax.random.key(1)))
+    manager = checkpoint.make_manager(tmp_path / "run" / "checkpoints", save_every=1, keep=1, async_save=False)
+    checkpoint.save(manager, 2, trainer.init_train_state(adapters, optax.adam(1e-3), None, None, config.seed),
+                    {"step": 2, "seed": config.seed}, force=True)
+    checkpoint.wait(manager)
+    manager.close()
+
+    cmd = [sys.executable, str(REPO / "launch" / "export_hf.py"), f"--checkpoint={tmp_path / 'run'}",
+           f"--out={tmp_path / 'hf'}", "--dtype=float32", f"--peft_adapter={tmp_path / 'adapter'}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "LoRA rank 4 merged" in done.stdout
+
+    merged = jax.tree.map(np.copy, base)
+    for t in settings.targets:
+        module, kernel, _, _ = lora.TARGETS[t]
+        for group in ("layer_0", "layer_1"):
+            w, ad = merged[group][module][kernel], adapters[group][module][kernel]
+            a = ad["lora_a"].reshape(-1, settings.rank)
+            merged[group][module][kernel] = w + 2.0 * (a @ ad["lora_b"].reshape(settings.rank, -1)).reshape(w.shape)
+    ids = np.array([[3, 17, 200, 5, 99, 411, 7]])
+    ours = np.asarray(qwen2.forward(cfg, merged, ids))
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "np") as f:
+        assert not [k for k in f.keys() if "lora" in k]
+    hf_io.save_pretrained(cfg, base, tmp_path / "base")
+    with torch.no_grad():
+        plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+        hf_base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
+        got_base = hf_base(torch.tensor(ids)).logits.numpy()
+        adapted = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter")
+        got_peft = adapted(torch.tensor(ids)).logits.numpy()
+        got_plain = plain(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(got_plain, ours, rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(got_peft, ours, rtol=1e-4, atol=2e-4)
+    assert np.abs(got_base - ours).max() > 1e-2  # the adapters changed the model
 
 
 # --------------------------------------------------------------------------- tokenizer files: 4.x and 5.x

@@ -1,6 +1,7 @@
 """LoRA adapters (models/lora.py): merge against numpy, the PEFT format against peft, settings checks."""
 
 import numpy as np
+import optax
 import pytest
 import torch
 import transformers
@@ -8,8 +9,9 @@ import transformers
 import jax
 import jax.numpy as jnp
 
-from rlver_jax.models import hf_io, lora, qwen2
+from rlver_jax.models import hf_io, loading, lora, qwen2
 from rlver_jax.models.config import get_preset
+from rlver_jax.rl import trainer
 
 
 def _random_adapters(settings, base, seed=1):
@@ -108,14 +110,15 @@ def test_config_lora_section_is_checked_with_the_training_settings():
     with pytest.raises(ValueError, match=r"config.lora.rank=-2 must be >= 0"):
         run.training_settings(config)
     config.lora.rank = 8
-    with pytest.raises(ValueError, match=r"config.lora.rank=8: LoRA training is not wired"):
+    config.critic.path = "/somewhere/critic"
+    with pytest.raises(ValueError, match=r"config.critic.path='/somewhere/critic' with config.lora.rank=8"):
         run.training_settings(config)
     assert lora.LoraSettings.from_config(config.lora).targets == ("q", "v")
 
 
 def test_gradients_reach_only_the_adapters_by_the_chain_rule(tiny):
-    """d/dA and d/dB of a loss through the merge equal the hand chain rule from d/dW:
-    dA = scale * dW @ B^T, dB = scale * A^T @ dW (the gate kernel, [D, F])."""
+    """d/dA and d/dB of a loss through the trainer's adapted model (trainer.model_params) equal the
+    hand chain rule from d/dW: dA = scale * dW @ B^T, dB = scale * A^T @ dW (the gate kernel, [D, F])."""
     config, base = tiny
     settings = lora.LoraSettings(rank=4, alpha=8.0, targets=("gate",))
     ad = _random_adapters(settings, base)
@@ -124,10 +127,87 @@ def test_gradients_reach_only_the_adapters_by_the_chain_rule(tiny):
         return jnp.sum(jnp.sin(params["layer_0"]["mlp"]["gate_kernel"] * 30.0)) + jnp.sum(
             params["layer_1"]["mlp"]["gate_kernel"] ** 2)
 
-    g = jax.grad(lora.on_adapters(settings, base, loss))(ad)
+    g = jax.grad(lambda adapters: loss(trainer.model_params(settings, config, adapters, base)))(ad)
     assert set(g) == {"layer_0", "layer_1"} and set(g["layer_0"]) == {"mlp"}
     merged = lora.merge(settings, base, ad)
     g_w = np.asarray(jax.grad(loss)(merged)["layer_0"]["mlp"]["gate_kernel"])
     a, b = (np.asarray(ad["layer_0"]["mlp"]["gate_kernel"][k]) for k in ("lora_a", "lora_b"))
-    np.testing.assert_allclose(g["layer_0"]["mlp"]["gate_kernel"]["lora_a"], 2.0 * g_w @ b.T, rtol=1e-4, atol=1e-7)
-    np.testing.assert_allclose(g["layer_0"]["mlp"]["gate_kernel"]["lora_b"], 2.0 * a.T @ g_w, rtol=1e-4, atol=1e-7)
+    # entries up to ~60, sums of 64 fp32 products: atol at their rounding, not 1e-7
+    np.testing.assert_allclose(g["layer_0"]["mlp"]["gate_kernel"]["lora_a"], 2.0 * g_w @ b.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(g["layer_0"]["mlp"]["gate_kernel"]["lora_b"], 2.0 * a.T @ g_w, rtol=1e-4, atol=1e-4)
+
+
+def _sgd():
+    """Plain SGD at rate 1: a parameter's change is minus its gradient (Adam would normalise it away)."""
+    return trainer.Optimizer(optax.sgd(1.0), optax.constant_schedule(1.0))
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
+    """One train step of the LoRA trainer against one of full fine-tuning from the same weights
+    (plain SGD, a KL term to the reference): a fresh adapter (B = 0) leaves each model equal to its
+    base, so the full step's kernel change dW = -g_W gives the adapters' by the chain rule in numpy,
+    dB = scale * A^T dW and dA = scale * dW B^T = 0; the critic's value head moves as in full
+    fine-tuning; the base, shared by the actor, the critic and the reference, is left as it was."""
+    from tests.trainer_test import _batch
+
+    cfg = get_preset("tiny")
+    base = qwen2.init_params(cfg, jax.random.key(0))
+    base_copy = jax.tree.map(np.array, base)
+    settings = lora.LoraSettings(rank=4, alpha=8.0)
+    rl = trainer.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, kl_coef=0.1)
+    critic_cfg = critic = None
+    if rl.uses_critic:
+        critic_cfg, critic = loading.critic_from_actor(cfg, base)
+    full = trainer.init_train_state(jax.tree.map(jnp.copy, base), _sgd().tx, critic, critic and _sgd().tx)
+    critic = jax.tree.map(np.array, critic)  # the update donates the state
+    full_program = trainer.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd())
+    full_after, full_metrics, _ = trainer.train_on_batch(full_program, full, _batch(), jax.tree.map(jnp.copy, base))
+
+    actor_ad = lora.init_adapters(settings, base, jax.random.key(1))
+    critic_ad = None
+    if rl.uses_critic:
+        critic_ad = {**lora.init_adapters(settings, base, jax.random.key(2)), **loading.value_head(critic_cfg)}
+    state = trainer.init_train_state(actor_ad, _sgd().tx, critic_ad, critic and _sgd().tx)
+    actor_ad, critic_ad = jax.tree.map(np.array, (actor_ad, critic_ad))  # the update donates the state
+    program = trainer.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd(), lora=settings)
+    after, metrics, _ = trainer.train_on_batch(program, state, _batch(), base)
+
+    jax.tree.map(np.testing.assert_array_equal, base, base_copy)
+    np.testing.assert_allclose(metrics["kl_ref"], full_metrics["kl_ref"], rtol=1e-5, atol=1e-7)
+    models = [("actor", full_after.actor, base, actor_ad, after.actor)]
+    if rl.uses_critic:
+        models.append(("critic", full_after.critic, critic, critic_ad, after.critic))
+        for k in ("value_kernel", "value_bias"):
+            np.testing.assert_allclose(after.critic[k], full_after.critic[k], rtol=1e-5, atol=1e-7)
+    for name, full_params, start, ad, trained in models:
+        assert set(trained) == set(ad), name  # only the trainable leaves: no base weights in the state
+        for t in settings.targets:
+            module, kernel, _, _ = lora.TARGETS[t]
+            for group in ("layer_0", "layer_1"):
+                a = np.asarray(ad[group][module][kernel]["lora_a"])
+                dw = np.asarray(full_params[group][module][kernel]) - np.asarray(start[group][module][kernel])
+                a2 = a.reshape(-1, settings.rank)
+                want = settings.scale * a2.T @ dw.reshape(a2.shape[0], -1)
+                got = trained[group][module][kernel]
+                np.testing.assert_array_equal(got["lora_a"], a)
+                # dW is a difference of fp32 weights (~0.02): rounded at ~2e-9 each
+                np.testing.assert_allclose(np.asarray(got["lora_b"]).reshape(want.shape), want,
+                                           rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_lora_scales_the_learning_rates_by_its_multiplier():
+    """config.lora.lr_multiplier x config.optim's rates with LoRA (after warmup), not without."""
+    from configs.ppo_think import get_config
+    from rlver_jax.train import run
+
+    config = get_config("tiny")
+    full = run.make_optimizers(config, run.rl_settings(config))
+    config.lora.rank = 8
+    adapted = run.make_optimizers(config, run.rl_settings(config))
+    for f, a, lr in zip(full, adapted, (config.optim.actor.lr, config.optim.critic.lr)):
+        assert float(f.learning_rate(100)) == pytest.approx(lr)
+        assert float(a.learning_rate(100)) == pytest.approx(10.0 * lr)
+    config.lora.lr_multiplier = 0.0
+    with pytest.raises(ValueError, match=r"config.lora.lr_multiplier=0.0 must be > 0"):
+        run.training_settings(config)

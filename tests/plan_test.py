@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -50,8 +51,8 @@ def test_planner_lowers_the_trainers_programs(module, tmp_path):
     assert [name for name, _ in r.update.model_programs()] == names and s.rl.uses_critic == (len(names) == 2)
     planned = dict(s.update.model_programs())
     for model, fn in r.update.model_programs():
-        real = (r.state.step, *r.state.model(model), inputs, rows)
-        mine = (s.state.step, *s.state.model(model), s.inputs, s.rows)
+        real = (r.state.step, *r.state.model(model), r.update.base(r.ref_params), inputs, rows)
+        mine = (s.state.step, *s.state.model(model), s.base, s.inputs, s.rows)
         assert planned[model].lower(*mine).as_text() == fn.lower(*real).as_text()
 
 
@@ -212,3 +213,43 @@ def test_launch_plan_on_one_cpu_device_and_a_bad_mesh(tmp_path):
     bad = subprocess.run(base + ["--config.mesh.shape=(1,1,2)"], capture_output=True, text=True, cwd=REPO, env=env,
                          timeout=600)
     assert bad.returncode == 1 and "mesh.shape" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
+    """With config.lora.rank the planner lowers build_run's LoRA programs (the same HLO), its state
+    is the adapters (by hand: rank x (fan in + fan out) per adapted kernel, fp32) with their AdamW
+    moments, and the frozen base is counted once, as an argument of every program."""
+    config = _tiny(ppo_think, tmp_path)
+    config.lora.rank, config.lora.targets = 4, "q,o,down"
+    r = run.build_run(config)
+    s = memory_plan.abstract_setup(config)
+    host = TrainBatch(**{k: np.zeros(v.shape, v.dtype) for k, v in s.batch.items() if k != "policy_positions"})
+    host.policy_mask[:] = 1.0  # every token scored, as the planner's batch
+    placed = sharding.shard_host_batch(r.mesh, host.arrays())
+    assert s.update.prepare.lower(s.models, s.ref, s.batch).as_text() == \
+        r.update.prepare.lower(r.state.models(), r.ref_params, placed).as_text()
+    inputs, rows, _, _ = r.update.prepare(r.state.models(), r.ref_params, placed)
+    planned = dict(s.update.model_programs())
+    for model, fn in r.update.model_programs():
+        real = (r.state.step, *r.state.model(model), r.ref_params, inputs, rows)
+        mine = (s.state.step, *s.state.model(model), s.base, s.inputs, s.rows)
+        assert planned[model].lower(*mine).as_text() == fn.lower(*real).as_text()
+
+    cfg = r.update.actor_cfg
+    d, q, f = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size
+    adapter_bytes = cfg.num_layers * 4 * (d + q + q + d + f + d) * 4  # q: D->NH, o: NH->D, down: F->D; fp32
+
+    def total(tree):
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+    assert total(s.state.actor) == adapter_bytes and total(s.state.actor_opt) >= 2 * adapter_bytes
+    assert total(s.state.critic) == adapter_bytes + 4 * (d + 1)  # + the value head, [D, 1] and [1]
+    result = memory_plan.plan(config, memory_gb=16.0, phases=("actor update",), search=False)
+    assert result.sizes["frozen base"] == memory_plan.device_bytes(s.ref) and "reference params" not in result.sizes
+    (actor,) = result.phases
+    assert actor.arguments == memory_plan.device_bytes((s.state.step, s.state.model("actor"), s.ref,
+                                                        _read(s.inputs, ("values", "returns")), s.rows))
+    assert actor.resident == memory_plan.device_bytes((s.state.rng, s.batch, s.state.model("critic")))
+    text = memory_plan.format_plan(result, "lora")
+    assert "LoRA rank 4 (alpha 16) on q,o,down of one frozen base in float32, also the reference" in text

@@ -46,11 +46,15 @@ def small(config, workdir, steps):
     return config
 
 
-def _actor(workdir):
+def _state(workdir):
     manager = checkpoint.make_manager(workdir / "checkpoints", save_every=1, keep=5)
     restored = manager.restore(manager.latest_step())
     manager.close()
-    return restored["state"]["actor"]
+    return restored["state"]
+
+
+def _actor(workdir):
+    return _state(workdir)["actor"]
 
 
 @pytest.mark.slow
@@ -291,3 +295,66 @@ def test_paper_configs_hold_the_reference_values(module):
                              (eval_config.get_config("tiny").policy, tiny_policy)):
         assert {k: policy[k] for k in expected} == expected  # beside the backend's fields
     assert tiny.rollout.format_failure == "end"  # documented: a random tiny model learns </think> first
+
+
+@pytest.mark.slow
+def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
+    """A tiny LoRA PPO run with a KL term: the checkpoints hold the adapters (and the critic's value
+    head) and name their base; the base every model read is bit-identical after the steps; the
+    adapters moved; a run resumed after step 2 ends at step 3 equal to an unbroken one."""
+    def lora_config(workdir, steps):
+        config = small(ppo_nothink.get_config("tiny"), workdir, steps=steps)
+        config.lora.rank, config.rl.kl_coef, config.train.eval_every = 4, 0.05, 0
+        config.mesh.shape = (1, 2, 4)  # adapters split over fsdp and tensor like their kernels
+        return config
+
+    straight = run_lib.build_run(lora_config(tmp_path / "straight", 3))
+    base = jax.tree.map(np.array, straight.ref_params)
+    fresh = jax.tree.map(np.array, straight.state.actor)
+    loop.train_run(straight, progress=False)
+    jax.tree.map(np.testing.assert_array_equal, straight.ref_params, base)
+
+    manager = checkpoint.make_manager(tmp_path / "straight" / "checkpoints", save_every=1, keep=5)
+    restored = manager.restore(manager.latest_step())
+    manager.close()
+    state, meta = restored["state"], restored["meta"]
+    assert meta["lora_base"] == {"random_init": "tiny", "seed": 0, "base_dtype": "float32", "rank": 4, "alpha": 16.0,
+                                 "targets": ["q", "k", "v", "o", "gate", "up", "down"]}
+    assert set(state["actor"]) == {"layer_0", "layer_1"}  # adapters only: no embedding, norms or LM head
+    assert set(state["critic"]) == {"layer_0", "layer_1", "value_kernel", "value_bias"}
+    moved = [float(np.abs(np.asarray(b) - a).max())
+             for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(state["actor"]))]
+    assert min(moved[1::2]) > 0  # every B (lora_b leaves sort after lora_a) left zero
+
+    resumed = lora_config(tmp_path / "resumed", 2)
+    loop.train(resumed, progress=False)
+    resumed.train.steps = 3
+    loop.train(resumed, progress=False)
+    for model in ("actor", "critic"):
+        a, b = _state(tmp_path / "straight")[model], _state(tmp_path / "resumed")[model]
+        jax.tree.map(np.testing.assert_array_equal, a, b)
+
+    other = lora_config(tmp_path / "resumed", 4)
+    other.seed = 1  # another random base: the adapters in the checkpoint do not belong to it
+    with pytest.raises(ValueError, match="holds LoRA adapters of the base .*'seed': 0.* but the config names "
+                                         ".*'seed': 1"):
+        loop.train(other, progress=False)
+
+
+@pytest.mark.slow
+def test_lora_train_step_is_the_same_with_the_state_offloaded(tmp_path):
+    """The 7B presets keep the train state in host memory between programs (train.offload="state");
+    with LoRA that state is the adapters and the value head, while the base stays on the devices:
+    one step on the same batch gives the same models either way."""
+    from tests.trainer_test import _batch
+
+    trained = []
+    for mode in ("none", "state"):
+        config = small(ppo_nothink.get_config("tiny"), tmp_path / mode, steps=1)
+        config.lora.rank, config.rl.kl_coef, config.train.offload = 4, 0.05, mode
+        config.mesh.shape = (1, 2, 4)
+        r = run_lib.build_run(config)
+        state, metrics, _ = trainer.train_on_batch(r.update, r.state, _batch(), r.ref_params)
+        assert metrics["critic_grad_norm"] > 0
+        trained.append(jax.device_get((state.actor, state.critic)))
+    jax.tree.map(np.testing.assert_array_equal, *trained)

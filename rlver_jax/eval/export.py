@@ -9,7 +9,7 @@ import pathlib
 
 from rlver_jax.eval.policy_loading import LoadedPolicy
 from rlver_jax.files import atomic_directory, atomic_write_text
-from rlver_jax.models import hf_io
+from rlver_jax.models import hf_io, lora
 
 
 def export_hf(policy: LoadedPolicy, out: str | os.PathLike, dtype: str) -> pathlib.Path:
@@ -29,4 +29,19 @@ def export_hf(policy: LoadedPolicy, out: str | os.PathLike, dtype: str) -> pathl
         ct = policy.chat
         atomic_write_text(stage / "generation_config.json", json.dumps(
             {"eos_token_id": [ct.im_end, ct.end_of_text], "pad_token_id": ct.end_of_text}, indent=2) + "\n")
+    return out
+
+
+def export_peft_adapter(policy: LoadedPolicy, out: str | os.PathLike) -> pathlib.Path:
+    """Write a LoRA run's adapters alone in PEFT's format (adapter_model.safetensors,
+    adapter_config.json naming the run's base) to `out`, which must not exist yet; atomic as
+    `export_hf`."""
+    if policy.adapter is None:
+        raise ValueError(f"{policy.source} holds no LoRA adapters (its run trained with config.lora.rank=0)")
+    out = pathlib.Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} exists; choose a new directory or remove it first")
+    a = policy.adapter
+    with atomic_directory(out) as stage:
+        lora.save_peft_adapter(a.settings, policy.model, a.params, stage, a.base_path)
     return out

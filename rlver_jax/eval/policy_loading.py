@@ -2,6 +2,8 @@
 tiny model. Shared by launch/eval.py and launch/export_hf.py.
 
 A run's checkpoint holds the whole TrainState; only the actor is read (checkpoint.restore_actor).
+A LoRA run's actor is its adapters: they are merged into the run's base (its config.model.path, or
+the random init of its preset and seed), and the policy is that plain model.
 Its architecture and parameter layout (scan_layers, dtypes) come from the run's config.json: the
 model preset, or the Hugging Face config.json at the run's config.model.path; its tokenizer from
 config.model.tokenizer_path, config.model.path, or WORKDIR/tokenizer (tiny runs). When the base
@@ -20,11 +22,21 @@ import ml_collections
 from jax.sharding import Mesh
 
 from rlver_jax.text import chat
-from rlver_jax.train import checkpoint
+from rlver_jax.rl import trainer
+from rlver_jax.train import checkpoint, run as run_lib
 from rlver_jax.parallel import sharding
-from rlver_jax.models.loading import model_config, tiny_tokenizer
-from rlver_jax.models import hf_io, qwen2
+from rlver_jax.models.loading import load_policy, model_config, tiny_tokenizer
+from rlver_jax.models import hf_io, lora, qwen2
 from rlver_jax.models.config import Qwen2Config, get_preset
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """A LoRA run's actor as trained: adapters on the base at `base_path` ("": a random init)."""
+
+    settings: lora.LoraSettings
+    params: Any
+    base_path: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +45,14 @@ class LoadedPolicy:
     params: Any
     chat: chat.ChatTokens
     source: str  # what was loaded, for reports
+    adapter: Adapter | None = None  # a LoRA run's: `params` are these adapters merged into its base
 
 
 # Fields added to the training config since the first runs, with the values those runs trained with
 # (the Qwen2Config defaults of the time), by config section.
-_ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0}}
+_ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0},
+                 "lora": {"rank": 0, "alpha": 16.0, "targets": ",".join(lora.TARGETS), "base_dtype": "float32",
+                          "lr_multiplier": 10.0}}
 
 
 def migrate_run_config(fields: dict[str, Any]) -> dict[str, Any]:
@@ -117,9 +132,18 @@ def load_checkpoint_policy(ckpt: RunCheckpoint, mesh: Mesh, rules: sharding.Rule
     except FileNotFoundError as e:
         hint = _MOVED.format(run=ckpt.run_dir / "config.json")
         raise FileNotFoundError(f"the run's tokenizer: {e}\n{hint}") from None
-    abstract = sharding.with_shardings(qwen2.abstract_params(cfg), sharding.param_shardings(cfg, mesh, rules))
+    settings = lora.LoraSettings.from_config(run.lora)
+    abstract = sharding.with_shardings(*run_lib.trainable_shapes(settings, cfg, mesh, rules))
     params, step = checkpoint.restore_actor(ckpt.checkpoints, ckpt.resolved_step(), abstract)
-    return LoadedPolicy(cfg, params, chat_tokens, str(ckpt.checkpoints / str(step)))
+    source = str(ckpt.checkpoints / str(step))
+    if not settings.enabled:
+        return LoadedPolicy(cfg, params, chat_tokens, source)
+    if base_path:
+        run.model.path = base_path
+    base = load_policy(run, run_lib.base_architecture(cfg, settings), sharding.param_shardings(cfg, mesh, rules),
+                       trainer.seed_keys(run.seed).init)
+    return LoadedPolicy(cfg, lora.merge(settings, base, params), chat_tokens, source,
+                        Adapter(settings, params, run.model.path))
 
 
 def load_hf_policy(path: str, mesh: Mesh, rules: sharding.RulesLike, dtype: str = "float32") -> LoadedPolicy:

@@ -92,17 +92,23 @@ def critic_from_actor(actor_cfg: Qwen2Config, actor: Params, value_head_init: st
     """A critic initialised from the actor's weights (a copy of all but the LM head), with a value
     head of zeros, or ("normal") a kernel drawn from N(0, initializer_range^2) with `rng` and a zero
     bias, as transformers initialises the reference's token-classification head."""
+    critic_cfg = critic_config(actor_cfg)
+    head = value_head(critic_cfg, value_head_init, rng)
+    body = {k: jax.tree.map(jnp.array, v) for k, v in actor.items() if k != "lm_head"}
+    return critic_cfg, {**body, **head}
+
+
+def value_head(critic_cfg: Qwen2Config, value_head_init: str = "zero", rng: jax.Array | None = None) -> Params:
+    """The critic's fresh value head ({"value_kernel", "value_bias"}): see `critic_from_actor`."""
     if value_head_init not in VALUE_HEAD_INITS:
         raise ValueError(f"config.critic.value_head_init={value_head_init!r}; use one of {VALUE_HEAD_INITS}")
-    critic_cfg = critic_config(actor_cfg)
     abstract = qwen2.abstract_params(critic_cfg.replace(num_layers=0))
     head = {k: jnp.zeros(v.shape, v.dtype) for k, v in abstract.items() if k.startswith("value_")}
     if value_head_init == "normal":
         kernel = head["value_kernel"]
-        head["value_kernel"] = (actor_cfg.initializer_range
+        head["value_kernel"] = (critic_cfg.initializer_range
                                 * jax.random.normal(rng, kernel.shape, jnp.float32)).astype(kernel.dtype)
-    body = {k: jax.tree.map(jnp.array, v) for k, v in actor.items() if k != "lm_head"}
-    return critic_cfg, {**body, **head}
+    return head
 
 
 def load_critic(config: ml_collections.ConfigDict, critic_cfg: Qwen2Config, actor: Params,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -49,10 +48,11 @@ class LoraSettings:
     alpha: float = 16.0
     targets: tuple[str, ...] = tuple(TARGETS)
     base_dtype: str = "float32"
+    lr_multiplier: float = 10.0  # the optimizers' learning rates (config.optim) are scaled by this
 
     def __post_init__(self):
-        checks.check_ranges(checks.named(self, "config.lora.", ("rank", "alpha")), lowest={"rank": 0},
-                            positive=("alpha",))
+        checks.check_ranges(checks.named(self, "config.lora.", ("rank", "alpha", "lr_multiplier")), lowest={"rank": 0},
+                            positive=("alpha", "lr_multiplier"))
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or (self.rank and not self.targets):
             raise ValueError(f"config.lora.targets={self.targets!r}: use a non-empty subset of {tuple(TARGETS)}")
@@ -72,7 +72,7 @@ class LoraSettings:
         """From the `config.lora` ConfigDict; targets as a comma-separated string or a sequence."""
         targets = c.targets.split(",") if isinstance(c.targets, str) else c.targets
         return cls(rank=c.rank, alpha=float(c.alpha), targets=tuple(t.strip() for t in targets if t.strip()),
-                   base_dtype=c.base_dtype)
+                   base_dtype=c.base_dtype, lr_multiplier=float(c.lr_multiplier))
 
 
 def _layer_groups(params: Params) -> list[str]:
@@ -139,15 +139,6 @@ def merge(settings: LoraSettings, base: Params, adapters: Params, dtype=None) ->
         merged[group][module][kernel] = (w.astype(jnp.float32) + d).astype(dtype or w.dtype)
     return merged
 
-
-
-def on_adapters(settings: LoraSettings, base: Params, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`loss_fn(params, *args)` as a function of the adapters alone, `base` held fixed: what
-    `jax.grad` differentiates so that gradients (and an optimizer's state) exist only for the
-    adapters. It merges every adapted kernel first (a full-size temporary per kernel)."""
-    def on(adapters: Params, *args):
-        return loss_fn(merge(settings, jax.lax.stop_gradient(base), adapters), *args)
-    return on
 
 # ----------------------------------------------------------------------------- PEFT format
 

@@ -196,9 +196,13 @@ def _path_name(path) -> str:
 
 def param_shardings(config: Qwen2Config, mesh: Mesh, rules: RulesLike) -> Params:
     """A NamedSharding for every parameter of the model `config` (same tree as the params)."""
+    return tree_shardings(qwen2.logical_axes(config), qwen2.abstract_params(config), mesh, rules)
+
+
+def tree_shardings(logical: Any, abstract: Any, mesh: Mesh, rules: RulesLike) -> Any:
+    """A NamedSharding for every leaf of `abstract` from its logical axes (`logical`, the same tree
+    of PartitionSpecs of logical names: a model's, or LoRA adapters')."""
     table = resolve_rules(rules)
-    abstract = qwen2.abstract_params(config)
-    logical = qwen2.logical_axes(config)
     return jax.tree_util.tree_map_with_path(
         lambda path, spec, leaf: NamedSharding(
             mesh, logical_to_mesh(spec, leaf.shape, mesh, table, _path_name(path))),

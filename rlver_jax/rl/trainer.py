@@ -10,7 +10,9 @@ rlver_jax.rl.batch):
   critic:     the same for the critic (PPO), on the same prepared inputs and mini-batch order;
   step + 1.
 A program per model lets what a program does not read wait in host memory (config.train.offload,
-rlver_jax.rl.offload). `UpdateProgram` holds the update side of a run once: the models'
+rlver_jax.rl.offload). With LoRA (config.lora.rank > 0) the state's models are their trainable leaves
+(adapters; the critic's value head) and every program also reads the one frozen base, which is the
+reference too (`model_params`). `UpdateProgram` holds the update side of a run once: the models'
 architectures and optimizers, the state's shardings and the jitted programs.
 Per-token arrays follow rlver_jax.rl.losses (rlver_jax.rl.logprobs computes them).
 
@@ -33,6 +35,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rlver_jax.parallel import sharding
+from rlver_jax.models import lora as lora_lib
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import advantages as adv_lib
 from rlver_jax.rl import losses
@@ -41,6 +44,7 @@ from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 
 Params = Any
+NO_LORA = lora_lib.LoraSettings()  # full fine-tuning
 ALGOS = ("ppo", "grpo")
 KL_MODES = ("loss", "reward")
 
@@ -240,6 +244,18 @@ def init_train_state(actor: Params, actor_tx: optax.GradientTransformation, crit
 # ----------------------------------------------------------------------------- pure updates
 
 
+def model_params(lora: lora_lib.LoraSettings, cfg: Qwen2Config, trainable: Params, base: Params | None) -> Params:
+    """A model's whole parameter tree from its trainable leaves (a TrainState's `actor` or `critic`):
+    in full fine-tuning (rank 0) `trainable` itself; with LoRA the frozen `base` (less its LM head for
+    a critic, `cfg.value_head`) with the adapters of `trainable` merged in (lora.merge), plus its other
+    leaves (a critic's value head). Gradients of a loss of this tree reach only `trainable`."""
+    if not lora.enabled:
+        return trainable
+    body = {k: v for k, v in base.items() if not (cfg.value_head and k == "lm_head")}
+    merged = lora_lib.merge(lora, body, trainable)
+    return {**merged, **{k: v for k, v in trainable.items() if k not in body}}
+
+
 def _micro_split(x, n_micro: int):
     return x.reshape((n_micro, x.shape[0] // n_micro) + x.shape[1:])
 
@@ -268,8 +284,9 @@ def dialogue_advantages(advantages: jax.Array, mask: jax.Array, dialogue: jax.Ar
 
 
 def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
-            state: TrainState, ref_params: Params | None, batch: dict) -> dict:
-    """Old log-probs, values, advantages and returns for a whole batch (no gradients)."""
+            state: TrainState, ref_params: Params | None, batch: dict, lora: lora_lib.LoraSettings = NO_LORA) -> dict:
+    """Old log-probs, values, advantages and returns for a whole batch (no gradients). `ref_params`:
+    the reference policy; with LoRA it is the frozen base (the adapters off) that both models read."""
     tokens, attn, mask = batch["tokens"], batch["attention_mask"], batch["policy_mask"]
     n_micro = tokens.shape[0] // rl.micro_batch_size
     scored = (tokens, attn, batch["policy_positions"])
@@ -277,7 +294,8 @@ def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | No
     def logprobs(params, t, a, p):
         return token_logprobs(actor_cfg, params, t, a, positions=p, chunk=rl.logprob_chunk)
 
-    old_lp = _micro_map(functools.partial(logprobs, state.actor), n_micro, *scored)
+    actor = model_params(lora, actor_cfg, state.actor, ref_params)
+    old_lp = _micro_map(functools.partial(logprobs, actor), n_micro, *scored)
     out = {"old_logprobs": old_lp}
     rewards = batch["rewards"]
     if rl.uses_reference:
@@ -287,7 +305,8 @@ def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | No
             rewards = losses.apply_kl_penalty(rewards, old_lp, ref_lp, mask, coef=rl.kl_coef,
                                               estimator=rl.kl_estimator)
     if rl.uses_critic:
-        values = _micro_map(lambda t, a: token_values(critic_cfg, state.critic, t, a), n_micro, tokens, attn)
+        critic = model_params(lora, critic_cfg, state.critic, ref_params)
+        values = _micro_map(lambda t, a: token_values(critic_cfg, critic, t, a), n_micro, tokens, attn)
         advantages, returns = adv_lib.gae_advantages(rewards, values, mask, rl.gamma, rl.lam)
         if rl.whiten_advantages:
             advantages = adv_lib.masked_whiten(advantages, mask)
@@ -364,16 +383,20 @@ def _optimizer_step(name: str, loss_fn, tx, params, opt_state, micro: dict, lr: 
     return optax.apply_updates(params, updates), opt_state, m
 
 
-def actor_update(rl: RLSettings, cfg: Qwen2Config, tx, params: Params, opt_state, micro: dict, lr: jax.Array):
+def actor_update(rl: RLSettings, cfg: Qwen2Config, tx, lora: lora_lib.LoraSettings, params: Params, opt_state,
+                 base: Params | None, micro: dict, lr: jax.Array):
     """The actor's optimizer step on one mini-batch (`micro_batches`) at learning rate `lr`: (params,
-    opt_state, metrics)."""
-    return _optimizer_step("actor", lambda p, x: _actor_loss(rl, cfg, p, x), tx, params, opt_state, micro, lr)
+    opt_state, metrics). `params`: its trainable leaves (`model_params` with `base`)."""
+    loss = lambda p, x: _actor_loss(rl, cfg, model_params(lora, cfg, p, base), x)
+    return _optimizer_step("actor", loss, tx, params, opt_state, micro, lr)
 
 
-def critic_update(rl: RLSettings, cfg: Qwen2Config, tx, params: Params, opt_state, micro: dict, lr: jax.Array):
+def critic_update(rl: RLSettings, cfg: Qwen2Config, tx, lora: lora_lib.LoraSettings, params: Params, opt_state,
+                  base: Params | None, micro: dict, lr: jax.Array):
     """The critic's optimizer step on one mini-batch (`micro_batches`) at learning rate `lr`: (params,
-    opt_state, metrics)."""
-    return _optimizer_step("critic", lambda p, x: _critic_loss(rl, cfg, p, x), tx, params, opt_state, micro, lr)
+    opt_state, metrics). `params`: its trainable leaves (`model_params` with `base`)."""
+    loss = lambda p, x: _critic_loss(rl, cfg, model_params(lora, cfg, p, base), x)
+    return _optimizer_step("critic", loss, tx, params, opt_state, micro, lr)
 
 
 def minibatch_rows(rl: RLSettings, key: jax.Array, batch_size: int, padding: jax.Array | None = None) -> jax.Array:
@@ -394,12 +417,13 @@ def update_inputs(batch: dict, prepared: dict) -> dict:
 
 
 def prepare_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None, models: TrainState,
-                 ref_params: Params | None, batch: dict) -> tuple[dict, jax.Array, dict, jax.Array]:
+                 ref_params: Params | None, batch: dict, lora: lora_lib.LoraSettings = NO_LORA
+                 ) -> tuple[dict, jax.Array, dict, jax.Array]:
     """The train step's first program: `prepare` on the batch, the arrays the updates read
     (`update_inputs`), the step's mini-batch rows (`step_keys(state.rng, state.step).order`), the
     sampler-agreement metric and each dialogue's advantage (`dialogue_advantages`). `models` is
     the state without its optimizer states (unread)."""
-    prepared = prepare(rl, actor_cfg, critic_cfg, models, ref_params, batch)
+    prepared = prepare(rl, actor_cfg, critic_cfg, models, ref_params, batch, lora)
     mask = batch["policy_mask"]
     rows = minibatch_rows(rl, step_keys(models.rng, models.step).order, mask.shape[0], jnp.sum(mask, -1) == 0)
     diff = jnp.abs(prepared["old_logprobs"] - batch["sample_logprobs"])
@@ -409,9 +433,10 @@ def prepare_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config
 
 
 def model_epochs(name: str, rl: RLSettings, update: Callable, opt: Optimizer, step: jax.Array, params: Params,
-                 opt_state, inputs: dict, rows: jax.Array) -> tuple[Params, Any, dict]:
+                 opt_state, base: Params | None, inputs: dict, rows: jax.Array) -> tuple[Params, Any, dict]:
     """One model's program of a train step: `ppo_epochs` x mini-batches of `update(params,
-    opt_state, micro) -> (params, opt_state, metrics)` (actor_update or critic_update) in the order
+    opt_state, base, micro, lr) -> (params, opt_state, metrics)` (actor_update or critic_update; `base`:
+    LoRA's frozen base, None in full fine-tuning) in the order
     `rows`, all at the train step's learning rate; a mini-batch of padding rows only (the processes of a
     multi-host run pad to the most rows any of them holds) is skipped. Metrics are means over the
     mini-batches run, with `{name}_lr`, `optimizer_steps` (those run, all epochs) and the parameter norm
@@ -420,7 +445,7 @@ def model_epochs(name: str, rl: RLSettings, update: Callable, opt: Optimizer, st
     lr = jnp.asarray(opt.learning_rate(step), jnp.float32)
 
     def run(carry, r):
-        p, o, m = update(*carry, micro_batches(rl, inputs, r), lr)
+        p, o, m = update(*carry, base, micro_batches(rl, inputs, r), lr)
         return (p, o), m
 
     def body(carry, r):
@@ -445,8 +470,10 @@ class UpdateProgram:
     """The update side of one run, built once (shardings fixed at build time): the models'
     architectures and optimizers, the state's shardings and the train step's jitted programs:
     `prepare` (models, ref, batch) -> (inputs, rows, metrics, dialogue advantages); `actor` and
-    (PPO) `critic` (step, params, opt_state, inputs, rows) -> (params, opt_state, metrics), their
-    model donated; `next_step` (step) -> step + 1. `train_step` runs them in that order."""
+    (PPO) `critic` (step, params, opt_state, base, inputs, rows) -> (params, opt_state, metrics), their
+    model donated (`base`: `ref` with LoRA, else None); `next_step` (step) -> step + 1. `train_step`
+    runs them in that order. With LoRA (`lora.rank` > 0) the state's models are their trainable
+    leaves (`model_params`) and `ref` is the frozen base, which every program reads."""
 
     rl: RLSettings
     actor_cfg: Qwen2Config
@@ -460,7 +487,18 @@ class UpdateProgram:
     mesh: Any = None  # batches are split over its batch axes; None: the default device
     offload: str = "none"  # a mode of rlver_jax.rl.offload.OFFLOAD
     shardings: TrainState | None = None  # the state's, in device memory (with a mesh)
-    ref_shardings: Any | None = None  # the frozen reference policy's (a KL term only)
+    ref_shardings: Any | None = None  # the frozen reference policy's (a KL term, or LoRA's base)
+    lora: lora_lib.LoraSettings = NO_LORA
+    merge: Callable | None = None  # LoRA: (actor adapters, base) -> the merged actor, in the base's layout
+
+    def base(self, ref_params: Params | None) -> Params | None:
+        """What the model programs read besides their model: LoRA's frozen base, else nothing."""
+        return ref_params if self.lora.enabled else None
+
+    def actor_params(self, state: TrainState, ref_params: Params | None) -> Params:
+        """The actor's whole parameter tree, for sampling: with LoRA its adapters merged into the
+        base (one jitted merge into the base's layout), else the state's actor itself."""
+        return state.actor if self.merge is None else self.merge(state.actor, ref_params)
 
     def model_programs(self) -> list[tuple[str, Callable]]:
         """(model, its update program) in the order a train step runs them."""
@@ -469,22 +507,29 @@ class UpdateProgram:
 
 def make_update_program(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
                         actor_opt: Optimizer, critic_opt: Optimizer | None, mesh=None, state_shardings=None,
-                        ref_shardings=None, rules=None, offload: str = "none") -> UpdateProgram:
+                        ref_shardings=None, rules=None, offload: str = "none",
+                        lora: lora_lib.LoraSettings = NO_LORA) -> UpdateProgram:
     """Jit the train step's programs; each model's program donates its parameters and optimizer state.
 
     With a mesh and the state's shardings (`state_shardings`), parameters and optimizer states
     keep their layout across steps, and every batch array is split over the batch axes; `rules`
     (config.mesh.rules) may split the residual stream's tokens (sharding.jit_sharded).
     `offload` (a mode of rlver_jax.rl.offload.OFFLOAD, with a mesh): what waits in host memory
-    when (config.train.offload).
+    when (config.train.offload). `lora` (config.lora): the state's models are their trainable
+    leaves on the frozen base passed as the reference (`model_params`).
     """
     offload_lib.check_mode(offload, mesh)
-    prepare_fn = functools.partial(prepare_step, rl, actor_cfg, critic_cfg)
-    actor_fn = functools.partial(model_epochs, "actor", rl, functools.partial(actor_update, rl, actor_cfg, actor_opt.tx),
-                                 actor_opt)
+    prepare_fn = functools.partial(prepare_step, rl, actor_cfg, critic_cfg, lora=lora)
+    actor_fn = functools.partial(model_epochs, "actor", rl,
+                                 functools.partial(actor_update, rl, actor_cfg, actor_opt.tx, lora), actor_opt)
     critic_fn = None if critic_opt is None else functools.partial(
-        model_epochs, "critic", rl, functools.partial(critic_update, rl, critic_cfg, critic_opt.tx), critic_opt)
-    common = dict(rl=rl, actor_cfg=actor_cfg, critic_cfg=critic_cfg, actor_opt=actor_opt, critic_opt=critic_opt)
+        model_epochs, "critic", rl, functools.partial(critic_update, rl, critic_cfg, critic_opt.tx, lora), critic_opt)
+    merge = None
+    if lora.enabled:  # the sampler's actor: the base's layout on a mesh
+        merge = jax.jit(functools.partial(model_params, lora, actor_cfg),
+                        out_shardings=None if mesh is None else ref_shardings)
+    common = dict(rl=rl, actor_cfg=actor_cfg, critic_cfg=critic_cfg, actor_opt=actor_opt, critic_opt=critic_opt,
+                  lora=lora, merge=merge)
     if mesh is None:
         jit = functools.partial(jax.jit, donate_argnums=(1, 2))
         return UpdateProgram(**common, prepare=jax.jit(prepare_fn), actor=jit(actor_fn),
@@ -494,9 +539,10 @@ def make_update_program(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen
     replicated = NamedSharding(mesh, P())
     sh = state_shardings
     jit = functools.partial(sharding.jit_sharded, rules=rules)
+    base_sh = ref_shardings if lora.enabled else None
 
     def model_jit(fn, params_sh, opt_sh):
-        return jit(fn, (replicated, params_sh, opt_sh, batch, replicated), (params_sh, opt_sh, replicated),
+        return jit(fn, (replicated, params_sh, opt_sh, base_sh, batch, replicated), (params_sh, opt_sh, replicated),
                    donate_argnums=(1, 2))
 
     return UpdateProgram(
@@ -523,7 +569,7 @@ def train_step(program: UpdateProgram, state: TrainState, ref_params: Params | N
     inputs, rows, metrics, advantages = program.prepare(state.models(), ref_params, batch)
     for name, fn in program.model_programs():
         state = place(state, name)
-        params, opt_state, m = fn(state.step, *state.model(name), inputs, rows)
+        params, opt_state, m = fn(state.step, *state.model(name), program.base(ref_params), inputs, rows)
         state = state.with_model(name, ModelState(params, opt_state))
         metrics.update(m)
     state = place(state, "rest")

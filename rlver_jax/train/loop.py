@@ -85,7 +85,8 @@ def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
                       config=run.config_record, table_every=s.eval_every)
     if jax.process_index() == 0:
         discard_transcripts(run.workdir / "transcripts", start)  # steps >= start run again
-    sampler = run.sampling_layout.copy(state.actor)  # this process's copy, on its own devices
+    # this process's copy, on its own devices (LoRA: the adapters merged into the base)
+    sampler = run.sampling_layout.copy(run.update.actor_params(state, run.ref_params))
     buffer.publish(start, sampler)
     metrics: dict[str, float] = {}
     guard = StepGuard()
@@ -98,14 +99,14 @@ def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
             if s.max_staleness == 0:  # the sampler idles until the next publish:
                 jax.tree.map(lambda x: x.delete(), sampler)  # its memory goes to the update
             state, dialogues, advantages, metrics = _update(run, step, state, batch, wait_s)
-            sampler = run.sampling_layout.copy(state.actor)
+            sampler = run.sampling_layout.copy(run.update.actor_params(state, run.ref_params))
             buffer.publish(step + 1, sampler)
             if s.transcripts and jax.process_index() == 0:
                 write_transcripts(run.workdir / "transcripts", step, dialogues, advantages=advantages)
             if s.eval_every and run.eval_profiles and (step + 1) % s.eval_every == 0:
                 metrics.update(evaluate(run, sampler, step, trainer.step_keys(rng, step).eval))
             writers.write(step, metrics, dialogues)
-            checkpoint.save(manager, step + 1, state, {"step": step + 1, "seed": s.seed}, force=step + 1 == s.steps)
+            checkpoint.save(manager, step + 1, state, _meta(run, step + 1), force=step + 1 == s.steps)
             if jax.process_index() == 0:
                 run.storage.push()
             guard.end_step()
@@ -154,7 +155,7 @@ def _interrupted(run: Run, manager, state: trainer.TrainState, torn_step: int | 
         step = int(state.step)  # every step up to here is complete, its metrics written
         if step > 0 and checkpoint.latest_step(manager) != step:
             log.warning("interrupted: saving the checkpoint of step %d", step)
-            checkpoint.save(manager, step, state, {"step": step, "seed": run.loop.seed}, force=True)
+            checkpoint.save(manager, step, state, _meta(run, step), force=True)
         checkpoint.wait(manager)
     saved = checkpoint.latest_step(manager)
     lost = f"step {torn_step} was cut short and is not kept; " if torn_step is not None else ""
@@ -188,8 +189,17 @@ def _resume(run: Run, manager) -> tuple[trainer.TrainState, int]:
     if restored is None:
         return run.state, 0
     state, meta = restored
+    if meta.get("lora_base") != run.lora_base:
+        raise ValueError(f"{manager.directory} holds LoRA adapters of the base {meta.get('lora_base')}, but the "
+                         f"config names {run.lora_base} (config.model.path, config.model.preset, config.seed, "
+                         "config.lora): train with the checkpoint's, or start a new config.workdir")
     log.info("resumed from %s at step %d", manager.directory, int(meta["step"]))
     return state, int(meta["step"])
+
+
+def _meta(run: Run, step: int) -> dict:
+    """A checkpoint's JSON record: its step, the seed and (LoRA) the base its adapters belong to."""
+    return {"step": step, "seed": run.loop.seed, **({"lora_base": run.lora_base} if run.lora_base else {})}
 
 
 def _rollout_buffer(run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:

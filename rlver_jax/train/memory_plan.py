@@ -69,7 +69,7 @@ class Setup:
     mesh: Mesh
     update: trainer.UpdateProgram  # what build_run builds: the models, optimizers, shardings, programs
     state: trainer.TrainState  # ShapeDtypeStructs with the state's shardings
-    ref: Any | None  # the reference policy's, with a KL term
+    ref: Any | None  # the reference policy's, with a KL term; LoRA's frozen base
     batch: dict  # the train batch (TrainBatch.arrays()), split over the batch axes
     inputs: dict  # what the model programs read: prepare_step's update inputs ...
     rows: Any  # ... and mini-batch rows
@@ -87,6 +87,11 @@ class Setup:
     @property
     def models(self) -> trainer.TrainState:
         return self.state.models()
+
+    @property
+    def base(self) -> Any | None:
+        """What the model programs read besides their model: LoRA's base (an argument), else None."""
+        return self.update.base(self.ref)
 
     @property
     def offload(self) -> str:
@@ -174,13 +179,17 @@ def abstract_setup(config: ml_collections.ConfigDict, hoist_converts: bool = Tru
     run.check_mesh(rl, mesh, config)
     actor_cfg = loading.policy_architecture(config, any_preset=True)
     prog = run.update_program(config, rl, mesh, actor_cfg)
-    actor = qwen2.abstract_params(actor_cfg)
-    critic = None if prog.critic_cfg is None else qwen2.abstract_params(prog.critic_cfg)
+    actor, _ = run.trainable_shapes(prog.lora, actor_cfg, mesh, config.mesh.rules)
+    critic = None if prog.critic_cfg is None else run.trainable_shapes(prog.lora, prog.critic_cfg, mesh,
+                                                                        config.mesh.rules)[0]
     critic_tx = None if prog.critic_opt is None else prog.critic_opt.tx
     state = jax.eval_shape(lambda a, c: trainer.init_train_state(a, prog.actor_opt.tx, c, critic_tx, config.seed),
                            actor, critic)
     state = sharding.with_shardings(state, prog.shardings)
-    ref = None if prog.ref_shardings is None else sharding.with_shardings(actor, prog.ref_shardings)
+    # the reference is a copy of the policy, or LoRA's frozen base in config.lora.base_dtype
+    ref_cfg = run.base_architecture(actor_cfg, prog.lora) if prog.lora.enabled else actor_cfg
+    ref = None if prog.ref_shardings is None else sharding.with_shardings(qwen2.abstract_params(ref_cfg),
+                                                                          prog.ref_shardings)
     options = None if hoist_converts or jax.default_backend() != "cpu" else _NO_HOISTING
     batch = abstract_batch(config, mesh)
     inputs, rows, _, _ = prog.prepare.eval_shape(state.models(), ref, batch)
@@ -212,7 +221,8 @@ def resident(s: Setup, phase: str, mode: str | None = None) -> int:
     if phase in ("actor update", "critic update"):
         model = phase.split()[0]
         idle = [p for p in on[model] if p not in offload.READS[model]]
-        return device_bytes((s.state.rng, s.ref, s.batch)) + _parts(s, idle)
+        ref = None if s.base is not None else s.ref  # LoRA's base is an argument
+        return device_bytes((s.state.rng, ref, s.batch)) + _parts(s, idle)
     # the rollout, between steps: the sampler reads its own copy
     return device_bytes((s.state.step, s.state.rng, s.ref)) + _parts(s, on["rest"])
 
@@ -236,7 +246,7 @@ def model_update_phase(s: Setup, name: str) -> Phase:
     what config.train.offload leaves on the devices of the rest of the state."""
     model = name.split()[0]
     fn = dict(s.update.model_programs())[model]
-    compiled, secs = _compile(s, fn, s.state.step, *s.state.model(model), s.inputs, s.rows)
+    compiled, secs = _compile(s, fn, s.state.step, *s.state.model(model), s.base, s.inputs, s.rows)
     note = f"{s.rows.shape[0]} mini-batch(es)"
     if s.in_host_memory(model):
         note += f"; in host memory: {', '.join(s.in_host_memory(model))}"
@@ -448,12 +458,13 @@ def plan(config: ml_collections.ConfigDict, memory_gb: float = 16.0, phases: Seq
     """Compile the phases of `config`'s run and, with `search`, find the largest shapes that fit
     wherever the update (any of its programs) or the rollout does not."""
     s = abstract_setup(config, hoist_converts, host_devices)
-    sizes = {"actor params": device_bytes(s.state.actor), "actor AdamW state": device_bytes(s.state.actor_opt)}
+    trained = "adapters" if s.update.lora.enabled else "params"  # LoRA: a critic's value head among them
+    sizes = {f"actor {trained}": device_bytes(s.state.actor), "actor AdamW state": device_bytes(s.state.actor_opt)}
     if s.state.critic is not None:
-        sizes.update({"critic params": device_bytes(s.state.critic),
+        sizes.update({f"critic {trained}": device_bytes(s.state.critic),
                       "critic AdamW state": device_bytes(s.state.critic_opt)})
     if s.ref is not None:
-        sizes["reference params"] = device_bytes(s.ref)
+        sizes["frozen base" if s.update.lora.enabled else "reference params"] = device_bytes(s.ref)
     sizes["train batch"] = device_bytes(s.batch)
     done = []
     for name in phases:
@@ -479,7 +490,11 @@ def format_plan(plan: Plan, label: str = "") -> str:
     models = f"actor {actor.num_params() / 1e6:,.1f}M"
     if p.critic_cfg is not None:
         models += f" + critic {p.critic_cfg.num_params() / 1e6:,.1f}M (no LM head)"
-    if s.ref is not None:
+    if p.lora.enabled:
+        lora = p.lora
+        models += (f"; LoRA rank {lora.rank} (alpha {lora.alpha:g}) on {','.join(lora.targets)} of one frozen base in "
+                   f"{lora.base_dtype}, also the reference")
+    elif s.ref is not None:
         models += " + reference"
     b, t = s.batch["tokens"].shape
     unit, scale = ("GB", GB) if plan.peak.total >= GB else ("MB", 1e6)

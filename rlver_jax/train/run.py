@@ -27,6 +27,7 @@ from rlver_jax.parallel import sharding
 from rlver_jax.train import tracking
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.models import lora as lora_lib
 from rlver_jax.models.lora import LoraSettings
 from rlver_jax.rl import offload, trainer
 from rlver_jax.rollout.episodes import RolloutSettings
@@ -124,7 +125,8 @@ class Run:
     sampling_layout: sharding.SamplingLayout  # each process's sampling copy of the actor
     update: trainer.UpdateProgram  # models, optimizers, the state's shardings, the jitted train step
     state: trainer.TrainState  # before step 0; the first update donates it
-    ref_params: Any | None  # the frozen reference policy (a KL term only)
+    ref_params: Any | None  # the frozen reference policy (a KL term), or LoRA's base (every program's)
+    lora_base: dict | None = None  # LoRA: the base its checkpoints need (`lora_base`), in their records
 
 
 def rl_settings(config: ml_collections.ConfigDict) -> trainer.RLSettings:
@@ -198,29 +200,100 @@ def _tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat
 
 def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
                     ) -> tuple[trainer.Optimizer, trainer.Optimizer | None]:
-    """The actor's and (PPO) the critic's optimizer; their schedules count the run's train steps."""
-    actor_opt = trainer.make_optimizer(trainer.OptimSettings(**config.optim.actor), config.train.steps)
-    if not rl.uses_critic:
-        return actor_opt, None
-    return actor_opt, trainer.make_optimizer(trainer.OptimSettings(**config.optim.critic), config.train.steps)
+    """The actor's and (PPO) the critic's optimizer; their schedules count the run's train steps. With
+    LoRA their learning rates are config.optim's x config.lora.lr_multiplier."""
+    lora = _lora_settings(config)
+
+    def make(fields: ml_collections.ConfigDict) -> trainer.Optimizer:
+        settings = trainer.OptimSettings(**fields)
+        if lora.enabled:
+            settings = dataclasses.replace(settings, lr=settings.lr * lora.lr_multiplier)
+        return trainer.make_optimizer(settings, config.train.steps)
+
+    return make(config.optim.actor), make(config.optim.critic) if rl.uses_critic else None
+
+
+def base_architecture(actor_cfg: Qwen2Config, lora: LoraSettings) -> Qwen2Config:
+    """The frozen base of a LoRA run: the actor's architecture stored in config.lora.base_dtype."""
+    return actor_cfg.replace(param_dtype=lora.base_dtype)
+
+
+def trainable_shapes(lora: LoraSettings, cfg: Qwen2Config, mesh: Mesh, rules) -> tuple[Any, Any]:
+    """(ShapeDtypeStructs, NamedShardings) of what model `cfg` (the actor, or the critic with its value
+    head) trains: every parameter in full fine-tuning; with LoRA its adapters (fp32, sharded by their
+    logical axes) and a critic's value head."""
+    full, full_sh = qwen2.abstract_params(cfg), sharding.param_shardings(cfg, mesh, rules)
+    if not lora.enabled:
+        return full, full_sh
+    adapters = jax.eval_shape(lambda k: lora_lib.init_adapters(lora, full, k), jax.random.key(0))
+    adapters_sh = sharding.tree_shardings(lora_lib.adapter_axes(lora, qwen2.logical_axes(cfg)), adapters, mesh, rules)
+    head = [k for k in full if k.startswith("value_")]
+    return {**adapters, **{k: full[k] for k in head}}, {**adapters_sh, **{k: full_sh[k] for k in head}}
 
 
 def update_program(config: ml_collections.ConfigDict, rl: trainer.RLSettings, mesh: Mesh,
                    actor_cfg: Qwen2Config) -> trainer.UpdateProgram:
     """Everything of the update that follows from the config and the actor's architecture, before
-    any weight exists: build_run loads weights into it; launch/plan.py compiles it from shapes."""
-    actor_sh = sharding.param_shardings(actor_cfg, mesh, config.mesh.rules)
+    any weight exists: build_run loads weights into it; launch/plan.py compiles it from shapes.
+    With LoRA the state's models are their trainable leaves (`trainable_shapes`) and the reference
+    slot holds the frozen base (trainer.model_params)."""
+    lora, rules = _lora_settings(config), config.mesh.rules
+    actor, actor_sh = trainable_shapes(lora, actor_cfg, mesh, rules)
     actor_opt, critic_opt = make_optimizers(config, rl)
     critic_cfg = critic_sh = critic = critic_tx = None
     if rl.uses_critic:
         critic_cfg = loading.critic_config(actor_cfg)
-        critic_sh = sharding.param_shardings(critic_cfg, mesh, config.mesh.rules)
-        critic, critic_tx = qwen2.abstract_params(critic_cfg), critic_opt.tx
-    state_sh = trainer.state_shardings(actor_opt.tx, qwen2.abstract_params(actor_cfg), actor_sh, critic_tx, critic,
-                                       critic_sh)
-    ref_sh = actor_sh if rl.uses_reference else None
+        critic, critic_sh = trainable_shapes(lora, critic_cfg, mesh, rules)
+        critic_tx = critic_opt.tx
+    state_sh = trainer.state_shardings(actor_opt.tx, actor, actor_sh, critic_tx, critic, critic_sh)
+    ref_sh = sharding.param_shardings(actor_cfg, mesh, rules) if rl.uses_reference or lora.enabled else None
     return trainer.make_update_program(rl, actor_cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, ref_sh,
-                                       config.mesh.rules, offload=config.train.offload)
+                                       rules, offload=config.train.offload, lora=lora)
+
+
+def lora_base(config: ml_collections.ConfigDict, lora: LoraSettings) -> dict | None:
+    """The record a LoRA run's checkpoints carry (they hold the adapters, not the base): the base
+    (a Hugging Face directory, or the preset and seed of a random init) and the adapters' settings.
+    None in full fine-tuning."""
+    if not lora.enabled:
+        return None
+    base = ({"model_path": config.model.path} if config.model.path
+            else {"random_init": config.model.preset, "seed": config.seed})
+    return {**base, "base_dtype": lora.base_dtype, "rank": lora.rank, "alpha": lora.alpha,
+            "targets": list(lora.targets)}
+
+
+def initial_models(config: ml_collections.ConfigDict, prog: trainer.UpdateProgram, actor_cfg: Qwen2Config
+                   ) -> tuple[Any, Any | None, Any | None]:
+    """(actor, critic, reference or base) before step 0, in the program's shardings. Full fine-tuning:
+    the policy, the critic from it (PPO) and a copy of the policy (a KL term). LoRA: the policy is
+    the frozen base (config.lora.base_dtype), the actor fresh adapters, the critic fresh adapters and
+    a value head (PPO): the adapters' B is zero, so both models start as the base does."""
+    init_key = trainer.seed_keys(config.seed).init
+    if not prog.lora.enabled:
+        actor = loading.load_policy(config, actor_cfg, prog.shardings.actor, init_key)
+        ref_params = jax.tree.map(jnp.copy, actor) if prog.rl.uses_reference else None
+        critic = None
+        if prog.rl.uses_critic:
+            critic = loading.load_critic(config, prog.critic_cfg, actor, prog.shardings.critic)
+        return actor, critic, ref_params
+    base_cfg = base_architecture(actor_cfg, prog.lora)
+    base = loading.load_policy(config, base_cfg, prog.ref_shardings, init_key)
+    abstract_base = qwen2.abstract_params(base_cfg)
+
+    def adapters(key: jax.Array, shardings: Any) -> Any:
+        init = jax.jit(lambda k: lora_lib.init_adapters(prog.lora, abstract_base, k),
+                       out_shardings={k: v for k, v in shardings.items() if not k.startswith("value_")})
+        return init(key)
+
+    actor = adapters(jax.random.fold_in(init_key, 1), prog.shardings.actor)
+    critic = None
+    if prog.rl.uses_critic:
+        head_key = jax.random.fold_in(jax.random.key(config.seed), 1)  # load_critic's value-head stream
+        head = loading.value_head(prog.critic_cfg, config.critic.value_head_init, head_key)
+        critic = {**adapters(jax.random.fold_in(init_key, 2), prog.shardings.critic),
+                  **jax.device_put(head, {k: prog.shardings.critic[k] for k in head})}
+    return actor, critic, base
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,11 +328,13 @@ def training_settings(config: ml_collections.ConfigDict) -> TrainingSettings:
 
 
 def _lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
-    """config.lora, typed; rank > 0 is refused until the trainer holds adapters (issue 28)."""
+    """config.lora, typed. A LoRA critic is the actor's base plus its own adapters and value head,
+    so a separate critic checkpoint (config.critic.path) has no place in it."""
     lora = LoraSettings.from_config(config.lora) if "lora" in config else LoraSettings()
-    if lora.enabled:
-        raise ValueError(f"config.lora.rank={lora.rank}: LoRA training is not wired into the trainer yet "
-                         "(models/lora.py has the adapters, merge and export); use config.lora.rank=0")
+    if lora.enabled and config.critic.path:
+        raise ValueError(f"config.critic.path={config.critic.path!r} with config.lora.rank={lora.rank}: the LoRA "
+                         "critic shares the policy's frozen base (its own adapters and value head on it); "
+                         "set --config.critic.path= or config.lora.rank=0")
     return lora
 
 
@@ -289,12 +364,8 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
         raise ValueError(f"tokenizer has {len(chat_tokens.tokenizer)} tokens but the model's vocab_size is "
                          f"{actor_cfg.vocab_size}: config.model.tokenizer_path does not match the model")
     prog = update_program(config, rl, mesh, actor_cfg)
-    actor = loading.load_policy(config, actor_cfg, prog.shardings.actor, trainer.seed_keys(config.seed).init)
-    ref_params = jax.tree.map(jnp.copy, actor) if rl.uses_reference else None
-    critic = critic_tx = None
-    if rl.uses_critic:
-        critic = loading.load_critic(config, prog.critic_cfg, actor, prog.shardings.critic)
-        critic_tx = prog.critic_opt.tx
+    actor, critic, ref_params = initial_models(config, prog, actor_cfg)
+    critic_tx = prog.critic_opt.tx if rl.uses_critic else None
     state = trainer.init_train_state(actor, prog.actor_opt.tx, critic, critic_tx, config.seed, shardings=prog.shardings)
     state = offload.place(state, "rest", prog.offload, prog.shardings)  # where it waits between steps
     return Run(loop=loop, config_record=config.to_dict(), workdir=workdir, storage=storage, rl=rl, rollout=rollout,
@@ -302,7 +373,7 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
                chat=chat_tokens, train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh,
                dialogue_process=owner, own_dialogues=own,
                sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, config.mesh.rules), update=prog,
-               state=state, ref_params=ref_params)
+               state=state, ref_params=ref_params, lora_base=lora_base(config, s.lora))
 
 
 def _ranges(rows: np.ndarray) -> str:
