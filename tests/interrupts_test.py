@@ -89,11 +89,12 @@ class _State:
 
 
 def _run(tmp_path):
-    """The part of a Run `loop._interrupted` reads: its loop settings (the seed, the work directory)."""
+    """The part of a Run `loop._interrupted` reads: its loop settings (the seed, the work directory) and
+    the base of its LoRA adapters (none: full fine-tuning)."""
     settings = LoopSettings(steps=10, profiles_per_step=1, n=1, max_staleness=0, length_multiple=1, eval_every=0,
                             eval_max_profiles=0, transcripts=False, save_every=2, keep=5, async_save=False,
                             resume=True, seed=0, workdir=str(tmp_path))
-    return types.SimpleNamespace(loop=settings)
+    return types.SimpleNamespace(loop=settings, lora_base=None)
 
 
 @pytest.fixture
