@@ -122,8 +122,8 @@ def test_one_training_step_of_the_smol_preset(smol_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "RLVER_SMOLLM2_DIR": str(smol_dir)}
     out = subprocess.run([sys.executable, "launch/train.py", "--config=configs/grpo_nothink.py:smol",
                           f"--config.workdir={workdir}", "--config.train.steps=1", "--config.train.eval_every=0",
-                          "--config.rollout.profiles_per_step=2", "--config.rollout.n=4",
-                          "--config.rollout.max_new_tokens=16", "--config.simulator.max_turns=1"],
+                          "--config.rollout.profiles_per_step=1", "--config.rollout.n=2",
+                          "--config.rollout.max_new_tokens=8", "--config.simulator.max_turns=1"],
                          capture_output=True, text=True, env=env, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
