@@ -131,3 +131,26 @@ def test_one_training_step_of_the_smol_preset(smol_dir, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [0]
+
+
+def test_an_evaluation_of_the_directory_loads_its_layers_stacked_for_one_scanned_layer(smol_dir, smol):
+    """configs/eval.py:smol sets policy.scan_layers: each tensor of the 30 layers stacked, layer i at index i."""
+    from configs import eval as eval_config
+    from rlver_jax.eval import policy_loading
+    from rlver_jax.parallel import sharding
+
+    _, _, params = smol
+    c = eval_config.get_config("smol")
+    assert c.policy.scan_layers
+    mesh = sharding.make_mesh(c.mesh.shape)
+    loaded = policy_loading.load_hf_policy(str(smol_dir), mesh, c.mesh.rules, c.policy.dtype, c.policy.scan_layers)
+    assert loaded.model.scan_layers and loaded.model.num_layers == 30
+    stacked = jax.tree.leaves_with_path(loaded.params["layers"])
+    assert stacked
+    for path, leaf in stacked:
+        keys = [p.key for p in path]
+        for i in (0, 29):
+            layer = params[f"layer_{i}"]
+            for k in keys:
+                layer = layer[k]
+            np.testing.assert_array_equal(np.asarray(leaf)[i], np.asarray(layer))
