@@ -138,32 +138,47 @@ def first_turns(eval_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def summary(out: pathlib.Path, runs: Sequence[str], minutes: dict[str, float]) -> str:
-    means = {name: profile_means(out / f"eval_{name}") for name in ["base", *runs]}
+def score_table(out: pathlib.Path, names: Sequence[str], minutes: dict[str, float]) -> list[str]:
+    """Each policy's score over the profiles every evaluation scored, and its difference to the base."""
+    means = {name: profile_means(out / f"eval_{name}") for name in names}
     common = sorted(set.intersection(*(set(m) for m in means.values())))
     base = np.array([means["base"][p] for p in common])
-    lines = [f"# SmolLM2 learning run: {len(common)} held-out profiles x {_REPEATS.value} dialogues, "
-             f"{_STEPS.value} training steps\n",
+    lines = [f"{len(common)} held-out profiles x {_REPEATS.value} dialogues, {_STEPS.value} training steps\n",
              "| policy | score (95% CI over profiles) | vs base (paired, 95% CI) | minutes (train + eval) |",
              "|---|---|---|---:|"]
-    for name in ["base", *runs]:
+    for name in names:
         values = np.array([means[name][p] for p in common])
         mean, lo, hi = interval(values)
         diff = "-" if name == "base" else _paired(base, values)
         spent = minutes.get(name, 0.0) + minutes.get(f"eval_{name}", 0.0)
         lines.append(f"| {name} | {mean:.1f} [{lo:.1f}, {hi:.1f}] | {diff} | {spent:.1f} |")
-    for name in runs:
-        lines += [f"\n## {name}: reward per step (metrics.jsonl)\n", "| step | reward | emotion | rollout s | update s |",
-                  "|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['step']} | {r['reward_mean']:.3f} | {r['emotion_mean']:.1f} | {r['rollout_seconds']:.0f} "
-                  f"| {r['update_seconds']:.0f} |" for r in reward_curve(out / name)]
-    turns = {name: first_turns(out / f"eval_{name}") for name in ["base", *runs]}
-    lines.append("\n## First judged reply per held-out profile\n")
-    for pid in common:
-        lines.append(f"**{pid}** user: {turns['base'][pid]['user']}\n")
-        lines += [f"- {name} ({turns[name][pid]['change']:+d}): {turns[name][pid]['reply']!r} "
-                  f"[{turns[name][pid]['simulator_thoughts']}]" for name in ["base", *runs] if pid in turns[name]]
+    return lines
+
+
+def reward_table(run_dir: pathlib.Path) -> list[str]:
+    return ["| step | reward | emotion | rollout s | update s |", "|---:|---:|---:|---:|---:|"] + [
+        f"| {r['step']} | {r['reward_mean']:.3f} | {r['emotion_mean']:.1f} | {r['rollout_seconds']:.0f} "
+        f"| {r['update_seconds']:.0f} |" for r in reward_curve(run_dir)]
+
+
+def excerpts(out: pathlib.Path, names: Sequence[str]) -> list[str]:
+    """Per held-out profile: the user's opening line, then each policy's first reply and its judgement."""
+    turns = {name: first_turns(out / f"eval_{name}") for name in names}
+    lines = []
+    for pid, base in sorted(turns["base"].items()):
+        lines.append(f"**{pid}** user: {base['user']}\n")
+        lines += [f"- {name} ({t[pid]['change']:+d}): {t[pid]['reply']!r} [{t[pid]['simulator_thoughts']}]"
+                  for name, t in turns.items() if pid in t]
         lines.append("")
+    return lines
+
+
+def summary(out: pathlib.Path, runs: Sequence[str], minutes: dict[str, float]) -> str:
+    names = ["base", *runs]
+    lines = ["# SmolLM2 learning run\n", *score_table(out, names, minutes)]
+    for name in runs:
+        lines += [f"\n## {name}: reward per step (metrics.jsonl)\n", *reward_table(out / name)]
+    lines += ["\n## First judged reply per held-out profile\n", *excerpts(out, names)]
     lines.append(f"\nTotal {sum(minutes.values()):.1f} min: " + ", ".join(f"{k} {v:.1f}" for k, v in minutes.items()))
     return "\n".join(lines) + "\n"
 
