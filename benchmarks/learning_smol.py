@@ -1,6 +1,6 @@
 r"""Learning run of the real SmolLM2-135M-Instruct (issue 25): do GRPO and PPO against the embedded
-simulator raise the Sentient score on held-out English profiles? Never in CI (about 40 minutes on a
-loaded 2-core machine).
+simulator raise the Sentient score on held-out English profiles? Never in CI: 64 minutes on the
+2-core machine at load 7-9 (docs/benchmarks.md, "Learning run"; --algos=grpo alone about 30).
 
   python benchmarks/learning_smol.py --out=/tmp/learning_smol            # GRPO and PPO
   python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo --steps=20
