@@ -79,7 +79,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
         # Short dialogues keep the CPU run to minutes. In think mode a random tiny model must
         # first discover "</think>", and a format failure in any turn zeroes the dialogue's
         # reward: one-turn dialogues give it a learning signal from the start.
-        # smol: 2 turns without thinking keep a step to about a minute on 2 cores.
+        # smol: 2 turns without thinking keep a step to about two minutes on 2 shared cores.
         c.simulator.max_turns = 1 if think else 2 if smol else 3
     else:
         # The reference's training simulator adds the change as written (the emotion capped at 100);
