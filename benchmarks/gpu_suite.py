@@ -124,7 +124,7 @@ def train_part(suite: Suite, peak: float) -> None:
     limit = device_memory()
     for spec in FLAGS.runs:
         preset, batch_size, tokens = train_step.parse_run(spec)
-        config = get_preset(preset, remat=FLAGS.remat, scan_layers=FLAGS.scan_layers, dtype=FLAGS.dtype)
+        config = train_step.our_config(preset)  # --remat, --scan_layers, --dtype; smol: the fetched weights
         base = dict(run=spec, dtype=FLAGS.dtype, remat=FLAGS.remat, scan_layers=FLAGS.scan_layers)
         need = _STATE_BYTES * config.num_params()
         if limit and need > _FIT * limit:
@@ -136,7 +136,8 @@ def train_part(suite: Suite, peak: float) -> None:
             continue
         batch = train_step.make_batch(config, batch_size, tokens, np.random.default_rng(FLAGS.seed))
         with tempfile.TemporaryDirectory() as tmp:
-            model_dir = hf_io.save_pretrained(config, train_step.init_params(config), pathlib.Path(tmp) / preset)
+            model_dir = hf_io.save_pretrained(config, train_step.init_params(preset, config),
+                                              pathlib.Path(tmp) / preset)
             train_step.free_memory()
             try:
                 ours, prepared = train_step.run_ours(preset, config, batch, score_all=False)

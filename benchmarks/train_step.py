@@ -1,13 +1,15 @@
-r"""Train-step benchmark (issue 7): our jitted policy update vs a PyTorch step of transformers' Qwen2.
+r"""Train-step benchmark (issue 7): our jitted policy update vs a PyTorch step of transformers' Qwen2 / Llama.
 
   .venv/bin/python benchmarks/train_step.py                               # tiny and 0.5B
   .venv/bin/python benchmarks/train_step.py --runs=tiny:16x512 --steps=3  # seconds
+  .venv/bin/python benchmarks/train_step.py --runs=smol:8x256 --scan_layers  # the real SmolLM2 (issue 25)
   python benchmarks/train_step.py --dtype=bfloat16 --peak_tflops=989 \
       --runs=qwen2.5-0.5b:8x2048,qwen2.5-1.5b:8x2048                     # an H200 (torch on CUDA)
 
 For each run (preset:BATCHxTOKENS), random weights are drawn once (our init), written as a
 Hugging Face directory and loaded by transformers, so both sides train the same model on the same
-batch: B rows of T random tokens, every row full length, alternating 64-token user and policy
+batch; the preset `smol` is the real SmolLM2-135M-Instruct of `python launch/fetch_smollm2.py`
+(rlver_jax.models.smollm2.DEFAULT_DIR), its directory read by both sides: B rows of T random tokens, every row full length, alternating 64-token user and policy
 segments (the policy mask covers half the tokens), a GRPO reward on each row's last policy token.
 
   ours: exactly what training runs per mini-batch: the actor's program of a train step
@@ -17,7 +19,7 @@ segments (the policy mask covers half the tokens), a GRPO reward on each row's l
     (plus the entropy metric), global-norm clipping and optax AdamW, one jitted program. The LM
     head runs only at policy tokens (TrainBatch.arrays()["policy_positions"]), as in training.
   ours, all tokens: the same program with every token scored, as a plain step would.
-  torch: transformers' Qwen2ForCausalLM in train mode: logits -> log_softmax -> gather -> the same
+  torch: transformers' Qwen2ForCausalLM (LlamaForCausalLM for smol) in train mode: logits -> log_softmax -> gather -> the same
     token-mean PPO clipped loss on the same old log-probs and advantages -> backward ->
     clip_grad_norm_ -> torch.optim.AdamW step.
 
@@ -36,6 +38,7 @@ median is reported.
 
 import dataclasses
 import gc
+import json
 import os
 import pathlib
 import re
@@ -57,7 +60,7 @@ import transformers  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks.measure import matmul_params, matmul_peak  # noqa: E402
-from rlver_jax.models import hf_io, qwen2  # noqa: E402
+from rlver_jax.models import hf_io, qwen2, smollm2  # noqa: E402
 from rlver_jax.models.config import Qwen2Config, get_preset  # noqa: E402
 from rlver_jax.rl import trainer  # noqa: E402
 from rlver_jax.rl.batch import TrainBatch  # noqa: E402
@@ -78,6 +81,8 @@ _PEAK = flags.DEFINE_float("peak_tflops", 0.0, "MFU denominator in TFLOP/s (e.g.
                            "0: measure a 4096x4096 jnp.dot in --dtype.")
 
 _SEGMENT = 64  # tokens per user / policy segment of the synthetic dialogues
+# Presets read from a fetched Hugging Face directory (real weights) instead of drawn.
+_FETCHED = {"smol": smollm2.DEFAULT_DIR}
 _CLIP_EPS = 0.2
 
 
@@ -124,8 +129,23 @@ def median_step_seconds(step: Callable[[], None]) -> tuple[float, float]:
     return statistics.median(times), os.getloadavg()[0]
 
 
-def init_params(config: Qwen2Config):
-    """The random weights every side starts from (the update donates its copy)."""
+def our_config(preset: str) -> Qwen2Config:
+    """The preset's architecture (a fetched one's from its config.json) with our benchmark settings."""
+    overrides = dict(remat=_REMAT.value, scan_layers=_SCAN.value, dtype=_DTYPE.value)
+    if preset not in _FETCHED:
+        return get_preset(preset, **overrides)
+    path = _FETCHED[preset] / "config.json"
+    if not path.exists():
+        raise app.UsageError(f"{path}: not found{smollm2.missing_hint(_FETCHED[preset])}")
+    return hf_io.config_from_hf(json.loads(path.read_text()), str(path), **overrides)
+
+
+def init_params(preset: str, config: Qwen2Config):
+    """The weights every side starts from (the update donates its copy): a fetched preset's, else
+    random ones (our init)."""
+    if preset in _FETCHED:
+        return hf_io.load_pretrained(_FETCHED[preset], scan_layers=config.scan_layers, remat=config.remat,
+                                     compute_dtype=config.dtype)[1]
     return qwen2.init_params(config, jax.random.key(_SEED.value))
 
 
@@ -138,7 +158,7 @@ def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: boo
         arrays["policy_positions"] = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))
     rl = trainer.RLSettings(algo="grpo", mini_batch_size=rows, micro_batch_size=_MICRO.value or rows)
     opt = trainer.make_optimizer(trainer.OptimSettings(), total_steps=100)
-    state = trainer.init_train_state(init_params(config), opt.tx, seed=_SEED.value)
+    state = trainer.init_train_state(init_params(preset, config), opt.tx, seed=_SEED.value)
     program = trainer.make_update_program(rl, config, None, opt, None)
     device_batch = {k: jnp.asarray(v) for k, v in arrays.items()}
     inputs, minibatch_rows, _, _ = program.prepare(state.models(), None, device_batch)
@@ -211,18 +231,20 @@ def parse_run(spec: str) -> tuple[str, int, int]:
     match = re.fullmatch(r"([\w.-]+):(\d+)x(\d+)", spec)
     if not match:
         raise app.UsageError(f"--runs entry {spec!r}: write PRESET:BATCHxTOKENS, e.g. qwen2.5-0.5b:2x512")
-    get_preset(match[1])  # an unknown preset fails here, before any measurement
+    if match[1] not in _FETCHED:
+        get_preset(match[1])  # an unknown preset fails here, before any measurement
     return match[1], int(match[2]), int(match[3])
 
 
 def bench(preset: str, batch_size: int, tokens: int) -> tuple[str, Qwen2Config, int, int, list[Result]]:
     """Both sides on one preset and batch shape, one after the other."""
     spec = f"{preset}:{batch_size}x{tokens}"
-    config = get_preset(preset, remat=_REMAT.value, scan_layers=_SCAN.value, dtype=_DTYPE.value)
+    config = our_config(preset)
     batch = make_batch(config, batch_size, tokens, np.random.default_rng(_SEED.value))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = hf_io.save_pretrained(config, init_params(config), pathlib.Path(tmp) / preset)
+        model_dir = _FETCHED.get(preset) or hf_io.save_pretrained(config, init_params(preset, config),
+                                                                  pathlib.Path(tmp) / preset)
         free_memory()
         for score_all in (False, True):
             result, prepared = run_ours(preset, config, batch, score_all)

@@ -46,7 +46,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.model.tokenizer_path = ""  # "" = model.path (or the locally built one of random_init)
     c.model.param_dtype = "float32"  # master weights
     c.model.dtype = "float32" if cpu else "bfloat16"  # compute dtype
-    c.model.scan_layers = not cpu  # compile one layer, not 28
+    # Compile one layer, not 28. smol too: its 30 unrolled layers took 1.5x longer for a first
+    # step (269 s vs 183 s wall, docs/benchmarks.md); tiny's 2 layers compile fast either way.
+    c.model.scan_layers = not tiny
     c.model.remat = "none" if cpu else "full"  # recompute activations in the backward pass
     c.model.attention = "auto"  # auto | xla | blockwise (memory ~ T) | cudnn (GPU) | splash (TPU): docs/attention.md
     # MLP over token chunks of at most this many tokens (0: whole rows); 7B: docs/sharding.md, memory plan
@@ -80,7 +82,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
         # Short dialogues keep the CPU run to minutes. In think mode a random tiny model must
         # first discover "</think>", and a format failure in any turn zeroes the dialogue's
         # reward: one-turn dialogues give it a learning signal from the start.
-        c.simulator.max_turns = 1 if think else 3
+        # smol: 2 turns without thinking keep a step to about two minutes on 2 shared cores.
+        c.simulator.max_turns = 1 if think else 2 if smol else 3
     else:
         # The reference's training simulator adds the change as written (the emotion capped at 100);
         # +-100 is the parser's bound, so this is no clip. Evaluation (train.eval_rules) keeps SAGE's +-10.
@@ -95,9 +98,10 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout = ml_collections.ConfigDict()
     c.rollout.think = think  # think-then-say: reason in <think>...</think> before replying
     c.rollout.n = 4 if grpo else 1  # dialogues per profile (a GRPO group)
-    # per step (paper: 32), x n dialogues; smol: a CPU step of 16 (GRPO) or 8 (PPO) real-model dialogues
-    c.rollout.profiles_per_step = (8 if grpo else 16) if tiny else (4 if grpo else 8) if smol else 32
-    c.rollout.max_new_tokens = 48 if cpu else 5000  # tokens per policy turn
+    # per step (paper: 32), x n dialogues; smol: a CPU step of 8 real-model dialogues
+    c.rollout.profiles_per_step = (8 if grpo else 16) if tiny else (2 if grpo else 8) if smol else 32
+    # tokens per policy turn; smol: the evaluation's 32 (configs/eval.py), about 24 English words
+    c.rollout.max_new_tokens = 48 if tiny else 32 if smol else 5000
     c.rollout.max_total_tokens = 1024 if cpu else 15000  # per training row (prompt 5000 + response 10000)
     # KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
     # 0 re-encodes the history every turn (less memory held between turns). With think_history

@@ -104,6 +104,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.policy.path = str(smollm2.DEFAULT_DIR) if smol else ""
     c.policy.fresh_tiny = tiny  # jax with neither checkpoint nor path: a randomly initialised tiny model
     c.policy.dtype = "float32" if cpu else "bfloat16"  # jax with policy.path (a run keeps its own)
+    # jax with policy.path: one scanned decoder layer (a run keeps its own). smol: a first training
+    # rollout took 72 s with its 30 layers unrolled, 27 s scanned, mostly compiling (docs/benchmarks.md)
+    c.policy.scan_layers = smol
     c.policy.base_path = ""  # jax: HF dir for the run's architecture and tokenizer if its model.path moved
     # Think-then-say; None = the run's own setting for a checkpoint, else no-think.
     c.policy.think = config_dict.placeholder(bool)

