@@ -166,7 +166,8 @@ def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: boo
 
     def step() -> None:
         nonlocal params, opt_state
-        params, opt_state, metrics = program.actor(state.step, params, opt_state, inputs, minibatch_rows)
+        params, opt_state, metrics = program.actor(state.step, params, opt_state, program.base(None), inputs,
+                                                   minibatch_rows)
         jax.block_until_ready(metrics)
 
     host = {k: np.asarray(inputs[k]) for k in ("old_logprobs", "advantages")}
