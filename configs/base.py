@@ -63,6 +63,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # config.optim's learning rates x this with LoRA: adapters want ~10x full fine-tuning's rate
     # (Schulman et al. 2025, "LoRA Without Regret"; verl and the tinker cookbook use the same factor)
     c.lora.lr_multiplier = 10.0
+    # Whole modules trained beside the adapters, at config.optim's rate (PEFT's modules_to_save;
+    # LongLoRA's "LoRA+"): a subset of "embed,norms". "" for real models: adapters alone are what
+    # LoRA servers load. tiny: its frozen random tied head bounds every logit to about +-1.3, so
+    # adapters alone cannot sharpen its distributions (docs/benchmarks.md, LoRA).
+    c.lora.modules_to_save = "embed,norms" if tiny else ""
 
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)

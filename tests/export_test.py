@@ -124,14 +124,16 @@ def test_export_command(tmp_path, tiny_tokenizer_dir):
 
 @pytest.mark.slow
 def test_lora_run_exports_the_merged_model_and_its_peft_adapter(tmp_path, tiny_tokenizer_dir):
-    """A LoRA run's checkpoint holds adapters: launch/export_hf.py writes the plain model with them
-    merged (W + scale * A @ B, in numpy here), which transformers loads with no adapter tensors and
-    our logits, and with --peft_adapter the adapters alone, which peft puts on the base with the same."""
+    """A LoRA run's checkpoint holds adapters (and tiny's default modules_to_save, the embedding and
+    the norms, as deltas): launch/export_hf.py writes the plain model with them merged (W + scale *
+    A @ B, W + delta, in numpy here), which transformers loads with no adapter tensors and our
+    logits, and with --peft_adapter the adapters alone, which peft puts on the base with the same."""
     peft = pytest.importorskip("peft")
     config = train_config("tiny")
     config.workdir = str(tmp_path / "run")
     config.lora.rank, config.lora.alpha, config.lora.targets = 4, 8.0, "q,v,o,down"
     settings = lora.LoraSettings.from_config(config.lora)
+    assert settings.modules_to_save == ("embed", "norms")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.json").write_text(config.to_json_best_effort(indent=2))
     shutil.copytree(tiny_tokenizer_dir, tmp_path / "run" / "tokenizer")
@@ -160,6 +162,11 @@ def test_lora_run_exports_the_merged_model_and_its_peft_adapter(tmp_path, tiny_t
             w, ad = merged[group][module][kernel], adapters[group][module][kernel]
             a = ad["lora_a"].reshape(-1, settings.rank)
             merged[group][module][kernel] = w + 2.0 * (a @ ad["lora_b"].reshape(settings.rank, -1)).reshape(w.shape)
+    merged["embed"]["embedding"] = merged["embed"]["embedding"] + adapters["embed"]["embedding"]["delta"]
+    merged["final_norm"]["scale"] = merged["final_norm"]["scale"] + adapters["final_norm"]["scale"]["delta"]
+    for group in ("layer_0", "layer_1"):
+        for norm in ("input_norm", "post_attn_norm"):
+            merged[group][norm]["scale"] = merged[group][norm]["scale"] + adapters[group][norm]["scale"]["delta"]
     ids = np.array([[3, 17, 200, 5, 99, 411, 7]])
     ours = np.asarray(qwen2.forward(cfg, merged, ids))
     from safetensors import safe_open

@@ -1,5 +1,8 @@
 """LoRA adapters (models/lora.py): merge against numpy, the PEFT format against peft, settings checks."""
 
+import functools
+import pathlib
+
 import numpy as np
 import optax
 import pytest
@@ -58,14 +61,45 @@ def test_fresh_adapters_leave_the_base_and_merge_matches_numpy(tiny):
     assert tuple(axes[group]["attn"]["q_kernel"]["lora_b"]) == lead + ("lora_rank", "heads", "head_dim")
 
 
+def test_modules_to_save_train_their_leaves_as_deltas(tiny):
+    """Each leaf of modules_to_save gets a zero {"delta"} with its leaf's axes and merges as W + delta
+    (numpy); an untied LM head is among "embed"'s, a critic (no LM head) has none to train."""
+    config = tiny[0].replace(scan_layers=True, tie_word_embeddings=False)
+    base = qwen2.init_params(config, jax.random.key(0))
+    settings = lora.LoraSettings(rank=4, targets=("q",), modules_to_save=("embed", "norms"))
+    fresh = lora.init_adapters(settings, base, jax.random.key(1))
+    paths = [("embed", "embedding"), ("lm_head",), ("final_norm", "scale"), ("layers", "input_norm", "scale"),
+             ("layers", "post_attn_norm", "scale")]
+    deltas = {jax.tree_util.keystr(p[:-1]) for p, _ in jax.tree_util.tree_leaves_with_path(fresh)
+              if p[-1].key == "delta"}
+    assert deltas == {jax.tree_util.keystr(tuple(jax.tree_util.DictKey(k) for k in p)) for p in paths}
+    ad = _random_adapters(settings, base)
+    merged = lora.merge(settings, base, ad)
+    axes, ad_axes = qwen2.logical_axes(config), lora.adapter_axes(settings, qwen2.logical_axes(config))
+    for p in paths:
+        get = lambda t, p=p: functools.reduce(lambda n, k: n[k], p, t)
+        np.testing.assert_allclose(get(merged), np.asarray(get(base)) + np.asarray(get(ad)["delta"]), rtol=1e-6)
+        assert get(ad_axes)["delta"] == get(axes)
+    np.testing.assert_array_equal(merged["layers"]["mlp"]["up_kernel"], base["layers"]["mlp"]["up_kernel"])
+    critic_cfg, critic = loading.critic_from_actor(config, base)
+    assert "lm_head" not in lora.init_adapters(settings, qwen2.abstract_params(critic_cfg), jax.random.key(1))
+    with pytest.raises(ValueError, match=r"config.lora.modules_to_save='embed,heads': use a subset of"):
+        lora.LoraSettings(rank=4, modules_to_save=("embed", "heads"))
+
+
 def test_rank_zero_is_the_base_itself(tiny):
     assert lora.merge(lora.LoraSettings(), tiny[1], {}) is tiny[1]
 
 
-def test_merged_export_and_peft_adapter_give_our_logits(tmp_path, tiny):
+@pytest.mark.parametrize("untied,modules", [(False, ()), (False, ("embed", "norms")), (True, ("embed", "norms"))])
+def test_merged_export_and_peft_adapter_give_our_logits(tmp_path, tiny, untied, modules):
+    """PEFT loads modules_to_save whole (a tied model's LM head too: PEFT unties it)."""
     peft = pytest.importorskip("peft")
     config, base = tiny
-    settings = lora.LoraSettings(rank=4, alpha=8.0)
+    if untied:
+        config = config.replace(tie_word_embeddings=False)
+        base = qwen2.init_params(config, jax.random.key(0))
+    settings = lora.LoraSettings(rank=4, alpha=8.0, modules_to_save=modules)
     ad = _random_adapters(settings, base)
     merged = lora.merge(settings, base, ad)
     ids = np.array([[3, 17, 200, 5, 99, 411]])
@@ -73,7 +107,7 @@ def test_merged_export_and_peft_adapter_give_our_logits(tmp_path, tiny):
 
     hf_io.save_pretrained(config, base, tmp_path / "base")
     hf_io.save_pretrained(config, merged, tmp_path / "merged")
-    lora.save_peft_adapter(settings, config, ad, tmp_path / "adapter", str(tmp_path / "base"))
+    lora.save_peft_adapter(settings, config, ad, merged, tmp_path / "adapter", str(tmp_path / "base"))
     from safetensors import safe_open
     with safe_open(str(tmp_path / "merged" / "model.safetensors"), "np") as f:
         assert not [k for k in f.keys() if "lora" in k]
@@ -104,7 +138,7 @@ def test_config_lora_section_is_checked_with_the_training_settings():
     from rlver_jax.train import run
 
     config = get_config("tiny")
-    assert run.training_settings(config).lora == lora.LoraSettings(rank=0, alpha=16.0)
+    assert run.training_settings(config).lora == lora.LoraSettings(rank=0, alpha=16.0, modules_to_save=("embed", "norms"))
     config.lora.targets = "q,v"
     config.lora.rank = -2
     with pytest.raises(ValueError, match=r"config.lora.rank=-2 must be >= 0"):
@@ -148,13 +182,14 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     (plain SGD, a KL term to the reference): a fresh adapter (B = 0) leaves each model equal to its
     base, so the full step's kernel change dW = -g_W gives the adapters' by the chain rule in numpy,
     dB = scale * A^T dW and dA = scale * dW B^T = 0; the critic's value head moves as in full
-    fine-tuning; the base, shared by the actor, the critic and the reference, is left as it was."""
+    fine-tuning, and so does each leaf of modules_to_save (its delta's gradient is its own); the
+    base, shared by the actor, the critic and the reference, is left as it was."""
     from tests.trainer_test import _batch
 
     cfg = get_preset("tiny")
     base = qwen2.init_params(cfg, jax.random.key(0))
     base_copy = jax.tree.map(np.array, base)
-    settings = lora.LoraSettings(rank=4, alpha=8.0)
+    settings = lora.LoraSettings(rank=4, alpha=8.0, modules_to_save=("embed", "norms"))
     rl = trainer.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, kl_coef=0.1)
     critic_cfg = critic = None
     if rl.uses_critic:
@@ -182,6 +217,12 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
             np.testing.assert_allclose(after.critic[k], full_after.critic[k], rtol=1e-5, atol=1e-7)
     for name, full_params, start, ad, trained in models:
         assert set(trained) == set(ad), name  # only the trainable leaves: no base weights in the state
+        for path in [("embed", "embedding"), ("final_norm", "scale"), ("layer_1", "post_attn_norm", "scale")]:
+            get = lambda t, path=path: functools.reduce(lambda n, k: n[k], path, t)
+            dw = np.asarray(get(full_params)) - np.asarray(get(start))
+            assert name == "critic" or np.abs(dw).max() > 0, path  # a zero value head passes the critic no gradient
+            ulp = np.finfo(np.float32).eps * np.abs(np.asarray(get(start))).max()  # dW's rounding (norms ~1)
+            np.testing.assert_allclose(get(trained)["delta"], dw, rtol=1e-4, atol=ulp + 1e-5 * np.abs(dw).max())
         for t in settings.targets:
             module, kernel, _, _ = lora.TARGETS[t]
             for group in ("layer_0", "layer_1"):
@@ -208,6 +249,30 @@ def test_lora_scales_the_learning_rates_by_its_multiplier():
     for f, a, lr in zip(full, adapted, (config.optim.actor.lr, config.optim.critic.lr)):
         assert float(f.learning_rate(100)) == pytest.approx(lr)
         assert float(a.learning_rate(100)) == pytest.approx(10.0 * lr)
+    # the adapter factors at lr x 10, every other trainable leaf (a delta, a value head) at lr
+    config.lora.modules_to_save = "norms"
+    tx = run.make_optimizers(config, run.rl_settings(config))[1].tx
+    params = {"q": {"lora_a": jnp.ones(3), "lora_b": jnp.ones(3)}, "final_norm": {"scale": {"delta": jnp.zeros(3)}},
+              "value_kernel": jnp.zeros(3)}
+    updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
+    adam = -1.0 / (1.0 + 1e-8 / np.sqrt(0.001))  # Adam's first step from m = g = 1 (bias-corrected)
+    np.testing.assert_allclose(updates["final_norm"]["scale"]["delta"], 0.1 * adam, rtol=1e-5)
+    np.testing.assert_allclose(updates["value_kernel"], 0.1 * adam, rtol=1e-5)
+    wd = config.optim.critic.weight_decay
+    np.testing.assert_allclose(updates["q"]["lora_a"], adam - wd, rtol=1e-5)  # AdamW's decay at unit weights
     config.lora.lr_multiplier = 0.0
     with pytest.raises(ValueError, match=r"config.lora.lr_multiplier=0.0 must be > 0"):
         run.training_settings(config)
+
+
+def test_sampler_benchmark_runs_both_forms_and_they_agree():
+    """benchmarks/lora_sampler.py at tiny shapes: it checks the unmerged projections against the
+    merged ones (exits non-zero when they differ) and prints its table."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "benchmarks/lora_sampler.py", "--preset=tiny", "--rank=4", "--rows=2",
+                           "--repeats=1"], capture_output=True, text=True, timeout=300,
+                          cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| 2 | " in proc.stdout and "merge of the layer's adapters" in proc.stdout

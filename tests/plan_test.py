@@ -218,8 +218,9 @@ def test_launch_plan_on_one_cpu_device_and_a_bad_mesh(tmp_path):
 @pytest.mark.slow
 def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
     """With config.lora.rank the planner lowers build_run's LoRA programs (the same HLO), its state
-    is the adapters (by hand: rank x (fan in + fan out) per adapted kernel, fp32) with their AdamW
-    moments, and the frozen base is counted once, as an argument of every program."""
+    is the adapters (by hand: rank x (fan in + fan out) per adapted kernel, fp32) and the deltas of
+    tiny's modules_to_save (the embedding and the norms) with their AdamW moments, and the frozen
+    base is counted once, as an argument of every program."""
     config = _tiny(ppo_think, tmp_path)
     config.lora.rank, config.lora.targets = 4, "q,o,down"
     r = run.build_run(config)
@@ -239,6 +240,7 @@ def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
     cfg = r.update.actor_cfg
     d, q, f = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size
     adapter_bytes = cfg.num_layers * 4 * (d + q + q + d + f + d) * 4  # q: D->NH, o: NH->D, down: F->D; fp32
+    adapter_bytes += (cfg.vocab_size * d + 2 * cfg.num_layers * d + d) * 4  # embedding and norm deltas (tied head)
 
     def total(tree):
         return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))

@@ -299,9 +299,10 @@ def test_paper_configs_hold_the_reference_values(module):
 
 @pytest.mark.slow
 def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
-    """A tiny LoRA PPO run with a KL term: the checkpoints hold the adapters (and the critic's value
-    head) and name their base; the base every model read is bit-identical after the steps; the
-    adapters moved; a run resumed after step 2 ends at step 3 equal to an unbroken one."""
+    """A tiny LoRA PPO run with a KL term: the checkpoints hold the adapters, the deltas of tiny's
+    modules_to_save (embedding, norms) and the critic's value head, and name their base; the base
+    every model read is bit-identical after the steps; the adapters and deltas moved; a run resumed
+    after step 2 ends at step 3 equal to an unbroken one."""
     def lora_config(workdir, steps):
         config = small(ppo_nothink.get_config("tiny"), workdir, steps=steps)
         config.lora.rank, config.rl.kl_coef, config.train.eval_every = 4, 0.05, 0
@@ -319,12 +320,14 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
     manager.close()
     state, meta = restored["state"], restored["meta"]
     assert meta["lora_base"] == {"random_init": "tiny", "seed": 0, "base_dtype": "float32", "rank": 4, "alpha": 16.0,
-                                 "targets": ["q", "k", "v", "o", "gate", "up", "down"]}
-    assert set(state["actor"]) == {"layer_0", "layer_1"}  # adapters only: no embedding, norms or LM head
-    assert set(state["critic"]) == {"layer_0", "layer_1", "value_kernel", "value_bias"}
-    moved = [float(np.abs(np.asarray(b) - a).max())
-             for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(state["actor"]))]
-    assert min(moved[1::2]) > 0  # every B (lora_b leaves sort after lora_a) left zero
+                                 "targets": ["q", "k", "v", "o", "gate", "up", "down"],
+                                 "modules_to_save": ["embed", "norms"]}
+    assert set(state["actor"]) == {"layer_0", "layer_1", "embed", "final_norm"}  # no base kernel, no LM head
+    assert set(state["critic"]) == {"layer_0", "layer_1", "embed", "final_norm", "value_kernel", "value_bias"}
+    before = dict(jax.tree_util.tree_leaves_with_path(fresh))
+    for path, after in jax.tree_util.tree_leaves_with_path(state["actor"]):
+        if path[-1].key in ("lora_b", "delta"):  # every B and every delta left zero
+            assert np.abs(np.asarray(after) - before[path]).max() > 0, jax.tree_util.keystr(path)
 
     resumed = lora_config(tmp_path / "resumed", 2)
     loop.train(resumed, progress=False)

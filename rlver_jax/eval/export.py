@@ -43,5 +43,5 @@ def export_peft_adapter(policy: LoadedPolicy, out: str | os.PathLike) -> pathlib
         raise FileExistsError(f"{out} exists; choose a new directory or remove it first")
     a = policy.adapter
     with atomic_directory(out) as stage:
-        lora.save_peft_adapter(a.settings, policy.model, a.params, stage, a.base_path)
+        lora.save_peft_adapter(a.settings, policy.model, a.params, policy.params, stage, a.base_path)
     return out

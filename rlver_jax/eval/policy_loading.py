@@ -52,7 +52,7 @@ class LoadedPolicy:
 # (the Qwen2Config defaults of the time), by config section.
 _ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0},
                  "lora": {"rank": 0, "alpha": 16.0, "targets": ",".join(lora.TARGETS), "base_dtype": "float32",
-                          "lr_multiplier": 10.0}}
+                          "lr_multiplier": 10.0, "modules_to_save": ""}}
 
 
 def migrate_run_config(fields: dict[str, Any]) -> dict[str, Any]:

@@ -382,6 +382,24 @@ def _to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(x)
 
 
+def hf_tensors(config: Qwen2Config, params: Params, dtype: str | None = None,
+               keep: Callable[[str], bool] = lambda name: True) -> dict[str, np.ndarray]:
+    """`params` as host arrays under their Hugging Face names (in `dtype`, default the parameter
+    dtype), only the names `keep` accepts (the others are not gathered)."""
+    np_dtype = _NP_DTYPES[dtype or config.param_dtype]
+    tensors: dict[str, np.ndarray] = {}
+    for our_path, names, _, to_hf in _param_plan(config):
+        if any(keep(n) for n in names):
+            arrays = to_hf(_to_host(_tree_get(params, our_path)))
+            tensors.update({n: np.ascontiguousarray(np.asarray(a).astype(np_dtype)) for n, a in zip(names, arrays)
+                            if keep(n)})
+    if config.value_head:
+        for name, hf_name in _VALUE_HEAD.items():
+            if keep(hf_name):
+                tensors[hf_name] = _to_host(params[name]).reshape(_hf_expected_shape(hf_name, config)).astype(np_dtype)
+    return tensors
+
+
 def save_pretrained(
     config: Qwen2Config,
     params: Params,
@@ -399,15 +417,7 @@ def save_pretrained(
     """
     path = pathlib.Path(path)
     dtype = dtype or config.param_dtype
-    np_dtype = _NP_DTYPES[dtype]
-    tensors: dict[str, np.ndarray] = {}
-    for our_path, names, _, to_hf in _param_plan(config):
-        arrays = to_hf(_to_host(_tree_get(params, our_path)))
-        for name, arr in zip(names, arrays):
-            tensors[name] = np.ascontiguousarray(np.asarray(arr).astype(np_dtype))
-    if config.value_head:
-        for name, hf_name in _VALUE_HEAD.items():
-            tensors[hf_name] = _to_host(params[name]).reshape(_hf_expected_shape(hf_name, config)).astype(np_dtype)
+    tensors = hf_tensors(config, params, dtype)
     if jax.process_index() != 0:
         return path
     with atomic_directory(path) as tmp:

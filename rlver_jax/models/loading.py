@@ -98,6 +98,11 @@ def critic_from_actor(actor_cfg: Qwen2Config, actor: Params, value_head_init: st
     return critic_cfg, {**body, **head}
 
 
+def value_head_key(seed: int) -> jax.Array:
+    """The random stream of a fresh critic's value head (its `normal` init), apart from the model's."""
+    return jax.random.fold_in(jax.random.key(seed), 1)
+
+
 def value_head(critic_cfg: Qwen2Config, value_head_init: str = "zero", rng: jax.Array | None = None) -> Params:
     """The critic's fresh value head ({"value_kernel", "value_bias"}): see `critic_from_actor`."""
     if value_head_init not in VALUE_HEAD_INITS:
@@ -121,6 +126,5 @@ def load_critic(config: ml_collections.ConfigDict, critic_cfg: Qwen2Config, acto
             scan_layers=critic_cfg.scan_layers, remat=critic_cfg.remat, attention=critic_cfg.attention,
             value_head=True, shardings=shardings)
         return params
-    rng = jax.random.fold_in(jax.random.key(config.seed), 1)  # the value head's own stream
-    _, params = critic_from_actor(critic_cfg, actor, config.critic.value_head_init, rng)
+    _, params = critic_from_actor(critic_cfg, actor, config.critic.value_head_init, value_head_key(config.seed))
     return jax.device_put(params, shardings)

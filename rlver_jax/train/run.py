@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from jax.sharding import Mesh
 
 from rlver_jax.checks import build_all, check_ranges
@@ -201,14 +202,17 @@ def _tokenizer(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat
 def make_optimizers(config: ml_collections.ConfigDict, rl: trainer.RLSettings
                     ) -> tuple[trainer.Optimizer, trainer.Optimizer | None]:
     """The actor's and (PPO) the critic's optimizer; their schedules count the run's train steps. With
-    LoRA their learning rates are config.optim's x config.lora.lr_multiplier."""
+    LoRA the adapters' learning rates are config.optim's x config.lora.lr_multiplier, the other
+    trainable leaves' (modules_to_save, a value head) config.optim's (lora.full_rank_rate)."""
     lora = _lora_settings(config)
 
     def make(fields: ml_collections.ConfigDict) -> trainer.Optimizer:
         settings = trainer.OptimSettings(**fields)
-        if lora.enabled:
-            settings = dataclasses.replace(settings, lr=settings.lr * lora.lr_multiplier)
-        return trainer.make_optimizer(settings, config.train.steps)
+        if not lora.enabled:
+            return trainer.make_optimizer(settings, config.train.steps)
+        opt = trainer.make_optimizer(dataclasses.replace(settings, lr=settings.lr * lora.lr_multiplier),
+                                     config.train.steps)
+        return dataclasses.replace(opt, tx=optax.chain(opt.tx, lora_lib.full_rank_rate(lora)))
 
     return make(config.optim.actor), make(config.optim.critic) if rl.uses_critic else None
 
@@ -260,7 +264,7 @@ def lora_base(config: ml_collections.ConfigDict, lora: LoraSettings) -> dict | N
     base = ({"model_path": config.model.path} if config.model.path
             else {"random_init": config.model.preset, "seed": config.seed})
     return {**base, "base_dtype": lora.base_dtype, "rank": lora.rank, "alpha": lora.alpha,
-            "targets": list(lora.targets)}
+            "targets": list(lora.targets), "modules_to_save": list(lora.modules_to_save)}
 
 
 def initial_models(config: ml_collections.ConfigDict, prog: trainer.UpdateProgram, actor_cfg: Qwen2Config
@@ -279,19 +283,18 @@ def initial_models(config: ml_collections.ConfigDict, prog: trainer.UpdateProgra
         return actor, critic, ref_params
     base_cfg = base_architecture(actor_cfg, prog.lora)
     base = loading.load_policy(config, base_cfg, prog.ref_shardings, init_key)
-    abstract_base = qwen2.abstract_params(base_cfg)
 
-    def adapters(key: jax.Array, shardings: Any) -> Any:
-        init = jax.jit(lambda k: lora_lib.init_adapters(prog.lora, abstract_base, k),
+    def adapters(cfg: Qwen2Config, key: jax.Array, shardings: Any) -> Any:
+        abstract = qwen2.abstract_params(cfg)  # the model's own tree: a critic has no LM head to adapt
+        init = jax.jit(lambda k: lora_lib.init_adapters(prog.lora, abstract, k),
                        out_shardings={k: v for k, v in shardings.items() if not k.startswith("value_")})
         return init(key)
 
-    actor = adapters(jax.random.fold_in(init_key, 1), prog.shardings.actor)
+    actor = adapters(actor_cfg, jax.random.fold_in(init_key, 1), prog.shardings.actor)
     critic = None
     if prog.rl.uses_critic:
-        head_key = jax.random.fold_in(jax.random.key(config.seed), 1)  # load_critic's value-head stream
-        head = loading.value_head(prog.critic_cfg, config.critic.value_head_init, head_key)
-        critic = {**adapters(jax.random.fold_in(init_key, 2), prog.shardings.critic),
+        head = loading.value_head(prog.critic_cfg, config.critic.value_head_init, loading.value_head_key(config.seed))
+        critic = {**adapters(prog.critic_cfg, jax.random.fold_in(init_key, 2), prog.shardings.critic),
                   **jax.device_put(head, {k: prog.shardings.critic[k] for k in head})}
     return actor, critic, base
 
