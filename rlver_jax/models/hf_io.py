@@ -266,13 +266,15 @@ def _param_plan(config: Qwen2Config) -> list[tuple[tuple[str, ...], list[str], C
     return plan
 
 
-def _tree_get(tree, path):
+def tree_get(tree, path):
+    """The node of nested dicts `tree` at `path` (a sequence of keys)."""
     for p in path:
         tree = tree[p]
     return tree
 
 
-def _tree_set(tree: dict, path, value) -> None:
+def tree_set(tree: dict, path, value) -> None:
+    """Put `value` at `path` in nested dicts `tree`, making the dicts on the way."""
     for p in path[:-1]:
         tree = tree.setdefault(p, {})
     tree[path[-1]] = value
@@ -355,16 +357,16 @@ def load_pretrained(
                               f"model_type={config.architecture!r} with these attention_bias/mlp_bias fields has not")
     for our_path, names, to_ours, _ in plan:
         arr = to_ours([reader.read(n, _hf_expected_shape(n, config)) for n in names]).astype(np_dtype)
-        expected = _tree_get(abstract, our_path).shape
+        expected = tree_get(abstract, our_path).shape
         assert arr.shape == expected, (our_path, arr.shape, expected)  # our own mapping, not input
-        _tree_set(params, our_path, _place(arr, None if shardings is None else _tree_get(shardings, our_path)))
+        tree_set(params, our_path, _place(arr, None if shardings is None else tree_get(shardings, our_path)))
     if config.value_head:
         for name, hf_name in _VALUE_HEAD.items():
             leaf = abstract[name]
             arr = (reader.read(hf_name, _hf_expected_shape(hf_name, config)).reshape(leaf.shape)
                    if hf_name in reader.file_of else np.zeros(leaf.shape))
             sharding = None if shardings is None else shardings[name]
-            _tree_set(params, (name,), _place(arr.astype(np.float32), sharding))
+            tree_set(params, (name,), _place(arr.astype(np.float32), sharding))
     return config, params
 
 
@@ -390,7 +392,7 @@ def hf_tensors(config: Qwen2Config, params: Params, dtype: str | None = None,
     tensors: dict[str, np.ndarray] = {}
     for our_path, names, _, to_hf in _param_plan(config):
         if any(keep(n) for n in names):
-            arrays = to_hf(_to_host(_tree_get(params, our_path)))
+            arrays = to_hf(_to_host(tree_get(params, our_path)))
             tensors.update({n: np.ascontiguousarray(np.asarray(a).astype(np_dtype)) for n, a in zip(names, arrays)
                             if keep(n)})
     if config.value_head:

@@ -30,7 +30,9 @@ import optax
 from jax.sharding import PartitionSpec
 
 from rlver_jax import checks
+from rlver_jax.models import hf_io
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.models.hf_io import tree_get, tree_set
 
 Params = Any
 
@@ -117,23 +119,16 @@ def _saved_leaves(settings: LoraSettings, params: Params):
         for path in MODULES[m][0]:
             prefixes = [(g,) for g in _layer_groups(params)] if path[0] in _LAYER_MODULES else [()]
             for prefix in prefixes:
-                node = params
-                for k in prefix + path:
-                    node = node.get(k) if isinstance(node, dict) else None
-                if node is not None:
-                    yield prefix + path
+                try:
+                    tree_get(params, prefix + path)
+                except KeyError:
+                    continue
+                yield prefix + path
 
 
-def _get(tree: Params, path: tuple[str, ...]):
-    for k in path:
-        tree = tree[k]
-    return tree
-
-
-def _put(tree: dict, path: tuple[str, ...], value) -> None:
-    for k in path[:-1]:
-        tree = tree.setdefault(k, {})
-    tree[path[-1]] = value
+def _hf_modules(settings: LoraSettings) -> list[str]:
+    """The Hugging Face module names of modules_to_save, as PEFT's adapter_config lists them."""
+    return sorted({m for name in settings.modules_to_save for m in MODULES[name][1]})
 
 
 def init_adapters(settings: LoraSettings, base: Params, rng: jax.Array) -> Params:
@@ -141,7 +136,7 @@ def init_adapters(settings: LoraSettings, base: Params, rng: jax.Array) -> Param
     zeros; a zero {"delta"} for each leaf of modules_to_save."""
     out: dict = {}
     for path in _saved_leaves(settings, base):
-        _put(out, path, {"delta": jnp.zeros(_get(base, path).shape, jnp.float32)})
+        tree_set(out, path, {"delta": jnp.zeros(tree_get(base, path).shape, jnp.float32)})
     for i, (group, module, kernel, in_dims) in enumerate(_sites(settings, base)):
         w = base[group][module][kernel]
         lead = 1 if group == "layers" else 0  # the scanned stack's layer axis
@@ -158,7 +153,7 @@ def adapter_axes(settings: LoraSettings, base_axes: Params) -> Params:
     leaf's."""
     out: dict = {}
     for path in _saved_leaves(settings, base_axes):
-        _put(out, path, {"delta": _get(base_axes, path)})
+        tree_set(out, path, {"delta": tree_get(base_axes, path)})
     for group, module, kernel, in_dims in _sites(settings, base_axes):
         spec = tuple(base_axes[group][module][kernel])
         lead = 1 if group == "layers" else 0
@@ -189,8 +184,8 @@ def merge(settings: LoraSettings, base: Params, adapters: Params, dtype=None) ->
         return base
     merged = jax.tree_util.tree_map(lambda x: x, base)  # a new tree: `base` stays as it is
     for path in _saved_leaves(settings, base):
-        w = _get(base, path)
-        _put(merged, path, (w.astype(jnp.float32) + _get(adapters, path)["delta"]).astype(dtype or w.dtype))
+        w = tree_get(base, path)
+        tree_set(merged, path, (w.astype(jnp.float32) + tree_get(adapters, path)["delta"]).astype(dtype or w.dtype))
     for group, module, kernel, in_dims in _sites(settings, base):
         w = base[group][module][kernel]
         d = delta(settings, adapters[group][module][kernel], in_dims, group == "layers")
@@ -219,9 +214,7 @@ def peft_tensors(settings: LoraSettings, config: Qwen2Config, adapters: Params, 
     """The adapters as PEFT's `adapter_model.safetensors` names them: lora_A [rank, in],
     lora_B [out, rank] per HF projection (PEFT adds scale * B_hf @ A_hf to the [out, in] weight),
     and the whole weights of modules_to_save, taken from the `merged` model."""
-    from rlver_jax.models import hf_io
-
-    modules = {m for name in settings.modules_to_save for m in MODULES[name][1]}
+    modules = _hf_modules(settings)
     saved = hf_io.hf_tensors(config, merged, "float32", keep=lambda n: n.split(".")[-2] in modules)
     if "lm_head" in modules and not config.untied_lm_head:
         # A tied model's head is its embedding; PEFT wraps lm_head apart, so it needs its own copy.
@@ -243,7 +236,7 @@ def peft_tensors(settings: LoraSettings, config: Qwen2Config, adapters: Params, 
 
 def peft_config(settings: LoraSettings, config: Qwen2Config, base_path: str) -> dict[str, Any]:
     """PEFT's `adapter_config.json` for these adapters on the base model at `base_path`."""
-    modules = sorted({m for name in settings.modules_to_save for m in MODULES[name][1]})
+    modules = _hf_modules(settings)
     return {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,
         "r": settings.rank, "lora_alpha": settings.alpha, "lora_dropout": 0.0, "bias": "none",
