@@ -16,6 +16,7 @@ from configs.eval import SHIPPED_PROFILES, get_policy_sampling_config
 from configs.mesh import get_mesh_config
 from configs.simulator import get_emotion_rules_config, get_simulator_config
 from rlver_jax.models import smollm2
+from rlver_jax.rl.algorithms import algorithm
 from rlver_jax.rollout.cache_bound import session_slots
 
 PRESETS = ("tiny", "smol", "0.5b", "7b")
@@ -28,7 +29,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     tiny = preset == "tiny"
     smol = preset == "smol"
     cpu = tiny or smol  # the CPU presets: embedded simulator, shipped profiles, short dialogues
-    grpo = algo == "grpo"
+    grouped = algorithm(algo).grouped  # the algorithm table's row (rlver_jax/rl/algorithms.py)
     c = ml_collections.ConfigDict()
     c.workdir = f"runs/{algo}_{'think' if think else 'nothink'}_{preset}"  # metrics, checkpoints, transcripts
     c.seed = 0  # initialisation, data order and sampling keys: all pure functions of (seed, step)
@@ -102,9 +103,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.think = think  # think-then-say: reason in <think>...</think> before replying
-    c.rollout.n = 4 if grpo else 1  # dialogues per profile (a GRPO group)
+    c.rollout.n = algorithm(algo).default_n  # dialogues per profile (a group, for grouped algorithms)
     # per step (paper: 32), x n dialogues; smol: a CPU step of 8 real-model dialogues
-    c.rollout.profiles_per_step = (8 if grpo else 16) if tiny else (2 if grpo else 8) if smol else 32
+    c.rollout.profiles_per_step = (8 if grouped else 16) if tiny else (2 if grouped else 8) if smol else 32
     # tokens per policy turn; smol: the evaluation's 32 (configs/eval.py), about 24 English words
     c.rollout.max_new_tokens = 48 if tiny else 32 if smol else 5000
     c.rollout.max_total_tokens = 1024 if cpu else 15000  # per training row (prompt 5000 + response 10000)
@@ -132,7 +133,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout.think_history = "drop"
 
     c.rl = ml_collections.ConfigDict()
-    c.rl.algo = algo  # ppo | grpo
+    c.rl.algo = algo  # a row of rlver_jax/rl/algorithms.py: ppo | grpo
     c.rl.reward_mode = "final"  # final (paper): final emotion / 100; per_turn: emotion changes
     c.rl.gamma = 1.0  # GAE discount over policy tokens
     c.rl.lam = 1.0  # GAE lambda

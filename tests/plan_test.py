@@ -17,6 +17,7 @@ from configs import grpo_think, ppo_think
 from rlver_jax.train import memory_plan, run
 from rlver_jax.parallel import sharding
 from rlver_jax.rl.batch import TrainBatch
+from rlver_jax.train.spec import RunSpec
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -38,20 +39,20 @@ def test_planner_lowers_the_trainers_programs(module, tmp_path):
     updates), lowered on the real state and a placed batch, is the very program the planner
     lowers from shapes: the same HLO."""
     config = _tiny(module, tmp_path)
-    r = run.build_run(config)
-    s = memory_plan.abstract_setup(config)
+    r = run.build_run(RunSpec.from_config(config))
+    s = memory_plan.abstract_setup(RunSpec.from_config(config))
     host = TrainBatch(**{k: np.zeros(v.shape, v.dtype) for k, v in s.batch.items() if k != "policy_positions"})
     host.policy_mask[:] = 1.0
     placed = sharding.shard_host_batch(r.mesh, host.arrays())
     models = r.state.models()
-    assert s.update.prepare.lower(s.models, s.ref, s.batch).as_text() == \
-        r.update.prepare.lower(models, r.ref_params, placed).as_text()
-    inputs, rows, _, _ = r.update.prepare(models, r.ref_params, placed)
+    assert s.update.prepare.lower(s.models, s.frozen, s.batch).as_text() == \
+        r.update.prepare.lower(models, r.update.frozen(r.frozen), placed).as_text()
+    inputs, rows, _, _ = r.update.prepare(models, r.update.frozen(r.frozen), placed)
     names = ["actor", "critic"] if module is ppo_think else ["actor"]
     assert [name for name, _ in r.update.model_programs()] == names and s.rl.uses_critic == (len(names) == 2)
     planned = dict(s.update.model_programs())
     for model, fn in r.update.model_programs():
-        real = (r.state.step, *r.state.model(model), r.update.base(r.ref_params), inputs, rows)
+        real = (r.state.step, *r.state.model(model), r.update.frozen(r.frozen).base(), inputs, rows)
         mine = (s.state.step, *s.state.model(model), s.base, s.inputs, s.rows)
         assert planned[model].lower(*mine).as_text() == fn.lower(*real).as_text()
 
@@ -66,7 +67,7 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     batch's shards; each model's program reads its own state, the prepared inputs it uses and the
     mini-batch rows, its state updated in place; resident is the rest of the state on the devices."""
     config = _tiny(ppo_think, tmp_path)
-    result = memory_plan.plan(config, memory_gb=16.0, search=False)
+    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
     assert [p.name for p in result.phases] == list(memory_plan.PHASES)
     s = result.setup
     prepare, actor, critic, rollout = result.phases
@@ -101,7 +102,7 @@ def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
     out. "idle": the updates' residents as "state", prepare's and the rollout's as "none"."""
     config = _tiny(ppo_think, tmp_path)
     config.train.offload = "state"
-    result = memory_plan.plan(config, memory_gb=16.0, search=False)
+    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
     s = result.setup
     by_name = {p.name: p for p in result.phases}
     key_and_batch = memory_plan.device_bytes((s.state.rng, s.batch))
@@ -130,8 +131,8 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     arguments are that copy and the host's token ids, mask and row keys (replicated), by hand."""
     config = _config(ppo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 128, "rollout.cache_slots": 0,
                                                     "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2)})
-    s = memory_plan.abstract_setup(config, host_devices=4)
-    shapes = memory_plan.rollout_shapes(config, 512, s.hosts)
+    s = memory_plan.abstract_setup(RunSpec.from_config(config), host_devices=4)
+    shapes = memory_plan.rollout_shapes(RunSpec.from_config(config), 512, s.hosts)
     assert s.hosts == 2 and (shapes.rows, shapes.prompt) == (4, 128)
     layout = memory_plan.sampling_layout(s, 4)
     assert dict(layout.local.shape) == {"data": 1, "fsdp": 2, "tensor": 2}
@@ -149,7 +150,7 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
 
     def fake(s, phases, feed_tokens):
         if phases == ["rollout"]:  # rows per sampler call x cache slots
-            shapes = memory_plan.rollout_shapes(s.config, feed_tokens)
+            shapes = memory_plan.rollout_shapes(s.spec, feed_tokens)
             return [memory_plan.Phase("rollout", 0, 0, shapes.rows * shapes.cache_slots, 0, 0.0)]
         # The update's programs: the actor's at micro-batch x tokens, prepare's at half of that.
         cost = {"actor update": s.rl.micro_batch_size * s.seq_len, "prepare": s.rl.micro_batch_size * s.seq_len // 2}
@@ -188,7 +189,7 @@ def test_planner_at_half_a_billion_parameters(tmp_path):
     """The 0.5B preset (24 scanned layers, the real shapes) at 1024-token dialogues, the actor's
     update alone: the per-device state is the exact shard arithmetic and XLA agrees."""
     config = _config(ppo_think, "0.5b", tmp_path, **{"rollout.max_total_tokens": 1024, "rl.micro_batch_size": 8})
-    s = memory_plan.abstract_setup(config)
+    s = memory_plan.abstract_setup(RunSpec.from_config(config))
     assert s.mesh.shape["fsdp"] == 8 and s.state.critic is not None
     # fsdp splits every model width D by 8; biases and norms stay whole (hand count, fp32).
     v, d, layers, n, k, h, f = 151936, 896, 24, 14, 2, 64, 4864
@@ -223,17 +224,17 @@ def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
     base is counted once, as an argument of every program."""
     config = _tiny(ppo_think, tmp_path)
     config.lora.rank, config.lora.targets = 4, "q,o,down"
-    r = run.build_run(config)
-    s = memory_plan.abstract_setup(config)
+    r = run.build_run(RunSpec.from_config(config))
+    s = memory_plan.abstract_setup(RunSpec.from_config(config))
     host = TrainBatch(**{k: np.zeros(v.shape, v.dtype) for k, v in s.batch.items() if k != "policy_positions"})
     host.policy_mask[:] = 1.0  # every token scored, as the planner's batch
     placed = sharding.shard_host_batch(r.mesh, host.arrays())
-    assert s.update.prepare.lower(s.models, s.ref, s.batch).as_text() == \
-        r.update.prepare.lower(r.state.models(), r.ref_params, placed).as_text()
-    inputs, rows, _, _ = r.update.prepare(r.state.models(), r.ref_params, placed)
+    assert s.update.prepare.lower(s.models, s.frozen, s.batch).as_text() == \
+        r.update.prepare.lower(r.state.models(), r.update.frozen(r.frozen), placed).as_text()
+    inputs, rows, _, _ = r.update.prepare(r.state.models(), r.update.frozen(r.frozen), placed)
     planned = dict(s.update.model_programs())
     for model, fn in r.update.model_programs():
-        real = (r.state.step, *r.state.model(model), r.ref_params, inputs, rows)
+        real = (r.state.step, *r.state.model(model), r.update.frozen(r.frozen).base(), inputs, rows)
         mine = (s.state.step, *s.state.model(model), s.base, s.inputs, s.rows)
         assert planned[model].lower(*mine).as_text() == fn.lower(*real).as_text()
 
@@ -247,7 +248,7 @@ def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
 
     assert total(s.state.actor) == adapter_bytes and total(s.state.actor_opt) >= 2 * adapter_bytes
     assert total(s.state.critic) == adapter_bytes + 4 * (d + 1)  # + the value head, [D, 1] and [1]
-    result = memory_plan.plan(config, memory_gb=16.0, phases=("actor update",), search=False)
+    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, phases=("actor update",), search=False)
     assert result.sizes["frozen base"] == memory_plan.device_bytes(s.ref) and "reference params" not in result.sizes
     (actor,) = result.phases
     assert actor.arguments == memory_plan.device_bytes((s.state.step, s.state.model("actor"), s.ref,

@@ -20,7 +20,8 @@ from rlver_jax import files
 from rlver_jax.parallel import sharding
 from rlver_jax.files import read_jsonl
 from rlver_jax.train.interrupts import TrainingInterrupted
-from rlver_jax.rl import trainer
+from rlver_jax.rl import program as rl_program
+from rlver_jax.train.spec import RunSpec
 from rlver_jax.rollout.buffer import RolloutBatch
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES, load_profiles
@@ -60,7 +61,7 @@ def _actor(workdir):
 @pytest.mark.slow
 def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
     straight = small(grpo_think.get_config("tiny"), tmp_path / "straight", steps=3)
-    loop.train(straight, progress=False)
+    loop.train(RunSpec.from_config(straight), progress=False)
     lines = [json.loads(l) for l in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]
     assert REQUIRED_METRICS <= set(lines[0]) and "eval_score" in lines[1]
@@ -76,9 +77,9 @@ def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
     _check_transcript_advantages(tmp_path / "straight", straight.rl.grpo_eps)
 
     resumed = small(grpo_think.get_config("tiny"), tmp_path / "resumed", steps=2)
-    loop.train(resumed, progress=False)
+    loop.train(RunSpec.from_config(resumed), progress=False)
     resumed.train.steps = 3
-    loop.train(resumed, progress=False)
+    loop.train(RunSpec.from_config(resumed), progress=False)
     a, b = _actor(tmp_path / "straight"), _actor(tmp_path / "resumed")
     jax.tree.map(np.testing.assert_array_equal, a, b)
     steps = [json.loads(l)["step"] for l in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
@@ -107,7 +108,7 @@ def test_ppo_tiny_trains_with_a_critic(tmp_path):
     config = small(ppo_nothink.get_config("tiny"), tmp_path / "ppo", steps=2)
     config.train.eval_every = 0
     config.mesh.shape = (1, 1, -1)  # 2 dialogues a step: tensor parallelism over the 8 devices
-    metrics = loop.train(config, progress=False)
+    metrics = loop.train(RunSpec.from_config(config), progress=False)
     assert metrics["value_loss"] >= 0 and metrics["critic_grad_norm"] > 0
 
 
@@ -115,18 +116,18 @@ def test_config_errors_name_the_fix(tmp_path):
     config = small(grpo_think.get_config("tiny"), tmp_path / "bad", steps=1)
     config.rollout.n = 1
     with pytest.raises(ValueError, match="config.rollout.n"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     config = small(grpo_think.get_config("tiny"), tmp_path / "bad_mesh", steps=1)
     config.rollout.profiles_per_step = 1  # 4 dialogues cannot split over 8 fsdp shards
     with pytest.raises(ValueError, match="config.mesh.shape"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     config = small(grpo_think.get_config("7b"), tmp_path / "bad7b", steps=1)
     with pytest.raises(ValueError, match="config.data.train_profiles"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     config.data.train_profiles = str(DEFAULT_PROFILES)
     config.simulator.backend = "embedded"
     with pytest.raises(ValueError, match="config.model.path"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
 
 
 @pytest.mark.slow
@@ -138,7 +139,7 @@ def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
         config = small(grpo_think.get_config("tiny"), tmp_path / str(groups), steps=1)
         config.rollout.pipeline_groups = groups
         config.rollout.format_failure = "continue"  # raw replies reach the user: two turns each
-        run = run_lib.build_run(config)
+        run = run_lib.build_run(RunSpec.from_config(config))
         buffer = loop._rollout_buffer(run, sharding.replicated_value(run.state.rng), 0)
         buffer.publish(0, run.sampling_layout.copy(run.state.actor))
         try:
@@ -189,7 +190,7 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
 
     # Ctrl-C during the update of step 1 (the update donates the state): the step is finished,
     # its evaluation included, and the checkpoint the loop just wrote is not written twice.
-    update = trainer.train_on_batch
+    update = rl_program.train_on_batch
 
     def interrupted_update(*args):
         out = update(*args)
@@ -197,9 +198,9 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
             signal.raise_signal(signal.SIGINT)
         return out
 
-    monkeypatch.setattr(trainer, "train_on_batch", interrupted_update)
+    monkeypatch.setattr(rl_program, "train_on_batch", interrupted_update)
     with pytest.raises(TrainingInterrupted, match=r"the checkpoint of step 2 is in .*Rerun the same command"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     monkeypatch.undo()
     assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 2
     assert _steps(workdir) == [0, 1]
@@ -223,7 +224,7 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
 
     monkeypatch.setattr(files, "atomic_write_bytes", full_disk)
     with pytest.raises(OSError, match="No space left on device.*train_000003.jsonl"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     monkeypatch.undo()
     kept = checkpoint.saved_steps(workdir / "checkpoints")[-1]
     assert kept == 2 and _steps(workdir) == [0, 1, 2]
@@ -231,12 +232,12 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
                                      "train_000002.jsonl"]  # the stale ones removed, no temporary files
     assert read_jsonl(workdir / "transcripts" / "train_000002.jsonl")[0]["step"] == 2
 
-    loop.train(config, progress=False)  # the rerun resumes at the checkpoint
+    loop.train(RunSpec.from_config(config), progress=False)  # the rerun resumes at the checkpoint
     assert _steps(workdir) == [0, 1, 2, 3]
     assert _transcripts(workdir) == ["eval_000001.jsonl", "eval_000003.jsonl", "train_000000.jsonl",
                                      "train_000001.jsonl", "train_000002.jsonl", "train_000003.jsonl"]
     assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 4
-    assert loop.train(config, progress=False) == {}  # nothing left to do
+    assert loop.train(RunSpec.from_config(config), progress=False) == {}  # nothing left to do
 
 
 def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path):
@@ -245,7 +246,7 @@ def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path)
                                emotions=[30.0], end_reason="simulator_error", simulator_error=True,
                                simulator_state={"error": "simulator refused the request with HTTP 400"})
               for i in range(2)]
-    run = types.SimpleNamespace(workdir=tmp_path, loop=run_lib.LoopSettings.from_config(config))
+    run = types.SimpleNamespace(workdir=tmp_path, spec=RunSpec.from_config(config))
     with pytest.raises(loop.AllDialoguesFailedError,
                        match=r"step 5: .*2 of 2 ended as simulator_error \(last: .*HTTP 400\).*train_000005.jsonl"):
         loop._collate(run, 5, RolloutBatch(index=5, version=5, sequences=failed, seconds=1.0), failed)
@@ -261,7 +262,7 @@ def test_config_ranges_are_checked_before_anything_starts(tmp_path):
     with pytest.raises(ValueError, match=r"config.train.steps=-1 must be >= 0; config.rollout.temperature=-0.5 "
                                          r"must be >= 0; config.simulator.max_concurrency=0 must be >= 1; "
                                          r"config.simulator.timeout_s=0.0 must be > 0"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     assert not (tmp_path / "never").exists()
 
 
@@ -309,11 +310,11 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
         config.mesh.shape = (1, 2, 4)  # adapters split over fsdp and tensor like their kernels
         return config
 
-    straight = run_lib.build_run(lora_config(tmp_path / "straight", 3))
-    base = jax.tree.map(np.array, straight.ref_params)
+    straight = run_lib.build_run(RunSpec.from_config(lora_config(tmp_path / "straight", 3)))
+    base = jax.tree.map(np.array, straight.frozen)
     fresh = jax.tree.map(np.array, straight.state.actor)
     loop.train_run(straight, progress=False)
-    jax.tree.map(np.testing.assert_array_equal, straight.ref_params, base)
+    jax.tree.map(np.testing.assert_array_equal, straight.frozen, base)
 
     manager = checkpoint.make_manager(tmp_path / "straight" / "checkpoints", save_every=1, keep=5)
     restored = manager.restore(manager.latest_step())
@@ -330,9 +331,9 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
             assert np.abs(np.asarray(after) - before[path]).max() > 0, jax.tree_util.keystr(path)
 
     resumed = lora_config(tmp_path / "resumed", 2)
-    loop.train(resumed, progress=False)
+    loop.train(RunSpec.from_config(resumed), progress=False)
     resumed.train.steps = 3
-    loop.train(resumed, progress=False)
+    loop.train(RunSpec.from_config(resumed), progress=False)
     for model in ("actor", "critic"):
         a, b = _state(tmp_path / "straight")[model], _state(tmp_path / "resumed")[model]
         jax.tree.map(np.testing.assert_array_equal, a, b)
@@ -341,7 +342,7 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
     other.seed = 1  # another random base: the adapters in the checkpoint do not belong to it
     with pytest.raises(ValueError, match="holds LoRA adapters of the base .*'seed': 0.* but the config names "
                                          ".*'seed': 1"):
-        loop.train(other, progress=False)
+        loop.train(RunSpec.from_config(other), progress=False)
 
 
 @pytest.mark.slow
@@ -356,8 +357,8 @@ def test_lora_train_step_is_the_same_with_the_state_offloaded(tmp_path):
         config = small(ppo_nothink.get_config("tiny"), tmp_path / mode, steps=1)
         config.lora.rank, config.rl.kl_coef, config.train.offload = 4, 0.05, mode
         config.mesh.shape = (1, 2, 4)
-        r = run_lib.build_run(config)
-        state, metrics, _ = trainer.train_on_batch(r.update, r.state, _batch(), r.ref_params)
+        r = run_lib.build_run(RunSpec.from_config(config))
+        state, metrics, _ = rl_program.train_on_batch(r.update, r.state, _batch(), r.frozen)
         assert metrics["critic_grad_norm"] > 0
         trained.append(jax.device_get((state.actor, state.critic)))
     jax.tree.map(np.testing.assert_array_equal, *trained)

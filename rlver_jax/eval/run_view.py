@@ -19,6 +19,7 @@ from typing import Any
 
 from rlver_jax.eval import html_report
 from rlver_jax.eval.sentient import summarize
+from rlver_jax.rl.algorithms import ALGORITHMS
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.files import atomic_write_text, read_jsonl
 
@@ -40,17 +41,18 @@ STEP_COLUMNS = (("reward_mean", "reward", 3), ("emotion_mean", "emotion", 1), ("
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageSettings:
-    """How the run's trainer normalised GRPO advantages (config.rl.grpo_normalize_std, grpo_eps)."""
+    """How the run's trainer normalised group advantages (config.rl.grpo_normalize_std, grpo_eps)."""
 
-    grpo: bool = True  # False (PPO): advantages are per token (GAE) and not shown
+    per_dialogue: bool = True  # one advantage per dialogue to show (the algorithm table's row); else per token (GAE)
     normalize_std: bool = True
     eps: float = 1e-6
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any] | None) -> AdvantageSettings:
         rl = (config or {}).get("rl", {})
-        return cls(grpo=rl.get("algo", "grpo") == "grpo", normalize_std=rl.get("grpo_normalize_std", True),
-                   eps=rl.get("grpo_eps", 1e-6))
+        row = ALGORITHMS.get(rl.get("algo", "grpo"))
+        return cls(per_dialogue=row is not None and row.dialogue_advantages,
+                   normalize_std=rl.get("grpo_normalize_std", True), eps=rl.get("grpo_eps", 1e-6))
 
 
 def _trainable(t: Mapping[str, Any]) -> bool:
@@ -68,7 +70,7 @@ def step_groups(records: Sequence[Mapping[str, Any]], settings: AdvantageSetting
     groups = []
     for gid, members in by_group.items():
         used = [t for _, t in members if _trainable(t)]
-        dialogues = [(html_report.dialogue_view(t, i), t.get("advantage") if settings.grpo and _trainable(t) else None)
+        dialogues = [(html_report.dialogue_view(t, i), t.get("advantage") if settings.per_dialogue and _trainable(t) else None)
                      for i, t in members]
         rewards = [float(t.get("reward") or 0.0) for t in used]
         groups.append({"id": gid, "dialogues": dialogues, "first": dialogues[0][0],

@@ -90,6 +90,24 @@ def policy_positions(policy_mask: np.ndarray, policy_tokens: int | None = None) 
     return out
 
 
+def minibatch_unit(mini_batch_size: int, micro_batch_size: int, dialogues: int) -> tuple[int, int, int]:
+    """How a step's batch of `dialogues` dialogues is cut: (mini_batch_size, micro_batch_size,
+    batch_size) for rlver_jax.rl.settings.RLSettings. A configured mini_batch_size of 0 means the
+    whole batch, one optimizer step per epoch, cut in dialogues whatever their rows (batch_size =
+    dialogues); otherwise mini-batches of mini_batch_size train-batch rows (the reference's
+    ppo_mini_batch_size; batch_size 0). A micro-batch never exceeds its mini-batch."""
+    whole = not mini_batch_size
+    mini = mini_batch_size or dialogues
+    return mini, min(micro_batch_size, mini), dialogues if whole else 0
+
+
+def row_multiple(batch_size: int, mini_batch_size: int, share: int, processes: int) -> int:
+    """The multiple of a process's rows in a step's batch (`share`: its dialogue slots): its
+    dialogue slots when mini-batches are cut in dialogues (batch_size > 0), else its share of a
+    mini-batch, so that the global batch is whole mini-batches."""
+    return share if batch_size else mini_batch_size // processes
+
+
 def row_extent(sequences: Sequence[DialogueSequence]) -> tuple[int, int]:
     """(tokens, policy tokens) of the longest row of `sequences`, for T and C (0 for none)."""
     longest = most = 0
