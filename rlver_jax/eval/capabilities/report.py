@@ -2,7 +2,7 @@
 math500.accuracy; ifeval.prompt_level_strict_acc, instruction_level_strict_acc and the loose
 pair; livecodebench.pass@1; all fractions in [0, 1]), report.md and capabilities.html (every
 item's question, answer and grade, filtered by benchmark and right/wrong). The per-item results
-are WORKDIR/items.jsonl (runner)."""
+are WORKDIR/items.jsonl (ITEMS: written by runner, read here and by compare)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 from rlver_jax.files import atomic_write_text
 
+ITEMS = "items.jsonl"  # the graded items, one record each
 SCORES = "capabilities.json"
 REPORT = "report.md"
 HTML = "capabilities.html"

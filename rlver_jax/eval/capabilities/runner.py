@@ -24,7 +24,7 @@ import ml_collections
 from tqdm import tqdm
 
 from rlver_jax.eval import policy_source
-from rlver_jax.eval.capabilities import data, prompts, report, sandbox
+from rlver_jax.eval.capabilities import compare, data, prompts, report, sandbox
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
 from rlver_jax.llm_client import EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, show_requests
@@ -34,7 +34,7 @@ from rlver_jax.text.chat import THINK_CLOSE
 log = logging.getLogger(__name__)
 
 ANSWERS = "answers.jsonl"
-ITEMS = "items.jsonl"
+ITEMS = report.ITEMS
 SETUP = "setup.json"
 
 
@@ -118,8 +118,6 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str
             "data": {b: config.data[b] for b in data.BENCHMARKS if config.data[b]}}
     scores = report.write_outputs(workdir, records, info)
     if config.compare_to:
-        from rlver_jax.eval.capabilities import compare
-
         compare.write_comparison(pathlib.Path(config.compare_to), workdir, seed=config.seed)
     return scores
 
