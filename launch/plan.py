@@ -1,4 +1,4 @@
-"""Per-device memory of a training run's programs, compiled ahead of time from the training config.
+r"""Per-device memory of a training run's programs, compiled ahead of time from the training config.
 
   python launch/plan.py --config=configs/ppo_think.py:tiny
   XLA_FLAGS=--xla_force_host_platform_device_count=16 JAX_PLATFORMS=cpu \

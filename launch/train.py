@@ -1,4 +1,4 @@
-"""Train an empathetic dialogue policy with RLVER (PPO or GRPO).
+r"""Train an empathetic dialogue policy with RLVER (PPO or GRPO).
 
   python launch/train.py --config=configs/grpo_think.py:tiny --config.workdir=/tmp/rlver_tiny
   python launch/train.py --config=configs/ppo_think.py --config.model.path=/models/Qwen2.5-7B-Instruct \

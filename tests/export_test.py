@@ -227,6 +227,18 @@ def exported(request, tmp_path_factory):
     return request.param, policy, export_hf(policy, tmp_path_factory.mktemp("export") / "hf", dtype="float32")
 
 
+def test_exported_files_share_one_mode_and_no_staging_is_left(exported):
+    """model.safetensors (safetensors writes it 0600) as readable as the other files: the mode a
+    plain write gives under the umask; the staging directories are gone."""
+    _, _, out = exported
+    mask = os.umask(0o022)
+    os.umask(mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == 0o666 & ~mask, modes
+    assert set(modes.values()) == {0o666 & ~mask} and out.stat().st_mode & 0o777 == 0o777 & ~mask, modes
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
+
+
 def test_exported_tokenizer_files_are_the_qwen25_release_layout(exported):
     name, policy, out = exported
     assert {p.name for p in out.iterdir()} >= {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"}
