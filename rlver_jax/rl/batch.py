@@ -10,6 +10,7 @@ the dialogues' are padding with zero masks.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from rlver_jax.sampling.buckets import bucket
 from rlver_jax.rollout.sequence import DialogueSequence
 
 REWARD_MODES = ("final", "per_turn")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -188,3 +190,45 @@ def collate(
                     batch.rewards[b, idx - start] = r
             b += 1
     return batch
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCollation:
+    """How a step's dialogues become this process's rows of the one global train batch: the
+    mini-batch unit (rlver_jax.rl.settings.RLSettings' batch_size and mini_batch_size), the length
+    bucket and which process holds each dialogue's rows."""
+
+    batch_size: int  # dialogues per step when mini-batches are cut in dialogues; 0: in rows
+    mini_batch_size: int
+    reward_mode: str
+    length_multiple: int  # the rows' length bucket
+    pad_id: int
+    dialogue_process: np.ndarray  # [dialogues of a step] the process holding each one's rows
+    process: int = 0  # this process
+    processes: int = 1
+
+    def collate(self, dialogues: Sequence[DialogueSequence], share: int) -> tuple[TrainBatch, int]:
+        """This process's rows of the batch of `dialogues` (every process's, in step order, at least
+        one trainable; `share`: dialogue slots per process): its trainable dialogues' rows, then
+        padding, and the policy-token count that sizes C.
+
+        The shapes come from every process's dialogues, so every process agrees on the rows per
+        process (the most any process needs), T (the longest row, bucketed) and C without another
+        exchange; row and group ids are global."""
+        # Rows mode (batch_size 0): rows a multiple of each process's share of a mini-batch, so the
+        # global batch is whole mini-batches; one program per multiple, at most max_turns x dialogues / mini.
+        multiple = row_multiple(self.batch_size, self.mini_batch_size, share, self.processes)
+        owner = self.dialogue_process
+        rows = max(batch_rows([dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable], multiple)
+                   for p in range(self.processes))
+        longest, policy_tokens = row_extent([s for s in dialogues if s.trainable])
+        length = bucket(longest, multiple=self.length_multiple)
+        mine = [(int(d), dialogues[d]) for d in np.flatnonzero(owner == self.process) if dialogues[d].trainable]
+        if self.processes > 1:
+            alone = row_extent([s for _, s in mine])
+            log.info("batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues alone: "
+                     "T=%d, %d)", length, policy_tokens, rows, bucket(alone[0], multiple=self.length_multiple),
+                     alone[1])
+        return collate([s for _, s in mine], batch_size=share, reward_mode=self.reward_mode, rows=rows,
+                       length=length, dialogue_ids=[d for d, _ in mine], padding_ids=rows * self.processes,
+                       pad_id=self.pad_id, row_multiple=multiple), policy_tokens
