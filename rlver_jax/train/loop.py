@@ -21,7 +21,7 @@ do not depend on the number of processes, devices or pipeline groups.
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 import pathlib
 import sys
@@ -39,6 +39,7 @@ from rlver_jax.plots import training_curves
 from rlver_jax.rl import program as rl_program, train_state
 from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
+from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.summary import reencoded_turns, reference_metrics, rollout_metrics, summarize
@@ -127,7 +128,10 @@ def _update(run: Run, step: int, state: train_state.TrainState, batch: RolloutBa
     them (`_advantages`) and the step's metrics so far."""
     if batch.version < step - run.spec.loop.max_staleness:  # the buffer guarantees this
         raise AssertionError(f"batch of version {batch.version} at step {step}")
-    dialogues = hosts.allgather_dialogues(batch.sequences, run.collation.dialogue_process)  # every process's
+    dialogues = list(batch.sequences)  # every process's, token views included
+    if jax.process_count() > 1:
+        dialogues = [DialogueSequence(**fields) for fields in hosts.allgather_placed(
+            [dataclasses.asdict(s) for s in dialogues], run.collation.dialogue_process)]
     _check_trainable(step, dialogues, run.workdir / "transcripts")
     train_batch, policy_tokens = run.collation.collate(dialogues, share=len(batch.sequences))
     t1 = time.perf_counter()
@@ -265,22 +269,13 @@ def evaluate(run: Run, params: Any, step: int, key: jax.Array) -> dict[str, floa
     the Sentient benchmark does (run.spec.eval: the training simulator's backend under SAGE's rules,
     the benchmark's policy sampling), profile i sampled from fold_in(key, i) (`key`: the step's
     evaluation key); eval_score is comparable with launch/eval.py's. Each process plays a
-    contiguous share of the profiles; the results are combined."""
+    contiguous share of the profiles; the results are combined (rollout.evaluation)."""
     profiles = run.eval_profiles
     if run.spec.loop.eval_max_profiles:
         profiles = profiles[:run.spec.loop.eval_max_profiles]
-    mine = hosts.share(len(profiles))
     policy = JaxPolicy(run.update.actor_cfg, run.chat, run.spec.eval.sampling, params, key)
-
-    async def rollouts():
-        async with build_simulator(run.spec.eval.simulator) as sim:
-            runner = EpisodeRunner(policy, sim, run.chat, run.spec.eval.rollout)
-            return await runner.run([EpisodeRequest(profiles[i], i, index=i) for i in mine], step)
-
-    seqs = [s for part in hosts.allgather_json([s.to_record() for s in asyncio.run(rollouts())])
-            for s in map(DialogueSequence.from_record, part)]
-    if jax.process_index() == 0:
-        write_transcripts(run.workdir / "transcripts", step, seqs, prefix="eval")
+    seqs = play_profiles(policy, run.chat, run.spec.eval.simulator, run.spec.eval.rollout, list(enumerate(profiles)),
+                         version=step, transcripts_dir=run.workdir / "transcripts")
     s = summarize(seqs)
     n = max(s.scored, 1)
     return {"eval_score": s.score, "eval_success_rate": s.success / n, "eval_failure_rate": s.failure / n,
