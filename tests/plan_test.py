@@ -4,6 +4,7 @@ Compiling is the cost here: the configs are the presets' with short dialogues (t
 paper's lengths are in docs/sharding.md), and the 0.5B case lowers and compiles the actor's update only.
 """
 
+import functools
 import os
 import pathlib
 import subprocess
@@ -23,7 +24,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _config(module, preset, workdir, **fields):
-    return memory_plan._override(module.get_config(preset), workdir=str(workdir), **fields)
+    """The config of `module:preset` in `workdir` with dotted fields set, e.g. {"rl.micro_batch_size": 4}."""
+    config = module.get_config(preset)
+    config.workdir = str(workdir)
+    for path, value in fields.items():
+        *parents, leaf = path.split(".")
+        functools.reduce(getattr, parents, config)[leaf] = value
+    return config
 
 
 def _tiny(module, workdir):
@@ -159,18 +166,18 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     monkeypatch.setattr(memory_plan, "run_phases", fake)
     update = ["prepare", "actor update"]
     # micro-batch 8 of 32 at 1024 tokens: 8192 "bytes"; 4 x 1024 fits 4096, 2 x 1024 = 2048 fits 2100.
-    assert memory_plan._search(config, 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
-    assert memory_plan._search(config, 2100, update, 512, print) == ["--config.rl.micro_batch_size=2"]
-    assert memory_plan._search(config, 2100, ["prepare"], 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert memory_plan._search(RunSpec.from_config(config), 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert memory_plan._search(RunSpec.from_config(config), 2100, update, 512, print) == ["--config.rl.micro_batch_size=2"]
+    assert memory_plan._search(RunSpec.from_config(config), 2100, ["prepare"], 512, print) == ["--config.rl.micro_batch_size=4"]
     # Below the smallest micro-batch (2, one per batch shard): the longest 64-multiple dialogue.
-    assert memory_plan._search(config, 1000, update, 512, print) == [
+    assert memory_plan._search(RunSpec.from_config(config), 1000, update, 512, print) == [
         "--config.rl.micro_batch_size=2", "--config.rollout.max_total_tokens=448"]
-    assert memory_plan._search(config, 100, update, 512, print)[-1].startswith("nothing")
+    assert memory_plan._search(RunSpec.from_config(config), 100, update, 512, print)[-1].startswith("nothing")
     # The rollout: 32 dialogues x 2048 slots; more pipeline groups first, then fewer cache slots,
     # at least a turn of 8 new tokens plus the smallest feed (16): 32 x 32 fits 1100, not 1000.
-    assert memory_plan._search(config, 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
-    assert memory_plan._search(config, 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
-    assert memory_plan._search(config, 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
+    assert memory_plan._search(RunSpec.from_config(config), 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
+    assert memory_plan._search(RunSpec.from_config(config), 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
+    assert memory_plan._search(RunSpec.from_config(config), 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
 
 
 def test_largest_bisects_a_monotone_predicate():
