@@ -275,7 +275,7 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     rl = RLSettings(algo="grpo", mini_batch_size=2, micro_batch_size=1, batch_size=4)
     state = train_state.init_train_state(actor, optax.sgd(0.0), seed=0)
     arrays = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
-    out = update.prepare(rl, cfg, None, state, update.Frozen(), arrays)
+    out, _ = update.prepare(rl, cfg, None, state, update.Frozen(), arrays)
     a = 0.4 / np.sqrt(0.32)
     row_adv = np.asarray(out["advantages"]).sum(-1) / np.maximum(batch.policy_mask.sum(-1), 1)
     np.testing.assert_allclose(row_adv, [a, a, a, -a, 0, 0, 0, 0], atol=1e-5)
