@@ -172,9 +172,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # up over the buffer before it, added to the rewards; None = the algorithm's (DAPO 1.0; else 0 = off)
     c.rl.overlong_penalty = _row(float)
     c.rl.overlong_buffer = 0  # tokens before the budget where the penalty ramps; 0 = a fifth of it (DAPO's 4096 of 20480)
-    # DAPO's dynamic sampling: groups whose rewards are all equal get no loss weight (metric filtered_groups);
+    # DAPO's dynamic sampling: a group whose rewards are all equal is sampled again (a fresh profile), up to
+    # dynamic_sampling_retries times; what stays without signal gets no loss weight (metric filtered_groups).
     # None = the algorithm's (DAPO: on)
     c.rl.dynamic_sampling = _row(bool)
+    c.rl.dynamic_sampling_retries = 2  # rounds of re-sampling per step (each as long as a rollout); 0 = filter only
     # Turn-level credit (grouped estimators): + this x each turn's emotion change normalised among the turns at
     # its position in the group's dialogues (MT-GRPO / GiGPO turn groups); 0 = off
     c.rl.turn_credit_weight = 0.0

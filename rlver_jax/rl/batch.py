@@ -88,6 +88,12 @@ def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
     return {end: sum(r for idx, r in dialogue.items() if idx >= end) for end in seq.turn_ends}
 
 
+def dialogue_return(seq: DialogueSequence, mode: str) -> float:
+    """The dialogue's rewards summed (its first row's, whatever its rows): the score an outcome
+    estimator compares, before any shaping."""
+    return float(sum(_dialogue_rewards(seq, mode).values()))
+
+
 def turn_rewards(seq: DialogueSequence) -> dict[int, float]:
     """Each scored turn's own reward, on its last policy token (by index of `seq.tokens`): the
     per_turn mode's rewards of the dialogue as one episode (the emotion change / 100; a turn a

@@ -50,6 +50,7 @@ class RLSettings:
     overlong_penalty: float | None = None
     overlong_buffer: int = 0
     dynamic_sampling: bool | None = None  # row; groups whose rewards are all equal get no loss weight
+    dynamic_sampling_retries: int = 2  # with dynamic_sampling: times such a group is sampled again (rl.dynamic_sampling)
     turn_credit_weight: float = 0.0  # turn-level group advantages mixed in with this weight (grouped estimators)
     value_loss_agg_mode: str = "token_mean"  # the critic's loss (losses.AGG_MODES)
     ppo_epochs: int = 1
@@ -119,6 +120,8 @@ class RLSettings:
         for name in ("gspo_clip_eps_low", "gspo_clip_eps_high", "cispo_clip_eps_high", "clip_eps_low", "clip_eps_high"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config.rl.{name}={getattr(self, name)} must be >= 0")
+        if self.dynamic_sampling_retries < 0:
+            raise ValueError(f"config.rl.dynamic_sampling_retries={self.dynamic_sampling_retries} must be >= 0")
         if self.max_turns < 1 or self.max_new_tokens < 1:
             raise ValueError(f"max_turns={self.max_turns} and max_new_tokens={self.max_new_tokens} must be >= 1")
 
