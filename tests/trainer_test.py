@@ -411,18 +411,43 @@ def _expected_dialogue_advantages(algo):
     raise ValueError(algo)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "rloo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp",
-                                  "reinforce_pp_baseline"])
+_ROWS = ["grpo", "rloo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline"]
+
+
+def _formula_batch(algo):
+    rng = np.random.default_rng(5)
+    seqs = [_dialogue(rng, d // 4, [30.0, 50.0, f], turn=_TURN[d]) for d, f in enumerate(_FINALS)]
+    batch = collate(seqs, batch_size=12, reward_mode="final", length_multiple=8)
+    return batch, settings.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, max_new_tokens=5,
+                                      overlong_buffer=2)
+
+
+@pytest.mark.parametrize("algo", _ROWS)
+def test_estimated_advantages_are_the_estimators_formula(algo):
+    """`update.estimate` of each row (what `prepare` does after the models): each dialogue's
+    advantage is the formula of `_expected_dialogue_advantages`; DAPO drops group 2's rows from
+    the loss (policy mask 0)."""
+    batch, rl = _formula_batch(algo)
+    arrays = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
+    out, metrics = update.estimate(rl, arrays)
+    got = np.asarray(update.dialogue_advantages(out["advantages"], arrays["policy_mask"], arrays["dialogue"]))
+    np.testing.assert_allclose(got[:12], _expected_dialogue_advantages(algo), rtol=1e-5, atol=1e-6)
+    if algo == "dapo":
+        assert float(metrics["filtered_groups"]) == 1.0
+        np.testing.assert_array_equal(np.asarray(out["policy_mask"]).sum(-1) > 0, np.arange(12) < 8)
+    else:
+        assert not metrics and "policy_mask" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", _ROWS)
 def test_dialogue_advantages_are_the_estimators_formula(algo):
     """One tiny train step of each row of the algorithm table: it runs, and the per-dialogue
     advantages it hands back (the transcripts') are the estimator's formula computed in numpy
     from the batch's rewards; REINFORCE++'s are also an increasing affine map of the rewards.
     DAPO: its overlong penalties enter the rewards, and the group whose rewards are all equal is
     filtered (advantage 0, metric filtered_groups)."""
-    rng = np.random.default_rng(5)
-    seqs = [_dialogue(rng, d // 4, [30.0, 50.0, f], turn=_TURN[d]) for d, f in enumerate(_FINALS)]
-    batch = collate(seqs, batch_size=12, reward_mode="final", length_multiple=8)
-    rl = settings.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, max_new_tokens=5, overlong_buffer=2)
+    batch, rl = _formula_batch(algo)
     cfg = get_preset("tiny")
     opt = settings.make_optimizer(settings.OptimSettings(lr=1e-2, warmup_ratio=0.0, weight_decay=0.0), 10)
     state = train_state.init_train_state(qwen2.init_params(cfg, jax.random.key(0)), opt.tx, seed=0)

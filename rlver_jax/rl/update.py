@@ -84,15 +84,10 @@ def dialogue_advantages(advantages: jax.Array, mask: jax.Array, dialogue: jax.Ar
 
 def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
             state: TrainState, frozen: Frozen, batch: dict) -> tuple[dict, dict]:
-    """Old log-probs, values, advantages and returns for a whole batch (no gradients), and metrics.
-    Advantages by the algorithm's estimator (rlver_jax.rl.estimators), on the token rewards plus
-    DAPO's overlong penalties (`rl.overlong_penalty`; estimators.overlong_rewards) and minus a KL
-    penalty ("reward" mode), over the rows dynamic sampling keeps (`rl.dynamic_sampling`;
-    estimators.kept_rows: the dropped rows' policy mask is 0 in the output, so no loss reads them;
-    metric `filtered_groups`), with turn-level credit mixed in (`rl.turn_credit_weight`).
-    `frozen.params`: the reference policy; with LoRA it is the frozen base (the adapters off) that
-    both models read."""
-    tokens, attn, mask = batch["tokens"], batch["attention_mask"], batch["policy_mask"]
+    """Old log-probs, values, advantages and returns for a whole batch (no gradients), and metrics
+    (`estimate`). `frozen.params`: the reference policy; with LoRA it is the frozen base (the
+    adapters off) that both models read."""
+    tokens, attn = batch["tokens"], batch["attention_mask"]
     n_micro = tokens.shape[0] // rl.micro_batch_size
     scored = (tokens, attn, batch["policy_positions"])
 
@@ -100,30 +95,41 @@ def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | No
         return token_logprobs(actor_cfg, params, t, a, positions=p, chunk=rl.logprob_chunk)
 
     actor = frozen.model(actor_cfg, state.actor)
-    old_lp = _micro_map(functools.partial(logprobs, actor), n_micro, *scored)
-    out, metrics = {"old_logprobs": old_lp}, {}
-    rewards, loss_mask = batch["rewards"], mask
-    if rl.dynamic_sampling:
-        keep, metrics["filtered_groups"] = estimators.kept_rows(rewards, mask, batch["group"], batch["dialogue"])
-        loss_mask = out["policy_mask"] = mask * keep[:, None].astype(mask.dtype)
-    if rl.overlong_penalty:
-        rewards = rewards + estimators.overlong_rewards(rl, mask, batch["turn"], batch["dialogue"])
+    out = {"old_logprobs": _micro_map(functools.partial(logprobs, actor), n_micro, *scored)}
     if rl.uses_reference:
-        ref_lp = _micro_map(functools.partial(logprobs, frozen.params), n_micro, *scored)
-        out["ref_logprobs"] = ref_lp
-        if rl.kl_mode == "reward":
-            rewards = losses.apply_kl_penalty(rewards, old_lp, ref_lp, mask, coef=rl.kl_coef,
-                                              estimator=rl.kl_estimator)
-    values = None
+        out["ref_logprobs"] = _micro_map(functools.partial(logprobs, frozen.params), n_micro, *scored)
     if rl.uses_critic:
         critic = frozen.model(critic_cfg, state.critic)
-        values = _micro_map(lambda t, a: token_values(critic_cfg, critic, t, a), n_micro, tokens, attn)
-        out["values"] = values
-    x = estimators.EstimatorInputs(rewards, loss_mask, values, batch["group"], batch["dialogue"])
+        out["values"] = _micro_map(lambda t, a: token_values(critic_cfg, critic, t, a), n_micro, tokens, attn)
+    estimated, metrics = estimate(rl, batch, out.get("values"), out["old_logprobs"], out.get("ref_logprobs"))
+    return {**out, **estimated}, metrics
+
+
+def estimate(rl: RLSettings, batch: dict, values: jax.Array | None = None, old_logprobs: jax.Array | None = None,
+             ref_logprobs: jax.Array | None = None) -> tuple[dict, dict]:
+    """The advantages (and returns) of a batch by the algorithm's estimator (rlver_jax.rl.estimators)
+    on the token rewards plus DAPO's overlong penalties (`rl.overlong_penalty`;
+    estimators.overlong_rewards) and minus a KL penalty ("reward" mode: `old_logprobs` against
+    `ref_logprobs`), over the rows dynamic sampling keeps (`rl.dynamic_sampling`; estimators.kept_rows:
+    the dropped rows' `policy_mask` is 0 in the output, so no loss reads them; metric
+    `filtered_groups`), with turn-level credit mixed in (`rl.turn_credit_weight`). `values`: the
+    critic's (with one). Returns (arrays for the updates, metrics)."""
+    mask, group, dialogue = batch["policy_mask"], batch["group"], batch["dialogue"]
+    out, metrics = {}, {}
+    rewards, loss_mask = batch["rewards"], mask
+    if rl.dynamic_sampling:
+        keep, metrics["filtered_groups"] = estimators.kept_rows(rewards, mask, group, dialogue)
+        loss_mask = out["policy_mask"] = mask * keep[:, None].astype(mask.dtype)
+    if rl.overlong_penalty:
+        rewards = rewards + estimators.overlong_rewards(rl, mask, batch["turn"], dialogue)
+    if rl.uses_reference and rl.kl_mode == "reward":
+        rewards = losses.apply_kl_penalty(rewards, old_logprobs, ref_logprobs, mask, coef=rl.kl_coef,
+                                          estimator=rl.kl_estimator)
+    x = estimators.EstimatorInputs(rewards, loss_mask, values, group, dialogue)
     advantages, returns = estimators.ESTIMATORS[rl.estimator](rl, x)
     if rl.turn_credit_weight:
-        advantages = estimators.turn_credit(rl, advantages, loss_mask, batch["group"], batch["turn"],
-                                            batch["turn_rewards"], batch["turn_scored"])
+        advantages = estimators.turn_credit(rl, advantages, loss_mask, group, batch["turn"], batch["turn_rewards"],
+                                            batch["turn_scored"])
     if returns is not None:
         out["returns"] = returns
     out["advantages"] = advantages
