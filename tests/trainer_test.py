@@ -418,8 +418,7 @@ def _formula_batch(algo):
     rng = np.random.default_rng(5)
     seqs = [_dialogue(rng, d // 4, [30.0, 50.0, f], turn=_TURN[d]) for d, f in enumerate(_FINALS)]
     batch = collate(seqs, batch_size=12, reward_mode="final", length_multiple=8)
-    return batch, settings.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, max_new_tokens=5,
-                                      overlong_buffer=2)
+    return batch, RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, max_new_tokens=5, overlong_buffer=2)
 
 
 @pytest.mark.parametrize("algo", _ROWS)
@@ -449,7 +448,7 @@ def test_dialogue_advantages_are_the_estimators_formula(algo):
     filtered (advantage 0, metric filtered_groups)."""
     batch, rl = _formula_batch(algo)
     cfg = get_preset("tiny")
-    opt = settings.make_optimizer(settings.OptimSettings(lr=1e-2, warmup_ratio=0.0, weight_decay=0.0), 10)
+    opt = make_optimizer(OptimSettings(lr=1e-2, warmup_ratio=0.0, weight_decay=0.0), 10)
     state = train_state.init_train_state(qwen2.init_params(cfg, jax.random.key(0)), opt.tx, seed=0)
     program = rl_program.make_update_program(rl, cfg, None, opt, None)
     state, metrics, advantages = rl_program.train_on_batch(program, state, batch)
