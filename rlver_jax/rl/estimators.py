@@ -3,7 +3,7 @@
 Each estimator turns a prepared batch's token rewards (and a critic's values) into per-token
 advantages (and, for a critic, returns). An algorithm's row names its estimator
 (rlver_jax.rl.algorithms, which also says what each needs: `ESTIMATOR_KINDS`); the maths is in
-rlver_jax.rl.advantages. Around the estimator, rlver_jax.rl.update.prepare applies:
+rlver_jax.rl.advantages. Around the estimator, rlver_jax.rl.update.estimate applies:
   overlong_rewards: DAPO's soft overlong penalty of each policy turn's length (config.rl.overlong_*);
   kept_rows:        DAPO's dynamic sampling: rows of groups whose rewards are all equal are dropped
                     from the loss (config.rl.dynamic_sampling);

@@ -152,11 +152,6 @@ class RLSettings:
     def uses_reference(self) -> bool:
         return self.kl_coef != 0.0
 
-    @property
-    def uses_turns(self) -> bool:
-        """The update reads the batch's turn arrays (overlong shaping, turn-level credit)."""
-        return bool(self.overlong_penalty) or bool(self.turn_credit_weight)
-
 
 @dataclasses.dataclass(frozen=True)
 class OptimSettings:
