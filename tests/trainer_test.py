@@ -275,7 +275,7 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     rl = RLSettings(algo="grpo", mini_batch_size=2, micro_batch_size=1, batch_size=4)
     state = train_state.init_train_state(actor, optax.sgd(0.0), seed=0)
     arrays = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
-    out = update.prepare(rl, cfg, None, state, update.Frozen(), arrays)
+    out, _ = update.prepare(rl, cfg, None, state, update.Frozen(), arrays)
     a = 0.4 / np.sqrt(0.32)
     row_adv = np.asarray(out["advantages"]).sum(-1) / np.maximum(batch.policy_mask.sum(-1), 1)
     np.testing.assert_allclose(row_adv, [a, a, a, -a, 0, 0, 0, 0], atol=1e-5)
@@ -365,3 +365,98 @@ def test_optimizer_steps_count_row_mini_batches_and_skip_padding_only_ones():
     _, metrics, _ = rl_program.train_on_batch(program, state, collate(seqs, batch_size=4, reward_mode="final",
                                                                    length_multiple=8, rows=6, row_multiple=2))
     assert metrics["optimizer_steps"] == 2.0
+
+
+# Three groups of four one-row dialogues (two turns each, 3-5 policy tokens a turn); group 2's
+# rewards are all equal.
+_FINALS = [90.0, 5.0, 70.0, 0.0, 60.0, 20.0, 20.0, 35.0, 40.0, 40.0, 40.0, 40.0]
+_TURN = [3 + d % 3 for d in range(12)]
+
+
+def _overlong(length, budget=5, buffer=2):
+    return -min(max((length - (budget - buffer)) / buffer, 0.0), 1.0)
+
+
+def _whitened_by_tokens(values, tokens):
+    """Each dialogue's value whitened over the batch's policy tokens (ddof 1, eps 1e-8): the
+    per-dialogue advantage of a token-whitened estimator whose tokens all carry their dialogue's value."""
+    every = np.repeat(values, tokens)
+    return (values - every.mean()) / np.sqrt(every.var(ddof=1) + 1e-8)
+
+
+def _expected_dialogue_advantages(algo):
+    """The per-dialogue advantage of each algorithm in plain numpy from the dialogues' rewards (and
+    turn lengths): GRPO-family within the groups of four, RLOO leave-one-out, REINFORCE++ whitened
+    over the batch's policy tokens, DAPO with the overlong penalties (budget 5, buffer 2) and
+    group 2 filtered."""
+    r = np.array(_FINALS) / 100
+    tokens = 2 * np.array(_TURN)
+    if algo == "dapo":
+        r = r + 2 * np.array([_overlong(n) for n in _TURN])
+    g = r.reshape(3, 4)
+    mean, std = g.mean(1, keepdims=True), g.std(1, ddof=1, keepdims=True)
+    if algo in ("grpo", "gspo", "cispo", "dapo"):
+        adv = np.where(std > 0, (g - mean) / (std + 1e-6), 0.0)
+        if algo == "dapo":
+            adv[2] = 0.0
+        return adv.ravel()
+    if algo == "drgrpo":
+        return (g - mean).ravel()
+    if algo == "rloo":
+        return (g - (g.sum(1, keepdims=True) - g) / 3).ravel()
+    if algo == "reinforce_pp":
+        return _whitened_by_tokens(r, tokens)
+    if algo == "reinforce_pp_baseline":
+        return _whitened_by_tokens((g - mean).ravel(), tokens)
+    raise ValueError(algo)
+
+
+_ROWS = ["grpo", "rloo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline"]
+
+
+def _formula_batch(algo):
+    rng = np.random.default_rng(5)
+    seqs = [_dialogue(rng, d // 4, [30.0, 50.0, f], turn=_TURN[d]) for d, f in enumerate(_FINALS)]
+    batch = collate(seqs, batch_size=12, reward_mode="final", length_multiple=8)
+    return batch, RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, max_new_tokens=5, overlong_buffer=2)
+
+
+@pytest.mark.parametrize("algo", _ROWS)
+def test_estimated_advantages_are_the_estimators_formula(algo):
+    """`update.estimate` of each row (what `prepare` does after the models): each dialogue's
+    advantage is the formula of `_expected_dialogue_advantages`; DAPO drops group 2's rows from
+    the loss (policy mask 0)."""
+    batch, rl = _formula_batch(algo)
+    arrays = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
+    out, metrics = update.estimate(rl, arrays)
+    got = np.asarray(update.dialogue_advantages(out["advantages"], arrays["policy_mask"], arrays["dialogue"]))
+    np.testing.assert_allclose(got[:12], _expected_dialogue_advantages(algo), rtol=1e-5, atol=1e-6)
+    if algo == "dapo":
+        assert float(metrics["filtered_groups"]) == 1.0
+        np.testing.assert_array_equal(np.asarray(out["policy_mask"]).sum(-1) > 0, np.arange(12) < 8)
+    else:
+        assert not metrics and "policy_mask" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", _ROWS)
+def test_dialogue_advantages_are_the_estimators_formula(algo):
+    """One tiny train step of each row of the algorithm table: it runs, and the per-dialogue
+    advantages it hands back (the transcripts') are the estimator's formula computed in numpy
+    from the batch's rewards; REINFORCE++'s are also an increasing affine map of the rewards.
+    DAPO: its overlong penalties enter the rewards, and the group whose rewards are all equal is
+    filtered (advantage 0, metric filtered_groups)."""
+    batch, rl = _formula_batch(algo)
+    cfg = get_preset("tiny")
+    opt = make_optimizer(OptimSettings(lr=1e-2, warmup_ratio=0.0, weight_decay=0.0), 10)
+    state = train_state.init_train_state(qwen2.init_params(cfg, jax.random.key(0)), opt.tx, seed=0)
+    program = rl_program.make_update_program(rl, cfg, None, opt, None)
+    state, metrics, advantages = rl_program.train_on_batch(program, state, batch)
+    assert int(state.step) == 1 and all(np.isfinite(v) for v in metrics.values()) and metrics["optimizer_steps"] > 0
+    np.testing.assert_allclose(advantages[:12], _expected_dialogue_advantages(algo), rtol=1e-5, atol=1e-6)
+    assert ("filtered_groups" in metrics) == (algo == "dapo") and metrics.get("filtered_groups", 1.0) == 1.0
+    if algo == "reinforce_pp":
+        r = np.array(_FINALS) / 100
+        slope, intercept = np.polyfit(r, advantages[:12], 1)
+        assert slope > 0
+        np.testing.assert_allclose(advantages[:12], slope * r + intercept, atol=1e-5)

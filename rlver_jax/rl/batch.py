@@ -35,10 +35,38 @@ class TrainBatch:
     # int32 [B], the row's dialogue (its index in the collated list); a dialogue's rows are
     # consecutive; padding rows get their own ids.
     dialogue: np.ndarray
+    # The turns, for overlong shaping and turn-level credit (rlver_jax.rl.estimators); a batch built
+    # without them (a planner's, a benchmark's) has no turns: -1 and zeros.
+    turn: np.ndarray | None = None  # int32 [B, T], the dialogue's policy turn of each policy token; -1 elsewhere
+    turn_rewards: np.ndarray | None = None  # float32 [B, T], a scored turn's reward (`turn_rewards`) on its last token
+    turn_scored: np.ndarray | None = None  # float32 [B, T], 1 on the last policy token of each scored turn
+
+    def __post_init__(self):
+        shape = self.policy_mask.shape
+        if self.turn is None:
+            self.turn = np.full(shape, -1, np.int32)
+        for name in ("turn_rewards", "turn_scored"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros(shape, np.float32))
 
     def arrays(self, policy_tokens: int | None = None) -> dict[str, np.ndarray]:
         """The fields, plus `policy_positions` derived from the policy mask (`policy_tokens`: see there)."""
         return {**dataclasses.asdict(self), "policy_positions": policy_positions(self.policy_mask, policy_tokens)}
+
+
+def _dialogue_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
+    """Reward per token index (of `seq.tokens`) of the dialogue as one episode (`token_rewards`)."""
+    if mode == "final":
+        return {seq.turn_ends[-1]: seq.reward}
+    if mode != "per_turn":
+        raise ValueError(f"config.rl.reward_mode={mode!r}; use one of {REWARD_MODES}")
+    dialogue = {}
+    for i, end in enumerate(seq.turn_ends):
+        if i + 1 < len(seq.emotions):
+            dialogue[end] = (seq.emotions[i + 1] - seq.emotions[i]) / 100.0
+    if seq.ended_by_format_failure:
+        dialogue[seq.turn_ends[-1]] = dialogue.get(seq.turn_ends[-1], 0.0) - seq.emotions[-1] / 100.0
+    return dialogue
 
 
 def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
@@ -54,20 +82,32 @@ def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
     this and later turns): with "final" every turn row carries the dialogue's final reward, as
     in the reference.
     """
-    if mode == "final":
-        dialogue = {seq.turn_ends[-1]: seq.reward}
-    elif mode == "per_turn":
-        dialogue = {}
-        for i, end in enumerate(seq.turn_ends):
-            if i + 1 < len(seq.emotions):
-                dialogue[end] = (seq.emotions[i + 1] - seq.emotions[i]) / 100.0
-        if seq.ended_by_format_failure:
-            dialogue[seq.turn_ends[-1]] = dialogue.get(seq.turn_ends[-1], 0.0) - seq.emotions[-1] / 100.0
-    else:
-        raise ValueError(f"config.rl.reward_mode={mode!r}; use one of {REWARD_MODES}")
+    dialogue = _dialogue_rewards(seq, mode)
     if len(seq.rows) <= 1:
         return dialogue
     return {end: sum(r for idx, r in dialogue.items() if idx >= end) for end in seq.turn_ends}
+
+
+def dialogue_return(seq: DialogueSequence, mode: str) -> float:
+    """The dialogue's rewards summed (its first row's, whatever its rows): the score an outcome
+    estimator compares, before any shaping."""
+    return float(sum(_dialogue_rewards(seq, mode).values()))
+
+
+def turn_rewards(seq: DialogueSequence) -> dict[int, float]:
+    """Each scored turn's own reward, on its last policy token (by index of `seq.tokens`): the
+    per_turn mode's rewards of the dialogue as one episode (the emotion change / 100; a turn a
+    format failure ended, -(emotion before it) / 100), never summed over later turns, whatever
+    the rows: the turn-level credit compares each turn with the turns at its position."""
+    return _dialogue_rewards(seq, "per_turn")
+
+
+def turn_index(seq: DialogueSequence) -> np.ndarray:
+    """int32 [len(seq.tokens)]: the policy turn (0, 1, ...) each policy token belongs to, -1 on
+    other tokens: turn k's policy tokens lie after turn_ends[k - 1] and up to turn_ends[k]."""
+    idx = np.arange(len(seq.tokens))
+    turn = np.searchsorted(np.asarray(seq.turn_ends), idx, side="left").astype(np.int32)
+    return np.where(np.asarray(seq.policy_mask) > 0, turn, -1).astype(np.int32)
 
 
 def policy_positions(policy_mask: np.ndarray, policy_tokens: int | None = None) -> np.ndarray:
@@ -177,17 +217,21 @@ def collate(
     b = 0
     ids = range(len(sequences)) if dialogue_ids is None else dialogue_ids
     for d, seq in zip(ids, sequences):
-        rewards = token_rewards(seq, reward_mode)
+        rewards, per_turn, turns = token_rewards(seq, reward_mode), turn_rewards(seq), turn_index(seq)
         for start, end in seq.rows:
             n = end - start
             batch.tokens[b, :n] = seq.tokens[start:end]
             batch.attention_mask[b, :n] = 1
             batch.policy_mask[b, :n] = seq.policy_mask[start:end]
             batch.sample_logprobs[b, :n] = seq.logprobs[start:end]
+            batch.turn[b, :n] = turns[start:end]
             batch.group[b], batch.dialogue[b] = seq.group, d
             for idx, r in rewards.items():
                 if start <= idx < end:
                     batch.rewards[b, idx - start] = r
+            for idx, r in per_turn.items():
+                if start <= idx < end:
+                    batch.turn_rewards[b, idx - start], batch.turn_scored[b, idx - start] = r, 1.0
             b += 1
     return batch
 

@@ -36,7 +36,7 @@ from rlver_jax.parallel import hosts, sharding
 from rlver_jax.train.interrupts import StepGuard, TrainingInterrupted
 from rlver_jax.train.metrics import Writers, check_finite, throughput_metrics
 from rlver_jax.plots import training_curves
-from rlver_jax.rl import program as rl_program, train_state
+from rlver_jax.rl import dynamic_sampling, program as rl_program, train_state
 from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.evaluation import play_profiles
@@ -225,7 +225,9 @@ def _rollout_buffer(run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
         policy.set_params(params, version, rng=train_state.step_keys(rng, index).rollout)
         profiles = profiles_for_step(run.train_profiles, index, k, run.spec.loop.seed)
         requests = [EpisodeRequest(profiles[d // n], int(d // n), index=int(d)) for d in run.own_dialogues]
-        return await runner.run(requests, version)
+        dialogues = await runner.run(requests, version)  # DAPO: groups without signal sampled again (rl.dynamic_sampling)
+        return await dynamic_sampling.refill_step(run.spec.rl, lambda again: runner.run(again, version), requests,
+                                                  dialogues, run.train_profiles, run.spec.loop.seed, index, k * n)
 
     return RolloutBuffer(make_batch, max_staleness=run.spec.loop.max_staleness, start_index=start,
                          finalize=simulator.aclose)
