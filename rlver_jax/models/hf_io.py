@@ -26,7 +26,6 @@ from safetensors.numpy import save_file
 from rlver_jax.files import atomic_directory
 from rlver_jax.models.config import ARCHITECTURES, Llama3RopeScaling, Qwen2Config
 from rlver_jax.models.qwen2 import abstract_params
-from rlver_jax.text.tokenizer_files import QWEN2_SPLIT, save_tokenizer  # noqa: F401 (the tokenizer files)
 
 Params = Any
 _SINGLE = "model.safetensors"
