@@ -61,19 +61,19 @@ def test_a_second_ctrl_c_during_a_step_stops_at_once_and_the_step_is_torn(guard)
     assert guard.torn and guard.step == 4
 
 
-def test_the_handler_is_installed_until_close_and_only_from_the_main_thread():
-    before = signal.getsignal(signal.SIGINT)
+def test_the_handlers_are_installed_until_close_and_only_from_the_main_thread():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     guard = StepGuard()
-    assert signal.getsignal(signal.SIGINT) == guard._on_sigint
+    assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == guard._on_signal
     guard.close()
-    assert signal.getsignal(signal.SIGINT) is before
+    assert {s: signal.getsignal(s) for s in before} == before
     made = []
     thread = threading.Thread(target=lambda: made.append(StepGuard()))  # signal.signal refuses other threads
     thread.start()
     thread.join()
-    assert signal.getsignal(signal.SIGINT) is before and not made[0].torn
+    assert {s: signal.getsignal(s) for s in before} == before and not made[0].torn
     made[0].close()
-    assert signal.getsignal(signal.SIGINT) is before
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 # ----------------------------------------------------------------------------- after the Ctrl-C
@@ -174,10 +174,11 @@ def test_stopping_closes_every_part_and_keeps_the_loops_error(caplog):
                 loop._shut_down(*parts)  # what the loop's `finally` does
             raise
     assert closed == order
-    assert "while stopping after an error: manager.wait failed" in caplog.text
+    assert "while stopping after an error: a checkpoint could not be written" in caplog.text
+    assert "manager.wait failed" in caplog.text
 
     closed.clear()  # without an error before it, the first failure to stop is the error
-    with pytest.raises(OSError, match="manager.wait failed"):
+    with pytest.raises(checkpoint.CheckpointWriteError, match="manager.wait failed"):
         loop._shut_down(*parts)
     assert closed == order
 
