@@ -184,7 +184,8 @@ class RunSpec:
             raise ValueError(f"config.critic.path={critic.path!r} with config.lora.rank={lora.rank}: the LoRA "
                              "critic shares the policy's frozen base (its own adapters and value head on it); "
                              "set --config.critic.path= or config.lora.rank=0")
-        unknown = [f for f in loop.allow_changes if f != "*" and not _names_a_field(f, record := config.to_dict())]
+        fields = flat_fields(config.to_dict())
+        unknown = [f for f in loop.allow_changes if f != "*" and not _names_a_field(f, fields)]
         if unknown:
             raise ValueError(f"config.checkpoint.allow_changes names {', '.join(map(repr, unknown))}: not a field of the "
                              "config (--print_config lists them)")
@@ -290,8 +291,8 @@ def flat_fields(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _names_a_field(name: str, record: dict[str, Any]) -> bool:
-    fields = flat_fields(record)
+def _names_a_field(name: str, fields: dict[str, Any]) -> bool:
+    """Whether `name` is a field of `fields` (flat_fields) or a section holding some."""
     return name in fields or any(k.startswith(name.rstrip(".") + ".") for k in fields)
 
 
