@@ -1,5 +1,6 @@
 """Faults through the real entry points (subprocesses of launch/train.py and launch/eval.py): bad
-inputs, a full disk and Ctrl-C end with one line, the right exit status and no traceback."""
+inputs, a full disk, a second trainer on a work directory and a preemption's SIGTERM end with one
+line, the right exit status and no traceback. (Ctrl-C, in process: training_test.py.)"""
 
 import json
 import os
@@ -89,7 +90,10 @@ def test_eval_rejects_out_of_range_settings_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_saves_the_last_complete_step_and_exits_130(tmp_path):
+def test_sigterm_saves_the_last_complete_step_and_exits_143_a_second_trainer_is_refused(tmp_path):
+    """A preemption's SIGTERM once step 0's metrics line is written (in step 0's checkpoint, or step
+    1's rollout or update): that step is finished and saved, one line, exit 143 (it used to kill the
+    run with nothing saved). While it runs, a second trainer on its directory is refused in one line."""
     workdir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "launch/train.py", *SMALL, f"--config.workdir={workdir}",
                              "--config.train.steps=4"], cwd=REPO, stdout=subprocess.PIPE,
@@ -97,22 +101,27 @@ def test_ctrl_c_saves_the_last_complete_step_and_exits_130(tmp_path):
     try:
         deadline = time.monotonic() + 600
         metrics = workdir / "metrics.jsonl"
+        while not (workdir / ".lock").exists() and proc.poll() is None:
+            time.sleep(0.1)
+        second = _run(["launch/train.py", *SMALL, f"--config.workdir={workdir}", "--config.train.steps=4"])
         while not (metrics.exists() and metrics.read_text()) and proc.poll() is None:
             assert time.monotonic() < deadline, "no step finished in time"
             time.sleep(0.2)
-        os.kill(proc.pid, signal.SIGINT)  # step 0 done: in step 1's rollout or update
+        os.kill(proc.pid, signal.SIGTERM)
         _, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert second.returncode == 1 and _last_line(second).startswith(
+        f"train.py: error: {workdir} is in use by training (pid {proc.pid} on this host"), second.stderr
     out = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 143, stderr
     line = _last_line(out)
     steps = [json.loads(l)["step"] for l in metrics.read_text().split("\n") if l]
     saved = len(steps)  # every finished step is in the checkpoint, and only those
-    assert line == (f"train.py: interrupted: the checkpoint of step {saved} is in {workdir / 'checkpoints'}. "
+    assert line == (f"train.py: stopped by SIGTERM: the checkpoint of step {saved} is in {workdir / 'checkpoints'}. "
                     f"Rerun the same command to resume (config.workdir={workdir}).")
-    assert steps == list(range(saved)) and saved in (1, 2)
+    assert steps == list(range(saved)) and saved in (1, 2) and not (workdir / ".lock").exists()
 
 
 def test_eval_marks_the_dialogue_whose_prompt_the_simulator_refuses_and_goes_on(tmp_path):

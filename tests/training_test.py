@@ -74,9 +74,25 @@ def test_grpo_tiny_trains_logs_and_resumes_exactly(tmp_path):
     assert any((tmp_path / "straight" / "tensorboard").iterdir())
     _check_transcript_advantages(tmp_path / "straight", straight.rl.grpo_eps)
 
-    resumed = small(grpo_think.get_config("tiny"), tmp_path / "resumed", steps=2)
-    loop.train(RunSpec.from_config(resumed), progress=False)
-    resumed.train.steps = 3
+    # A preemption (SIGTERM) during the update of step 1: the step is finished (its evaluation
+    # skipped: the checkpoint must come within config.checkpoint.stop_within_s) and saved; the same
+    # call again resumes there and ends where the unbroken run did.
+    resumed = small(grpo_think.get_config("tiny"), tmp_path / "resumed", steps=3)
+    resumed.checkpoint.stop_within_s = 600.0  # the clock ends the process: not pytest's, on a slow machine
+    update = rl_program.train_on_batch
+
+    def preempted_update(*args):
+        out = update(*args)
+        if int(out[0].step) == 2:
+            signal.raise_signal(signal.SIGTERM)
+        return out
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rl_program, "train_on_batch", preempted_update)
+        with pytest.raises(TrainingInterrupted, match=r"^stopped by SIGTERM: the checkpoint of step 2 is in") as stop:
+            loop.train(RunSpec.from_config(resumed), progress=False)
+    assert stop.value.exit_status == 143 and checkpoint.saved_steps(tmp_path / "resumed" / "checkpoints")[-1] == 2
+    assert "eval_score" not in read_jsonl(tmp_path / "resumed" / "metrics.jsonl")[1]
     loop.train(RunSpec.from_config(resumed), progress=False)
     a, b = _actor(tmp_path / "straight"), _actor(tmp_path / "resumed")
     jax.tree.map(np.testing.assert_array_equal, a, b)
@@ -186,8 +202,10 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
     workdir = tmp_path / "run"
     config = small(grpo_think.get_config("tiny"), workdir, steps=4)  # eval after steps 1 and 3, checkpoints 1, 2, 4
 
-    # Ctrl-C during the update of step 1 (the update donates the state): the step is finished,
-    # its evaluation included, and the checkpoint the loop just wrote is not written twice.
+    # Ctrl-C during the update of step 1 (the update donates the state): the step is finished (its
+    # evaluation skipped: the checkpoint must come in bounded time), and the checkpoint the loop just
+    # wrote is not written twice.
+    config.checkpoint.stop_within_s = 600.0  # the clock would end pytest's process on a slow machine
     update = rl_program.train_on_batch
 
     def interrupted_update(*args):
@@ -202,8 +220,8 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
     monkeypatch.undo()
     assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 2
     assert _steps(workdir) == [0, 1]
-    assert "eval_score" in read_jsonl(workdir / "metrics.jsonl")[1]
-    assert _transcripts(workdir) == ["eval_000001.jsonl", "train_000000.jsonl", "train_000001.jsonl"]
+    assert "eval_score" not in read_jsonl(workdir / "metrics.jsonl")[1]
+    assert _transcripts(workdir) == ["train_000000.jsonl", "train_000001.jsonl"]
 
     # What a kill -9 after step 2's metrics line (before its checkpoint) and mid-append leaves.
     with open(workdir / "metrics.jsonl", "a") as f:
@@ -226,13 +244,13 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
     monkeypatch.undo()
     kept = checkpoint.saved_steps(workdir / "checkpoints")[-1]
     assert kept == 2 and _steps(workdir) == [0, 1, 2]
-    assert _transcripts(workdir) == ["eval_000001.jsonl", "train_000000.jsonl", "train_000001.jsonl",
+    assert _transcripts(workdir) == ["train_000000.jsonl", "train_000001.jsonl",
                                      "train_000002.jsonl"]  # the stale ones removed, no temporary files
     assert read_jsonl(workdir / "transcripts" / "train_000002.jsonl")[0]["step"] == 2
 
     loop.train(RunSpec.from_config(config), progress=False)  # the rerun resumes at the checkpoint
     assert _steps(workdir) == [0, 1, 2, 3]
-    assert _transcripts(workdir) == ["eval_000001.jsonl", "eval_000003.jsonl", "train_000000.jsonl",
+    assert _transcripts(workdir) == ["eval_000003.jsonl", "train_000000.jsonl",
                                      "train_000001.jsonl", "train_000002.jsonl", "train_000003.jsonl"]
     assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 4
     assert loop.train(RunSpec.from_config(config), progress=False) == {}  # nothing left to do
@@ -255,9 +273,12 @@ def test_config_ranges_are_checked_before_anything_starts(tmp_path):
     config.rollout.temperature = -0.5
     config.simulator.max_concurrency = 0
     config.simulator.timeout_s = 0.0
+    config.optim.actor.lr = -2e-3  # issue 44: a negative, NaN or infinite rate was accepted
+    config.optim.critic.lr = float("nan")
     with pytest.raises(ValueError, match=r"config.train.steps=-1 must be >= 0; config.rollout.temperature=-0.5 "
                                          r"must be >= 0; config.simulator.max_concurrency=0 must be >= 1; "
-                                         r"config.simulator.timeout_s=0.0 must be > 0"):
+                                         r"config.simulator.timeout_s=0.0 must be > 0; config.optim.actor.lr=-0.002 "
+                                         r"must be a finite number >= 0; config.optim.critic.lr=nan must be"):
         loop.train(RunSpec.from_config(config), progress=False)
     assert not (tmp_path / "never").exists()
 
@@ -329,15 +350,17 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
     resumed = lora_config(tmp_path / "resumed", 2)
     loop.train(RunSpec.from_config(resumed), progress=False)
     resumed.train.steps = 3
+    resumed.checkpoint.allow_changes = "train.steps"  # a change within a run: logged at the step
     loop.train(RunSpec.from_config(resumed), progress=False)
+    assert read_jsonl(tmp_path / "resumed" / loop.CHANGES) == [{"step": 2, "field": "train.steps", "before": 2,
+                                                                 "after": 3}]
     for model in ("actor", "critic"):
         a, b = _state(tmp_path / "straight")[model], _state(tmp_path / "resumed")[model]
         jax.tree.map(np.testing.assert_array_equal, a, b)
 
-    other = lora_config(tmp_path / "resumed", 4)
+    other = lora_config(tmp_path / "resumed", 3)
     other.seed = 1  # another random base: the adapters in the checkpoint do not belong to it
-    with pytest.raises(ValueError, match="holds LoRA adapters of the base .*'seed': 0.* but the config names "
-                                         ".*'seed': 1"):
+    with pytest.raises(ValueError, match=r"seed: 0 in the checkpoint, 1 now.*seed defines what the run trains"):
         loop.train(RunSpec.from_config(other), progress=False)
 
 
@@ -358,3 +381,80 @@ def test_lora_train_step_is_the_same_with_the_state_offloaded(tmp_path):
         assert metrics["critic_grad_norm"] > 0
         trained.append(jax.device_get((state.actor, state.critic)))
     jax.tree.map(np.testing.assert_array_equal, *trained)
+
+
+# ----------------------------------------------------------------------------- faults (issue 44)
+
+def _interrupt_in_update_of(step, signum=signal.SIGINT):
+    """train_on_batch sending `signum` once the update of `step` is done (the state is donated)."""
+    update = rl_program.train_on_batch
+
+    def interrupted(*args):
+        out = update(*args)
+        if int(out[0].step) == step + 1:
+            signal.raise_signal(signum)
+        return out
+
+    return interrupted
+
+
+@pytest.mark.slow
+def test_max_staleness_resumes_exactly(tmp_path, monkeypatch):
+    """With max_staleness=1 batch i is sampled with version i - 1, after a resume too: the checkpoint
+    holds the actor of that version (before, the first batch after a resume was sampled with the
+    newer one)."""
+    def config(name):
+        c = small(grpo_think.get_config("tiny"), tmp_path / name, steps=3)
+        c.rollout.max_staleness, c.train.eval_every, c.checkpoint.stop_within_s = 1, 0, 600.0
+        return c
+
+    loop.train(RunSpec.from_config(config("straight")), progress=False)
+    monkeypatch.setattr(rl_program, "train_on_batch", _interrupt_in_update_of(1))
+    with pytest.raises(TrainingInterrupted, match="the checkpoint of step 2"):
+        loop.train(RunSpec.from_config(config("resumed")), progress=False)
+    monkeypatch.undo()
+    assert checkpoint.read_record(tmp_path / "resumed" / "checkpoints", 2)["sampling_versions"] == [1]
+    loop.train(RunSpec.from_config(config("resumed")), progress=False)
+    for name in ("straight", "resumed"):
+        lags = [m["policy_lag"] for m in read_jsonl(tmp_path / name / "metrics.jsonl")]
+        assert lags == [0.0, 1.0, 1.0], name  # batch 0 from version 0, then one version behind
+    for model in ("actor", "actor_opt"):
+        jax.tree.map(np.testing.assert_array_equal, _state(tmp_path / "straight")[model],
+                     _state(tmp_path / "resumed")[model])
+
+
+@pytest.mark.slow
+def test_a_diverging_update_or_a_failed_save_leaves_no_bad_checkpoint(tmp_path, monkeypatch):
+    """A learning rate of 1e12 grows the parameter norm a trillion-fold in step 0: the run stops
+    before that step is written (it used to checkpoint finite weights of 1e12, on which every rerun
+    failed). Then, with a sane rate, the disk fills while checkpoint 2 is written: one error naming
+    the step, the directory and the cause, and no further step."""
+    workdir = tmp_path / "run"
+    config = small(grpo_think.get_config("tiny"), workdir, steps=3)
+    config.train.eval_every, config.checkpoint.save_every = 0, 1
+    config.optim.actor.lr = 1e12
+    with pytest.raises(loop.DivergedError, match=r"^step 0: the update diverged: it grew the parameter norm the "
+                                                 r"actor's from .* \(x.*e\+1\d\), more than "
+                                                 r"config.train.max_param_norm_growth=2 allows; the step is not saved"):
+        loop.train(RunSpec.from_config(config), progress=False)
+    assert checkpoint.saved_steps(workdir / "checkpoints") == [] and not (workdir / "metrics.jsonl").exists()
+
+    import orbax.checkpoint as ocp
+    save = ocp.CheckpointManager.save
+
+    def full_at_2(self, step, *args, **kw):
+        if step == 2:
+            raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "w/0" in OCDBT database at local file '
+                             f'"{self.directory}/2.orbax-checkpoint-tmp/state/": Failed to write 1024 bytes to file 7: '
+                             f"No space left on device [os_error_code='28']")
+        return save(self, step, *args, **kw)
+
+    config.optim.actor.lr = 2e-3  # no checkpoint yet: nothing to compare with
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_at_2)
+    with pytest.raises(checkpoint.CheckpointWriteError) as error:
+        loop.train(RunSpec.from_config(config), progress=False)
+    assert str(error.value).startswith(f"the checkpoint of step 2 could not be written to {workdir / 'checkpoints'}: "
+                                       "No space left on device (errno 28). The run stopped there; kept: the "
+                                       "checkpoint of step 1")
+    assert checkpoint.saved_steps(workdir / "checkpoints") == [1] and _steps(workdir) == [0, 1]  # no step after it
+    assert not (workdir / ".lock").exists()

@@ -46,19 +46,26 @@ def _location(directory: str | os.PathLike) -> str:
 
 
 class _NotOrbax(logging.Filter):
-    """Drops log records written by orbax's own code."""
+    """Drops log records written by orbax's code, or carrying an exception raised through it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "/orbax/" not in record.pathname.replace(os.sep, "/")
+        paths = [record.pathname]
+        tb = record.exc_info[2] if record.exc_info else None
+        while tb is not None:
+            paths.append(tb.tb_frame.f_code.co_filename)
+            tb = tb.tb_next
+        return not any("/orbax/" in p.replace(os.sep, "/") for p in paths)
 
 
 def quiet_orbax_errors() -> None:
-    """Keep orbax's error logs (through absl: a traceback per background thread and retry of a
-    failed save, hundreds of lines for one full disk) off the console: the failure reaches the run
-    as one CheckpointWriteError. The launch scripts call it unless tracebacks are asked for."""
-    logger = logging.getLogger("absl")
-    if not any(isinstance(f, _NotOrbax) for f in logger.filters):
-        logger.addFilter(_NotOrbax())
+    """Keep orbax's error logs off the console: through absl a traceback per background thread and
+    retry of a failed save, and asyncio's "exception was never retrieved" for each of its writes
+    (hundreds of lines for one full disk); the failure reaches the run as one CheckpointWriteError.
+    The launch scripts call it unless tracebacks are asked for."""
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NotOrbax) for f in logger.filters):
+            logger.addFilter(_NotOrbax())
 
 
 def make_manager(directory: str | os.PathLike, *, save_every: int, keep: int,

@@ -263,9 +263,11 @@ def _shut_down(buffer: RolloutBuffer | None, manager, writers: Writers | None) -
     one raised, and the checkpoint manager gets `_CLOSE_AFTER_ERROR_S` to finish (a failed save can
     leave orbax waiting minutes for a signal that never comes)."""
     failing = sys.exc_info()[0] is not None
+    save_failed = isinstance(sys.exc_info()[1], checkpoint.CheckpointWriteError)  # said once: not waited for again
     first: BaseException | None = None
     parts = [buffer.close if buffer is not None else None,
-             lambda: _bounded(lambda: _close_manager(manager), _CLOSE_AFTER_ERROR_S if failing else None),
+             lambda: _bounded(lambda: _close_manager(manager, wait=not save_failed),
+                              _CLOSE_AFTER_ERROR_S if failing else None),
              writers.close if writers is not None else None]
     for close in parts:
         if close is None:
@@ -283,8 +285,16 @@ def _shut_down(buffer: RolloutBuffer | None, manager, writers: Writers | None) -
 _CLOSE_AFTER_ERROR_S = 30.0
 
 
-def _close_manager(manager) -> None:
-    """Wait for pending saves, then close the manager, even when the wait fails (its error is raised)."""
+def _close_manager(manager, wait: bool = True) -> None:
+    """Wait for pending saves, then close the manager, even when the wait fails (its error is
+    raised). Without `wait` (a save failed and was reported) the manager is closed and the same
+    failure, which closing raises again, is not reported twice."""
+    if not wait:
+        try:
+            manager.close()
+        except Exception as e:  # noqa: BLE001 - the failed save, once more
+            log.debug("closing the checkpoint manager after a failed save: %s", e)
+        return
     try:
         checkpoint.wait(manager)
     finally:
