@@ -15,9 +15,11 @@ data, the simulator or the disk (one line saying what to fix; rerunning resumes)
 config.checkpoint.stop_within_s; the line says where the checkpoint is; rerunning resumes.
 """
 
+import os
 import pathlib
 import signal
 import sys
+import traceback
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
@@ -79,6 +81,14 @@ def main(argv):
               f"train.py: interrupted; rerun the same command to resume from the newest checkpoint in "
               f"{workdir / 'checkpoints'} (if any)", file=sys.stderr)
         sys.exit(getattr(e, "exit_status", 130))
+    except checkpoint.CheckpointWriteError as e:
+        # Everything of ours is closed; orbax may keep a thread waiting minutes for a signal of the
+        # failed save (a read-only disk: 300 s) before the interpreter may exit: leave at once.
+        if program.verbose():
+            traceback.print_exc()
+        print(f"train.py: error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     except Exception as e:  # noqa: BLE001 - the producer's cause and disk faults as one line; cli sorts the rest
         cause = e.__cause__ if isinstance(e, RolloutError) and e.__cause__ is not None else e
         if isinstance(cause, OSError):

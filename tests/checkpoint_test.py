@@ -231,12 +231,54 @@ def test_a_failed_save_is_one_line_naming_the_step_the_directory_and_the_cause(t
                               "(errno 28). The run stopped there; kept: the checkpoint of step 2")
     monkeypatch.undo()
 
-    # Asynchronous: the background failure is raised by `check` once that save has ended, not later.
-    monkeypatch.setattr(manager, "is_saving_in_progress", lambda: False)
+    # Asynchronous: `check` (before the next update) waits for that save and raises its failure.
     monkeypatch.setattr(manager, "wait_until_finished", full)
     setattr(manager, checkpoint._PENDING, 4)
     with pytest.raises(checkpoint.CheckpointWriteError, match="the checkpoint of step 4 could not be written"):
         checkpoint.check(manager)
     monkeypatch.undo()
     checkpoint.check(manager)  # nothing pending: nothing raised
+    manager.close()
+
+
+def test_orbax_failure_logs_are_kept_off_the_console(monkeypatch):
+    """One full disk printed 1,497 stderr lines (a traceback per background write: absl's error logs,
+    asyncio's "exception was never retrieved", tensorstore's closed-loop callbacks); the failure
+    reaches the run as one CheckpointWriteError instead."""
+    import sys
+    import types
+
+    for name in ("absl", "asyncio"):
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    checkpoint.quiet_orbax_errors()
+    checkpoint.quiet_orbax_errors()  # once is enough: nothing stacks up
+    record = logging.LogRecord("absl", logging.ERROR, "/venv/site-packages/orbax/checkpoint/future.py", 1,
+                               "_SignalingThread.run() raised an exception", None, None)
+    ours = logging.LogRecord("absl", logging.ERROR, "/repo/rlver_jax/train/loop.py", 1, "kept", None, None)
+    assert [logging.getLogger("absl").filter(r) for r in (record, ours)] == [False, True]
+    assert len(logging.getLogger("asyncio").filters) == 1
+    closed = types.SimpleNamespace(exc_value=RuntimeError("Event loop is closed"))
+    other = types.SimpleNamespace(exc_value=RuntimeError("something else"))
+    sys.unraisablehook(closed)
+    sys.unraisablehook(other)
+    assert seen == [other]
+
+
+def test_a_save_whose_folder_never_appears_is_a_failure_with_the_disks_cause(tmp_path, monkeypatch):
+    """A read-only disk: orbax's wait ends without an error (it would raise at the next save, one
+    step later) but the step's folder is not there; the probe names the cause."""
+    manager = _manager(tmp_path)
+    monkeypatch.setattr(manager, "wait_until_finished", lambda: None)
+    setattr(manager, checkpoint._PENDING, 7)
+
+    def read_only(self, *args, **kw):
+        raise OSError(30, "Read-only file system", str(self))
+
+    monkeypatch.setattr(checkpoint.epath.Path, "write_text", read_only)
+    with pytest.raises(checkpoint.CheckpointWriteError, match=r"^the checkpoint of step 7 could not be written to "
+                                                              rf"{tmp_path}: Read-only file system \("):
+        checkpoint.check(manager)
+    monkeypatch.undo()
     manager.close()

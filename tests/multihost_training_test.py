@@ -157,7 +157,8 @@ def test_grpo_two_processes_train_as_one_and_resume(tmp_path, cache):
     assert any(lengths[0][s] != lengths[1][s] for s in (0, 1)), lengths
     assert "process 1 of 2: 4 local devices (cpu), dialogues 4-7 of the 8 per step" in logs[1]
 
-    finish(start("configs/grpo_think.py:tiny", two, cache, overrides + ["--config.train.steps=3"]))
+    finish(start("configs/grpo_think.py:tiny", two, cache, overrides + ["--config.train.steps=3",
+                                                                        "--config.checkpoint.allow_changes=train.steps"]))
     check_each_once(two, steps=3, dialogues=8, n=4)
     assert "eval_score" in metrics(two)[2]
     evals = transcripts(two, "eval_000002.jsonl")

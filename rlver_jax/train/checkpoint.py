@@ -11,7 +11,8 @@ the newest.
 
 A save that fails (a full or read-only disk, in the save itself or, asynchronous, in the
 background) raises CheckpointWriteError, one line naming the checkpoint, the directory and the
-cause; `check` raises a background failure at the next step's start, so no step trains after it.
+cause; `check` waits for an asynchronous save before the next update (it overlaps the next batch's
+rollout) and raises its failure, so no step trains after a failed save.
 A read is tried `attempts` times before a checkpoint is declared unreadable.
 
 Every process of a multi-host run calls `save` and `restore` at the same step: each writes and
@@ -26,6 +27,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +68,20 @@ def quiet_orbax_errors() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _NotOrbax) for f in logger.filters):
             logger.addFilter(_NotOrbax())
+    if not getattr(sys.unraisablehook, "_rlver_quiet", False):
+        sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
+
+
+def _quiet_closed_loops(hook: Callable[[Any], None]) -> Callable[[Any], None]:
+    """`hook` but for "Event loop is closed" from tensorstore's callbacks into the event loop of a
+    checkpoint write or read that already failed (printed as unraisable, a traceback each)."""
+    def quiet(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+            return
+        hook(unraisable)
+
+    quiet._rlver_quiet = True  # type: ignore[attr-defined]
+    return quiet
 
 
 def make_manager(directory: str | os.PathLike, *, save_every: int, keep: int,
@@ -114,19 +130,37 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, 
 
 
 def check(manager: ocp.CheckpointManager) -> None:
-    """Raise CheckpointWriteError if an asynchronous save has failed in the background (without
-    waiting for one still being written)."""
-    if getattr(manager, _PENDING, None) is not None and not manager.is_saving_in_progress():
+    """Wait for an asynchronous save still being written (the loop calls this once the next batch
+    has arrived: the write overlaps that batch's rollout, never the next update) and raise
+    CheckpointWriteError if it failed, so that no step trains after a failed save."""
+    if getattr(manager, _PENDING, None) is not None:
         wait(manager)
 
 
 def wait(manager: ocp.CheckpointManager) -> None:
-    """Block until pending saves are written; CheckpointWriteError when one failed."""
+    """Block until pending saves are written; CheckpointWriteError when one failed. A failure orbax
+    keeps to itself until the next save (its step folder could not even be created: a read-only
+    disk) is found by the folder's absence; the cause, by writing a probe file beside it."""
+    pending = getattr(manager, _PENDING, None)
     try:
         manager.wait_until_finished()
     except Exception as e:  # noqa: BLE001 - see save
-        raise _write_error(manager, getattr(manager, _PENDING, None), e) from e
+        raise _write_error(manager, pending, e) from e
     setattr(manager, _PENDING, None)
+    if pending is not None and pending not in steps_in(manager.directory):
+        raise _write_error(manager, pending, _probe(manager.directory))
+
+
+def _probe(directory: Any) -> Exception:
+    """Why `directory` cannot be written (the OSError of writing a small file there), or an error
+    saying that the save failed in the background for no cause seen here."""
+    path = epath.Path(os.fspath(directory)) / ".write_probe"
+    try:
+        path.write_text("probe")
+        path.unlink()
+    except OSError as e:
+        return e
+    return RuntimeError("its folder is missing once the write ended (it failed in the background)")
 
 
 def _write_error(manager: ocp.CheckpointManager, step: int | None, error: Exception) -> CheckpointWriteError:

@@ -124,7 +124,7 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
             t0 = time.perf_counter()
             batch = buffer.get(until=lambda: guard.stopping)
             wait_s = time.perf_counter() - t0
-            checkpoint.check(manager)  # a checkpoint that failed in the background stops the run here
+            checkpoint.check(manager)  # the last save is written (or its failure stops the run) before an update
             if (batch is None or guard.processes > 1) and guard.stop_agreed():  # signalled while waiting
                 raise KeyboardInterrupt
             guard.begin_step(step)  # from here to the checkpoint, a signal waits for the step to end
