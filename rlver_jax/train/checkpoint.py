@@ -124,8 +124,8 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, 
         saved = manager.save(step, args=ocp.args.Composite(**items), force=force)
     except Exception as e:  # noqa: BLE001 - whatever orbax and tensorstore raise for the disk
         raise _write_error(manager, getattr(manager, _PENDING, None) or step, e) from e
-    if saved:
-        setattr(manager, _PENDING, step if manager.is_saving_in_progress() else None)
+    if saved:  # checked by the next `check` or `wait` (an asynchronous write may fail after this returned)
+        setattr(manager, _PENDING, step)
     return saved
 
 

@@ -97,7 +97,7 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
     try:
         state, start, meta, previous = _resume(manager, run.state, s, run.lora_base)
         # The actor versions the next max_staleness batches are sampled with (`_sampling_versions`).
-        versions = _sampling_versions(run, state, start, previous)
+        versions = _sampling_versions(run, start, previous)
         if meta is not None:
             _log_changes(run, meta, start)
         if start >= s.steps:
@@ -348,10 +348,9 @@ def _resume(manager, initial: train_state.TrainState, s: LoopSettings, lora_base
     return state, step, meta, versions
 
 
-def _sampling_versions(run: Run, state: train_state.TrainState, start: int, previous: dict[int, Any]
-                       ) -> dict[int, Any]:
+def _sampling_versions(run: Run, start: int, previous: dict[int, Any]) -> dict[int, Any]:
     """The actor versions (version -> actor in the train state's layout) the first max_staleness
-    batches from `start` on are sampled with besides `state`'s own: versions start - max_staleness
+    batches from `start` on are sampled with besides the state's own: versions start - max_staleness
     .. start - 1, from the checkpoint (`previous`). A checkpoint without them (written with
     max_staleness 0, or by an older version) resumes with the newest version: warned, not exact."""
     s = run.spec.loop
