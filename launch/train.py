@@ -45,12 +45,16 @@ def _disk_message(error: OSError, workdir: pathlib.Path) -> str:
     return text
 
 
-def _terminated(signum, frame):
-    """SIGTERM before the training loop (loading, compiling): stop as Ctrl-C would, with status 143."""
-    from rlver_jax.train.interrupts import TrainingInterrupted
+def _on_sigterm(workdir: pathlib.Path):
+    """The SIGTERM handler outside the training loop (loading, compiling, closing; the loop has its
+    own, interrupts.StepGuard): stop as Ctrl-C would, with status 143."""
+    def terminated(signum, frame):
+        from rlver_jax.train.interrupts import TrainingInterrupted
 
-    raise TrainingInterrupted("stopped by SIGTERM before the first step of this run: nothing new was saved. Rerun "
-                              "the same command to resume", 143)
+        raise TrainingInterrupted(f"stopped by SIGTERM; rerun the same command to resume from the newest checkpoint "
+                                  f"in {workdir / 'checkpoints'} (if any)", 143)
+
+    return terminated
 
 
 def main(argv):
@@ -66,7 +70,7 @@ def main(argv):
 
     config = _CONFIG.value
     workdir = pathlib.Path(config.workdir)
-    signal.signal(signal.SIGTERM, _terminated)  # until the loop's own handler (interrupts.StepGuard) takes over
+    signal.signal(signal.SIGTERM, _on_sigterm(workdir))
     if not program.verbose():
         checkpoint.quiet_orbax_errors()
     program.enable_compilation_cache(config.compilation_cache_dir)
