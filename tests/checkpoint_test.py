@@ -282,3 +282,21 @@ def test_a_save_whose_folder_never_appears_is_a_failure_with_the_disks_cause(tmp
         checkpoint.check(manager)
     monkeypatch.undo()
     manager.close()
+
+
+def test_the_sampling_versions_item_reads_back_in_a_new_manager(tmp_path):
+    """With rollout.max_staleness > 0 a checkpoint holds the actor versions the next batches are
+    sampled with (the `sampling` item); a resumed run's new manager reads it, or None where absent."""
+    mesh = sharding.make_mesh((1, 8, 1))
+    manager = _manager(tmp_path)
+    checkpoint.save(manager, 1, _state(mesh, seed=1), {"step": 1}, force=True)
+    older = _state(mesh, seed=7).actor
+    checkpoint.save(manager, 2, _state(mesh, seed=2), {"step": 2, "sampling_versions": [1]}, force=True,
+                    sampling={"version_1": older})
+    manager.close()
+    manager = _manager(tmp_path)
+    template = {"version_1": _state(mesh, seed=0).actor}
+    item = checkpoint.restore_item(manager, 2, "sampling", template)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(item["version_1"]), jax.device_get(older))
+    assert checkpoint.restore_item(manager, 1, "sampling", template) is None
+    manager.close()

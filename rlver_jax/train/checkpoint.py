@@ -256,8 +256,7 @@ def restore(manager: ocp.CheckpointManager, step: int | None, template: Any) -> 
 def restore_item(manager: ocp.CheckpointManager, step: int, name: str, template: Any) -> Any | None:
     """The item `name` of checkpoint `step` (e.g. "sampling", see `save`) read into `template`'s
     structure and shardings; None when the checkpoint holds no such item."""
-    metadata = manager.item_metadata(step)
-    if name not in metadata.keys() or metadata[name] is None:
+    if name not in manager.item_metadata(step).keys():  # listed by its folder (its metadata needs a handler)
         return None
     out = manager.restore(step, args=ocp.args.Composite(
         **{name: ocp.args.StandardRestore(sharding.with_shardings(template))}))
