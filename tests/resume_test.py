@@ -130,3 +130,14 @@ def test_a_second_trainer_on_a_directory_is_refused(tmp_path):
         holder.kill()
         holder.wait()
     assert not (workdir / "tokenizer").exists()
+
+
+def test_rl_fields_are_compared_as_the_algorithm_row_resolves_them(tmp_path):
+    """A config that leaves a knob to the algorithm's row ("" or None) and one that spells out the
+    row's value train the same: no change (a newer version of the config files did just that)."""
+    implicit = _spec(tmp_path)
+    explicit = _spec(tmp_path, **{"rl.loss_agg_mode": implicit.rl.loss_agg_mode,
+                                  "rl.clip_eps_high": implicit.rl.clip_eps_high, "rl.kl_mode": implicit.rl.kl_mode})
+    assert implicit.record["rl"]["loss_agg_mode"] != explicit.record["rl"]["loss_agg_mode"] or \
+        implicit.record["rl"]["clip_eps_high"] != explicit.record["rl"]["clip_eps_high"]
+    assert resume_changes(implicit.resume_record, explicit, "here") == []

@@ -157,8 +157,13 @@ class RunSpec:
     @property
     def resume_record(self) -> dict[str, Any]:
         """The fields a resume compares (every one but those that change freely, `change_kind`), by
-        dotted name, as JSON reads them back: stored in every checkpoint's record (rlver_jax.train.loop)."""
-        return {k: v for k, v in flat_fields(self.record).items() if change_kind(k) != "free"}
+        dotted name, as JSON reads them back: stored in every checkpoint's record (rlver_jax.train.loop).
+        config.rl's fields are compared as RLSettings resolves them ("" or None: the algorithm row's
+        value), so a row default spelled out, or a config file that leaves it to the row, is no change."""
+        fields = flat_fields(self.record)
+        resolved = flat_fields({"rl": dataclasses.asdict(self.rl)})
+        fields.update({k: v for k, v in resolved.items() if k in fields})
+        return {k: v for k, v in fields.items() if change_kind(k) != "free"}
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> RunSpec:
