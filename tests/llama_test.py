@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from rlver_jax.models import hf_io, qwen2
-from tests.qwen2_test import left_padded_batch, perturb_biases_and_norms, torch_logits
+from tests.fixtures_hf import left_padded_batch, make_hf_model, perturb_biases_and_norms, torch_logits
 
 _HF_LLAMA = dict(
     vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
@@ -100,7 +100,6 @@ def test_unsupported_llama_fields_are_refused():
 
 def test_biases_the_config_lacks_are_an_error(tmp_path):
     """A Qwen2 checkpoint relabelled llama keeps its q/k/v bias tensors: refused, not dropped."""
-    from tests.qwen2_test import make_hf_model
     _, path = make_hf_model(tmp_path, tied=True)
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))

@@ -9,7 +9,7 @@ from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl.batch import policy_positions
 from rlver_jax.rl.logprobs import token_logprobs
-from tests.trainer_test import _batch
+from tests.rl_helpers import training_batch
 
 
 @pytest.mark.slow
@@ -41,7 +41,7 @@ def test_token_logprobs_value_and_gradient_match_plain_log_softmax():
 def test_token_logprobs_at_policy_positions_match_the_full_head():
     cfg = get_preset("tiny")
     params = qwen2.init_params(cfg, jax.random.key(4))
-    batch = _batch()
+    batch = training_batch()
     tokens, attn = jnp.asarray(batch.tokens), jnp.asarray(batch.attention_mask)
     mask = batch.policy_mask
     positions = jnp.asarray(policy_positions(mask))

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from rlver_jax.models import hf_io, loading, lora, qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import trainer
+from tests.rl_helpers import training_batch
 
 
 def _random_adapters(settings, base, seed=1):
@@ -184,8 +185,6 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     dB = scale * A^T dW and dA = scale * dW B^T = 0; the critic's value head moves as in full
     fine-tuning, and so does each leaf of modules_to_save (its delta's gradient is its own); the
     base, shared by the actor, the critic and the reference, is left as it was."""
-    from tests.trainer_test import _batch
-
     cfg = get_preset("tiny")
     base = qwen2.init_params(cfg, jax.random.key(0))
     base_copy = jax.tree.map(np.array, base)
@@ -197,7 +196,8 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     full = trainer.init_train_state(jax.tree.map(jnp.copy, base), _sgd().tx, critic, critic and _sgd().tx)
     critic = jax.tree.map(np.array, critic)  # the update donates the state
     full_program = trainer.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd())
-    full_after, full_metrics, _ = trainer.train_on_batch(full_program, full, _batch(), jax.tree.map(jnp.copy, base))
+    full_after, full_metrics, _ = trainer.train_on_batch(full_program, full, training_batch(),
+                                                         jax.tree.map(jnp.copy, base))
 
     actor_ad = lora.init_adapters(settings, base, jax.random.key(1))
     critic_ad = None
@@ -206,7 +206,7 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     state = trainer.init_train_state(actor_ad, _sgd().tx, critic_ad, critic and _sgd().tx)
     actor_ad, critic_ad = jax.tree.map(np.array, (actor_ad, critic_ad))  # the update donates the state
     program = trainer.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd(), lora=settings)
-    after, metrics, _ = trainer.train_on_batch(program, state, _batch(), base)
+    after, metrics, _ = trainer.train_on_batch(program, state, training_batch(), base)
 
     jax.tree.map(np.testing.assert_array_equal, base, base_copy)
     np.testing.assert_allclose(metrics["kl_ref"], full_metrics["kl_ref"], rtol=1e-5, atol=1e-7)

@@ -13,51 +13,7 @@ import transformers
 from rlver_jax.models import loading
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
-
-_HF_TINY = dict(
-    vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-    num_attention_heads=6, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
-    max_position_embeddings=128)
-
-
-def perturb_biases_and_norms(model):
-    """HF zero-inits biases and unit-inits norms; random ones make a parity test check their mapping."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
-
-
-def make_hf_model(tmp_path, tied: bool, seed: int = 0):
-    """A random transformers Qwen2ForCausalLM saved as a Hugging Face directory."""
-    torch.manual_seed(seed)
-    cfg = transformers.Qwen2Config(**_HF_TINY, tie_word_embeddings=tied)
-    model = perturb_biases_and_norms(transformers.Qwen2ForCausalLM(cfg).eval())
-    out = tmp_path / f"hf_{'tied' if tied else 'untied'}"
-    model.save_pretrained(out)
-    return model, out
-
-
-def left_padded_batch(vocab: int):
-    rng = np.random.default_rng(0)
-    lengths = [11, 7, 3]
-    t = max(lengths)
-    ids = np.zeros((len(lengths), t), np.int64)
-    mask = np.zeros((len(lengths), t), np.int64)
-    for b, n in enumerate(lengths):
-        ids[b, t - n:] = rng.integers(1, vocab, n)
-        mask[b, t - n:] = 1
-    positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
-    return ids, mask, positions
-
-
-def torch_logits(model, ids, mask, positions):
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                    position_ids=torch.tensor(positions))
-    return out.logits.float().numpy()
-
+from tests.fixtures_hf import HF_TINY, left_padded_batch, make_hf_model, torch_logits
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
@@ -275,7 +231,7 @@ def test_mlp_over_token_chunks_matches_transformers_and_the_whole_mlps_gradients
 
 # --------------------------------------------------------------------------- config_from_hf: RoPE spellings
 
-_HF_CONFIG = dict(_HF_TINY, model_type="qwen2")
+_HF_CONFIG = dict(HF_TINY, model_type="qwen2")
 
 
 def test_config_from_hf_reads_plain_rope_in_both_spellings():

@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlver_jax.sampling import generation
 from rlver_jax.models import attention, hf_io, qwen2
-from tests.qwen2_test import make_hf_model
+from tests.fixtures_hf import make_hf_model
 
 PAD = 0
 

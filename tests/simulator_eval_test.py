@@ -18,7 +18,7 @@ from rlver_jax.files import read_jsonl
 from rlver_jax.simulator import SimulatorUnavailableError, parsing
 from rlver_jax.simulator.profiles import GOALS
 from tests.conftest import REPO
-from tests.scripted_server import ScriptedServer, echoing, route
+from rlver_jax.testing.scripted_server import ScriptedServer, echoing, route
 
 # Replies that try to set the emotion to +10 (the simulator's own judgement is always -3).
 PAYLOADS = {

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.scripted_server import ScriptedServer, quoted_reply, route
+from rlver_jax.testing.scripted_server import ScriptedServer, quoted_reply, route
 
 CURT = ("Okay.", "哦。")
 
