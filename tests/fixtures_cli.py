@@ -52,10 +52,11 @@ class Done:
 
 
 def run_script(script: str, *args: str, env: dict[str, str] | None = None) -> Done:
-    """`python launch/SCRIPT ARGS` in this process, from the repository root, with `env` added to
+    """`python launch/SCRIPT ARGS` (or `python SCRIPT ARGS` for a path with a folder, from the
+    repository root: benchmarks/...) in this process, from the repository root, with `env` added to
     the environment and program.TRACEBACK_ENV removed. An exception that escapes the script (a
     traceback on request, or a bug) is printed to stderr with exit status 1, as the interpreter would."""
-    path = REPO / "launch" / script
+    path = REPO / script if "/" in script else REPO / "launch" / script
     argv = [str(path), *args]
     out, err, ran = io.StringIO(), io.StringIO(), []
     original_main = program._main

@@ -1,7 +1,6 @@
 """LoRA adapters (models/lora.py): merge against numpy, the PEFT format against peft, settings checks."""
 
 import functools
-import pathlib
 
 import numpy as np
 import optax
@@ -15,6 +14,7 @@ import jax.numpy as jnp
 from rlver_jax.models import hf_io, loading, lora, qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import trainer
+from tests.fixtures_cli import run_script
 from tests.rl_helpers import training_batch
 
 
@@ -268,11 +268,6 @@ def test_lora_scales_the_learning_rates_by_its_multiplier():
 def test_sampler_benchmark_runs_both_forms_and_they_agree():
     """benchmarks/lora_sampler.py at tiny shapes: it checks the unmerged projections against the
     merged ones (exits non-zero when they differ) and prints its table."""
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "benchmarks/lora_sampler.py", "--preset=tiny", "--rank=4", "--rows=2",
-                           "--repeats=1"], capture_output=True, text=True, timeout=300,
-                          cwd=pathlib.Path(__file__).resolve().parents[1])
+    proc = run_script("benchmarks/lora_sampler.py", "--preset=tiny", "--rank=4", "--rows=2", "--repeats=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| 2 | " in proc.stdout and "merge of the layer's adapters" in proc.stdout
