@@ -9,9 +9,9 @@ before the flags are parsed, a backend's first log lines, Ctrl-C) stays with the
 in tests/cli_test.py and tests/faults_test.py.
 
 Everything the script changes in the process is put back afterwards: the flags it defined (absl's
-FLAGS is global, and each script defines its own), program's config-flag names, sys.argv, sys.path,
-the working directory, environment variables, the loggers' levels and handlers, the SIGINT handler
-and the JAX settings that launch/ scripts set (the compilation cache, threefry).
+FLAGS is global, and each script defines its own), program's config-flag names, sys.argv, sys.stdin,
+sys.path, the working directory, environment variables, the loggers' levels and handlers, the SIGINT
+handler and the JAX settings that launch/ scripts set (the compilation cache, threefry).
 """
 
 from __future__ import annotations
@@ -51,11 +51,12 @@ class Done:
     main_ran: bool  # program.run reached the script's main: False when the flags were refused first
 
 
-def run_script(script: str, *args: str, env: dict[str, str] | None = None) -> Done:
+def run_script(script: str, *args: str, env: dict[str, str] | None = None, stdin: str = "") -> Done:
     """`python launch/SCRIPT ARGS` (or `python SCRIPT ARGS` for a path with a folder, from the
     repository root: benchmarks/...) in this process, from the repository root, with `env` added to
-    the environment and program.TRACEBACK_ENV removed. An exception that escapes the script (a
-    traceback on request, or a bug) is printed to stderr with exit status 1, as the interpreter would."""
+    the environment and program.TRACEBACK_ENV removed, reading `stdin`. An exception that escapes
+    the script (a traceback on request, or a bug) is printed to stderr with exit status 1, as the
+    interpreter would."""
     path = REPO / script if "/" in script else REPO / "launch" / script
     argv = [str(path), *args]
     out, err, ran = io.StringIO(), io.StringIO(), []
@@ -66,7 +67,7 @@ def run_script(script: str, *args: str, env: dict[str, str] | None = None) -> Do
         return original_main(main, main_argv)
 
     with _restored(env, err), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        sys.argv = argv
+        sys.argv, sys.stdin = argv, io.StringIO(stdin)
         program._main = main_spy
         try:
             runpy.run_path(str(path), run_name="__main__")
@@ -92,6 +93,7 @@ def _restored(env: dict[str, str] | None, err: io.StringIO) -> Iterator[None]:
     saved_flags, was_parsed = set(flags.FLAGS), flags.FLAGS.is_parsed()
     config_names = list(program._config_flag_names)
     saved_argv, saved_path, saved_cwd, saved_env = list(sys.argv), list(sys.path), os.getcwd(), dict(os.environ)
+    saved_stdin = sys.stdin
     root = logging.getLogger()
     root_level, root_handlers = root.level, list(root.handlers)
     names = [*program.QUIET_LOGGERS, "rlver_jax"]
@@ -117,7 +119,7 @@ def _restored(env: dict[str, str] | None, err: io.StringIO) -> Iterator[None]:
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
-        sys.argv[:], sys.path[:] = saved_argv, saved_path
+        sys.argv[:], sys.path[:], sys.stdin = saved_argv, saved_path, saved_stdin
         for name in set(flags.FLAGS) - saved_flags:
             delattr(flags.FLAGS, name)
         if not was_parsed:

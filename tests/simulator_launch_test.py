@@ -12,19 +12,17 @@ import urllib.request
 import pytest
 
 from rlver_jax import simulator
-from tests.fixtures_cli import fake_sglang, free_port
+from tests.fixtures_cli import fake_sglang, free_port, run_script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 
 
 def _chat(*flags, stdin=""):
-    return subprocess.run(
-        [sys.executable, str(REPO / "launch" / "chat_with_simulator.py"), *flags],
-        input=stdin, capture_output=True, text=True, env=ENV, timeout=60)
+    """launch/chat_with_simulator.py's main in this process (tests/fixtures_cli.run_script)."""
+    return run_script("chat_with_simulator.py", *flags, stdin=stdin)
 
 
-@pytest.mark.slow
 def test_chat_lists_profiles_and_plays_a_dialogue(tmp_path):
     listing = _chat("--list", "--config.backend=embedded")
     assert listing.returncode == 0, listing.stderr
