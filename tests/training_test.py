@@ -277,7 +277,8 @@ def test_paper_configs_hold_the_reference_values(module):
     """The official training script's values (docs/fidelity.md) in the paper presets; the
     in-loop evaluation under SAGE's rules with the benchmark's policy sampling."""
     c = module.get_config("7b")
-    assert (c.rl.entropy_coef, c.rl.loss_agg_mode) == (0.001, "seq_mean_token_mean")
+    rl = RunSpec.from_config(c).rl  # the loss aggregation resolved from the algorithm's row
+    assert (rl.entropy_coef, rl.loss_agg_mode) == (0.001, "seq_mean_token_mean")
     assert (c.rollout.think_history, c.rollout.format_failure) == ("drop", "continue")
     assert (c.rollout.temperature, c.rollout.top_p, c.rl.kl_coef, c.simulator.max_turns) == (1.0, 1.0, 0.0, 8)
     assert c.simulator.max_tokens == 2048
