@@ -12,7 +12,7 @@ words (random words from a small list, tokenised by the tiny tokenizer; ids vali
 preset's vocabulary). "keep": one row per dialogue, every turn's thinking stays in the context.
 "drop": one row per turn, its prompt the reply-only history. Both are collated as training does
 (rlver_jax.rl.batch.collate: rows padded to a multiple of the dialogues, length to a multiple
-of --length_multiple) and updated by the jitted train step of training (trainer.make_update_program:
+of --length_multiple) and updated by the jitted train step of training (rl_program.make_update_program:
 old log-probs, GRPO advantages, one mini-batch of all dialogues, micro-batches of
 --micro_batch_size rows, AdamW (or --optimizer=sgd); groups of 2 dialogues, the paper's loss
 settings). One warm-up
@@ -39,7 +39,8 @@ from absl import app, flags  # noqa: E402
 from rlver_jax.text import chat  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
-from rlver_jax.rl import trainer  # noqa: E402
+from rlver_jax.rl import program as rl_program, train_state  # noqa: E402
+from rlver_jax.rl.settings import OptimSettings, Optimizer, RLSettings, make_optimizer  # noqa: E402
 from rlver_jax.rl.batch import collate  # noqa: E402
 from rlver_jax.rollout.history import TokenHistory  # noqa: E402
 from rlver_jax.rollout.policy import PolicyTurn  # noqa: E402
@@ -90,7 +91,7 @@ def median_update_seconds(program, state, batch) -> tuple[float, float]:
     times = []
     for i in range(_STEPS.value + 1):
         t0 = time.perf_counter()
-        state, _, _ = trainer.train_on_batch(program, state, batch)  # fetches the metrics: the step is done
+        state, _, _ = rl_program.train_on_batch(program, state, batch)  # fetches the metrics: the step is done
         if i:
             times.append(time.perf_counter() - t0)
     return statistics.median(times), os.getloadavg()[0]
@@ -106,12 +107,12 @@ def bench(chat_tokens: chat.ChatTokens, spec: str) -> list[str]:
     for mode in _SIDES.value:
         seqs = dialogues(chat_tokens, n, turns, drop=mode == "drop")
         batch = collate(seqs, batch_size=n, reward_mode="final", length_multiple=_LENGTH.value)
-        rl = trainer.RLSettings(algo="grpo", mini_batch_size=n, micro_batch_size=min(_MICRO.value, n), batch_size=n,
+        rl = RLSettings(algo="grpo", mini_batch_size=n, micro_batch_size=min(_MICRO.value, n), batch_size=n,
                                 entropy_coef=0.001, loss_agg_mode="seq_mean_token_mean")
-        opt = (trainer.make_optimizer(trainer.OptimSettings(), total_steps=100) if _OPTIMIZER.value == "adamw"
-               else trainer.Optimizer(optax.sgd(1.0), optax.constant_schedule(1e-6)))
-        state = trainer.init_train_state(qwen2.init_params(cfg, jax.random.key(0)), opt.tx, seed=0)
-        program = trainer.make_update_program(rl, cfg, None, opt, None)
+        opt = (make_optimizer(OptimSettings(), total_steps=100) if _OPTIMIZER.value == "adamw"
+               else Optimizer(optax.sgd(1.0), optax.constant_schedule(1e-6)))
+        state = train_state.init_train_state(qwen2.init_params(cfg, jax.random.key(0)), opt.tx, seed=0)
+        program = rl_program.make_update_program(rl, cfg, None, opt, None)
         seconds, load = median_update_seconds(program, state, batch)
         b, t = batch.tokens.shape
         real, policy = int(batch.attention_mask.sum()), int(batch.policy_mask.sum())

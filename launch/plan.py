@@ -1,4 +1,4 @@
-"""Per-device memory of a training run's programs, compiled ahead of time from the training config.
+r"""Per-device memory of a training run's programs, compiled ahead of time from the training config.
 
   python launch/plan.py --config=configs/ppo_think.py:tiny
   XLA_FLAGS=--xla_force_host_platform_device_count=16 JAX_PLATFORMS=cpu \
@@ -44,12 +44,13 @@ def main(argv):
     from rlver_jax.train import memory_plan
     from rlver_jax.parallel import sharding
     from rlver_jax.parallel.distributed import DistributedSettings
+    from rlver_jax.train.spec import RunSpec
 
     jax.config.update("jax_threefry_partitionable", True)  # as launch/train.py: the same programs
     config = _CONFIG.value
     # A config the run would reject fails here with the run's own one-line error (program.run).
     sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-    result = memory_plan.plan(config, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
+    result = memory_plan.plan(RunSpec.from_config(config), _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
                        log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value,
                        host_devices=_HOST.value)
     label = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")

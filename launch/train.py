@@ -1,4 +1,4 @@
-"""Train an empathetic dialogue policy with RLVER (PPO or GRPO).
+r"""Train an empathetic dialogue policy with RLVER (PPO or GRPO).
 
   python launch/train.py --config=configs/grpo_think.py:tiny --config.workdir=/tmp/rlver_tiny
   python launch/train.py --config=configs/ppo_think.py --config.model.path=/models/Qwen2.5-7B-Instruct \
@@ -47,6 +47,7 @@ def main(argv):
     import jax
 
     from rlver_jax.train import checkpoint, loop
+    from rlver_jax.train.spec import RunSpec
     from rlver_jax.parallel import sharding
     from rlver_jax.parallel.distributed import DistributedSettings
     from rlver_jax.rollout.buffer import RolloutError
@@ -59,7 +60,7 @@ def main(argv):
     jax.config.update("jax_threefry_partitionable", True)
     try:
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-        loop.train(config)
+        loop.train(RunSpec.from_config(config))
     except KeyboardInterrupt as e:  # TrainingInterrupted says what was saved
         print(f"train.py: {e}" if str(e) else
               f"train.py: interrupted; rerun the same command to resume from the newest checkpoint in "

@@ -106,8 +106,18 @@ def test_code_extraction_and_passing_and_failing_programs():
     r2 = asyncio.run(grade_code.grade(bad[1], io_bad, FAST))
     assert (r1["correct"], r1["results"]) == (True, [True, True])
     assert r2["correct"] is False
-    assert grade_code.pass_at_1([r1["results"], r2["results"]]) == 0.5
+    assert grade_code.pass_at_1([r1["correct"], r2["correct"]]) == 0.5
     assert asyncio.run(grade_code.grade("no code here", io_good, FAST))["error"] == "no code block in the reply"
+
+
+def test_pass_at_k_from_verdicts_equals_the_formula():
+    # 1 - C(n - c, k) / C(n, k): 3 generations, 1 right -> pass@2 = 1 - 1/3; none right -> 0; all -> 1.
+    assert grade_code.pass_at_k([[True, False, False], [False, False, False], [True, True, True]], 2) == \
+        pytest.approx((2 / 3 + 0 + 1) / 3)
+    assert grade_code.pass_at_1([True, False, False, False, True, False]) == pytest.approx(2 / 6)
+    assert grade_code.pass_at_1([False] * 5) == 0.0
+    with pytest.raises(ValueError, match="at least 2 generations"):
+        grade_code.pass_at_k([[True]], 2)
 
 
 SUM_IO = json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"], "fn_name": None})

@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from tests import capabilities_fixtures as fx
-from tests.scripted_server import ScriptedServer
+from rlver_jax.testing.scripted_server import ScriptedServer
 
 fx.require_extra()
 
 from configs.capabilities import get_config  # noqa: E402
-from rlver_jax.eval.capabilities import runner  # noqa: E402
+from rlver_jax.eval.capabilities import report, runner  # noqa: E402
 
 
 def _config(tmp_path, server, paths, name="run", **overrides):
@@ -76,6 +76,34 @@ def test_think_mode_grades_after_the_last_close_and_counts_the_unclosed(tmp_path
         assert "<think>" in server.requests[0]["messages"][0]["content"]  # the think instruction
     assert scores["math500"]["think_unclosed"] == 1
     assert scores["math500"]["accuracy"] == pytest.approx(1 / 3)  # item 2 wrong after </think>, item 1 unclosed
+
+
+def test_unclosed_thinking_is_no_pass_in_pass_at_1_either(tmp_path):
+    """LiveCodeBench in think mode: replies whose <think> never closes, the right program after it,
+    pass nowhere; pass@1 is computed from the same verdicts capabilities.json counts."""
+    good = fx.LCB[0]  # a problem and a reply whose program passes every test
+    rows = [{**good[0], "question_id": f"abc00{n}_a", "question_content": f"{good[0]['question_content']} (#{n})"}
+            for n in range(6)]
+    unclosed = {0, 2, 3, 5}  # items 1 and 4 close their thinking: the only passes
+
+    def script(request):
+        n = next(n for n, row in enumerate(rows) if row["question_content"] in request["messages"][-1]["content"])
+        return ("<think>" if n in unclosed else "<think>a plan</think>") + good[1]
+
+    paths = {"livecodebench": fx.write_jsonl(tmp_path / "lcb.jsonl", rows)}
+    with ScriptedServer(script, model="policy") as server:
+        scores = runner.run(_config(tmp_path, server, paths, **{"policy.think": True}), progress=False)
+    lcb = scores["livecodebench"]
+    assert (lcb["n"], lcb["correct"], lcb["think_unclosed"]) == (6, 2, 4)
+    assert lcb["pass@1"] == pytest.approx(2 / 6)
+    saved = json.loads((tmp_path / "run" / "capabilities.json").read_text())["livecodebench"]
+    assert saved["pass@1"] == pytest.approx(saved["correct"] / saved["n"])
+    items = [json.loads(line) for line in (tmp_path / "run" / "items.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in items if r["correct"]) == ["abc001_a", "abc004_a"]
+    assert all(r["error"] == runner.UNCLOSED for r in items if r["think_closed"] is False)
+    # every reply unclosed: pass@1 0, as the count (it was 1.0: no tests run read as all passed)
+    records = [{**r, "correct": False, "think_closed": False, "results": []} for r in items]
+    assert report.scores(records)["livecodebench"]["pass@1"] == 0.0
 
 
 def test_resume_asks_and_grades_only_what_is_missing(tmp_path):
@@ -175,7 +203,7 @@ def test_jax_backend_on_a_tiny_model(tmp_path):
 
 
 def test_a_request_the_endpoint_refuses_is_counted_not_fatal(tmp_path):
-    from tests.scripted_server import Reply
+    from rlver_jax.testing.scripted_server import Reply
 
     paths = {"math500": fx.write_jsonl(tmp_path / "m.jsonl", [r for r, *_ in fx.MATH])}
     table = fx.replies()

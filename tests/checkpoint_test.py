@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rlver_jax.train import checkpoint
 from rlver_jax.parallel import sharding
-from rlver_jax.rl import trainer
+from rlver_jax.rl import train_state
 
 
 def _state(mesh, seed):
@@ -21,8 +21,8 @@ def _state(mesh, seed):
     actor = {"w": jax.device_put(rng.normal(size=(8, 4)).astype(np.float32), split),
              "b": jax.device_put(rng.normal(size=(8,)).astype(np.float32), split)}
     tx = optax.adam(1e-3)
-    shardings = trainer.state_shardings(tx, actor, jax.tree.map(lambda x: x.sharding, actor))
-    return trainer.init_train_state(actor, tx, seed=seed, shardings=shardings)
+    shardings = train_state.state_shardings(tx, actor, jax.tree.map(lambda x: x.sharding, actor))
+    return train_state.init_train_state(actor, tx, seed=seed, shardings=shardings)
 
 
 def _manager(path, **kw):
@@ -80,7 +80,7 @@ def test_a_checkpoint_of_another_model_names_both_shapes(tmp_path):
     wider = {"w": jax.device_put(np.zeros((8, 6), np.float32), split),
              "b": jax.device_put(np.zeros(8, np.float32), split)}
     tx = optax.adam(1e-3)
-    template = trainer.init_train_state(wider, tx, seed=0, shardings=trainer.state_shardings(
+    template = train_state.init_train_state(wider, tx, seed=0, shardings=train_state.state_shardings(
         tx, wider, jax.tree.map(lambda x: x.sharding, wider)))
     with pytest.raises(checkpoint.CheckpointMismatchError,
                        match=r"step 4 in .* is of another model: actor/w: \(8, 4\) in the checkpoint, \(8, 6\) in "

@@ -103,6 +103,34 @@ def test_help_answers_without_importing_jax(no_jax):
         assert seconds < 20, (script, seconds)  # ~0.7 s on an idle machine; a sanity bound on a loaded one
 
 
+def _docstring_lines(script) -> list[str]:
+    """The lines of a launch script's docstring as its source spells them."""
+    source = (REPO / "launch" / script).read_text()
+    start = source.index('"""') + 3
+    return source[start:source.index('"""', start)].splitlines()
+
+
+def test_help_exits_0_with_the_examples_continuations():
+    """--help of every launch script exits 0 (absl's own exits 1) and prints its examples as written:
+    a continued example line keeps its backslash. A subprocess per script, about 0.15 s each."""
+    scripts = sorted(p.name for p in (REPO / "launch").glob("*.py"))
+    continued = 0
+    for script in scripts:
+        done = _run(script, "--help", timeout=60)
+        assert done.returncode == 0, (script, done.returncode, done.stderr)
+        printed = [line.rstrip() for line in done.stdout.splitlines()]
+        assert any(line.lstrip().startswith(("python launch/", "pip ")) for line in printed), (script, done.stdout)
+        for line in _docstring_lines(script):
+            if line.endswith("\\\\"):
+                line = line[:-1]  # a non-raw docstring's escaped backslash prints as one
+            if line.endswith(" \\"):
+                continued += 1
+                assert line.rstrip() in printed, (script, line, done.stdout)
+    assert continued >= 10  # train, plan, eval, analyze, capabilities, chat_with_simulator have some
+    for flag in ("--helpfull", "-?"):
+        assert _run("train.py", flag, timeout=60).returncode == 0, flag
+
+
 @pytest.mark.slow
 def test_a_config_error_is_one_line_and_comes_before_jax(no_jax):
     """Exit 2, in a fresh process that cannot import JAX."""

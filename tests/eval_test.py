@@ -20,7 +20,7 @@ from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import GOALS
 from tests.conftest import REPO
 from tests.export_test import make_run
-from tests.scripted_server import Reply, ScriptedServer, route
+from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 from tests.summary_test import DIALOGUES
 
 # Per profile, the emotion change the simulated user gives each judged reply, and the reply turn
@@ -356,7 +356,7 @@ def test_an_old_runs_config_json_gets_the_fields_added_since(tmp_path):
     the defaults of the time (auto attention, no MLP chunks); every other field as it was saved."""
     from configs.grpo_think import get_config as training_config
     from rlver_jax.eval.policy_loading import locate_checkpoint
-    from rlver_jax.models.loading import model_config
+    from rlver_jax.train.spec import model_source
 
     (tmp_path / "checkpoints").mkdir()
     old = json.loads(training_config("tiny").to_json_best_effort())
@@ -364,6 +364,6 @@ def test_an_old_runs_config_json_gets_the_fields_added_since(tmp_path):
     old["model"]["dtype"] = "bfloat16"
     (tmp_path / "config.json").write_text(json.dumps(old))
     run = locate_checkpoint(tmp_path, "--run").config()
-    assert model_config(run) == dict(param_dtype="float32", dtype="bfloat16", scan_layers=False, remat="none",
+    assert model_source(run).overrides() == dict(param_dtype="float32", dtype="bfloat16", scan_layers=False, remat="none",
                                      attention="auto", mlp_chunk=0)
     assert run.to_dict() == {**old, "model": {**old["model"], "attention": "auto", "mlp_chunk": 0}}

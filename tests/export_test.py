@@ -25,7 +25,7 @@ from rlver_jax.eval.export import export_hf
 from rlver_jax.eval.policy_loading import LoadedPolicy, load_checkpoint_policy, locate_checkpoint
 from rlver_jax.models import hf_io, lora, qwen2
 from rlver_jax.models.config import get_preset
-from rlver_jax.rl import trainer
+from rlver_jax.rl import train_state
 from tests.conftest import REPO
 
 
@@ -45,7 +45,7 @@ def make_run(root, tokenizer_dir, *, scan_layers=False, think=True, steps=(3,), 
     for step in steps:
         rng = np.random.default_rng([seed, step])  # numpy: no model compile in a test
         actor = jax.tree.map(lambda x: rng.normal(0.0, 0.1, x.shape).astype(x.dtype), abstract)
-        state = trainer.init_train_state(actor, optax.adam(1e-3), None, None, seed)
+        state = train_state.init_train_state(actor, optax.adam(1e-3), None, None, seed)
         checkpoint.save(manager, step, state, {"step": step, "seed": seed}, force=True)
     checkpoint.wait(manager)
     manager.close()
@@ -138,13 +138,13 @@ def test_lora_run_exports_the_merged_model_and_its_peft_adapter(tmp_path, tiny_t
     (tmp_path / "run" / "config.json").write_text(config.to_json_best_effort(indent=2))
     shutil.copytree(tiny_tokenizer_dir, tmp_path / "run" / "tokenizer")
     cfg = get_preset("tiny")
-    base = jax.tree.map(np.asarray, sharding.init_sharded_params(cfg, trainer.seed_keys(config.seed).init, _mesh(),
+    base = jax.tree.map(np.asarray, sharding.init_sharded_params(cfg, train_state.seed_keys(config.seed).init, _mesh(),
                                                                  "fsdp"))
     rng = np.random.default_rng(0)  # B != 0, or the merge would be the base
     adapters = jax.tree.map(lambda x: rng.normal(0.0, 0.2, x.shape).astype(np.float32),
                             lora.init_adapters(settings, base, jax.random.key(1)))
     manager = checkpoint.make_manager(tmp_path / "run" / "checkpoints", save_every=1, keep=1, async_save=False)
-    checkpoint.save(manager, 2, trainer.init_train_state(adapters, optax.adam(1e-3), None, None, config.seed),
+    checkpoint.save(manager, 2, train_state.init_train_state(adapters, optax.adam(1e-3), None, None, config.seed),
                     {"step": 2, "seed": config.seed}, force=True)
     checkpoint.wait(manager)
     manager.close()
@@ -225,6 +225,18 @@ def exported(request, tmp_path_factory):
     fixture, vocab = _TOKENIZERS[request.param]
     policy = random_policy(request.getfixturevalue(fixture), vocab)
     return request.param, policy, export_hf(policy, tmp_path_factory.mktemp("export") / "hf", dtype="float32")
+
+
+def test_exported_files_share_one_mode_and_no_staging_is_left(exported):
+    """model.safetensors (safetensors writes it 0600) as readable as the other files: the mode a
+    plain write gives under the umask; the staging directories are gone."""
+    _, _, out = exported
+    mask = os.umask(0o022)
+    os.umask(mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == 0o666 & ~mask, modes
+    assert set(modes.values()) == {0o666 & ~mask} and out.stat().st_mode & 0o777 == 0o777 & ~mask, modes
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
 
 
 def test_exported_tokenizer_files_are_the_qwen25_release_layout(exported):

@@ -3,14 +3,21 @@ lone surrogates, NUL; torn last lines, bytes that are not UTF-8, directories; at
 that fail midway."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
+from rlver_jax import files
 from rlver_jax.eval.resume import load_records
 from rlver_jax.files import (append_jsonl, atomic_directory, atomic_write_jsonl, atomic_write_text, is_torn,
                              read_jsonl)
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.transcripts import write_transcripts
+from tests.conftest import REPO
 
 # Each breaks a naive reader: splitlines() splits at the first three, UTF-8 cannot encode the
 # lone surrogate, and NUL ends C strings.
@@ -116,3 +123,62 @@ def test_a_failed_rewrite_keeps_the_old_directory_and_a_finished_one_replaces_it
         (stage / "weights").write_text("new")
     assert _tree(out) == {"weights": "new"}  # replaced, not merged
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # the old one moved aside is gone
+
+
+@pytest.fixture
+def set_umask():
+    """Set the process umask for one test, restored after."""
+    saved = os.umask(0o022)
+    os.umask(saved)
+    yield os.umask
+    os.umask(saved)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_written_files_get_the_plain_mode_under_the_umask(tmp_path, set_umask, mask):
+    set_umask(mask)
+    assert atomic_write_text(tmp_path / "a.txt", "x").stat().st_mode & 0o777 == 0o666 & ~mask
+    out = tmp_path / "model"
+    with atomic_directory(out) as stage:
+        fd, private = tempfile.mkstemp(dir=stage)  # 0600, as safetensors' save_file leaves its file
+        os.close(fd)
+        os.replace(private, stage / "model.safetensors")
+        (stage / "config.json").write_text("{}")
+        (stage / "sub").mkdir(mode=0o700)
+        (stage / "sub" / "run.sh").write_text("#!/bin/sh\n")
+        os.chmod(stage / "sub" / "run.sh", 0o700)
+    modes = {str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777 for p in [out, *out.rglob("*")]}
+    assert modes == {"model": 0o777 & ~mask, "model/model.safetensors": 0o666 & ~mask,
+                     "model/config.json": 0o666 & ~mask, "model/sub": 0o777 & ~mask,
+                     "model/sub/run.sh": 0o777 & ~mask}
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from rlver_jax.files import atomic_directory
+with atomic_directory(sys.argv[1]) as stage:
+    with atomic_directory(stage) as inner:  # as an export's save_pretrained writes into its stage
+        (inner / "model.safetensors").write_text("half")
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_new_write_removes_what_a_killed_one_left_staged(tmp_path):
+    out = tmp_path / "model"
+    left = []
+    for _ in range(2):  # two killed exports: the second removes the first's staging
+        done = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(out)], cwd=REPO, timeout=60)
+        assert done.returncode == -signal.SIGKILL
+        now = sorted(p.name for p in tmp_path.iterdir())
+        assert len(now) == 2 and now[0].startswith("..model.") and now[1].startswith(".model.") and now != left, now
+        left = now
+    # Kept: a live process's staging, another host's, an older version's of another name; removed:
+    # the killed ones and an untagged one of an older version.
+    kept = [f".model.{os.getppid()}@{files._host()}.abcdefgh.tmp", ".model.1@elsewhere.abcdefgh.tmp",
+            ".model.v2.abcdefgh.tmp"]
+    for name in kept + [".model.abcdefgh.tmp"]:
+        (tmp_path / name).mkdir()
+    with atomic_directory(out) as stage:
+        (stage / "model.safetensors").write_text("whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["model"])
+    assert _tree(out) == {"model.safetensors": "whole"}

@@ -148,7 +148,7 @@ def test_step_groups_show_the_trainers_advantages():
     assert [a for _, a in group["dialogues"]] == [0.7, -0.7, None]
     unsaved = [{k: v for k, v in r.items() if k != "advantage"} for r in records]
     assert [a for _, a in run_view.step_groups(unsaved, run_view.AdvantageSettings())[0]["dialogues"]] == [None] * 3
-    ppo = run_view.step_groups(records, run_view.AdvantageSettings(grpo=False))
+    ppo = run_view.step_groups(records, run_view.AdvantageSettings(per_dialogue=False))
     assert all(a is None for _, a in ppo[0]["dialogues"])
 
 

@@ -78,10 +78,10 @@ def test_llama_logits_match_transformers(tmp_path, biases):
 
 
 def test_llama_critic_exports_as_llama_token_classification(tmp_path):
-    from rlver_jax.models import loading
+    from rlver_jax.train import model_loading
     _, path = make_llama(tmp_path)
     config, params = hf_io.load_pretrained(path)
-    critic_cfg, critic = loading.critic_from_actor(config, params)
+    critic_cfg, critic = model_loading.critic_from_actor(config, params)
     out = hf_io.save_pretrained(critic_cfg, critic, tmp_path / "critic")
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForTokenClassification"]
     model = transformers.AutoModelForTokenClassification.from_pretrained(out, dtype=torch.float32)

@@ -11,9 +11,11 @@ import transformers
 import jax
 import jax.numpy as jnp
 
-from rlver_jax.models import hf_io, loading, lora, qwen2
+from rlver_jax.models import hf_io, lora, qwen2
+from rlver_jax.train import model_loading
 from rlver_jax.models.config import get_preset
-from rlver_jax.rl import trainer
+from rlver_jax.rl import program as rl_program, train_state, update
+from rlver_jax.rl.settings import Optimizer, RLSettings
 from tests.fixtures_cli import run_script
 from tests.rl_helpers import training_batch
 
@@ -82,7 +84,7 @@ def test_modules_to_save_train_their_leaves_as_deltas(tiny):
         np.testing.assert_allclose(get(merged), np.asarray(get(base)) + np.asarray(get(ad)["delta"]), rtol=1e-6)
         assert get(ad_axes)["delta"] == get(axes)
     np.testing.assert_array_equal(merged["layers"]["mlp"]["up_kernel"], base["layers"]["mlp"]["up_kernel"])
-    critic_cfg, critic = loading.critic_from_actor(config, base)
+    critic_cfg, critic = model_loading.critic_from_actor(config, base)
     assert "lm_head" not in lora.init_adapters(settings, qwen2.abstract_params(critic_cfg), jax.random.key(1))
     with pytest.raises(ValueError, match=r"config.lora.modules_to_save='embed,heads': use a subset of"):
         lora.LoraSettings(rank=4, modules_to_save=("embed", "heads"))
@@ -136,23 +138,23 @@ def test_settings_name_the_bad_fields():
 
 def test_config_lora_section_is_checked_with_the_training_settings():
     from configs.grpo_think import get_config
-    from rlver_jax.train import run
+    from rlver_jax.train.spec import RunSpec
 
     config = get_config("tiny")
-    assert run.training_settings(config).lora == lora.LoraSettings(rank=0, alpha=16.0, modules_to_save=("embed", "norms"))
+    assert RunSpec.from_config(config).lora == lora.LoraSettings(rank=0, alpha=16.0, modules_to_save=("embed", "norms"))
     config.lora.targets = "q,v"
     config.lora.rank = -2
     with pytest.raises(ValueError, match=r"config.lora.rank=-2 must be >= 0"):
-        run.training_settings(config)
+        RunSpec.from_config(config)
     config.lora.rank = 8
     config.critic.path = "/somewhere/critic"
     with pytest.raises(ValueError, match=r"config.critic.path='/somewhere/critic' with config.lora.rank=8"):
-        run.training_settings(config)
+        RunSpec.from_config(config)
     assert lora.LoraSettings.from_config(config.lora).targets == ("q", "v")
 
 
 def test_gradients_reach_only_the_adapters_by_the_chain_rule(tiny):
-    """d/dA and d/dB of a loss through the trainer's adapted model (trainer.model_params) equal the
+    """d/dA and d/dB of a loss through the trainer's adapted model (update.Frozen.model) equal the
     hand chain rule from d/dW: dA = scale * dW @ B^T, dB = scale * A^T @ dW (the gate kernel, [D, F])."""
     config, base = tiny
     settings = lora.LoraSettings(rank=4, alpha=8.0, targets=("gate",))
@@ -162,7 +164,7 @@ def test_gradients_reach_only_the_adapters_by_the_chain_rule(tiny):
         return jnp.sum(jnp.sin(params["layer_0"]["mlp"]["gate_kernel"] * 30.0)) + jnp.sum(
             params["layer_1"]["mlp"]["gate_kernel"] ** 2)
 
-    g = jax.grad(lambda adapters: loss(trainer.model_params(settings, config, adapters, base)))(ad)
+    g = jax.grad(lambda adapters: loss(update.Frozen(base, settings).model(config, adapters)))(ad)
     assert set(g) == {"layer_0", "layer_1"} and set(g["layer_0"]) == {"mlp"}
     merged = lora.merge(settings, base, ad)
     g_w = np.asarray(jax.grad(loss)(merged)["layer_0"]["mlp"]["gate_kernel"])
@@ -174,7 +176,7 @@ def test_gradients_reach_only_the_adapters_by_the_chain_rule(tiny):
 
 def _sgd():
     """Plain SGD at rate 1: a parameter's change is minus its gradient (Adam would normalise it away)."""
-    return trainer.Optimizer(optax.sgd(1.0), optax.constant_schedule(1.0))
+    return Optimizer(optax.sgd(1.0), optax.constant_schedule(1.0))
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
@@ -189,24 +191,23 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     base = qwen2.init_params(cfg, jax.random.key(0))
     base_copy = jax.tree.map(np.array, base)
     settings = lora.LoraSettings(rank=4, alpha=8.0, modules_to_save=("embed", "norms"))
-    rl = trainer.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, kl_coef=0.1)
+    rl = RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, kl_coef=0.1)
     critic_cfg = critic = None
     if rl.uses_critic:
-        critic_cfg, critic = loading.critic_from_actor(cfg, base)
-    full = trainer.init_train_state(jax.tree.map(jnp.copy, base), _sgd().tx, critic, critic and _sgd().tx)
+        critic_cfg, critic = model_loading.critic_from_actor(cfg, base)
+    full = train_state.init_train_state(jax.tree.map(jnp.copy, base), _sgd().tx, critic, critic and _sgd().tx)
     critic = jax.tree.map(np.array, critic)  # the update donates the state
-    full_program = trainer.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd())
-    full_after, full_metrics, _ = trainer.train_on_batch(full_program, full, training_batch(),
-                                                         jax.tree.map(jnp.copy, base))
+    full_program = rl_program.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd())
+    full_after, full_metrics, _ = rl_program.train_on_batch(full_program, full, training_batch(), jax.tree.map(jnp.copy, base))
 
     actor_ad = lora.init_adapters(settings, base, jax.random.key(1))
     critic_ad = None
     if rl.uses_critic:
-        critic_ad = {**lora.init_adapters(settings, base, jax.random.key(2)), **loading.value_head(critic_cfg)}
-    state = trainer.init_train_state(actor_ad, _sgd().tx, critic_ad, critic and _sgd().tx)
+        critic_ad = {**lora.init_adapters(settings, base, jax.random.key(2)), **model_loading.value_head(critic_cfg)}
+    state = train_state.init_train_state(actor_ad, _sgd().tx, critic_ad, critic and _sgd().tx)
     actor_ad, critic_ad = jax.tree.map(np.array, (actor_ad, critic_ad))  # the update donates the state
-    program = trainer.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd(), lora=settings)
-    after, metrics, _ = trainer.train_on_batch(program, state, training_batch(), base)
+    program = rl_program.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd(), lora=settings)
+    after, metrics, _ = rl_program.train_on_batch(program, state, training_batch(), base)
 
     jax.tree.map(np.testing.assert_array_equal, base, base_copy)
     np.testing.assert_allclose(metrics["kl_ref"], full_metrics["kl_ref"], rtol=1e-5, atol=1e-7)
@@ -240,18 +241,19 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
 def test_lora_scales_the_learning_rates_by_its_multiplier():
     """config.lora.lr_multiplier x config.optim's rates with LoRA (after warmup), not without."""
     from configs.ppo_think import get_config
-    from rlver_jax.train import run
+    from rlver_jax.train.abstract_run import make_optimizers
+    from rlver_jax.train.spec import RunSpec
 
     config = get_config("tiny")
-    full = run.make_optimizers(config, run.rl_settings(config))
+    full = make_optimizers(RunSpec.from_config(config))
     config.lora.rank = 8
-    adapted = run.make_optimizers(config, run.rl_settings(config))
+    adapted = make_optimizers(RunSpec.from_config(config))
     for f, a, lr in zip(full, adapted, (config.optim.actor.lr, config.optim.critic.lr)):
         assert float(f.learning_rate(100)) == pytest.approx(lr)
         assert float(a.learning_rate(100)) == pytest.approx(10.0 * lr)
     # the adapter factors at lr x 10, every other trainable leaf (a delta, a value head) at lr
     config.lora.modules_to_save = "norms"
-    tx = run.make_optimizers(config, run.rl_settings(config))[1].tx
+    tx = make_optimizers(RunSpec.from_config(config))[1].tx
     params = {"q": {"lora_a": jnp.ones(3), "lora_b": jnp.ones(3)}, "final_norm": {"scale": {"delta": jnp.zeros(3)}},
               "value_kernel": jnp.zeros(3)}
     updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
@@ -262,7 +264,7 @@ def test_lora_scales_the_learning_rates_by_its_multiplier():
     np.testing.assert_allclose(updates["q"]["lora_a"], adam - wd, rtol=1e-5)  # AdamW's decay at unit weights
     config.lora.lr_multiplier = 0.0
     with pytest.raises(ValueError, match=r"config.lora.lr_multiplier=0.0 must be > 0"):
-        run.training_settings(config)
+        RunSpec.from_config(config)
 
 
 def test_sampler_benchmark_runs_both_forms_and_they_agree():

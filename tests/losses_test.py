@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rlver_jax.rl import losses
+from tests import verl_reference as ref
 from tests.rl_helpers import random_policy_mask, strict_ranks  # noqa: F401 (autouse fixture)
 
 
@@ -286,3 +287,191 @@ def test_value_clip_fraction_counts_only_clipped_tokens():
     loss, metrics = losses.value_loss(v, np.zeros_like(v), r, np.ones_like(v), clip_range=0.2)
     np.testing.assert_allclose(loss, [[1.62, 1.62, 0.5 * 4.9 ** 2]], rtol=1e-6)
     np.testing.assert_allclose(metrics["vf_clip_frac"], 2 / 3, rtol=1e-6)
+
+
+def _gspo_inputs(seed: int, noise: float, batch: int = 6, length: int = 40):
+    new, old, advantages, mask = _random_policy_inputs(seed, batch, length)
+    new = (old + (new - old) / 0.8 * noise).astype(np.float32)
+    mask[3] = 0.0  # a padding row
+    return new, old, advantages, mask
+
+
+@pytest.mark.parametrize("noise,lo,hi", [(3e-3, 3e-4, 4e-4), (1.0, 0.2, 0.28)])
+def test_gspo_matches_reference(noise, lo, hi):
+    new, old, advantages, mask = _gspo_inputs(20, noise)
+    loss, metrics = losses.gspo_policy_loss(new, old, advantages, mask, clip_eps_low=lo,
+                                            clip_eps_high=hi)
+    want, clipped, want_grad = ref.gspo(new, old, advantages, mask, lo, hi)
+    np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
+    sel = mask > 0
+    assert 0 < clipped[sel].mean() < 1
+    np.testing.assert_allclose(metrics["clip_frac"], clipped[sel].mean(), atol=1e-6)
+    log_ratio = (new - old).astype(np.float64)[sel]
+    # k3 = exp(d) - d - 1, clamped at 10; fp32 cancels for tiny d: an absolute tolerance.
+    np.testing.assert_allclose(metrics["approx_kl"],
+                               np.mean(np.minimum(np.exp(log_ratio) - 1 - log_ratio, 10.0)),
+                               rtol=1e-4, atol=1e-7)
+    # Gradient: each token's own -A s_b (the sequence ratio is a stop-gradient), times its weight.
+    weights = np.asarray(losses.loss_weights(mask, losses.GSPO_AGG_MODES[0]))
+
+    def objective(logprobs):
+        per_token, _ = losses.gspo_policy_loss(logprobs, old, advantages, mask, clip_eps_low=lo,
+                                               clip_eps_high=hi)
+        return losses.aggregate_loss(per_token, mask, losses.GSPO_AGG_MODES[0])
+
+    grad = jax.grad(objective)(jnp.asarray(new))
+    np.testing.assert_allclose(grad, want_grad * weights, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("lo,hi", [(0.2, 0.28), (3e-4, 4e-4)])
+def test_gspo_is_the_sequence_objective_with_sequence_advantages(lo, hi):
+    """With one advantage per sequence, GSPO-token aggregated by seq_mean_token_mean is GSPO's
+    sequence objective mean_b max(-A_b s_b, -A_b clip(s_b)) in value and in gradient; that
+    objective has no stop-gradient, so central finite differences of its numpy transcription
+    give the gradient."""
+    _, old, _, mask = _gspo_inputs(21, 0.0)
+    # Sequence log-ratios well inside and well outside the clip range (per-token noise around a
+    # shift per row), so rows of both kinds, and none near a clip boundary.
+    rng = np.random.default_rng(27)
+    shift = np.array([-3.0, -0.5, 0.0, 0.3, 2.5, -2.0])[:, None] * hi
+    new = (old + shift + rng.normal(size=old.shape) * 0.2 * hi).astype(np.float32)
+    seq_adv = np.random.default_rng(22).normal(size=mask.shape[0]).astype(np.float32)
+    advantages = seq_adv[:, None] * mask
+
+    def objective(logprobs):
+        per_token, _ = losses.gspo_policy_loss(logprobs, old, advantages, mask, clip_eps_low=lo,
+                                               clip_eps_high=hi)
+        return losses.aggregate_loss(per_token, mask, "seq_mean_token_mean")
+
+    value, grad = jax.value_and_grad(objective)(jnp.asarray(new))
+    x = new.astype(np.float64)
+    np.testing.assert_allclose(value, ref.gspo_sequence_objective(x, old, seq_adv, mask, lo, hi),
+                               rtol=1e-5)
+    fd = np.zeros_like(x)
+    h = 1e-6
+    for idx in zip(*np.nonzero(mask)):
+        plus, minus = x.copy(), x.copy()
+        plus[idx] += h
+        minus[idx] -= h
+        fd[idx] = (ref.gspo_sequence_objective(plus, old, seq_adv, mask, lo, hi)
+                   - ref.gspo_sequence_objective(minus, old, seq_adv, mask, lo, hi)) / (2 * h)
+    assert np.abs(fd).max() > 0 and np.any((fd == 0) & (mask > 0))  # clipped rows too
+    np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-7)
+
+
+def test_gspo_golden():
+    # Two policy tokens with log-ratios 0.1 and 0.3 (a user token between, log-ratio 5, is not
+    # part of the sequence): s = exp(0.2) = 1.2214 for both. eps 0.2:
+    #   A = 1:  max(-1.2214, -1.2) = -1.2 (clipped, no gradient)
+    #   A = -1: max(1.2214, 1.2) = 1.2214 (gradient -A s = 1.2214 per token)
+    old = np.full((2, 3), -1.0, np.float32)
+    new = old + np.array([[0.1, 5.0, 0.3]] * 2, np.float32)
+    mask = np.array([[1, 0, 1]] * 2, np.float32)
+    adv = np.array([[1.0, 0.0, 1.0], [-1.0, 0.0, -1.0]], np.float32)
+    loss, metrics = losses.gspo_policy_loss(new, old, adv, mask, clip_eps_low=0.2,
+                                            clip_eps_high=0.2)
+    s = np.exp(0.2)
+    np.testing.assert_allclose(np.asarray(loss)[mask > 0], [-1.2, -1.2, s, s], rtol=1e-5)
+    np.testing.assert_allclose(metrics["clip_frac"], 0.5)
+    grad = jax.grad(lambda lp: jnp.sum(losses.gspo_policy_loss(
+        lp, old, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2)[0] * mask))(jnp.asarray(new))
+    np.testing.assert_allclose(grad, [[0, 0, 0], [s, 0, s]], rtol=1e-5)
+    assert set(losses.GSPO_AGG_MODES) <= set(losses.AGG_MODES)
+
+
+@pytest.mark.parametrize("lo,hi", [(None, 0.28), (0.2, 0.2), (None, 1.0)])
+def test_cispo_matches_reference_values_and_gradients(lo, hi):
+    new, old, advantages, mask = _random_policy_inputs(23)
+    loss, metrics = losses.cispo_policy_loss(new, old, advantages, mask, clip_eps_high=hi,
+                                             clip_eps_low=lo)
+    want, truncated, want_grad = ref.cispo(new, old, advantages, hi, lo)
+    np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-5)
+    sel = mask > 0
+    assert 0 < truncated[sel].mean() < 1
+    np.testing.assert_allclose(metrics["clip_frac"], truncated[sel].mean(), atol=1e-6)
+    for mode in ("token_mean", "seq_mean_token_mean"):
+        weights = np.asarray(losses.loss_weights(mask, mode))
+
+        def objective(logprobs):
+            per_token, _ = losses.cispo_policy_loss(logprobs, old, advantages, mask,
+                                                    clip_eps_high=hi, clip_eps_low=lo)
+            return losses.aggregate_loss(per_token, mask, mode)
+
+        # dL/dlogp_t = -sg(w_t) A_t: the truncated weight is a constant.
+        np.testing.assert_allclose(jax.grad(objective)(jnp.asarray(new)), want_grad * weights,
+                                   rtol=1e-5, atol=1e-8)
+
+
+def test_cispo_golden_keeps_the_gradient_ppo_drops():
+    # ratio 2, A = 1, logp = log 0.5: PPO clips (loss -1.28, gradient 0); CISPO weighs the token
+    # by 1 + 0.28: loss -1.28 * 1 * log 0.5 = 0.8873, gradient -1.28. ratio 0.5, A = -1: PPO
+    # clips at 0.8 (gradient 0); CISPO without a lower bound: w = 0.5, loss -0.5 * -1 * log 0.25
+    # = -0.6931, gradient 0.5.
+    new = np.log(np.array([[0.5, 0.25]], np.float32))
+    old = np.log(np.array([[0.25, 0.5]], np.float32))
+    adv = np.array([[1.0, -1.0]], np.float32)
+    mask = np.ones_like(adv)
+    loss, metrics = losses.cispo_policy_loss(new, old, adv, mask, clip_eps_high=0.28)
+    np.testing.assert_allclose(loss, [[-1.28 * np.log(0.5), 0.5 * np.log(0.25)]], rtol=1e-5)
+    np.testing.assert_allclose(metrics["clip_frac"], 0.5)
+    cispo_grad = jax.grad(lambda lp: jnp.sum(losses.cispo_policy_loss(
+        lp, old, adv, mask, clip_eps_high=0.28)[0]))(jnp.asarray(new))
+    np.testing.assert_allclose(cispo_grad, [[-1.28, 0.5]], rtol=1e-5)
+    ppo_grad = jax.grad(lambda lp: jnp.sum(losses.ppo_policy_loss(
+        lp, old, adv, mask, clip_eps_high=0.28)[0]))(jnp.asarray(new))
+    np.testing.assert_array_equal(ppo_grad, [[0.0, 0.0]])
+
+
+@pytest.mark.parametrize("norm_len", [None, 512.0])
+def test_aggregation_modes_match_verl_agg_loss(norm_len):
+    rng = np.random.default_rng(24)
+    mask = random_policy_mask(rng, 6, 30)
+    mask[2] = 0.0  # a padding row
+    x = rng.normal(size=mask.shape).astype(np.float32)
+    for mode in losses.AGG_MODES:
+        got = losses.aggregate_loss(x, mask, mode, norm_len=norm_len)
+        np.testing.assert_allclose(got, ref.verl_agg_loss(x, mask, mode, norm_len), rtol=1e-5)
+    # By hand: rows of token-loss sums 3 and 5 and a padding row, T = 4: (3 + 5) / 2 / 4 = 1.
+    mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32)
+    x = np.array([[1, 1, 1, 9], [5, 9, 9, 9], [9, 9, 9, 9]], np.float32)
+    np.testing.assert_allclose(losses.aggregate_loss(x, mask, "seq_mean_token_sum_norm"), 1.0)
+    np.testing.assert_allclose(
+        losses.aggregate_loss(x, mask, "seq_mean_token_sum_norm", norm_len=8.0), 0.5)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_loss_weights_make_micro_batch_accumulation_exact(mode):
+    """Weights from the whole mini-batch, split into micro-batches: the summed micro-batch
+    losses and gradients are the mini-batch's."""
+    new, old, advantages, mask = _random_policy_inputs(25, batch=8)
+    mask[5] = 0.0
+    weights = losses.loss_weights(mask, mode)
+
+    def micro_loss(logprobs, rows):
+        per_token, _ = losses.cispo_policy_loss(logprobs, old[rows], advantages[rows], mask[rows],
+                                                clip_eps_high=0.28)
+        return jnp.sum(per_token * weights[rows])
+
+    def whole(logprobs):
+        per_token, _ = losses.cispo_policy_loss(logprobs, old, advantages, mask,
+                                                clip_eps_high=0.28)
+        return losses.aggregate_loss(per_token, mask, mode)
+
+    halves = (np.arange(4), np.arange(4, 8))
+    total = sum(micro_loss(new[r], r) for r in halves)
+    np.testing.assert_allclose(total, whole(new), rtol=1e-5)
+    grad = np.concatenate([jax.grad(micro_loss)(jnp.asarray(new[r]), r) for r in halves])
+    np.testing.assert_allclose(grad, jax.grad(whole)(jnp.asarray(new)), rtol=1e-5, atol=1e-9)
+
+
+def test_gspo_and_cispo_jit():
+    new, old, advantages, mask = _gspo_inputs(26, 0.3)
+
+    def both(new, old, advantages, mask):
+        return (losses.gspo_policy_loss(new, old, advantages, mask, clip_eps_low=0.2,
+                                        clip_eps_high=0.28),
+                losses.cispo_policy_loss(new, old, advantages, mask, clip_eps_high=0.28))
+
+    got = jax.jit(both)(new, old, advantages, mask)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(both(new, old, advantages, mask))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

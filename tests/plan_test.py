@@ -4,6 +4,7 @@ Compiling is the cost here: the configs are the presets' with short dialogues (t
 paper's lengths are in docs/sharding.md), and the 0.5B case lowers and compiles the actor's update only.
 """
 
+import functools
 import os
 import pathlib
 import subprocess
@@ -17,12 +18,19 @@ from configs import grpo_think, ppo_think
 from rlver_jax.train import memory_plan, run
 from rlver_jax.parallel import sharding
 from rlver_jax.rl.batch import TrainBatch
+from rlver_jax.train.spec import RunSpec
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _config(module, preset, workdir, **fields):
-    return memory_plan._override(module.get_config(preset), workdir=str(workdir), **fields)
+    """The config of `module:preset` in `workdir` with dotted fields set, e.g. {"rl.micro_batch_size": 4}."""
+    config = module.get_config(preset)
+    config.workdir = str(workdir)
+    for path, value in fields.items():
+        *parents, leaf = path.split(".")
+        functools.reduce(getattr, parents, config)[leaf] = value
+    return config
 
 
 def _tiny(module, workdir):
@@ -38,22 +46,25 @@ def test_planner_lowers_the_trainers_programs(module, tmp_path):
     updates), lowered on the real state and a placed batch, is the very program the planner
     lowers from shapes: the same HLO."""
     config = _tiny(module, tmp_path)
-    r = run.build_run(config)
-    s = memory_plan.abstract_setup(config)
+    r = run.build_run(RunSpec.from_config(config))
+    s = memory_plan.abstract_setup(RunSpec.from_config(config))
     host = TrainBatch(**{k: np.zeros(v.shape, v.dtype) for k, v in s.batch.items() if k != "policy_positions"})
     host.policy_mask[:] = 1.0
     placed = sharding.shard_host_batch(r.mesh, host.arrays())
     models = r.state.models()
-    assert s.update.prepare.lower(s.models, s.ref, s.batch).as_text() == \
-        r.update.prepare.lower(models, r.ref_params, placed).as_text()
-    inputs, rows, _, _ = r.update.prepare(models, r.ref_params, placed)
+    assert s.update.prepare.lower(s.models, s.frozen, s.batch).as_text() == \
+        r.update.prepare.lower(models, r.update.frozen(r.frozen), placed).as_text()
+    inputs, rows, _, _ = r.update.prepare(models, r.update.frozen(r.frozen), placed)
     names = ["actor", "critic"] if module is ppo_think else ["actor"]
     assert [name for name, _ in r.update.model_programs()] == names and s.rl.uses_critic == (len(names) == 2)
     planned = dict(s.update.model_programs())
     for model, fn in r.update.model_programs():
-        real = (r.state.step, *r.state.model(model), r.update.base(r.ref_params), inputs, rows)
+        real = (r.state.step, *r.state.model(model), r.update.frozen(r.frozen).base(), inputs, rows)
         mine = (s.state.step, *s.state.model(model), s.base, s.inputs, s.rows)
         assert planned[model].lower(*mine).as_text() == fn.lower(*real).as_text()
+
+
+_PPO_UNREAD = ("group", "turn", "turn_rewards", "turn_scored")  # batch arrays PPO's prepare does not read
 
 
 def _read(tree: dict, unread: tuple[str, ...]) -> dict:
@@ -66,12 +77,12 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     batch's shards; each model's program reads its own state, the prepared inputs it uses and the
     mini-batch rows, its state updated in place; resident is the rest of the state on the devices."""
     config = _tiny(ppo_think, tmp_path)
-    result = memory_plan.plan(config, memory_gb=16.0, search=False)
+    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
     assert [p.name for p in result.phases] == list(memory_plan.PHASES)
     s = result.setup
     prepare, actor, critic, rollout = result.phases
     opt_states = memory_plan.device_bytes((s.state.actor_opt, s.state.critic_opt))
-    assert prepare.arguments == memory_plan.device_bytes((s.models, _read(s.batch, ("group",))))  # PPO: no groups
+    assert prepare.arguments == memory_plan.device_bytes((s.models, _read(s.batch, _PPO_UNREAD)))  # PPO: no groups
     assert prepare.resident == opt_states
     # The actor reads no values or returns, the critic no old log-probs, advantages or policy
     # positions (it values every token): hand lists.
@@ -101,7 +112,7 @@ def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
     out. "idle": the updates' residents as "state", prepare's and the rollout's as "none"."""
     config = _tiny(ppo_think, tmp_path)
     config.train.offload = "state"
-    result = memory_plan.plan(config, memory_gb=16.0, search=False)
+    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
     s = result.setup
     by_name = {p.name: p for p in result.phases}
     key_and_batch = memory_plan.device_bytes((s.state.rng, s.batch))
@@ -110,7 +121,7 @@ def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
     for name in ("actor update", "critic update"):
         assert by_name[name].resident == key_and_batch == memory_plan.resident(s, name, "idle")
         assert "in host memory" in by_name[name].note
-    assert by_name["prepare"].arguments == memory_plan.device_bytes((s.models, _read(s.batch, ("group",))))
+    assert by_name["prepare"].arguments == memory_plan.device_bytes((s.models, _read(s.batch, _PPO_UNREAD)))
     assert by_name["prepare"].resident == 0 and memory_plan.resident(s, "prepare", "idle") == actor_opt + critic_opt
     step_and_key = memory_plan.device_bytes((s.state.step, s.state.rng))
     assert by_name["rollout"].resident == step_and_key
@@ -130,8 +141,8 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     arguments are that copy and the host's token ids, mask and row keys (replicated), by hand."""
     config = _config(ppo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 128, "rollout.cache_slots": 0,
                                                     "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2)})
-    s = memory_plan.abstract_setup(config, host_devices=4)
-    shapes = memory_plan.rollout_shapes(config, 512, s.hosts)
+    s = memory_plan.abstract_setup(RunSpec.from_config(config), host_devices=4)
+    shapes = memory_plan.rollout_shapes(RunSpec.from_config(config), 512, s.hosts)
     assert s.hosts == 2 and (shapes.rows, shapes.prompt) == (4, 128)
     layout = memory_plan.sampling_layout(s, 4)
     assert dict(layout.local.shape) == {"data": 1, "fsdp": 2, "tensor": 2}
@@ -149,7 +160,7 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
 
     def fake(s, phases, feed_tokens):
         if phases == ["rollout"]:  # rows per sampler call x cache slots
-            shapes = memory_plan.rollout_shapes(s.config, feed_tokens)
+            shapes = memory_plan.rollout_shapes(s.spec, feed_tokens)
             return [memory_plan.Phase("rollout", 0, 0, shapes.rows * shapes.cache_slots, 0, 0.0)]
         # The update's programs: the actor's at micro-batch x tokens, prepare's at half of that.
         cost = {"actor update": s.rl.micro_batch_size * s.seq_len, "prepare": s.rl.micro_batch_size * s.seq_len // 2}
@@ -158,18 +169,18 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     monkeypatch.setattr(memory_plan, "run_phases", fake)
     update = ["prepare", "actor update"]
     # micro-batch 8 of 32 at 1024 tokens: 8192 "bytes"; 4 x 1024 fits 4096, 2 x 1024 = 2048 fits 2100.
-    assert memory_plan._search(config, 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
-    assert memory_plan._search(config, 2100, update, 512, print) == ["--config.rl.micro_batch_size=2"]
-    assert memory_plan._search(config, 2100, ["prepare"], 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert memory_plan._search(RunSpec.from_config(config), 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert memory_plan._search(RunSpec.from_config(config), 2100, update, 512, print) == ["--config.rl.micro_batch_size=2"]
+    assert memory_plan._search(RunSpec.from_config(config), 2100, ["prepare"], 512, print) == ["--config.rl.micro_batch_size=4"]
     # Below the smallest micro-batch (2, one per batch shard): the longest 64-multiple dialogue.
-    assert memory_plan._search(config, 1000, update, 512, print) == [
+    assert memory_plan._search(RunSpec.from_config(config), 1000, update, 512, print) == [
         "--config.rl.micro_batch_size=2", "--config.rollout.max_total_tokens=448"]
-    assert memory_plan._search(config, 100, update, 512, print)[-1].startswith("nothing")
+    assert memory_plan._search(RunSpec.from_config(config), 100, update, 512, print)[-1].startswith("nothing")
     # The rollout: 32 dialogues x 2048 slots; more pipeline groups first, then fewer cache slots,
     # at least a turn of 8 new tokens plus the smallest feed (16): 32 x 32 fits 1100, not 1000.
-    assert memory_plan._search(config, 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
-    assert memory_plan._search(config, 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
-    assert memory_plan._search(config, 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
+    assert memory_plan._search(RunSpec.from_config(config), 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
+    assert memory_plan._search(RunSpec.from_config(config), 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
+    assert memory_plan._search(RunSpec.from_config(config), 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
 
 
 def test_largest_bisects_a_monotone_predicate():
@@ -188,7 +199,7 @@ def test_planner_at_half_a_billion_parameters(tmp_path):
     """The 0.5B preset (24 scanned layers, the real shapes) at 1024-token dialogues, the actor's
     update alone: the per-device state is the exact shard arithmetic and XLA agrees."""
     config = _config(ppo_think, "0.5b", tmp_path, **{"rollout.max_total_tokens": 1024, "rl.micro_batch_size": 8})
-    s = memory_plan.abstract_setup(config)
+    s = memory_plan.abstract_setup(RunSpec.from_config(config))
     assert s.mesh.shape["fsdp"] == 8 and s.state.critic is not None
     # fsdp splits every model width D by 8; biases and norms stay whole (hand count, fp32).
     v, d, layers, n, k, h, f = 151936, 896, 24, 14, 2, 64, 4864
@@ -223,17 +234,17 @@ def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
     base is counted once, as an argument of every program."""
     config = _tiny(ppo_think, tmp_path)
     config.lora.rank, config.lora.targets = 4, "q,o,down"
-    r = run.build_run(config)
-    s = memory_plan.abstract_setup(config)
+    r = run.build_run(RunSpec.from_config(config))
+    s = memory_plan.abstract_setup(RunSpec.from_config(config))
     host = TrainBatch(**{k: np.zeros(v.shape, v.dtype) for k, v in s.batch.items() if k != "policy_positions"})
     host.policy_mask[:] = 1.0  # every token scored, as the planner's batch
     placed = sharding.shard_host_batch(r.mesh, host.arrays())
-    assert s.update.prepare.lower(s.models, s.ref, s.batch).as_text() == \
-        r.update.prepare.lower(r.state.models(), r.ref_params, placed).as_text()
-    inputs, rows, _, _ = r.update.prepare(r.state.models(), r.ref_params, placed)
+    assert s.update.prepare.lower(s.models, s.frozen, s.batch).as_text() == \
+        r.update.prepare.lower(r.state.models(), r.update.frozen(r.frozen), placed).as_text()
+    inputs, rows, _, _ = r.update.prepare(r.state.models(), r.update.frozen(r.frozen), placed)
     planned = dict(s.update.model_programs())
     for model, fn in r.update.model_programs():
-        real = (r.state.step, *r.state.model(model), r.ref_params, inputs, rows)
+        real = (r.state.step, *r.state.model(model), r.update.frozen(r.frozen).base(), inputs, rows)
         mine = (s.state.step, *s.state.model(model), s.base, s.inputs, s.rows)
         assert planned[model].lower(*mine).as_text() == fn.lower(*real).as_text()
 
@@ -247,7 +258,7 @@ def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
 
     assert total(s.state.actor) == adapter_bytes and total(s.state.actor_opt) >= 2 * adapter_bytes
     assert total(s.state.critic) == adapter_bytes + 4 * (d + 1)  # + the value head, [D, 1] and [1]
-    result = memory_plan.plan(config, memory_gb=16.0, phases=("actor update",), search=False)
+    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, phases=("actor update",), search=False)
     assert result.sizes["frozen base"] == memory_plan.device_bytes(s.ref) and "reference params" not in result.sizes
     (actor,) = result.phases
     assert actor.arguments == memory_plan.device_bytes((s.state.step, s.state.model("actor"), s.ref,

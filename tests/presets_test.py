@@ -14,7 +14,7 @@ from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.base import PRESETS
 from rlver_jax.eval.benchmark import BenchmarkSettings
-from rlver_jax.train.run import training_settings
+from rlver_jax.train.spec import RunSpec
 
 TRAINING = {"ppo_think": ppo_think, "grpo_think": grpo_think, "ppo_nothink": ppo_nothink,
             "grpo_nothink": grpo_nothink}
@@ -59,7 +59,7 @@ def _sampling_fits(sampling, rollout) -> None:
 def test_every_training_preset_is_consistent(name, preset):
     """Every settings type accepts the preset (ranges, mini-batches of micro-batches, GRPO groups),
     and both the rollout's and the in-loop evaluation's sampling fit their rows and caches."""
-    s = training_settings(TRAINING[name].get_config(preset))
+    s = RunSpec.from_config(TRAINING[name].get_config(preset))
     _sampling_fits(s.sampling, s.rollout)
     _sampling_fits(s.eval.sampling, s.eval.rollout)
     assert s.rollout.pipeline_groups <= s.loop.profiles_per_step * s.loop.n

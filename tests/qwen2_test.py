@@ -10,7 +10,7 @@ import safetensors
 import torch
 import transformers
 
-from rlver_jax.models import loading
+from rlver_jax.train import model_loading
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
 from tests.fixtures_hf import HF_TINY, left_padded_batch, make_hf_model, torch_logits
@@ -55,7 +55,7 @@ def test_critic_exports_as_token_classification_without_lm_head(tmp_path):
     no lm_head tensor; transformers' scores are our values; our loader reads it back exactly, and
     a causal-LM checkpoint loads as a critic with a zero value head and no LM head."""
     config = get_preset("tiny", tie_word_embeddings=False)
-    critic_cfg, critic = loading.critic_from_actor(config, qwen2.init_params(config, jax.random.key(4)))
+    critic_cfg, critic = model_loading.critic_from_actor(config, qwen2.init_params(config, jax.random.key(4)))
     critic["value_kernel"] = jax.random.normal(jax.random.key(5), critic["value_kernel"].shape)
     critic["value_bias"] = jnp.asarray(0.25, jnp.float32)
     path = hf_io.save_pretrained(critic_cfg, critic, tmp_path / "critic")

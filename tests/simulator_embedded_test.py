@@ -151,3 +151,43 @@ def test_opening_line_without_first_talk():
     assert state.history[0]["role"] == "user"
     assert simulator.detect_language(state.history[0]["content"]) == "en"
     assert not simulator.is_goodbye(state.history[0]["content"])
+
+
+# Replies of every quality, for scripted dialogues whose changes go both ways at every level.
+_SCRIPT = {
+    "en": ["I'm so sorry. It must feel heavy. What happened?", "Just calm down. It's not a big deal.",
+           "Okay. I see what you mean.", "That must have been so lonely. I'm here. What was he like?",
+           "ok", "It makes sense you feel this way; you did nothing wrong. How are you holding up?",
+           "Whatever, get over it.", "I hear you. Tell me more about it?"],
+    "zh": ["听起来真的很辛苦，我很心疼你。愿意跟我说说吗？", "你想多了吧。", "嗯，我知道了，你说的这个事情。",
+           "换作是我也会特别委屈、特别难受。你现在心里一定很不是滋味吧？", "随便你", "不是你的错，你已经做得很好了。",
+           "别想了。", "我在听，你慢慢说。"],
+}
+
+
+def test_the_users_words_agree_with_the_change_just_judged():
+    """Over many scripted turns in both languages and difficulties, every utterance comes from the
+    template group of the change the turn's judgement made: warmer after +3 or more, colder after
+    -3 or less (a goodbye when that leaves the emotion in band F), neutral in between."""
+    from rlver_jax.simulator.embedded import REPLIES, change_kind
+
+    group_of = {line: kind for language in REPLIES for kind, lines in REPLIES[language].items() for line in lines}
+    seen, warm_at_low_mood = set(), 0
+    for profile in PROFILES:
+        script = _SCRIPT[profile.language]
+        for difficulty in ("vanilla", "challenging"):
+            for shift in range(len(script)):
+                replies = script[shift:] + script[:shift]
+                state = _dialogue(profile, replies * 2, difficulty=difficulty, max_turns=len(replies) * 2)
+                for record in state.records[1:]:
+                    if record.utterance is None:  # an end (success, failure, turn limit) says nothing
+                        continue
+                    kind = change_kind(record.change)
+                    assert kind == change_kind(record.change_proposed)  # clipping keeps sign and band
+                    expected = "leave" if kind == "colder" and record.band == "F" else kind
+                    assert group_of[record.utterance] == expected, (profile.id, record.change, record.band,
+                                                                    record.utterance)
+                    seen.add(expected)
+                    warm_at_low_mood += kind == "warmer" and record.band in ("C", "F")
+    assert seen == {"warmer", "neutral", "colder", "leave"}
+    assert warm_at_low_mood > 0  # the case that once drew "You're not really listening, are you?"

@@ -62,7 +62,7 @@ def test_broken_lines_name_file_line_and_field(tmp_path):
     path.write_text("\n".join(lines), encoding="utf-8")
     with pytest.raises(P.ProfileError) as info:
         P.load_profiles(path)
-    message = str(info.value)
+    message = "\n".join(info.value.problems)  # every problem; the message shows the first few
     expected = [
         (2, "not valid JSON"),
         (3, "field 'scene': missing"),
@@ -78,6 +78,22 @@ def test_broken_lines_name_file_line_and_field(tmp_path):
         assert any(l.startswith(f"{path}:{line}: ") and text in l for l in message.splitlines()), (
             line, text, message)
     assert f"{path}:1:" not in message and f"{path}:7:" not in message
+    shown = str(info.value).splitlines()
+    assert shown[:P.SHOWN_PROBLEMS] == message.splitlines()[:P.SHOWN_PROBLEMS]
+    more = len(expected) - P.SHOWN_PROBLEMS
+    assert shown[-1] == f"{path}: ... and {more} more problems ({len(expected)} on 9 lines in all)"
+
+
+def test_many_broken_lines_make_one_short_error(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("{not json\n" * 10_000, encoding="utf-8")
+    with pytest.raises(P.ProfileError) as info:
+        P.load_profiles(path)
+    lines = str(info.value).splitlines()
+    assert len(lines) == P.SHOWN_PROBLEMS + 1 == 6
+    assert all(line.startswith(f"{path}:{n}: not valid JSON") for n, line in enumerate(lines[:-1], start=1))
+    assert lines[-1] == f"{path}: ... and 9995 more problems (10000 on 10000 lines in all)"
+    assert len(info.value.problems) == 10_000 and info.value.problems[-1].startswith(f"{path}:10000: ")
 
 
 def test_missing_and_empty_files(tmp_path):

@@ -4,7 +4,6 @@ import errno
 import json
 import pathlib
 import signal
-import types
 
 import jax
 import numpy as np
@@ -19,8 +18,8 @@ from rlver_jax import files
 from rlver_jax.parallel import sharding
 from rlver_jax.files import read_jsonl
 from rlver_jax.train.interrupts import TrainingInterrupted
-from rlver_jax.rl import trainer
-from rlver_jax.rollout.buffer import RolloutBatch
+from rlver_jax.rl import program as rl_program
+from rlver_jax.train.spec import RunSpec
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES, load_profiles
 from tests.rl_helpers import training_batch
@@ -58,7 +57,7 @@ def grpo_straight(tmp_path_factory):
     test_grpo_tiny_trains_and_logs reads, and what the run that is stopped, killed and resumed in
     test_interrupts_kills_and_a_full_disk_keep_each_step_once must end equal to."""
     config = small(grpo_think.get_config("tiny"), tmp_path_factory.mktemp("grpo") / "straight", steps=4)
-    loop.train(config, progress=False)
+    loop.train(RunSpec.from_config(config), progress=False)
     return config
 
 
@@ -102,7 +101,7 @@ def test_ppo_tiny_trains_with_a_critic(tmp_path):
     config = small(ppo_nothink.get_config("tiny"), tmp_path / "ppo", steps=2)
     config.train.eval_every = 0
     config.mesh.shape = (1, 1, -1)  # 2 dialogues a step: tensor parallelism over the 8 devices
-    metrics = loop.train(config, progress=False)
+    metrics = loop.train(RunSpec.from_config(config), progress=False)
     assert metrics["value_loss"] >= 0 and metrics["critic_grad_norm"] > 0
 
 
@@ -110,18 +109,18 @@ def test_config_errors_name_the_fix(tmp_path):
     config = small(grpo_think.get_config("tiny"), tmp_path / "bad", steps=1)
     config.rollout.n = 1
     with pytest.raises(ValueError, match="config.rollout.n"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     config = small(grpo_think.get_config("tiny"), tmp_path / "bad_mesh", steps=1)
     config.rollout.profiles_per_step = 1  # 4 dialogues cannot split over 8 fsdp shards
     with pytest.raises(ValueError, match="config.mesh.shape"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     config = small(grpo_think.get_config("7b"), tmp_path / "bad7b", steps=1)
     with pytest.raises(ValueError, match="config.data.train_profiles"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     config.data.train_profiles = str(DEFAULT_PROFILES)
     config.simulator.backend = "embedded"
     with pytest.raises(ValueError, match="config.model.path"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
 
 
 @pytest.mark.slow
@@ -133,7 +132,7 @@ def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
         config = small(grpo_think.get_config("tiny"), tmp_path / str(groups), steps=1)
         config.rollout.pipeline_groups = groups
         config.rollout.format_failure = "continue"  # raw replies reach the user: two turns each
-        run = run_lib.build_run(config)
+        run = run_lib.build_run(RunSpec.from_config(config))
         buffer = loop._rollout_buffer(run, sharding.replicated_value(run.state.rng), 0)
         buffer.publish(0, run.sampling_layout.copy(run.state.actor))
         try:
@@ -179,7 +178,7 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
 
     # Ctrl-C during the update of step 1 (the update donates the state): the step is finished,
     # its evaluation included, and the checkpoint the loop just wrote is not written twice.
-    update = trainer.train_on_batch
+    update = rl_program.train_on_batch
 
     def interrupted_update(*args):
         out = update(*args)
@@ -187,9 +186,9 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
             signal.raise_signal(signal.SIGINT)
         return out
 
-    monkeypatch.setattr(trainer, "train_on_batch", interrupted_update)
+    monkeypatch.setattr(rl_program, "train_on_batch", interrupted_update)
     with pytest.raises(TrainingInterrupted, match=r"the checkpoint of step 2 is in .*Rerun the same command"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     monkeypatch.undo()
     assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 2
     assert _steps(workdir) == [0, 1]
@@ -213,7 +212,7 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
 
     monkeypatch.setattr(files, "atomic_write_bytes", full_disk)
     with pytest.raises(OSError, match="No space left on device.*train_000003.jsonl"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     monkeypatch.undo()
     kept = checkpoint.saved_steps(workdir / "checkpoints")[-1]
     assert kept == 2 and _steps(workdir) == [0, 1, 2]
@@ -221,26 +220,24 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
                                      "train_000002.jsonl"]  # the stale ones removed, no temporary files
     assert read_jsonl(workdir / "transcripts" / "train_000002.jsonl")[0]["step"] == 2
 
-    loop.train(config, progress=False)  # the rerun resumes at the checkpoint
+    loop.train(RunSpec.from_config(config), progress=False)  # the rerun resumes at the checkpoint
     assert _steps(workdir) == [0, 1, 2, 3]
     assert _transcripts(workdir) == ["eval_000001.jsonl", "eval_000003.jsonl", "train_000000.jsonl",
                                      "train_000001.jsonl", "train_000002.jsonl", "train_000003.jsonl"]
     assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 4
-    assert loop.train(config, progress=False) == {}  # nothing left to do
+    assert loop.train(RunSpec.from_config(config), progress=False) == {}  # nothing left to do
     # Every model and optimizer number equals the run's without a stop.
     jax.tree.map(np.testing.assert_array_equal, _state(workdir), _state(pathlib.Path(grpo_straight.workdir)))
 
 
 def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path):
-    config = small(grpo_think.get_config("tiny"), tmp_path, steps=1)
     failed = [DialogueSequence(profile_id=f"p{i}", group=i, tokens=[], policy_mask=[], logprobs=[], turn_ends=[],
                                emotions=[30.0], end_reason="simulator_error", simulator_error=True,
                                simulator_state={"error": "simulator refused the request with HTTP 400"})
               for i in range(2)]
-    run = types.SimpleNamespace(workdir=tmp_path, loop=run_lib.LoopSettings.from_config(config))
     with pytest.raises(loop.AllDialoguesFailedError,
                        match=r"step 5: .*2 of 2 ended as simulator_error \(last: .*HTTP 400\).*train_000005.jsonl"):
-        loop._collate(run, 5, RolloutBatch(index=5, version=5, sequences=failed, seconds=1.0), failed)
+        loop._check_trainable(5, failed, tmp_path / "transcripts")
     assert [r["profile_id"] for r in read_jsonl(tmp_path / "transcripts" / "train_000005.jsonl")] == ["p0", "p1"]
 
 
@@ -253,7 +250,7 @@ def test_config_ranges_are_checked_before_anything_starts(tmp_path):
     with pytest.raises(ValueError, match=r"config.train.steps=-1 must be >= 0; config.rollout.temperature=-0.5 "
                                          r"must be >= 0; config.simulator.max_concurrency=0 must be >= 1; "
                                          r"config.simulator.timeout_s=0.0 must be > 0"):
-        loop.train(config, progress=False)
+        loop.train(RunSpec.from_config(config), progress=False)
     assert not (tmp_path / "never").exists()
 
 
@@ -272,7 +269,8 @@ def test_paper_configs_hold_the_reference_values(module):
     """The official training script's values (docs/fidelity.md) in the paper presets; the
     in-loop evaluation under SAGE's rules with the benchmark's policy sampling."""
     c = module.get_config("7b")
-    assert (c.rl.entropy_coef, c.rl.loss_agg_mode) == (0.001, "seq_mean_token_mean")
+    rl = RunSpec.from_config(c).rl  # the loss aggregation resolved from the algorithm's row
+    assert (rl.entropy_coef, rl.loss_agg_mode) == (0.001, "seq_mean_token_mean")
     assert (c.rollout.think_history, c.rollout.format_failure) == ("drop", "continue")
     assert (c.rollout.temperature, c.rollout.top_p, c.rl.kl_coef, c.simulator.max_turns) == (1.0, 1.0, 0.0, 8)
     assert c.simulator.max_tokens == 2048
@@ -301,11 +299,11 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
         config.mesh.shape = (1, 2, 4)  # adapters split over fsdp and tensor like their kernels
         return config
 
-    straight = run_lib.build_run(lora_config(tmp_path / "straight", 3))
-    base = jax.tree.map(np.array, straight.ref_params)
+    straight = run_lib.build_run(RunSpec.from_config(lora_config(tmp_path / "straight", 3)))
+    base = jax.tree.map(np.array, straight.frozen)
     fresh = jax.tree.map(np.array, straight.state.actor)
     loop.train_run(straight, progress=False)
-    jax.tree.map(np.testing.assert_array_equal, straight.ref_params, base)
+    jax.tree.map(np.testing.assert_array_equal, straight.frozen, base)
 
     manager = checkpoint.make_manager(tmp_path / "straight" / "checkpoints", save_every=1, keep=5)
     restored = manager.restore(manager.latest_step())
@@ -322,9 +320,9 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
             assert np.abs(np.asarray(after) - before[path]).max() > 0, jax.tree_util.keystr(path)
 
     resumed = lora_config(tmp_path / "resumed", 2)
-    loop.train(resumed, progress=False)
+    loop.train(RunSpec.from_config(resumed), progress=False)
     resumed.train.steps = 3
-    loop.train(resumed, progress=False)
+    loop.train(RunSpec.from_config(resumed), progress=False)
     for model in ("actor", "critic"):
         a, b = _state(tmp_path / "straight")[model], _state(tmp_path / "resumed")[model]
         jax.tree.map(np.testing.assert_array_equal, a, b)
@@ -333,7 +331,7 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
     other.seed = 1  # another random base: the adapters in the checkpoint do not belong to it
     with pytest.raises(ValueError, match="holds LoRA adapters of the base .*'seed': 0.* but the config names "
                                          ".*'seed': 1"):
-        loop.train(other, progress=False)
+        loop.train(RunSpec.from_config(other), progress=False)
 
 
 @pytest.mark.slow
@@ -346,8 +344,8 @@ def test_lora_train_step_is_the_same_with_the_state_offloaded(tmp_path):
         config = small(ppo_nothink.get_config("tiny"), tmp_path / mode, steps=1)
         config.lora.rank, config.rl.kl_coef, config.train.offload = 4, 0.05, mode
         config.mesh.shape = (1, 2, 4)
-        r = run_lib.build_run(config)
-        state, metrics, _ = trainer.train_on_batch(r.update, r.state, training_batch(), r.ref_params)
+        r = run_lib.build_run(RunSpec.from_config(config))
+        state, metrics, _ = rl_program.train_on_batch(r.update, r.state, training_batch(), r.frozen)
         assert metrics["critic_grad_norm"] > 0
         trained.append(jax.device_get((state.actor, state.critic)))
     jax.tree.map(np.testing.assert_array_equal, *trained)

@@ -12,8 +12,9 @@ without a traceback, `--print_config`, quiet library logs, the persistent compil
         program.run(main, required=["config"])
 
 This module imports neither JAX nor the library, so `--help`, `--print_config` and a bad flag
-answer in well under two seconds. An expected error prints `PROG: error: MESSAGE` and exits 1
-(2 for a bad flag, override or config file); Ctrl-C exits 130. `--verbosity=1` (absl's flag) or
+answer in well under two seconds. `--help` (and absl's --helpshort, --helpfull, --helpxml) exits 0.
+An expected error prints `PROG: error: MESSAGE` and exits 1 (2 for a bad flag, override or config
+file); Ctrl-C exits 130. `--verbosity=1` (absl's flag) or
 RLVER_TRACEBACK=1 shows every traceback and the libraries' INFO logs (docs/cli.md).
 """
 
@@ -44,6 +45,8 @@ QUIET_LOGGERS = {"jax": logging.WARNING, "httpx": logging.WARNING, "httpx2": log
 _OWN_DIRS = ("rlver_jax", "configs", "launch")
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 _config_flag_names: list[str] = []
+# absl's help flags: they print the help and exit 1 while the flags are parsed.
+_HELP_FLAG = re.compile(r"--?(\?|help|helpshort|helpfull|helpxml)(=(true|t|1|yes|y))?", re.IGNORECASE)
 
 
 class UserError(Exception):
@@ -119,12 +122,22 @@ def _exit(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
+def asked_for_help(argv: Sequence[str]) -> bool:
+    """A help flag (--help, -?, --helpshort, --helpfull, --helpxml) among the flags of `argv`."""
+    flags_part = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+    return any(_HELP_FLAG.fullmatch(arg) for arg in flags_part)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     try:
         args = FLAGS(argv)
         for name in _config_flag_names:
             _check_loaded(name)
         return args
+    except SystemExit as e:  # absl exits 1 after printing asked-for help: that is a success
+        if e.code == 1 and asked_for_help(argv):
+            sys.exit(0)
+        raise
     except flags.Error as e:  # a bad value, an unknown flag, a config file whose get_config raised
         if verbose():
             raise

@@ -22,11 +22,12 @@ import ml_collections
 from jax.sharding import Mesh
 
 from rlver_jax.text import chat
-from rlver_jax.rl import trainer
-from rlver_jax.train import checkpoint, run as run_lib
+from rlver_jax.rl import train_state
+from rlver_jax.train import checkpoint, spec
+from rlver_jax.train.abstract_run import frozen_architecture, trainable_shapes
 from rlver_jax.parallel import sharding
-from rlver_jax.models.loading import load_policy, model_config, tiny_tokenizer
-from rlver_jax.models import hf_io, lora, qwen2
+from rlver_jax.train.model_loading import load_policy, tiny_tokenizer
+from rlver_jax.models import hf_io, lora
 from rlver_jax.models.config import Qwen2Config, get_preset
 
 
@@ -116,8 +117,9 @@ def load_checkpoint_policy(ckpt: RunCheckpoint, mesh: Mesh, rules: sharding.Rule
                            base_path: str = "") -> LoadedPolicy:
     """The actor of a run's checkpoint, placed on `mesh`, with the run's tokenizer."""
     run = ckpt.config()
-    base = base_path or run.model.path  # the run's Hugging Face base model, if it had one
-    overrides = model_config(run)
+    model = spec.model_source(run)
+    base = base_path or model.path  # the run's Hugging Face base model, if it had one
+    overrides = model.overrides()
     if base:
         cfg_file = pathlib.Path(base) / "config.json"
         if not cfg_file.exists():
@@ -125,25 +127,24 @@ def load_checkpoint_policy(ckpt: RunCheckpoint, mesh: Mesh, rules: sharding.Rule
                                     + _MOVED.format(run=ckpt.run_dir / "config.json"))
         cfg = hf_io.config_from_hf(json.loads(cfg_file.read_text()), str(cfg_file), **overrides)
     else:
-        cfg = get_preset(run.model.preset, **overrides)
-    tokenizer_dir = base_path or run.model.tokenizer_path or run.model.path or ckpt.run_dir / "tokenizer"
+        cfg = get_preset(model.preset, **overrides)
+    tokenizer_dir = base_path or model.tokenizer_path or model.path or ckpt.run_dir / "tokenizer"
     try:
         chat_tokens = chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tokenizer_dir))
     except FileNotFoundError as e:
         hint = _MOVED.format(run=ckpt.run_dir / "config.json")
         raise FileNotFoundError(f"the run's tokenizer: {e}\n{hint}") from None
-    settings = lora.LoraSettings.from_config(run.lora)
-    abstract = sharding.with_shardings(*run_lib.trainable_shapes(settings, cfg, mesh, rules))
+    settings = spec.lora_settings(run)
+    abstract = sharding.with_shardings(*trainable_shapes(settings, cfg, mesh, rules))
     params, step = checkpoint.restore_actor(ckpt.checkpoints, ckpt.resolved_step(), abstract)
     source = str(ckpt.checkpoints / str(step))
     if not settings.enabled:
         return LoadedPolicy(cfg, params, chat_tokens, source)
-    if base_path:
-        run.model.path = base_path
-    base = load_policy(run, run_lib.base_architecture(cfg, settings), sharding.param_shardings(cfg, mesh, rules),
-                       trainer.seed_keys(run.seed).init)
-    return LoadedPolicy(cfg, lora.merge(settings, base, params), chat_tokens, source,
-                        Adapter(settings, params, run.model.path))
+    model = dataclasses.replace(model, path=base)
+    base_params = load_policy(model, frozen_architecture(cfg, settings), sharding.param_shardings(cfg, mesh, rules),
+                              train_state.seed_keys(run.seed).init)
+    return LoadedPolicy(cfg, lora.merge(settings, base_params, params), chat_tokens, source,
+                        Adapter(settings, params, model.path))
 
 
 def load_hf_policy(path: str, mesh: Mesh, rules: sharding.RulesLike, dtype: str = "float32",

@@ -1,4 +1,4 @@
-"""PPO / GRPO loss terms: clipped surrogate, clipped value loss, entropy, KL, aggregation.
+"""Policy-gradient loss terms (PPO, GSPO, CISPO), clipped value loss, entropy, KL, aggregation.
 
 Shapes: B sequences, T tokens, V vocabulary. Per-token arrays are aligned to the token they
 describe (logprobs[b, t] = log pi(token_t | tokens_<t)); mask[b, t] is 1 exactly on policy tokens.
@@ -17,9 +17,10 @@ from rlver_jax.rl.advantages import masked_mean
 Array = jax.Array
 
 # verl's numerical guards: the log-ratio is clamped before exp (exp(20) ~ 5e8 keeps fp32 finite),
-# and a k3 KL estimate is clamped at 10.
+# and a k3 KL estimate is clamped at 10; GSPO's token ratio is clamped above at exp(10).
 LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
+GSPO_LOG_RATIO_MAX = 10.0
 
 
 def _f32(x: Array) -> Array:
@@ -143,41 +144,140 @@ def entropy_from_logits(logits: Array) -> Array:
     return -jnp.sum(p * jnp.where(p > 0, logp, 0.0), axis=-1)
 
 
-def _token_mean_weights(mask: Array) -> Array:
+def gspo_policy_loss(
+    logprobs: Array,
+    old_logprobs: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    clip_eps_low: float = 3e-4,
+    clip_eps_high: float = 4e-4,
+) -> tuple[Array, dict[str, Array]]:
+    """Per-token GSPO-token loss [B, T] and metrics (Zheng et al. 2025, arXiv:2507.18071).
+
+    The importance ratio is the sequence's, length-normalised, with the gradient per token:
+      log s_b     = sum_t m (logp - old_logp) / sum_t m          (a row's policy tokens)
+      s_b,t       = exp(min(sg(log s_b) + logp_t - sg(logp_t), 10))   (value s_b; clamp as verl's)
+      L[b, t]     = max(-A s_b,t, -A clip(s_b,t, 1 - clip_eps_low, 1 + clip_eps_high))
+    so dL/dlogp_t = -A[b, t] s_b where the ratio is not clipped and 0 where it is (verl
+    compute_policy_loss_gspo). Aggregated with GSPO_AGG_MODES (the mean over sequences of the
+    token mean) and with one advantage per sequence, this is GSPO's sequence-level objective in
+    value and in gradient. The defaults are the paper's clip range. Metrics as ppo_policy_loss:
+    `clip_frac` (share of policy tokens on the clipped branch) and `approx_kl` (token-level k3
+    of KL(old || new)).
+    """
+    logprobs, old_logprobs, advantages = _f32(logprobs), _f32(old_logprobs), _f32(advantages)
+    m = _f32(mask)
+    # where(), not a product: log-probs off the policy tokens must not reach the sequence mean.
+    log_ratio = jnp.where(m > 0, logprobs - old_logprobs, 0.0)
+    log_seq_ratio = jnp.sum(log_ratio, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
+    log_token_ratio = (jax.lax.stop_gradient(log_seq_ratio)[:, None] + logprobs
+                       - jax.lax.stop_gradient(logprobs))
+    ratio = jnp.exp(jnp.minimum(log_token_ratio, GSPO_LOG_RATIO_MAX))
+    unclipped = -advantages * ratio
+    clipped = -advantages * jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    metrics = {
+        "clip_frac": masked_mean(clipped > unclipped, mask),
+        "approx_kl": masked_mean(kl_k3(old_logprobs, logprobs), mask),
+    }
+    return jnp.maximum(unclipped, clipped), metrics
+
+
+def cispo_policy_loss(
+    logprobs: Array,
+    old_logprobs: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    clip_eps_high: float,
+    clip_eps_low: float | None = None,
+) -> tuple[Array, dict[str, Array]]:
+    """Per-token CISPO loss [B, T] and metrics (MiniMax-M1, arXiv:2506.13585, Eq. 4-5).
+
+      rho     = exp(clip(logp - old_logp, -20, 20))
+      w       = sg(min(rho, 1 + clip_eps_high))      (also max(., 1 - clip_eps_low) if given)
+      L[b, t] = -w * A * logp
+    The importance weight is truncated and carries no gradient, so every token keeps a gradient
+    dL/dlogp = -w * A (PPO's clip zeroes it). The paper sets no lower bound (clip_eps_low None);
+    verl compute_policy_loss_cispo always clamps to [1 - low, 1 + high]. The loss value is a
+    surrogate for its gradient only. Metrics: `clip_frac` (share of policy tokens whose weight was
+    truncated) and `approx_kl` (k3 estimate of KL(old || new)).
+    """
+    logprobs, old_logprobs, advantages = _f32(logprobs), _f32(old_logprobs), _f32(advantages)
+    ratio = jnp.exp(jnp.clip(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    lower = -jnp.inf if clip_eps_low is None else 1.0 - clip_eps_low
+    weight = jax.lax.stop_gradient(jnp.clip(ratio, lower, 1.0 + clip_eps_high))
+    metrics = {
+        "clip_frac": masked_mean(weight != ratio, mask),
+        "approx_kl": masked_mean(kl_k3(old_logprobs, logprobs), mask),
+    }
+    return -weight * advantages * logprobs, metrics
+
+
+def _token_mean_weights(mask: Array, norm_len: float | None) -> Array:
+    del norm_len  # only seq_mean_token_sum_norm reads it
     m = _f32(mask)
     return m / jnp.maximum(jnp.sum(m), 1.0)
 
 
-def _seq_mean_token_mean_weights(mask: Array) -> Array:
+def _mask_and_num_rows(mask: Array) -> tuple[Array, Array]:
+    """(mask [B, T] in fp32, the number of rows with a policy token): batch padding rows, without
+    policy tokens, are left out of a mean over sequences."""
     m = _f32(mask)
-    per_row = jnp.sum(m, axis=-1, keepdims=True)
-    # Rows without policy tokens (batch padding) are left out of the mean over sequences.
-    num_rows = jnp.sum(per_row > 0)
-    return m / jnp.maximum(per_row, 1.0) / jnp.maximum(num_rows, 1.0)
+    return m, jnp.maximum(jnp.sum(jnp.any(m > 0, axis=-1)), 1.0)
 
 
-AGG_MODES: dict[str, Callable[[Array], Array]] = {
+def _seq_mean_token_mean_weights(mask: Array, norm_len: float | None) -> Array:
+    del norm_len  # only seq_mean_token_sum_norm reads it
+    m, num_rows = _mask_and_num_rows(mask)
+    return m / jnp.maximum(jnp.sum(m, axis=-1, keepdims=True), 1.0) / num_rows
+
+
+def _seq_mean_token_sum_norm_weights(mask: Array, norm_len: float | None) -> Array:
+    m, num_rows = _mask_and_num_rows(mask)
+    return m / num_rows / (mask.shape[-1] if norm_len is None else norm_len)
+
+
+AGG_MODES: dict[str, Callable[[Array, float | None], Array]] = {
     "token_mean": _token_mean_weights,
     "seq_mean_token_mean": _seq_mean_token_mean_weights,
+    "seq_mean_token_sum_norm": _seq_mean_token_sum_norm_weights,
 }
+# GSPO's objective is a mean over sequences of the token mean; other modes change the algorithm.
+GSPO_AGG_MODES = ("seq_mean_token_mean",)
+# The policy losses by name (rlver_jax.rl.update.POLICY_LOSSES calls them) and the aggregation
+# modes each admits: the gspo losses' ratio is a sequence's, so a token-level aggregation (which
+# NeMo RL refuses for sequence-level ratios) would weigh a sequence by its length.
+POLICY_LOSS_AGG_MODES: dict[str, tuple[str, ...]] = {
+    "ppo": tuple(AGG_MODES), "gspo": GSPO_AGG_MODES, "gspo_token": GSPO_AGG_MODES, "cispo": tuple(AGG_MODES)}
 
 
-def loss_weights(mask: Array, mode: str) -> Array:
+def loss_weights(mask: Array, mode: str, *, norm_len: float | None = None) -> Array:
     """Per-token weights w [B, T] with sum_{b,t} w L = the aggregated loss (see aggregate_loss).
 
     Computed once over a whole mini-batch and then split into micro-batches, so gradient
-    accumulation gives exactly the mini-batch loss.
+    accumulation gives exactly the mini-batch loss. `norm_len` is read by seq_mean_token_sum_norm
+    only: its constant normaliser (None: the mini-batch's padded length T).
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {sorted(AGG_MODES)}")
-    return AGG_MODES[mode](mask)
+    return AGG_MODES[mode](mask, norm_len)
 
 
-def aggregate_loss(per_token: Array, mask: Array, mode: str) -> Array:
+def aggregate_loss(
+    per_token: Array, mask: Array, mode: str, *, norm_len: float | None = None
+) -> Array:
     """Reduces a per-token loss [B, T] to a scalar over policy tokens.
 
-      token_mean:           sum_{b,t} m L / sum_{b,t} m          (every token weighs the same)
-      seq_mean_token_mean:  mean_b [sum_t m L / sum_t m]         (every dialogue weighs the same;
-                                                                  rows with no policy token skipped)
+      token_mean:              sum_{b,t} m L / sum_{b,t} m      (every token weighs the same)
+      seq_mean_token_mean:     mean_b [sum_t m L / sum_t m]     (every dialogue weighs the same)
+      seq_mean_token_sum_norm: mean_b [sum_t m L] / norm_len    (Dr.GRPO: a token's weight depends
+                                                               on neither its row's length nor
+                                                               the batch's token count)
+    The means over rows skip rows without policy tokens (batch padding). seq_mean_token_sum_norm
+    is verl agg_loss's "seq-mean-token-sum-norm" (Liu et al. 2025, Dr.GRPO, arXiv:2503.20783):
+    verl divides by loss_scale_factor, or by the padded response length when unset; norm_len None
+    takes the padded length T of `mask`, which changes with the batch's length bucket, so set it
+    to a constant (such as the generation budget) for a constant scale.
     """
-    return jnp.sum(_f32(per_token) * loss_weights(mask, mode))
+    return jnp.sum(_f32(per_token) * loss_weights(mask, mode, norm_len=norm_len))

@@ -1,6 +1,6 @@
 """What of the train state waits in host memory (config.train.offload), and moving it there and back.
 
-A train step is a program per stage (rlver_jax.rl.trainer.train_step): `prepare`, the `actor`'s
+A train step is a program per stage (rlver_jax.rl.program.train_step): `prepare`, the `actor`'s
 update, the `critic`'s update; `rest` is between steps (the rollout, the evaluation,
 checkpoints). Per mode, OFFLOAD names the state's parts on the devices at each stage; the others
 are in host memory. Each program reads only parts its stage has on the devices; the run key and
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 if TYPE_CHECKING:
-    from rlver_jax.rl.trainer import TrainState
+    from rlver_jax.rl.train_state import TrainState
 
 PARTS = ("actor", "actor_opt", "critic", "critic_opt")  # the TrainState fields that can move
 STAGES = ("prepare", "actor", "critic", "rest")

@@ -17,8 +17,12 @@ Emotion step (`score_reply`): a sum of capped feature scores, rounded to an inte
   garbage (mostly non-letters, or the same few words over and over): -10 / -6 outright.
 Personality: negative users feel negatives 1.25x; passive users value invitations 1.5x.
 Difficulty "challenging": positives other than goal fit count half, negatives 1.25x.
-Reply step: per-band utterance templates in the profile's language, picked by a hash of the
-profile id and turn (so runs are reproducible), never the same line twice in a row.
+Reply step: the user's words follow the change just judged (`reply_kind`), so that what the user
+says agrees with how the reply was felt: a warmer line after a change of +3 or more, a colder one
+after -3 or less, a neutral one in between; a colder turn that leaves the emotion in band F (below
+band_c) is a goodbye. Templates in the profile's language, picked by a hash of the profile id and
+turn (so runs are reproducible), never the same line twice in a row. The emotion itself (the rules
+above) does not depend on the words.
 """
 
 from __future__ import annotations
@@ -194,37 +198,56 @@ def _weigh(positive: list[Part], negative: list[Part], personality: str, difficu
     return Score(int(round(sum(v for _, v, _ in parts))), tuple(parts))
 
 
-# Band S is the ceiling, which ends the dialogue before any reply step: it needs no lines.
-_REPLIES = {
+# The user's lines by the kind of the change just judged (reply_kind). "leave": a colder turn in
+# band F, a goodbye that ends the dialogue. Band S (the ceiling) ends the dialogue before any reply.
+REPLIES = {
     "en": {
-        "A": ("Yeah... that actually helps. Can I tell you the part that still bugs me?",
-              "You get it. Honestly, it's been on my mind all week.",
-              "That's kind of what I needed to hear. It still stings a little, though."),
-        "B": ("Maybe. I'm not sure that's really it, though.",
-              "Hm. I guess. It's complicated.",
-              "I don't know... part of me agrees, part of me doesn't."),
-        "C": ("That's not really what I meant.",
-              "Okay. Whatever you say.",
-              "You're not really listening, are you?"),
-        "F": ("Forget it. I'm done talking about this. Bye.",
-              "I shouldn't have brought it up. Goodbye.",
-              "This isn't helping. Bye."),
+        "warmer": ("Yeah... that actually helps. Can I tell you the part that still bugs me?",
+                   "You get it. Honestly, it's been on my mind all week.",
+                   "That's kind of what I needed to hear. It still stings a little, though."),
+        "neutral": ("Maybe. I'm not sure that's really it, though.",
+                    "Hm. I guess. It's complicated.",
+                    "I don't know... part of me agrees, part of me doesn't."),
+        "colder": ("That's not really what I meant.",
+                   "Okay. Whatever you say.",
+                   "You're not really listening, are you?"),
+        "leave": ("Forget it. I'm done talking about this. Bye.",
+                  "I shouldn't have brought it up. Goodbye.",
+                  "This isn't helping. Bye."),
     },
     "zh": {
-        "A": ("嗯……你这么说我心里好受一些了。其实还有一件事一直让我放不下。",
-              "对，就是这种感觉！我这几天一直在想这个。",
-              "听你这么说挺暖的，不过我心里还是有点堵。"),
-        "B": ("也许吧，不过好像又不全是这样。",
-              "嗯……我也说不好，挺复杂的。",
-              "你说得有点道理，但我还是有点犹豫。"),
-        "C": ("我不是这个意思。",
-              "哦，好吧。",
-              "你好像没太听懂我在说什么。"),
-        "F": ("算了，不想说了，再见。",
-              "早知道就不跟你说了，拜拜。",
-              "这样聊下去没意思，再见吧。"),
+        "warmer": ("嗯……你这么说我心里好受一些了。其实还有一件事一直让我放不下。",
+                   "对，就是这种感觉！我这几天一直在想这个。",
+                   "听你这么说挺暖的，不过我心里还是有点堵。"),
+        "neutral": ("也许吧，不过好像又不全是这样。",
+                    "嗯……我也说不好，挺复杂的。",
+                    "你说得有点道理，但我还是有点犹豫。"),
+        "colder": ("我不是这个意思。",
+                   "哦，好吧。",
+                   "你好像没太听懂我在说什么。"),
+        "leave": ("算了，不想说了，再见。",
+                  "早知道就不跟你说了，拜拜。",
+                  "这样聊下去没意思，再见吧。"),
     },
 }
+NEUTRAL_CHANGE = 2  # changes within +-2 get a neutral line (a bland reply scores -2: the baseline)
+
+
+def change_kind(change: int) -> str:
+    """The sign and band of an emotion change: warmer, neutral or colder."""
+    if change > NEUTRAL_CHANGE:
+        return "warmer"
+    if change < -NEUTRAL_CHANGE:
+        return "colder"
+    return "neutral"
+
+
+def reply_kind(change: int, band: str) -> str:
+    """The template group of the user's reply after a turn that moved the emotion by `change`
+    into mood band `band`: change_kind, with a colder turn in band F a goodbye ("leave")."""
+    kind = change_kind(change)
+    return "leave" if kind == "colder" and band == "F" else kind
+
 
 _OPENINGS = {
     "en": {
@@ -262,12 +285,15 @@ class EmbeddedBackend:
         return EmotionJudgement(score.change, thoughts, f"{thoughts}\nChange: {score.change:+d}")
 
     async def speak(self, state: DialogueState, thoughts: str) -> Utterance:
-        band = state.band
+        # The change the machine just applied from this backend's judgement (clipped to
+        # +-max_change, which keeps its sign): the last step of the emotion trajectory.
+        change = state.emotions[-1] - state.emotions[-2] if len(state.emotions) >= 2 else 0
+        band, kind = state.band, reply_kind(change, state.band)
         last_user = next((m["content"] for m in reversed(state.history) if m["role"] == "user"),
                          None)
-        text = _pick(_REPLIES[state.language][band],
-                     f"{state.profile.id}|{state.turns}|{band}", last_user)
-        return Utterance(text, f"embedded template, band {band}", f"Response: {text}")
+        text = _pick(REPLIES[state.language][kind], f"{state.profile.id}|{state.turns}|{kind}", last_user)
+        return Utterance(text, f"embedded template, change {change:+d} ({kind}), band {band}",
+                         f"Response: {text}")
 
     async def aclose(self) -> None:
         return None

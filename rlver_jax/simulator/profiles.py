@@ -12,8 +12,9 @@ One profile per line, a JSON object with the fields
 
 Fields SAGE's own profile builder also writes (`topic`, `3-question`) are accepted and ignored,
 with one warning per file; any other field is an error, so a misspelt field never passes.
-Every problem is reported with the file, the line number and the field, all problems of a file
-at once. The language (zh or en) is detected from the text. `load_profiles()` with no path
+Every problem is found with the file, the line number and the field, all problems of a file
+at once; the error's message shows the first SHOWN_PROBLEMS and counts the rest (all of them are
+in `ProfileError.problems`). The language (zh or en) is detected from the text. `load_profiles()` with no path
 returns the project's own shipped set (data/profiles.jsonl).
 """
 
@@ -93,8 +94,27 @@ _LATIN = re.compile(r"[A-Za-z]")
 _NON_WORD = re.compile(r"[\W_]+")
 
 
+SHOWN_PROBLEMS = 5  # a file's problems in the error message; the rest are counted
+
+
 class ProfileError(ValueError):
-    """A profile file or record is invalid; the message names file, line and field."""
+    """A profile file or record is invalid; the message names file, line and field.
+    `problems`: every problem found, one line each (the message may show only the first few)."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.problems = problems or tuple(message.splitlines())
+
+
+def _file_error(path: pathlib.Path, found: list[str]) -> ProfileError:
+    """One error for a file's problems (`found`: one entry per line of the file, each one or more
+    problem lines): the first SHOWN_PROBLEMS, then how many more."""
+    problems = tuple(p for entry in found for p in entry.splitlines())
+    shown = list(problems[:SHOWN_PROBLEMS])
+    if len(problems) > SHOWN_PROBLEMS:
+        shown.append(f"{path}: ... and {len(problems) - SHOWN_PROBLEMS} more problems ({len(problems)} on "
+                     f"{len(found)} lines in all)")
+    return ProfileError("\n".join(shown), problems)
 
 
 def detect_language(text: str) -> str:
@@ -259,7 +279,7 @@ def load_profiles(path: str | os.PathLike[str] | None = None) -> list[Profile]:
         first_line_of[profile.id] = number
         profiles.append(profile)
     if problems:
-        raise ProfileError("\n".join(problems))
+        raise _file_error(path, problems)
     if not profiles:
         raise ProfileError(f"{path}: no profiles in file")
     if ignored:

@@ -1,14 +1,14 @@
 """Per-device memory of the programs a training run executes, compiled ahead of time from abstract
 shapes, without allocating a weight (launch/plan.py).
 
-The planner takes a training config (the same file and overrides as launch/train.py) and builds
-the update with `rlver_jax.train.run.update_program`, the call `build_run` makes, so the programs it
-compiles are the ones training runs (tests/plan_test.py checks that both lower to one program
-each). Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The phases:
+The planner takes a training config's spec (the same file and overrides as launch/train.py) and
+builds the abstract run that `build_run` loads weights into (rlver_jax.train.abstract_run), so the
+programs it compiles are the ones training runs (tests/plan_test.py checks that both lower to one
+program each). Every input is a `jax.ShapeDtypeStruct` carrying the run's sharding. The phases:
 
-  prepare        the train step's first program (`trainer.prepare_step`): old (and reference)
+  prepare        the train step's first program (`update.prepare_step`): old (and reference)
                  log-probs, values, advantages; it reads the models, not their AdamW states.
-  actor update   the actor's program (`trainer.model_epochs`): epochs x mini-batches of actor
+  actor update   the actor's program (`update.model_epochs`): epochs x mini-batches of actor
                  updates with micro-batch accumulation, its params and AdamW state donated.
   critic update  the same for the critic (PPO). config.train.offload says which of the state's
                  parts wait in host memory in each (rlver_jax.rl.offload).
@@ -40,19 +40,18 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rlver_jax.models import loading
-from rlver_jax.train import run
+from rlver_jax.train.abstract_run import AbstractRun, abstract_run
+from rlver_jax.train.spec import RunSpec
 from rlver_jax.sampling import generation
 from rlver_jax.parallel import sharding
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
 from rlver_jax.rollout.cache_bound import session_slots
-from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.models import attention, qwen2
-from rlver_jax.rl import offload, trainer
+from rlver_jax.rl import offload, train_state
+from rlver_jax.rl.settings import RLSettings
 from rlver_jax.rl.batch import TrainBatch
 
 PHASES = ("prepare", "actor update", "critic update", "rollout")
@@ -62,19 +61,39 @@ GB = 1e9  # budgets and figures in GB of 1e9 bytes (a "16 GB" chip holds 16 GiB:
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    """The run of a config as abstract values: what build_run builds, without weights."""
+    """The abstract run of a spec (what build_run loads weights into) with the step's abstract batch."""
 
-    config: ml_collections.ConfigDict
-    rl: trainer.RLSettings
-    mesh: Mesh
-    update: trainer.UpdateProgram  # what build_run builds: the models, optimizers, shardings, programs
-    state: trainer.TrainState  # ShapeDtypeStructs with the state's shardings
-    ref: Any | None  # the reference policy's, with a KL term; LoRA's frozen base
+    run: AbstractRun
     batch: dict  # the train batch (TrainBatch.arrays()), split over the batch axes
     inputs: dict  # what the model programs read: prepare_step's update inputs ...
     rows: Any  # ... and mini-batch rows
     compiler_options: dict | None = None  # see abstract_setup(hoist_converts=...)
     host_devices: int | None = None  # devices per host for the rollout's layout; None: all of them
+
+    @property
+    def spec(self) -> RunSpec:
+        return self.run.spec
+
+    @property
+    def rl(self) -> RLSettings:
+        return self.run.spec.rl
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.run.mesh
+
+    @property
+    def update(self):
+        return self.run.update
+
+    @property
+    def state(self) -> train_state.TrainState:
+        return self.run.state
+
+    @property
+    def ref(self) -> Any | None:
+        """The frozen weights' shapes (a KL term's reference; LoRA's base), or None."""
+        return self.run.frozen
 
     @property
     def hosts(self) -> int:
@@ -85,13 +104,18 @@ class Setup:
         return self.batch["tokens"].shape[1]
 
     @property
-    def models(self) -> trainer.TrainState:
+    def models(self) -> train_state.TrainState:
         return self.state.models()
 
     @property
-    def base(self) -> Any | None:
-        """What the model programs read besides their model: LoRA's base (an argument), else None."""
-        return self.update.base(self.ref)
+    def frozen(self):
+        """The frozen weights as the prepare program takes them (rlver_jax.rl.update.Frozen)."""
+        return self.update.frozen(self.ref)
+
+    @property
+    def base(self):
+        """What the model programs read besides their model: LoRA's base (an argument), else nothing."""
+        return self.frozen.base()
 
     @property
     def offload(self) -> str:
@@ -147,12 +171,11 @@ def _batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(sharding.BATCH_AXES))
 
 
-def abstract_batch(config: ml_collections.ConfigDict, mesh: Mesh) -> dict:
+def abstract_batch(spec: RunSpec, mesh: Mesh) -> dict:
     """The train batch of the longest dialogues: profiles_per_step x n rows of bucketed
     max_total_tokens, every token a policy token (the widest policy_positions)."""
-    r = config.rollout
-    b = r.profiles_per_step * r.n
-    t = bucket(r.max_total_tokens, multiple=config.train.length_multiple)
+    b = spec.loop.dialogues
+    t = bucket(spec.rollout.max_total_tokens, multiple=spec.loop.length_multiple)
     ones, zeros = np.ones((b, t), np.float32), np.zeros((b, t), np.float32)
     batch = TrainBatch(tokens=zeros.astype(np.int32), attention_mask=ones.astype(np.int32), policy_mask=ones,
                        rewards=zeros, sample_logprobs=zeros, group=np.arange(b, dtype=np.int32),
@@ -168,32 +191,17 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh: Mesh) -> dict:
 _NO_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
 
 
-def abstract_setup(config: ml_collections.ConfigDict, hoist_converts: bool = True,
-                   host_devices: int | None = None) -> Setup:
-    """Settings, mesh, update program and abstract state of `config`, as build_run makes them.
+def abstract_setup(spec: RunSpec, hoist_converts: bool = True, host_devices: int | None = None) -> Setup:
+    """The abstract run of `spec` (rlver_jax.train.abstract_run, as build_run makes it) and the
+    step's abstract batch and update inputs.
 
     hoist_converts=False on CPU compiles without XLA's loop-invariant code motion (_NO_HOISTING),
     a nearer estimate of bf16 accelerators than XLA:CPU's own figures (True: exactly XLA:CPU's)."""
-    rl = run.rl_settings(config)
-    mesh = sharding.make_mesh(config.mesh.shape)
-    run.check_mesh(rl, mesh, config)
-    actor_cfg = loading.policy_architecture(config, any_preset=True)
-    prog = run.update_program(config, rl, mesh, actor_cfg)
-    actor, _ = run.trainable_shapes(prog.lora, actor_cfg, mesh, config.mesh.rules)
-    critic = None if prog.critic_cfg is None else run.trainable_shapes(prog.lora, prog.critic_cfg, mesh,
-                                                                        config.mesh.rules)[0]
-    critic_tx = None if prog.critic_opt is None else prog.critic_opt.tx
-    state = jax.eval_shape(lambda a, c: trainer.init_train_state(a, prog.actor_opt.tx, c, critic_tx, config.seed),
-                           actor, critic)
-    state = sharding.with_shardings(state, prog.shardings)
-    # the reference is a copy of the policy, or LoRA's frozen base in config.lora.base_dtype
-    ref_cfg = run.base_architecture(actor_cfg, prog.lora) if prog.lora.enabled else actor_cfg
-    ref = None if prog.ref_shardings is None else sharding.with_shardings(qwen2.abstract_params(ref_cfg),
-                                                                          prog.ref_shardings)
+    run = abstract_run(spec, any_preset=True)
     options = None if hoist_converts or jax.default_backend() != "cpu" else _NO_HOISTING
-    batch = abstract_batch(config, mesh)
-    inputs, rows, _, _ = prog.prepare.eval_shape(state.models(), ref, batch)
-    return Setup(config, rl, mesh, prog, state, ref, batch, inputs, rows, options, host_devices)
+    batch = abstract_batch(spec, run.mesh)
+    inputs, rows, _, _ = run.update.prepare.eval_shape(run.state.models(), run.update.frozen(run.frozen), batch)
+    return Setup(run, batch, inputs, rows, options, host_devices)
 
 
 def _compile(s: Setup, jitted, *args):
@@ -236,7 +244,7 @@ def crossing_bytes(s: Setup, mode: str | None = None) -> int:
 
 
 def prepare_phase(s: Setup) -> Phase:
-    compiled, secs = _compile(s, s.update.prepare, s.models, s.ref, s.batch)
+    compiled, secs = _compile(s, s.update.prepare, s.models, s.frozen, s.batch)
     return _phase("prepare", compiled, resident(s, "prepare"), secs, "old/ref log-probs, values, advantages")
 
 
@@ -266,23 +274,24 @@ class RolloutShapes:
     hosts: int = 1  # processes, each sampling its share of the dialogues on its own devices
 
 
-def rollout_shapes(config: ml_collections.ConfigDict, feed_tokens: int, hosts: int = 1) -> RolloutShapes:
-    r = config.rollout
-    dialogues = max(1, r.profiles_per_step * r.n // hosts)  # one host's share (Run.own_dialogues)
+def rollout_shapes(spec: RunSpec, feed_tokens: int, hosts: int = 1) -> RolloutShapes:
+    r = spec.rollout
+    dialogues = max(1, spec.loop.dialogues // hosts)  # one host's share (Run.own_dialogues)
     groups = min(r.pipeline_groups, dialogues)
     rows = bucket(-(-dialogues // groups))
-    if r.cache_slots:  # a turn's feed and generation must fit the cache (rollout.kv_sessions)
+    cache_slots = spec.sampling.cache_slots
+    if cache_slots:  # a turn's feed and generation must fit the cache (rollout.kv_sessions)
         if r.think and r.think_history == "drop":  # each turn's row is encoded afresh: the whole prompt
             feed_tokens = max(feed_tokens, r.max_total_tokens)
-        room = [b for b in LENGTH_BUCKETS if b <= r.cache_slots - r.max_new_tokens]
+        room = [b for b in LENGTH_BUCKETS if b <= cache_slots - r.max_new_tokens]
         if not room:
-            raise ValueError(f"config.rollout.cache_slots={r.cache_slots} leaves no room for a turn of "
+            raise ValueError(f"config.rollout.cache_slots={cache_slots} leaves no room for a turn of "
                              f"config.rollout.max_new_tokens={r.max_new_tokens}; raise it to "
                              f"{session_slots(r.max_total_tokens, r.max_new_tokens)} (rollout.cache_bound)")
         prompt = min(bucket(feed_tokens, LENGTH_BUCKETS), room[-1])
     else:  # the last turn re-encodes a history of up to max_total_tokens
         prompt = bucket(r.max_total_tokens, LENGTH_BUCKETS, MIN_PROMPT_BUCKET)
-    return RolloutShapes(rows, groups, prompt, r.max_new_tokens, r.cache_slots, hosts)
+    return RolloutShapes(rows, groups, prompt, r.max_new_tokens, cache_slots, hosts)
 
 
 def describe_rollout(shapes: RolloutShapes) -> str:
@@ -302,7 +311,7 @@ def sampling_layout(s: Setup, host_devices: int | None = None) -> sharding.Sampl
         raise ValueError(f"--host_devices={n} does not divide the {s.mesh.size} devices of the mesh")
     tensor = math.gcd(s.mesh.shape["tensor"], n)
     host = sharding.make_mesh((1, n // tensor, tensor), list(s.mesh.devices.flat)[:n])
-    return sharding.SamplingLayout.create(s.update.actor_cfg, host, s.config.mesh.rules)
+    return sharding.SamplingLayout.create(s.update.actor_cfg, host, s.spec.mesh.rules)
 
 
 def _cache_sharding(mesh: Mesh, cache) -> Any:
@@ -328,7 +337,7 @@ def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = No
     host (replicated); a KV cache kept between turns has its rows and kv heads split."""
     cfg = s.update.actor_cfg
     # JaxPolicy fills stop and pad ids from the tokenizer; their values do not change the program.
-    settings = dataclasses.replace(SamplingSettings.from_config(s.config.rollout, "config.rollout."), stop_ids=(0, 1), pad_id=0)
+    settings = dataclasses.replace(s.spec.sampling, stop_ids=(0, 1), pad_id=0)
     layout = sampling_layout(s, host_devices)
     host = layout.local
     params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, layout.dtype, sharding=sh),
@@ -359,18 +368,6 @@ def rollout_phase(s: Setup, shapes: RolloutShapes, host_devices: int | None = No
 # ----------------------------------------------------------------------------- the plan
 
 
-def _override(config: ml_collections.ConfigDict, **fields) -> ml_collections.ConfigDict:
-    """A copy of `config` with dotted fields set, e.g. {"rl.micro_batch_size": 4}."""
-    out = config.copy_and_resolve_references()
-    for path, value in fields.items():
-        *parents, leaf = path.split(".")
-        node = out
-        for name in parents:
-            node = node[name]
-        node[leaf] = value
-    return out
-
-
 def run_phases(s: Setup, phases: Sequence[str], feed_tokens: int) -> list[Phase]:
     out = []
     for name in phases:
@@ -381,7 +378,7 @@ def run_phases(s: Setup, phases: Sequence[str], feed_tokens: int) -> list[Phase]
         elif name in ("actor update", "critic update"):
             out.append(model_update_phase(s, name))
         elif name == "rollout":
-            out.append(rollout_phase(s, rollout_shapes(s.config, feed_tokens, s.hosts), s.host_devices))
+            out.append(rollout_phase(s, rollout_shapes(s.spec, feed_tokens, s.hosts), s.host_devices))
         else:
             raise ValueError(f"unknown phase {name!r}; use some of {PHASES}")
     return out
@@ -400,16 +397,16 @@ def _largest(candidates: Sequence[int], fits: Callable[[int], bool]) -> int | No
     return best
 
 
-def _search(config: ml_collections.ConfigDict, budget: float, phases: Sequence[str], feed_tokens: int,
+def _search(spec: RunSpec, budget: float, phases: Sequence[str], feed_tokens: int,
             log: Callable[[str], None], hoist_converts: bool = True, host_devices: int | None = None) -> list[str]:
     """Update phases (some of UPDATE): the largest micro-batch, else the longest dialogue, with
     which each of them fits `budget` bytes. ["rollout"]: the fewest pipeline groups (most
     dialogues per sampler call), else the longest dialogue (no cache) or the most cache slots."""
-    s0 = abstract_setup(config, hoist_converts, host_devices)
+    s0 = abstract_setup(spec, hoist_converts, host_devices)
     shards = math.prod(s0.mesh.shape[a] for a in sharding.BATCH_AXES)
 
-    def total(cfg) -> float:
-        worst = max(run_phases(abstract_setup(cfg, hoist_converts, host_devices), phases, feed_tokens),
+    def total(candidate: RunSpec) -> float:
+        worst = max(run_phases(abstract_setup(candidate, hoist_converts, host_devices), phases, feed_tokens),
                     key=lambda p: p.total)
         log(f"  search: {worst.name} {worst.total / GB:.2f} GB")
         return worst.total
@@ -419,31 +416,31 @@ def _search(config: ml_collections.ConfigDict, budget: float, phases: Sequence[s
         micro = [m for m in range(shards, rl.micro_batch_size) if rl.mini_batch_size % m == 0 and m % shards == 0]
         for m in reversed(micro):
             log(f"  search: micro_batch_size={m}")
-            if total(_override(config, **{"rl.micro_batch_size": m})) <= budget:
+            if total(spec.override(**{"rl.micro_batch_size": m})) <= budget:
                 return [f"--config.rl.micro_batch_size={m}"]
-        out, config = [], config
+        out = []
         if micro:
-            config = _override(config, **{"rl.micro_batch_size": micro[0]})
+            spec = spec.override(**{"rl.micro_batch_size": micro[0]})
             out.append(f"--config.rl.micro_batch_size={micro[0]}")
-        field, step, limit = "rollout.max_total_tokens", config.train.length_multiple, s0.seq_len
+        field, step, limit = "rollout.max_total_tokens", spec.loop.length_multiple, s0.seq_len
         start = step
     else:
-        r, out = config.rollout, []
-        dialogues = r.profiles_per_step * r.n // s0.hosts  # one host's
+        r, cache_slots, out = spec.rollout, spec.sampling.cache_slots, []
+        dialogues = spec.loop.dialogues // s0.hosts  # one host's
         groups = r.pipeline_groups * 2
         while groups <= dialogues:  # fewer dialogues per sampler call
             log(f"  search: pipeline_groups={groups}")
-            if total(_override(config, **{"rollout.pipeline_groups": groups})) <= budget:
+            if total(spec.override(**{"rollout.pipeline_groups": groups})) <= budget:
                 return [f"--config.rollout.pipeline_groups={groups}"]
             groups *= 2
-        field = "rollout.cache_slots" if r.cache_slots else "rollout.max_total_tokens"
-        step, limit = LENGTH_BUCKETS[0], r.cache_slots or r.max_total_tokens
+        field = "rollout.cache_slots" if cache_slots else "rollout.max_total_tokens"
+        step, limit = LENGTH_BUCKETS[0], cache_slots or r.max_total_tokens
         # A cache must hold a turn's generation and the smallest feed (rollout_shapes).
-        start = r.max_new_tokens + LENGTH_BUCKETS[0] if r.cache_slots else step
+        start = r.max_new_tokens + LENGTH_BUCKETS[0] if cache_slots else step
 
     def fits(n):
         log(f"  search: {field}={n}")
-        return total(_override(config, **{field: n})) <= budget
+        return total(spec.override(**{field: n})) <= budget
 
     candidates = [n for n in range(step, limit, step) if n >= start]
     best = _largest(candidates, fits)
@@ -452,12 +449,12 @@ def _search(config: ml_collections.ConfigDict, budget: float, phases: Sequence[s
     return out + [f"--config.{field}={best}"]
 
 
-def plan(config: ml_collections.ConfigDict, memory_gb: float = 16.0, phases: Sequence[str] = PHASES,
+def plan(spec: RunSpec, memory_gb: float = 16.0, phases: Sequence[str] = PHASES,
          feed_tokens: int = 512, search: bool = True, log: Callable[[str], None] = lambda _: None,
          hoist_converts: bool = True, host_devices: int | None = None) -> Plan:
-    """Compile the phases of `config`'s run and, with `search`, find the largest shapes that fit
+    """Compile the phases of `spec`'s run and, with `search`, find the largest shapes that fit
     wherever the update (any of its programs) or the rollout does not."""
-    s = abstract_setup(config, hoist_converts, host_devices)
+    s = abstract_setup(spec, hoist_converts, host_devices)
     trained = "adapters" if s.update.lora.enabled else "params"  # LoRA: a critic's value head among them
     sizes = {f"actor {trained}": device_bytes(s.state.actor), "actor AdamW state": device_bytes(s.state.actor_opt)}
     if s.state.critic is not None:
@@ -470,13 +467,13 @@ def plan(config: ml_collections.ConfigDict, memory_gb: float = 16.0, phases: Seq
     for name in phases:
         log(f"compiling {name} ...")
         done += run_phases(s, [name], feed_tokens)
-    result = Plan(s, done, memory_gb, sizes, describe_rollout(rollout_shapes(config, feed_tokens, s.hosts)))
+    result = Plan(s, done, memory_gb, sizes, describe_rollout(rollout_shapes(spec, feed_tokens, s.hosts)))
     if search:
         over = [p.name for p in done if p.total > memory_gb * GB]
         for label, names in (("update", [n for n in over if n in UPDATE]), ("rollout", [n for n in over if n == "rollout"])):
             if names:
                 log(f"{', '.join(names)} does not fit: searching")
-                found = _search(config, memory_gb * GB, names, feed_tokens, log, hoist_converts, host_devices)
+                found = _search(spec, memory_gb * GB, names, feed_tokens, log, hoist_converts, host_devices)
                 result.suggestions.append(f"{label}: {' '.join(found)}")
     return result
 
@@ -499,10 +496,10 @@ def format_plan(plan: Plan, label: str = "") -> str:
     b, t = s.batch["tokens"].shape
     unit, scale = ("GB", GB) if plan.peak.total >= GB else ("MB", 1e6)
     lines = [
-        f"plan       {label or s.config.model.preset}: {rl.algo}, {models} parameters; "
+        f"plan       {label or s.spec.model.preset}: {rl.algo}, {models} parameters; "
         f"param_dtype={actor.param_dtype} dtype={actor.dtype} remat={actor.remat} scan_layers={actor.scan_layers} "
         f"attention={actor.attention} ({impl} here)",
-        f"mesh       {dict(mesh.shape)} = {mesh.size} {mesh.devices.flat[0].platform} devices; rules={s.config.mesh.rules}",
+        f"mesh       {dict(mesh.shape)} = {mesh.size} {mesh.devices.flat[0].platform} devices; rules={s.spec.mesh.rules}",
         f"update     {b} dialogues x {t} tokens, every token scored; mini-batch {rl.mini_batch_size} "
         f"{'dialogues' if rl.batch_size else 'rows'}, micro-batch "
         f"{rl.micro_batch_size} ({rl.micro_batch_size / shards:g} per batch shard), {rl.ppo_epochs} epoch(s), "

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlver_jax.eval.capabilities.report import HEADLINE, NAMES
+from rlver_jax.eval.capabilities.report import HEADLINE, ITEMS, NAMES
 from rlver_jax.eval.resume import load_records
 from rlver_jax.files import atomic_write_text
 
@@ -81,8 +81,6 @@ def markdown(result: dict[str, Any], base_dir: pathlib.Path, trained_dir: pathli
 
 
 def write_comparison(base_dir: pathlib.Path, trained_dir: pathlib.Path, *, seed: int = 0) -> dict[str, Any]:
-    from rlver_jax.eval.capabilities.runner import ITEMS
-
     base_records = load_records(base_dir / ITEMS)
     if not base_records:
         raise FileNotFoundError(f"config.compare_to={str(base_dir)!r}: no graded items in {base_dir / ITEMS}; give "

@@ -1,8 +1,8 @@
 """A capability run's outputs: WORKDIR/capabilities.json (per benchmark `n` and its metrics:
 math500.accuracy; ifeval.prompt_level_strict_acc, instruction_level_strict_acc and the loose
 pair; livecodebench.pass@1; all fractions in [0, 1]), report.md and capabilities.html (every
-item's question, answer and grade, filtered by benchmark and right/wrong). The per-item results
-are WORKDIR/items.jsonl (runner)."""
+item's question, answer and grade, filtered by benchmark and right/wrong), all from the per-item
+verdicts of WORKDIR/items.jsonl (ITEMS: written by runner, read here and by compare)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 from rlver_jax.files import atomic_write_text
 
+ITEMS = "items.jsonl"  # the graded items, one record each
 SCORES = "capabilities.json"
 REPORT = "report.md"
 HTML = "capabilities.html"
@@ -37,7 +38,7 @@ def scores(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         else:
             from rlver_jax.eval.capabilities import grade_code
 
-            s["pass@1"] = grade_code.pass_at_1([r["results"] for r in rs])
+            s["pass@1"] = grade_code.pass_at_1([bool(r["correct"]) for r in rs])  # the verdicts `correct` counts
             # how many programs ran under each confinement layer (sandbox.py), for the record
             layers = [r["sandbox"] for r in rs if r.get("sandbox")]
             names = sorted({k for x in layers for k in x})

@@ -8,9 +8,11 @@ defines the results (policy, sampling, prompts, data checksums, code limits) and
 different set-up is refused rather than mixed in (rlver_jax.eval.resume).
 
 Think mode: the text after the last </think> is graded (the reference's rule); a reply without
-it is graded as empty and counted (think_unclosed). A request the endpoint refuses alone (HTTP
-400/413/422: too long for its context, a content filter) is recorded as an empty answer with the
-refusal (`rejected`), graded wrong and counted; any other endpoint failure stops the run.
+it is counted (think_unclosed) and fails every measure (`unclosed_result`: no grader runs, so an
+empty text passes nothing, not even an IFEval instruction such as "no commas"; capabilities.json's
+counts and scores, pass@1 included, all come from these verdicts). A request the endpoint refuses
+alone (HTTP 400/413/422: too long for its context, a content filter) is recorded as an empty answer
+with the refusal (`rejected`), graded wrong and counted; any other endpoint failure stops the run.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import ml_collections
 from tqdm import tqdm
 
 from rlver_jax.eval import policy_source
-from rlver_jax.eval.capabilities import data, prompts, report, sandbox
+from rlver_jax.eval.capabilities import compare, data, prompts, report, sandbox
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
 from rlver_jax.llm_client import EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, show_requests
@@ -34,8 +36,9 @@ from rlver_jax.text.chat import THINK_CLOSE
 log = logging.getLogger(__name__)
 
 ANSWERS = "answers.jsonl"
-ITEMS = "items.jsonl"
+ITEMS = report.ITEMS
 SETUP = "setup.json"
+UNCLOSED = "the thinking never closed (no </think>): graded wrong"
 
 
 def load_items(config: ml_collections.ConfigDict) -> list[data.Item]:
@@ -118,10 +121,26 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str
             "data": {b: config.data[b] for b in data.BENCHMARKS if config.data[b]}}
     scores = report.write_outputs(workdir, records, info)
     if config.compare_to:
-        from rlver_jax.eval.capabilities import compare
-
         compare.write_comparison(pathlib.Path(config.compare_to), workdir, seed=config.seed)
     return scores
+
+
+def unclosed_result(item: data.Item) -> dict[str, Any]:
+    """The grade of a think-mode reply whose thinking never closed: wrong on every measure."""
+    if item.benchmark == "math500":
+        return {"correct": False, "extracted": "", "answer": item.reference["answer"],
+                "subject": item.reference["subject"], "level": item.reference["level"]}
+    if item.benchmark == "ifeval":
+        instructions = item.reference["doc"]["instruction_id_list"]
+        return {"correct": False, "prompt_level_strict_acc": False, "prompt_level_loose_acc": False,
+                "inst_level_strict_acc": [False] * len(instructions),
+                "inst_level_loose_acc": [False] * len(instructions), "instruction_id_list": instructions}
+    return {"correct": False, "program": "", "results": [], "error": UNCLOSED, **_code_fields(item)}
+
+
+def _code_fields(item: data.Item) -> dict[str, Any]:
+    """What items.jsonl keeps of a LiveCodeBench problem besides its grade."""
+    return {k: item.reference[k] for k in ("tests", "difficulty", "platform", "title")}
 
 
 def _grade_sync(item: data.Item, text: str) -> dict[str, Any]:
@@ -149,13 +168,13 @@ def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy_source.Policy
 
     async def grade(item: data.Item, answer: dict[str, Any]) -> None:
         text, closed = graded_text(answer["reply"], spec.think)
-        if item.benchmark == "livecodebench":
+        if closed is False:
+            result = unclosed_result(item)
+        elif item.benchmark == "livecodebench":
             from rlver_jax.eval.capabilities import grade_code
 
             async with code_slots:
-                result = await grade_code.grade(text, item.reference["input_output"], limits)
-            result.update(tests=item.reference["tests"], difficulty=item.reference["difficulty"],
-                          platform=item.reference["platform"], title=item.reference["title"])
+                result = {**await grade_code.grade(text, item.reference["input_output"], limits), **_code_fields(item)}
         else:
             result = _grade_sync(item, text)  # on the loop's (main) thread: math-verify times out by signal
         messages = prompts.messages(item, think_instruction)

@@ -1,22 +1,22 @@
-"""The models and tokenizer a config names, built for training (rlver_jax.train.run) and evaluation
+"""The models and tokenizer a run names (`ModelSource`, `CriticSource`: typed from its config by
+rlver_jax.train.spec), built for training (rlver_jax.train.run) and evaluation
 (rlver_jax.eval.policy_loading) alike.
 
-A config's `model` section names the policy: a Hugging Face directory (`model.path`), or with
-`model.random_init` (the tiny presets) random weights of the preset's architecture and a
-tokenizer built locally. The PPO critic is the actor's weights
-without the LM head and with a zero-initialised value head, or the Hugging Face directory
-`critic.path` (a critic exported as Qwen2ForTokenClassification, or a causal LM).
+The policy is a Hugging Face directory (`path`), or with `random_init` (the tiny presets) random
+weights of the preset's architecture and a tokenizer built locally. The critic is the actor's
+weights without the LM head and with a fresh value head, or the Hugging Face directory
+`CriticSource.path` (a critic exported as Qwen2ForTokenClassification, or a causal LM).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from rlver_jax.text import chat
 from rlver_jax.parallel import sharding
@@ -27,11 +27,39 @@ from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer
 Params = Any
 
 
-def model_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The Qwen2Config fields a run's `config.model` sets on top of the architecture."""
-    m = config.model
-    return dict(param_dtype=m.param_dtype, dtype=m.dtype, scan_layers=m.scan_layers, remat=m.remat,
-                attention=m.attention, mlp_chunk=m.mlp_chunk)
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """Where the policy comes from and how it is laid out (`config.model`)."""
+
+    preset: str  # the architecture without a path (rlver_jax.models.config.PRESETS)
+    path: str = ""  # a Hugging Face directory; "": random_init
+    random_init: bool = False  # with no path: random weights and a tokenizer built locally
+    tokenizer_path: str = ""  # "": path's (or the locally built one)
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    scan_layers: bool = False
+    remat: str = "none"
+    attention: str = "auto"
+    mlp_chunk: int = 0
+
+    def overrides(self) -> dict[str, Any]:
+        """The Qwen2Config fields this source sets on top of the architecture."""
+        return dict(param_dtype=self.param_dtype, dtype=self.dtype, scan_layers=self.scan_layers, remat=self.remat,
+                    attention=self.attention, mlp_chunk=self.mlp_chunk)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSource:
+    """Where a critic comes from (`config.critic`): a Hugging Face directory, or the actor's weights
+    with a fresh value head (`value_head_init`, drawn from `value_head_key(seed)`)."""
+
+    path: str = ""
+    value_head_init: str = "zero"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.value_head_init not in VALUE_HEAD_INITS:
+            raise ValueError(f"config.critic.value_head_init={self.value_head_init!r}; use one of {VALUE_HEAD_INITS}")
 
 
 def tiny_tokenizer(directory: pathlib.Path) -> chat.ChatTokens:
@@ -41,39 +69,38 @@ def tiny_tokenizer(directory: pathlib.Path) -> chat.ChatTokens:
     return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(directory))
 
 
-def tokenizer_for(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> chat.ChatTokens:
-    """The tokenizer of `config.model`; a random-init run without a path builds one in WORKDIR/tokenizer."""
-    path = config.model.tokenizer_path or config.model.path
+def tokenizer_for(model: ModelSource, workdir: pathlib.Path) -> chat.ChatTokens:
+    """The tokenizer of `model`; a random-init run without a path builds one in WORKDIR/tokenizer."""
+    path = model.tokenizer_path or model.path
     if not path:
-        if not config.model.random_init:
+        if not model.random_init:
             raise ValueError("config.model.path is empty: set --config.model.path=/path/to/Qwen2.5-7B-Instruct "
                              "(a local Hugging Face directory), or use a :tiny config for a random CPU model")
         return tiny_tokenizer(workdir / "tokenizer")
     return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(path))
 
 
-def policy_architecture(config: ml_collections.ConfigDict, any_preset: bool = False) -> Qwen2Config:
-    """The actor's architecture: the Hugging Face config.json at `config.model.path`, or the preset's
-    (`config.model.random_init`, or `any_preset`: the memory planner, which reads no weights)."""
-    overrides = model_config(config)
-    if config.model.path:
-        cfg_file = pathlib.Path(config.model.path) / "config.json"
+def policy_architecture(model: ModelSource, any_preset: bool = False) -> Qwen2Config:
+    """The actor's architecture: the Hugging Face config.json at `model.path`, or the preset's
+    (`model.random_init`, or `any_preset`: the memory planner, which reads no weights)."""
+    overrides = model.overrides()
+    if model.path:
+        cfg_file = pathlib.Path(model.path) / "config.json"
         if not cfg_file.exists():
             raise FileNotFoundError(f"{cfg_file}: not found; config.model.path must be a Hugging Face model directory"
-                                    + smollm2.missing_hint(config.model.path))
+                                    + smollm2.missing_hint(model.path))
         return hf_io.config_from_hf(json.loads(cfg_file.read_text()), **overrides)
-    if not config.model.random_init and not any_preset:
-        raise ValueError(f"config.model.path is empty for preset {config.model.preset!r}: set "
+    if not model.random_init and not any_preset:
+        raise ValueError(f"config.model.path is empty for preset {model.preset!r}: set "
                          "--config.model.path to a local Hugging Face directory (config.model.random_init is for tiny models)")
-    return get_preset(config.model.preset, **overrides)
+    return get_preset(model.preset, **overrides)
 
 
-def load_policy(config: ml_collections.ConfigDict, cfg: Qwen2Config, shardings: Params,
-                init_key: jax.Array) -> Params:
+def load_policy(model: ModelSource, cfg: Qwen2Config, shardings: Params, init_key: jax.Array) -> Params:
     """The actor of architecture `cfg` (from `policy_architecture`) in `shardings`: a Hugging Face
     checkpoint placed shard by shard, or random tiny weights drawn from `init_key`."""
-    if config.model.path:
-        _, params = hf_io.load_pretrained(config.model.path, dtype=cfg.param_dtype, shardings=shardings,
+    if model.path:
+        _, params = hf_io.load_pretrained(model.path, dtype=cfg.param_dtype, shardings=shardings,
                                           compute_dtype=cfg.dtype, scan_layers=cfg.scan_layers, remat=cfg.remat)
         return params
     return sharding.init_sharded_params(cfg, init_key, shardings=shardings)
@@ -116,15 +143,14 @@ def value_head(critic_cfg: Qwen2Config, value_head_init: str = "zero", rng: jax.
     return head
 
 
-def load_critic(config: ml_collections.ConfigDict, critic_cfg: Qwen2Config, actor: Params,
-                shardings: Params) -> Params:
-    """The PPO critic (`critic_cfg`: the actor's architecture with a value head) in `shardings`:
-    the Hugging Face directory `config.critic.path`, or the actor's weights."""
-    if config.critic.path:
+def load_critic(critic: CriticSource, critic_cfg: Qwen2Config, actor: Params, shardings: Params) -> Params:
+    """The critic (`critic_cfg`: the actor's architecture with a value head) in `shardings`: the
+    Hugging Face directory `critic.path`, or the actor's weights."""
+    if critic.path:
         _, params = hf_io.load_pretrained(
-            config.critic.path, dtype=critic_cfg.param_dtype, compute_dtype=critic_cfg.dtype,
+            critic.path, dtype=critic_cfg.param_dtype, compute_dtype=critic_cfg.dtype,
             scan_layers=critic_cfg.scan_layers, remat=critic_cfg.remat, attention=critic_cfg.attention,
             value_head=True, shardings=shardings)
         return params
-    _, params = critic_from_actor(critic_cfg, actor, config.critic.value_head_init, value_head_key(config.seed))
+    _, params = critic_from_actor(critic_cfg, actor, critic.value_head_init, value_head_key(critic.seed))
     return jax.device_put(params, shardings)

@@ -1,0 +1,203 @@
+"""A training config as typed, frozen specs: the one reader of a training ConfigDict below launch/.
+
+`RunSpec.from_config(config)` reads every section (model, critic, LoRA, mesh, RL, optimizers,
+loop, rollout, sampling, simulator, the in-loop evaluation, data, tracking) into the settings types
+of the packages that use them, each checked by its own constructor; one ValueError names every bad
+field. Nothing below this module takes the config: the run (rlver_jax.train.run), the abstract run
+(rlver_jax.train.abstract_run), the planner and the evaluation's checkpoint loading take these specs.
+A run's config.json is read back through `model_source` and `lora_settings` (rlver_jax.eval).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from rlver_jax.checks import build_all, check_ranges
+from rlver_jax.models.lora import LoraSettings
+from rlver_jax.parallel.sharding import RulesLike
+from rlver_jax.rl.batch import minibatch_unit
+from rlver_jax.rl.settings import OptimSettings, RLSettings
+from rlver_jax.rollout.episodes import RolloutSettings
+from rlver_jax.sampling.settings import SamplingSettings
+from rlver_jax.simulator.settings import SimulatorSettings
+from rlver_jax.simulator.state import EmotionRules
+from rlver_jax.train.model_loading import CriticSource, ModelSource
+from rlver_jax.train.tracking import TrackingSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """What the training loop reads of the config: step count and batch, staleness, evaluation,
+    transcript and checkpoint cadence, the seed."""
+
+    steps: int  # config.train.steps
+    profiles_per_step: int  # config.rollout: k profiles a step, n dialogues each
+    n: int
+    max_staleness: int  # config.rollout: policy versions a batch may lag
+    length_multiple: int  # config.train: the training sequence length bucket
+    eval_every: int  # config.train: in-loop evaluation every N steps (0: off), on at most
+    eval_max_profiles: int  # this many held-out profiles (0: all)
+    transcripts: bool  # config.train: write every batch's dialogues
+    save_every: int  # config.checkpoint
+    keep: int
+    async_save: bool
+    resume: bool
+    seed: int  # config.seed
+    workdir: str  # config.workdir as given (a path or a gs:// URL): for messages and the plot's title
+
+    def __post_init__(self):
+        check_ranges({"config.train.steps": self.steps, "config.train.eval_every": self.eval_every,
+                      "config.train.eval_max_profiles": self.eval_max_profiles,
+                      "config.train.length_multiple": self.length_multiple, "config.rollout.n": self.n,
+                      "config.rollout.profiles_per_step": self.profiles_per_step,
+                      "config.rollout.max_staleness": self.max_staleness,
+                      "config.checkpoint.save_every": self.save_every, "config.checkpoint.keep": self.keep},
+                     lowest={"steps": 0, "eval_every": 0, "eval_max_profiles": 0, "length_multiple": 1, "n": 1,
+                             "profiles_per_step": 1, "max_staleness": 0, "save_every": 1, "keep": 1})
+
+    @property
+    def dialogues(self) -> int:
+        """Dialogues per train step: profiles_per_step x n."""
+        return self.profiles_per_step * self.n
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> LoopSettings:
+        t, r, c = config.train, config.rollout, config.checkpoint
+        return cls(steps=t.steps, profiles_per_step=r.profiles_per_step, n=r.n, max_staleness=r.max_staleness,
+                   length_multiple=t.length_multiple, eval_every=t.eval_every, eval_max_profiles=t.eval_max_profiles,
+                   transcripts=t.transcripts, save_every=c.save_every, keep=c.keep, async_save=c.async_save,
+                   resume=c.resume, seed=config.seed, workdir=config.workdir)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """The in-loop evaluation (`config.train.eval_*`): the training simulator's backend under SAGE's
+    rules, the benchmark's policy sampling (configs/eval.py)."""
+
+    simulator: SimulatorSettings
+    rollout: RolloutSettings
+    sampling: SamplingSettings
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict, simulator: SimulatorSettings) -> EvalSettings:
+        p, where = config.train.eval_policy, "config.train.eval_policy."
+        rules, rollout, sampling = build_all(
+            lambda: EmotionRules.from_config(config.train.eval_rules),
+            lambda: RolloutSettings.from_config(p, where, think=config.rollout.think),
+            lambda: SamplingSettings.from_config(p, where))
+        return cls(dataclasses.replace(simulator, rules=rules), rollout, sampling)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """The profile files (`config.data`): training, and held-out ones or a held-out tail of training's."""
+
+    train_profiles: str
+    eval_profiles: str = ""
+    eval_holdout: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """`config.mesh`: the (data, fsdp, tensor) device counts and the logical-axis rules."""
+
+    shape: tuple[int, ...]
+    rules: RulesLike
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Everything a training config says, typed (`from_config`)."""
+
+    model: ModelSource
+    critic: CriticSource
+    lora: LoraSettings
+    mesh: MeshSpec
+    rl: RLSettings
+    actor_optim: OptimSettings
+    critic_optim: OptimSettings  # read only when the algorithm has a critic
+    loop: LoopSettings
+    rollout: RolloutSettings
+    sampling: SamplingSettings
+    simulator: SimulatorSettings
+    eval: EvalSettings
+    tracking: TrackingSettings
+    data: DataSpec
+    offload: str  # a mode of rlver_jax.rl.offload.OFFLOAD (config.train.offload)
+    record: dict[str, Any]  # config.to_dict(): what W&B records and `override` rebuilds from
+    config_json: str  # the run's config.json
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> RunSpec:
+        """The specs of `config` (configs/base.py), before anything is touched: one ValueError names
+        every bad field."""
+        r = config.rollout
+        loop, sampling, rollout, simulator, model, critic, lora, actor_optim, critic_optim = build_all(
+            lambda: LoopSettings.from_config(config),
+            lambda: SamplingSettings.from_config(r, "config.rollout."),
+            lambda: RolloutSettings.from_config(r, "config.rollout.", think=r.think, pipeline_groups=r.pipeline_groups),
+            lambda: SimulatorSettings.from_config(config.simulator),
+            lambda: model_source(config),
+            lambda: CriticSource(config.critic.path, config.critic.value_head_init, config.seed),
+            lambda: lora_settings(config),
+            lambda: OptimSettings(**config.optim.actor),
+            lambda: OptimSettings(**config.optim.critic))
+        # Then what builds on those (the in-loop evaluation varies the simulator's settings; the RL
+        # settings divide by the batch sizes checked above).
+        eval_settings, rl, tracking = build_all(
+            lambda: EvalSettings.from_config(config, simulator), lambda: rl_settings(config),
+            lambda: TrackingSettings.from_config(config))
+        if lora.enabled and critic.path:
+            raise ValueError(f"config.critic.path={critic.path!r} with config.lora.rank={lora.rank}: the LoRA "
+                             "critic shares the policy's frozen base (its own adapters and value head on it); "
+                             "set --config.critic.path= or config.lora.rank=0")
+        d = config.data
+        return cls(model=model, critic=critic, lora=lora, mesh=MeshSpec(tuple(config.mesh.shape), config.mesh.rules),
+                   rl=rl, actor_optim=actor_optim, critic_optim=critic_optim, loop=loop, rollout=rollout,
+                   sampling=sampling, simulator=simulator, eval=eval_settings, tracking=tracking,
+                   data=DataSpec(d.train_profiles, d.eval_profiles, d.eval_holdout), offload=config.train.offload,
+                   record=config.to_dict(), config_json=config.to_json_best_effort(indent=2))
+
+    def override(self, **fields: Any) -> RunSpec:
+        """The spec of this config with dotted fields set, e.g. override(**{"rl.micro_batch_size": 4})."""
+        config = ml_collections.ConfigDict(self.record)
+        for path, value in fields.items():
+            *parents, leaf = path.split(".")
+            node = config
+            for name in parents:
+                node = node[name]
+            node[leaf] = value
+        return RunSpec.from_config(config)
+
+
+def rl_settings(config: ml_collections.ConfigDict) -> RLSettings:
+    """config.rl with its mini-batch unit (rlver_jax.rl.batch.minibatch_unit) for the step's dialogues,
+    a turn's token budget and the turns of a dialogue (the rollout's and the simulator's); RLSettings
+    resolves the fields left to the algorithm's row. A grouped estimator needs at least two
+    dialogues per profile."""
+    fields = config.rl.to_dict()
+    fields["mini_batch_size"], fields["micro_batch_size"], fields["batch_size"] = minibatch_unit(
+        fields["mini_batch_size"], fields["micro_batch_size"], config.rollout.profiles_per_step * config.rollout.n)
+    fields["max_new_tokens"], fields["max_turns"] = config.rollout.max_new_tokens, config.simulator.max_turns
+    rl = RLSettings(**fields)
+    if config.rollout.n < rl.min_n:
+        raise ValueError(f"config.rl.algo={rl.algo!r} (config.rl.estimator={rl.estimator!r}) compares dialogues within "
+                         f"a group: it needs config.rollout.n >= {rl.min_n} dialogues per profile (got "
+                         f"{config.rollout.n}); e.g. --config.rollout.n={max(rl.algorithm.default_n, rl.min_n)}")
+    return rl
+
+
+def model_source(config: ml_collections.ConfigDict) -> ModelSource:
+    """config.model (of a training config, or a run's config.json)."""
+    m = config.model
+    return ModelSource(preset=m.preset, path=m.path, random_init=m.random_init, tokenizer_path=m.tokenizer_path,
+                       param_dtype=m.param_dtype, dtype=m.dtype, scan_layers=m.scan_layers, remat=m.remat,
+                       attention=m.attention, mlp_chunk=m.mlp_chunk)
+
+
+def lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
+    """config.lora, typed (full fine-tuning where a config has no such section)."""
+    return LoraSettings.from_config(config.lora) if "lora" in config else LoraSettings()
