@@ -20,7 +20,7 @@ from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import GOALS
 from tests.conftest import REPO
 from tests.export_test import make_run
-from tests.scripted_server import Reply, ScriptedServer, route
+from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 from tests.summary_test import DIALOGUES
 
 # Per profile, the emotion change the simulated user gives each judged reply, and the reply turn

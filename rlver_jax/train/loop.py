@@ -214,7 +214,7 @@ def _update(run: Run, step: int, state: train_state.TrainState, batch: RolloutBa
         dialogues = [DialogueSequence(**fields) for fields in hosts.allgather_placed(
             [dataclasses.asdict(s) for s in dialogues], run.collation.dialogue_process)]
     _check_trainable(step, dialogues, run.workdir / "transcripts")
-    train_batch, policy_tokens = run.collation.collate(dialogues, share=len(batch.sequences))
+    train_batch, policy_tokens = run.collation.collate(dialogues, share=len(batch.sequences), step=step)
     t1 = time.perf_counter()
     state, update_metrics, advantages = rl_program.train_on_batch(run.update, state, train_batch, run.frozen,
                                                                policy_tokens)
