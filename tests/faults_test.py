@@ -94,7 +94,7 @@ def test_sigterm_saves_the_last_complete_step_and_exits_143_a_second_trainer_is_
         metrics = workdir / "metrics.jsonl"
         while not (workdir / ".lock").exists() and proc.poll() is None:
             time.sleep(0.1)
-        second = _run(["launch/train.py", *SMALL, f"--config.workdir={workdir}", "--config.train.steps=4"])
+        second = run_script("train.py", *SMALL, f"--config.workdir={workdir}", "--config.train.steps=4")
         while not (metrics.exists() and metrics.read_text()) and proc.poll() is None:
             assert time.monotonic() < deadline, "no step finished in time"
             time.sleep(0.2)
