@@ -5,6 +5,7 @@ paper's lengths are in docs/sharding.md), and the 0.5B case lowers and compiles 
 """
 
 import functools
+import json
 import os
 import pathlib
 import subprocess
@@ -19,6 +20,7 @@ from rlver_jax.train import memory_plan, run
 from rlver_jax.parallel import sharding
 from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.train.spec import RunSpec
+from tests.fixtures_eval import profile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -34,9 +36,15 @@ def _config(module, preset, workdir, **fields):
 
 
 def _tiny(module, workdir):
+    """The tiny preset on 128-token rows. Its profiles open with the simulator's words, not a written
+    first line: build_run refuses a written opening that, with the system prompt, fills a row."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    profiles = workdir / "profiles.jsonl"
+    profiles.write_text("".join(json.dumps({k: v for k, v in profile(f"P{i}").items() if k != "first_talk"}) + "\n"
+                                for i in range(12)))
     return _config(module, "tiny", workdir, **{"rollout.max_total_tokens": 128, "train.length_multiple": 64,
                                               "rollout.profiles_per_step": 8, "rollout.cache_slots": 256,
-                                              "mesh.shape": (1, 4, 2)})
+                                              "mesh.shape": (1, 4, 2), "data.train_profiles": str(profiles)})
 
 
 @pytest.mark.slow
