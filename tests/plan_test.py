@@ -22,8 +22,20 @@ from rlver_jax.train.spec import RunSpec
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+def _override(config, **fields):
+    """A copy of `config` with dotted fields set, e.g. {"rl.micro_batch_size": 4}."""
+    out = config.copy_and_resolve_references()
+    for path, value in fields.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for name in parents:
+            node = node[name]
+        node[leaf] = value
+    return out
+
+
 def _config(module, preset, workdir, **fields):
-    return memory_plan._override(module.get_config(preset), workdir=str(workdir), **fields)
+    return _override(module.get_config(preset), workdir=str(workdir), **fields)
 
 
 def _tiny(module, workdir):
@@ -66,11 +78,13 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     """Every phase of a PPO run compiled. Prepare's arguments are exactly the models' and the
     batch's shards; each model's program reads its own state, the prepared inputs it uses and the
     mini-batch rows, its state updated in place; resident is the rest of the state on the devices."""
-    config = _tiny(ppo_think, tmp_path)
+    config = _override(_tiny(ppo_think, tmp_path), **{"train.eval_policy.cache_slots": 0})
     result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
-    assert [p.name for p in result.phases] == list(memory_plan.PHASES)
+    # The KV cache's own programs follow the rollout's; the evaluation re-encodes (its cache off here).
+    assert [p.name for p in result.phases] == ["prepare", "actor update", "critic update", "rollout",
+                                               "rollout compact", "rollout grow", "evaluation"]
     s = result.setup
-    prepare, actor, critic, rollout = result.phases
+    prepare, actor, critic, rollout = result.phases[:4]
     opt_states = memory_plan.device_bytes((s.state.actor_opt, s.state.critic_opt))
     assert prepare.arguments == memory_plan.device_bytes((s.models, _read(s.batch, ("group",))))  # PPO: no groups
     assert prepare.resident == opt_states
@@ -90,7 +104,9 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     text = memory_plan.format_plan(result, "configs/ppo_think.py:tiny")
     assert "{'data': 1, 'fsdp': 4, 'tensor': 2}" in text and "fits in 16 GB" in text
     assert "no LM head" in text and "KV cache of 256 slots" in text
+    assert "evaluation 4 profiles per sampler call" in text and "4 held-out profiles" in text
     assert "offload    none; with --config.train.offload=state: prepare" in text
+    assert "roofline" not in text and "target" not in text  # a CPU plan: no chip to estimate against
 
 
 @pytest.mark.slow
@@ -102,7 +118,8 @@ def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
     out. "idle": the updates' residents as "state", prepare's and the rollout's as "none"."""
     config = _tiny(ppo_think, tmp_path)
     config.train.offload = "state"
-    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
+    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False,
+                              phases=("prepare", "actor update", "critic update", "rollout"))
     s = result.setup
     by_name = {p.name: p for p in result.phases}
     key_and_batch = memory_plan.device_bytes((s.state.rng, s.batch))
@@ -157,6 +174,7 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
         return [memory_plan.Phase(name, 0, 0, cost[name], 0, 0.0) for name in phases]
 
     monkeypatch.setattr(memory_plan, "run_phases", fake)
+    config = RunSpec.from_config(config)
     update = ["prepare", "actor update"]
     # micro-batch 8 of 32 at 1024 tokens: 8192 "bytes"; 4 x 1024 fits 4096, 2 x 1024 = 2048 fits 2100.
     assert memory_plan._search(config, 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
