@@ -96,7 +96,12 @@ def resolve(implementation: str, t: int, dtype, platform: str | None = None) -> 
 
 def attend(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
            implementation: str = "auto") -> jax.Array:
-    """Causal self-attention of T tokens (slot = index) with slot mask mask_BT: [B, T, N, H]."""
+    """Causal self-attention of T tokens (slot = index) with slot mask mask_BT: [B, T, N, H].
+
+    One token attends only itself, which every implementation computes alike: the dense form, on any
+    platform (the parameters' shape-only init traces one token, wherever the run is compiled for)."""
+    if q_BTNH.shape[1] == 1:
+        return _causal_dense(q_BTNH, k_BTKH, v_BTKH, mask_BT)
     impl = resolve(implementation, q_BTNH.shape[1], q_BTNH.dtype)
     if impl == "xla":
         return _causal_dense(q_BTNH, k_BTKH, v_BTKH, mask_BT)

@@ -302,17 +302,23 @@ def _traffic(instr: _Instr, shapes: dict[str, str], comps: dict[str, list[_Instr
 def _kernel_flops(instr: _Instr) -> float:
     """A Pallas (Mosaic) kernel's matmul FLOPs, which XLA does not see: splash attention's forward
     (q k^T and p v), dq (three matmuls) and dkv (four) kernels, causal (half of the T x T scores),
-    from q's shape, the first floating-point operand of rank 4 ([rows, heads, T, H])."""
-    if "splash" not in instr.name and "flash" not in instr.name:
-        return 0.0
-    at = instr.rest.find("operand_layout_constraints=")
-    arrays = _arrays(instr.rest[at:] if at >= 0 else instr.rest)
-    q = next((d for t, d in arrays if t.startswith(("f", "bf")) and len(d) == 4), None)
+    from q's shape (`kernel_q_shape`)."""
+    q = kernel_q_shape(instr)
     if q is None:
         return 0.0
-    rows, heads, t, h = q
+    *lead, t, h = q
     matmuls = 3 if "_dq" in instr.name else 4 if "_dkv" in instr.name else 2
-    return 2.0 * rows * heads * (t * t / 2) * h * matmuls
+    return 2.0 * math.prod(lead) * (t * t / 2) * h * matmuls
+
+
+def kernel_q_shape(instr: _Instr) -> tuple[int, ...] | None:
+    """The query operand's shape of an attention kernel's custom call: the first floating-point
+    operand of rank 3 or 4, ([rows,] heads, T, H) (a vmap over one row leaves no row dimension)."""
+    if "splash" not in instr.name and "flash" not in instr.name:
+        return None
+    at = instr.rest.find("operand_layout_constraints=")
+    arrays = _arrays(instr.rest[at:] if at >= 0 else instr.rest)
+    return next((d for t, d in arrays if t.startswith(("f", "bf")) and len(d) in (3, 4)), None)
 
 
 def program_cost(compiled: Any) -> Cost:

@@ -243,6 +243,9 @@ def abstract_setup(spec: RunSpec, hoist_converts: bool = True, host_devices: int
                              f"{target.devices_per_host} devices; leave it out with --topology")
         host_devices = target.devices_per_host
     run = abstract_run(spec, any_preset=True, devices=None if target is None else target.devices)
+    # A model the target cannot run (cudnn attention on a TPU, splash on a CPU) is one line, here.
+    t = bucket(spec.rollout.max_total_tokens, multiple=spec.loop.length_multiple)
+    attention.resolve(run.actor_cfg.attention, t, run.actor_cfg.jnp_dtype, sharding.mesh_platform(run.mesh))
     cpu = sharding.mesh_platform(run.mesh) == "cpu"
     options = None if hoist_converts or not cpu else _NO_HOISTING
     batch = abstract_batch(spec, run.mesh)
