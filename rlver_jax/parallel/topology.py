@@ -217,16 +217,21 @@ def _called(rest: str, key: str) -> list[str]:
     return [c.strip().lstrip("%") for c in m.group(1).strip("{}").split(",") if c.strip()] if m else []
 
 
-def _trip_count(cond: list[_Instr]) -> int | None:
+def _trip_count(cond: list[_Instr], comps: dict[str, list[_Instr]] | None = None, depth: int = 0) -> int | None:
     """N of a loop whose condition compares its counter against constant(N) (jax's scan and
-    fori_loop with static bounds, a decode loop's step < max_new_tokens)."""
+    fori_loop with static bounds, a decode loop's step < max_new_tokens), in the condition or in a
+    fusion it calls; None for a bound computed at run time."""
     consts = {i.name: int(m.group(1)) for i in cond if i.op == "constant" and (m := re.match(r"(-?\d+)\)", i.rest))}
     for i in cond:
         if i.op == "compare" and re.search(r"direction=(LT|GT)", i.rest):
-            operands = re.findall(r"%([\w.\-]+)", i.rest.split(")")[0])
-            bound = [consts[o] for o in operands if o in consts]
+            bound = [consts[o] for o in _operands(i) if o in consts]
             if bound:
                 return max(bound[0], 0)
+    for i in cond if comps is not None and depth < 4 else ():
+        if i.op == "fusion":
+            for c in _called(i.rest, "calls"):
+                if (n := _trip_count(comps.get(c, []), comps, depth + 1)) is not None:
+                    return n
     return None
 
 
@@ -343,7 +348,7 @@ def program_cost(compiled: Any) -> Cost:
         for i in comps[name]:
             if i.op == "while":
                 (body,), (cond,) = _called(i.rest, "body"), _called(i.rest, "condition")
-                n = _trip_count(comps.get(cond, []))
+                n = _trip_count(comps.get(cond, []), comps)
                 if n is None:
                     unknown += 1
                     n = 1
