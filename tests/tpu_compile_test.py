@@ -8,7 +8,11 @@ with it, each below the chip's HBM. Two pytest workers may load libtpu at once
 """
 
 import math
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +26,7 @@ from rlver_jax.parallel import sharding, topology
 from rlver_jax.train import memory_plan
 from rlver_jax.train.spec import RunSpec
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not topology.libtpu_available(),
                                 reason="libtpu is not installed (pip install -e '.[tpu]'): no TPU compiler here")
 
@@ -123,3 +128,16 @@ def test_roofline_counts_loops_by_their_trip_counts(v5e):
     # Each step reads its 2 MB layer, not the whole 20 MB stack.
     assert 10 * 2 * 2**20 < cost.bytes < 10 * 8 * 2**20
     assert cost.seconds(v5e.chip) == max(flops / 197e12, cost.bytes / 819e9)
+
+
+@pytest.mark.slow
+def test_launch_plan_names_a_bad_topology_in_one_line(tmp_path):
+    """launch/plan.py --topology with a name libtpu does not know: exit 1, one line listing the valid
+    forms, no traceback, before the config's programs are built."""
+    env = {**os.environ, "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, str(REPO / "launch" / "plan.py"), "--config=configs/grpo_think.py:tiny",
+                          "--topology=v5e:3x3", f"--config.workdir={tmp_path}"],
+                         capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    lines = [x for x in out.stderr.splitlines() if "error:" in x]
+    assert out.returncode == 1 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "--topology='v5e:3x3'" in lines[0] and "v5e:4x4" in lines[0] and "v5p:2x2x2" in lines[0]
