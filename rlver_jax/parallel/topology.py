@@ -94,10 +94,18 @@ class Target:
     def devices_per_host(self) -> int:
         return len(self.devices) // self.hosts
 
-    def host_devices(self, host: int = 0) -> list:
-        """The devices of one host (of the first slice), by id."""
-        first = [d for d in self.devices if getattr(d, "slice_index", 0) == 0]
-        return sorted((d for d in first if d.process_index == host), key=lambda d: d.id)
+    def host_target(self) -> Target:
+        """One host's slice of this topology (its 4 chips, a 2x2 or 2x2x1 topology), for programs
+        that run on one host's devices (the sampler's): the TPU compiler takes a program over a
+        subset of a multi-host topology's devices as a topology of that many devices and rejects
+        the subset's device ids, so such programs are compiled for a one-host topology instead."""
+        if self.hosts == 1:
+            return self
+        generation, _ = parse_name(self.name)
+        if self.devices_per_host != 4:
+            raise ValueError(f"{self.name}: hosts of {self.devices_per_host} devices; one-host programs are "
+                             "compiled for hosts of 4 chips only")
+        return tpu_target(f"{generation}:{'2x2' if _DIMS[generation] == 2 else '2x2x1'}")
 
     def describe(self) -> str:
         slices = f"{self.slices} slices of " if self.slices > 1 else ""

@@ -430,7 +430,8 @@ def sampling_layout(s: Setup, host_devices: int | None = None) -> sharding.Sampl
     if s.mesh.size % n:
         raise ValueError(f"--host_devices={n} does not divide the {s.mesh.size} devices of the mesh")
     tensor = math.gcd(s.mesh.shape["tensor"], n)
-    devices = list(s.mesh.devices.flat)[:n] if s.target is None else s.target.host_devices(0)
+    # On a TPU topology of several hosts: a one-host topology's devices (Target.host_target).
+    devices = list(s.mesh.devices.flat)[:n] if s.target is None else list(s.target.host_target().devices)
     host = sharding.make_mesh((1, n // tensor, tensor), devices)
     return sharding.SamplingLayout.create(s.update.actor_cfg, host, s.spec.mesh.rules)
 
@@ -629,7 +630,11 @@ def plan(spec: RunSpec, memory_gb: float | None = 16.0, phases: Sequence[str] = 
     done = []
     for name in phases:
         log(f"compiling {name} ...")
-        done += run_phases(s, [name], feed_tokens)
+        for p in run_phases(s, [name], feed_tokens):
+            done.append(p)
+            log(f"  {p.name}: resident {p.resident / GB:.3f} + arguments {p.arguments / GB:.3f} + temporaries "
+                f"{p.temporaries / GB:.3f} + outputs {p.outputs / GB:.3f} = {p.total / GB:.3f} GB/device, "
+                f"compiled in {p.seconds:.1f} s")
     evaluation = ""
     if "evaluation" in phases:
         n = eval_profiles(spec)
