@@ -45,6 +45,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -253,15 +254,47 @@ def abstract_setup(spec: RunSpec, hoist_converts: bool = True, host_devices: int
     return Setup(run, batch, inputs, rows, options, host_devices, target)
 
 
+@dataclasses.dataclass(frozen=True)
+class _OutOfHbm:
+    """A program the TPU compiler refused to build because its buffers exceed the chip's HBM
+    ("CompileTimeHbmOom"): its arguments (the shard arithmetic) and the temporaries the compiler
+    said it needs, in place of a compiled program's memory analysis."""
+
+    argument_size_in_bytes: int
+    temp_size_in_bytes: int
+    available: int  # the HBM the compiler had, bytes
+    output_size_in_bytes: int = 0
+    alias_size_in_bytes: int = 0
+
+    def memory_analysis(self):
+        return self
+
+
+_HBM_OOM = re.compile(r"CompileTimeHbmOom.*?temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)",
+                      re.S)
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
 def _compile(s: Setup, jitted, *args):
     t0 = time.perf_counter()
-    compiled = jitted.lower(*args).compile(compiler_options=s.compiler_options)
+    try:
+        compiled = jitted.lower(*args).compile(compiler_options=s.compiler_options)
+    except jax.errors.JaxRuntimeError as e:  # the TPU compiler rejects a program that cannot fit
+        m = _HBM_OOM.search(str(e))
+        if m is None:
+            raise
+        arguments = device_bytes([x for x in jax.tree.leaves(args) if isinstance(x, jax.ShapeDtypeStruct)])
+        compiled = _OutOfHbm(arguments, int(float(m.group(1)) * _UNITS[m.group(2)]),
+                             int(float(m.group(3)) * _UNITS[m.group(4)]))
     return compiled, time.perf_counter() - t0
 
 
 def _phase(s: Setup, name: str, compiled, resident: int, seconds: float, note: str = "") -> Phase:
     mem = compiled.memory_analysis()  # per device: the compiled program is one SPMD partition
-    cost = topology.program_cost(compiled) if s.chip is not None else None
+    if isinstance(compiled, _OutOfHbm):
+        note = (f"OUT OF HBM: the TPU compiler needs {mem.temp_size_in_bytes / 2**30:.2f} GiB of temporaries, has "
+                f"{mem.available / 2**30:.2f} GiB (temporaries from its message, no program built); {note}")
+    cost = topology.program_cost(compiled) if s.chip is not None and not isinstance(compiled, _OutOfHbm) else None
     return Phase(name, resident, mem.argument_size_in_bytes, mem.temp_size_in_bytes,
                  mem.output_size_in_bytes - mem.alias_size_in_bytes, seconds, note, cost)
 
@@ -488,9 +521,10 @@ def sampler_phases(s: Setup, shapes: RolloutShapes, host_devices: int | None = N
     cache = _cache_sharding(host, jax.eval_shape(lambda: qwen2.init_cache(cfg, b, shapes.cache_slots)))
     compiled, secs = _compile(s, generation._continue_jit, cfg, settings, host, params, cache, ids, mask,
                               sds((b,), jnp.int32), rng)
-    # The cache stays on the devices between turns in the layout the program gives it.
-    cache_out = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), cache,
-                             compiled.output_shardings[1])
+    # The cache stays on the devices between turns in the layout the program gives it (as it was
+    # given, where the TPU compiler built no program).
+    cache_out = cache if isinstance(compiled, _OutOfHbm) else jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), cache, compiled.output_shardings[1])
     per_group = device_bytes(cache_out)
     others = held + (shapes.groups - 1) * per_group
     phases = [_phase(s, name, compiled, others, secs,
@@ -775,7 +809,8 @@ def step_estimate(plan: Plan) -> StepEstimate | None:
     a program only reads or samples; attention left out) against the step's estimate."""
     s, chip = plan.setup, plan.setup.chip
     by_name = {p.name: p for p in plan.phases}
-    if chip is None or not all(p.cost is not None for p in plan.phases):
+    needed = [by_name[n] for n in (*UPDATE, "rollout") if n in by_name]
+    if chip is None or not needed or not all(p.cost is not None for p in needed):
         return None
     update = sum(by_name[n].cost.seconds(chip) for n in UPDATE if n in by_name)
     b, t = s.batch["tokens"].shape
