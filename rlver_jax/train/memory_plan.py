@@ -294,7 +294,12 @@ def _phase(s: Setup, name: str, compiled, resident: int, seconds: float, note: s
     if isinstance(compiled, _OutOfHbm):
         note = (f"OUT OF HBM: the TPU compiler needs {mem.temp_size_in_bytes / 2**30:.2f} GiB of temporaries, has "
                 f"{mem.available / 2**30:.2f} GiB (temporaries from its message, no program built); {note}")
-    cost = topology.program_cost(compiled) if s.chip is not None and not isinstance(compiled, _OutOfHbm) else None
+    cost = None
+    if s.chip is not None and not isinstance(compiled, _OutOfHbm):
+        try:
+            cost = topology.program_cost(compiled)
+        except jax.errors.JaxRuntimeError as e:  # jaxlib cannot print every module libtpu builds
+            note = f"no roofline: the compiled module has no HLO text here ({str(e).splitlines()[0][:80]}); {note}"
     return Phase(name, resident, mem.argument_size_in_bytes, mem.temp_size_in_bytes,
                  mem.output_size_in_bytes - mem.alias_size_in_bytes, seconds, note, cost)
 
