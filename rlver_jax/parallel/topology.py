@@ -28,8 +28,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import jax
-
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
@@ -162,12 +160,6 @@ class Cost:
     def seconds(self, chip: Chip) -> float:
         """Roofline: the larger of compute time at the bf16 peak and HBM time at full bandwidth."""
         return max(self.flops / (chip.bf16_tflops * 1e12), self.bytes / (chip.hbm_gb_s * 1e9))
-
-    def __add__(self, other: Cost) -> Cost:
-        return Cost(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
-
-    def scaled(self, k: float) -> Cost:
-        return Cost(*(a * k for a in dataclasses.astuple(self)))
 
 
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
