@@ -39,7 +39,8 @@ from absl import app, flags  # noqa: E402
 from rlver_jax.text import chat  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
-from rlver_jax.rl import program as rl_program, settings, train_state  # noqa: E402
+from rlver_jax.rl import program as rl_program, train_state  # noqa: E402
+from rlver_jax.rl.settings import OptimSettings, Optimizer, RLSettings, make_optimizer  # noqa: E402
 from rlver_jax.rl.batch import collate  # noqa: E402
 from rlver_jax.rollout.history import TokenHistory  # noqa: E402
 from rlver_jax.rollout.policy import PolicyTurn  # noqa: E402
@@ -106,10 +107,10 @@ def bench(chat_tokens: chat.ChatTokens, spec: str) -> list[str]:
     for mode in _SIDES.value:
         seqs = dialogues(chat_tokens, n, turns, drop=mode == "drop")
         batch = collate(seqs, batch_size=n, reward_mode="final", length_multiple=_LENGTH.value)
-        rl = settings.RLSettings(algo="grpo", mini_batch_size=n, micro_batch_size=min(_MICRO.value, n), batch_size=n,
+        rl = RLSettings(algo="grpo", mini_batch_size=n, micro_batch_size=min(_MICRO.value, n), batch_size=n,
                                 entropy_coef=0.001, loss_agg_mode="seq_mean_token_mean")
-        opt = (settings.make_optimizer(settings.OptimSettings(), total_steps=100) if _OPTIMIZER.value == "adamw"
-               else settings.Optimizer(optax.sgd(1.0), optax.constant_schedule(1e-6)))
+        opt = (make_optimizer(OptimSettings(), total_steps=100) if _OPTIMIZER.value == "adamw"
+               else Optimizer(optax.sgd(1.0), optax.constant_schedule(1e-6)))
         state = train_state.init_train_state(qwen2.init_params(cfg, jax.random.key(0)), opt.tx, seed=0)
         program = rl_program.make_update_program(rl, cfg, None, opt, None)
         seconds, load = median_update_seconds(program, state, batch)

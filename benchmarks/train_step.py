@@ -62,7 +62,8 @@ from absl import app, flags  # noqa: E402
 from benchmarks.measure import matmul_params, matmul_peak  # noqa: E402
 from rlver_jax.models import hf_io, qwen2, smollm2  # noqa: E402
 from rlver_jax.models.config import Qwen2Config, get_preset  # noqa: E402
-from rlver_jax.rl import program as rl_program, settings, train_state, update  # noqa: E402
+from rlver_jax.rl import program as rl_program, train_state  # noqa: E402
+from rlver_jax.rl.settings import OptimSettings, RLSettings, make_optimizer  # noqa: E402
 from rlver_jax.rl.batch import TrainBatch  # noqa: E402
 
 _RUNS = flags.DEFINE_list("runs", ["tiny:16x512", "qwen2.5-0.5b:2x512"], "preset:BATCHxTOKENS per run.")
@@ -156,8 +157,8 @@ def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: boo
     arrays = batch.arrays()
     if score_all:  # every index (0 is the pad index: position 0 has no log-prob anyway)
         arrays["policy_positions"] = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))
-    rl = settings.RLSettings(algo="grpo", mini_batch_size=rows, micro_batch_size=_MICRO.value or rows)
-    opt = settings.make_optimizer(settings.OptimSettings(), total_steps=100)
+    rl = RLSettings(algo="grpo", mini_batch_size=rows, micro_batch_size=_MICRO.value or rows)
+    opt = make_optimizer(OptimSettings(), total_steps=100)
     state = train_state.init_train_state(init_params(preset, config), opt.tx, seed=_SEED.value)
     program = rl_program.make_update_program(rl, config, None, opt, None)
     device_batch = {k: jnp.asarray(v) for k, v in arrays.items()}
@@ -188,7 +189,7 @@ def run_torch(model_dir: pathlib.Path, batch: TrainBatch, prepared: dict[str, np
     """
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).train()
-    opt = settings.OptimSettings()
+    opt = OptimSettings()
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=(opt.b1, opt.b2), eps=opt.eps,
                                   weight_decay=opt.weight_decay)
     ids = torch.from_numpy(batch.tokens.astype(np.int64)).to(device)

@@ -20,6 +20,11 @@ from rlver_jax.rl.algorithms import algorithm
 from rlver_jax.rollout.cache_bound import session_slots
 
 PRESETS = ("tiny", "smol", "0.5b", "7b")
+
+
+def _row(kind: type) -> ml_collections.FieldReference:
+    """A field whose None means the algorithm's value (its row), settable as `kind` from the command line."""
+    return ml_collections.FieldReference(None, field_type=kind)
 _MODEL_PRESETS = {"tiny": "tiny", "smol": "smollm2-135m", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b"}
 
 
@@ -133,27 +138,48 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout.think_history = "drop"
 
     c.rl = ml_collections.ConfigDict()
-    c.rl.algo = algo  # a row of rlver_jax/rl/algorithms.py: ppo | grpo
+    # a row of rlver_jax/rl/algorithms.py: ppo | grpo | rloo | reinforce_pp | reinforce_pp_baseline | drgrpo |
+    # dapo | gspo | cispo. The fields below set to "" or None take the row's value; set one to mix recipes.
+    c.rl.algo = algo
+    c.rl.estimator = ""  # "" = the algorithm's; gae | grpo | rloo | reinforce_pp | reinforce_pp_baseline
+    c.rl.policy_loss = ""  # "" = the algorithm's; ppo | gspo | gspo_token | cispo
     c.rl.reward_mode = "final"  # final (paper): final emotion / 100; per_turn: emotion changes
     c.rl.gamma = 1.0  # GAE discount over policy tokens
     c.rl.lam = 1.0  # GAE lambda
     c.rl.whiten_advantages = True  # PPO: normalise GAE advantages over the batch's policy tokens
-    c.rl.grpo_normalize_std = True  # GRPO: divide by the group's std
+    # GRPO-family: divide by the group's std; None = the algorithm's (True; Dr.GRPO: False)
+    c.rl.grpo_normalize_std = _row(bool)
     c.rl.grpo_eps = 1e-6  # GRPO: added to the group's std before dividing
     c.rl.clip_eps_low = 0.2  # PPO ratio clip
-    c.rl.clip_eps_high = 0.2
-    c.rl.dual_clip = 0.0  # 0 = off; else c > 1 bounds the loss of negative advantages
+    c.rl.clip_eps_high = _row(float)  # None = the algorithm's (0.2; DAPO's clip-higher 0.28)
+    c.rl.dual_clip = 0.0  # 0 = off; else c > 1 bounds the loss of negative advantages (ppo loss)
+    c.rl.gspo_clip_eps_low = 3e-4  # gspo, gspo_token losses: the sequence ratio's clip (the GSPO paper's)
+    c.rl.gspo_clip_eps_high = 4e-4
+    c.rl.cispo_clip_eps_high = 5.0  # cispo loss: importance weights truncated at 1 + this (NeMo RL's), no lower bound
     c.rl.value_clip = 0.5  # critic value clip range
     c.rl.entropy_coef = 0.001  # token-mean entropy bonus (the reference's verl default)
     c.rl.kl_coef = 0.0  # paper: no KL; non-zero builds a frozen reference model
-    c.rl.kl_mode = "loss"  # loss | reward (penalty on token rewards)
+    c.rl.kl_mode = ""  # "" = the algorithm's (reward for REINFORCE++, else loss) | loss | reward (penalty on token rewards)
     c.rl.kl_estimator = "k3"  # k1 | k3
-    # seq_mean_token_mean: each row's token mean, averaged over rows (what the reference optimises:
-    # a token mean per micro-batch of one sequence, averaged over ranks) | token_mean
-    c.rl.loss_agg_mode = "seq_mean_token_mean"
+    # "" = the algorithm's. seq_mean_token_mean: each row's token mean, averaged over rows (what the reference
+    # optimises: a token mean per micro-batch of one sequence, averaged over ranks; ppo, grpo, rloo, gspo) |
+    # token_mean (DAPO, CISPO, REINFORCE++) | seq_mean_token_sum_norm: token sums over rollout.max_new_tokens (Dr.GRPO)
+    c.rl.loss_agg_mode = ""
     # seq_mean_token_mean: the reference's per-row token mean; token_mean: one mean over all tokens
     # (long rows weigh more; the CPU presets, as before)
     c.rl.value_loss_agg_mode = "token_mean" if cpu else "seq_mean_token_mean"  # the critic's loss over rows
+    # DAPO's overlong shaping: each policy turn's penalty at its token budget (rollout.max_new_tokens), ramping
+    # up over the buffer before it, added to the rewards; None = the algorithm's (DAPO 1.0; else 0 = off)
+    c.rl.overlong_penalty = _row(float)
+    c.rl.overlong_buffer = 0  # tokens before the budget where the penalty ramps; 0 = a fifth of it (DAPO's 4096 of 20480)
+    # DAPO's dynamic sampling: a group whose rewards are all equal is sampled again (a fresh profile), up to
+    # dynamic_sampling_retries times; what stays without signal gets no loss weight (metric filtered_groups).
+    # None = the algorithm's (DAPO: on)
+    c.rl.dynamic_sampling = _row(bool)
+    c.rl.dynamic_sampling_retries = 2  # rounds of re-sampling per step (each as long as a rollout); 0 = filter only
+    # Turn-level credit (grouped estimators): + this x each turn's emotion change normalised among the turns at
+    # its position in the group's dialogues (MT-GRPO / GiGPO turn groups); 0 = off
+    c.rl.turn_credit_weight = 0.0
     c.rl.ppo_epochs = 1  # passes over each rollout batch
     # Train-batch rows per optimizer step (turn rows in think mode with think_history "drop"): the paper's
     # 32 x n, about one step per turn; 0 = the whole batch, one step per epoch (tiny, smol: short CPU runs)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rlver_jax.rl.batch import collate, policy_positions, token_rewards
+from rlver_jax.rl.batch import TrainBatch, collate, policy_positions, token_rewards
 from rlver_jax.rollout.sequence import DialogueSequence
 from tests.trainer_test import _dialogue
 
@@ -99,3 +99,27 @@ def test_row_starts_are_checked():
     bad = _hand_made([1, 2, 3, 4], [0, 1, 0, 1], [1, 3], [30, 40, 50], row_starts=[0, 4])
     with pytest.raises(ValueError, match="row_starts"):
         bad.check()
+
+
+def test_turn_arrays_by_hand():
+    """The turn arrays the update's overlong shaping and turn credit read: each policy token's
+    turn (-1 elsewhere); each scored turn's emotion change / 100 on its last policy token, never
+    summed over later turns whatever the rows; a format failure's turn carries -(emotion before)/100;
+    a batch built without them has none."""
+    one_row = _hand_made([5, 6, 7, 8, 9, 10, 11], [0, 0, 1, 1, 0, 1, 1], [3, 6], [30, 50, 70])
+    two_rows = _hand_made([1, 2, 3, 1, 2, 4, 5, 6], [0, 1, 1, 0, 0, 0, 1, 1], [2, 7], [30, 40, 25],
+                          row_starts=[0, 3])
+    failed = DialogueSequence(profile_id="p", group=4, tokens=[7, 8, 9, 1, 2], policy_mask=[0, 1, 0, 1, 1],
+                              logprobs=[0.0] * 5, turn_ends=[1, 4], emotions=[30, 45], end_reason="format_failure",
+                              format_failure=True)
+    b = collate([one_row, two_rows, failed], batch_size=4, reward_mode="final", length_multiple=4)
+    np.testing.assert_array_equal(b.turn[:4, :7], [[-1, -1, 0, 0, -1, 1, 1], [-1, 0, 0, -1, -1, -1, -1],
+                                                    [-1, -1, -1, 1, 1, -1, -1], [-1, 0, -1, 1, 1, -1, -1]])
+    assert (b.turn[4:] == -1).all() and (b.turn[b.policy_mask == 0] == -1).all()
+    want = np.zeros_like(b.turn_rewards)
+    want[0, 3], want[0, 6], want[1, 2], want[2, 4], want[3, 1], want[3, 4] = 0.2, 0.2, 0.1, -0.15, 0.15, -0.45
+    np.testing.assert_allclose(b.turn_rewards, want, atol=1e-6)
+    np.testing.assert_array_equal(b.turn_scored, want != 0)
+    bare = TrainBatch(**{k: getattr(b, k) for k in ("tokens", "attention_mask", "policy_mask", "rewards",
+                                                     "sample_logprobs", "group", "dialogue")})
+    assert (bare.turn == -1).all() and not bare.turn_scored.any() and set(bare.arrays()) >= {"turn", "turn_rewards"}

@@ -8,7 +8,7 @@ from rlver_jax.checks import build_all, check_ranges
 from rlver_jax.eval.benchmark import BenchmarkSettings
 from rlver_jax.llm_client import ClientSettings
 from rlver_jax.sampling.settings import SamplingSettings
-from rlver_jax.train.run import LoopSettings
+from rlver_jax.train.spec import LoopSettings
 
 
 def test_each_bound_holds_at_its_edge_and_fails_past_it():

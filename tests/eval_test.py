@@ -356,7 +356,7 @@ def test_an_old_runs_config_json_gets_the_fields_added_since(tmp_path):
     the defaults of the time (auto attention, no MLP chunks); every other field as it was saved."""
     from configs.grpo_think import get_config as training_config
     from rlver_jax.eval.policy_loading import locate_checkpoint
-    from rlver_jax.models.loading import model_config
+    from rlver_jax.train.spec import model_source
 
     (tmp_path / "checkpoints").mkdir()
     old = json.loads(training_config("tiny").to_json_best_effort())
@@ -364,6 +364,6 @@ def test_an_old_runs_config_json_gets_the_fields_added_since(tmp_path):
     old["model"]["dtype"] = "bfloat16"
     (tmp_path / "config.json").write_text(json.dumps(old))
     run = locate_checkpoint(tmp_path, "--run").config()
-    assert model_config(run) == dict(param_dtype="float32", dtype="bfloat16", scan_layers=False, remat="none",
+    assert model_source(run).overrides() == dict(param_dtype="float32", dtype="bfloat16", scan_layers=False, remat="none",
                                      attention="auto", mlp_chunk=0)
     assert run.to_dict() == {**old, "model": {**old["model"], "attention": "auto", "mlp_chunk": 0}}

@@ -32,7 +32,7 @@ import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from rlver_jax.models.hf_io import QWEN2_SPLIT, save_tokenizer
+from rlver_jax.text.tokenizer_files import QWEN2_SPLIT, save_tokenizer
 from rlver_jax.text.tiny_tokenizer import CHAT_TEMPLATE
 
 # Qwen2.5's added tokens from id 151643 on, with their `special` flags (its tokenizer_config.json).
@@ -133,7 +133,7 @@ def cached_qwen25_backend() -> Tokenizer:
 
 
 def save_qwen25_tokenizer(out_dir: pathlib.Path) -> pathlib.Path:
-    """A Hugging Face tokenizer directory (hf_io.save_tokenizer) of Qwen2.5's tokenizer."""
+    """A Hugging Face tokenizer directory (tokenizer_files.save_tokenizer) of Qwen2.5's tokenizer."""
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=cached_qwen25_backend(), eos_token="<|im_end|>", pad_token="<|endoftext|>",
         additional_special_tokens=list(ADDITIONAL_SPECIAL), clean_up_tokenization_spaces=False,

@@ -8,7 +8,6 @@ test_interrupts_kills_and_a_full_disk_keep_each_step_once (slow)."""
 import logging
 import signal
 import threading
-import types
 
 import flax
 import jax.numpy as jnp
@@ -18,7 +17,6 @@ import pytest
 from rlver_jax.rollout.transcripts import discard_from
 from rlver_jax.train import checkpoint, loop
 from rlver_jax.train.interrupts import StepGuard, TrainingInterrupted
-from rlver_jax.train.run import LoopSettings
 
 
 @pytest.fixture
@@ -88,15 +86,6 @@ class _State:
     w: jnp.ndarray
 
 
-def _run(tmp_path):
-    """The part of a Run `loop._interrupted` reads: its loop settings (the seed, the work directory) and
-    the base of its LoRA adapters (none: full fine-tuning)."""
-    settings = LoopSettings(steps=10, profiles_per_step=1, n=1, max_staleness=0, length_multiple=1, eval_every=0,
-                            eval_max_profiles=0, transcripts=False, save_every=2, keep=5, async_save=False,
-                            resume=True, seed=0, workdir=str(tmp_path))
-    return types.SimpleNamespace(loop=settings, lora_base=None)
-
-
 @pytest.fixture
 def manager(tmp_path):
     manager = checkpoint.make_manager(tmp_path / "checkpoints", save_every=2, keep=5, async_save=False)
@@ -124,13 +113,14 @@ def _state(step):
 
 def test_after_a_complete_step_its_checkpoint_is_saved_once(tmp_path, manager, saves):
     checkpoint.save(manager, 2, _state(2), {"step": 2, "seed": 0}, force=True)  # what the loop wrote at step 1's end
-    error = loop._interrupted(_run(tmp_path), manager, _state(2), torn_step=None)
+    error = loop._interrupted(manager, _state(2), torn_step=None, record={"seed": 0}, workdir=str(tmp_path))
     assert saves == [2]  # not written twice
     assert isinstance(error, TrainingInterrupted) and isinstance(error, KeyboardInterrupt)
     assert str(error) == (f"interrupted: the checkpoint of step 2 is in {tmp_path / 'checkpoints'}. Rerun the same "
                           f"command to resume (config.workdir={tmp_path}).")
 
-    error = loop._interrupted(_run(tmp_path), manager, _state(3), torn_step=None)  # step 3 off the interval
+    # step 3 off the interval
+    error = loop._interrupted(manager, _state(3), torn_step=None, record={"seed": 0}, workdir=str(tmp_path))
     assert saves == [2, 3] and checkpoint.saved_steps(tmp_path / "checkpoints") == [2, 3]
     assert f"the checkpoint of step 3 is in {tmp_path / 'checkpoints'}" in str(error)
     restored, meta = checkpoint.restore(manager, 3, _state(0))
@@ -141,14 +131,14 @@ def test_after_a_complete_step_its_checkpoint_is_saved_once(tmp_path, manager, s
 def test_a_torn_step_keeps_the_last_checkpoint(tmp_path, manager, saves):
     checkpoint.save(manager, 2, _state(2), {"step": 2, "seed": 0}, force=True)
     # The state's buffers of a torn step may be donated: the loop must not touch them.
-    error = loop._interrupted(_run(tmp_path), manager, state=None, torn_step=4)
+    error = loop._interrupted(manager, state=None, torn_step=4, record={"seed": 0}, workdir=str(tmp_path))
     assert saves == [2] and checkpoint.saved_steps(tmp_path / "checkpoints") == [2]
     assert str(error).startswith(f"interrupted: step 4 was cut short and is not kept; the checkpoint of step 2 "
                                  f"is in {tmp_path / 'checkpoints'}. Rerun the same command")
 
 
 def test_before_the_first_step_nothing_is_saved(tmp_path, manager, saves):
-    error = loop._interrupted(_run(tmp_path), manager, _state(0), torn_step=None)
+    error = loop._interrupted(manager, _state(0), torn_step=None, record={"seed": 0}, workdir=str(tmp_path))
     assert saves == [] and checkpoint.saved_steps(tmp_path / "checkpoints") == []
     assert str(error).startswith("interrupted: no step was completed, nothing is saved. Rerun the same command")
 

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from rlver_jax.models import hf_io, lora, qwen2
 from rlver_jax.train import model_loading
 from rlver_jax.models.config import get_preset
-from rlver_jax.rl import program as rl_program, settings, train_state, update
+from rlver_jax.rl import program as rl_program, train_state, update
+from rlver_jax.rl.settings import Optimizer, RLSettings
 
 
 def _random_adapters(settings, base, seed=1):
@@ -174,7 +175,7 @@ def test_gradients_reach_only_the_adapters_by_the_chain_rule(tiny):
 
 def _sgd():
     """Plain SGD at rate 1: a parameter's change is minus its gradient (Adam would normalise it away)."""
-    return settings.Optimizer(optax.sgd(1.0), optax.constant_schedule(1.0))
+    return Optimizer(optax.sgd(1.0), optax.constant_schedule(1.0))
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
@@ -191,7 +192,7 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     base = qwen2.init_params(cfg, jax.random.key(0))
     base_copy = jax.tree.map(np.array, base)
     settings = lora.LoraSettings(rank=4, alpha=8.0, modules_to_save=("embed", "norms"))
-    rl = settings.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, kl_coef=0.1)
+    rl = RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, kl_coef=0.1)
     critic_cfg = critic = None
     if rl.uses_critic:
         critic_cfg, critic = model_loading.critic_from_actor(cfg, base)

@@ -4,6 +4,7 @@ Compiling is the cost here: the configs are the presets' with short dialogues (t
 paper's lengths are in docs/sharding.md), and the 0.5B case lowers and compiles the actor's update only.
 """
 
+import functools
 import os
 import pathlib
 import subprocess
@@ -22,20 +23,14 @@ from rlver_jax.train.spec import RunSpec
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _override(config, **fields):
-    """A copy of `config` with dotted fields set, e.g. {"rl.micro_batch_size": 4}."""
-    out = config.copy_and_resolve_references()
+def _config(module, preset, workdir, **fields):
+    """The config of `module:preset` in `workdir` with dotted fields set, e.g. {"rl.micro_batch_size": 4}."""
+    config = module.get_config(preset)
+    config.workdir = str(workdir)
     for path, value in fields.items():
         *parents, leaf = path.split(".")
-        node = out
-        for name in parents:
-            node = node[name]
-        node[leaf] = value
-    return out
-
-
-def _config(module, preset, workdir, **fields):
-    return _override(module.get_config(preset), workdir=str(workdir), **fields)
+        functools.reduce(getattr, parents, config)[leaf] = value
+    return config
 
 
 def _tiny(module, workdir):
@@ -78,7 +73,8 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     """Every phase of a PPO run compiled. Prepare's arguments are exactly the models' and the
     batch's shards; each model's program reads its own state, the prepared inputs it uses and the
     mini-batch rows, its state updated in place; resident is the rest of the state on the devices."""
-    config = _override(_tiny(ppo_think, tmp_path), **{"train.eval_policy.cache_slots": 0})
+    config = _tiny(ppo_think, tmp_path)
+    config.train.eval_policy.cache_slots = 0
     result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
     # The KV cache's own programs follow the rollout's; the evaluation re-encodes (its cache off here).
     assert [p.name for p in result.phases] == ["prepare", "actor update", "critic update", "rollout",
@@ -174,21 +170,20 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
         return [memory_plan.Phase(name, 0, 0, cost[name], 0, 0.0) for name in phases]
 
     monkeypatch.setattr(memory_plan, "run_phases", fake)
-    config = RunSpec.from_config(config)
     update = ["prepare", "actor update"]
     # micro-batch 8 of 32 at 1024 tokens: 8192 "bytes"; 4 x 1024 fits 4096, 2 x 1024 = 2048 fits 2100.
-    assert memory_plan._search(config, 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
-    assert memory_plan._search(config, 2100, update, 512, print) == ["--config.rl.micro_batch_size=2"]
-    assert memory_plan._search(config, 2100, ["prepare"], 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert memory_plan._search(RunSpec.from_config(config), 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert memory_plan._search(RunSpec.from_config(config), 2100, update, 512, print) == ["--config.rl.micro_batch_size=2"]
+    assert memory_plan._search(RunSpec.from_config(config), 2100, ["prepare"], 512, print) == ["--config.rl.micro_batch_size=4"]
     # Below the smallest micro-batch (2, one per batch shard): the longest 64-multiple dialogue.
-    assert memory_plan._search(config, 1000, update, 512, print) == [
+    assert memory_plan._search(RunSpec.from_config(config), 1000, update, 512, print) == [
         "--config.rl.micro_batch_size=2", "--config.rollout.max_total_tokens=448"]
-    assert memory_plan._search(config, 100, update, 512, print)[-1].startswith("nothing")
+    assert memory_plan._search(RunSpec.from_config(config), 100, update, 512, print)[-1].startswith("nothing")
     # The rollout: 32 dialogues x 2048 slots; more pipeline groups first, then fewer cache slots,
     # at least a turn of 8 new tokens plus the smallest feed (16): 32 x 32 fits 1100, not 1000.
-    assert memory_plan._search(config, 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
-    assert memory_plan._search(config, 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
-    assert memory_plan._search(config, 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
+    assert memory_plan._search(RunSpec.from_config(config), 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
+    assert memory_plan._search(RunSpec.from_config(config), 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
+    assert memory_plan._search(RunSpec.from_config(config), 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
 
 
 def test_largest_bisects_a_monotone_predicate():

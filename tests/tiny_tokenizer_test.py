@@ -106,7 +106,7 @@ def test_other_vocab_sizes(tmp_path):
 
 
 def test_files_read_by_transformers_4_and_5(tiny_tokenizer_dir):
-    """Written by hf_io.save_tokenizer: the generic fast class (transformers 5 would give a
+    """Written by tokenizer_files.save_tokenizer: the generic fast class (transformers 5 would give a
     "Qwen2Tokenizer" Qwen2's NFC normaliser, which this tokenizer lacks) and no 5-only keys."""
     config = json.loads((tiny_tokenizer_dir / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast"

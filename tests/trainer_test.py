@@ -13,7 +13,8 @@ from rlver_jax.train import model_loading
 from rlver_jax.parallel import sharding
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
-from rlver_jax.rl import offload, program as rl_program, settings, train_state, update
+from rlver_jax.rl import offload, program as rl_program, train_state, update
+from rlver_jax.rl.settings import OptimSettings, Optimizer, RLSettings, make_optimizer
 from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -35,11 +36,11 @@ def _dialogue(rng, group, emotions, n_turns=2, ctx=5, turn=4, format_failure=Fal
 def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):
     cfg = get_preset("tiny")
     actor = qwen2.init_params(cfg, jax.random.key(0))
-    rl = settings.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=micro, ppo_epochs=epochs)
-    opt = settings.OptimSettings(lr=lr, warmup_ratio=0.0, weight_decay=0.0)
+    rl = RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=micro, ppo_epochs=epochs)
+    opt = OptimSettings(lr=lr, warmup_ratio=0.0, weight_decay=0.0)
     # Plain SGD makes the parameter change the gradient itself (Adam would normalise it away).
-    make_opt = ((lambda: settings.Optimizer(optax.sgd(1.0), optax.constant_schedule(lr))) if sgd
-                else (lambda: settings.make_optimizer(opt, 10)))
+    make_opt = ((lambda: Optimizer(optax.sgd(1.0), optax.constant_schedule(lr))) if sgd
+                else (lambda: make_optimizer(opt, 10)))
     actor_opt = make_opt()
     critic_cfg, critic, critic_opt = None, None, None
     if rl.uses_critic:
@@ -109,9 +110,9 @@ def test_grpo_dialogue_advantages_are_the_group_normalised_rewards():
 
 def test_settings_errors_name_the_field():
     with pytest.raises(ValueError, match="config.rl.algo"):
-        settings.RLSettings(algo="dpo")
+        RLSettings(algo="dpo")
     with pytest.raises(ValueError, match="config.rl.micro_batch_size"):
-        settings.RLSettings(mini_batch_size=6, micro_batch_size=4)
+        RLSettings(mini_batch_size=6, micro_batch_size=4)
 
 
 def _placed_setup(mesh, rl, opt, offload="none"):
@@ -119,12 +120,12 @@ def _placed_setup(mesh, rl, opt, offload="none"):
     cfg = get_preset("tiny")
     actor_sh = sharding.param_shardings(cfg, mesh, "fsdp_tensor")
     actor = sharding.init_sharded_params(cfg, jax.random.key(0), shardings=actor_sh)
-    actor_opt = settings.make_optimizer(opt, 10)
+    actor_opt = make_optimizer(opt, 10)
     critic_cfg = critic = critic_opt = critic_sh = None
     if rl.uses_critic:
         critic_cfg, critic = model_loading.critic_from_actor(cfg, actor)
         critic_sh = sharding.param_shardings(critic_cfg, mesh, "fsdp_tensor")
-        critic, critic_opt = jax.device_put(critic, critic_sh), settings.make_optimizer(opt, 10)
+        critic, critic_opt = jax.device_put(critic, critic_sh), make_optimizer(opt, 10)
     critic_tx = critic_opt and critic_opt.tx
     state_sh = train_state.state_shardings(actor_opt.tx, actor, actor_sh, critic_tx, critic, critic_sh)
     state = train_state.init_train_state(actor, actor_opt.tx, critic, critic_tx, seed=0, shardings=state_sh)
@@ -138,8 +139,8 @@ def test_train_step_compiles_once_and_stays_on_the_device(monkeypatch):
     between host and device but the batch (placed explicitly) and the metrics (fetched explicitly)."""
     monkeypatch.setattr(rl_program, "prepare_step", chex.assert_max_traces(update.prepare_step, n=1))
     monkeypatch.setattr(rl_program, "model_epochs", chex.assert_max_traces(update.model_epochs, n=2))
-    rl = settings.RLSettings(algo="ppo", mini_batch_size=2, micro_batch_size=1, ppo_epochs=2)
-    state, program = _placed_setup(sharding.make_mesh((1, 2, 4)), rl, settings.OptimSettings(lr=1e-3))
+    rl = RLSettings(algo="ppo", mini_batch_size=2, micro_batch_size=1, ppo_epochs=2)
+    state, program = _placed_setup(sharding.make_mesh((1, 2, 4)), rl, OptimSettings(lr=1e-3))
     state, _, _ = rl_program.train_on_batch(program, state, _batch())
     with jax.transfer_guard("disallow"):
         state, metrics, _ = rl_program.train_on_batch(program, state, _batch())
@@ -161,12 +162,12 @@ def test_offload_moves_parts_and_changes_nothing(monkeypatch):
     PPO steps give bit for bit the parameters, AdamW states and metrics of keeping everything on
     the devices. The state then rests where the mode says (in host memory for "state") and the
     sampling copy is made from there."""
-    rl = settings.RLSettings(algo="ppo", mini_batch_size=2, micro_batch_size=1)
+    rl = RLSettings(algo="ppo", mini_batch_size=2, micro_batch_size=1)
     mesh = sharding.make_mesh((1, 2, 4))
     seen = []
     results = {}
     for mode in ("none", *_PLACES):
-        state, program = _placed_setup(mesh, rl, settings.OptimSettings(lr=1e-2), mode)
+        state, program = _placed_setup(mesh, rl, OptimSettings(lr=1e-2), mode)
 
         def where(st):
             return "".join("H" if jax.tree.leaves(getattr(st, p))[0].sharding.memory_kind == "pinned_host" else "D"
@@ -204,7 +205,7 @@ def test_offload_moves_parts_and_changes_nothing(monkeypatch):
     copy = layout.copy(state.actor)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(copy), results["none"][0].actor)
     with pytest.raises(ValueError, match="config.train.offload"):
-        _placed_setup(mesh, rl, settings.OptimSettings(), "all")
+        _placed_setup(mesh, rl, OptimSettings(), "all")
 
 
 @pytest.mark.slow
@@ -213,8 +214,8 @@ def test_norm_and_learning_rate_metrics_match_numpy(algo):
     """One mini-batch per step: the update norm is |new - old|, the parameter norm |new|, and
     the learning rate follows the warmup by hand: lr 1e-2, 10 steps, warmup ratio 0.5 -> 5
     warmup steps from lr / 5 to lr: 2e-3 at the first step, 4e-3 at the second."""
-    rl = settings.RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2)
-    opt = settings.OptimSettings(lr=1e-2, warmup_ratio=0.5)
+    rl = RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2)
+    opt = OptimSettings(lr=1e-2, warmup_ratio=0.5)
     state, program = _placed_setup(sharding.make_mesh((1, 4, 2)), rl, opt)
     models = ("actor", "critic") if algo == "ppo" else ("actor",)
 
@@ -238,7 +239,7 @@ def test_step_keys_are_a_function_of_the_run_key_and_the_step():
     np.testing.assert_array_equal(a.rollout, train_state.step_keys(np.asarray(rng), 3).rollout)  # host or device
     keys = [np.asarray(k).tolist() for k in (*a, *b, train_state.seed_keys(0).init, rng)]
     assert len({tuple(k) for k in keys}) == len(keys)  # every stream and step draws apart
-    rows = np.asarray(update.minibatch_rows(settings.RLSettings(mini_batch_size=2, micro_batch_size=1, ppo_epochs=3),
+    rows = np.asarray(update.minibatch_rows(RLSettings(mini_batch_size=2, micro_batch_size=1, ppo_epochs=3),
                                              a.order, 6))
     assert rows.shape == (9, 2)
     for epoch in rows.reshape(3, 3, 2):  # each epoch visits every row once, sorted within a mini-batch
@@ -271,15 +272,15 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     assert batch.tokens.shape[0] == 8 and batch.dialogue.tolist() == [0, 0, 0, 1, 2, 2, 3, 3]
     cfg = get_preset("tiny")
     actor = qwen2.init_params(cfg, jax.random.key(0))
-    rl = settings.RLSettings(algo="grpo", mini_batch_size=2, micro_batch_size=1, batch_size=4)
+    rl = RLSettings(algo="grpo", mini_batch_size=2, micro_batch_size=1, batch_size=4)
     state = train_state.init_train_state(actor, optax.sgd(0.0), seed=0)
     arrays = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
-    out = update.prepare(rl, cfg, None, state, update.Frozen(), arrays)
+    out, _ = update.prepare(rl, cfg, None, state, update.Frozen(), arrays)
     a = 0.4 / np.sqrt(0.32)
     row_adv = np.asarray(out["advantages"]).sum(-1) / np.maximum(batch.policy_mask.sum(-1), 1)
     np.testing.assert_allclose(row_adv, [a, a, a, -a, 0, 0, 0, 0], atol=1e-5)
     assert update.minibatch_rows(rl, jax.random.key(1), 8).shape == (2, 4)
-    opt = settings.Optimizer(optax.sgd(1.0), optax.constant_schedule(1e-2))
+    opt = Optimizer(optax.sgd(1.0), optax.constant_schedule(1e-2))
     program = rl_program.make_update_program(rl, cfg, None, opt, None)
     state = train_state.init_train_state(actor, opt.tx, seed=0)
     state, metrics, advantages = rl_program.train_on_batch(program, state, batch)
@@ -310,11 +311,11 @@ def test_value_head_init_and_the_critic_loss_aggregation():
     rows = jnp.arange(4)
     expected = {"seq_mean_token_mean": mask / mask.sum(1, keepdims=True) / 4, "token_mean": mask / mask.sum()}
     for mode, want in expected.items():
-        rl = settings.RLSettings(value_loss_agg_mode=mode, mini_batch_size=4, micro_batch_size=4)
+        rl = RLSettings(value_loss_agg_mode=mode, mini_batch_size=4, micro_batch_size=4)
         got = update.micro_batches(rl, batch, rows)["value_weights"]
         np.testing.assert_allclose(np.asarray(got).reshape(4, 6), want, rtol=1e-6)
     with pytest.raises(ValueError, match="config.rl.value_loss_agg_mode='row_mean'"):
-        settings.RLSettings(value_loss_agg_mode="row_mean")
+        RLSettings(value_loss_agg_mode="row_mean")
 
 
 def test_critic_has_no_lm_head_and_the_values_of_a_headed_critic():
@@ -327,7 +328,7 @@ def test_critic_has_no_lm_head_and_the_values_of_a_headed_critic():
     assert "lm_head" in actor and "lm_head" not in critic
     assert critic_cfg.num_params() == cfg.num_params() - cfg.vocab_size * cfg.hidden_size
     assert jax.tree.structure(critic) == jax.tree.structure(qwen2.abstract_params(critic_cfg))
-    opt = settings.make_optimizer(settings.OptimSettings(), 10)
+    opt = make_optimizer(OptimSettings(), 10)
     state = train_state.init_train_state(actor, opt.tx, critic, opt.tx)
     vocab_leaves = [x.shape for x in jax.tree.leaves((state.critic, state.critic_opt)) if cfg.vocab_size in x.shape]
     assert vocab_leaves == [(cfg.vocab_size, cfg.hidden_size)] * 3  # the input embedding, its two AdamW moments
@@ -346,7 +347,7 @@ def test_critic_has_no_lm_head_and_the_values_of_a_headed_critic():
 
 
 def test_minibatch_rows_put_padding_last():
-    rl = settings.RLSettings(mini_batch_size=2, micro_batch_size=1, ppo_epochs=2)
+    rl = RLSettings(mini_batch_size=2, micro_batch_size=1, ppo_epochs=2)
     padding = jnp.array([False, True, False, False, True, False])
     rows = np.asarray(update.minibatch_rows(rl, train_state.step_keys(train_state.seed_keys(0).run, 0).order, 6, padding))
     for epoch in rows.reshape(2, 3, 2):  # the four real rows fill the first two mini-batches
@@ -364,3 +365,98 @@ def test_optimizer_steps_count_row_mini_batches_and_skip_padding_only_ones():
     _, metrics, _ = rl_program.train_on_batch(program, state, collate(seqs, batch_size=4, reward_mode="final",
                                                                    length_multiple=8, rows=6, row_multiple=2))
     assert metrics["optimizer_steps"] == 2.0
+
+
+# Three groups of four one-row dialogues (two turns each, 3-5 policy tokens a turn); group 2's
+# rewards are all equal.
+_FINALS = [90.0, 5.0, 70.0, 0.0, 60.0, 20.0, 20.0, 35.0, 40.0, 40.0, 40.0, 40.0]
+_TURN = [3 + d % 3 for d in range(12)]
+
+
+def _overlong(length, budget=5, buffer=2):
+    return -min(max((length - (budget - buffer)) / buffer, 0.0), 1.0)
+
+
+def _whitened_by_tokens(values, tokens):
+    """Each dialogue's value whitened over the batch's policy tokens (ddof 1, eps 1e-8): the
+    per-dialogue advantage of a token-whitened estimator whose tokens all carry their dialogue's value."""
+    every = np.repeat(values, tokens)
+    return (values - every.mean()) / np.sqrt(every.var(ddof=1) + 1e-8)
+
+
+def _expected_dialogue_advantages(algo):
+    """The per-dialogue advantage of each algorithm in plain numpy from the dialogues' rewards (and
+    turn lengths): GRPO-family within the groups of four, RLOO leave-one-out, REINFORCE++ whitened
+    over the batch's policy tokens, DAPO with the overlong penalties (budget 5, buffer 2) and
+    group 2 filtered."""
+    r = np.array(_FINALS) / 100
+    tokens = 2 * np.array(_TURN)
+    if algo == "dapo":
+        r = r + 2 * np.array([_overlong(n) for n in _TURN])
+    g = r.reshape(3, 4)
+    mean, std = g.mean(1, keepdims=True), g.std(1, ddof=1, keepdims=True)
+    if algo in ("grpo", "gspo", "cispo", "dapo"):
+        adv = np.where(std > 0, (g - mean) / (std + 1e-6), 0.0)
+        if algo == "dapo":
+            adv[2] = 0.0
+        return adv.ravel()
+    if algo == "drgrpo":
+        return (g - mean).ravel()
+    if algo == "rloo":
+        return (g - (g.sum(1, keepdims=True) - g) / 3).ravel()
+    if algo == "reinforce_pp":
+        return _whitened_by_tokens(r, tokens)
+    if algo == "reinforce_pp_baseline":
+        return _whitened_by_tokens((g - mean).ravel(), tokens)
+    raise ValueError(algo)
+
+
+_ROWS = ["grpo", "rloo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline"]
+
+
+def _formula_batch(algo):
+    rng = np.random.default_rng(5)
+    seqs = [_dialogue(rng, d // 4, [30.0, 50.0, f], turn=_TURN[d]) for d, f in enumerate(_FINALS)]
+    batch = collate(seqs, batch_size=12, reward_mode="final", length_multiple=8)
+    return batch, RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, max_new_tokens=5, overlong_buffer=2)
+
+
+@pytest.mark.parametrize("algo", _ROWS)
+def test_estimated_advantages_are_the_estimators_formula(algo):
+    """`update.estimate` of each row (what `prepare` does after the models): each dialogue's
+    advantage is the formula of `_expected_dialogue_advantages`; DAPO drops group 2's rows from
+    the loss (policy mask 0)."""
+    batch, rl = _formula_batch(algo)
+    arrays = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
+    out, metrics = update.estimate(rl, arrays)
+    got = np.asarray(update.dialogue_advantages(out["advantages"], arrays["policy_mask"], arrays["dialogue"]))
+    np.testing.assert_allclose(got[:12], _expected_dialogue_advantages(algo), rtol=1e-5, atol=1e-6)
+    if algo == "dapo":
+        assert float(metrics["filtered_groups"]) == 1.0
+        np.testing.assert_array_equal(np.asarray(out["policy_mask"]).sum(-1) > 0, np.arange(12) < 8)
+    else:
+        assert not metrics and "policy_mask" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", _ROWS)
+def test_dialogue_advantages_are_the_estimators_formula(algo):
+    """One tiny train step of each row of the algorithm table: it runs, and the per-dialogue
+    advantages it hands back (the transcripts') are the estimator's formula computed in numpy
+    from the batch's rewards; REINFORCE++'s are also an increasing affine map of the rewards.
+    DAPO: its overlong penalties enter the rewards, and the group whose rewards are all equal is
+    filtered (advantage 0, metric filtered_groups)."""
+    batch, rl = _formula_batch(algo)
+    cfg = get_preset("tiny")
+    opt = make_optimizer(OptimSettings(lr=1e-2, warmup_ratio=0.0, weight_decay=0.0), 10)
+    state = train_state.init_train_state(qwen2.init_params(cfg, jax.random.key(0)), opt.tx, seed=0)
+    program = rl_program.make_update_program(rl, cfg, None, opt, None)
+    state, metrics, advantages = rl_program.train_on_batch(program, state, batch)
+    assert int(state.step) == 1 and all(np.isfinite(v) for v in metrics.values()) and metrics["optimizer_steps"] > 0
+    np.testing.assert_allclose(advantages[:12], _expected_dialogue_advantages(algo), rtol=1e-5, atol=1e-6)
+    assert ("filtered_groups" in metrics) == (algo == "dapo") and metrics.get("filtered_groups", 1.0) == 1.0
+    if algo == "reinforce_pp":
+        r = np.array(_FINALS) / 100
+        slope, intercept = np.polyfit(r, advantages[:12], 1)
+        assert slope > 0
+        np.testing.assert_allclose(advantages[:12], slope * r + intercept, atol=1e-5)

@@ -5,7 +5,6 @@ import json
 import signal
 import subprocess
 import sys
-import types
 
 import jax
 import numpy as np
@@ -22,7 +21,6 @@ from rlver_jax.files import read_jsonl
 from rlver_jax.train.interrupts import TrainingInterrupted
 from rlver_jax.rl import program as rl_program
 from rlver_jax.train.spec import RunSpec
-from rlver_jax.rollout.buffer import RolloutBatch
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES, load_profiles
 from tests.conftest import REPO
@@ -241,15 +239,13 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
 
 
 def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path):
-    config = small(grpo_think.get_config("tiny"), tmp_path, steps=1)
     failed = [DialogueSequence(profile_id=f"p{i}", group=i, tokens=[], policy_mask=[], logprobs=[], turn_ends=[],
                                emotions=[30.0], end_reason="simulator_error", simulator_error=True,
                                simulator_state={"error": "simulator refused the request with HTTP 400"})
               for i in range(2)]
-    run = types.SimpleNamespace(workdir=tmp_path, spec=RunSpec.from_config(config))
     with pytest.raises(loop.AllDialoguesFailedError,
                        match=r"step 5: .*2 of 2 ended as simulator_error \(last: .*HTTP 400\).*train_000005.jsonl"):
-        loop._collate(run, 5, RolloutBatch(index=5, version=5, sequences=failed, seconds=1.0), failed)
+        loop._check_trainable(5, failed, tmp_path / "transcripts")
     assert [r["profile_id"] for r in read_jsonl(tmp_path / "transcripts" / "train_000005.jsonl")] == ["p0", "p1"]
 
 

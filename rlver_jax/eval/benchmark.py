@@ -19,32 +19,28 @@ outputs and every process returns the same scores.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import copy
 import dataclasses
 import importlib
 import logging
 import pathlib
-import sys
 import threading
 from typing import Any
 
 import ml_collections
-from tqdm import tqdm
 
 from rlver_jax.checks import build_all, check_ranges, named
 from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.eval import policy_source, report
 from rlver_jax.eval.resume import check_setup, load_records
-from rlver_jax.files import append_jsonl
-from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, show_requests
-from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
-from rlver_jax.rollout.policy import OpenAIPolicy
-from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint
+from rlver_jax.parallel.hosts import allgather_json, process_index
+from rlver_jax.rollout.episodes import RolloutSettings
+from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.sampling.settings import SamplingSettings
-from rlver_jax.simulator import (ProfileError, SimulatorSettings, SimulatorUnavailableError, build_simulator,
-                                 check_endpoint, load_profiles)
+from rlver_jax.simulator import (ProfileError, SimulatorSettings, SimulatorUnavailableError, check_endpoint,
+                                 load_profiles)
 from rlver_jax.simulator.profiles import Profile
 
 log = logging.getLogger(__name__)
@@ -63,33 +59,6 @@ def needs_jax(config: ml_collections.ConfigDict) -> bool:
     A served policy on one process does without it, and without its start-up."""
     return (config.policy.backend != "openai"
             or DistributedSettings.from_config(config.mesh.distributed).initialize_arguments() is not None)
-
-
-def _distributed() -> bool:
-    """Whether this process is one of a jax.distributed run (launch/eval.py starts one through
-    sharding.maybe_initialize_distributed). Asked without touching a device: jax.process_index()
-    would start the accelerator backend, which an evaluation of served models never needs (on a
-    GPU host it would also claim the memory of the GPU a local server uses). A process that never
-    imported jax is in no such run, and is not made to import it (~2 s of start-up)."""
-    jax = sys.modules.get("jax")
-    return jax is not None and jax.distributed.is_initialized()
-
-
-def process_index() -> int:
-    """This process's index in a jax.distributed run; 0 outside one (no device touched)."""
-    if not _distributed():
-        return 0
-    import jax
-
-    return jax.process_index()
-
-
-def _allgather(obj: Any) -> list[Any]:
-    if not _distributed():
-        return [obj]
-    from rlver_jax.parallel import hosts  # jax.distributed runs only: it imports jax
-
-    return hosts.allgather_json(obj)
 
 
 def load_eval_profiles(config: ml_collections.ConfigDict) -> list[Profile]:
@@ -187,19 +156,6 @@ class _PolicySpec:
                 "difficulty": s.difficulty, "profiles": c.eval.profiles, "rules": {k: s[k] for k in rules}}
 
 
-async def _play(runner: EpisodeRunner, requests: list[EpisodeRequest], group_size: int, max_dialogues: int,
-                on_finish) -> None:
-    """All dialogues, `group_size` per policy call, at most `max_dialogues` in flight."""
-    group_size = max(1, min(group_size, max_dialogues))
-    slots = asyncio.Semaphore(max(1, max_dialogues // group_size))
-
-    async def group(chunk):
-        async with slots:
-            await runner.run(chunk, on_finish=on_finish)
-
-    await asyncio.gather(*(group(requests[i:i + group_size]) for i in range(0, len(requests), group_size)))
-
-
 def like_training(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`config` under the settings of the training run `config.eval.like_training` names (a copy;
     `config` itself when that is ""): the run's simulator section but for the fields of how it
@@ -240,7 +196,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
     profiles = load_eval_profiles(config)
     spec = _PolicySpec(config)
     transcripts = workdir / TRANSCRIPTS
-    plan = _allgather(_plan(workdir, spec, profiles) if process_index() == 0 else None)[0]
+    plan = allgather_json(_plan(workdir, spec, profiles) if process_index() == 0 else None)[0]
     if "error" in plan:  # every process stops with process 0's error
         raise ValueError(plan["error"])
     pending = [(i, p) for i, p in enumerate(profiles) if p.id in set(plan["pending"])]
@@ -254,7 +210,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
         s = config.simulator
         scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
                                       spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling))
-    return _allgather(scores)[0]
+    return allgather_json(scores)[0]
 
 
 def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile]) -> dict[str, Any]:
@@ -272,7 +228,7 @@ def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile]) -> 
 
 def _evaluate(config: ml_collections.ConfigDict, settings: BenchmarkSettings, spec: _PolicySpec,
               pending: list[tuple[int, Profile]], workdir: pathlib.Path, progress: bool) -> None:
-    """Play the dialogues of `pending` ((index in the benchmark, profile) pairs; this process's
+    """Play the dialogues of `pending` ((index in the benchmark, profile) pairs; each process a
     share of them), appending each to the transcripts as it ends: process 0 its own at once, the
     other processes' when they are gathered at the end."""
     check_endpoint(settings.simulator)
@@ -281,49 +237,16 @@ def _evaluate(config: ml_collections.ConfigDict, settings: BenchmarkSettings, sp
     policy, chat_tokens = spec.build(workdir, settings.sampling)
     rollout = dataclasses.replace(settings.rollout, think=spec.source.think)
     transcripts = workdir / TRANSCRIPTS
-    mine = pending
-    if _distributed():
-        from rlver_jax.parallel import hosts  # imports jax
-
-        mine = [pending[i] for i in hosts.share(len(pending))]
-    writes = process_index() == 0
-    held: list[dict[str, Any]] = []  # another process's records, sent to process 0 at the end
-    bar = tqdm(total=len(mine), disable=not progress or not writes, desc="sentient", unit="dialogue",
-               dynamic_ncols=True)
-    stop_showing_requests = show_requests(bar, "sentient")
-
-    def on_finish(seq: DialogueSequence) -> None:
-        if writes:
-            append_jsonl(transcripts, seq.to_record())
-        else:
-            held.append(seq.to_record())
-        bar.update(1)
-
-    async def play():
-        async with build_simulator(settings.simulator) as sim:
-            runner = EpisodeRunner(policy, sim, chat_tokens, rollout)
-            try:
-                # index: the dialogue's sampling index, its place in the benchmark (any split, any resume)
-                await _play(runner, [EpisodeRequest(p, i, index=i) for i, p in mine],
-                            settings.group_size, settings.max_dialogues, on_finish)
-            finally:
-                if isinstance(policy, OpenAIPolicy):
-                    await policy.aclose()
-
-    if writes:  # the report's plots need matplotlib (~1 s to import): import it while the dialogues wait
+    if process_index() == 0:  # the report's plots need matplotlib (~1 s to import): import it while the dialogues wait
         threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",),
                          name="import matplotlib", daemon=True).start()
     resume = f"The finished dialogues are saved in {transcripts}; rerun the same command to resume."
     try:
-        asyncio.run(play())
+        play_profiles(policy, chat_tokens, settings.simulator, rollout, pending, group_size=settings.group_size,
+                      max_dialogues=settings.max_dialogues, append_to=transcripts,
+                      progress="sentient" if progress else None)
     except SimulatorUnavailableError as e:
         raise SimulatorUnavailableError(f"{e}\n{resume}") from e
     except EndpointUnavailableError as e:  # not the simulator's (caught above): the policy's endpoint
         raise EndpointUnavailableError(
             f"the policy endpoint --config.policy.base_url={config.policy.base_url} failed: {e}.\n{resume}") from e
-    finally:
-        stop_showing_requests()
-        bar.close()
-    for part in _allgather(held)[1:]:
-        for record in part:
-            append_jsonl(transcripts, record)

@@ -10,11 +10,12 @@ import pathlib
 from rlver_jax.eval.policy_loading import LoadedPolicy
 from rlver_jax.files import atomic_directory, atomic_write_text
 from rlver_jax.models import hf_io, lora
+from rlver_jax.text.tokenizer_files import save_tokenizer
 
 
 def export_hf(policy: LoadedPolicy, out: str | os.PathLike, dtype: str) -> pathlib.Path:
     """Write config.json, safetensors weights, generation_config.json and the tokenizer files (in
-    the layout of Qwen2.5's release, `hf_io.save_tokenizer`) to `out`, which must not exist yet.
+    the layout of Qwen2.5's release, `text.tokenizer_files.save_tokenizer`) to `out`, which must not exist yet.
     Everything is written into a sibling directory first and renamed into place at the end
     (`files.atomic_directory`), so `out` is either absent or complete."""
     out = pathlib.Path(out)
@@ -24,7 +25,7 @@ def export_hf(policy: LoadedPolicy, out: str | os.PathLike, dtype: str) -> pathl
         # Atomic itself: it writes its files beside the (empty) stage and swaps them in.
         hf_io.save_pretrained(policy.model, policy.params, stage, dtype=dtype)
         # Not save_pretrained: transformers 5 writes a tokenizer_config.json that 4.x cannot read.
-        hf_io.save_tokenizer(policy.chat.tokenizer, stage)
+        save_tokenizer(policy.chat.tokenizer, stage)
         # A chat turn ends at <|im_end|>: generation must stop there, not only at <|endoftext|>.
         ct = policy.chat
         atomic_write_text(stage / "generation_config.json", json.dumps(

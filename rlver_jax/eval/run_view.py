@@ -19,7 +19,7 @@ from typing import Any
 
 from rlver_jax.eval import html_report
 from rlver_jax.eval.sentient import summarize
-from rlver_jax.rl.algorithms import ALGORITHMS
+from rlver_jax.rl.algorithms import ALGORITHMS, ESTIMATOR_KINDS
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.files import atomic_write_text, read_jsonl
 
@@ -41,18 +41,54 @@ STEP_COLUMNS = (("reward_mean", "reward", 3), ("emotion_mean", "emotion", 1), ("
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageSettings:
-    """How the run's trainer normalised group advantages (config.rl.grpo_normalize_std, grpo_eps)."""
+    """How the run's trainer gave a dialogue its advantage: its config.rl (the algorithm's row of
+    rlver_jax/rl/algorithms.py, with the fields a run set on its own) read as the trainer resolves it."""
 
-    per_dialogue: bool = True  # one advantage per dialogue to show (the algorithm table's row); else per token (GAE)
+    per_dialogue: bool = True  # one advantage per dialogue to show (the estimator's kind); else per token (GAE)
     normalize_std: bool = True
     eps: float = 1e-6
+    estimator: str = "grpo"
+    turn_credit_weight: float = 0.0
+    dynamic_sampling: bool = False
+    overlong_shaping: bool = False
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any] | None) -> AdvantageSettings:
         rl = (config or {}).get("rl", {})
         row = ALGORITHMS.get(rl.get("algo", "grpo"))
-        return cls(per_dialogue=row is not None and row.dialogue_advantages,
-                   normalize_std=rl.get("grpo_normalize_std", True), eps=rl.get("grpo_eps", 1e-6))
+        if row is None:  # an algorithm this version does not know
+            return cls(per_dialogue=False, estimator=str(rl.get("estimator") or rl.get("algo")))
+
+        def field(name: str, default: Any) -> Any:  # "" or None: the row's (rlver_jax.rl.settings.RLSettings)
+            value = rl.get(name)
+            return default if value in ("", None) else value
+
+        estimator = field("estimator", row.estimator)
+        kind = ESTIMATOR_KINDS.get(estimator)
+        return cls(per_dialogue=kind is not None and kind.dialogue_advantages,
+                   normalize_std=field("grpo_normalize_std", row.normalize_std), eps=rl.get("grpo_eps", 1e-6),
+                   estimator=estimator, turn_credit_weight=float(rl.get("turn_credit_weight") or 0.0),
+                   dynamic_sampling=bool(field("dynamic_sampling", row.dynamic_sampling)),
+                   overlong_shaping=bool(field("overlong_penalty", row.overlong_penalty)))
+
+    @property
+    def description(self) -> str:
+        """The step page's sentence on the advantages shown."""
+        kind = ESTIMATOR_KINDS.get(self.estimator)
+        if kind is None:
+            return f"Advantages of estimator {self.estimator!r}: not shown."
+        summary = kind.summary.format(std=f" / (sample std + {self.eps})" if self.normalize_std else "")
+        if not self.per_dialogue:
+            return f"Advantages ({self.estimator}): {summary}."
+        notes = [f"{self.estimator}: {summary}"]
+        if self.overlong_shaping:
+            notes.append("the reward includes its turns' overlong penalties")
+        if self.dynamic_sampling:
+            notes.append("0 in a group whose rewards are all equal (dynamic sampling drops it: metric filtered_groups)")
+        if self.turn_credit_weight:
+            notes.append(f"plus {self.turn_credit_weight} x its turns' group-relative emotion changes, averaged over "
+                         "its tokens")
+        return "Advantage of a dialogue, as the trainer computed it (" + "; ".join(notes) + ")."
 
 
 def _trainable(t: Mapping[str, Any]) -> bool:

@@ -50,7 +50,7 @@ def build(out: str | os.PathLike = DEFAULT_DIR) -> pathlib.Path:
             raise FileNotFoundError(f"transformers reads GGUF files with the {module!r} package: {_INSTALL}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlver_jax.models.hf_io import save_tokenizer
+    from rlver_jax.text.tokenizer_files import save_tokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
     quantized = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name)

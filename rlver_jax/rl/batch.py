@@ -10,6 +10,7 @@ the dialogues' are padding with zero masks.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from rlver_jax.sampling.buckets import bucket
 from rlver_jax.rollout.sequence import DialogueSequence
 
 REWARD_MODES = ("final", "per_turn")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -33,10 +35,38 @@ class TrainBatch:
     # int32 [B], the row's dialogue (its index in the collated list); a dialogue's rows are
     # consecutive; padding rows get their own ids.
     dialogue: np.ndarray
+    # The turns, for overlong shaping and turn-level credit (rlver_jax.rl.estimators); a batch built
+    # without them (a planner's, a benchmark's) has no turns: -1 and zeros.
+    turn: np.ndarray | None = None  # int32 [B, T], the dialogue's policy turn of each policy token; -1 elsewhere
+    turn_rewards: np.ndarray | None = None  # float32 [B, T], a scored turn's reward (`turn_rewards`) on its last token
+    turn_scored: np.ndarray | None = None  # float32 [B, T], 1 on the last policy token of each scored turn
+
+    def __post_init__(self):
+        shape = self.policy_mask.shape
+        if self.turn is None:
+            self.turn = np.full(shape, -1, np.int32)
+        for name in ("turn_rewards", "turn_scored"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros(shape, np.float32))
 
     def arrays(self, policy_tokens: int | None = None) -> dict[str, np.ndarray]:
         """The fields, plus `policy_positions` derived from the policy mask (`policy_tokens`: see there)."""
         return {**dataclasses.asdict(self), "policy_positions": policy_positions(self.policy_mask, policy_tokens)}
+
+
+def _dialogue_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
+    """Reward per token index (of `seq.tokens`) of the dialogue as one episode (`token_rewards`)."""
+    if mode == "final":
+        return {seq.turn_ends[-1]: seq.reward}
+    if mode != "per_turn":
+        raise ValueError(f"config.rl.reward_mode={mode!r}; use one of {REWARD_MODES}")
+    dialogue = {}
+    for i, end in enumerate(seq.turn_ends):
+        if i + 1 < len(seq.emotions):
+            dialogue[end] = (seq.emotions[i + 1] - seq.emotions[i]) / 100.0
+    if seq.ended_by_format_failure:
+        dialogue[seq.turn_ends[-1]] = dialogue.get(seq.turn_ends[-1], 0.0) - seq.emotions[-1] / 100.0
+    return dialogue
 
 
 def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
@@ -52,20 +82,32 @@ def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
     this and later turns): with "final" every turn row carries the dialogue's final reward, as
     in the reference.
     """
-    if mode == "final":
-        dialogue = {seq.turn_ends[-1]: seq.reward}
-    elif mode == "per_turn":
-        dialogue = {}
-        for i, end in enumerate(seq.turn_ends):
-            if i + 1 < len(seq.emotions):
-                dialogue[end] = (seq.emotions[i + 1] - seq.emotions[i]) / 100.0
-        if seq.ended_by_format_failure:
-            dialogue[seq.turn_ends[-1]] = dialogue.get(seq.turn_ends[-1], 0.0) - seq.emotions[-1] / 100.0
-    else:
-        raise ValueError(f"config.rl.reward_mode={mode!r}; use one of {REWARD_MODES}")
+    dialogue = _dialogue_rewards(seq, mode)
     if len(seq.rows) <= 1:
         return dialogue
     return {end: sum(r for idx, r in dialogue.items() if idx >= end) for end in seq.turn_ends}
+
+
+def dialogue_return(seq: DialogueSequence, mode: str) -> float:
+    """The dialogue's rewards summed (its first row's, whatever its rows): the score an outcome
+    estimator compares, before any shaping."""
+    return float(sum(_dialogue_rewards(seq, mode).values()))
+
+
+def turn_rewards(seq: DialogueSequence) -> dict[int, float]:
+    """Each scored turn's own reward, on its last policy token (by index of `seq.tokens`): the
+    per_turn mode's rewards of the dialogue as one episode (the emotion change / 100; a turn a
+    format failure ended, -(emotion before it) / 100), never summed over later turns, whatever
+    the rows: the turn-level credit compares each turn with the turns at its position."""
+    return _dialogue_rewards(seq, "per_turn")
+
+
+def turn_index(seq: DialogueSequence) -> np.ndarray:
+    """int32 [len(seq.tokens)]: the policy turn (0, 1, ...) each policy token belongs to, -1 on
+    other tokens: turn k's policy tokens lie after turn_ends[k - 1] and up to turn_ends[k]."""
+    idx = np.arange(len(seq.tokens))
+    turn = np.searchsorted(np.asarray(seq.turn_ends), idx, side="left").astype(np.int32)
+    return np.where(np.asarray(seq.policy_mask) > 0, turn, -1).astype(np.int32)
 
 
 def policy_positions(policy_mask: np.ndarray, policy_tokens: int | None = None) -> np.ndarray:
@@ -175,16 +217,62 @@ def collate(
     b = 0
     ids = range(len(sequences)) if dialogue_ids is None else dialogue_ids
     for d, seq in zip(ids, sequences):
-        rewards = token_rewards(seq, reward_mode)
+        rewards, per_turn, turns = token_rewards(seq, reward_mode), turn_rewards(seq), turn_index(seq)
         for start, end in seq.rows:
             n = end - start
             batch.tokens[b, :n] = seq.tokens[start:end]
             batch.attention_mask[b, :n] = 1
             batch.policy_mask[b, :n] = seq.policy_mask[start:end]
             batch.sample_logprobs[b, :n] = seq.logprobs[start:end]
+            batch.turn[b, :n] = turns[start:end]
             batch.group[b], batch.dialogue[b] = seq.group, d
             for idx, r in rewards.items():
                 if start <= idx < end:
                     batch.rewards[b, idx - start] = r
+            for idx, r in per_turn.items():
+                if start <= idx < end:
+                    batch.turn_rewards[b, idx - start], batch.turn_scored[b, idx - start] = r, 1.0
             b += 1
     return batch
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCollation:
+    """How a step's dialogues become this process's rows of the one global train batch: the
+    mini-batch unit (rlver_jax.rl.settings.RLSettings' batch_size and mini_batch_size), the length
+    bucket and which process holds each dialogue's rows."""
+
+    batch_size: int  # dialogues per step when mini-batches are cut in dialogues; 0: in rows
+    mini_batch_size: int
+    reward_mode: str
+    length_multiple: int  # the rows' length bucket
+    pad_id: int
+    dialogue_process: np.ndarray  # [dialogues of a step] the process holding each one's rows
+    process: int = 0  # this process
+    processes: int = 1
+
+    def collate(self, dialogues: Sequence[DialogueSequence], share: int) -> tuple[TrainBatch, int]:
+        """This process's rows of the batch of `dialogues` (every process's, in step order, at least
+        one trainable; `share`: dialogue slots per process): its trainable dialogues' rows, then
+        padding, and the policy-token count that sizes C.
+
+        The shapes come from every process's dialogues, so every process agrees on the rows per
+        process (the most any process needs), T (the longest row, bucketed) and C without another
+        exchange; row and group ids are global."""
+        # Rows mode (batch_size 0): rows a multiple of each process's share of a mini-batch, so the
+        # global batch is whole mini-batches; one program per multiple, at most max_turns x dialogues / mini.
+        multiple = row_multiple(self.batch_size, self.mini_batch_size, share, self.processes)
+        owner = self.dialogue_process
+        rows = max(batch_rows([dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable], multiple)
+                   for p in range(self.processes))
+        longest, policy_tokens = row_extent([s for s in dialogues if s.trainable])
+        length = bucket(longest, multiple=self.length_multiple)
+        mine = [(int(d), dialogues[d]) for d in np.flatnonzero(owner == self.process) if dialogues[d].trainable]
+        if self.processes > 1:
+            alone = row_extent([s for _, s in mine])
+            log.info("batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues alone: "
+                     "T=%d, %d)", length, policy_tokens, rows, bucket(alone[0], multiple=self.length_multiple),
+                     alone[1])
+        return collate([s for _, s in mine], batch_size=share, reward_mode=self.reward_mode, rows=rows,
+                       length=length, dialogue_ids=[d for d, _ in mine], padding_ids=rows * self.processes,
+                       pad_id=self.pad_id, row_multiple=multiple), policy_tokens

@@ -245,6 +245,11 @@ AGG_MODES: dict[str, Callable[[Array, float | None], Array]] = {
 }
 # GSPO's objective is a mean over sequences of the token mean; other modes change the algorithm.
 GSPO_AGG_MODES = ("seq_mean_token_mean",)
+# The policy losses by name (rlver_jax.rl.update.POLICY_LOSSES calls them) and the aggregation
+# modes each admits: the gspo losses' ratio is a sequence's, so a token-level aggregation (which
+# NeMo RL refuses for sequence-level ratios) would weigh a sequence by its length.
+POLICY_LOSS_AGG_MODES: dict[str, tuple[str, ...]] = {
+    "ppo": tuple(AGG_MODES), "gspo": GSPO_AGG_MODES, "gspo_token": GSPO_AGG_MODES, "cispo": tuple(AGG_MODES)}
 
 
 def loss_weights(mask: Array, mode: str, *, norm_len: float | None = None) -> Array:

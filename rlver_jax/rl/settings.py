@@ -17,24 +17,41 @@ KL_MODES = ("loss", "reward")
 
 @dataclasses.dataclass(frozen=True)
 class RLSettings:
-    """The `config.rl` section as a typed, hashable record (static under jit)."""
+    """The `config.rl` section as a typed, hashable record (static under jit).
+
+    The fields marked "row" take the algorithm's value (its row of rlver_jax.rl.algorithms) when
+    given as "" or None; they are resolved here, once, so every reader sees concrete values.
+    `max_new_tokens` and `max_turns` come from the rollout and simulator sections
+    (rlver_jax.train.spec.rl_settings)."""
 
     algo: str = "ppo"
+    estimator: str = ""  # row; rlver_jax.rl.estimators.ESTIMATORS
+    policy_loss: str = ""  # row; rlver_jax.rl.update.POLICY_LOSSES
+    loss_agg_mode: str = ""  # row; losses.AGG_MODES
     reward_mode: str = "final"
     gamma: float = 1.0
     lam: float = 1.0
     whiten_advantages: bool = True
-    grpo_normalize_std: bool = True
+    grpo_normalize_std: bool | None = None  # row
     grpo_eps: float = 1e-6
     clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    dual_clip: float = 0.0  # 0 disables; otherwise c > 1
+    clip_eps_high: float | None = None  # row
+    dual_clip: float = 0.0  # 0 disables; otherwise c > 1 (the ppo loss only)
+    gspo_clip_eps_low: float = 3e-4  # the gspo losses' clip range (GSPO's paper)
+    gspo_clip_eps_high: float = 4e-4
+    cispo_clip_eps_high: float = 5.0  # the cispo loss's truncation: weights <= 1 + this; no lower bound
     value_clip: float = 0.5
     entropy_coef: float = 0.0
     kl_coef: float = 0.0
-    kl_mode: str = "loss"
+    kl_mode: str = ""  # row
     kl_estimator: str = "k3"
-    loss_agg_mode: str = "token_mean"
+    # DAPO's overlong shaping of each policy turn's length against max_new_tokens: the penalty at the
+    # budget (row; 0 = off) and the tokens before it where the penalty ramps up (0 = a fifth of the budget)
+    overlong_penalty: float | None = None
+    overlong_buffer: int = 0
+    dynamic_sampling: bool | None = None  # row; groups whose rewards are all equal get no loss weight
+    dynamic_sampling_retries: int = 2  # with dynamic_sampling: times such a group is sampled again (rl.dynamic_sampling)
+    turn_credit_weight: float = 0.0  # turn-level group advantages mixed in with this weight (grouped estimators)
     value_loss_agg_mode: str = "token_mean"  # the critic's loss (losses.AGG_MODES)
     ppo_epochs: int = 1
     mini_batch_size: int = 32  # train-batch rows per optimizer step (with batch_size 0)
@@ -44,10 +61,23 @@ class RLSettings:
     # the batch's rows are a multiple of mini_batch_size (the last mini-batch's real rows may be fewer).
     batch_size: int = 0
     logprob_chunk: int = 1024  # tokens per row through the LM head at a time (rl.logprobs)
+    max_new_tokens: int = 512  # config.rollout.max_new_tokens: a policy turn's token budget
+    max_turns: int = 8  # config.simulator.max_turns: policy turns per dialogue (turn arrays' static size)
 
     def __post_init__(self):
-        algorithms.algorithm(self.algo)
-        checks = [("kl_mode", self.kl_mode, KL_MODES),
+        row = algorithms.algorithm(self.algo)
+        defaults = {"estimator": row.estimator, "policy_loss": row.policy_loss, "loss_agg_mode": row.loss_agg_mode,
+                    "grpo_normalize_std": row.normalize_std, "clip_eps_high": row.clip_eps_high,
+                    "kl_mode": row.kl_mode, "overlong_penalty": row.overlong_penalty,
+                    "dynamic_sampling": row.dynamic_sampling}
+        for name, value in defaults.items():
+            if getattr(self, name) in ("", None):
+                object.__setattr__(self, name, value)
+        if not self.overlong_buffer:
+            object.__setattr__(self, "overlong_buffer", max(self.max_new_tokens // 5, 1))
+        checks = [("estimator", self.estimator, tuple(algorithms.ESTIMATOR_KINDS)),
+                  ("policy_loss", self.policy_loss, tuple(losses.POLICY_LOSS_AGG_MODES)),
+                  ("kl_mode", self.kl_mode, KL_MODES),
                   ("kl_estimator", self.kl_estimator, tuple(losses.KL_ESTIMATORS)),
                   ("loss_agg_mode", self.loss_agg_mode, tuple(losses.AGG_MODES)),
                   ("value_loss_agg_mode", self.value_loss_agg_mode, tuple(losses.AGG_MODES)),
@@ -66,6 +96,34 @@ class RLSettings:
         if self.batch_size % self.mini_batch_size:
             raise ValueError(f"{self.batch_size} dialogues per step are not a multiple of "
                              f"config.rl.mini_batch_size={self.mini_batch_size}")
+        self._check_combination()
+
+    def _check_combination(self) -> None:
+        """One line naming the fields of a combination that is not meaningful."""
+        loss = f"config.rl.policy_loss={self.policy_loss!r}"
+        if self.loss_agg_mode not in (modes := losses.POLICY_LOSS_AGG_MODES[self.policy_loss]):
+            raise ValueError(f"{loss} with config.rl.loss_agg_mode={self.loss_agg_mode!r}: its ratio is a sequence's, "
+                             f"so its loss is a mean over sequences; use config.rl.loss_agg_mode in {modes}")
+        if self.dual_clip and self.policy_loss != "ppo":
+            raise ValueError(f"config.rl.dual_clip={self.dual_clip} with {loss}: the dual clip bounds the ppo loss "
+                             "only; set --config.rl.dual_clip=0")
+        kind = algorithms.ESTIMATOR_KINDS[self.estimator]
+        for name, on in (("dynamic_sampling", self.dynamic_sampling), ("turn_credit_weight", self.turn_credit_weight)):
+            if on and not kind.grouped:
+                raise ValueError(f"config.rl.{name}={getattr(self, name)} with config.rl.estimator={self.estimator!r}: "
+                                 "it compares the dialogues of a group; use a grouped estimator "
+                                 f"{tuple(k for k, v in algorithms.ESTIMATOR_KINDS.items() if v.grouped)}")
+        if self.overlong_penalty < 0 or (self.overlong_penalty and not 0 < self.overlong_buffer <= self.max_new_tokens):
+            raise ValueError(f"config.rl.overlong_penalty={self.overlong_penalty} with config.rl.overlong_buffer="
+                             f"{self.overlong_buffer}: need a penalty >= 0 and 0 < buffer <= "
+                             f"config.rollout.max_new_tokens={self.max_new_tokens}")
+        for name in ("gspo_clip_eps_low", "gspo_clip_eps_high", "cispo_clip_eps_high", "clip_eps_low", "clip_eps_high"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"config.rl.{name}={getattr(self, name)} must be >= 0")
+        if self.dynamic_sampling_retries < 0:
+            raise ValueError(f"config.rl.dynamic_sampling_retries={self.dynamic_sampling_retries} must be >= 0")
+        if self.max_turns < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"max_turns={self.max_turns} and max_new_tokens={self.max_new_tokens} must be >= 1")
 
     def minibatches(self, rows: int) -> int:
         """Mini-batches per epoch over a batch of `rows` rows."""
@@ -77,8 +135,18 @@ class RLSettings:
         return algorithms.ALGORITHMS[self.algo]
 
     @property
+    def estimator_kind(self) -> algorithms.EstimatorKind:
+        """What the resolved estimator needs and gives."""
+        return algorithms.ESTIMATOR_KINDS[self.estimator]
+
+    @property
+    def min_n(self) -> int:
+        """The fewest dialogues per profile the estimator can compare: 2 in a group, else 1."""
+        return algorithms.min_n(self.estimator)
+
+    @property
     def uses_critic(self) -> bool:
-        return self.algorithm.critic
+        return self.estimator_kind.critic
 
     @property
     def uses_reference(self) -> bool:

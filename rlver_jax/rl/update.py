@@ -3,10 +3,12 @@
 One train step consumes a TrainBatch of dialogues' training rows (a dialogue each, or one per turn
 with think_history "drop"; rlver_jax.rl.batch):
   prepare:    old log-probs (actor), reference log-probs (only with a KL term), values (critic),
-              token rewards (minus a KL penalty in "reward" mode) -> advantages (the algorithm's
-              estimator, rlver_jax.rl.estimators) and returns;
-  actor:      epochs x mini-batches of `actor_update`: gradients accumulated over micro-batches
-              with exact mini-batch loss weights, then one AdamW step each;
+              token rewards (shaped; minus a KL penalty in "reward" mode) -> advantages (the
+              algorithm's estimator, rlver_jax.rl.estimators) and returns; the rows dynamic
+              sampling keeps;
+  actor:      epochs x mini-batches of `actor_update` (the policy loss by name, POLICY_LOSSES):
+              gradients accumulated over micro-batches with exact mini-batch loss weights, then
+              one AdamW step each;
   critic:     the same for the critic, on the same prepared inputs and mini-batch order.
 With LoRA the state's models are their trainable leaves and every program also reads the one frozen
 base (`Frozen`), which is the reference too. Per-token arrays follow rlver_jax.rl.losses
@@ -81,11 +83,11 @@ def dialogue_advantages(advantages: jax.Array, mask: jax.Array, dialogue: jax.Ar
 
 
 def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
-            state: TrainState, frozen: Frozen, batch: dict) -> dict:
-    """Old log-probs, values, advantages and returns for a whole batch (no gradients), advantages
-    by the algorithm's estimator (rlver_jax.rl.estimators). `frozen.params`: the reference policy;
-    with LoRA it is the frozen base (the adapters off) that both models read."""
-    tokens, attn, mask = batch["tokens"], batch["attention_mask"], batch["policy_mask"]
+            state: TrainState, frozen: Frozen, batch: dict) -> tuple[dict, dict]:
+    """Old log-probs, values, advantages and returns for a whole batch (no gradients), and metrics
+    (`estimate`). `frozen.params`: the reference policy; with LoRA it is the frozen base (the
+    adapters off) that both models read."""
+    tokens, attn = batch["tokens"], batch["attention_mask"]
     n_micro = tokens.shape[0] // rl.micro_batch_size
     scored = (tokens, attn, batch["policy_positions"])
 
@@ -93,35 +95,81 @@ def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | No
         return token_logprobs(actor_cfg, params, t, a, positions=p, chunk=rl.logprob_chunk)
 
     actor = frozen.model(actor_cfg, state.actor)
-    old_lp = _micro_map(functools.partial(logprobs, actor), n_micro, *scored)
-    out = {"old_logprobs": old_lp}
-    rewards = batch["rewards"]
+    out = {"old_logprobs": _micro_map(functools.partial(logprobs, actor), n_micro, *scored)}
     if rl.uses_reference:
-        ref_lp = _micro_map(functools.partial(logprobs, frozen.params), n_micro, *scored)
-        out["ref_logprobs"] = ref_lp
-        if rl.kl_mode == "reward":
-            rewards = losses.apply_kl_penalty(rewards, old_lp, ref_lp, mask, coef=rl.kl_coef,
-                                              estimator=rl.kl_estimator)
-    values = None
+        out["ref_logprobs"] = _micro_map(functools.partial(logprobs, frozen.params), n_micro, *scored)
     if rl.uses_critic:
         critic = frozen.model(critic_cfg, state.critic)
-        values = _micro_map(lambda t, a: token_values(critic_cfg, critic, t, a), n_micro, tokens, attn)
-        out["values"] = values
-    x = estimators.EstimatorInputs(rewards, mask, values, batch["group"], batch["dialogue"])
-    advantages, returns = estimators.ESTIMATORS[rl.algorithm.estimator](rl, x)
+        out["values"] = _micro_map(lambda t, a: token_values(critic_cfg, critic, t, a), n_micro, tokens, attn)
+    estimated, metrics = estimate(rl, batch, out.get("values"), out["old_logprobs"], out.get("ref_logprobs"))
+    return {**out, **estimated}, metrics
+
+
+def estimate(rl: RLSettings, batch: dict, values: jax.Array | None = None, old_logprobs: jax.Array | None = None,
+             ref_logprobs: jax.Array | None = None) -> tuple[dict, dict]:
+    """The advantages (and returns) of a batch by the algorithm's estimator (rlver_jax.rl.estimators)
+    on the token rewards plus DAPO's overlong penalties (`rl.overlong_penalty`;
+    estimators.overlong_rewards) and minus a KL penalty ("reward" mode: `old_logprobs` against
+    `ref_logprobs`), over the rows dynamic sampling keeps (`rl.dynamic_sampling`; estimators.kept_rows:
+    the dropped rows' `policy_mask` is 0 in the output, so no loss reads them; metric
+    `filtered_groups`), with turn-level credit mixed in (`rl.turn_credit_weight`). `values`: the
+    critic's (with one). Returns (arrays for the updates, metrics)."""
+    mask, group, dialogue = batch["policy_mask"], batch["group"], batch["dialogue"]
+    out, metrics = {}, {}
+    rewards, loss_mask = batch["rewards"], mask
+    if rl.dynamic_sampling:
+        keep, metrics["filtered_groups"] = estimators.kept_rows(rewards, mask, group, dialogue)
+        loss_mask = out["policy_mask"] = mask * keep[:, None].astype(mask.dtype)
+    if rl.overlong_penalty:
+        rewards = rewards + estimators.overlong_rewards(rl, mask, batch["turn"], dialogue)
+    if rl.uses_reference and rl.kl_mode == "reward":
+        rewards = losses.apply_kl_penalty(rewards, old_logprobs, ref_logprobs, mask, coef=rl.kl_coef,
+                                          estimator=rl.kl_estimator)
+    x = estimators.EstimatorInputs(rewards, loss_mask, values, group, dialogue)
+    advantages, returns = estimators.ESTIMATORS[rl.estimator](rl, x)
+    if rl.turn_credit_weight:
+        advantages = estimators.turn_credit(rl, advantages, loss_mask, group, batch["turn"], batch["turn_rewards"],
+                                            batch["turn_scored"])
     if returns is not None:
         out["returns"] = returns
     out["advantages"] = advantages
-    return out
+    return out, metrics
+
+
+def _sequence_advantages(advantages: jax.Array, mask: jax.Array) -> jax.Array:
+    """[B, T] each row's mean advantage over its policy tokens, on every token: GSPO's one advantage
+    per sequence (equal to the tokens' own for outcome estimators)."""
+    m = mask.astype(jnp.float32)
+    mean = jnp.sum(advantages * m, axis=-1, keepdims=True) / jnp.maximum(jnp.sum(m, axis=-1, keepdims=True), 1.0)
+    return jnp.broadcast_to(mean, advantages.shape)
+
+
+PolicyLoss = Callable[[RLSettings, jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, dict]]
+# (rl, log-probs, old log-probs, advantages, mask) -> (per-token loss [B, T], metrics), by
+# config.rl.policy_loss; the aggregation modes each admits: losses.POLICY_LOSS_AGG_MODES.
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    # PPO's clipped surrogate (`clip_eps_low`, `clip_eps_high`: DAPO's clip-higher; `dual_clip`)
+    "ppo": lambda rl, lp, old, adv, mask: losses.ppo_policy_loss(
+        lp, old, adv, mask, clip_eps_low=rl.clip_eps_low, clip_eps_high=rl.clip_eps_high,
+        dual_clip=rl.dual_clip or None),
+    # GSPO: the row's length-normalised ratio and one advantage per row (the mean of its tokens')
+    "gspo": lambda rl, lp, old, adv, mask: losses.gspo_policy_loss(
+        lp, old, _sequence_advantages(adv, mask), mask, clip_eps_low=rl.gspo_clip_eps_low,
+        clip_eps_high=rl.gspo_clip_eps_high),
+    # GSPO-token: the row's ratio with each token's own advantage (turn credit, token returns)
+    "gspo_token": lambda rl, lp, old, adv, mask: losses.gspo_policy_loss(
+        lp, old, adv, mask, clip_eps_low=rl.gspo_clip_eps_low, clip_eps_high=rl.gspo_clip_eps_high),
+    # CISPO: the importance weight truncated at 1 + cispo_clip_eps_high, stop-gradient
+    "cispo": lambda rl, lp, old, adv, mask: losses.cispo_policy_loss(
+        lp, old, adv, mask, clip_eps_high=rl.cispo_clip_eps_high),
+}
 
 
 def _actor_loss(rl: RLSettings, cfg: Qwen2Config, params, mb):
     lp, ent = token_logprobs(cfg, params, mb["tokens"], mb["attention_mask"], with_entropy=True,
                              positions=mb["policy_positions"], chunk=rl.logprob_chunk)
     mask, w = mb["policy_mask"], mb["weights"]
-    pg, pg_metrics = losses.ppo_policy_loss(
-        lp, mb["old_logprobs"], mb["advantages"], mask, clip_eps_low=rl.clip_eps_low,
-        clip_eps_high=rl.clip_eps_high, dual_clip=rl.dual_clip or None)
+    pg, pg_metrics = POLICY_LOSSES[rl.policy_loss](rl, lp, mb["old_logprobs"], mb["advantages"], mask)
     loss = jnp.sum(pg * w) - rl.entropy_coef * jnp.sum(ent * w)
     metrics = {"policy_loss": jnp.sum(pg * w), "entropy": jnp.sum(ent * w)}
     if rl.uses_reference:
@@ -148,8 +196,9 @@ def micro_batches(rl: RLSettings, batch: dict, rows: jax.Array) -> dict:
     """The mini-batch `batch[rows]` with its loss weights, as [micro-batches, micro_batch_size, ...].
     The rows are gathered inside the program, so the batch stays on the mesh."""
     mb = {k: v[rows] for k, v in batch.items()}
-    mb["weights"] = losses.loss_weights(mb["policy_mask"], rl.loss_agg_mode)
-    mb["value_weights"] = losses.loss_weights(mb["policy_mask"], rl.value_loss_agg_mode)
+    # seq_mean_token_sum_norm's constant: a policy turn's token budget
+    mb["weights"] = losses.loss_weights(mb["policy_mask"], rl.loss_agg_mode, norm_len=rl.max_new_tokens)
+    mb["value_weights"] = losses.loss_weights(mb["policy_mask"], rl.value_loss_agg_mode, norm_len=rl.max_new_tokens)
     n_micro = mb["tokens"].shape[0] // rl.micro_batch_size
     return jax.tree.map(lambda x: _micro_split(x, n_micro), mb)
 
@@ -204,7 +253,8 @@ def minibatch_rows(rl: RLSettings, key: jax.Array, batch_size: int, padding: jax
 def update_inputs(batch: dict, prepared: dict) -> dict:
     """The arrays the mini-batch updates read: the batch and `prepare`'s outputs, less what only
     `prepare` reads."""
-    return {k: v for k, v in {**batch, **prepared}.items() if k not in ("sample_logprobs", "group", "dialogue", "rewards")}
+    only = ("sample_logprobs", "group", "dialogue", "rewards", "turn", "turn_rewards", "turn_scored")
+    return {k: v for k, v in {**batch, **prepared}.items() if k not in only}
 
 
 def prepare_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None, models: TrainState,
@@ -212,14 +262,17 @@ def prepare_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config
     """The train step's first program: `prepare` on the batch, the arrays the updates read
     (`update_inputs`), the step's mini-batch rows (`step_keys(state.rng, state.step).order`), the
     sampler-agreement metric and each dialogue's advantage (`dialogue_advantages`). `models` is
-    the state without its optimizer states (unread)."""
-    prepared = prepare(rl, actor_cfg, critic_cfg, models, frozen, batch)
+    the state without its optimizer states (unread). Rows without policy tokens to train on (padding,
+    and the rows dynamic sampling drops) go last in the mini-batch order."""
+    prepared, metrics = prepare(rl, actor_cfg, critic_cfg, models, frozen, batch)
+    inputs = update_inputs(batch, prepared)
     mask = batch["policy_mask"]
-    rows = minibatch_rows(rl, step_keys(models.rng, models.step).order, mask.shape[0], jnp.sum(mask, -1) == 0)
+    rows = minibatch_rows(rl, step_keys(models.rng, models.step).order, mask.shape[0],
+                          jnp.sum(inputs["policy_mask"], -1) == 0)
     diff = jnp.abs(prepared["old_logprobs"] - batch["sample_logprobs"])
-    metrics = {"logprob_diff_sampler": jnp.sum(diff * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
+    metrics["logprob_diff_sampler"] = jnp.sum(diff * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     advantages = dialogue_advantages(prepared["advantages"], mask, batch["dialogue"])
-    return update_inputs(batch, prepared), rows, metrics, advantages
+    return inputs, rows, metrics, advantages
 
 
 def model_epochs(name: str, rl: RLSettings, update: Callable, opt: Optimizer, step: jax.Array, params: Params,

@@ -4,6 +4,7 @@ then handed to the factory, the backends and the start-up check."""
 from __future__ import annotations
 
 import dataclasses
+import types
 
 from ml_collections import config_dict
 
@@ -36,33 +37,35 @@ class SimulatorSettings:
     @classmethod
     def from_config(cls, cfg: config_dict.ConfigDict) -> SimulatorSettings:
         """Reads the section; one ValueError names every bad config.simulator field."""
+        own = {k: cfg[k] for k in _OWN_FIELDS}
         _, client, rules = build_all(
-            lambda: _check_section(cfg),
+            lambda: _check_fields(types.SimpleNamespace(**own)),
             lambda: ClientSettings.from_config(cfg, name="simulator", flag_prefix="--config.simulator."),
             lambda: EmotionRules.from_config(cfg))
-        return cls(backend=cfg.backend, client=client, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                   malformed_retries=cfg.malformed_retries, structured_output=cfg.structured_output,
-                   max_prompt_tokens=cfg.max_prompt_tokens, max_utterance_chars=cfg.max_utterance_chars,
-                   difficulty=cfg.difficulty, language=cfg.language,
-                   cache_dir=cfg.cache_dir, cache_replay_only=cfg.cache_replay_only, rules=rules)
+        return cls(**own, client=client, rules=rules)
 
 
-def _check_section(cfg: config_dict.ConfigDict) -> None:
-    """The simulator's own fields of `cfg` (not its endpoint's, not the emotion rules')."""
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"config.simulator.backend={cfg.backend!r}: use one of {BACKENDS}")
-    if cfg.difficulty not in DIFFICULTIES:
-        raise ValueError(f"config.simulator.difficulty={cfg.difficulty!r}: use one of {DIFFICULTIES}")
-    if cfg.language not in ("",) + LANGUAGES:
-        raise ValueError(f"config.simulator.language={cfg.language!r}: use '' (each profile's own), 'zh' or 'en'")
-    if cfg.cache_replay_only and not cfg.cache_dir:
+# The simulator's own fields of config.simulator (not its endpoint's, not the emotion rules').
+_OWN_FIELDS = ("backend", "temperature", "max_tokens", "malformed_retries", "structured_output", "max_prompt_tokens",
+               "max_utterance_chars", "difficulty", "language", "cache_dir", "cache_replay_only")
+
+
+def _check_fields(f: types.SimpleNamespace) -> None:
+    """The simulator's own fields (`_OWN_FIELDS`), each named as config.simulator's."""
+    if f.backend not in BACKENDS:
+        raise ValueError(f"config.simulator.backend={f.backend!r}: use one of {BACKENDS}")
+    if f.difficulty not in DIFFICULTIES:
+        raise ValueError(f"config.simulator.difficulty={f.difficulty!r}: use one of {DIFFICULTIES}")
+    if f.language not in ("",) + LANGUAGES:
+        raise ValueError(f"config.simulator.language={f.language!r}: use '' (each profile's own), 'zh' or 'en'")
+    if f.cache_replay_only and not f.cache_dir:
         raise ValueError("config.simulator.cache_replay_only needs config.simulator.cache_dir")
-    if cfg.structured_output not in STRUCTURED_OUTPUTS:
-        raise ValueError(f"config.simulator.structured_output={cfg.structured_output!r}: use one of "
+    if f.structured_output not in STRUCTURED_OUTPUTS:
+        raise ValueError(f"config.simulator.structured_output={f.structured_output!r}: use one of "
                          f"{STRUCTURED_OUTPUTS}")
-    if cfg.max_prompt_tokens < _MIN_PROMPT_TOKENS:
-        raise ValueError(f"config.simulator.max_prompt_tokens={cfg.max_prompt_tokens} is too small: use "
+    if f.max_prompt_tokens < _MIN_PROMPT_TOKENS:
+        raise ValueError(f"config.simulator.max_prompt_tokens={f.max_prompt_tokens} is too small: use "
                          f"{_MIN_PROMPT_TOKENS} or more (and at most the server's context minus max_tokens)")
-    check_ranges(named(cfg, "config.simulator.", ("temperature", "max_tokens", "malformed_retries",
-                                                  "max_utterance_chars")),
+    check_ranges(named(f, "config.simulator.", ("temperature", "max_tokens", "malformed_retries",
+                                                "max_utterance_chars")),
                  lowest={"temperature": 0, "max_tokens": 1, "malformed_retries": 0, "max_utterance_chars": 1})

@@ -2,7 +2,7 @@
 
 Nothing is downloaded: the tokenizer is trained in well under a second on the built-in corpus
 below (short English and Chinese sentences about feelings and friendship, written for this
-project) and saved as a Hugging Face tokenizer directory (`hf_io.save_tokenizer`) that
+project) and saved as a Hugging Face tokenizer directory (`tokenizer_files.save_tokenizer`) that
 `transformers.AutoTokenizer.from_pretrained` loads, in transformers 4.x and 5.x alike.
 
 Like Qwen2's tokenizer it splits text with Qwen2's pre-tokenisation regex, maps bytes to
@@ -31,7 +31,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rlver_jax.models.hf_io import QWEN2_SPLIT, save_tokenizer
+from rlver_jax.text.tokenizer_files import QWEN2_SPLIT, save_tokenizer
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 THINK_TOKENS = ("<think>", "</think>")

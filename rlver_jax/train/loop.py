@@ -21,7 +21,7 @@ do not depend on the number of processes, devices or pipeline groups.
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 import pathlib
 import sys
@@ -33,14 +33,13 @@ import numpy as np
 
 from rlver_jax.train import checkpoint
 from rlver_jax.parallel import hosts, sharding
-from rlver_jax.sampling.buckets import bucket
 from rlver_jax.train.interrupts import StepGuard, TrainingInterrupted
 from rlver_jax.train.metrics import Writers, check_finite, throughput_metrics
 from rlver_jax.plots import training_curves
-from rlver_jax.rl import program as rl_program, train_state
-from rlver_jax.rl.batch import TrainBatch, batch_rows, collate, row_extent, row_multiple
+from rlver_jax.rl import dynamic_sampling, program as rl_program, train_state
 from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
+from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.summary import reencoded_turns, reference_metrics, rollout_metrics, summarize
@@ -70,7 +69,8 @@ def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
     s = run.spec.loop
     manager = checkpoint.make_manager(run.storage.checkpoints, save_every=s.save_every, keep=s.keep,
                                       async_save=s.async_save)
-    state, start = _resume(run, manager)
+    state, start = _resume(manager, run.state, s.resume, run.lora_base)
+    record = _record(s.seed, run.lora_base)
     if start >= s.steps:
         manager.close()
         log.info("nothing left to train: %s holds step %d of config.train.steps=%d; raise --config.train.steps "
@@ -106,12 +106,12 @@ def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
             if s.eval_every and run.eval_profiles and (step + 1) % s.eval_every == 0:
                 metrics.update(evaluate(run, sampler, step, train_state.step_keys(rng, step).eval))
             writers.write(step, metrics, dialogues)
-            checkpoint.save(manager, step + 1, state, _meta(run, step + 1), force=step + 1 == s.steps)
+            checkpoint.save(manager, step + 1, state, {"step": step + 1, **record}, force=step + 1 == s.steps)
             if jax.process_index() == 0:
                 run.storage.push()
             guard.end_step()
     except KeyboardInterrupt:
-        raise _interrupted(run, manager, state, guard.step) from None
+        raise _interrupted(manager, state, guard.step, record, s.workdir) from None
     finally:
         guard.close()
         _shut_down(buffer, manager, writers)
@@ -126,8 +126,14 @@ def _update(run: Run, step: int, state: train_state.TrainState, batch: RolloutBa
     """Step `step`'s update on `batch` (this process's dialogues of it; `wait_s`: how long the loop
     waited for it): the new state, every process's dialogues, their advantages as the trainer gave
     them (`_advantages`) and the step's metrics so far."""
-    dialogues = hosts.allgather_dialogues(batch.sequences, run.dialogue_process)  # every process's
-    train_batch, policy_tokens = _collate(run, step, batch, dialogues)
+    if batch.version < step - run.spec.loop.max_staleness:  # the buffer guarantees this
+        raise AssertionError(f"batch of version {batch.version} at step {step}")
+    dialogues = list(batch.sequences)  # every process's, token views included
+    if jax.process_count() > 1:
+        dialogues = [DialogueSequence(**fields) for fields in hosts.allgather_placed(
+            [dataclasses.asdict(s) for s in dialogues], run.collation.dialogue_process)]
+    _check_trainable(step, dialogues, run.workdir / "transcripts")
+    train_batch, policy_tokens = run.collation.collate(dialogues, share=len(batch.sequences))
     t1 = time.perf_counter()
     state, update_metrics, advantages = rl_program.train_on_batch(run.update, state, train_batch, run.frozen,
                                                                policy_tokens)
@@ -148,21 +154,23 @@ def _advantages(advantages: np.ndarray, dialogues: list[DialogueSequence]) -> li
     return [float(advantages[d]) if s.trainable else None for d, s in enumerate(dialogues)]
 
 
-def _interrupted(run: Run, manager, state: train_state.TrainState, torn_step: int | None) -> TrainingInterrupted:
-    """After Ctrl-C: save the state of the last complete step unless a checkpoint of it exists
-    (or it is torn: then the last checkpoint is kept); the error that says so."""
+def _interrupted(manager, state: train_state.TrainState, torn_step: int | None, record: dict,
+                 workdir: str) -> TrainingInterrupted:
+    """After Ctrl-C: save the state of the last complete step (with the run's checkpoint `record`,
+    `_record`) unless a checkpoint of it exists (or it is torn: then the last checkpoint is kept);
+    the error that says so (`workdir`: config.workdir, to resume)."""
     if torn_step is None:
         step = int(state.step)  # every step up to here is complete, its metrics written
         if step > 0 and checkpoint.latest_step(manager) != step:
             log.warning("interrupted: saving the checkpoint of step %d", step)
-            checkpoint.save(manager, step, state, _meta(run, step), force=True)
+            checkpoint.save(manager, step, state, {"step": step, **record}, force=True)
         checkpoint.wait(manager)
     saved = checkpoint.latest_step(manager)
     lost = f"step {torn_step} was cut short and is not kept; " if torn_step is not None else ""
     where = (f"the checkpoint of step {saved} is in {manager.directory}" if saved is not None
              else "no step was completed, nothing is saved")
     return TrainingInterrupted(f"interrupted: {lost}{where}. Rerun the same command to resume "
-                               f"(config.workdir={run.spec.loop.workdir}).")
+                               f"(config.workdir={workdir}).")
 
 
 def _shut_down(buffer: RolloutBuffer, manager, writers: Writers) -> None:
@@ -182,24 +190,26 @@ def _shut_down(buffer: RolloutBuffer, manager, writers: Writers) -> None:
         raise first
 
 
-def _resume(run: Run, manager) -> tuple[train_state.TrainState, int]:
-    """The state to start from and its step: the newest readable checkpoint, or the run's initial
-    state at step 0."""
-    restored = checkpoint.restore_newest_readable(manager, run.state) if run.spec.loop.resume else None
+def _resume(manager, initial: train_state.TrainState, resume: bool, lora_base: dict | None
+            ) -> tuple[train_state.TrainState, int]:
+    """The state to start from and its step: the newest readable checkpoint (with `resume`), or the
+    run's `initial` state at step 0. A LoRA checkpoint must hold adapters of the run's `lora_base`."""
+    restored = checkpoint.restore_newest_readable(manager, initial) if resume else None
     if restored is None:
-        return run.state, 0
+        return initial, 0
     state, meta = restored
-    if meta.get("lora_base") != run.lora_base:
+    if meta.get("lora_base") != lora_base:
         raise ValueError(f"{manager.directory} holds LoRA adapters of the base {meta.get('lora_base')}, but the "
-                         f"config names {run.lora_base} (config.model.path, config.model.preset, config.seed, "
+                         f"config names {lora_base} (config.model.path, config.model.preset, config.seed, "
                          "config.lora): train with the checkpoint's, or start a new config.workdir")
     log.info("resumed from %s at step %d", manager.directory, int(meta["step"]))
     return state, int(meta["step"])
 
 
-def _meta(run: Run, step: int) -> dict:
-    """A checkpoint's JSON record: its step, the seed and (LoRA) the base its adapters belong to."""
-    return {"step": step, "seed": run.spec.loop.seed, **({"lora_base": run.lora_base} if run.lora_base else {})}
+def _record(seed: int, lora_base: dict | None) -> dict:
+    """What a checkpoint's JSON record holds besides its step: the seed and (LoRA) the base its
+    adapters belong to."""
+    return {"seed": seed, **({"lora_base": lora_base} if lora_base else {})}
 
 
 def _rollout_buffer(run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
@@ -215,7 +225,9 @@ def _rollout_buffer(run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
         policy.set_params(params, version, rng=train_state.step_keys(rng, index).rollout)
         profiles = profiles_for_step(run.train_profiles, index, k, run.spec.loop.seed)
         requests = [EpisodeRequest(profiles[d // n], int(d // n), index=int(d)) for d in run.own_dialogues]
-        return await runner.run(requests, version)
+        dialogues = await runner.run(requests, version)  # DAPO: groups without signal sampled again (rl.dynamic_sampling)
+        return await dynamic_sampling.refill_step(run.spec.rl, lambda again: runner.run(again, version), requests,
+                                                  dialogues, run.train_profiles, run.spec.loop.seed, index, k * n)
 
     return RolloutBuffer(make_batch, max_staleness=run.spec.loop.max_staleness, start_index=start,
                          finalize=simulator.aclose)
@@ -226,44 +238,20 @@ class AllDialoguesFailedError(RuntimeError):
     policy turn); the step's transcripts are written first."""
 
 
-def _collate(run: Run, step: int, batch: RolloutBatch, dialogues: list[DialogueSequence]) -> tuple[TrainBatch, int]:
-    """This process's rows of the step's train batch (its trainable dialogues' rows, then
-    padding), and the policy-token count that sizes C.
-
-    The shapes come from every process's dialogues (`dialogues`, all-gathered), so every process
-    agrees on the rows per process (the most any process needs), T (the longest row, bucketed)
-    and C without another exchange; row and group ids are global."""
-    if batch.version < step - run.spec.loop.max_staleness:  # the buffer guarantees this
-        raise AssertionError(f"batch of version {batch.version} at step {step}")
-    usable = [s for s in dialogues if s.trainable]
-    if not usable:
-        path = transcript_path(run.workdir / "transcripts", step)
-        if jax.process_index() == 0:
-            write_transcripts(path.parent, step, dialogues)
-        failed = [s for s in dialogues if s.simulator_error]
-        errors = [s.simulator_state.get("error") for s in failed if s.simulator_state.get("error")]
-        cause = (f"{len(failed)} of {len(dialogues)} ended as simulator_error"
-                 + (f" (last: {errors[-1]})" if errors else "")) if failed else "none had a policy turn"
-        raise AllDialoguesFailedError(f"step {step}: no dialogue can be trained on: {cause}. The dialogues "
-                                      f"are in {path}")
-    share = len(batch.sequences)  # dialogue slots per process
-    # Rows mode (rl.batch_size 0): rows a multiple of each process's share of a mini-batch, so the
-    # global batch is whole mini-batches; one program per multiple, at most max_turns x dialogues / mini.
-    multiple = row_multiple(run.spec.rl.batch_size, run.spec.rl.mini_batch_size, share, jax.process_count())
-    owner = run.dialogue_process
-    rows = max(batch_rows([dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable], multiple)
-               for p in range(jax.process_count()))
-    longest, policy_tokens = row_extent(usable)
-    length = bucket(longest, multiple=run.spec.loop.length_multiple)
-    mine = [(int(d), s) for d, s in zip(run.own_dialogues, batch.sequences) if s.trainable]
-    if jax.process_count() > 1:
-        alone = row_extent([s for _, s in mine])
-        log.info("step %d: batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues "
-                 "alone: T=%d, %d)", step, length, policy_tokens, rows,
-                 bucket(alone[0], multiple=run.spec.loop.length_multiple), alone[1])
-    return collate([s for _, s in mine], batch_size=share, reward_mode=run.spec.rl.reward_mode, rows=rows,
-                   length=length, dialogue_ids=[d for d, _ in mine], padding_ids=rows * jax.process_count(),
-                   pad_id=run.chat.end_of_text, row_multiple=multiple), policy_tokens
+def _check_trainable(step: int, dialogues: list[DialogueSequence], transcripts: pathlib.Path) -> None:
+    """Raise AllDialoguesFailedError, after writing them to `transcripts`, when no dialogue of step
+    `step` can be trained on."""
+    if any(s.trainable for s in dialogues):
+        return
+    path = transcript_path(transcripts, step)
+    if jax.process_index() == 0:
+        write_transcripts(path.parent, step, dialogues)
+    failed = [s for s in dialogues if s.simulator_error]
+    errors = [s.simulator_state.get("error") for s in failed if s.simulator_state.get("error")]
+    cause = (f"{len(failed)} of {len(dialogues)} ended as simulator_error"
+             + (f" (last: {errors[-1]})" if errors else "")) if failed else "none had a policy turn"
+    raise AllDialoguesFailedError(f"step {step}: no dialogue can be trained on: {cause}. The dialogues "
+                                  f"are in {path}")
 
 
 def profiles_for_step(profiles: list[Profile], step: int, k: int, seed: int) -> list[Profile]:
@@ -283,22 +271,13 @@ def evaluate(run: Run, params: Any, step: int, key: jax.Array) -> dict[str, floa
     the Sentient benchmark does (run.spec.eval: the training simulator's backend under SAGE's rules,
     the benchmark's policy sampling), profile i sampled from fold_in(key, i) (`key`: the step's
     evaluation key); eval_score is comparable with launch/eval.py's. Each process plays a
-    contiguous share of the profiles; the results are combined."""
+    contiguous share of the profiles; the results are combined (rollout.evaluation)."""
     profiles = run.eval_profiles
     if run.spec.loop.eval_max_profiles:
         profiles = profiles[:run.spec.loop.eval_max_profiles]
-    mine = hosts.share(len(profiles))
     policy = JaxPolicy(run.update.actor_cfg, run.chat, run.spec.eval.sampling, params, key)
-
-    async def rollouts():
-        async with build_simulator(run.spec.eval.simulator) as sim:
-            runner = EpisodeRunner(policy, sim, run.chat, run.spec.eval.rollout)
-            return await runner.run([EpisodeRequest(profiles[i], i, index=i) for i in mine], step)
-
-    seqs = [s for part in hosts.allgather_json([s.to_record() for s in asyncio.run(rollouts())])
-            for s in map(DialogueSequence.from_record, part)]
-    if jax.process_index() == 0:
-        write_transcripts(run.workdir / "transcripts", step, seqs, prefix="eval")
+    seqs = play_profiles(policy, run.chat, run.spec.eval.simulator, run.spec.eval.rollout, list(enumerate(profiles)),
+                         version=step, transcripts_dir=run.workdir / "transcripts")
     s = summarize(seqs)
     n = max(s.scored, 1)
     return {"eval_score": s.score, "eval_success_rate": s.success / n, "eval_failure_rate": s.failure / n,

@@ -62,7 +62,8 @@ from rlver_jax.parallel import sharding, topology
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
 from rlver_jax.rollout.cache_bound import session_slots
 from rlver_jax.models import attention, qwen2
-from rlver_jax.rl import offload, settings, train_state
+from rlver_jax.rl import offload, train_state
+from rlver_jax.rl.settings import RLSettings
 from rlver_jax.rl.batch import TrainBatch
 
 PHASES = ("prepare", "actor update", "critic update", "rollout", "evaluation")
@@ -88,7 +89,7 @@ class Setup:
         return self.run.spec
 
     @property
-    def rl(self) -> settings.RLSettings:
+    def rl(self) -> RLSettings:
         return self.run.spec.rl
 
     @property

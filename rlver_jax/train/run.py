@@ -25,12 +25,14 @@ from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.parallel import sharding
 from rlver_jax.rl import offload, program as rl_program, train_state
+from rlver_jax.rl.batch import StepCollation
 from rlver_jax.simulator.factory import check_endpoint
 from rlver_jax.simulator.profiles import Profile, load_profiles
 from rlver_jax.text import chat
-from rlver_jax.train import model_loading, tracking
+from rlver_jax.train import model_loading
 from rlver_jax.train.abstract_run import AbstractRun, abstract_run, frozen_architecture
 from rlver_jax.train.spec import DataSpec, RunSpec
+from rlver_jax.train.tracking import TrackingSettings
 from rlver_jax.train.workdir import WorkDir
 
 log = logging.getLogger(__name__)
@@ -43,16 +45,16 @@ class Run:
     spec: RunSpec
     workdir: pathlib.Path  # where the run's files go: `storage.local`
     storage: WorkDir  # config.workdir: a path, or a gs:// URL mirrored from `workdir`
-    tracking: tracking.TrackingSettings  # Weights & Biases (off unless config.train.wandb_project)
+    tracking: TrackingSettings  # Weights & Biases (off unless config.train.wandb_project)
     chat: chat.ChatTokens
     train_profiles: list[Profile]
     eval_profiles: list[Profile]
     mesh: Mesh
     # The step's dialogues (profiles_for_step x n, dialogue d of profile d // n): the process
-    # holding row d of a batch of one row per dialogue runs it (`dialogue_process[d]`) and puts
-    # its training rows in its own rows of the global batch; this process runs `own_dialogues`.
-    dialogue_process: np.ndarray
+    # holding row d of a batch of one row per dialogue runs it (`collation.dialogue_process[d]`)
+    # and puts its training rows in its own rows of the global batch; this process runs `own_dialogues`.
     own_dialogues: np.ndarray
+    collation: StepCollation  # how a step's dialogues become this process's rows of the train batch
     sampling_layout: sharding.SamplingLayout  # each process's sampling copy of the actor
     update: rl_program.UpdateProgram  # models, optimizers, the state's shardings, the jitted train step
     state: train_state.TrainState  # before step 0; the first update donates it
@@ -171,8 +173,11 @@ def build_run(spec: RunSpec) -> Run:
                                          shardings=prog.shardings)
     state = offload.place(state, "rest", prog.offload, prog.shardings)  # where it waits between steps
     return Run(spec=spec, workdir=workdir, storage=storage, tracking=tracking_settings, chat=chat_tokens,
-               train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh, dialogue_process=owner,
-               own_dialogues=own, sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, spec.mesh.rules),
+               train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh, own_dialogues=own,
+               collation=StepCollation(spec.rl.batch_size, spec.rl.mini_batch_size, spec.rl.reward_mode,
+                                       spec.loop.length_multiple, chat_tokens.end_of_text, owner,
+                                       jax.process_index(), jax.process_count()),
+               sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, spec.mesh.rules),
                update=prog, state=state, frozen=frozen, lora_base=lora_base(spec))
 
 

@@ -174,16 +174,19 @@ class RunSpec:
 
 
 def rl_settings(config: ml_collections.ConfigDict) -> RLSettings:
-    """config.rl with its mini-batch unit (rlver_jax.rl.batch.minibatch_unit) for the step's dialogues;
-    a grouped algorithm needs at least two dialogues per profile."""
+    """config.rl with its mini-batch unit (rlver_jax.rl.batch.minibatch_unit) for the step's dialogues,
+    a turn's token budget and the turns of a dialogue (the rollout's and the simulator's); RLSettings
+    resolves the fields left to the algorithm's row. A grouped estimator needs at least two
+    dialogues per profile."""
     fields = config.rl.to_dict()
     fields["mini_batch_size"], fields["micro_batch_size"], fields["batch_size"] = minibatch_unit(
         fields["mini_batch_size"], fields["micro_batch_size"], config.rollout.profiles_per_step * config.rollout.n)
+    fields["max_new_tokens"], fields["max_turns"] = config.rollout.max_new_tokens, config.simulator.max_turns
     rl = RLSettings(**fields)
-    if config.rollout.n < rl.algorithm.min_n:
-        raise ValueError(f"config.rl.algo={rl.algo!r} compares dialogues within a group: it needs config.rollout.n "
-                         f">= {rl.algorithm.min_n} dialogues per profile (got {config.rollout.n}); e.g. "
-                         f"--config.rollout.n={rl.algorithm.default_n}")
+    if config.rollout.n < rl.min_n:
+        raise ValueError(f"config.rl.algo={rl.algo!r} (config.rl.estimator={rl.estimator!r}) compares dialogues within "
+                         f"a group: it needs config.rollout.n >= {rl.min_n} dialogues per profile (got "
+                         f"{config.rollout.n}); e.g. --config.rollout.n={max(rl.algorithm.default_n, rl.min_n)}")
     return rl
 
 
