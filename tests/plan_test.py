@@ -64,6 +64,9 @@ def test_planner_lowers_the_trainers_programs(module, tmp_path):
         assert planned[model].lower(*mine).as_text() == fn.lower(*real).as_text()
 
 
+_PPO_UNREAD = ("group", "turn", "turn_rewards", "turn_scored")  # batch arrays PPO's prepare does not read
+
+
 def _read(tree: dict, unread: tuple[str, ...]) -> dict:
     return {k: v for k, v in tree.items() if k not in unread}
 
@@ -82,7 +85,8 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     s = result.setup
     prepare, actor, critic, rollout = result.phases[:4]
     opt_states = memory_plan.device_bytes((s.state.actor_opt, s.state.critic_opt))
-    assert prepare.arguments == memory_plan.device_bytes((s.models, _read(s.batch, ("group",))))  # PPO: no groups
+    # PPO (GAE) reads no groups and none of the turn-level arrays.
+    assert prepare.arguments == memory_plan.device_bytes((s.models, _read(s.batch, _PPO_UNREAD)))
     assert prepare.resident == opt_states
     # The actor reads no values or returns, the critic no old log-probs, advantages or policy
     # positions (it values every token): hand lists.
@@ -124,7 +128,7 @@ def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
     for name in ("actor update", "critic update"):
         assert by_name[name].resident == key_and_batch == memory_plan.resident(s, name, "idle")
         assert "in host memory" in by_name[name].note
-    assert by_name["prepare"].arguments == memory_plan.device_bytes((s.models, _read(s.batch, ("group",))))
+    assert by_name["prepare"].arguments == memory_plan.device_bytes((s.models, _read(s.batch, _PPO_UNREAD)))
     assert by_name["prepare"].resident == 0 and memory_plan.resident(s, "prepare", "idle") == actor_opt + critic_opt
     step_and_key = memory_plan.device_bytes((s.state.step, s.state.rng))
     assert by_name["rollout"].resident == step_and_key
