@@ -5,10 +5,10 @@ r"""Evaluation against served models (issue 17): how far the requests of launch/
 
 launch/eval.py's code path (rlver_jax.eval.benchmark.run_benchmark with configs/eval.py, an openai
 policy and an openai simulator, default group_size and max_dialogues) against one scripted
-OpenAI-compatible server (tests/scripted_server.py) that plays both and sleeps `latency_s` per
-request, in a process of its own. The simulator answers "Change: 0" and never says goodbye, so
-every dialogue runs all max_turns rounds: per round a policy reply, then the emotion step and the
-reply step, one after the other (the last round's reply is not judged: SAGE).
+OpenAI-compatible server (rlver_jax/testing/scripted_server.py) that plays both and sleeps
+`latency_s` per request, in a process of its own. The simulator answers "Change: 0" and never says
+goodbye, so every dialogue runs all max_turns rounds: per round a policy reply, then the emotion
+step and the reply step, one after the other (the last round's reply is not judged: SAGE).
 
 Per --dialogues value it prints:
   wall: run_benchmark's seconds (the dialogues, the transcripts, report and plots);
@@ -100,7 +100,7 @@ def eval_config(workdir: pathlib.Path, profiles: pathlib.Path, base_url: str):
 
 
 def _answer(request):
-    from tests.scripted_server import route
+    from rlver_jax.testing.scripted_server import route
     return route(emotion=lambda r: _EMOTION_ANSWER, reply=lambda r: _REPLY_ANSWER,
                  policy=lambda r: _POLICY_ANSWER)(request)
 
@@ -110,7 +110,7 @@ def serve(latency_s: float, conn) -> None:
     interpreter nothing): sends its base_url, then (requests, peak in flight, first and last
     arrival) when told to stop; time.perf_counter is the machine's monotonic clock, the same in
     both processes."""
-    from tests.scripted_server import ScriptedServer
+    from rlver_jax.testing.scripted_server import ScriptedServer
     with ScriptedServer(_answer, delay_s=latency_s) as server:
         conn.send(server.base_url)
         conn.recv()
@@ -157,7 +157,7 @@ def imports_s() -> float:
 def first_request_s(root: pathlib.Path) -> tuple[float, float]:
     """(seconds to the first request, seconds in all) of `launch/eval.py` itself, a fresh process
     playing one dialogue against the scripted server at no latency."""
-    from tests.scripted_server import ScriptedServer
+    from rlver_jax.testing.scripted_server import ScriptedServer
 
     profiles = root / "profiles_startup.jsonl"
     write_profiles(profiles, 1)

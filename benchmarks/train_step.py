@@ -162,12 +162,13 @@ def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: boo
     state = train_state.init_train_state(init_params(preset, config), opt.tx, seed=_SEED.value)
     program = rl_program.make_update_program(rl, config, None, opt, None)
     device_batch = {k: jnp.asarray(v) for k, v in arrays.items()}
-    inputs, minibatch_rows, _, _ = program.prepare(state.models(), None, device_batch)
+    frozen = program.frozen(None)
+    inputs, minibatch_rows, _, _ = program.prepare(state.models(), frozen, device_batch)
     params, opt_state = state.model("actor")
 
     def step() -> None:
         nonlocal params, opt_state
-        params, opt_state, metrics = program.actor(state.step, params, opt_state, program.frozen(None).base(), inputs,
+        params, opt_state, metrics = program.actor(state.step, params, opt_state, frozen.base(), inputs,
                                                    minibatch_rows)
         jax.block_until_ready(metrics)
 

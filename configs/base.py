@@ -219,12 +219,26 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train.transcripts = True  # write every batch's dialogues to WORKDIR/transcripts
     c.train.wandb_project = ""  # Weights & Biases project (pip install -e '.[wandb]'); "" = no W&B logging
     c.train.wandb_mode = "offline"  # offline: files in WORKDIR/wandb (`wandb sync` them later); online: stream
+    # A step may multiply a model's parameter norm by at most this; beyond it the update diverged (a
+    # learning rate far too high): the run stops before the step is saved (docs/faults.md). 0 = off.
+    c.train.max_param_norm_growth = 2.0
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.save_every = 10 if cpu else 5  # paper: every 5 steps
     c.checkpoint.keep = 3  # newest checkpoints kept
     c.checkpoint.async_save = True  # write in the background while training goes on
-    c.checkpoint.resume = True  # resume from the newest checkpoint in WORKDIR/checkpoints
+    # Resume from the newest checkpoint in WORKDIR/checkpoints. False is refused while WORKDIR holds a
+    # run (it would mix two runs): use a new workdir, or start_over.
+    c.checkpoint.resume = True
+    c.checkpoint.start_over = False  # True: move the run in WORKDIR aside (to WORKDIR.previous-N) and start at step 0
+    # Fields a resume may change (comma-separated, e.g. "optim.actor.lr,train.steps"; "*": every one that
+    # may change), logged in WORKDIR/changes.jsonl. The run's identity (model, algorithm, think mode, dtypes,
+    # LoRA, seed, dialogues per step) never changes: a new workdir.
+    c.checkpoint.allow_changes = ""
+    # After SIGTERM (a preemption) or Ctrl-C: the checkpoint must be written within this many seconds, or the
+    # run stops keeping the previous one. Under a cloud preemption notice (30 s on Google Cloud and Azure).
+    c.checkpoint.stop_within_s = 20.0
+    c.checkpoint.read_attempts = 3  # reads of a checkpoint before it is declared unreadable (a transient error)
     return c
 
 

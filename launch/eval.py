@@ -76,9 +76,14 @@ def main(argv):
                 f"Most common cause ({count}x): {cause}\n{where}")
         print(f"\n*** WARNING: {errors} of {errors + summary['n']} dialogues ended in a simulator error and are "
               f"left out of the score. Most common cause ({count}x): {cause}\n*** {where}\n", file=sys.stderr)
+    silent = summary.get("no_policy_turn")
+    if silent:
+        print(f"\n*** WARNING: {silent} of {silent + errors + summary['n']} dialogues ended before the policy's first "
+              f"turn (the simulator's opening filled config.policy.max_total_tokens) and are left out of the score; "
+              f"their transcripts are in {workdir / benchmark.TRANSCRIPTS}\n", file=sys.stderr)
     degenerate = summary.get("degenerate_judgements")
     print(f"score {summary['score']:.1f}  success {summary['success']}  failure {summary['failure']}  "
-          f"n {summary['n']}  simulator errors {errors}"
+          f"n {summary['n']}  simulator errors {errors}" + (f"  no policy turn {silent}" if silent else "")
           + (f"  DEGENERATE JUDGEMENTS ({degenerate})" if degenerate else "") + f"  ->  {workdir / 'report.md'}")
 
 

@@ -11,11 +11,15 @@ override is an error: the config is locked. --print_config shows every field wit
 
 Exit status: 0 done (the last line says where the outputs are); 1 an error of the config, the
 data, the simulator or the disk (one line saying what to fix; rerunning resumes); 2 bad flags;
-130 Ctrl-C (the running step is finished and saved first; the line says where the checkpoint is).
+130 Ctrl-C, 143 SIGTERM (a preemption): the running step is finished and saved first, within
+config.checkpoint.stop_within_s; the line says where the checkpoint is; rerunning resumes.
 """
 
+import os
 import pathlib
+import signal
 import sys
+import traceback
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
@@ -41,6 +45,18 @@ def _disk_message(error: OSError, workdir: pathlib.Path) -> str:
     return text
 
 
+def _on_sigterm(workdir: pathlib.Path):
+    """The SIGTERM handler outside the training loop (loading, compiling, closing; the loop has its
+    own, interrupts.StepGuard): stop as Ctrl-C would, with status 143."""
+    def terminated(signum, frame):
+        from rlver_jax.train.interrupts import TrainingInterrupted
+
+        raise TrainingInterrupted(f"stopped by SIGTERM; rerun the same command to resume from the newest checkpoint "
+                                  f"in {workdir / 'checkpoints'} (if any)", 143)
+
+    return terminated
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
@@ -54,6 +70,9 @@ def main(argv):
 
     config = _CONFIG.value
     workdir = pathlib.Path(config.workdir)
+    signal.signal(signal.SIGTERM, _on_sigterm(workdir))
+    if not program.verbose():
+        checkpoint.quiet_orbax_errors()
     program.enable_compilation_cache(config.compilation_cache_dir)
     # Launch-time guards, before anything touches a device: random draws split over the mesh
     # give the same numbers on any mesh, and every process joins the multi-host run.
@@ -65,7 +84,15 @@ def main(argv):
         print(f"train.py: {e}" if str(e) else
               f"train.py: interrupted; rerun the same command to resume from the newest checkpoint in "
               f"{workdir / 'checkpoints'} (if any)", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(getattr(e, "exit_status", 130))
+    except checkpoint.CheckpointWriteError as e:
+        # Everything of ours is closed; orbax may keep a thread waiting minutes for a signal of the
+        # failed save (a read-only disk: 300 s) before the interpreter may exit: leave at once.
+        if program.verbose():
+            traceback.print_exc()
+        print(f"train.py: error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     except Exception as e:  # noqa: BLE001 - the producer's cause and disk faults as one line; cli sorts the rest
         cause = e.__cause__ if isinstance(e, RolloutError) and e.__cause__ is not None else e
         if isinstance(cause, OSError):

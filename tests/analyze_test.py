@@ -7,7 +7,7 @@ import pytest
 from rlver_jax.eval.analysis import analyze
 from rlver_jax.eval.judge import JudgeOutputError, JudgeSettings, judge_messages, parse_judgement
 from rlver_jax.files import read_jsonl
-from tests.scripted_server import Reply, ScriptedServer
+from rlver_jax.testing.scripted_server import Reply, ScriptedServer
 
 FIVE = ("empathy_depth", "insight", "solution_crafting", "dialogue_guidance", "style_adaptability")
 

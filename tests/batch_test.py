@@ -5,15 +5,15 @@ import pytest
 
 from rlver_jax.rl.batch import TrainBatch, collate, policy_positions, token_rewards
 from rlver_jax.rollout.sequence import DialogueSequence
-from tests.trainer_test import _dialogue
+from tests.rl_helpers import dialogue
 
 
 def test_token_rewards_final_and_per_turn():
-    seq = _dialogue(np.random.default_rng(0), 0, [30.0, 45.0, 38.0])
+    seq = dialogue(np.random.default_rng(0), 0, [30.0, 45.0, 38.0])
     assert token_rewards(seq, "final") == {seq.turn_ends[-1]: 0.38}
     per_turn = token_rewards(seq, "per_turn")
     assert per_turn == pytest.approx({seq.turn_ends[0]: 0.15, seq.turn_ends[1]: -0.07})
-    failed = _dialogue(np.random.default_rng(0), 0, [30.0, 45.0], format_failure=True)
+    failed = dialogue(np.random.default_rng(0), 0, [30.0, 45.0], format_failure=True)
     assert token_rewards(failed, "final") == {failed.turn_ends[-1]: 0.0}
     # The failed turn loses everything gained: the return is (0 - 30) / 100.
     assert sum(token_rewards(failed, "per_turn").values()) == pytest.approx(-0.30)
@@ -23,7 +23,7 @@ def test_token_rewards_final_and_per_turn():
 
 def test_collate_pads_rows_and_length():
     rng = np.random.default_rng(0)
-    seqs = [_dialogue(rng, 0, [30.0, 50.0, 60.0]), _dialogue(rng, 0, [30.0, 20.0, 10.0], n_turns=1)]
+    seqs = [dialogue(rng, 0, [30.0, 50.0, 60.0]), dialogue(rng, 0, [30.0, 20.0, 10.0], n_turns=1)]
     b = collate(seqs, batch_size=4, reward_mode="final", length_multiple=8)
     assert b.tokens.shape == (4, 24)
     assert b.rewards[0, seqs[0].turn_ends[-1]] == pytest.approx(0.6)

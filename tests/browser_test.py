@@ -11,8 +11,8 @@ import tempfile
 import pytest
 
 from rlver_jax.eval import compare, run_view
-from tests.html_report_test import (COLD, GARBAGE, HOSTILE, WARM, _eval_dir, _training_run, eval_fixture,
-                                    fixture_profiles, make_transcripts)
+from tests.fixtures_report import (COLD, GARBAGE, HOSTILE, WARM, eval_dir, eval_fixture, fixture_profiles,
+                                   make_transcripts, training_run)
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed: pip install -e '.[test]'")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -48,10 +48,10 @@ def pages(tmp_path_factory):
     root = tmp_path_factory.mktemp("pages")
     a, b = eval_fixture(), make_transcripts([[WARM], [WARM], [WARM], [COLD], [WARM], [GARBAGE]], fixture_profiles(),
                                             max_turns=6)
-    _eval_dir(root / "a", a)
-    _eval_dir(root / "b", b)
+    eval_dir(root / "a", a)
+    eval_dir(root / "b", b)
     compare.compare_runs([root / "a", root / "b"], root / "cmp")
-    _training_run(root / "run")
+    training_run(root / "run")
     run_view.write_run_view(root / "run")
     return {"root": root, "a": a, "b": b}
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests import capabilities_fixtures as fx
-from tests.scripted_server import ScriptedServer
+from rlver_jax.testing.scripted_server import ScriptedServer
 
 fx.require_extra()
 
@@ -203,7 +203,7 @@ def test_jax_backend_on_a_tiny_model(tmp_path):
 
 
 def test_a_request_the_endpoint_refuses_is_counted_not_fatal(tmp_path):
-    from tests.scripted_server import Reply
+    from rlver_jax.testing.scripted_server import Reply
 
     paths = {"math500": fx.write_jsonl(tmp_path / "m.jsonl", [r for r, *_ in fx.MATH])}
     table = fx.replies()

@@ -1,12 +1,17 @@
-"""The entry points in launch/ as a user meets them (subprocesses): --help and config errors before
-any JAX import, one-line errors without a traceback (tracebacks on request), --print_config,
-flags in any order, the simulator down, a mismatched evaluation directory, an evaluation whose
-every dialogue failed in the simulator, an evaluation of served models without JAX, flax,
-transformers or torch, and where serve_simulator.sh writes its log."""
+"""The entry points in launch/ as a user meets them: --help and config errors before any JAX import,
+one-line errors without a traceback (tracebacks on request), --print_config, flags in any order,
+the simulator down, a mismatched evaluation directory, an evaluation whose every dialogue failed in
+the simulator, an evaluation of served models without JAX, flax, transformers or torch, and where
+serve_simulator.sh writes its log.
+
+Each exit path runs once as a subprocess, where nothing was imported before (exit 2 for a config
+error, 1 for a runtime error, 0; Ctrl-C's 130 in tests/faults_test.py); the other one-line errors
+run the script's main in this process (tests/fixtures_cli.run_script), which also says whether the
+error came before main, so before the library and JAX are imported."""
 
 import json
+import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,9 +24,10 @@ from configs import grpo_think
 from rlver_jax.cli import program
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES
 from tests.conftest import REPO
-from tests.eval_test import Servers, _profiles_file
-from tests.simulator_launch_test import _FAKE_SGLANG
+from tests.fixtures_cli import assert_one_line_error, fake_sglang, free_port, run_script
+from tests.fixtures_eval import Servers, profiles_file
 
+TINY = "--config=configs/grpo_think.py:tiny"
 ENTRY_POINTS = ("train.py", "eval.py", "export_hf.py", "analyze.py", "chat_with_simulator.py", "view.py")
 
 
@@ -41,21 +47,6 @@ def _run(script, *args, pythonpath=None, timeout=120, **env):
         environ["PYTHONPATH"] = os.pathsep.join([str(pythonpath), environ.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, str(REPO / "launch" / script), *args], capture_output=True, text=True,
                           cwd=REPO, env=environ, timeout=timeout)
-
-
-def _one_line_error(done, code, *fragments):
-    assert done.returncode == code, done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{done.args[1].split('/')[-1]}: error: "), done.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], done.stderr
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_config_flags_go_first_and_nothing_else_moves():
@@ -141,21 +132,35 @@ def test_help_exits_0_with_the_examples_continuations():
 
 
 @pytest.mark.slow
-def test_config_errors_are_one_line_and_come_before_jax(no_jax):
-    tiny = "--config=configs/grpo_think.py:tiny"
-    _one_line_error(_run("train.py", tiny, "--config.rl.algoo=grpo", pythonpath=no_jax), 2,
-                    "--config.rl.algoo", "no field 'algoo'", 'did you mean "algo"')
-    _one_line_error(_run("train.py", "--config=configs/grpo_think.py:huge", pythonpath=no_jax), 2,
-                    "--config=configs/grpo_think.py:huge", "unknown preset 'huge'", "tiny")
-    _one_line_error(_run("eval.py", "--config=configs/nowhere.py", pythonpath=no_jax), 2,
-                    "--config=configs/nowhere.py", "no such config file")
-    _one_line_error(_run("train.py", pythonpath=no_jax), 2, "--config is required")
-    _one_line_error(_run("train.py", tiny, "--config.rl.gamma=high", pythonpath=no_jax), 2,
-                    "--config.rl.gamma=high", "could not convert")
-    # On request, the traceback.
-    for env, flag in (({program.TRACEBACK_ENV: "1"}, ()), ({}, ("--verbosity=1",))):
-        done = _run("train.py", tiny, "--config.rl.algoo=grpo", *flag, pythonpath=no_jax, **env)
-        assert done.returncode != 0 and "Traceback" in done.stderr and "algoo" in done.stderr
+def test_a_config_error_is_one_line_and_comes_before_jax(no_jax):
+    """Exit 2, in a fresh process that cannot import JAX."""
+    assert_one_line_error(_run("train.py", TINY, "--config.rl.algoo=grpo", pythonpath=no_jax), 2,
+                          "--config.rl.algoo", "no field 'algoo'", 'did you mean "algo"')
+
+
+@pytest.mark.parametrize("script, args, fragments", [
+    ("train.py", (TINY, "--config.rl.algoo=grpo"), ("--config.rl.algoo", "no field 'algoo'", 'did you mean "algo"')),
+    ("train.py", ("--config=configs/grpo_think.py:huge",),
+     ("--config=configs/grpo_think.py:huge", "unknown preset 'huge'", "tiny")),
+    ("eval.py", ("--config=configs/nowhere.py",), ("--config=configs/nowhere.py", "no such config file")),
+    ("train.py", (), ("--config is required",)),
+    ("train.py", (TINY, "--config.rl.gamma=high"), ("--config.rl.gamma=high", "could not convert")),
+    ("train.py", (TINY, "--config.rl.clip_epsilon=0.1"), ("--config.rl.clip_epsilon", "no field 'clip_epsilon'")),
+    # Training's spelling in the simulator chat is refused with the field it lacks, before anything is contacted.
+    ("chat_with_simulator.py", ("--config.simulator.base_url=http://127.0.0.1:9/v1",),
+     ("--config.simulator.base_url", "no field 'simulator'")),
+])
+def test_config_errors_are_one_line_and_come_before_main(script, args, fragments):
+    """Exit 2 from the flag parsing, before main (which imports the library and JAX) runs."""
+    done = run_script(script, *args)
+    assert_one_line_error(done, 2, *fragments)
+    assert not done.main_ran
+
+
+@pytest.mark.parametrize("env, flag", [({program.TRACEBACK_ENV: "1"}, ()), ({}, ("--verbosity=1",))])
+def test_a_config_error_shows_its_traceback_on_request(env, flag):
+    done = run_script("train.py", TINY, "--config.rl.algoo=grpo", *flag, env=env)
+    assert done.returncode != 0 and "Traceback" in done.stderr and "algoo" in done.stderr
 
 
 def _fields(section: dict, prefix: str = "") -> list[str]:
@@ -182,7 +187,10 @@ def test_print_config_shows_every_field_with_its_comment_and_flags_come_in_any_o
         in lines
     assert "simulator.max_turns = 1  # policy turns: 8 in training, 10 rounds in SAGE [Short dialogues" \
         in done.stdout  # the tiny preset's own reason after the field's comment
-    done = _run("eval.py", "--print_config", "--config=configs/eval.py:tiny", pythonpath=no_jax)
+
+
+def test_print_config_of_the_evaluation_shows_every_field_with_its_comment():
+    done = run_script("eval.py", "--print_config", "--config=configs/eval.py:tiny")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()[1:]
     printed = sorted(line.split(" = ", 1)[0] for line in lines)
@@ -196,54 +204,60 @@ def test_the_eval_config_names_the_shipped_profiles_without_importing_them():
 
 @pytest.mark.slow
 def test_chat_with_the_simulator_down_names_its_own_flags(no_jax):
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    """Exit 1, in a fresh process that cannot import JAX (the chat never needs it)."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
     done = _run("chat_with_simulator.py", "--profile=0", f"--config.base_url={url}", "--config=configs/simulator.py:eval",
                 pythonpath=no_jax)
-    _one_line_error(done, 1, f"no server answers at --config.base_url={url}", "--config.backend=embedded")
+    assert_one_line_error(done, 1, f"no server answers at --config.base_url={url}", "--config.backend=embedded")
     assert "--config.simulator." not in done.stderr
-    # Training's spelling is refused with the field it lacks, before anything is contacted.
-    _one_line_error(_run("chat_with_simulator.py", f"--config.simulator.base_url={url}", pythonpath=no_jax), 2,
-                    "--config.simulator.base_url", "no field 'simulator'")
 
 
-@pytest.mark.slow
 def test_train_with_the_simulator_down(tmp_path):
-    url = f"http://127.0.0.1:{_free_port()}/v1"
-    done = _run("train.py", "--config=configs/grpo_think.py:tiny", f"--config.workdir={tmp_path / 'run'}",
-                "--config.simulator.backend=openai", f"--config.simulator.base_url={url}")
-    _one_line_error(done, 1, f"no server answers at --config.simulator.base_url={url}", "serve_simulator.sh")
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    done = run_script("train.py", TINY, f"--config.workdir={tmp_path / 'run'}", "--config.simulator.backend=openai",
+                      f"--config.simulator.base_url={url}")
+    assert_one_line_error(done, 1, f"no server answers at --config.simulator.base_url={url}", "serve_simulator.sh")
 
 
-@pytest.mark.slow
-def test_export_of_a_run_without_its_tokenizer_and_no_backend_probe_line(tmp_path):
+def test_export_of_a_run_without_its_tokenizer(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.json").write_text(grpo_think.get_config("tiny").to_json_best_effort())
-    done = _run("export_hf.py", f"--checkpoint={run}", f"--out={tmp_path / 'hf'}")
+    done = run_script("export_hf.py", f"--checkpoint={run}", f"--out={tmp_path / 'hf'}")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("export_hf.py: error: the run's tokenizer: ") and str(run / "tokenizer") in done.stderr
-    # The mesh was built first: JAX looked for a TPU, and its INFO line about none stays quiet.
-    assert "Unable to initialize backend" not in done.stderr
 
 
-@pytest.mark.slow
+def test_quiet_logs_hide_the_backend_probe_line():
+    """JAX's INFO line about a TPU it did not find (where JAX_PLATFORMS does not name the platform)
+    stays quiet without --verbosity, like every library INFO log of QUIET_LOGGERS."""
+    loggers = [logging.getLogger(name) for name in ("jax", "rlver_jax")]
+    levels = [logger.level for logger in loggers]
+    try:
+        program.quiet_logs()
+        assert not logging.getLogger("jax._src.xla_bridge").isEnabledFor(logging.INFO)
+        assert logging.getLogger("rlver_jax.train.loop").isEnabledFor(logging.INFO)
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def test_eval_refuses_a_directory_of_another_set_up(tmp_path):
     workdir = tmp_path / "eval"
     workdir.mkdir()
     (workdir / "setup.json").write_text(json.dumps({"seed": 7}))
     (workdir / "transcripts.jsonl").write_text(json.dumps({"profile_id": "x"}) + "\n")
-    done = _run("eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={workdir}")
-    _one_line_error(done, 1, "holds results of a different set-up", "seed: 7 -> 0", "Use a new work directory")
+    done = run_script("eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={workdir}")
+    assert_one_line_error(done, 1, "holds results of a different set-up", "seed: 7 -> 0", "Use a new work directory")
 
 
-@pytest.mark.slow
 def test_eval_exits_non_zero_when_every_dialogue_is_a_simulator_error(tmp_path):
     def evaluate(workdir, names):
-        return _run("eval.py", "--config=configs/eval.py", f"--config.workdir={tmp_path / workdir}",
-                    f"--config.eval.profiles={_profiles_file(tmp_path, names)}", "--config.eval.group_size=1",
-                    "--config.policy.backend=openai", f"--config.policy.base_url={servers.policy.base_url}",
-                    f"--config.simulator.base_url={servers.simulator.base_url}",
-                    "--config.simulator.malformed_retries=0")
+        return run_script("eval.py", "--config=configs/eval.py", f"--config.workdir={tmp_path / workdir}",
+                          f"--config.eval.profiles={profiles_file(tmp_path, names)}", "--config.eval.group_size=1",
+                          "--config.policy.backend=openai", f"--config.policy.base_url={servers.policy.base_url}",
+                          f"--config.simulator.base_url={servers.simulator.base_url}",
+                          "--config.simulator.malformed_retries=0")
 
     with Servers() as servers:  # P5's simulated user answers malformed text
         failed = evaluate("all", ("P5",))
@@ -268,7 +282,7 @@ def test_eval_of_served_models_imports_no_ml_framework(tmp_path):
         (shadow / name / "__init__.py").write_text(f"raise SystemExit('{name} imported by a served evaluation')\n")
     with Servers() as servers:
         done = _run("eval.py", "--config=configs/eval.py", f"--config.workdir={tmp_path / 'eval'}",
-                    f"--config.eval.profiles={_profiles_file(tmp_path, ('P1',))}",
+                    f"--config.eval.profiles={profiles_file(tmp_path, ('P1',))}",
                     "--config.policy.backend=openai", f"--config.policy.base_url={servers.policy.base_url}",
                     f"--config.simulator.base_url={servers.simulator.base_url}", pythonpath=shadow)
     assert done.returncode == 0 and "imported by a served evaluation" not in done.stderr, done.stderr
@@ -277,13 +291,9 @@ def test_eval_of_served_models_imports_no_ml_framework(tmp_path):
 
 @pytest.mark.slow
 def test_serve_simulator_logs_to_the_ignored_logs_folder(tmp_path):
-    package = tmp_path / "fake" / "sglang"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "launch_server.py").write_text(_FAKE_SGLANG)
-    port = _free_port()
+    port = free_port()
     log = REPO / "logs" / f"simulator_{port}.log"
-    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(tmp_path / "fake"),
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(fake_sglang(tmp_path)),
                FAKE_SGLANG_ARGS=str(tmp_path / "args.json"))
     try:
         done = subprocess.run(["bash", str(REPO / "launch" / "serve_simulator.sh"), "--model-path", "crash",

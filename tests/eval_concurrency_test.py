@@ -8,7 +8,7 @@ import jax
 from configs.eval import get_config
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.simulator.profiles import load_profiles
-from tests.scripted_server import ScriptedServer, route
+from rlver_jax.testing.scripted_server import ScriptedServer, route
 
 DIALOGUES, LATENCY_S, TURNS = 10, 0.5, 3
 # Per dialogue, one request after the other: a policy reply each turn, the emotion and reply steps

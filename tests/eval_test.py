@@ -20,7 +20,7 @@ from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import GOALS
 from tests.conftest import REPO
 from tests.export_test import make_run
-from tests.scripted_server import Reply, ScriptedServer, route
+from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 from tests.summary_test import DIALOGUES
 
 # Per profile, the emotion change the simulated user gives each judged reply, and the reply turn
@@ -119,7 +119,8 @@ def test_sentient_scores_of_crafted_dialogues():
     # DIALOGUES: A success at 100 (2 turns), B failure at 0 (2), C 40 (3), D simulator error (1), E 60 (1).
     s = summarize(DIALOGUES)
     assert {k: v for k, v in s.items() if k != "per_profile"} == {
-        "score": 50.0, "success": 1, "failure": 1, "n": 4, "simulator_errors": 1, "mean_turns": 2.0}
+        "score": 50.0, "success": 1, "failure": 1, "n": 4, "simulator_errors": 1, "no_policy_turn": 0,
+        "mean_turns": 2.0}
     assert s["per_profile"][3] == {"id": "D", "final_emotion": 55, "turns": 1, "end_reason": "simulator_error"}
     groups = breakdown(DIALOGUES, lambda d: "long" if len(d.turns) > 1 else "short")
     assert groups == [

@@ -1,6 +1,10 @@
-"""Faults through the real entry points (subprocesses of launch/train.py and launch/eval.py): bad
-inputs, a full disk and Ctrl-C end with one line, the right exit status and no traceback."""
+"""Faults through the real entry points (launch/train.py and launch/eval.py): bad inputs, a full disk,
+a second trainer on a work directory and a preemption's SIGTERM end with one line, the right exit
+status and no traceback. The one-line errors run the script's main in this process
+(tests/fixtures_cli.run_script); SIGTERM, which needs a process of its own to signal, runs a
+subprocess. (Ctrl-C: tests/interrupts_test.py; SIGTERM mid-update and resume: training_test.py.)"""
 
+import errno
 import json
 import os
 import signal
@@ -10,38 +14,20 @@ import time
 
 import pytest
 
+from rlver_jax import files
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.files import read_jsonl
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES
 from tests.conftest import REPO
-from tests.eval_test import _config_urls, _profiles_file
-from tests.scripted_server import Reply, ScriptedServer, route
+from tests.fixtures_cli import run_script
+from tests.fixtures_eval import config_urls, profiles_file
+from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 
 # The tiny GRPO preset cut down to the least that trains (tests/training_test.py `small`).
 SMALL = ["--config=configs/grpo_think.py:tiny", "--config.rollout.profiles_per_step=2",
          "--config.rollout.max_new_tokens=8", "--config.simulator.max_turns=2", "--config.rl.micro_batch_size=2",
          "--config.train.eval_every=0", "--config.data.eval_holdout=2", "--config.checkpoint.save_every=2",
          "--config.checkpoint.async_save=False"]
-
-# Runs launch/train.py with the disk full for every file written under a tokenizer/ folder (the
-# tiny preset builds its tokenizer into the work directory before anything else).
-FULL_DISK = """
-import errno, runpy, sys
-import rlver_jax.files as files
-write = files.atomic_write_bytes
-def full(path, data):
-    if "tokenizer" in str(path):
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
-    return write(path, data)
-files.atomic_write_bytes = full
-sys.argv = ["launch/train.py", *sys.argv[1:]]
-runpy.run_path("launch/train.py", run_name="__main__")
-"""
-
-
-def _run(args, timeout=300):
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
 
 def _last_line(out):
     assert "Traceback" not in out.stderr, out.stderr
@@ -54,42 +40,51 @@ def _profiles(tmp_path, data: bytes):
     return path
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", ["directory", "not_utf8", "ranges", "full_disk"])
-def test_train_stops_on_bad_input_or_a_full_disk_with_one_line(tmp_path, case):
+def test_train_stops_on_bad_input_or_a_full_disk_with_one_line(tmp_path, case, monkeypatch):
     workdir = tmp_path / "run"
     good = DEFAULT_PROFILES.read_bytes()
     flags = [*SMALL, f"--config.workdir={workdir}"]
     if case == "directory":
-        out, expected = _run(["launch/train.py", *flags, f"--config.data.train_profiles={tmp_path}"]), (
+        out, expected = run_script("train.py", *flags, f"--config.data.train_profiles={tmp_path}"), (
             f"train.py: error: {tmp_path}: is a directory; give a JSON Lines profile file")
     elif case == "not_utf8":
         path = _profiles(tmp_path, good.replace(b"\n", b"\n\xff", 1))
-        out, expected = _run(["launch/train.py", *flags, f"--config.data.train_profiles={path}"]), (
+        out, expected = run_script("train.py", *flags, f"--config.data.train_profiles={path}"), (
             f"train.py: error: {path}:2: not UTF-8 text (byte 0xff at byte 1 of the line)")
     elif case == "ranges":
-        out, expected = _run(["launch/train.py", *flags, "--config.train.steps=-1",
-                              "--config.rollout.temperature=-1.0"]), (
-            "train.py: error: config.train.steps=-1 must be >= 0; config.rollout.temperature=-1.0 must be >= 0")
-    else:
-        out, expected = _run(["-c", FULL_DISK, *flags]), "train.py: error: [Errno 28] No space left on device: "
+        out = run_script("train.py", *flags, "--config.train.steps=-1", "--config.rollout.temperature=-1.0")
+        expected = "train.py: error: config.train.steps=-1 must be >= 0; config.rollout.temperature=-1.0 must be >= 0"
+    else:  # the disk is full for every file written under a tokenizer/ folder (the tiny preset
+        # builds its tokenizer into the work directory before anything else)
+        write = files.atomic_write_bytes
+
+        def full(path, data):
+            if "tokenizer" in str(path):
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            return write(path, data)
+
+        monkeypatch.setattr(files, "atomic_write_bytes", full)
+        out, expected = run_script("train.py", *flags), "train.py: error: [Errno 28] No space left on device: "
     assert out.returncode == 1
     assert _last_line(out).startswith(expected), out.stderr
     if case == "full_disk":
         assert "tokenizer" in _last_line(out) and "rerun the same command to resume" in _last_line(out)
 
 
-@pytest.mark.slow
 def test_eval_rejects_out_of_range_settings_with_one_line(tmp_path):
-    out = _run(["launch/eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={tmp_path}",
-                "--config.eval.group_size=0", "--config.simulator.max_concurrency=0"])
+    out = run_script("eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={tmp_path}",
+                     "--config.eval.group_size=0", "--config.simulator.max_concurrency=0")
     assert out.returncode == 1
     assert _last_line(out) == ("eval.py: error: config.eval.group_size=0 must be >= 1; "
                                "config.simulator.max_concurrency=0 must be >= 1")
 
 
 @pytest.mark.slow
-def test_ctrl_c_saves_the_last_complete_step_and_exits_130(tmp_path):
+def test_sigterm_saves_the_last_complete_step_and_exits_143_a_second_trainer_is_refused(tmp_path):
+    """A preemption's SIGTERM once step 0's metrics line is written (in step 0's checkpoint, or step
+    1's rollout or update): that step is finished and saved, one line, exit 143 (it used to kill the
+    run with nothing saved). While it runs, a second trainer on its directory is refused in one line."""
     workdir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "launch/train.py", *SMALL, f"--config.workdir={workdir}",
                              "--config.train.steps=4"], cwd=REPO, stdout=subprocess.PIPE,
@@ -97,22 +92,27 @@ def test_ctrl_c_saves_the_last_complete_step_and_exits_130(tmp_path):
     try:
         deadline = time.monotonic() + 600
         metrics = workdir / "metrics.jsonl"
+        while not (workdir / ".lock").exists() and proc.poll() is None:
+            time.sleep(0.1)
+        second = run_script("train.py", *SMALL, f"--config.workdir={workdir}", "--config.train.steps=4")
         while not (metrics.exists() and metrics.read_text()) and proc.poll() is None:
             assert time.monotonic() < deadline, "no step finished in time"
             time.sleep(0.2)
-        os.kill(proc.pid, signal.SIGINT)  # step 0 done: in step 1's rollout or update
+        os.kill(proc.pid, signal.SIGTERM)
         _, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert second.returncode == 1 and _last_line(second).startswith(
+        f"train.py: error: {workdir} is in use by training (pid {proc.pid} on this host"), second.stderr
     out = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 143, stderr
     line = _last_line(out)
     steps = [json.loads(l)["step"] for l in metrics.read_text().split("\n") if l]
     saved = len(steps)  # every finished step is in the checkpoint, and only those
-    assert line == (f"train.py: interrupted: the checkpoint of step {saved} is in {workdir / 'checkpoints'}. "
+    assert line == (f"train.py: stopped by SIGTERM: the checkpoint of step {saved} is in {workdir / 'checkpoints'}. "
                     f"Rerun the same command to resume (config.workdir={workdir}).")
-    assert steps == list(range(saved)) and saved in (1, 2)
+    assert steps == list(range(saved)) and saved in (1, 2) and not (workdir / ".lock").exists()
 
 
 def test_eval_marks_the_dialogue_whose_prompt_the_simulator_refuses_and_goes_on(tmp_path):
@@ -125,8 +125,8 @@ def test_eval_marks_the_dialogue_whose_prompt_the_simulator_refuses_and_goes_on(
 
     script = route(emotion=emotion, reply=lambda r: "Plan: go on\nResponse: Yeah... it has been a lot.")
     with ScriptedServer(lambda r: "I hear you.", model="policy") as policy, ScriptedServer(script) as simulator:
-        config = _config_urls(tmp_path / "eval", policy.base_url, simulator.base_url,
-                              _profiles_file(tmp_path, ("P1", "P2")))
+        config = config_urls(tmp_path / "eval", policy.base_url, simulator.base_url,
+                             profiles_file(tmp_path, ("P1", "P2")))
         summary = run_benchmark(config, progress=False)
         assert sum("Name: P2" in r["messages"][0]["content"] for r in simulator.requests) == 1  # never retried
     assert (summary["n"], summary["simulator_errors"], summary["score"]) == (1, 1, 100)

@@ -8,7 +8,7 @@ import unicodedata
 import pytest
 from transformers import AutoTokenizer
 
-from tests import fixtures_qwen_tokenizer as fq
+from rlver_jax.testing import qwen25_tokenizer as fq
 
 _PROJECT_TEXT = sorted((pathlib.Path(__file__).parents[1] / "rlver_jax" / "simulator").rglob("*.txt")) + \
     sorted((pathlib.Path(__file__).parents[1] / "rlver_jax" / "simulator" / "data").glob("*.jsonl"))

@@ -1,92 +1,23 @@
 """The HTML pages (rlver_jax.eval.html_report, rlver_jax.eval.run_view): content, escaping, figures.
 
-Transcripts come from real dialogues (EpisodeRunner with the embedded simulator and a scripted
-text policy), so the pages are tested on records exactly as the rollout writes them.
+Transcripts come from real dialogues (tests/fixtures_report.py), so the pages are tested on
+records exactly as the rollout writes them.
 """
 
-import asyncio
 import base64
 import hashlib
 import html.parser
-import json
 import os
-import pathlib
-import subprocess
-import sys
 import time
 
-import numpy as np
 import pytest
 
-from configs.simulator import get_simulator_config
-from rlver_jax.eval import compare, html_report, report, run_view
-from rlver_jax.eval.sentient import summarize
-from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.files import atomic_write_jsonl, atomic_write_text, read_jsonl
-from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
-from rlver_jax.rollout.policy import PolicyTurn
-from rlver_jax.simulator import SimulatorSettings, build_simulator
+from rlver_jax.eval import compare, html_report, run_view
+from rlver_jax.files import atomic_write_jsonl, read_jsonl
 from rlver_jax.simulator.profiles import load_profiles
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-HOSTILE = ('<img src=x onerror="document.title=\'pwned\'"> <script>window.pwned=1</script> '
-           '</script><script>window.pwned=2</script> <!-- " onclick="window.pwned=3" \u2028 \u2029 end')
-WARM = "I hear how heavy this feels. That sounds really hard, and it makes sense you feel hurt."
-COLD = "whatever."
-GARBAGE = "!!!! #### %%%% ???? ////"
-BROKEN_ID = 'broken"><script>window.pwned=4</script>'
-
-
-class ScriptedTextPolicy:
-    """A text policy: dialogue k (in request order) says scripts[k][turn] (its last line again
-    once the script runs out)."""
-
-    def __init__(self, scripts):
-        self.scripts = scripts
-
-    async def act(self, requests):
-        out = []
-        for r in requests:
-            script = self.scripts[r.episode % len(self.scripts)]
-            turn = sum(m["role"] == "assistant" for m in r.messages)
-            out.append(PolicyTurn(text=script[min(turn, len(script) - 1)]))
-        return out
-
-    def release(self, session):
-        pass
-
-
-def _summary(transcripts):
-    return summarize([DialogueSequence.from_record(t) for t in transcripts])
-
-
-def make_transcripts(scripts, profiles=None, n=1, think=False, eval_mode=True, max_turns=4, step=None):
-    """Real transcript records: len(profiles) x n dialogues (GRPO groups of n), dialogue k
-    following scripts[k]; with `step`, the reward and step a training run adds."""
-    cfg = get_simulator_config(eval_mode=eval_mode)
-    cfg.backend, cfg.max_turns = "embedded", max_turns
-    profiles = profiles if profiles is not None else load_profiles()[:len(scripts)]
-    runner = EpisodeRunner(ScriptedTextPolicy(scripts), build_simulator(SimulatorSettings.from_config(cfg)), None,
-                           RolloutSettings(think=think, format_failure="continue" if eval_mode else "end"))
-    requests = [EpisodeRequest(p, g) for g, p in enumerate(profiles) for _ in range(n)]
-    seqs = asyncio.run(runner.run(requests))
-    if step is None:
-        return [s.to_record() for s in seqs]
-    return [{**s.to_record(), "reward": s.reward, "step": step} for s in seqs]
-
-
-def fixture_profiles():
-    """Three Chinese and three English profiles of the shipped set."""
-    return [p for p in load_profiles() if p.language == "zh"][:3] + \
-        [p for p in load_profiles() if p.language == "en"][:3]
-
-
-def eval_fixture():
-    """Six dialogues with warm, cold, garbage and hostile replies."""
-    scripts = [[WARM], [GARBAGE], [COLD], [WARM, HOSTILE, WARM], [GARBAGE], [COLD, WARM]]
-    return make_transcripts(scripts, fixture_profiles(), max_turns=6)
-
-
+from tests.fixtures_cli import run_script
+from tests.fixtures_report import (BROKEN_ID, COLD, GARBAGE, HOSTILE, WARM, eval_dir, eval_fixture, fixture_profiles,
+                                   long_dialogues, make_transcripts, summary_of, training_run)
 class _Page(html.parser.HTMLParser):
     """Text per element id (the text inside an element with that id), every start tag, the
     rows of the table with id `table`, and script contents."""
@@ -139,7 +70,7 @@ def parse(page, table="dialogues"):
 
 def test_every_dialogue_and_turn_is_on_the_page():
     transcripts = eval_fixture()
-    page = html_report.render_eval(_summary(transcripts), transcripts)
+    page = html_report.render_eval(summary_of(transcripts), transcripts)
     p = parse(page)
     assert len(p.rows) == len(transcripts)
     for i, t in enumerate(transcripts):
@@ -161,7 +92,7 @@ def test_every_dialogue_and_turn_is_on_the_page():
 
 def test_hostile_text_shows_as_text_and_never_as_markup():
     transcripts = eval_fixture()
-    page = html_report.render_eval(_summary(transcripts), transcripts)
+    page = html_report.render_eval(summary_of(transcripts), transcripts)
     for raw in ("<img src=x", "<script>window.pwned", "</script><script>", "<!-- \"", 'onclick="window'):
         assert raw not in page
     p = parse(page)
@@ -180,7 +111,7 @@ def test_thinking_is_folded_and_simulator_errors_are_prominent():
     broken = dict(think[0], profile_id=BROKEN_ID, end_reason="simulator_error", simulator_error=True,
                   simulator_state={**think[0]["simulator_state"], "error": "malformed answer <b>x</b>"})
     transcripts = think + [broken]
-    summary = _summary(transcripts)
+    summary = summary_of(transcripts)
     page = html_report.render_eval(summary, transcripts)
     p = parse(page)
     details = [a for t, a in p.tags if t == "details" and a.get("class") == "thinking"]
@@ -191,7 +122,7 @@ def test_thinking_is_folded_and_simulator_errors_are_prominent():
     assert summary["simulator_errors"] == 1
     assert '<div class="card alert"><div class="label">simulator errors</div><div class="value">1</div>' in page
     assert '<p class="alert">1 dialogue ended in a simulator error' in page
-    clean = html_report.render_eval(_summary(think), think)
+    clean = html_report.render_eval(summary_of(think), think)
     assert 'class="card alert"' not in clean and '<p class="alert">' not in clean
 
 
@@ -221,29 +152,14 @@ def test_step_groups_show_the_trainers_advantages():
     assert all(a is None for _, a in ppo[0]["dialogues"])
 
 
-def _run_info():
-    rules = dict(initial_emotion=40, max_change=10, ceiling=100, floor=10, floor_inclusive=False, max_turns=4,
-                 score_final_turn=False)
-    return {"policy": "scripted <b>policy</b>", "source": "tests", "backend": "openai", "think": False,
-            "simulator": "embedded", "difficulty": "vanilla", "profiles": "shipped", "rules": rules}
-
-
-def _eval_dir(directory, transcripts):
-    profiles = {p.id: p for p in load_profiles()}
-    atomic_write_jsonl(directory / "transcripts.jsonl", transcripts)
-    return report.write_outputs(directory, transcripts, profiles, _run_info(), levels=(10, 40, 70, 100))
-
-
-@pytest.mark.slow
 def test_write_outputs_and_view_rewrite_report_html(tmp_path):
     transcripts = eval_fixture()
-    summary = _eval_dir(tmp_path, transcripts)
+    summary = eval_dir(tmp_path, transcripts)
     first = (tmp_path / "report.html").read_text()
     assert "Sentient benchmark: scripted &lt;b&gt;policy&lt;/b&gt;" in first
     assert f"{summary['success']} / {summary['n']}" in first
     (tmp_path / "report.html").unlink()
-    proc = subprocess.run([sys.executable, "launch/view.py", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    proc = run_script("view.py", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert str(tmp_path / "report.html") in proc.stdout
     assert (tmp_path / "report.html").read_text() == first
@@ -253,8 +169,8 @@ def test_compare_page_pairs_dialogues_by_profile(tmp_path):
     a = eval_fixture()
     b = make_transcripts([[WARM], [WARM], [WARM], [COLD], [WARM], [GARBAGE]], fixture_profiles(), max_turns=6)
     assert [t["profile_id"] for t in a] == [t["profile_id"] for t in b]
-    _eval_dir(tmp_path / "a", a)
-    _eval_dir(tmp_path / "b", b)
+    eval_dir(tmp_path / "a", a)
+    eval_dir(tmp_path / "b", b)
     result = compare.compare_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp")
     page = (tmp_path / "cmp" / "compare.html").read_text()
     p = parse(page, table="pairs")
@@ -269,29 +185,8 @@ def test_compare_page_pairs_dialogues_by_profile(tmp_path):
         assert all(x["reply"] in text for x in ta["turns"] + tb["turns"])
 
 
-_ADVANTAGES = (0.25, -0.25, 0.0, 1.5)
-
-
-def _training_run(run_dir, steps=2):
-    metrics, profiles = [], load_profiles()[:2]
-    for step in range(steps):
-        records = make_transcripts([[WARM], [GARBAGE], [COLD], [WARM, COLD]], profiles, n=2, eval_mode=False,
-                                   max_turns=2, step=step)
-        records = [dict(r, advantage=a) for r, a in zip(records, _ADVANTAGES)]  # as the training loop writes them
-        atomic_write_jsonl(run_dir / "transcripts" / f"train_{step:06d}.jsonl", records)
-        metrics.append({"step": step, "reward_mean": float(np.mean([r["reward"] for r in records])),
-                        "emotion_mean": 30.0 + step, "success_rate": 0.0, "failure_rate": 0.0,
-                        "format_failure_rate": 0.0, "simulator_errors": 0.0, "turns_mean": 2.0})
-    evals = make_transcripts([[WARM]] * 2, profiles, step=steps - 1)
-    atomic_write_jsonl(run_dir / "transcripts" / f"eval_{steps - 1:06d}.jsonl", evals)
-    metrics[-1]["eval_score"] = _summary(evals)["score"]
-    atomic_write_jsonl(run_dir / "metrics.jsonl", metrics)
-    atomic_write_text(run_dir / "config.json", json.dumps({"rl": {"algo": "grpo"}, "rollout": {"n": 2}}))
-    return metrics
-
-
 def test_training_run_view(tmp_path):
-    metrics = _training_run(tmp_path)
+    metrics = training_run(tmp_path)
     index = run_view.write_run_view(tmp_path)
     assert index == tmp_path / "view" / "index.html"
     page = index.read_text()
@@ -320,31 +215,18 @@ def test_training_run_view(tmp_path):
     assert (tmp_path / "view" / "train_000001.html").stat().st_mtime_ns > pages["train_000001.html"]
 
 
-@pytest.mark.slow
 def test_view_refuses_a_directory_that_is_no_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither metrics.jsonl nor transcripts"):
         run_view.write_run_view(tmp_path)
-    proc = subprocess.run([sys.executable, "launch/view.py", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    proc = run_script("view.py", str(tmp_path))
     assert proc.returncode != 0 and "neither metrics.jsonl nor transcripts" in proc.stderr
-
-
-def _long_dialogues(n=100, turns=10, chars=1500):
-    base = eval_fixture()[0]
-    out = []
-    for i in range(n):
-        ts = [dict(base["turns"][0], turn=k + 1, reply=f"reply {i}.{k} " + "x" * chars,
-                   thinking="t" * chars, user=f"user {i}.{k}") for k in range(turns)]
-        out.append(dict(base, profile_id=f"p{i:03d}", turns=ts, emotions=[40 + k for k in range(turns + 1)],
-                        final_emotion=40 + turns))
-    return out
 
 
 def test_large_pages_stay_small_and_fast(tmp_path):
     """100 dialogues x 10 turns on one page; a 1000-step run's index (the step pages apart). Render
     and load times are measured in docs/report.md, not here."""
-    dialogues = _long_dialogues()
-    page = html_report.render_eval(_summary(dialogues), dialogues)
+    dialogues = long_dialogues()
+    page = html_report.render_eval(summary_of(dialogues), dialogues)
     assert len(parse(page).rows) == 100 and len(page) < 2 * 100 * 10 * 2 * 1500
     metrics = [{"step": s, "reward_mean": s / 1000, "emotion_mean": 30 + s / 100, **({"eval_score": 40.0} if s % 25 == 0
                else {})} for s in range(1000)]

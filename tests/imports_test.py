@@ -16,6 +16,7 @@ PACKAGE = REPO / "rlver_jax"
 LAYERS = (
     ("", "checks, files, llm_client, plots: shared by all, import nothing of ours above them"),
     ("text", "ChatML token assembly, tokenizers"),
+    ("testing", "offline stand-ins the tests and benchmarks share: a scripted server, Qwen2.5's tokenizer"),
     ("models", "the decoder, its configs, Hugging Face I/O"),
     ("parallel", "mesh, shardings, what processes exchange"),
     ("sampling", "batched generation, its settings"),

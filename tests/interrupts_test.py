@@ -1,13 +1,19 @@
-"""Ctrl-C around a training step, piece by piece: StepGuard defers the first Ctrl-C to the step's end,
-stops at once the second time or between steps, and gives the previous handler back on close; after
-it the loop saves the last complete step once (a torn step keeps the last checkpoint) and says how to
-resume; stopping after an error closes every part and raises the loop's error; a resumed run drops
-the transcripts of the steps it runs again. The whole story in one training run: training_test.py,
-test_interrupts_kills_and_a_full_disk_keep_each_step_once (slow)."""
+"""Ctrl-C and SIGTERM around a training step, piece by piece: StepGuard defers the first signal to
+the step's end, stops at once the second time or between steps, abandons an interruptible part (the
+in-loop evaluation), lets several processes agree to stop together, ends the process with the
+signal's status when the clock (stop_within_s) runs out, and gives the previous handlers back on
+close; after it the loop saves the last complete step once (a torn step keeps the last checkpoint)
+and says how to resume; stopping after an error closes every part and raises the loop's error; a
+resumed run drops the transcripts of the steps it runs again. The whole story in one training run:
+training_test.py, test_interrupts_kills_and_a_full_disk_keep_each_step_once (slow)."""
 
 import logging
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 
 import flax
 import jax.numpy as jnp
@@ -17,15 +23,16 @@ import pytest
 from rlver_jax.rollout.transcripts import discard_from
 from rlver_jax.train import checkpoint, loop
 from rlver_jax.train.interrupts import StepGuard, TrainingInterrupted
+from tests.conftest import REPO
 
 
 @pytest.fixture
 def guard():
-    before = signal.getsignal(signal.SIGINT)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     guard = StepGuard()
     yield guard
     guard.close()
-    assert signal.getsignal(signal.SIGINT) is before  # the previous handler is back
+    assert {s: signal.getsignal(s) for s in before} == before  # the previous handlers are back
 
 
 def _ctrl_c_deferred():
@@ -45,6 +52,64 @@ def test_the_first_ctrl_c_during_a_step_is_raised_when_the_step_ends(guard):
     assert not guard.torn and guard.step is None
 
 
+def test_sigterm_during_a_step_is_deferred_like_ctrl_c_and_exits_143(guard):
+    guard.begin_step(1)
+    try:
+        signal.raise_signal(signal.SIGTERM)
+    except KeyboardInterrupt:
+        pytest.fail("SIGTERM during a step stopped the step at once")
+    assert guard.stopping and guard.signal == signal.SIGTERM and guard.exit_status == 143
+    with pytest.raises(KeyboardInterrupt):
+        guard.end_step()
+
+
+def test_a_signal_in_an_interruptible_part_abandons_it_and_still_stops_at_the_step_end(guard):
+    guard.begin_step(2)
+    with pytest.raises(KeyboardInterrupt):
+        with guard.interruptible():  # the in-loop evaluation
+            signal.raise_signal(signal.SIGINT)
+    assert guard.stopping and guard.step == 2  # the step goes on to its metrics and checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        guard.end_step()
+
+
+def test_several_processes_stop_together_at_an_agreed_point():
+    """A signal is never raised where it lands: each process asks at the same points whether any
+    process was signalled (here the collective is a list of the flags sent)."""
+    sent = []
+    guard = StepGuard(processes=2, agree=lambda flag: sent.append(flag) or True)
+    try:
+        signal.raise_signal(signal.SIGTERM)  # between steps: no KeyboardInterrupt here
+        assert guard.stopping and guard.stop_agreed() and sent == [True]
+        quiet = StepGuard(processes=2, agree=lambda flag: sent.append(flag) or True)  # another process's view
+        quiet.begin_step(3)
+        with pytest.raises(KeyboardInterrupt):  # not signalled itself, it stops when the others agree
+            quiet.end_step()
+        assert sent == [True, False]
+        quiet.close()
+    finally:
+        guard.close()
+
+
+_CLOCK = """
+import signal, sys, time
+from rlver_jax.train.interrupts import StepGuard
+guard = StepGuard(stop_within_s=0.5, on_expiry=lambda s: print("expired", s, flush=True))
+guard.begin_step(7)
+signal.raise_signal(signal.SIGTERM)
+time.sleep(30)  # a step that does not end in time
+print("not reached")
+"""
+
+
+def test_the_clock_after_a_signal_ends_the_process_with_its_status():
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(_CLOCK)], capture_output=True, text=True, timeout=60,
+                         cwd=REPO)
+    assert out.returncode == 143 and out.stdout == f"expired {int(signal.SIGTERM)}\n", out.stderr
+    assert time.monotonic() - start < 20
+
+
 def test_ctrl_c_between_steps_stops_at_once(guard):
     guard.begin_step(0)
     guard.end_step()  # no Ctrl-C: nothing raised
@@ -61,19 +126,19 @@ def test_a_second_ctrl_c_during_a_step_stops_at_once_and_the_step_is_torn(guard)
     assert guard.torn and guard.step == 4
 
 
-def test_the_handler_is_installed_until_close_and_only_from_the_main_thread():
-    before = signal.getsignal(signal.SIGINT)
+def test_the_handlers_are_installed_until_close_and_only_from_the_main_thread():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     guard = StepGuard()
-    assert signal.getsignal(signal.SIGINT) == guard._on_sigint
+    assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == guard._on_signal
     guard.close()
-    assert signal.getsignal(signal.SIGINT) is before
+    assert {s: signal.getsignal(s) for s in before} == before
     made = []
     thread = threading.Thread(target=lambda: made.append(StepGuard()))  # signal.signal refuses other threads
     thread.start()
     thread.join()
-    assert signal.getsignal(signal.SIGINT) is before and not made[0].torn
+    assert {s: signal.getsignal(s) for s in before} == before and not made[0].torn
     made[0].close()
-    assert signal.getsignal(signal.SIGINT) is before
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 # ----------------------------------------------------------------------------- after the Ctrl-C
@@ -137,6 +202,14 @@ def test_a_torn_step_keeps_the_last_checkpoint(tmp_path, manager, saves):
                                  f"is in {tmp_path / 'checkpoints'}. Rerun the same command")
 
 
+def test_after_sigterm_the_message_and_status_say_so(tmp_path, manager, saves):
+    error = loop._interrupted(manager, _state(2), torn_step=None, record={"seed": 0}, workdir=str(tmp_path),
+                              exit_status=143, signal=signal.SIGTERM)
+    assert saves == [2] and error.exit_status == 143
+    assert str(error).startswith(f"stopped by SIGTERM: the checkpoint of step 2 is in {tmp_path / 'checkpoints'}")
+    assert loop._interrupted(manager, None, None, {}, str(tmp_path)).exit_status == 130  # no state yet: nothing saved
+
+
 def test_before_the_first_step_nothing_is_saved(tmp_path, manager, saves):
     error = loop._interrupted(manager, _state(0), torn_step=None, record={"seed": 0}, workdir=str(tmp_path))
     assert saves == [] and checkpoint.saved_steps(tmp_path / "checkpoints") == []
@@ -174,10 +247,11 @@ def test_stopping_closes_every_part_and_keeps_the_loops_error(caplog):
                 loop._shut_down(*parts)  # what the loop's `finally` does
             raise
     assert closed == order
-    assert "while stopping after an error: manager.wait failed" in caplog.text
+    assert "while stopping after an error: a checkpoint could not be written" in caplog.text
+    assert "manager.wait failed" in caplog.text
 
     closed.clear()  # without an error before it, the first failure to stop is the error
-    with pytest.raises(OSError, match="manager.wait failed"):
+    with pytest.raises(checkpoint.CheckpointWriteError, match="manager.wait failed"):
         loop._shut_down(*parts)
     assert closed == order
 

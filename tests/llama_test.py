@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from rlver_jax.models import hf_io, qwen2
-from tests.qwen2_test import left_padded_batch, perturb_biases_and_norms, torch_logits
+from tests.fixtures_hf import left_padded_batch, make_hf_model, perturb_biases_and_norms, torch_logits
 
 _HF_LLAMA = dict(
     vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
@@ -57,7 +57,7 @@ def test_llama_logits_match_transformers(tmp_path, biases):
     ids = np.concatenate([ids, np.random.default_rng(1).integers(1, 96, (3, 100))], axis=1)
     mask = np.concatenate([mask, np.ones((3, 100), mask.dtype)], axis=1)
     positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
-    ours = np.asarray(qwen2.forward(config, params, jnp.asarray(ids), jnp.asarray(mask)))
+    ours = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(config, params, jnp.asarray(ids), jnp.asarray(mask)))
     valid = mask.astype(bool)
     np.testing.assert_allclose(ours[valid], torch_logits(model, ids, mask, positions)[valid], atol=1e-4, rtol=0)
     # Written back as a LlamaForCausalLM, bit for bit, with the same tensor names as transformers'.
@@ -100,7 +100,6 @@ def test_unsupported_llama_fields_are_refused():
 
 def test_biases_the_config_lacks_are_an_error(tmp_path):
     """A Qwen2 checkpoint relabelled llama keeps its q/k/v bias tensors: refused, not dropped."""
-    from tests.qwen2_test import make_hf_model
     _, path = make_hf_model(tmp_path, tied=True)
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))

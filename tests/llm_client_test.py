@@ -20,7 +20,7 @@ from rlver_jax.eval.judge import Judge, JudgeSettings
 from rlver_jax.llm_client import (ChatClient, ClientSettings, EndpointUnavailableError, RequestRejectedError, _Limit,
                                   activity, aimd, check_chat_endpoint)
 from rlver_jax.rollout.policy import OpenAIPolicy, TurnRequest
-from tests.scripted_server import Reply, ScriptedServer, route
+from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 HELLO = [{"role": "user", "content": "hello"}]

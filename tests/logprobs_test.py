@@ -9,7 +9,7 @@ from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl.batch import policy_positions
 from rlver_jax.rl.logprobs import token_logprobs
-from tests.trainer_test import _batch
+from tests.rl_helpers import training_batch
 
 
 @pytest.mark.slow
@@ -32,7 +32,7 @@ def test_token_logprobs_value_and_gradient_match_plain_log_softmax():
         ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
         return jnp.sum(w_lp[:, 1:] * lp + w_ent[:, 1:] * ent)
 
-    (v1, g1), (v2, g2) = jax.value_and_grad(ours)(params), jax.value_and_grad(reference)(params)
+    (v1, g1), (v2, g2) = jax.jit(jax.value_and_grad(ours))(params), jax.jit(jax.value_and_grad(reference))(params)
     np.testing.assert_allclose(v1, v2, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4), g1, g2)
 
@@ -41,7 +41,7 @@ def test_token_logprobs_value_and_gradient_match_plain_log_softmax():
 def test_token_logprobs_at_policy_positions_match_the_full_head():
     cfg = get_preset("tiny")
     params = qwen2.init_params(cfg, jax.random.key(4))
-    batch = _batch()
+    batch = training_batch()
     tokens, attn = jnp.asarray(batch.tokens), jnp.asarray(batch.attention_mask)
     mask = batch.policy_mask
     positions = jnp.asarray(policy_positions(mask))
@@ -51,8 +51,9 @@ def test_token_logprobs_at_policy_positions_match_the_full_head():
         lp, ent = token_logprobs(cfg, p, tokens, attn, with_entropy=True, positions=pos)
         return jnp.sum((lp + 0.3 * ent) * mask), (lp, ent)
 
-    (v_full, (lp_full, ent_full)), g_full = jax.value_and_grad(masked_sum, has_aux=True)(params, None)
-    (v_sel, (lp_sel, ent_sel)), g_sel = jax.value_and_grad(masked_sum, has_aux=True)(params, positions)
+    value_and_grad = jax.jit(jax.value_and_grad(masked_sum, has_aux=True))
+    (v_full, (lp_full, ent_full)), g_full = value_and_grad(params, None)
+    (v_sel, (lp_sel, ent_sel)), g_sel = value_and_grad(params, positions)
     np.testing.assert_allclose(v_sel, v_full, rtol=1e-6)
     np.testing.assert_allclose(lp_sel, np.asarray(lp_full) * mask, atol=1e-6)
     np.testing.assert_allclose(ent_sel, np.asarray(ent_full) * mask, atol=1e-6)
@@ -82,8 +83,8 @@ def test_chunked_head_matches_plain_log_softmax(tied, chunk):
         lp, ent = token_logprobs(cfg, p, tokens, mask, with_entropy=True, chunk=chunk)
         return jnp.sum(w_lp * lp + w_ent * ent)
 
-    (v1, g1) = jax.value_and_grad(ours)(params)
-    (v2, g2) = jax.value_and_grad(lambda p: _textbook(cfg, p, tokens, mask, w_lp, w_ent))(params)
+    (v1, g1) = jax.jit(jax.value_and_grad(ours))(params)
+    (v2, g2) = jax.jit(jax.value_and_grad(lambda p: _textbook(cfg, p, tokens, mask, w_lp, w_ent)))(params)
     np.testing.assert_allclose(v1, v2, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4), g1, g2)
 

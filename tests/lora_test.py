@@ -1,7 +1,6 @@
 """LoRA adapters (models/lora.py): merge against numpy, the PEFT format against peft, settings checks."""
 
 import functools
-import pathlib
 
 import numpy as np
 import optax
@@ -17,6 +16,8 @@ from rlver_jax.train import model_loading
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import program as rl_program, train_state, update
 from rlver_jax.rl.settings import Optimizer, RLSettings
+from tests.fixtures_cli import run_script
+from tests.rl_helpers import training_batch
 
 
 def _random_adapters(settings, base, seed=1):
@@ -105,7 +106,7 @@ def test_merged_export_and_peft_adapter_give_our_logits(tmp_path, tiny, untied, 
     ad = _random_adapters(settings, base)
     merged = lora.merge(settings, base, ad)
     ids = np.array([[3, 17, 200, 5, 99, 411]])
-    ours = np.asarray(qwen2.forward(config, merged, jnp.asarray(ids)))
+    ours = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(config, merged, jnp.asarray(ids)))
 
     hf_io.save_pretrained(config, base, tmp_path / "base")
     hf_io.save_pretrained(config, merged, tmp_path / "merged")
@@ -186,8 +187,6 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     dB = scale * A^T dW and dA = scale * dW B^T = 0; the critic's value head moves as in full
     fine-tuning, and so does each leaf of modules_to_save (its delta's gradient is its own); the
     base, shared by the actor, the critic and the reference, is left as it was."""
-    from tests.trainer_test import _batch
-
     cfg = get_preset("tiny")
     base = qwen2.init_params(cfg, jax.random.key(0))
     base_copy = jax.tree.map(np.array, base)
@@ -199,7 +198,7 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     full = train_state.init_train_state(jax.tree.map(jnp.copy, base), _sgd().tx, critic, critic and _sgd().tx)
     critic = jax.tree.map(np.array, critic)  # the update donates the state
     full_program = rl_program.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd())
-    full_after, full_metrics, _ = rl_program.train_on_batch(full_program, full, _batch(), jax.tree.map(jnp.copy, base))
+    full_after, full_metrics, _ = rl_program.train_on_batch(full_program, full, training_batch(), jax.tree.map(jnp.copy, base))
 
     actor_ad = lora.init_adapters(settings, base, jax.random.key(1))
     critic_ad = None
@@ -208,7 +207,7 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     state = train_state.init_train_state(actor_ad, _sgd().tx, critic_ad, critic and _sgd().tx)
     actor_ad, critic_ad = jax.tree.map(np.array, (actor_ad, critic_ad))  # the update donates the state
     program = rl_program.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd(), lora=settings)
-    after, metrics, _ = rl_program.train_on_batch(program, state, _batch(), base)
+    after, metrics, _ = rl_program.train_on_batch(program, state, training_batch(), base)
 
     jax.tree.map(np.testing.assert_array_equal, base, base_copy)
     np.testing.assert_allclose(metrics["kl_ref"], full_metrics["kl_ref"], rtol=1e-5, atol=1e-7)
@@ -271,11 +270,6 @@ def test_lora_scales_the_learning_rates_by_its_multiplier():
 def test_sampler_benchmark_runs_both_forms_and_they_agree():
     """benchmarks/lora_sampler.py at tiny shapes: it checks the unmerged projections against the
     merged ones (exits non-zero when they differ) and prints its table."""
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "benchmarks/lora_sampler.py", "--preset=tiny", "--rank=4", "--rows=2",
-                           "--repeats=1"], capture_output=True, text=True, timeout=300,
-                          cwd=pathlib.Path(__file__).resolve().parents[1])
+    proc = run_script("benchmarks/lora_sampler.py", "--preset=tiny", "--rank=4", "--rows=2", "--repeats=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| 2 | " in proc.stdout and "merge of the layer's adapters" in proc.stdout

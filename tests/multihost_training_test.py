@@ -4,8 +4,8 @@ resumes from its checkpoint; metrics and transcripts hold each step and dialogue
 
 The processes run the README's multi-host commands (the block after "two processes on one
 machine"), with a free port for the coordinator, a temporary work directory and overrides that
-shrink the run to seconds. They share a persistent compilation cache, so the resumed run and the
-second algorithm compile little.
+shrink the run to seconds. They share the session's persistent compilation cache, so the resumed
+run and the second algorithm compile little.
 """
 
 import collections
@@ -132,9 +132,11 @@ def alone_lengths(log: str) -> dict[int, tuple[int, int]]:
     return {int(s): (int(t), int(c)) for s, t, c in re.findall(pattern, log)}
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("jax_cache")
+@pytest.fixture(scope="session")
+def cache():
+    """The session's compilation cache (tests/conftest.py): every test here, on whichever worker,
+    reuses the programs the others compiled."""
+    return pathlib.Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 
 @pytest.mark.slow
@@ -157,7 +159,8 @@ def test_grpo_two_processes_train_as_one_and_resume(tmp_path, cache):
     assert any(lengths[0][s] != lengths[1][s] for s in (0, 1)), lengths
     assert "process 1 of 2: 4 local devices (cpu), dialogues 4-7 of the 8 per step" in logs[1]
 
-    finish(start("configs/grpo_think.py:tiny", two, cache, overrides + ["--config.train.steps=3"]))
+    finish(start("configs/grpo_think.py:tiny", two, cache, overrides + ["--config.train.steps=3",
+                                                                        "--config.checkpoint.allow_changes=train.steps"]))
     check_each_once(two, steps=3, dialogues=8, n=4)
     assert "eval_score" in metrics(two)[2]
     evals = transcripts(two, "eval_000002.jsonl")

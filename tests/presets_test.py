@@ -1,6 +1,7 @@
 """Every shipped preset's settings agree with each other: its KV caches hold what a session can
-need (rlver_jax.rollout.cache_bound), its turns fit its rows, its dialogues split into
-mini-batches of micro-batches; the tiny presets also run their whole default length (slow)."""
+need (worked out here by hand, not with rlver_jax.rollout.cache_bound, which the presets use), its
+turns fit its rows, its dialogues split into mini-batches of micro-batches; the tiny presets also
+run their whole default length (slow, on request)."""
 
 import json
 import os
@@ -13,18 +14,43 @@ from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.base import PRESETS
 from rlver_jax.eval.benchmark import BenchmarkSettings
-from rlver_jax.rollout.cache_bound import session_slots
 from rlver_jax.train.spec import RunSpec
 
 TRAINING = {"ppo_think": ppo_think, "grpo_think": grpo_think, "ppo_nothink": ppo_nothink,
             "grpo_nothink": grpo_nothink}
 
 
+def _padded(n: int) -> int:
+    """The length bucket a fresh prompt of n tokens is left-padded to, by hand: the smallest of
+    16, 24, 32, 48, 64, 96, ... (powers of two and 1.5x powers of two from 16) that holds n."""
+    size = 16
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
+
+
+def _worst_call(max_total_tokens: int, max_new_tokens: int) -> int:
+    """The KV-cache slots the worst call of a session needs (rlver_jax.rollout.cache_bound's
+    docstring, written out): one row holds the longest prompt a turn can send (its row less one
+    sampled token and <|im_end|>), another row starts a prompt as long afresh, left-padded to its
+    bucket, then the call decodes max_new_tokens. Neither the turns nor the rows of a session
+    enter: a row's prompt is bounded by max_total_tokens whatever the turn."""
+    prompt = max_total_tokens - 2
+    return prompt + _padded(prompt) + max_new_tokens
+
+
+def test_the_worst_call_by_hand():
+    assert [_padded(n) for n in (1, 16, 17, 24, 25, 33, 49, 1022, 1025, 14998)] == [
+        16, 16, 24, 24, 32, 48, 64, 1024, 1536, 16384]
+    assert _worst_call(1024, 48) == 1022 + 1024 + 48  # tiny training
+    assert _worst_call(15000, 5000) == 14998 + 16384 + 5000  # 7B without thinking
+
+
 def _sampling_fits(sampling, rollout) -> None:
     """A turn leaves room for a prompt in its row, and a KV cache (when on) holds what a session can
     need: a run survives a smaller one by encoding such turns afresh, but a preset must not ship it."""
     assert sampling.max_new_tokens < rollout.max_total_tokens
-    need = session_slots(rollout.max_total_tokens, sampling.max_new_tokens)
+    need = _worst_call(rollout.max_total_tokens, sampling.max_new_tokens)
     assert sampling.cache_slots == 0 or sampling.cache_slots >= need, (sampling.cache_slots, need)
 
 
@@ -43,13 +69,6 @@ def test_every_training_preset_is_consistent(name, preset):
 def test_every_evaluation_preset_is_consistent(preset):
     s = BenchmarkSettings.from_config(eval_config.get_config(preset))
     _sampling_fits(s.sampling, s.rollout)
-
-
-def test_session_slots_by_hand():
-    """The 7B no-think rollout: a prompt of 14,998 tokens, another row's fresh prompt in its bucket
-    (16,384), 5,000 new tokens: 36,382, rounded up to a multiple of 16. The old rule
-    (2 x 15,000 + 5,000 = 35,000) fell short."""
-    assert session_slots(15000, 5000) == 36384
 
 
 def check_full_run(workdir, config) -> None:

@@ -13,51 +13,12 @@ import transformers
 from rlver_jax.train import model_loading
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
+from tests.fixtures_hf import HF_TINY, left_padded_batch, make_hf_model, torch_logits
 
-_HF_TINY = dict(
-    vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-    num_attention_heads=6, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
-    max_position_embeddings=128)
-
-
-def perturb_biases_and_norms(model):
-    """HF zero-inits biases and unit-inits norms; random ones make a parity test check their mapping."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
-
-
-def make_hf_model(tmp_path, tied: bool, seed: int = 0):
-    """A random transformers Qwen2ForCausalLM saved as a Hugging Face directory."""
-    torch.manual_seed(seed)
-    cfg = transformers.Qwen2Config(**_HF_TINY, tie_word_embeddings=tied)
-    model = perturb_biases_and_norms(transformers.Qwen2ForCausalLM(cfg).eval())
-    out = tmp_path / f"hf_{'tied' if tied else 'untied'}"
-    model.save_pretrained(out)
-    return model, out
-
-
-def left_padded_batch(vocab: int):
-    rng = np.random.default_rng(0)
-    lengths = [11, 7, 3]
-    t = max(lengths)
-    ids = np.zeros((len(lengths), t), np.int64)
-    mask = np.zeros((len(lengths), t), np.int64)
-    for b, n in enumerate(lengths):
-        ids[b, t - n:] = rng.integers(1, vocab, n)
-        mask[b, t - n:] = 1
-    positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
-    return ids, mask, positions
-
-
-def torch_logits(model, ids, mask, positions):
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                    position_ids=torch.tensor(positions))
-    return out.logits.float().numpy()
-
+# The model's functions as programs: one compile each, instead of one per operation run eagerly.
+_forward = jax.jit(qwen2.forward, static_argnums=0)
+_hidden_states = jax.jit(qwen2.hidden_states, static_argnums=0)
+_logits_from_hidden = jax.jit(qwen2.logits_from_hidden, static_argnums=0)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
@@ -67,7 +28,7 @@ def test_logits_match_transformers(tmp_path, tied, scan):
     config, params = hf_io.load_pretrained(path, scan_layers=scan)
     assert config.tie_word_embeddings == tied
     ids, mask, positions = left_padded_batch(config.vocab_size)
-    ours = np.asarray(qwen2.forward(config, params, jnp.asarray(ids), jnp.asarray(mask)))
+    ours = np.asarray(_forward(config, params, jnp.asarray(ids), jnp.asarray(mask)))
     ref = torch_logits(model, ids, mask, positions)
     valid = mask.astype(bool)
     np.testing.assert_allclose(ours[valid], ref[valid], atol=1e-4, rtol=0)
@@ -81,7 +42,7 @@ def test_save_pretrained_loads_in_transformers(tmp_path, tied):
     path = hf_io.save_pretrained(config, params, tmp_path / "export")
     model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     ids, mask, positions = left_padded_batch(config.vocab_size)
-    ours = np.asarray(qwen2.forward(config, params, jnp.asarray(ids), jnp.asarray(mask)))
+    ours = np.asarray(_forward(config, params, jnp.asarray(ids), jnp.asarray(mask)))
     np.testing.assert_allclose(ours[mask.astype(bool)], torch_logits(model, ids, mask, positions)[mask.astype(bool)],
                                atol=1e-4, rtol=0)
     # And back: our loader reads our writer's output exactly.
@@ -103,7 +64,7 @@ def test_critic_exports_as_token_classification_without_lm_head(tmp_path):
     assert "lm_head.weight" not in names and {"score.weight", "score.bias"} <= names
     model = transformers.AutoModelForTokenClassification.from_pretrained(path, torch_dtype=torch.float32).eval()
     ids, mask, positions = left_padded_batch(config.vocab_size)
-    h, _ = qwen2.hidden_states(critic_cfg, critic, jnp.asarray(ids), jnp.asarray(mask))
+    h, _ = _hidden_states(critic_cfg, critic, jnp.asarray(ids), jnp.asarray(mask))
     ours = np.asarray(qwen2.values_from_hidden(critic_cfg, critic, h))
     theirs = torch_logits(model, ids, mask, positions)[..., 0]
     np.testing.assert_allclose(ours[mask.astype(bool)], theirs[mask.astype(bool)], atol=1e-4, rtol=0)
@@ -130,15 +91,15 @@ def test_kv_cache_decoding_equals_full_forward(tmp_path):
     config = get_preset("tiny")
     params = qwen2.init_params(config, jax.random.key(3))
     ids, mask, positions = left_padded_batch(config.vocab_size)
-    full = np.asarray(qwen2.forward(config, params, jnp.asarray(ids), jnp.asarray(mask)))
+    full = np.asarray(_forward(config, params, jnp.asarray(ids), jnp.asarray(mask)))
     # Prefill the first 4 slots, then feed one token at a time through the cache.
     cache = qwen2.init_cache(config, ids.shape[0], max_len=16)
     steps = [(0, 4)] + [(t, t + 1) for t in range(4, ids.shape[1])]
     got = []
     for lo, hi in steps:
-        h, cache = qwen2.hidden_states(config, params, jnp.asarray(ids[:, lo:hi]), jnp.asarray(mask[:, lo:hi]),
-                                       jnp.asarray(positions[:, lo:hi]), cache)
-        got.append(np.asarray(qwen2.logits_from_hidden(config, params, h)))
+        h, cache = _hidden_states(config, params, jnp.asarray(ids[:, lo:hi]), jnp.asarray(mask[:, lo:hi]),
+                                  jnp.asarray(positions[:, lo:hi]), cache)
+        got.append(np.asarray(_logits_from_hidden(config, params, h)))
     got = np.concatenate(got, axis=1)
     valid = mask.astype(bool)
     np.testing.assert_allclose(got[valid], full[valid], atol=1e-5, rtol=0)
@@ -184,13 +145,13 @@ def test_bf16_cached_decoding_stays_close_to_fp32(tmp_path, scan):
     cfg32, p32 = hf_io.load_pretrained(path)
     cfg16, p16 = hf_io.load_pretrained(path, dtype="bfloat16", scan_layers=scan)
     ids, mask, positions = left_padded_batch(cfg32.vocab_size)
-    full32 = np.asarray(qwen2.forward(cfg32, p32, jnp.asarray(ids), jnp.asarray(mask)))
+    full32 = np.asarray(_forward(cfg32, p32, jnp.asarray(ids), jnp.asarray(mask)))
     cache = qwen2.init_cache(cfg16, ids.shape[0], max_len=16)
     got = []
     for t in range(ids.shape[1]):  # one token at a time: every logit but the first reads the cache
-        h, cache = qwen2.hidden_states(cfg16, p16, jnp.asarray(ids[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]),
-                                       jnp.asarray(positions[:, t:t + 1]), cache)
-        got.append(np.asarray(qwen2.logits_from_hidden(cfg16, p16, h)))
+        h, cache = _hidden_states(cfg16, p16, jnp.asarray(ids[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]),
+                                  jnp.asarray(positions[:, t:t + 1]), cache)
+        got.append(np.asarray(_logits_from_hidden(cfg16, p16, h)))
     got = np.concatenate(got, axis=1)
     valid = mask.astype(bool)
     assert np.max(np.abs(got[valid] - full32[valid])) < 0.05 * np.max(np.abs(full32[valid]))
@@ -203,8 +164,8 @@ def test_bf16_stays_close_to_fp32(tmp_path):
     cfg16, p16 = hf_io.load_pretrained(path, dtype="bfloat16")
     assert cfg16.dtype == "bfloat16" and p16["embed"]["embedding"].dtype == jnp.bfloat16
     ids, mask, _ = left_padded_batch(cfg32.vocab_size)
-    l32 = np.asarray(qwen2.forward(cfg32, p32, jnp.asarray(ids), jnp.asarray(mask)))
-    l16 = np.asarray(qwen2.forward(cfg16, p16, jnp.asarray(ids), jnp.asarray(mask)))
+    l32 = np.asarray(_forward(cfg32, p32, jnp.asarray(ids), jnp.asarray(mask)))
+    l16 = np.asarray(_forward(cfg16, p16, jnp.asarray(ids), jnp.asarray(mask)))
     valid = mask.astype(bool)
     assert l16.dtype == np.float32
     assert np.max(np.abs(l16[valid] - l32[valid])) < 0.05 * np.max(np.abs(l32[valid]))
@@ -235,7 +196,7 @@ def test_value_head_and_logical_axes():
     jax.tree.map(lambda p, a: len(a) == p.ndim or pytest.fail(f"{a} vs {p.shape}"), params, axes,
                  is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
     ids = jnp.ones((2, 5), jnp.int32)
-    h, _ = qwen2.hidden_states(config, params, ids)
+    h, _ = _hidden_states(config, params, ids)
     assert qwen2.values_from_hidden(config, params, h).shape == (2, 5)
 
 
@@ -248,8 +209,9 @@ def test_remat_does_not_change_gradients():
     def loss(p, cfg):
         return jnp.mean(jax.nn.log_softmax(qwen2.forward(cfg, p, ids))[..., 0])
 
-    g0 = jax.grad(loss)(params, base)
-    g1 = jax.grad(loss)(params, base.replace(remat="full"))
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    g0 = grad(params, base)
+    g1 = grad(params, base.replace(remat="full"))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
 
 
@@ -261,7 +223,7 @@ def test_mlp_over_token_chunks_matches_transformers_and_the_whole_mlps_gradients
     chunked = config.replace(mlp_chunk=chunk)
     ids, mask, positions = left_padded_batch(config.vocab_size)
     valid = mask.astype(bool)
-    ours = np.asarray(qwen2.forward(chunked, params, jnp.asarray(ids), jnp.asarray(mask)))
+    ours = np.asarray(_forward(chunked, params, jnp.asarray(ids), jnp.asarray(mask)))
     np.testing.assert_allclose(ours[valid], torch_logits(model, ids, mask, positions)[valid], atol=1e-4, rtol=0)
     wide = jnp.asarray(np.pad(ids, ((0, 0), (1, 0)))), jnp.asarray(np.pad(mask, ((0, 0), (1, 0))))  # T=12
 
@@ -269,13 +231,14 @@ def test_mlp_over_token_chunks_matches_transformers_and_the_whole_mlps_gradients
         logp = jax.nn.log_softmax(qwen2.forward(cfg, p, *wide))
         return jnp.sum(jnp.where(wide[1][..., None] > 0, logp[..., :7], 0.0))
 
-    g_whole, g_chunked = jax.grad(loss)(params, config), jax.grad(loss)(params, chunked)
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    g_whole, g_chunked = grad(params, config), grad(params, chunked)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), g_whole, g_chunked)
 
 
 # --------------------------------------------------------------------------- config_from_hf: RoPE spellings
 
-_HF_CONFIG = dict(_HF_TINY, model_type="qwen2")
+_HF_CONFIG = dict(HF_TINY, model_type="qwen2")
 
 
 def test_config_from_hf_reads_plain_rope_in_both_spellings():

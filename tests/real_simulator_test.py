@@ -18,7 +18,7 @@ from tests.conftest import REPO
 _FAKE_SERVER = textwrap.dedent("""\
     import argparse, itertools, json, sys, time
     sys.path.insert(0, {repo!r})
-    from tests.scripted_server import ScriptedServer, route
+    from rlver_jax.testing.scripted_server import ScriptedServer, route
     parser = argparse.ArgumentParser()
     for flag in ("--model", "--host", "--port", "--model_alias", "--n_ctx"):
         parser.add_argument(flag)

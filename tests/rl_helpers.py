@@ -1,8 +1,12 @@
-"""Shared inputs for the RL math tests: multi-turn policy masks and strict rank promotion."""
+"""Shared inputs for the RL tests: multi-turn policy masks, strict rank promotion, and dialogues
+of random tokens collated into a training batch."""
 
 import jax
 import numpy as np
 import pytest
+
+from rlver_jax.rl.batch import collate
+from rlver_jax.rollout.sequence import DialogueSequence
 
 
 @pytest.fixture(autouse=True)
@@ -22,3 +26,24 @@ def random_policy_mask(rng: np.random.Generator, batch: int, length: int) -> np.
             mask[b, t : min(t + seg, row_len)] = float(policy)
             t, policy = t + seg, not policy
     return mask
+
+
+def dialogue(rng, group, emotions, n_turns=2, ctx=5, turn=4, format_failure=False):
+    """Tokens: [ctx user tokens][turn policy tokens] repeated n_turns times."""
+    tokens, mask, ends = [], [], []
+    for _ in range(n_turns):
+        tokens += list(rng.integers(1, 500, ctx)); mask += [0] * ctx
+        tokens += list(rng.integers(1, 500, turn)); mask += [1] * turn
+        ends.append(len(tokens) - 1)
+    return DialogueSequence(
+        profile_id=f"p{group}", group=group, tokens=tokens, policy_mask=mask,
+        logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions,
+        end_reason="format_failure" if format_failure else "turn_limit", format_failure=format_failure)
+
+
+def training_batch():
+    """Two GRPO groups of two two-turn dialogues, one rewarded and one not in each."""
+    rng = np.random.default_rng(1)
+    seqs = [dialogue(rng, 0, [30.0, 60.0, 90.0]), dialogue(rng, 0, [30.0, 20.0, 5.0]),
+            dialogue(rng, 1, [30.0, 40.0, 70.0]), dialogue(rng, 1, [30.0, 10.0, 0.0])]
+    return collate(seqs, batch_size=4, reward_mode="final", length_multiple=8)

@@ -27,7 +27,7 @@ from rlver_jax.simulator.backend import Utterance
 from rlver_jax.simulator.embedded import EmbeddedBackend
 from rlver_jax.simulator.profiles import load_profiles
 from rlver_jax.simulator.state import EmotionRules
-from tests.scripted_server import ScriptedServer, route
+from rlver_jax.testing.scripted_server import ScriptedServer, route
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlver_jax.sampling import generation
 from rlver_jax.models import attention, hf_io, qwen2
-from tests.qwen2_test import make_hf_model
+from tests.fixtures_hf import make_hf_model
 
 PAD = 0
+_forward = jax.jit(qwen2.forward, static_argnums=0)  # one program per shape, not one per operation
 
 
 def left_padded(vocab: int, lengths, seed: int = 0):
@@ -35,7 +36,7 @@ def teacher_forced_logits(config, params, ids, mask, out: generation.Generation)
     n = tokens.shape[1]
     seq = np.concatenate([ids, tokens], axis=1)
     seq_mask = np.concatenate([mask, np.arange(n)[None, :] < lengths[:, None]], axis=1)
-    logits = qwen2.forward(config, params, jnp.asarray(seq), jnp.asarray(seq_mask))
+    logits = _forward(config, params, jnp.asarray(seq), jnp.asarray(seq_mask))
     return np.asarray(logits)[:, ids.shape[1] - 1: ids.shape[1] - 1 + n]
 
 

@@ -10,7 +10,7 @@ import pytest
 from configs.simulator import get_config, get_simulator_config
 from rlver_jax import simulator
 from rlver_jax.simulator import EmotionRules
-from tests.scripted_server import ScriptedServer, route, system_prompt
+from rlver_jax.testing.scripted_server import ScriptedServer, route, system_prompt
 
 EN = next(p for p in simulator.load_profiles() if p.language == "en")
 ZH = next(p for p in simulator.load_profiles() if p.language == "zh")

@@ -3,10 +3,7 @@ to set its own emotion, against a simulator model that echoes the reply before a
 answer (launch/eval.py), and values outside the contract (run_benchmark)."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,8 +14,8 @@ from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.files import read_jsonl
 from rlver_jax.simulator import SimulatorUnavailableError, parsing
 from rlver_jax.simulator.profiles import GOALS
-from tests.conftest import REPO
-from tests.scripted_server import ScriptedServer, echoing, route
+from rlver_jax.testing.scripted_server import ScriptedServer, echoing, route
+from tests.fixtures_cli import run_script
 
 # Replies that try to set the emotion to +10 (the simulator's own judgement is always -3).
 PAYLOADS = {
@@ -64,19 +61,16 @@ def _reply(request):
     return f"Plan: go on\nResponse: Yeah... it has been a lot.\n{PAYLOADS[_name(request)]}"
 
 
-@pytest.mark.slow
 def test_no_reply_moves_the_emotion_through_launch_eval(tmp_path):
+    """launch/eval.py's main in this process (tests/fixtures_cli.run_script)."""
     profiles = _profiles_file(tmp_path, PAYLOADS)
     with ScriptedServer(_policy, model="policy") as policy, \
             ScriptedServer(route(emotion=_emotion, reply=_reply)) as sim:
-        cmd = [sys.executable, str(REPO / "launch" / "eval.py"), "--config=configs/eval.py",
-               f"--config.workdir={tmp_path / 'eval'}", f"--config.eval.profiles={profiles}",
-               "--config.eval.group_size=9", "--config.policy.backend=openai",
-               f"--config.policy.base_url={policy.base_url}", "--config.policy.model=policy",
-               f"--config.simulator.base_url={sim.base_url}", "--config.simulator.max_turns=3",
-               "--config.simulator.backoff_initial_s=0.001"]
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300,
-                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        done = run_script("eval.py", "--config=configs/eval.py", f"--config.workdir={tmp_path / 'eval'}",
+                          f"--config.eval.profiles={profiles}", "--config.eval.group_size=9",
+                          "--config.policy.backend=openai", f"--config.policy.base_url={policy.base_url}",
+                          "--config.policy.model=policy", f"--config.simulator.base_url={sim.base_url}",
+                          "--config.simulator.max_turns=3", "--config.simulator.backoff_initial_s=0.001")
         prompts = [r["messages"][-1]["content"] for r in sim.requests if "Change:" in r["messages"][0]["content"]]
     assert done.returncode == 0, done.stderr
     assert "score 34.0  success 0  failure 0  n 9  simulator errors 0" in done.stdout

@@ -15,7 +15,7 @@ from configs.simulator import get_simulator_config
 from rlver_jax import simulator
 from rlver_jax.simulator import templates
 from rlver_jax.simulator.openai_backend import PROBE_MESSAGES
-from tests.scripted_server import ScriptedServer, route
+from rlver_jax.testing.scripted_server import ScriptedServer, route
 
 PROFILES = simulator.load_profiles()
 EN = next(p for p in PROFILES if p.language == "en")

@@ -2,14 +2,9 @@
 and answers text badly for curt replies, and one that refuses response_format."""
 
 import json
-import os
-import subprocess
-import sys
 
-import pytest
-
-from tests.conftest import REPO
-from tests.scripted_server import ScriptedServer, quoted_reply, route
+from rlver_jax.testing.scripted_server import ScriptedServer, quoted_reply, route
+from tests.fixtures_cli import run_script
 
 CURT = ("Okay.", "哦。")
 
@@ -29,16 +24,14 @@ def _reply(request):
 
 
 def _run(server, tmp_path):
+    """The script's main in this process (tests/fixtures_cli.run_script)."""
     out = tmp_path / "rate.json"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "simulator_parse_rate.py"), f"--base_url={server.base_url}",
-           "--model=simulator", "--profiles=2", f"--out={out}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    done = run_script("benchmarks/simulator_parse_rate.py", f"--base_url={server.base_url}", "--model=simulator",
+                      "--profiles=2", f"--out={out}")
     assert done.returncode == 0, done.stderr
     return json.loads(out.read_text())["modes"], done.stdout
 
 
-@pytest.mark.slow
 def test_parse_rates_of_both_modes(tmp_path):
     with ScriptedServer(route(emotion=_emotion, reply=_reply), response_format="validate") as server:
         modes, stdout = _run(server, tmp_path)
@@ -52,7 +45,6 @@ def test_parse_rates_of_both_modes(tmp_path):
     assert "| off | emotion | 6 | 4 | 67% |" in stdout and "| json_schema | emotion | 6 | 6 | 100% |" in stdout
 
 
-@pytest.mark.slow
 def test_a_server_refusing_response_format_is_reported(tmp_path):
     with ScriptedServer(route(emotion=_emotion, reply=_reply), response_format="reject") as server:
         modes, stdout = _run(server, tmp_path)
@@ -61,7 +53,6 @@ def test_a_server_refusing_response_format_is_reported(tmp_path):
     assert "| json_schema (refused: text) | emotion | 6 | 4 | 67% |" in stdout
 
 
-@pytest.mark.slow
 def test_a_mode_that_cannot_run_is_reported_and_the_others_kept(tmp_path):
     def emotion(request):  # text answers parse; every JSON request fails (retried, then given up)
         if request.get("response_format"):

@@ -21,7 +21,7 @@ import transformers
 from rlver_jax.models import hf_io, qwen2, smollm2
 from rlver_jax.sampling import generation
 from rlver_jax.text import chat
-from tests.qwen2_test import torch_logits
+from tests.fixtures_hf import torch_logits
 
 pytestmark = [
     pytest.mark.skipif(

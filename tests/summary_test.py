@@ -39,8 +39,22 @@ def test_summary_by_hand():
 def test_training_metrics_by_hand():
     assert rollout_metrics(DIALOGUES) == pytest.approx({
         "reward_mean": 0.4, "emotion_mean": 50.0, "success_rate": 0.25, "failure_rate": 0.25,
-        "format_failure_rate": 0.2, "truncated_rate": 0.2, "simulator_errors": 1.0, "turns_mean": 1.8,
-        "sequence_tokens_mean": 8.0})
+        "format_failure_rate": 0.2, "truncated_rate": 0.2, "simulator_errors": 1.0, "no_policy_turn": 0.0,
+        "turns_mean": 1.8, "sequence_tokens_mean": 8.0})
+
+
+def test_a_dialogue_without_a_policy_turn_is_counted_and_never_scored():
+    """An opening that filled the policy's budget ends "truncated" at the initial emotion (40) before
+    the policy spoke: counted in no_policy_turn, left out of the score, the reward and the rates."""
+    silent = DialogueSequence(profile_id="F", group=0, tokens=[], policy_mask=[], logprobs=[], turn_ends=[],
+                              emotions=[40], end_reason="truncated", truncated=True)
+    s = summarize([*DIALOGUES, silent])
+    assert (s.dialogues, s.scored, s.simulator_errors, s.no_policy_turn) == (6, 4, 1, 1)
+    assert s.score == pytest.approx((100 + 0 + 40 + 60) / 4) and s.success_rate == 0.25
+    metrics = rollout_metrics([*DIALOGUES, silent])
+    assert metrics["no_policy_turn"] == 1.0 and metrics["reward_mean"] == pytest.approx(0.4)
+    assert summarize([silent]).scored == 0 and rollout_metrics([silent])["emotion_mean"] == 0.0
+    assert not silent.trainable
 
 
 def test_no_scored_dialogue():

@@ -4,7 +4,11 @@ test, under the SAGE rules of `config.simulator`, then scores, report and plots.
 Resumable: each dialogue is appended to WORKDIR/transcripts.jsonl the moment it ends, and a rerun
 skips the profiles found there. WORKDIR/setup.json records what defines the results (the resolved
 policy, sampling, simulator and rules); a rerun with a different set-up is refused rather than
-mixed in. Outputs (report.write_outputs): sentient.json, report.md, trajectories.png,
+mixed in, and so is a second evaluation while one runs (the work directory's lock,
+rlver_jax.train.workdir.WorkDirLock). A profile whose opening leaves a policy of ours no room for
+a turn is refused before any dialogue is played (rlver_jax.rollout.openings); a dialogue that still
+ends before the policy spoke (an opening the simulator wrote) is counted in `no_policy_turn`, not
+scored. Outputs (report.write_outputs): sentient.json, report.md, trajectories.png,
 final_emotions.png.
 
 `config.eval.like_training=RUN` plays under the settings a training run was trained with
@@ -38,10 +42,12 @@ from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint
 from rlver_jax.parallel.hosts import allgather_json, process_index
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.rollout.evaluation import play_profiles
+from rlver_jax.rollout.openings import check_openings
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator import (ProfileError, SimulatorSettings, SimulatorUnavailableError, check_endpoint,
                                  load_profiles)
 from rlver_jax.simulator.profiles import Profile
+from rlver_jax.train.workdir import WorkDirBusyError, WorkDirLock
 
 log = logging.getLogger(__name__)
 
@@ -196,31 +202,38 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
     profiles = load_eval_profiles(config)
     spec = _PolicySpec(config)
     transcripts = workdir / TRANSCRIPTS
-    plan = allgather_json(_plan(workdir, spec, profiles) if process_index() == 0 else None)[0]
-    if "error" in plan:  # every process stops with process 0's error
-        raise ValueError(plan["error"])
-    pending = [(i, p) for i, p in enumerate(profiles) if p.id in set(plan["pending"])]
-    log.info("%d profiles: %d already evaluated in %s, %d to go", len(profiles), len(profiles) - len(pending),
-             transcripts, len(pending))
-    if pending:
-        _evaluate(config, settings, spec, pending, workdir, progress)
-    scores = None
-    if process_index() == 0:
-        done = {r["profile_id"]: r for r in load_records(transcripts)}
-        s = config.simulator
-        scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
-                                      spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling))
-    return allgather_json(scores)[0]
+    lock = WorkDirLock(workdir, "an evaluation") if process_index() == 0 else None
+    try:
+        plan = allgather_json(_plan(workdir, spec, profiles, lock) if lock is not None else None)[0]
+        if "error" in plan:  # every process stops with process 0's error
+            raise ValueError(plan["error"])
+        pending = [(i, p) for i, p in enumerate(profiles) if p.id in set(plan["pending"])]
+        log.info("%d profiles: %d already evaluated in %s, %d to go", len(profiles), len(profiles) - len(pending),
+                 transcripts, len(pending))
+        if pending:
+            _evaluate(config, settings, spec, pending, workdir, progress)
+        scores = None
+        if process_index() == 0:
+            done = {r["profile_id"]: r for r in load_records(transcripts)}
+            s = config.simulator
+            scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
+                                          spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling))
+        return allgather_json(scores)[0]
+    finally:
+        if lock is not None:
+            lock.release()
 
 
-def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile]) -> dict[str, Any]:
-    """Process 0's view of the work directory: the ids of the profiles left to play, or the error
-    that stops the evaluation."""
+def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile], lock: WorkDirLock) -> dict[str, Any]:
+    """Process 0's view of the work directory, once it holds its `lock` (another evaluation in it
+    is refused: it would play every profile a second time): the ids of the profiles left to play,
+    or the error that stops the evaluation."""
     workdir.mkdir(parents=True, exist_ok=True)
     transcripts = workdir / TRANSCRIPTS
     try:
+        lock.acquire()
         check_setup(workdir / SETUP, spec.setup(), transcripts)
-    except ValueError as e:
+    except (ValueError, WorkDirBusyError) as e:
         return {"error": str(e)}
     finished = {r["profile_id"] for r in load_records(transcripts)}
     return {"pending": [p.id for p in profiles if p.id not in finished]}
@@ -236,6 +249,9 @@ def _evaluate(config: ml_collections.ConfigDict, settings: BenchmarkSettings, sp
         check_chat_endpoint(spec.source.client)
     policy, chat_tokens = spec.build(workdir, settings.sampling)
     rollout = dataclasses.replace(settings.rollout, think=spec.source.think)
+    if chat_tokens is not None:  # a profile whose opening fills the policy's budget would end before it spoke
+        check_openings(chat_tokens, rollout, [p for _, p in pending], "config.eval.profiles",
+                       language=settings.simulator.language)
     transcripts = workdir / TRANSCRIPTS
     if process_index() == 0:  # the report's plots need matplotlib (~1 s to import): import it while the dialogues wait
         threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",),

@@ -13,13 +13,14 @@ from rlver_jax.rollout.sequence import DialogueSequence
 
 def _scores(s: summary.DialogueSummary) -> dict[str, Any]:
     return {"score": s.score, "success": s.success, "failure": s.failure, "n": s.scored,
-            "simulator_errors": s.simulator_errors, "mean_turns": s.scored_turns}
+            "simulator_errors": s.simulator_errors, "no_policy_turn": s.no_policy_turn, "mean_turns": s.scored_turns}
 
 
 def summarize(dialogues: Sequence[DialogueSequence]) -> dict[str, Any]:
     """score: mean final emotion; success: dialogues that reached the ceiling; failure: those that
-    ended at the floor (the user left). Dialogues the simulator failed on are counted apart and
-    left out of every score, never scored as 0. per_profile: one row per dialogue."""
+    ended at the floor (the user left). Dialogues the simulator failed on, and those in which the
+    policy never spoke (`no_policy_turn`), are counted apart and left out of every score.
+    per_profile: one row per dialogue."""
     return {**_scores(summary.summarize(dialogues)),
             "per_profile": [{"id": d.profile_id, "final_emotion": d.final_emotion, "turns": len(d.turns),
                              "end_reason": d.end_reason} for d in dialogues]}

@@ -251,7 +251,7 @@ class StepCollation:
     process: int = 0  # this process
     processes: int = 1
 
-    def collate(self, dialogues: Sequence[DialogueSequence], share: int) -> tuple[TrainBatch, int]:
+    def collate(self, dialogues: Sequence[DialogueSequence], share: int, step: int = 0) -> tuple[TrainBatch, int]:
         """This process's rows of the batch of `dialogues` (every process's, in step order, at least
         one trainable; `share`: dialogue slots per process): its trainable dialogues' rows, then
         padding, and the policy-token count that sizes C.
@@ -270,8 +270,8 @@ class StepCollation:
         mine = [(int(d), dialogues[d]) for d in np.flatnonzero(owner == self.process) if dialogues[d].trainable]
         if self.processes > 1:
             alone = row_extent([s for _, s in mine])
-            log.info("batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues alone: "
-                     "T=%d, %d)", length, policy_tokens, rows, bucket(alone[0], multiple=self.length_multiple),
+            log.info("step %d: batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues "
+                     "alone: T=%d, %d)", step, length, policy_tokens, rows, bucket(alone[0], multiple=self.length_multiple),
                      alone[1])
         return collate([s for _, s in mine], batch_size=share, reward_mode=self.reward_mode, rows=rows,
                        length=length, dialogue_ids=[d for d, _ in mine], padding_ids=rows * self.processes,

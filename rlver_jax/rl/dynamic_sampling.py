@@ -68,7 +68,7 @@ async def refill(run: Callable[[list[Any]], Awaitable[list[DialogueSequence]]], 
         again = [dataclasses.replace(requests[i], profile=drawn[requests[i].group], index=requests[i].index + retry * stride)
                  for i in slots]
         fresh = await run(again)
-        better = {g for g in pending} - groups_without_signal(fresh, reward_mode)
+        better = pending - groups_without_signal(fresh, reward_mode)
         for i, seq in zip(slots, fresh):
             if requests[i].group in better:
                 dialogues[i] = seq

@@ -18,15 +18,13 @@ change / 100 on its last policy token, `turn_scored` [B, T] 1 there.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from rlver_jax.rl import advantages as adv_lib
-
-if TYPE_CHECKING:
-    from rlver_jax.rl.settings import RLSettings
+from rlver_jax.rl.settings import RLSettings
 
 
 class EstimatorInputs(NamedTuple):
@@ -98,7 +96,7 @@ def reinforce_pp_baseline(rl: RLSettings, x: EstimatorInputs) -> tuple[jax.Array
     return advantages, None
 
 
-Estimator = Callable[["RLSettings", EstimatorInputs], tuple[jax.Array, jax.Array | None]]
+Estimator = Callable[[RLSettings, EstimatorInputs], tuple[jax.Array, jax.Array | None]]
 ESTIMATORS: dict[str, Estimator] = {"gae": gae, "grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp,
                                     "reinforce_pp_baseline": reinforce_pp_baseline}
 

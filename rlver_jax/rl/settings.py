@@ -7,6 +7,7 @@ what the update does. `Optimizer` counts the learning-rate schedule in train ste
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import optax
 
@@ -164,6 +165,25 @@ class OptimSettings:
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
+
+    def __post_init__(self):
+        """Range checks, every bad field in one ValueError naming it by its key in config.optim.actor
+        or .critic ("lr=-1.0 must be a finite number >= 0"); rlver_jax.train.spec adds the section."""
+        bounds = {"lr": (0.0, math.inf, "a finite number >= 0"), "warmup_ratio": (0.0, 1.0, "in [0, 1]"),
+                  "weight_decay": (0.0, math.inf, "a finite number >= 0"),
+                  "grad_clip": (0.0, math.inf, "a finite number > 0"), "b1": (0.0, 1.0, "in [0, 1)"),
+                  "b2": (0.0, 1.0, "in [0, 1)"), "eps": (0.0, math.inf, "a finite number > 0")}
+        open_above, open_below = ("b1", "b2"), ("grad_clip", "eps")
+        problems = []
+        for name, (low, high, what) in bounds.items():
+            value = getattr(self, name)
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                  and low <= value <= high and not (name in open_above and value == high)
+                  and not (name in open_below and value == low))
+            if not ok:
+                problems.append(f"{name}={value!r} must be {what}")
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,7 @@ import optax
 
 from rlver_jax.models import lora as lora_lib
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.rl import advantages as adv_lib
 from rlver_jax.rl import estimators, losses
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rl.settings import Optimizer, RLSettings
@@ -139,9 +140,7 @@ def estimate(rl: RLSettings, batch: dict, values: jax.Array | None = None, old_l
 def _sequence_advantages(advantages: jax.Array, mask: jax.Array) -> jax.Array:
     """[B, T] each row's mean advantage over its policy tokens, on every token: GSPO's one advantage
     per sequence (equal to the tokens' own for outcome estimators)."""
-    m = mask.astype(jnp.float32)
-    mean = jnp.sum(advantages * m, axis=-1, keepdims=True) / jnp.maximum(jnp.sum(m, axis=-1, keepdims=True), 1.0)
-    return jnp.broadcast_to(mean, advantages.shape)
+    return jnp.broadcast_to(adv_lib.masked_mean(advantages, mask, axis=-1)[:, None], advantages.shape)
 
 
 PolicyLoss = Callable[[RLSettings, jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, dict]]

@@ -1,13 +1,15 @@
 """The async rollout buffer: a producer thread keeps dialogues in flight while the trainer trains.
 
 Versions count trainer updates: the parameters after update s are version s + 1. Batch i is
-consumed by train step i and is generated with a version v >= i - max_staleness:
+consumed by train step i and is generated with version i - max_staleness exactly (or the oldest
+version published, when that one never was: the first batches of a run):
   max_staleness = 0: batch i waits for version i (strictly on-policy, the paper's setting);
   max_staleness = 1: batch i + 1 is generated with version i while the trainer updates to i + 1.
-The producer snapshots the newest parameters at the start of each batch, so one batch never
-mixes versions. Queues are bounded, and an exception in the producer is raised in the consumer
-(as RolloutError, caused by it). `close()` cancels the batch in progress, so stopping a run does
-not wait for its dialogues to end.
+The version is a function of the batch index, not of timing, so a run resumed at step S that
+publishes the versions S - max_staleness .. S (the checkpoint holds them) samples what the
+uninterrupted run sampled. One batch never mixes versions. Queues are bounded, and an exception in
+the producer is raised in the consumer (as RolloutError, caused by it). `close()` cancels the batch
+in progress, so stopping a run does not wait for its dialogues to end.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class RolloutBuffer:
         self._next_index = start_index
         self._queue: queue.Queue = queue.Queue(maxsize=max(max_staleness, 1))
         self._cond = threading.Condition()
-        self._version, self._params = -1, None
+        self._published: dict[int, Any] = {}  # version -> parameters, from the one in use on
         self._stop = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None  # the batch in progress
@@ -75,20 +77,23 @@ class RolloutBuffer:
         if self.max_staleness > 0:
             params = jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, params)
         with self._cond:
-            self._version, self._params = version, params
+            self._published[version] = params
             self._cond.notify_all()
         if not self._thread.is_alive() and not self._stop:
             self._thread.start()
 
-    def get(self, timeout: float | None = None) -> RolloutBatch:
-        """The next batch; re-raises the producer's exception if it failed."""
+    def get(self, timeout: float | None = None, until: Callable[[], bool] | None = None) -> RolloutBatch | None:
+        """The next batch; re-raises the producer's exception if it failed. None when `until()`
+        turns true while waiting (checked every 0.2 s)."""
         while True:
             try:
-                item = self._queue.get(timeout=1.0 if timeout is None else timeout)
+                item = self._queue.get(timeout=(0.2 if until is not None else 1.0) if timeout is None else timeout)
                 break
             except queue.Empty:
                 if timeout is not None:
                     raise TimeoutError(f"no rollout batch within {timeout} s") from None
+                if until is not None and until():
+                    return None
                 if not self._thread.is_alive():
                     raise RuntimeError("the rollout producer stopped without a batch or an error")
         if isinstance(item, _Failure):
@@ -118,11 +123,16 @@ class RolloutBuffer:
         try:
             while True:
                 index = self._next_index
+                wanted = index - self.max_staleness
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stop or self._version >= index - self.max_staleness)
+                    self._cond.wait_for(lambda: self._stop or (self._published and max(self._published) >= wanted))
                     if self._stop:
                         return
-                    version, params = self._version, self._params
+                    # The version of this index (the oldest published if that one never was).
+                    version = max([v for v in self._published if v <= wanted] or [min(self._published)])
+                    params = self._published[version]
+                    for old in [v for v in self._published if v < version]:  # no later batch needs them
+                        del self._published[old]
                 start = time.perf_counter()
                 with self._cond:
                     if self._stop:

@@ -2,7 +2,10 @@
 (`rollout_metrics`) and the Sentient benchmark's scores (rlver_jax.eval.sentient).
 
 Dialogues the simulator failed on carry no score: they are counted in `simulator_errors` and
-left out of every score, never scored as 0.
+left out of every score, never scored as 0. Nor do dialogues in which the policy never spoke (an
+opening that filled the policy's token budget ends "truncated" before its first turn): they say
+nothing about the policy, so they are counted in `no_policy_turn` and left out of every score
+(their emotion is the initial one, which would lift a low score).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ class DialogueSummary:
 
     dialogues: int  # all of them
     simulator_errors: int
-    # Over the scored dialogues (all but the simulator errors):
+    no_policy_turn: int  # ended before the policy's first turn (not simulator errors)
+    # Over the scored dialogues (all but the simulator errors and those without a policy turn):
     success: int  # reached the emotion ceiling
     failure: int  # ended at the floor: the user left
     score: float  # mean final emotion
@@ -35,7 +39,7 @@ class DialogueSummary:
 
     @property
     def scored(self) -> int:
-        return self.dialogues - self.simulator_errors
+        return self.dialogues - self.simulator_errors - self.no_policy_turn
 
     @property
     def success_rate(self) -> float:
@@ -50,11 +54,17 @@ def _mean(total: float, n: int) -> float:
     return total / n if n else float("nan")
 
 
+def is_scored(d: DialogueSequence) -> bool:
+    """Whether a dialogue counts in scores: the simulator judged it and the policy spoke in it."""
+    return not d.simulator_error and bool(d.turns)
+
+
 def summarize(dialogues: Sequence[DialogueSequence]) -> DialogueSummary:
-    scored = [d for d in dialogues if not d.simulator_error]
+    scored = [d for d in dialogues if is_scored(d)]
     n, m = len(dialogues), len(scored)
+    errors = sum(d.simulator_error for d in dialogues)
     return DialogueSummary(
-        dialogues=n, simulator_errors=n - m,
+        dialogues=n, simulator_errors=errors, no_policy_turn=n - m - errors,
         success=sum(d.end_reason == "success" for d in scored),
         failure=sum(d.end_reason == "failure" for d in scored),
         score=_mean(sum(d.final_emotion for d in scored), m),
@@ -73,7 +83,7 @@ def rollout_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
         "reward_mean": s.reward, "emotion_mean": s.score, "success_rate": s.success_rate,
         "failure_rate": s.failure_rate, "format_failure_rate": s.format_failure_rate,
         "truncated_rate": s.truncated_rate, "simulator_errors": float(s.simulator_errors),
-        "turns_mean": s.turns, "sequence_tokens_mean": s.tokens,
+        "no_policy_turn": float(s.no_policy_turn), "turns_mean": s.turns, "sequence_tokens_mean": s.tokens,
     }
     return {k: 0.0 if math.isnan(v) else v for k, v in metrics.items()}
 
@@ -84,7 +94,7 @@ def reference_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]
     two or more), averaged over groups; success (reward >= 1) and failure (reward < 0.1) counted per
     training row (in think mode with think_history "drop" every turn is a row carrying the dialogue's
     reward, so long dialogues weigh more) and per dialogue."""
-    scored = [d for d in dialogues if not d.simulator_error]
+    scored = [d for d in dialogues if is_scored(d)]
     rewards = [d.reward for d in scored]
     rows = [max(len(d.rows), 1) for d in scored]
     groups: dict[int, list[float]] = {}

@@ -1,11 +1,19 @@
 """Checkpoints of the whole train state with orbax: save every N steps, keep K, resume exactly.
 
-A checkpoint holds the TrainState pytree (actor, critic, optimizer states, step, RNG) and a small
-JSON record (`meta`: the step and the seed). Nothing else is needed to continue exactly where the
-run stopped: the profiles of a step and every random key are pure functions of (seed, step), so
-there is no data cursor or sampler state to save. Orbax writes each step into a temporary
-directory and renames it when complete, so a crash (or a full disk) never leaves a half-written
-checkpoint that looks finished: the last complete one stays the newest.
+A checkpoint holds the TrainState pytree (actor, critic, optimizer states, step, RNG), a small
+JSON record (`meta`: the step, the seed, the config fields the run was trained with, the parameter
+norms) and, with rollout.max_staleness > 0, the actor versions the next batches are sampled with
+(`sampling`). Nothing else is needed to continue exactly where the run stopped: the profiles of a
+step and every random key are pure functions of (seed, step), so there is no data cursor to save.
+Orbax writes each step into a temporary directory and renames it when complete, so a crash (or a
+full disk) never leaves a half-written checkpoint that looks finished: the last complete one stays
+the newest.
+
+A save that fails (a full or read-only disk, in the save itself or, asynchronous, in the
+background) raises CheckpointWriteError, one line naming the checkpoint, the directory and the
+cause; `check` waits for an asynchronous save before the next update (it overlaps the next batch's
+rollout) and raises its failure, so no step trains after a failed save.
+A read is tried `attempts` times before a checkpoint is declared unreadable.
 
 Every process of a multi-host run calls `save` and `restore` at the same step: each writes and
 reads its own shards of the sharded state (process 0 the metadata), so the directory must be one
@@ -15,12 +23,18 @@ directly.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from rlver_jax.parallel import sharding
 from rlver_jax.train.workdir import is_url
@@ -33,15 +47,53 @@ def _location(directory: str | os.PathLike) -> str:
     return os.fspath(directory) if is_url(directory) else os.path.abspath(directory)
 
 
+class _NotOrbax(logging.Filter):
+    """Drops log records written by orbax's code, or carrying an exception raised through it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        paths = [record.pathname]
+        tb = record.exc_info[2] if record.exc_info else None
+        while tb is not None:
+            paths.append(tb.tb_frame.f_code.co_filename)
+            tb = tb.tb_next
+        return not any("/orbax/" in p.replace(os.sep, "/") for p in paths)
+
+
+def quiet_orbax_errors() -> None:
+    """Keep orbax's error logs off the console: through absl a traceback per background thread and
+    retry of a failed save, and asyncio's "exception was never retrieved" for each of its writes
+    (hundreds of lines for one full disk); the failure reaches the run as one CheckpointWriteError.
+    The launch scripts call it unless tracebacks are asked for."""
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NotOrbax) for f in logger.filters):
+            logger.addFilter(_NotOrbax())
+    if not getattr(sys.unraisablehook, "_rlver_quiet", False):
+        sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
+
+
+def _quiet_closed_loops(hook: Callable[[Any], None]) -> Callable[[Any], None]:
+    """`hook` but for "Event loop is closed" from tensorstore's callbacks into the event loop of a
+    checkpoint write or read that already failed (printed as unraisable, a traceback each)."""
+    def quiet(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+            return
+        hook(unraisable)
+
+    quiet._rlver_quiet = True  # type: ignore[attr-defined]
+    return quiet
+
+
 def make_manager(directory: str | os.PathLike, *, save_every: int, keep: int,
                  async_save: bool = True) -> ocp.CheckpointManager:
     """A manager for `directory` (a path or a gs:// URL; created if missing) that saves every
     `save_every` steps."""
     if save_every < 1 or keep < 1:
         raise ValueError(f"config.checkpoint.save_every={save_every} and keep={keep} must both be >= 1")
+    # cleanup_tmp_directories: a save cut short (a kill, a full disk) leaves a temporary folder; removed here
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=save_every, max_to_keep=keep, enable_async_checkpointing=async_save,
-        create=True)
+        create=True, cleanup_tmp_directories=True)
     return ocp.CheckpointManager(_location(directory), options=options)
 
 
@@ -49,16 +101,120 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint holds arrays of other shapes than the state it is restored into."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written; the message names it, the directory, the cause and what is kept."""
+
+
+# Phrases of the OS errors a save meets on a full or read-only disk, as orbax and tensorstore word them.
+_DISK_ERRORS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied",
+                "File too large")
+_PENDING = "_rlver_pending_step"  # the step of an asynchronous save not yet known to be written
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, meta: dict[str, Any],
-         *, force: bool = False) -> bool:
-    """Save `state` and `meta` at `step` when the interval says so (or `force`). Async: returns
-    once the arrays are copied off the device; `wait(manager)` blocks until written."""
-    return manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                      meta=ocp.args.JsonSave(meta)), force=force)
+         *, force: bool = False, sampling: Any = None) -> bool:
+    """Save `state`, `meta` (and `sampling`: the actor versions the next batches are sampled with)
+    at `step` when the interval says so (or `force`). Async: returns once the arrays are copied off
+    the device; `wait(manager)` blocks until written. CheckpointWriteError when this save, or an
+    earlier asynchronous one, failed."""
+    items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+    if sampling is not None:
+        items["sampling"] = ocp.args.StandardSave(sampling)
+    try:
+        saved = manager.save(step, args=ocp.args.Composite(**items), force=force)
+    except Exception as e:  # noqa: BLE001 - whatever orbax and tensorstore raise for the disk
+        raise _write_error(manager, getattr(manager, _PENDING, None) or step, e) from e
+    if saved:  # checked by the next `check` or `wait` (an asynchronous write may fail after this returned)
+        setattr(manager, _PENDING, step)
+    return saved
+
+
+def check(manager: ocp.CheckpointManager) -> None:
+    """Wait for an asynchronous save still being written (the loop calls this once the next batch
+    has arrived: the write overlaps that batch's rollout, never the next update) and raise
+    CheckpointWriteError if it failed, so that no step trains after a failed save."""
+    if getattr(manager, _PENDING, None) is not None:
+        wait(manager)
 
 
 def wait(manager: ocp.CheckpointManager) -> None:
-    manager.wait_until_finished()
+    """Block until pending saves are written; CheckpointWriteError when one failed. A failure orbax
+    keeps to itself until the next save (its step folder could not even be created: a read-only
+    disk) is found by the folder's absence; the cause, by writing a probe file beside it."""
+    pending = getattr(manager, _PENDING, None)
+    try:
+        manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 - see save
+        raise _write_error(manager, pending, e) from e
+    setattr(manager, _PENDING, None)
+    if pending is not None and pending not in steps_in(manager.directory):
+        raise _write_error(manager, pending, _probe(manager.directory))
+
+
+def _probe(directory: Any) -> Exception:
+    """Why `directory` cannot be written (the OSError of writing a small file there), or an error
+    saying that the save failed in the background for no cause seen here."""
+    path = epath.Path(os.fspath(directory)) / ".write_probe"
+    try:
+        path.write_text("probe")
+        path.unlink()
+    except OSError as e:
+        return e
+    return RuntimeError("its folder is missing once the write ended (it failed in the background)")
+
+
+def _write_error(manager: ocp.CheckpointManager, step: int | None, error: Exception) -> CheckpointWriteError:
+    """The one-line error of a failed save of `step` (None: unknown): the cause (the OS error, not
+    tensorstore's kilobytes) and the newest complete checkpoint, which is what is kept."""
+    setattr(manager, _PENDING, None)
+    text = str(error)
+    if m := re.search(r"/(\d+)\.orbax-checkpoint-tmp", text):  # the failed step's temporary folder
+        step = int(m.group(1))
+    directory = str(getattr(manager, "directory", "the checkpoint directory"))
+    if isinstance(error, OSError) and error.strerror:
+        cause = error.strerror + (f" ({error.filename})" if error.filename else "")
+    else:
+        found = [p for p in _DISK_ERRORS if p in text]
+        code = re.search(r"os_error_code='(\d+)'", text)
+        cause = (found[0] + (f" (errno {code.group(1)})" if code else "")) if found else _reason(error)
+    try:
+        kept = [s for s in steps_in(directory) if s != step]
+    except Exception:  # noqa: BLE001 - a directory that cannot even be listed
+        kept = []
+    what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
+    keeps = f"the checkpoint of step {kept[-1]}" if kept else "no checkpoint"
+    return CheckpointWriteError(
+        f"{what} could not be written to {directory}: {cause}. The run stopped there; kept: {keeps} and the "
+        "metrics and transcripts of the steps before it. Free space on (or make writable) that disk, then rerun the "
+        "same command to resume")
+
+
+def steps_in(directory: str | os.PathLike) -> list[int]:
+    """The complete checkpoints' steps in `directory` (a path or a gs:// URL), from the folder names."""
+    if is_url(directory):
+        root = epath.Path(os.fspath(directory))
+        return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
+    return saved_steps(directory)
+
+
+def read_record(directory: str | os.PathLike, step: int) -> dict[str, Any]:
+    """The JSON record (`meta`) of checkpoint `step` in `directory`, read from its file without a
+    manager (and without touching the arrays)."""
+    root = epath.Path(os.fspath(directory)) if is_url(directory) else epath.Path(os.path.abspath(directory))
+    record = json.loads((root / str(step) / "meta" / "metadata").read_text())
+    if not isinstance(record, dict):
+        raise ValueError(f"{root / str(step)}: the record is not a JSON object")
+    return record
+
+
+def newest_record(directory: str | os.PathLike) -> tuple[int, dict[str, Any]] | None:
+    """(step, record) of the newest checkpoint in `directory` whose record reads; None when there is none."""
+    for step in reversed(steps_in(directory)):
+        try:
+            return step, read_record(directory, step)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def latest_step(manager: ocp.CheckpointManager) -> int | None:
@@ -91,47 +247,78 @@ def restore(manager: ocp.CheckpointManager, step: int | None, template: Any) -> 
         raise CheckpointMismatchError(
             f"the checkpoint of step {step} in {manager.directory} is of another model: {shown}{more}. Resume "
             "it with the config it was trained with (its config.json: the same config.model.preset and "
-            "model.path), or start this config in a new config.workdir (or with config.checkpoint.resume=False)")
+            "model.path), or start this config in a new config.workdir")
     out = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(sharding.with_shardings(template)), meta=ocp.args.JsonRestore()))
     return out.state, dict(out.meta)
 
 
+def restore_item(manager: ocp.CheckpointManager, step: int, name: str, template: Any) -> Any | None:
+    """The item `name` of checkpoint `step` (e.g. "sampling", see `save`) read into `template`'s
+    structure and shardings; None when the checkpoint holds no such item."""
+    if name not in manager.item_metadata(step).keys():  # listed by its folder (its metadata needs a handler)
+        return None
+    out = manager.restore(step, args=ocp.args.Composite(
+        **{name: ocp.args.StandardRestore(sharding.with_shardings(template))}))
+    return out[name]
+
+
 class UnreadableCheckpointError(RuntimeError):
-    """A directory holds checkpoints, and none of them can be read."""
+    """A directory holds checkpoints, and none of them can be read (or none is usable)."""
 
 
-def restore_newest_readable(manager: ocp.CheckpointManager, template: Any) -> tuple[Any, dict[str, Any]] | None:
-    """(state, meta) of the newest checkpoint that can be read, as `restore`; None when there is none.
+def restore_newest_readable(manager: ocp.CheckpointManager, template: Any, *, attempts: int = 3,
+                            retry_wait_s: float = 1.0,
+                            verify: Callable[[Any, dict[str, Any]], str | None] | None = None
+                            ) -> tuple[Any, dict[str, Any]] | None:
+    """(state, meta) of the newest checkpoint that can be read and is usable, as `restore`; None
+    when there is none.
 
-    Newer ones that cannot be read (array files truncated or missing, bad metadata: a disk fault,
-    a copy cut short) are named, with why, in one warning and set aside as `unreadable_STEP` in
-    the same directory (deleted on a bucket), so the steps run again can save there; a run then
-    goes on from the restored step, rewriting the metrics and transcripts of later steps. None
-    readable: UnreadableCheckpointError, one line naming the directory. A checkpoint of another
-    model (CheckpointMismatchError) is not a fault of the files: it stops at once. Every process
-    tries the same steps in order; a fault that only some processes see is not reconciled.
+    A read that fails is tried again (`attempts` reads in all, `retry_wait_s` doubling between them:
+    a network file system's or a bucket's transient error) before the checkpoint is declared
+    unreadable (array files truncated or missing, bad metadata: a disk fault, a copy cut short).
+    `verify(state, meta)` returns why a checkpoint that reads is not usable (weights that are not
+    finite, or differ from its record), else None. Newer ones that cannot be read or used are named,
+    with why, in one warning and set aside as `unreadable_STEP` / `unusable_STEP` in the same
+    directory (deleted on a bucket), so the steps run again can save there; a run then goes on from
+    the restored step, rewriting the metrics and transcripts of later steps. None readable:
+    UnreadableCheckpointError, one line naming the directory. A checkpoint of another model
+    (CheckpointMismatchError) is not a fault of the files: it stops at once. Every process tries
+    the same steps in order; a fault that only some processes see is not reconciled.
     """
-    failed: list[tuple[int, str]] = []
+    failed: list[tuple[int, str, str]] = []  # (step, why, "unreadable" | "unusable")
     for step in sorted(manager.all_steps(), reverse=True):
-        try:
-            restored = restore(manager, step, template)
-        except CheckpointMismatchError:
-            raise
-        except Exception as e:  # noqa: BLE001 - what damaged files raise varies (tensorstore, JSON, OS)
-            failed.append((step, _reason(e)))
+        for attempt in range(attempts):
+            try:
+                restored = restore(manager, step, template)
+                break
+            except CheckpointMismatchError:
+                raise
+            except Exception as e:  # noqa: BLE001 - what damaged files raise varies (tensorstore, JSON, OS)
+                if attempt + 1 < attempts:
+                    log.warning("reading the checkpoint of step %d in %s failed (%s); trying again", step,
+                                manager.directory, _reason(e))
+                    time.sleep(retry_wait_s * 2 ** attempt)
+                    continue
+                restored = None
+                failed.append((step, _reason(e), "unreadable"))
+        if restored is None:
+            continue
+        why = verify(restored[0], restored[1]) if verify is not None else None
+        if why is not None:
+            failed.append((step, why, "unusable"))
             continue
         if failed:
-            aside = _set_aside(manager, [s for s, _ in failed])
-            log.warning("the newest checkpoint(s) in %s cannot be read (%s); resuming from step %d, the newest that "
-                        "can, and running the later steps again (the unreadable ones are kept as %s)",
-                        manager.directory, "; ".join(f"step {s}: {why}" for s, why in failed), step, aside)
+            aside = _set_aside(manager, [(s, kind) for s, _, kind in failed])
+            log.warning("the newest checkpoint(s) in %s cannot be used (%s); resuming from step %d, the newest that "
+                        "can, and running the later steps again (the others are kept as %s)",
+                        manager.directory, "; ".join(f"step {s}: {why}" for s, why, _ in failed), step, aside)
         return restored
     if failed:
         raise UnreadableCheckpointError(
-            f"no checkpoint in {manager.directory} can be read ({'; '.join(f'step {s}: {w}' for s, w in failed)}): "
-            "restore the directory from a copy, or move it away (or set config.checkpoint.resume=False) to start "
-            "from step 0")
+            f"no checkpoint in {manager.directory} can be used ({'; '.join(f'step {s}: {w}' for s, w, _ in failed)}): "
+            "restore the directory from a copy, or start again from step 0 with --config.checkpoint.start_over=True "
+            "(which moves this run aside)")
     return None
 
 
@@ -141,19 +328,20 @@ def _reason(error: Exception, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> str:
-    """Rename the folders of `steps` to unreadable_STEP (a URL: delete them); what became of them."""
+def _set_aside(manager: ocp.CheckpointManager, steps: list[tuple[int, str]]) -> str:
+    """Rename the folders of `steps` ((step, "unreadable" | "unusable")) to KIND_STEP (a URL: delete
+    them); what became of them."""
     directory = str(manager.directory)
     if is_url(directory):
-        for step in steps:
+        for step, _ in steps:
             manager.delete(step)
         manager.reload()
         return "nothing: deleted from the bucket"
     names = []
-    for step in steps:
-        name, n = f"unreadable_{step}", 1
+    for step, kind in steps:
+        name, n = f"{kind}_{step}", 1
         while os.path.exists(os.path.join(directory, name)):
-            name, n = f"unreadable_{step}.{n}", n + 1
+            name, n = f"{kind}_{step}.{n}", n + 1
         os.rename(os.path.join(directory, str(step)), os.path.join(directory, name))
         names.append(name)
     manager.reload()

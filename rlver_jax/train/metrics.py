@@ -5,6 +5,11 @@ metrics.jsonl holds each step once. A step's line is written before its checkpoi
 killed in between leaves lines of steps its newest checkpoint does not hold (and a kill mid-append
 a torn last line): a run starting at step S first drops every line of a step >= S and the torn
 line (`keep_steps_before`), then appends its own; TensorBoard hides the events of those steps.
+
+A write that fails (a full or read-only disk) raises its OSError from `Writers.write`, naming the
+path. TensorBoard's events are written by tensorboardX's own thread: its failure is caught there
+(no traceback printed) and raised by the next `write`, and its queue is large enough for a step's
+scalars, so a dead writer never blocks the loop (with tensorboardX's 10 it hung for good).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import logging
 import math
 import pathlib
+import threading
 
 from collections.abc import Sequence
 from typing import Any
@@ -100,7 +106,10 @@ class Writers:
         if self.writes:
             keep_steps_before(self.metrics_path, start)
         # purge_step: TensorBoard hides the events of steps >= start an earlier, killed run wrote.
-        self.tb = SummaryWriter(str(workdir / "tensorboard"), purge_step=start or None) if self.writes else None
+        self.tb = None
+        if self.writes:
+            _catch_tensorboard_errors()
+            self.tb = SummaryWriter(str(workdir / "tensorboard"), purge_step=start or None, max_queue=_TB_QUEUE)
         self.bar = tqdm(total=total, initial=start, disable=not progress or not self.writes, desc="train",
                         dynamic_ncols=True)
         self.tracker = (tracking.WandbLogger.create(tracking_settings, config)
@@ -114,14 +123,26 @@ class Writers:
         if not self.writes:
             return
         append_jsonl(self.metrics_path, {"step": step, **metrics})
+        self._raise_tensorboard_error()
         for k, v in metrics.items():
             if isinstance(v, (int, float)) and math.isfinite(v):
                 self.tb.add_scalar(tensorboard_tag(k), v, step)
         self.tb.flush()
+        self._raise_tensorboard_error()
         if self.tracker is not None:
             self.tracker.log(step, metrics)
             if dialogues and self.table_every and (step + 1) % self.table_every == 0:
                 self.tracker.log_transcripts(step, [{**d.to_record(), "reward": d.reward} for d in dialogues])
+
+    def _raise_tensorboard_error(self) -> None:
+        """The OSError tensorboardX's writer thread died of (see the module docstring), with the
+        events directory named."""
+        if _tensorboard_errors:
+            e = _tensorboard_errors.pop(0)
+            where = self.tb.logdir if self.tb is not None else "tensorboard"
+            if isinstance(e, OSError):
+                raise OSError(e.errno, e.strerror or str(e), e.filename or where) from e
+            raise OSError(f"TensorBoard events in {where} could not be written: {type(e).__name__}: {e}") from e
 
     def close(self) -> None:
         self._stop_showing_requests()
@@ -130,3 +151,26 @@ class Writers:
             self.tb.close()
         if self.tracker is not None:
             self.tracker.close()
+
+
+_TB_QUEUE = 10_000  # events tensorboardX may hold: many steps' scalars (a step logs about 60)
+_tensorboard_errors: list[BaseException] = []  # what tensorboardX's writer threads died of, oldest first
+
+
+def _catch_tensorboard_errors() -> None:
+    """Route the exception that ends a tensorboardX writer thread to `_tensorboard_errors` instead of
+    the console (threading.excepthook; other threads' exceptions go to the previous hook)."""
+    if getattr(threading.excepthook, "_rlver_tensorboard", False):
+        return
+    from tensorboardX.event_file_writer import _EventLoggerThread
+
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.thread, _EventLoggerThread) and args.exc_value is not None:
+            _tensorboard_errors.append(args.exc_value)
+            return
+        previous(args)
+
+    hook._rlver_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook

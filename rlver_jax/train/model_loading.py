@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rlver_jax.files import atomic_directory
 from rlver_jax.text import chat
 from rlver_jax.parallel import sharding
 from rlver_jax.models import hf_io, qwen2, smollm2
@@ -62,10 +63,18 @@ class CriticSource:
             raise ValueError(f"config.critic.value_head_init={self.value_head_init!r}; use one of {VALUE_HEAD_INITS}")
 
 
+# The files build_tiny_tokenizer writes (text.tokenizer_files.save_tokenizer): a directory holding them all is whole.
+TINY_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json")
+
+
 def tiny_tokenizer(directory: pathlib.Path) -> chat.ChatTokens:
-    """The locally built tiny tokenizer in `directory` (built there when missing)."""
-    if not (directory / "tokenizer.json").exists():
-        build_tiny_tokenizer(directory, vocab_size=get_preset("tiny").vocab_size)
+    """The locally built tiny tokenizer in `directory`, built there when missing or incomplete. It is
+    written whole or not at all (files.atomic_directory: built beside it, renamed into place), so a
+    run killed while writing it leaves the previous directory or none, and a directory an older
+    version left half-written is built again (deterministically: the same files)."""
+    if not all((directory / name).is_file() for name in TINY_TOKENIZER_FILES):
+        with atomic_directory(directory) as staging:
+            build_tiny_tokenizer(staging, vocab_size=get_preset("tiny").vocab_size)
     return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(directory))
 
 

@@ -5,6 +5,12 @@ Errors in the config surface in the spec (rlver_jax.train.spec), before any mode
 compiled, each naming the config field and the fix. In a multi-host run every process builds the
 same Run and finds the same errors before any collective, so a mismatch stops every process at
 once instead of a hang.
+
+Before anything is written to the work directory (`claim`): process 0 takes its lock
+(rlver_jax.train.workdir.WorkDirLock), and the run in it, if any, is checked against the config:
+`checkpoint.resume=False` is refused where a run is (it would mix two), `checkpoint.start_over`
+moves that run aside, and a resume whose config changes a field of the newest checkpoint's record
+that it may not change (rlver_jax.train.spec.resume_changes) is refused, config.json untouched.
 """
 
 from __future__ import annotations
@@ -23,17 +29,19 @@ from jax.sharding import Mesh
 from rlver_jax.models import lora as lora_lib
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
-from rlver_jax.parallel import sharding
+from rlver_jax.files import atomic_write_text
+from rlver_jax.parallel import hosts, sharding
 from rlver_jax.rl import offload, program as rl_program, train_state
 from rlver_jax.rl.batch import StepCollation
+from rlver_jax.rollout.openings import check_openings
 from rlver_jax.simulator.factory import check_endpoint
 from rlver_jax.simulator.profiles import Profile, load_profiles
 from rlver_jax.text import chat
-from rlver_jax.train import model_loading
+from rlver_jax.train import checkpoint, model_loading
 from rlver_jax.train.abstract_run import AbstractRun, abstract_run, frozen_architecture
-from rlver_jax.train.spec import DataSpec, RunSpec
+from rlver_jax.train.spec import DataSpec, RunSpec, resume_changes
 from rlver_jax.train.tracking import TrackingSettings
-from rlver_jax.train.workdir import WorkDir
+from rlver_jax.train.workdir import WorkDir, WorkDirBusyError, WorkDirLock, move_aside, run_files
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +68,7 @@ class Run:
     state: train_state.TrainState  # before step 0; the first update donates it
     frozen: Any | None  # the frozen weights the programs may read: a KL term's reference, or LoRA's base
     lora_base: dict | None = None  # LoRA: the base its checkpoints need (`lora_base`), in their records
+    lock: WorkDirLock | None = None  # process 0's lock of the work directory, released when training ends
 
 
 def split_profiles(data: DataSpec) -> tuple[list[Profile], list[Profile]]:
@@ -146,17 +155,89 @@ def initial_models(spec: RunSpec, prog: rl_program.UpdateProgram) -> tuple[Any, 
     return actor, critic, base
 
 
+class WorkDirError(RuntimeError):
+    """Process 0 refused the work directory (its error, as every other process reports it)."""
+
+
+def claim(spec: RunSpec, storage: WorkDir) -> WorkDirLock | None:
+    """Process 0's lock of the work directory, once the run found there (if any) may be resumed or
+    started by `spec` (`_check_workdir`); every process raises process 0's refusal. Nothing else
+    is written before it returns."""
+    lock, error = None, None
+    if jax.process_index() == 0:
+        try:
+            lock = WorkDirLock(storage.location, "training").acquire()
+            _check_workdir(spec, storage)
+        except (WorkDirBusyError, ValueError, OSError) as e:
+            error = e
+            if lock is not None:
+                lock.release()
+    refusal = hosts.allgather_json(str(error) if error is not None else None)[0]
+    if error is not None:
+        raise error
+    if refusal is not None:
+        raise WorkDirError(refusal)
+    return lock
+
+
+def _check_workdir(spec: RunSpec, storage: WorkDir) -> None:
+    """Refuse `checkpoint.resume=False` where a run is, move it aside with `checkpoint.start_over`,
+    and refuse a resume that changes what it may not (spec.resume_changes) against the newest
+    checkpoint's record."""
+    loop, where = spec.loop, storage.location
+    found = run_files(where)
+    if loop.start_over:
+        if found:
+            aside = move_aside(where)
+            log.warning("config.checkpoint.start_over: moved the run in %s (%s) to %s; starting from step 0", where,
+                        ", ".join(found), aside)
+        return
+    if not loop.resume:
+        if found:
+            raise ValueError(f"{where} holds a run ({', '.join(found)}): config.checkpoint.resume=False would mix a "
+                             "new run into it. Use a new config.workdir, or --config.checkpoint.start_over=True to move "
+                             f"this one to {where}.previous-N and start from step 0")
+        return
+    newest = checkpoint.newest_record(storage.checkpoints)
+    if newest is None:
+        return
+    step, record = newest
+    if "run" not in record:
+        log.warning("the checkpoint of step %d in %s predates run records: its config is not checked against this "
+                    "one (its config.json is %s)", step, storage.checkpoints, storage.local / "config.json")
+        return
+    resume_changes(record["run"], spec, f"the checkpoint of step {step} in {storage.checkpoints}")
+
+
 def build_run(spec: RunSpec) -> Run:
-    """Build the run of `spec` (rlver_jax.train.spec); creates the work directory and (process 0)
-    writes its config.json."""
+    """Build the run of `spec` (rlver_jax.train.spec): claims the work directory (`claim`: the lock
+    and the checks of the run found there, before anything is written), then (process 0) writes
+    its config.json. The lock is released by training (rlver_jax.train.loop.train_run), or here
+    when building fails."""
     storage = WorkDir(spec.loop.workdir)
+    lock = claim(spec, storage)
+    try:
+        return _build(spec, storage, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
     workdir = storage.local
     if jax.process_index() == 0:
-        (workdir / "config.json").write_text(spec.config_json)
+        atomic_write_text(workdir / "config.json", spec.config_json)
     train_profiles, eval_profiles = split_profiles(spec.data)
     tracking_settings = dataclasses.replace(spec.tracking, run_dir=str(workdir))
     check_endpoint(spec.simulator)
     chat_tokens = _tokenizer(spec.model, workdir)
+    # A profile whose opening fills the policy's budget would give dialogues without a policy turn.
+    language = spec.simulator.language
+    check_openings(chat_tokens, spec.rollout, train_profiles, "config.data.train_profiles", language)
+    held_out = eval_profiles[:spec.loop.eval_max_profiles or None] if spec.loop.eval_every else []
+    check_openings(chat_tokens, spec.eval.rollout, held_out, "the held-out profiles of the in-loop evaluation "
+                   f"({spec.data.eval_profiles or 'config.data.eval_holdout'})", language)
     actor_cfg = model_loading.policy_architecture(spec.model)
     if actor_cfg.vocab_size < len(chat_tokens.tokenizer):
         raise ValueError(f"tokenizer has {len(chat_tokens.tokenizer)} tokens but the model's vocab_size is "
@@ -178,7 +259,7 @@ def build_run(spec: RunSpec) -> Run:
                                        spec.loop.length_multiple, chat_tokens.end_of_text, owner,
                                        jax.process_index(), jax.process_count()),
                sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, spec.mesh.rules),
-               update=prog, state=state, frozen=frozen, lora_base=lora_base(spec))
+               update=prog, state=state, frozen=frozen, lora_base=lora_base(spec), lock=lock)
 
 
 def _ranges(rows: np.ndarray) -> str:

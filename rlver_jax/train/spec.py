@@ -11,6 +11,8 @@ A run's config.json is read back through `model_source` and `lora_settings` (rlv
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from typing import Any
 
 import ml_collections
@@ -47,6 +49,11 @@ class LoopSettings:
     resume: bool
     seed: int  # config.seed
     workdir: str  # config.workdir as given (a path or a gs:// URL): for messages and the plot's title
+    start_over: bool = False  # config.checkpoint: move a run found in the work directory aside
+    allow_changes: tuple[str, ...] = ()  # fields a resume may change (`RunSpec.identity`)
+    stop_within_s: float = 20.0  # after SIGTERM / Ctrl-C, the time to save in (rlver_jax.train.interrupts)
+    read_attempts: int = 3  # reads of a checkpoint before it is unreadable
+    max_param_norm_growth: float = 2.0  # config.train: the most a step may grow a parameter norm by (0: off)
 
     def __post_init__(self):
         check_ranges({"config.train.steps": self.steps, "config.train.eval_every": self.eval_every,
@@ -54,9 +61,23 @@ class LoopSettings:
                       "config.train.length_multiple": self.length_multiple, "config.rollout.n": self.n,
                       "config.rollout.profiles_per_step": self.profiles_per_step,
                       "config.rollout.max_staleness": self.max_staleness,
-                      "config.checkpoint.save_every": self.save_every, "config.checkpoint.keep": self.keep},
+                      "config.checkpoint.save_every": self.save_every, "config.checkpoint.keep": self.keep,
+                      "config.checkpoint.stop_within_s": self.stop_within_s,
+                      "config.checkpoint.read_attempts": self.read_attempts,
+                      "config.train.max_param_norm_growth": self.max_param_norm_growth},
                      lowest={"steps": 0, "eval_every": 0, "eval_max_profiles": 0, "length_multiple": 1, "n": 1,
-                             "profiles_per_step": 1, "max_staleness": 0, "save_every": 1, "keep": 1})
+                             "profiles_per_step": 1, "max_staleness": 0, "save_every": 1, "keep": 1,
+                             "read_attempts": 1, "max_param_norm_growth": 0},
+                     positive=("stop_within_s",))
+        growth = self.max_param_norm_growth
+        if growth and not (1 < growth < math.inf):
+            raise ValueError(f"config.train.max_param_norm_growth={growth} must be 0 (off) or a finite number > 1")
+        if not math.isfinite(self.stop_within_s):
+            raise ValueError(f"config.checkpoint.stop_within_s={self.stop_within_s} must be finite")
+        if fixed := [f for f in self.allow_changes if f != "*" and change_kind(f) != "may change"]:
+            raise ValueError("; ".join(f"config.checkpoint.allow_changes names {f!r}, " + (
+                "part of the run's identity: it cannot change within a run (use a new config.workdir)"
+                if change_kind(f) == "identity" else "which changes freely: leave it out") for f in fixed))
 
     @property
     def dialogues(self) -> int:
@@ -69,7 +90,10 @@ class LoopSettings:
         return cls(steps=t.steps, profiles_per_step=r.profiles_per_step, n=r.n, max_staleness=r.max_staleness,
                    length_multiple=t.length_multiple, eval_every=t.eval_every, eval_max_profiles=t.eval_max_profiles,
                    transcripts=t.transcripts, save_every=c.save_every, keep=c.keep, async_save=c.async_save,
-                   resume=c.resume, seed=config.seed, workdir=config.workdir)
+                   resume=c.resume, seed=config.seed, workdir=config.workdir, start_over=c.start_over,
+                   allow_changes=tuple(f.strip() for f in c.allow_changes.split(",") if f.strip()),
+                   stop_within_s=c.stop_within_s, read_attempts=c.read_attempts,
+                   max_param_norm_growth=t.max_param_norm_growth)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +154,17 @@ class RunSpec:
     record: dict[str, Any]  # config.to_dict(): what W&B records and `override` rebuilds from
     config_json: str  # the run's config.json
 
+    @property
+    def resume_record(self) -> dict[str, Any]:
+        """The fields a resume compares (every one but those that change freely, `change_kind`), by
+        dotted name, as JSON reads them back: stored in every checkpoint's record (rlver_jax.train.loop).
+        config.rl's fields are compared as RLSettings resolves them ("" or None: the algorithm row's
+        value), so a row default spelled out, or a config file that leaves it to the row, is no change."""
+        fields = flat_fields(self.record)
+        resolved = flat_fields({"rl": dataclasses.asdict(self.rl)})
+        fields.update({k: v for k, v in resolved.items() if k in fields})
+        return {k: v for k, v in fields.items() if change_kind(k) != "free"}
+
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> RunSpec:
         """The specs of `config` (configs/base.py), before anything is touched: one ValueError names
@@ -143,8 +178,8 @@ class RunSpec:
             lambda: model_source(config),
             lambda: CriticSource(config.critic.path, config.critic.value_head_init, config.seed),
             lambda: lora_settings(config),
-            lambda: OptimSettings(**config.optim.actor),
-            lambda: OptimSettings(**config.optim.critic))
+            lambda: optim_settings(config.optim.actor, "config.optim.actor."),
+            lambda: optim_settings(config.optim.critic, "config.optim.critic."))
         # Then what builds on those (the in-loop evaluation varies the simulator's settings; the RL
         # settings divide by the batch sizes checked above).
         eval_settings, rl, tracking = build_all(
@@ -154,6 +189,11 @@ class RunSpec:
             raise ValueError(f"config.critic.path={critic.path!r} with config.lora.rank={lora.rank}: the LoRA "
                              "critic shares the policy's frozen base (its own adapters and value head on it); "
                              "set --config.critic.path= or config.lora.rank=0")
+        fields = flat_fields(config.to_dict())
+        unknown = [f for f in loop.allow_changes if f != "*" and not _names_a_field(f, fields)]
+        if unknown:
+            raise ValueError(f"config.checkpoint.allow_changes names {', '.join(map(repr, unknown))}: not a field of the "
+                             "config (--print_config lists them)")
         d = config.data
         return cls(model=model, critic=critic, lora=lora, mesh=MeshSpec(tuple(config.mesh.shape), config.mesh.rules),
                    rl=rl, actor_optim=actor_optim, critic_optim=critic_optim, loop=loop, rollout=rollout,
@@ -190,6 +230,15 @@ def rl_settings(config: ml_collections.ConfigDict) -> RLSettings:
     return rl
 
 
+def optim_settings(section: ml_collections.ConfigDict, where: str) -> OptimSettings:
+    """An optimizer section (`where`: its flag prefix, e.g. "config.optim.actor."), range-checked by
+    OptimSettings itself; its errors name the field with the prefix."""
+    try:
+        return OptimSettings(**section)
+    except ValueError as e:
+        raise ValueError("; ".join(where + problem for problem in str(e).split("; "))) from None
+
+
 def model_source(config: ml_collections.ConfigDict) -> ModelSource:
     """config.model (of a training config, or a run's config.json)."""
     m = config.model
@@ -201,3 +250,83 @@ def model_source(config: ml_collections.ConfigDict) -> ModelSource:
 def lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
     """config.lora, typed (full fine-tuning where a config has no such section)."""
     return LoraSettings.from_config(config.lora) if "lora" in config else LoraSettings()
+
+
+# ----------------------------------------------------------------------------- a run's identity
+
+# What a resume may change, by dotted config field ("lora." covers the section); the first list
+# that names a field decides (`change_kind`). IDENTITY: what is trained (the checkpoint's arrays,
+# their layout and meaning, the data order and every random key): never within a run. FREE: where
+# and how the run is kept, laid out, served and watched: any time. Everything else (learning
+# rates, loss knobs, sampling, the simulator's rules, the step count, ...) may change when
+# config.checkpoint.allow_changes names it, and is then logged as a change at that step.
+IDENTITY = ("model.preset", "model.path", "model.random_init", "model.tokenizer_path", "model.param_dtype",
+            "model.scan_layers", "lora.rank", "lora.alpha", "lora.targets", "lora.base_dtype",
+            "lora.modules_to_save", "critic.path", "critic.value_head_init", "rl.algo", "rollout.think",
+            "rollout.think_history", "rollout.n", "rollout.profiles_per_step", "seed")
+FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_every", "train.eval_max_profiles",
+        "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
+        "train.offload", "train.length_multiple", "train.max_param_norm_growth", "model.remat", "model.attention",
+        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.cache_slots", "rl.micro_batch_size",
+        "rl.logprob_chunk", "simulator.base_url", "simulator.api_key_env", "simulator.timeout_s",
+        "simulator.max_retries", "simulator.max_concurrency", "simulator.backoff_initial_s",
+        "simulator.backoff_max_s", "simulator.malformed_retries", "simulator.cache_dir",
+        "simulator.cache_replay_only")
+
+
+def _matches(field: str, names: tuple[str, ...]) -> bool:
+    return any(field == n or (n.endswith(".") and field.startswith(n)) for n in names)
+
+
+def change_kind(field: str) -> str:
+    """"identity", "free" or "may change": what a resume may do to the dotted config `field`."""
+    if _matches(field, IDENTITY):
+        return "identity"
+    return "free" if _matches(field, FREE) else "may change"
+
+
+def flat_fields(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's fields (`config.to_dict()`) by dotted name, each value as JSON reads it back."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out.update(flat_fields(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.loads(json.dumps(value, default=str))
+    return out
+
+
+def _names_a_field(name: str, fields: dict[str, Any]) -> bool:
+    """Whether `name` is a field of `fields` (flat_fields) or a section holding some."""
+    return name in fields or any(k.startswith(name.rstrip(".") + ".") for k in fields)
+
+
+class RunChangedError(ValueError):
+    """A resume whose config differs from its checkpoint's in fields it may not change."""
+
+
+def resume_changes(saved: dict[str, Any], spec: RunSpec, where: str) -> list[tuple[str, Any, Any]]:
+    """(field, in the checkpoint, now) of every field of `spec.resume_record` that differs from the
+    checkpoint's record `saved` (`where`: which checkpoint, for the message); fields one side lacks
+    (added or removed by a newer version) are not changes. Raises RunChangedError, one line naming
+    each field with both values and the fix, when a changed field is part of the identity or may
+    change but config.checkpoint.allow_changes does not name it."""
+    now = spec.resume_record
+    changes = [(k, saved[k], now[k]) for k in sorted(saved.keys() & now.keys()) if saved[k] != now[k]]
+    allowed = spec.loop.allow_changes
+    fixed = [c for c in changes if change_kind(c[0]) == "identity"]
+    refused = [c for c in changes if change_kind(c[0]) == "may change" and "*" not in allowed
+               and not any(c[0] == a or c[0].startswith(a.rstrip(".") + ".") for a in allowed)]
+    if not fixed and not refused:
+        return changes
+    shown = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, a, b in fixed + refused)
+    fixes = []
+    if fixed:
+        fixes.append(f"{', '.join(k for k, _, _ in fixed)} define{'s' if len(fixed) == 1 else ''} what the run trains: "
+                     "train this config in a new config.workdir (or give these fields the checkpoint's values)")
+    if refused:
+        names = ",".join(k for k, _, _ in refused)
+        fixes.append(f"to change {names.replace(',', ', ')} within this run add "
+                     f"--config.checkpoint.allow_changes={names}")
+    raise RunChangedError(f"{where} was trained with another config ({shown}); nothing was written: "
+                          + "; ".join(fixes))

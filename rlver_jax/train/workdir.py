@@ -9,14 +9,27 @@ metrics written so far (`pull`), so its metrics.jsonl and reward.png cover the w
 
 URLs go through etils.epath (fsspec): gs:// needs `pip install gcsfs` (and `google-cloud-storage`
 for TensorBoard's own writer, which is not used: events are mirrored like every other file).
+
+One run at a time: `WorkDirLock` is the lock file WORKDIR/.lock that process 0 of a training run
+or an evaluation holds while it runs (its host, pid, start time and what it runs); a second run is
+refused in one line naming the holder. A lock whose process is gone (this host, pid not alive) is
+taken over with a warning; one of another host cannot be checked and is refused with the holder
+named (remove the file once that run is known to be gone). On a bucket the lock is written and read
+back, not created atomically: two runs started within the same second may both pass.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
 import os
 import pathlib
+import shutil
+import socket
+import sys
 import tempfile
+from typing import Any
 
 from etils import epath
 
@@ -79,3 +92,137 @@ class WorkDir:
 def _signature(path: pathlib.Path) -> tuple[int, int]:
     st = path.stat()
     return st.st_size, st.st_mtime_ns
+
+
+LOCK = ".lock"
+
+
+class WorkDirBusyError(RuntimeError):
+    """Another run holds the work directory's lock."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+class WorkDirLock:
+    """The lock file of a work directory (see the module docstring): `acquire` creates it or takes
+    over a stale one, `release` removes it if it is still this process's."""
+
+    def __init__(self, location: str | os.PathLike, what: str):
+        self.location = os.fspath(location)
+        self.path = (epath.Path(self.location) if is_url(self.location) else pathlib.Path(self.location)) / LOCK
+        self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "what": what,
+                      "started": datetime.datetime.now().isoformat(timespec="seconds"),
+                      "command": " ".join(sys.argv)[:500]}
+        self.held = False
+
+    def acquire(self) -> WorkDirLock:
+        text = json.dumps(self.owner) + "\n"
+        for _ in range(3):  # a stale lock taken over, or one released meanwhile: try again
+            if self._create(text):
+                self.held = True
+                return self
+            holder = self._holder()
+            if holder is None:  # gone between the two calls, or unreadable: written by a crash
+                self._remove()
+                continue
+            if self._is_stale(holder):
+                log.warning("%s: taking over the lock of %s (pid %s on %s, started %s), whose process is gone",
+                            self.location, holder.get("what", "a run"), holder.get("pid"), holder.get("host"),
+                            holder.get("started"))
+                self._remove()
+                continue
+            where = "this host" if holder.get("host") == self.owner["host"] else f"host {holder.get('host')}"
+            raise WorkDirBusyError(
+                f"{self.location} is in use by {holder.get('what', 'another run')} (pid {holder.get('pid')} on {where}, "
+                f"since {holder.get('started')}: {holder.get('command', '')}); wait for it to end or use another "
+                f"work directory (if that process is gone, remove {self.path})")
+        raise WorkDirBusyError(f"{self.path}: the lock could not be taken (it changed while it was being read)")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        holder = self._holder()
+        if holder is not None and holder.get("pid") == self.owner["pid"] and holder.get("host") == self.owner["host"]:
+            self._remove()
+
+    def __enter__(self) -> WorkDirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def _is_stale(self, holder: dict[str, Any]) -> bool:
+        """Whether `holder` is gone: this host's process that is no longer alive, or this very
+        process (a lock it left behind, e.g. a run built and never trained)."""
+        if holder.get("host") != self.owner["host"] or not isinstance(holder.get("pid"), int):
+            return False
+        return holder["pid"] == os.getpid() or not _alive(holder["pid"])
+
+    def _create(self, text: str) -> bool:
+        if isinstance(self.path, pathlib.Path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            return True
+        if self.path.exists():
+            return False
+        self.path.write_text(text)
+        return json.loads(self.path.read_text()).get("pid") == self.owner["pid"]
+
+    def _holder(self) -> dict[str, Any] | None:
+        try:
+            holder = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return holder if isinstance(holder, dict) else None
+
+    def _remove(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+# What a training run leaves in its work directory: a directory holding one of these holds a run.
+RUN_FILES = ("checkpoints", "metrics.jsonl", "transcripts", "tensorboard")
+
+
+def run_files(location: str | os.PathLike) -> list[str]:
+    """Those of RUN_FILES that hold something in the work directory `location` (a path or URL)."""
+    root = epath.Path(location) if is_url(location) else pathlib.Path(location)
+    found = []
+    for name in RUN_FILES:
+        path = root / name
+        if path.is_dir() and any(True for _ in path.iterdir()) or (path.is_file() and path.stat().st_size):
+            found.append(name)
+    return found
+
+
+def move_aside(location: str | os.PathLike) -> pathlib.Path:
+    """Move everything in the local work directory `location` but its lock into a new sibling
+    directory LOCATION.previous-N (N: the first free number); returns it."""
+    root = pathlib.Path(location)
+    if is_url(location):
+        raise ValueError(f"config.checkpoint.start_over=True with {location}: move the old run on the bucket "
+                         "yourself (e.g. gsutil -m mv), then rerun")
+    n = 1
+    while (aside := root.with_name(f"{root.name}.previous-{n}")).exists():
+        n += 1
+    aside.mkdir()
+    for entry in sorted(root.iterdir()):
+        if entry.name != LOCK:
+            shutil.move(str(entry), str(aside / entry.name))
+    return aside

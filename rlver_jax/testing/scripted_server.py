@@ -1,6 +1,7 @@
-"""A scripted OpenAI-compatible HTTP server for tests (stdlib only).
+"""A scripted OpenAI-compatible HTTP server for tests and benchmarks (stdlib only).
 
-Tests run the real `openai` client against it, playing the simulator, the policy, or both:
+Tests and benchmarks run the real `openai` client against it, playing the simulator, the policy or
+both:
 
     def script(request: dict) -> str | Reply:     # request: the JSON body of the POST
         return "Intent: ...\\nChange: +3"
