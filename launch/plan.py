@@ -1,15 +1,25 @@
 r"""Per-device memory of a training run's programs, compiled ahead of time from the training config.
 
   python launch/plan.py --config=configs/ppo_think.py:tiny
+  python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4
+  python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4 --slices=2 --config.mesh.shape='(2,-1,4)'
   XLA_FLAGS=--xla_force_host_platform_device_count=16 JAX_PLATFORMS=cpu \
     python launch/plan.py --config=configs/ppo_think.py:7b --config.mesh.shape='(1,16,1)' --memory_gb=16
 
 Takes the config and overrides of launch/train.py and compiles, from abstract shapes (no weights
 are allocated or read), the programs of the train step the run executes (prepare, the actor's and
-the critic's updates) and the sampler's program (rlver_jax/train/memory_plan.py). Prints
-per-device arguments, temporaries and totals per phase, the peak against --memory_gb, and, where
-a phase does not fit, the largest micro-batch or dialogue length that does. On a CPU, fake the target's device count with
-XLA_FLAGS=--xla_force_host_platform_device_count=N. docs/sharding.md has the figures.
+the critic's updates), the sampler's programs and the in-loop evaluation's
+(rlver_jax/train/memory_plan.py). Prints per-device arguments, temporaries and totals per phase,
+the peak against --memory_gb, and, where a phase does not fit, the largest micro-batch or dialogue
+length that does.
+
+--topology=NAME (with libtpu installed: pip install -e '.[tpu]') compiles for that TPU slice
+with the TPU compiler, on this host, without a TPU and without XLA_FLAGS: device kind and chip
+count, the attention kernel the TPU gets (splash), the TPU compiler's memory per device against
+the chip's HBM, the offload's transfers and a roofline estimate of the step
+(rlver_jax/parallel/topology.py). Without it the plan is for this host's devices: on a CPU, fake
+the target's device count with XLA_FLAGS=--xla_force_host_platform_device_count=N.
+docs/sharding.md has the figures.
 """
 
 import pathlib
@@ -22,8 +32,13 @@ from absl import app, flags  # noqa: E402
 from rlver_jax.cli import program  # noqa: E402
 
 _CONFIG = program.config_flag("config", None, "Training config file[:preset], as for launch/train.py.")
-_MEMORY = flags.DEFINE_float("memory_gb", 16.0, "Per-device memory budget in GB (1e9 bytes).")
-_PHASES = flags.DEFINE_list("phases", "prepare,actor update,critic update,rollout",
+_MEMORY = flags.DEFINE_float("memory_gb", None, "Per-device memory budget in GB (1e9 bytes); default: the "
+                             "--topology chip's HBM (v5e 16, v4 and v6e 32, v5p 95), else 16.")
+_TOPOLOGY = flags.DEFINE_string("topology", None, "Compile for this TPU slice with the TPU compiler (compile-only "
+                                "devices, needs libtpu): e.g. v5e:4x4, v5e:8x8, v6e:4x4, v5p:2x2x2, v4:2x2x4.")
+_SLICES = flags.DEFINE_integer("slices", 1, "With --topology: this many slices, the mesh's data axis over the "
+                               "data-centre network between them (mesh.shape[0] a multiple of it).")
+_PHASES = flags.DEFINE_list("phases", "prepare,actor update,critic update,rollout,evaluation",
                             "Phases to compile (comma-separated).")
 _SEARCH = flags.DEFINE_bool("search", True, "Where a phase does not fit, recompile at smaller shapes to find "
                             "the largest that does.")
@@ -31,7 +46,8 @@ _HOIST = flags.DEFINE_bool("hoist_converts", True, "On CPU: False compiles witho
                             "motion, which holds fp32 copies of bf16 saved activations that TPUs and GPUs do not "
                             "make (a nearer estimate for them); True: exactly XLA:CPU's figures.")
 _HOST = flags.DEFINE_integer("host_devices", None, "Devices per host of the target, for the rollout's host-local "
-                             "sampling layout (v5e/v4/v5p hosts: 4, GPU nodes: 8); default: one host of every device.")
+                             "sampling layout (v5e/v4/v5p hosts: 4, GPU nodes: 8); default: the --topology's hosts, "
+                             "else one host of every device.")
 _FEED = flags.DEFINE_integer("feed_tokens", 512, "With rollout.cache_slots > 0: tokens a turn feeds into the "
                              "cache (the user's reply and the template), bucketed.")
 
@@ -42,17 +58,23 @@ def main(argv):
     import jax
 
     from rlver_jax.train import memory_plan
-    from rlver_jax.parallel import sharding
+    from rlver_jax.parallel import sharding, topology
     from rlver_jax.parallel.distributed import DistributedSettings
     from rlver_jax.train.spec import RunSpec
 
     jax.config.update("jax_threefry_partitionable", True)  # as launch/train.py: the same programs
     config = _CONFIG.value
-    # A config the run would reject fails here with the run's own one-line error (program.run).
-    sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
+    target = None
+    if _TOPOLOGY.value:  # before anything else: a bad name is one line, before the config is built
+        target = topology.tpu_target(_TOPOLOGY.value, _SLICES.value)
+    elif _SLICES.value != 1:
+        raise ValueError("--slices needs --topology (the slices' TPU topology, e.g. --topology=v5e:4x4)")
+    else:
+        # A config the run would reject fails here with the run's own one-line error (program.run).
+        sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
     result = memory_plan.plan(RunSpec.from_config(config), _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
-                       log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value,
-                       host_devices=_HOST.value)
+                              log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value,
+                              host_devices=_HOST.value, target=target)
     label = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
     print(memory_plan.format_plan(result, label), flush=True)
 

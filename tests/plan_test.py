@@ -85,12 +85,16 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     batch's shards; each model's program reads its own state, the prepared inputs it uses and the
     mini-batch rows, its state updated in place; resident is the rest of the state on the devices."""
     config = _tiny(ppo_think, tmp_path)
+    config.train.eval_policy.cache_slots = 0
     result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
-    assert [p.name for p in result.phases] == list(memory_plan.PHASES)
+    # The KV cache's own programs follow the rollout's; the evaluation re-encodes (its cache off here).
+    assert [p.name for p in result.phases] == ["prepare", "actor update", "critic update", "rollout",
+                                               "rollout compact", "rollout grow", "evaluation"]
     s = result.setup
-    prepare, actor, critic, rollout = result.phases
+    prepare, actor, critic, rollout = result.phases[:4]
     opt_states = memory_plan.device_bytes((s.state.actor_opt, s.state.critic_opt))
-    assert prepare.arguments == memory_plan.device_bytes((s.models, _read(s.batch, _PPO_UNREAD)))  # PPO: no groups
+    # PPO (GAE) reads no groups and none of the turn-level arrays.
+    assert prepare.arguments == memory_plan.device_bytes((s.models, _read(s.batch, _PPO_UNREAD)))
     assert prepare.resident == opt_states
     # The actor reads no values or returns, the critic no old log-probs, advantages or policy
     # positions (it values every token): hand lists.
@@ -108,7 +112,9 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     text = memory_plan.format_plan(result, "configs/ppo_think.py:tiny")
     assert "{'data': 1, 'fsdp': 4, 'tensor': 2}" in text and "fits in 16 GB" in text
     assert "no LM head" in text and "KV cache of 256 slots" in text
+    assert "evaluation 4 profiles per sampler call" in text and "4 held-out profiles" in text
     assert "offload    none; with --config.train.offload=state: prepare" in text
+    assert "roofline" not in text and "target" not in text  # a CPU plan: no chip to estimate against
 
 
 @pytest.mark.slow
@@ -120,7 +126,8 @@ def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
     out. "idle": the updates' residents as "state", prepare's and the rollout's as "none"."""
     config = _tiny(ppo_think, tmp_path)
     config.train.offload = "state"
-    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
+    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False,
+                              phases=("prepare", "actor update", "critic update", "rollout"))
     s = result.setup
     by_name = {p.name: p for p in result.phases}
     key_and_batch = memory_plan.device_bytes((s.state.rng, s.batch))

@@ -21,6 +21,8 @@ blocks (forward only), so a 16,384-token prompt never holds [B, N, T, S] scores.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -29,7 +31,8 @@ IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "splash")
 AUTO_BLOCKWISE_MIN_T = 4096  # "auto" off GPU/TPU: dense below this length (faster on CPU), blockwise from it
 BLOCK = 512  # blockwise: query and key block length (scores [B, N, BLOCK, BLOCK] per step)
 _CAUSAL_BLOCKS = 4  # xla: query blocks, so the fully masked upper triangle is skipped
-_SPLASH_BLOCK = 128  # splash: its default tile; T is padded to a multiple
+_SPLASH_BLOCK = 128  # splash: its smallest tile; T is padded to a multiple
+_SPLASH_LARGE_BLOCK = 512  # splash: its tile where T is a multiple (fewer, larger grid steps on a TPU)
 _PLATFORM = {"cudnn": "gpu", "splash": "tpu"}
 NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
 
@@ -61,9 +64,21 @@ def dense_attention(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.Ar
     return out_BKMH.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
+def target_platform() -> str:
+    """The platform the traced program is compiled for: the devices of the mesh in context (the
+    trainer's and the sampler's programs trace under their mesh: rlver_jax.parallel.sharding), else
+    the default backend. A TPU topology's compile-only devices on a CPU host make it "tpu"."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    if device is None:
+        return jax.default_backend()
+    return "gpu" if device.platform in ("cuda", "rocm") else device.platform
+
+
 def resolve(implementation: str, t: int, dtype, platform: str | None = None) -> str:
-    """The implementation `attend` runs for `implementation` at T = t on `platform`."""
-    platform = platform or jax.default_backend()
+    """The implementation `attend` runs for `implementation` at T = t on `platform` (default: the
+    target of the program being traced, `target_platform`)."""
+    platform = platform or target_platform()
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"config.model.attention={implementation!r}; use one of {IMPLEMENTATIONS}")
     if implementation == "auto":
@@ -81,7 +96,12 @@ def resolve(implementation: str, t: int, dtype, platform: str | None = None) -> 
 
 def attend(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
            implementation: str = "auto") -> jax.Array:
-    """Causal self-attention of T tokens (slot = index) with slot mask mask_BT: [B, T, N, H]."""
+    """Causal self-attention of T tokens (slot = index) with slot mask mask_BT: [B, T, N, H].
+
+    One token attends only itself, which every implementation computes alike: the dense form, on any
+    platform (the parameters' shape-only init traces one token, wherever the run is compiled for)."""
+    if q_BTNH.shape[1] == 1:
+        return _causal_dense(q_BTNH, k_BTKH, v_BTKH, mask_BT)
     impl = resolve(implementation, q_BTNH.shape[1], q_BTNH.dtype)
     if impl == "xla":
         return _causal_dense(q_BTNH, k_BTKH, v_BTKH, mask_BT)
@@ -297,9 +317,13 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, ma
     """Pallas splash attention (TPU; `interpret=True` runs the kernel on CPU, for tests).
 
     The slot mask becomes segment ids (1 real, 0 padding) and-ed with a causal mask, so any mask
-    is exact, and every query attends at least itself. The kernel takes one sequence; it is
-    vmapped over the batch, and inside a mesh context (`jax.set_mesh`) shard_mapped with the
-    batch over ('data', 'fsdp') and heads over 'tensor' (a pallas_call is not partitioned by XLA).
+    is exact, and every query attends at least itself; grouped-query heads go to the kernel as
+    they are (N query heads on K kv heads). The kernel takes one sequence; it is vmapped over the
+    batch. A Pallas kernel is not partitioned by XLA ("Mosaic kernels cannot be automatically
+    partitioned"), so inside a mesh context (the trainer's programs: sharding.jit_sharded) it runs
+    in a `shard_map`: rows over the batch axes ('data', 'fsdp'), as many of them as divide B, and
+    heads over 'tensor' where it divides both N and K (else each tensor device runs every head).
+    T is padded to the kernel's tile: 512 where that adds nothing, else 128.
     """
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
@@ -307,23 +331,38 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, ma
     b, t, n, h = q_BTNH.shape
     kh = k_BTKH.shape[2]
     tp = -(-t // _SPLASH_BLOCK) * _SPLASH_BLOCK
+    block = _SPLASH_LARGE_BLOCK if tp % _SPLASH_LARGE_BLOCK == 0 else _SPLASH_BLOCK
+    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
 
     def heads_first(x):  # [B, T, heads, H] -> [B, heads, Tp, H]
         return jnp.pad(x, ((0, 0), (0, tp - t), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
 
     def run(q, k, v, seg):  # one shard: [b, n, Tp, H], [b, kh, Tp, H], [b, Tp]
         mask = sm.MultiHeadMask([sm.CausalMask((tp, tp))] * q.shape[1])
-        kernel = sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1, interpret=interpret)
+        kernel = sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret)
         return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=sk.SegmentIds(s, s)))(q, k, v, seg)
 
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
-        sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-        batch = tuple(a for a in ("data", "fsdp") if a in sizes)
-        tensor = sizes.get("tensor", 1)
-        heads = "tensor" if tensor > 1 and n % tensor == 0 and kh % tensor == 0 else None
-        spec = P(batch, heads)
-        run = jax.shard_map(run, in_specs=(spec, spec, spec, P(batch)), out_specs=spec, check_vma=False)
+        spec, row_spec = splash_partition(dict(zip(mesh.axis_names, mesh.axis_sizes)), b, n, kh)
+        run = jax.shard_map(run, in_specs=(spec, spec, spec, row_spec), out_specs=spec, check_vma=False)
     seg = jnp.pad(mask_BT.astype(jnp.int32), ((0, 0), (0, tp - t)))
     out = run(heads_first(q_BTNH * (h ** -0.5)), heads_first(k_BTKH), heads_first(v_BTKH), seg)
     return out.transpose(0, 2, 1, 3)[:, :t].astype(q_BTNH.dtype)
+
+
+def splash_partition(sizes: dict[str, int], b: int, n: int, kh: int) -> tuple[P, P]:
+    """The shard_map specs of splash attention's [B, heads, T, H] operands and [B, T] segment ids
+    on a mesh of axis `sizes`: rows over the longest prefix of ('data', 'fsdp') whose product
+    divides B, heads over 'tensor' when it divides N and K; what is not split is replicated."""
+    batch: tuple[str, ...] = ()
+    for axis in ("data", "fsdp"):
+        if axis in sizes and b % (math.prod(sizes[a] for a in batch) * sizes[axis]) == 0:
+            batch += (axis,)
+        else:
+            break
+    tensor = sizes.get("tensor", 1)
+    heads = "tensor" if tensor > 1 and n % tensor == 0 and kh % tensor == 0 else None
+    rows = batch or None
+    return P(rows, heads), P(rows)

@@ -16,6 +16,7 @@ that the batch axes do not divide is an error.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -359,12 +360,17 @@ def shard_host_batch(mesh: Mesh, batch: Any) -> Any:
 # ----------------------------------------------------------------------------- jit
 
 
+@contextlib.contextmanager
 def split_activations(mesh: Mesh, sequence_axes: tuple[str, ...] = ()):
-    """A Flax method interceptor that pins the leading (batch) dimension of every module call's
-    first argument and array result (token ids, hidden states [B, T, D], logits) to BATCH_AXES,
-    other dimensions left to XLA. Without it, XLA's propagation follows the FSDP-split embedding
-    table and splits the model width instead, replicating the batch on every device (0.5B, 16
-    devices: 85 GB of temporaries per device instead of 12). The model stays free of sharding.
+    """Trace a model under `mesh`: a Flax method interceptor that pins the leading (batch)
+    dimension of every module call's first argument and array result (token ids, hidden states
+    [B, T, D], logits) to BATCH_AXES, other dimensions left to XLA, inside the mesh's abstract
+    context (`jax.sharding.use_abstract_mesh`). Without the pin, XLA's propagation follows the
+    FSDP-split embedding table and splits the model width instead, replicating the batch on every
+    device (0.5B, 16 devices: 85 GB of temporaries per device instead of 12). The model stays free
+    of sharding. The context tells the model what it is compiled for (the attention kernel:
+    rlver_jax.models.attention.target_platform) and gives a kernel's `shard_map` its mesh; it
+    changes no XLA program by itself (the lowered HLO is the same with and without it).
 
     With `sequence_axes` (the `sequence` rule), the residual stream a decoder layer takes and
     returns without a KV cache ([B, T, D], the carry that remat saves) also has its tokens split
@@ -393,7 +399,14 @@ def split_activations(mesh: Mesh, sequence_axes: tuple[str, ...] = ()):
             args = (split(args[0]),) + tuple(args[1:])
         return split(next_fun(*args, **kwargs))
 
-    return nn.intercept_methods(interceptor)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.intercept_methods(interceptor):
+        yield
+
+
+def mesh_platform(mesh: Mesh) -> str:
+    """The platform of a mesh's devices ("cpu", "gpu", "tpu")."""
+    platform = mesh.devices.flat[0].platform
+    return "gpu" if platform in ("cuda", "rocm") else platform
 
 
 def sequence_axes(mesh: Mesh, rules: RulesLike | None) -> tuple[str, ...]:

@@ -60,6 +60,22 @@ def in_host_memory(mode: str, stage: str, parts: tuple[str, ...] = PARTS) -> lis
     return [p for p in parts if p not in OFFLOAD[mode][stage]]
 
 
+def in_host_kind(shardings: Any) -> Any:
+    """The same shardings in host memory (HOST_MEMORY): where offloaded parts wait. On TPU the
+    compiler takes memory kinds as they are: a program whose outputs carry them is a transfer
+    between HBM and the host's pinned memory (the planner compiles place's moves so)."""
+    return jax.tree.map(lambda sh: sh.with_memory_kind(HOST_MEMORY), shardings)
+
+
+def moves(mode: str, before: str, after: str, parts: tuple[str, ...] = PARTS) -> tuple[list[str], list[str]]:
+    """(parts going to host memory, parts coming to the devices) between stages `before` and
+    `after` under offload `mode`, in `place`'s order: the parts leaving first."""
+    on_before, on_after = OFFLOAD[mode][before], OFFLOAD[mode][after]
+    out = [p for p in parts if p in on_before and p not in on_after]
+    into = [p for p in parts if p not in on_before and p in on_after]
+    return out, into
+
+
 def place(state: TrainState, stage: str, mode: str, shardings: TrainState | None) -> TrainState:
     """`state` with its parts where offload `mode` has them at `stage` (`shardings`: the state's
     in device memory): parts leaving the devices go first, so the memory is free before the others
@@ -80,7 +96,7 @@ def place(state: TrainState, stage: str, mode: str, shardings: TrainState | None
             trees = [getattr(state, p) for p in moving]
             targets = [getattr(shardings, p) for p in moving]
             if to_host:
-                targets = jax.tree.map(lambda sh: sh.with_memory_kind(HOST_MEMORY), targets)
+                targets = in_host_kind(targets)
             moved = jax.block_until_ready(jax.device_put(trees, targets))
             for x in jax.tree.leaves(trees):
                 x.delete()

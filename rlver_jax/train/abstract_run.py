@@ -10,6 +10,7 @@ loads weights into it (rlver_jax.train.run), the planner compiles its programs f
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -109,11 +110,13 @@ class AbstractRun:
         return self.update.actor_cfg
 
 
-def abstract_run(spec: RunSpec, *, any_preset: bool = False, actor_cfg: Qwen2Config | None = None) -> AbstractRun:
+def abstract_run(spec: RunSpec, *, any_preset: bool = False, actor_cfg: Qwen2Config | None = None,
+                 devices: Sequence[jax.Device] | None = None) -> AbstractRun:
     """The mesh, update program and abstract state of `spec`. `actor_cfg`: the actor's architecture
     when the caller has read it already; else from spec.model (`any_preset`: a preset's architecture
-    without weights, for the planner)."""
-    mesh = sharding.make_mesh(spec.mesh.shape)
+    without weights, for the planner). `devices`: the mesh's devices (default: jax.devices()), e.g.
+    a TPU topology's compile-only devices (rlver_jax.parallel.topology) for the planner."""
+    mesh = sharding.make_mesh(spec.mesh.shape, devices)
     check_mesh(spec, mesh)
     actor_cfg = actor_cfg or model_loading.policy_architecture(spec.model, any_preset=any_preset)
     prog = update_program(spec, mesh, actor_cfg)
