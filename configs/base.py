@@ -40,6 +40,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.seed = 0  # initialisation, data order and sampling keys: all pure functions of (seed, step)
     # Persistent XLA compilation cache, so a resume or a second run does not compile again:
     # "auto" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/rlver_jax/jax (shared by runs); "" = off.
+    # Always off on virtual CPU devices (docs/cli.md).
     c.compilation_cache_dir = "auto"
 
     c.model = ml_collections.ConfigDict()
