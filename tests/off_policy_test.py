@@ -1,19 +1,15 @@
 """Tests for rlver_jax.rl.off_policy against numpy transcriptions of verl's rollout correction,
 IcePop and AReaL's decoupled loss (tests/verl_reference.py), a hand-computed case, the settings'
-refusals, and a train step whose policy loss carries the correction."""
+refusals (a train step whose policy loss carries the correction: tests/trainer_test.py)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlver_jax.models import qwen2
-from rlver_jax.models.config import get_preset
-from rlver_jax.rl import losses, off_policy, program as rl_program, train_state
-from rlver_jax.rl.logprobs import token_logprobs
-from rlver_jax.rl.settings import OptimSettings, RLSettings, make_optimizer
+from rlver_jax.rl import losses, off_policy
+from rlver_jax.rl.settings import RLSettings
 from tests import verl_reference as ref
-from tests.rl_helpers import random_policy_mask, strict_ranks, training_batch  # noqa: F401 (autouse fixture)
+from tests.rl_helpers import random_policy_mask, strict_ranks  # noqa: F401 (autouse fixture)
 
 
 def _inputs(seed: int, batch: int = 6, length: int = 30, spread: float = 0.8):
@@ -166,36 +162,3 @@ def test_settings_resolve_each_modes_band_and_refuse_bad_combinations():
         with pytest.raises(ValueError, match=message) as e:
             RLSettings(**fields)
         assert "\n" not in str(e.value)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["tis", "mis", "icepop"])
-def test_the_correction_reaches_the_policy_loss(mode):
-    """A GRPO step from the sampling policy's log-probs: at the first optimizer step the PPO ratio is
-    1, so the policy loss (token mean) is -sum(w A) / sum(m) over the kept tokens, w and the kept
-    tokens from the numpy references; the metrics are the batch's."""
-    cfg = get_preset("tiny")
-    actor = qwen2.init_params(cfg, jax.random.key(0))
-    rl = RLSettings(algo="grpo", mini_batch_size=4, micro_batch_size=2, loss_agg_mode="token_mean",
-                    off_policy_correction=mode)
-    opt = make_optimizer(OptimSettings(lr=1e-2, warmup_ratio=0.0), 10)
-    state = train_state.init_train_state(actor, opt.tx, None, None, seed=0)
-    program = rl_program.make_update_program(rl, cfg, None, opt, None)
-    batch = training_batch()
-    mask = batch.policy_mask
-    old = np.asarray(token_logprobs(cfg, actor, jnp.asarray(batch.tokens), jnp.asarray(batch.attention_mask)))
-    rng = np.random.default_rng(7)
-    batch.sample_logprobs[:] = np.where(mask > 0, old + rng.normal(size=mask.shape) * 0.8, 0.0)
-    _, metrics, advantages = rl_program.train_on_batch(program, state, batch)
-    a = advantages[batch.dialogue][:, None] * mask
-    if mode == "mis":
-        kept, w = ref.rollout_rs_mask(old, batch.sample_logprobs, mask, "token", 0.5, 2.0), 1.0
-    else:
-        kept = mask
-        w = (ref.rollout_is_weights(old, batch.sample_logprobs, mask, "token", 2.0)[0] if mode == "tis"
-             else ref.icepop_weights(old, batch.sample_logprobs, mask, 0.5, 5.0))
-    assert 0 < (np.asarray(w) * kept != mask)[mask > 0].mean() < 1  # the correction changes some tokens
-    np.testing.assert_allclose(metrics["policy_loss"], -(w * a * kept).sum() / kept.sum(), rtol=1e-4, atol=1e-6)
-    ratio = ref._row_ratios(old, batch.sample_logprobs, mask, "token")[mask > 0]
-    np.testing.assert_allclose(metrics["offpolicy_weight_mean"], ratio.mean(), rtol=1e-4)
-    np.testing.assert_allclose(metrics["offpolicy_weight_max"], ratio.max(), rtol=1e-4)
