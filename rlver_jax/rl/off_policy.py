@@ -7,7 +7,8 @@ pi_sample, the actor version that generated the batch (its log-probs are recorde
 trainer computes them); pi_old, the actor at the start of the update (its log-probs are recomputed
 in `update.prepare`: the proximal policy the PPO clip is taken around); and pi_theta, the actor being
 updated. With config.rollout.max_staleness > 0 pi_sample is an older version than pi_old, and even
-on-policy the sampler's arithmetic differs from the trainer's. The importance ratio of a token is
+on-policy the sampler's arithmetic may differ from the trainer's (KV caches, batch shapes,
+precision). The importance ratio of a token is
 
   token level:    rho[b, t] = exp(clip(logp_old[b, t] - logp_sample[b, t], -20, 20))
   sequence level: rho[b, t] = exp(clip(sum_t' m[b, t'] (logp_old - logp_sample)[b, t'], -20, 20))
@@ -23,7 +24,8 @@ kept in the loss:
                                              (rollout_is = token | sequence, rollout_is_threshold)
   mis:        keep = C_low <= rho <= C_high  masked IS by rejection; verl compute_rollout_rejection_mask
                                              (rollout_rs = token | sequence): rejected tokens leave the
-                                             loss mask, so they leave the aggregation's denominators too
+                                             loss mask (the critic's too, as verl's response mask), so
+                                             they leave the aggregation's denominators too
   icepop:     w = rho 1[C_low <= rho <= C_high]   IcePop's two-sided token mask (Ring-1T, "Small Leak
                                              Can Sink a Great Ship"): the ratio inside the band, 0 outside;
                                              masked tokens stay in the denominators, as in the paper
