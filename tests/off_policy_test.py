@@ -35,7 +35,7 @@ def _correct(old, sample, mask, mode, level="token"):
 
 def _check_shared_metrics(metrics, old, sample, mask, level):
     sel = mask > 0
-    ratio = ref._row_ratios(old, sample, mask, level)[sel]
+    ratio = ref.rollout_ratios(old, sample, mask, level)[sel]
     np.testing.assert_allclose(metrics["offpolicy_weight_mean"], ratio.mean(), rtol=1e-5)
     np.testing.assert_allclose(metrics["offpolicy_weight_max"], ratio.max(), rtol=1e-5)
     np.testing.assert_allclose(metrics["logprob_diff_sampler"], np.abs(old - sample.astype(np.float64))[sel].mean(),
@@ -103,7 +103,7 @@ def test_decoupled_ppo_is_areals_loss(agg):
     else:
         ratio = np.exp(logprobs.astype(np.float64) - prox)
         per_token = np.maximum(-advantages * ratio, -advantages * np.clip(ratio, 0.8, 1.28))
-        behav = ref._row_ratios(prox, behaviour, mask, "token")
+        behav = ref.rollout_ratios(prox, behaviour, mask, "token")
         want = ref.verl_agg_loss(per_token * np.where(behav <= 5.0, behav, 0.0), mask, "seq_mean_token_mean")
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
@@ -139,6 +139,11 @@ def test_hand_computed_case():
     np.testing.assert_allclose(w, [0.0, em1, 1.0], rtol=1e-6)
     w, keep, m = run("none")
     assert (w == 1).all() and keep.all() and float(m["offpolicy_masked_frac"]) == 0.0
+    # A row's log-ratio of 30 is clamped at 20 (verl's SAFETY_BOUND) before exp: finite in fp32.
+    w, _, m = off_policy.correction(np.zeros((1, 2), np.float32), np.full((1, 2), -15.0, np.float32),
+                                    np.ones((1, 2), np.float32), mode="tis", level="sequence", high=2.0)
+    np.testing.assert_allclose([float(m["offpolicy_weight_max"]), *np.asarray(w)[0]], [np.exp(20.0), 2.0, 2.0],
+                               rtol=1e-6)
 
 
 def test_settings_resolve_each_modes_band_and_refuse_bad_combinations():

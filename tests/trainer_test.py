@@ -134,7 +134,7 @@ def test_the_off_policy_correction_reaches_the_policy_loss(mode):
     cut_or_dropped = ((w * kept == 0) | (w == 2.0))[mask > 0]  # tis truncates at 2.0
     assert 0 < cut_or_dropped.mean() < 1
     np.testing.assert_allclose(metrics["policy_loss"], -(w * a * kept).sum() / kept.sum(), rtol=1e-4, atol=1e-6)
-    ratio = verl_reference._row_ratios(old, batch.sample_logprobs, mask, "token")[mask > 0]
+    ratio = verl_reference.rollout_ratios(old, batch.sample_logprobs, mask, "token")[mask > 0]
     np.testing.assert_allclose(metrics["offpolicy_weight_mean"], ratio.mean(), rtol=1e-4)
     np.testing.assert_allclose(metrics["offpolicy_weight_max"], ratio.max(), rtol=1e-4)
 

@@ -204,7 +204,7 @@ def cispo(new, old, advantages, hi, lo=None):
 SAFETY_BOUND = 20.0  # verl rollout_corr_helper: log-ratios clamped to [-20, 20] before exp
 
 
-def _row_ratios(old, rollout, mask, level):
+def rollout_ratios(old, rollout, mask, level):
     """The importance ratios pi_old / pi_rollout of verl rollout_corr_helper, [B, T] in float64:
     token: exp(clamp(old - rollout)); sequence: exp(clamp(sum over the row's valid tokens of
     (old - rollout))) on every token of the row."""
@@ -222,7 +222,7 @@ def rollout_is_weights(old, rollout, mask, level, threshold):
     """verl compute_rollout_correction_weights (rollout_is = token | sequence, no batch
     normalisation): (truncated weights min(rho, threshold), 0 on padding; metrics on the valid
     tokens before truncation: mean, max; the share truncated)."""
-    ratio = _row_ratios(old, rollout, mask, level)
+    ratio = rollout_ratios(old, rollout, mask, level)
     valid = mask > 0
     weights = np.where(valid, np.minimum(ratio, threshold), 0.0)
     return weights, {"mean": ratio[valid].mean(), "max": ratio[valid].max(),
@@ -232,14 +232,14 @@ def rollout_is_weights(old, rollout, mask, level, threshold):
 def rollout_rs_mask(old, rollout, mask, level, lower, upper):
     """verl compute_rollout_rejection_mask (rollout_rs = token | sequence): the response mask with
     the tokens (rows) whose ratio lies outside [lower, upper] set to 0."""
-    ratio = _row_ratios(old, rollout, mask, level)
+    ratio = rollout_ratios(old, rollout, mask, level)
     return np.where((ratio >= lower) & (ratio <= upper), mask, 0.0)
 
 
 def icepop_weights(old, rollout, mask, lower, upper):
     """IcePop's two-sided token mask M(k) = k if lower <= k <= upper else 0, k = pi_train / pi_infer
     (Ring-1T, "Small Leak Can Sink a Great Ship"); 0 on padding."""
-    ratio = _row_ratios(old, rollout, mask, "token")
+    ratio = rollout_ratios(old, rollout, mask, "token")
     return np.where((mask > 0) & (ratio >= lower) & (ratio <= upper), ratio, 0.0)
 
 

@@ -80,13 +80,13 @@ LEVELS = ("token", "sequence")
 def log_ratios(old_logprobs: Array, sample_logprobs: Array, mask: Array, level: str) -> Array:
     """[B, T] log rho at `level` (module docstring), clamped to [-20, 20]; 0 off the policy tokens
     at token level (padding log-probs never reach a sum)."""
-    m = jnp.asarray(mask) > 0
-    diff = jnp.where(m, old_logprobs.astype(jnp.float32) - sample_logprobs.astype(jnp.float32), 0.0)
+    diff_BT = jnp.where(jnp.asarray(mask) > 0,
+                        old_logprobs.astype(jnp.float32) - sample_logprobs.astype(jnp.float32), 0.0)
     if level == "sequence":
-        diff = jnp.broadcast_to(jnp.sum(diff, axis=-1, keepdims=True), diff.shape)
+        diff_BT = jnp.broadcast_to(jnp.sum(diff_BT, axis=-1, keepdims=True), diff_BT.shape)
     elif level != "token":
         raise ValueError(f"unknown off-policy level {level!r}; valid: {LEVELS}")
-    return jnp.clip(diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return jnp.clip(diff_BT, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def correction(old_logprobs: Array, sample_logprobs: Array, mask: Array, *, mode: str, level: str = "token",
@@ -99,24 +99,24 @@ def correction(old_logprobs: Array, sample_logprobs: Array, mask: Array, *, mode
     `logprob_diff_sampler`, the mean |logp_old - logp_sample|."""
     if mode not in CORRECTIONS:
         raise ValueError(f"unknown off-policy correction {mode!r}; valid: {tuple(CORRECTIONS)}")
-    rho = jnp.exp(log_ratios(old_logprobs, sample_logprobs, mask, level))
+    rho_BT = jnp.exp(log_ratios(old_logprobs, sample_logprobs, mask, level))
     lower = -math.inf if low is None else low
     upper = math.inf if high is None else high
-    inside = (rho >= lower) & (rho <= upper)
-    ones = jnp.ones_like(rho)
-    weight, keep, clipped = ones, jnp.ones(rho.shape, bool), jnp.zeros(rho.shape, bool)
+    inside_BT = (rho_BT >= lower) & (rho_BT <= upper)
+    weight_BT, keep_BT = jnp.ones_like(rho_BT), jnp.ones(rho_BT.shape, bool)
+    clipped_BT = jnp.zeros(rho_BT.shape, bool)
     if mode == "tis":
-        weight, clipped = jnp.minimum(rho, upper), rho > upper
+        weight_BT, clipped_BT = jnp.minimum(rho_BT, upper), rho_BT > upper
     elif mode == "mis":
-        keep = inside
+        keep_BT = inside_BT
     elif mode in ("icepop", "decoupled"):
-        weight = jnp.where(inside, rho, 0.0)
-    policy = jnp.asarray(mask) > 0
+        weight_BT = jnp.where(inside_BT, rho_BT, 0.0)
+    policy_BT = jnp.asarray(mask) > 0
     metrics = {
         "logprob_diff_sampler": masked_mean(jnp.abs(old_logprobs - sample_logprobs), mask),
-        "offpolicy_weight_mean": masked_mean(rho, policy),
-        "offpolicy_weight_max": jnp.max(jnp.where(policy, rho, 0.0)),
-        "offpolicy_clipped_frac": masked_mean(clipped, policy),
-        "offpolicy_masked_frac": masked_mean(~keep | (weight == 0), policy),
+        "offpolicy_weight_mean": masked_mean(rho_BT, policy_BT),
+        "offpolicy_weight_max": jnp.max(jnp.where(policy_BT, rho_BT, 0.0)),
+        "offpolicy_clipped_frac": masked_mean(clipped_BT, policy_BT),
+        "offpolicy_masked_frac": masked_mean(~keep_BT | (weight_BT == 0), policy_BT),
     }
-    return weight, keep, metrics
+    return weight_BT, keep_BT, metrics
