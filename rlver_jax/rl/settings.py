@@ -143,8 +143,8 @@ class RLSettings:
         """One line naming the off_policy_* field a correction does not read, or a band out of order."""
         mode, correction = f"config.rl.off_policy_correction={self.off_policy_correction!r}", self.off_policy_kind
         if self.off_policy_level not in correction.levels:
-            raise ValueError(f"config.rl.off_policy_level={self.off_policy_level!r} with {mode}: use one of "
-                             f"{correction.levels}")
+            raise ValueError(f"config.rl.off_policy_level={self.off_policy_level!r} with {mode}: it is defined at "
+                             f"config.rl.off_policy_level in {correction.levels}")
         for name in ("low", "high"):
             if getattr(correction, name) is None and getattr(self, f"off_policy_{name}") is not None:
                 raise ValueError(f"config.rl.off_policy_{name}={getattr(self, f'off_policy_{name}')} with {mode}: it "
