@@ -181,6 +181,17 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # Turn-level credit (grouped estimators): + this x each turn's emotion change normalised among the turns at
     # its position in the group's dialogues (MT-GRPO / GiGPO turn groups); 0 = off
     c.rl.turn_credit_weight = 0.0
+    # Off-policy correction with ratio rho = pi_old / pi_sample of each policy token (the update's start against
+    # the actor version that sampled it: rollout.max_staleness > 0, or the sampler's arithmetic), the PPO clip
+    # staying around pi_old (rlver_jax/rl/off_policy.py): none (as before) | tis: loss x min(rho, high) |
+    # mis: tokens (rows) with rho outside [low, high] leave the loss mask | icepop: loss x rho inside [low, high],
+    # 0 outside | decoupled: AReaL's decoupled PPO, loss x rho, 0 where rho > high. Metrics offpolicy_*
+    c.rl.off_policy_correction = "none"
+    c.rl.off_policy_level = "token"  # token | sequence: rho of the whole row (tis, mis)
+    # The band [low, high]; None = the mode's: tis high 2 (verl); mis [0.5, 2] (verl); icepop [0.5, 5] (IcePop);
+    # decoupled high 5 (inf: no cap, AReaL's default); 0 <= low <= 1 <= high.
+    c.rl.off_policy_low = ml_collections.config_dict.placeholder(float)  # read by mis and icepop
+    c.rl.off_policy_high = ml_collections.config_dict.placeholder(float)  # read by every mode but none
     c.rl.ppo_epochs = 1  # passes over each rollout batch
     # Train-batch rows per optimizer step (turn rows in think mode with think_history "drop"): the paper's
     # 32 x n, about one step per turn; 0 = the whole batch, one step per epoch (tiny, smol: short CPU runs)

@@ -41,7 +41,7 @@ from rlver_jax.train import checkpoint
 from rlver_jax.parallel import hosts, sharding
 from rlver_jax.files import atomic_write_jsonl, read_jsonl
 from rlver_jax.train.interrupts import StepGuard, TrainingInterrupted, signal_name
-from rlver_jax.train.metrics import Writers, check_finite, throughput_metrics
+from rlver_jax.train.metrics import Writers, check_finite, staleness_metrics, throughput_metrics
 from rlver_jax.plots import training_curves
 from rlver_jax.rl import dynamic_sampling, offload, program as rl_program, train_state
 from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
@@ -225,6 +225,7 @@ def _update(run: Run, step: int, state: train_state.TrainState, batch: RolloutBa
                               **reference_metrics(dialogues), **update_metrics,
                               **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
                               "policy_lag": float(step - batch.version),
+                              **staleness_metrics(step, run.spec.loop.max_staleness, dialogues),
                               "kv_cache_reencodes": float(reencoded_turns(dialogues)),
                               "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in dialogues))}
 

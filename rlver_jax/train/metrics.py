@@ -56,6 +56,20 @@ def throughput_metrics(tokens: float, rollout_s: float, update_s: float, wait_s:
 _THROUGHPUT_KEYS = frozenset(throughput_metrics(0.0, 0.0, 0.0, 0.0))
 
 
+def staleness_metrics(step: int, max_staleness: int, dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
+    """How many actor versions behind the update of step `step` the trainable dialogues' policy
+    tokens were sampled, each dialogue's by the version that wrote it (`policy_version`): the mean
+    over policy tokens (`staleness_mean`), the most (`staleness_max`) and the share of policy tokens
+    more than `max_staleness` (config.rollout.max_staleness) versions behind (`stale_token_frac`;
+    the rollout buffer samples a batch within the bound, so a share above 0 is a bug there). 0 over
+    no policy token."""
+    behind = [(step - d.policy_version, sum(1 for m in d.policy_mask if m)) for d in dialogues if d.trainable]
+    tokens = sum(n for _, n in behind)
+    return {"staleness_mean": sum(v * n for v, n in behind) / max(tokens, 1),
+            "staleness_max": float(max((v for v, n in behind if n), default=0)),
+            "stale_token_frac": sum(n for v, n in behind if v > max_staleness) / max(tokens, 1)}
+
+
 def check_finite(step: int, metrics: dict[str, float]) -> None:
     """Stop a run whose loss or norms went non-finite, naming the metrics."""
     bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
