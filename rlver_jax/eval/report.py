@@ -79,6 +79,13 @@ def _group_rows(dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Pr
     return rows
 
 
+def _degenerate(rates: Mapping[str, float]) -> str:
+    """"12% (empty 10%, repetition 2%)": the share of degenerate replies and its reasons."""
+    parts = [f"{k[len('degenerate_'):-len('_rate')]} {v:.0%}" for k, v in rates.items()
+             if k != "degenerate_rate" and v]
+    return f"{rates['degenerate_rate']:.0%}" + (f" ({', '.join(parts)})" if parts else "")
+
+
 def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Profile]) -> str:
     """report.md: the scores, the protocol, breakdowns, the plots and one row per dialogue."""
     run, n = summary["run"], summary["n"]
@@ -104,6 +111,7 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         ["simulator errors (not scored)", summary["simulator_errors"]],
         [f"changes clipped to +-{rules['max_change']}", f"{clipped_changes(d.simulator_state for d in dialogues)} / {judged} judged turns"],
         ["mean policy turns", summary["mean_turns"]],
+        ["degenerate replies (noise, loops, wrong language, empty)", _degenerate(summary["degenerate_replies"])],
         ["policy turns encoded afresh (beyond the KV cache)",
          f"{reencoded_turns(dialogues)} / {sum(len(d.turns) for d in dialogues)}"],
     ]))

@@ -106,6 +106,7 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
                      start, s.steps)
             return {}
         norms = param_norms(state)  # the baseline of the first step's growth check (parts on the devices)
+        lowest_degenerate = None  # the run's lowest degenerate_rate so far (_check_degeneration)
         if start and jax.process_index() == 0:
             run.storage.pull("metrics.jsonl")  # a gs:// run resumed elsewhere: the curves so far
         # A host copy of the run key (replicated; every update donates state.rng).
@@ -143,6 +144,7 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
                 metrics.update(_evaluate_unless_stopping(run, sampler, step, train_state.step_keys(rng, step).eval,
                                                          guard))
             writers.write(step, metrics, dialogues)
+            lowest_degenerate = _check_degeneration(step, lowest_degenerate, metrics, s)
             checkpoint.save(manager, step + 1, state, _meta(step + 1, record, norms, versions),
                             force=step + 1 == s.steps, sampling=_sampling_item(versions))
             if jax.process_index() == 0:
@@ -435,6 +437,28 @@ def _check_growth(step: int, before: dict[str, float], metrics: dict[str, float]
             f"config.train.max_param_norm_growth={growth:g} allows; the step is not saved (kept: {kept}). Lower the "
             f"learning rate and rerun with --config.checkpoint.allow_changes={names}")
     return {**before, **after}
+
+
+class DegenerateRepliesError(RuntimeError):
+    """A step's share of degenerate replies rose beyond config.train.degenerate_alarm (action "stop")."""
+
+
+def _check_degeneration(step: int, lowest: float | None, metrics: dict[str, float], s: LoopSettings) -> float:
+    """The lowest degenerate_rate of the run up to step `step`; a warning, or with action "stop" a
+    DegenerateRepliesError before the step is saved, when this step's rate rose more than
+    `s.degenerate_alarm` above the lowest before it."""
+    rate = metrics["degenerate_rate"]
+    if s.degenerate_alarm and lowest is not None and rate - lowest > s.degenerate_alarm:
+        found = ", ".join(f"{k[len('degenerate_'):-len('_rate')]} {v:.0%}" for k, v in metrics.items()
+                          if k.startswith("degenerate_") and k != "degenerate_rate" and v)
+        message = (f"step {step}: {rate:.0%} of the policy's replies are degenerate ({found}), up from {lowest:.0%} "
+                   f"earlier in the run: more than config.train.degenerate_alarm={s.degenerate_alarm:g}; read "
+                   f"{s.workdir}/transcripts")
+        if s.degenerate_alarm_action == "stop":
+            raise DegenerateRepliesError(f"{message}. The step is not saved; lower the learning rate or fix the "
+                                         "prompts, then resume")
+        log.warning("%s", message)
+    return rate if lowest is None else min(lowest, rate)
 
 
 def _log_changes(run: Run, meta: dict, start: int) -> None:
