@@ -36,9 +36,9 @@ import ml_collections
 
 from rlver_jax.checks import build_all, check_ranges, named
 from rlver_jax.parallel.distributed import DistributedSettings
-from rlver_jax.eval import policy_source, report
+from rlver_jax.eval import policy_source, protocol, report
 from rlver_jax.eval.resume import check_setup, load_records
-from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint
+from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
 from rlver_jax.parallel.hosts import allgather_json, process_index
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.rollout.evaluation import play_profiles
@@ -151,6 +151,14 @@ class _PolicySpec:
         """(policy, chat tokens or None for a text policy) ready to play, sampling by `sampling`."""
         return policy_source.build(self.config, self.source, workdir, sampling, first_process=process_index() == 0)
 
+    def protocol_fields(self) -> dict[str, Any]:
+        """The policy.* fields of the protocol card (eval/protocol.py): what was evaluated, and the
+        ids an endpoint's server lists."""
+        src = self.source
+        served = served_models(src.client) if src.client is not None else None
+        return {"source": src.source, "label": src.label, "backend": src.backend, "think": src.think,
+                "served_models": served, "url": src.client.base_url if src.client is not None else None}
+
     def run_info(self) -> dict[str, Any]:
         c = self.config
         s = c.simulator
@@ -216,8 +224,13 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
         if process_index() == 0:
             done = {r["profile_id"]: r for r in load_records(transcripts)}
             s = config.simulator
+            card = protocol.card(settings.simulator, protocol.served_simulator_models(settings.simulator),
+                                 profiles_file=config.eval.profiles, profiles=len(profiles),
+                                 policy=spec.protocol_fields(), sampling=settings.sampling,
+                                 rollout=dataclasses.replace(settings.rollout, think=spec.source.think), seed=config.seed)
             scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
-                                          spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling))
+                                          spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling),
+                                          protocol=card)
         return allgather_json(scores)[0]
     finally:
         if lock is not None:

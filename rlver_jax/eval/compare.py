@@ -4,6 +4,11 @@ Every run's sentient.json is read; the comparison uses the profiles every run sc
 errors and profiles missing from a run are left out and counted). The first run is the baseline:
 for each other run, the mean paired difference in final emotion with a 95% bootstrap interval
 (resampling profiles), and the profiles it did better, equal and worse on.
+
+Before any score, the runs' protocol cards (eval/protocol.py) are set side by side: every field
+that differs is named in every output, and one that moves scores (the simulator and its
+sampling, the rules, the profiles, the prompts) refuses the comparison (ProtocolMismatchError)
+unless `force`, which marks the comparison "mixed" in every output.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rlver_jax import plots
-from rlver_jax.eval import html_report
+from rlver_jax.eval import html_report, protocol
 from rlver_jax.eval.report import json_text, table
 from rlver_jax.files import atomic_write_text
 
@@ -29,6 +34,10 @@ def _load(directory: pathlib.Path) -> dict[str, Any]:
         raise FileNotFoundError(f"--compare: {path} not found; evaluate into {directory} first "
                                 "(launch/eval.py --config.workdir=...)")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+class ProtocolMismatchError(ValueError):
+    """Runs played under protocols whose scores are not comparable, and no `force`."""
 
 
 def run_labels(dirs: Sequence[pathlib.Path]) -> list[str]:
@@ -48,20 +57,31 @@ def paired_difference(base: np.ndarray, other: np.ndarray, seed: int = 0) -> dic
             "ties": int((diff == 0).sum()), "losses": int((diff < 0).sum())}
 
 
-def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path) -> dict[str, Any]:
+def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, *, force: bool = False
+                 ) -> dict[str, Any]:
     """Write compare.json, compare.md, compare.png and compare.html (the paired dialogues side by
-    side) into `out`; returns the comparison."""
+    side) into `out`; returns the comparison. ProtocolMismatchError, before anything is written,
+    when a field that moves scores differs between the runs and not `force`."""
     dirs = [pathlib.Path(d) for d in dirs]
     if len(dirs) < 2:
         raise ValueError(f"--compare needs at least two run directories separated by commas, got {dirs}")
     labels = run_labels(dirs)
-    runs = {label: {p["id"]: p for p in _load(d)["per_profile"]} for label, d in zip(labels, dirs)}
+    loaded = {label: _load(d) for label, d in zip(labels, dirs)}
+    diff = protocol.differences({label: r.get("protocol") or {} for label, r in loaded.items()})
+    moving = protocol.score_moving(diff)
+    if moving and not force:
+        raise ProtocolMismatchError(
+            f"the runs were played under different protocols: {protocol.describe(diff, moving)}. Their scores are "
+            "not comparable; rerun one under the other's settings, or add --force to compare them anyway "
+            "(the comparison is then marked MIXED)")
+    runs = {label: {p["id"]: p for p in r["per_profile"]} for label, r in loaded.items()}
     base = labels[0]
     common = [pid for pid in runs[base]
               if all(pid in r and r[pid]["end_reason"] != "simulator_error" for r in runs.values())]
     finals = {label: np.array([runs[label][pid]["final_emotion"] for pid in common], dtype=float)
               for label in labels}
-    result: dict[str, Any] = {"baseline": base, "paired_profiles": len(common), "runs": {}}
+    result: dict[str, Any] = {"baseline": base, "paired_profiles": len(common), "mixed": bool(moving),
+                              "protocol_differences": diff, "score_moving_differences": moving, "runs": {}}
     for label, d in zip(labels, dirs):
         ends = [runs[label][pid]["end_reason"] for pid in common]
         entry = {"dir": str(d), "unpaired_profiles": len(runs[label]) - len(common),
@@ -91,11 +111,19 @@ def render(result: dict[str, Any]) -> str:
                      None if v is None else f"{v['wins']} / {v['ties']} / {v['losses']}"])
     labels = list(result["runs"])
     others = labels[1:]
+    diff = result["protocol_differences"]
+    warning = (f"> **MIXED: the runs were played under different protocols** "
+               f"({protocol.describe(diff, result['score_moving_differences'])}); "
+               "their scores are not comparable.\n\n" if result["mixed"] else "")
+    protocol_rows = [[k, *(protocol.shown(v.get(label)) for label in labels)] for k, v in diff.items()]
     return "".join([
-        f"# Sentient benchmark: paired comparison against {base}\n\n"
+        f"# Sentient benchmark: paired comparison against {base}{' (MIXED protocols)' if result['mixed'] else ''}\n\n",
+        warning,
         f"{result['paired_profiles']} profiles scored in every run; scores below are over these.\n\n",
         table(["run", "score", "success", "failure", "unpaired", f"mean diff vs {base}", "95% CI",
                "better / equal / worse"], rows),
+        "\n## Protocol differences\n\n",
+        table(["field", *labels], protocol_rows) if protocol_rows else "none: one protocol\n",
         "\n![paired final emotions](compare.png)\n\n## Per profile (final emotion)\n\n",
         table(["profile", *labels, *(f"{o} - {base}" for o in others)],
               [[p["id"], *(p[label] for label in labels), *(p[o] - p[base] for o in others)]

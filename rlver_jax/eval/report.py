@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlver_jax import plots
-from rlver_jax.eval import html_report
+from rlver_jax.eval import html_report, protocol
 from rlver_jax.eval.degenerate import degenerate_judgements
 from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import atomic_write_text
@@ -47,12 +47,13 @@ def json_text(obj: Any) -> str:
 
 
 def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
-                  profiles: Mapping[str, Profile], run: dict[str, Any], levels: Sequence[float]) -> dict[str, Any]:
-    """Write sentient.json (the scores, `run` describing what was evaluated), the plots, report.md
-    and report.html (every dialogue, to read) for `transcripts` (one per profile, in profile
-    order); returns the scores."""
+                  profiles: Mapping[str, Profile], run: dict[str, Any], levels: Sequence[float],
+                  protocol: Mapping[str, Any]) -> dict[str, Any]:
+    """Write sentient.json (the scores, `run` describing what was evaluated, `protocol` its
+    protocol card: eval/protocol.py), the plots, report.md and report.html (every dialogue, to
+    read) for `transcripts` (one per profile, in profile order); returns the scores."""
     dialogues = [DialogueSequence.from_record(t) for t in transcripts]
-    summary = {**summarize(dialogues), "run": run}
+    summary = {**summarize(dialogues), "run": run, "protocol": dict(protocol)}
     summary["degenerate_judgements"] = degenerate_judgements((d.simulator_state for d in dialogues),
                                                              run["rules"]["max_change"])
     atomic_write_text(workdir / "sentient.json", json_text(summary))
@@ -63,6 +64,11 @@ def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
     atomic_write_text(workdir / "report.md", render(summary, dialogues, profiles))
     html_report.write_eval_report(workdir, summary, transcripts)
     return summary
+
+
+def protocol_table(card: Mapping[str, Any]) -> str:
+    """The protocol card as a Markdown table, field by field."""
+    return table(["field", "value"], [[k, protocol.shown(v)] for k, v in card.items()])
 
 
 def _group_rows(dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Profile]) -> list[list[Any]]:
@@ -122,6 +128,10 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         f"{'' if rules['score_final_turn'] else ' (the last reply not judged)'}, success at {rules['ceiling']}, "
         f"failure {'at or ' if rules['floor_inclusive'] else ''}below {rules['floor']}, "
         f"change per turn clipped to +-{rules['max_change']}.\n")
+    if summary.get("protocol"):
+        out.append("\n## Protocol\n\nHow this result was obtained; `launch/eval.py --compare` refuses results whose "
+                   "simulator, rules, profiles or prompts differ (docs/report.md).\n\n")
+        out.append(protocol_table(summary["protocol"]))
     out.append("\n## Breakdown\n\n")
     out.append(table(["by", "group", "n", "score", "success", "failure", "simulator errors"],
                      _group_rows(dialogues, profiles)))
