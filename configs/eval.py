@@ -96,6 +96,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # section but for the endpoint fields, its sampling, turn and dialogue lengths and think
     # mode) instead of SAGE's; "" = off. The policy is still policy.checkpoint / path / fresh_tiny.
     c.eval.like_training = ""
+    # Robustness probes played beside the policy under the same protocol, each a canned policy a
+    # sound simulator must not reward (rlver_jax.eval.probes: garbled, formulaic, flattery,
+    # wrong_language): comma-separated names, "all", or "" = none. Their scores go in the report.
+    c.eval.probes = "all" if cpu else ""
 
     c.policy = ml_collections.ConfigDict()
     c.policy.backend = "jax"  # jax: our sampler on a checkpoint; openai: a chat endpoint

@@ -37,6 +37,7 @@ import ml_collections
 from rlver_jax.checks import build_all, check_ranges, named
 from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.eval import policy_source, protocol, report
+from rlver_jax.eval.probes import ProbePolicy, parse_probes
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
 from rlver_jax.parallel.hosts import allgather_json, process_index
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 
 TRANSCRIPTS = "transcripts.jsonl"
 SETUP = "setup.json"
+PROBES_DIR = "probes"  # WORKDIR/probes/NAME.jsonl: the robustness probes' dialogues
 # Fields that change how results are fetched, not what they are (a resumed run may change them).
 _TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries", "max_concurrency",
                         "backoff_initial_s", "backoff_max_s", "malformed_retries", "cache_dir",
@@ -91,6 +93,7 @@ class BenchmarkSettings:
     max_dialogues: int  # in flight at once
     group_size: int  # dialogues per policy call
     max_profiles: int  # 0: every profile of config.eval.profiles
+    probes: tuple[str, ...]  # robustness probes played beside the policy (eval/probes.py)
     sampling: SamplingSettings
     rollout: RolloutSettings
     simulator: SimulatorSettings
@@ -99,14 +102,15 @@ class BenchmarkSettings:
     def from_config(cls, config: ml_collections.ConfigDict) -> BenchmarkSettings:
         """One ValueError names every bad field of the config."""
         e, p = config.eval, config.policy
-        _, sampling, rollout, simulator = build_all(
+        _, probes, sampling, rollout, simulator = build_all(
             lambda: check_ranges(named(e, "config.eval.", ("max_dialogues", "group_size", "max_profiles")),
                                  lowest={"max_dialogues": 1, "group_size": 1, "max_profiles": 0}),
+            lambda: parse_probes(e.probes),
             lambda: SamplingSettings.from_config(p, "config.policy."),
             lambda: RolloutSettings.from_config(p, "config.policy.", think=bool(p.think),
                                                 system_prompt=policy_system_prompt(p)),
             lambda: SimulatorSettings.from_config(config.simulator))
-        return cls(e.max_dialogues, e.group_size, e.max_profiles, sampling, rollout, simulator)
+        return cls(e.max_dialogues, e.group_size, e.max_profiles, probes, sampling, rollout, simulator)
 
 
 def policy_system_prompt(policy: ml_collections.ConfigDict) -> str:
@@ -220,6 +224,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
                  transcripts, len(pending))
         if pending:
             _evaluate(config, settings, spec, pending, workdir, progress)
+        probes = {name: _play_probe(name, settings, profiles, workdir, progress) for name in settings.probes}
         scores = None
         if process_index() == 0:
             done = {r["profile_id"]: r for r in load_records(transcripts)}
@@ -230,7 +235,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
                                  rollout=dataclasses.replace(settings.rollout, think=spec.source.think), seed=config.seed)
             scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
                                           spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling),
-                                          protocol=card)
+                                          protocol=card, probes=probes)
         return allgather_json(scores)[0]
     finally:
         if lock is not None:
@@ -250,6 +255,26 @@ def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile], loc
         return {"error": str(e)}
     finished = {r["profile_id"] for r in load_records(transcripts)}
     return {"pending": [p.id for p in profiles if p.id not in finished]}
+
+
+def _play_probe(name: str, settings: BenchmarkSettings, profiles: list[Profile], workdir: pathlib.Path,
+                progress: bool) -> list[dict[str, Any]]:
+    """The dialogues of robustness probe `name` (eval/probes.py) with every profile, under the
+    benchmark's simulator and rules; resumable like the policy's (WORKDIR/probes/NAME.jsonl).
+    Every process plays its share; process 0 returns the records in profile order ([] elsewhere)."""
+    path = workdir / PROBES_DIR / f"{name}.jsonl"
+    done = {r["profile_id"] for r in load_records(path)} if process_index() == 0 else set()
+    left = set(allgather_json(sorted(p.id for p in profiles if p.id not in done))[0])
+    pending = [(i, p) for i, p in enumerate(profiles) if p.id in left]
+    if pending:
+        rollout = dataclasses.replace(settings.rollout, think=False)  # a canned reply is all said, nothing thought
+        play_profiles(ProbePolicy(name), None, settings.simulator, rollout, pending, group_size=settings.group_size,
+                      max_dialogues=settings.max_dialogues, append_to=path,
+                      progress=f"probe {name}" if progress else None)
+    if process_index():
+        return []
+    by_id = {r["profile_id"]: r for r in load_records(path)}
+    return [by_id[p.id] for p in profiles]
 
 
 def _evaluate(config: ml_collections.ConfigDict, settings: BenchmarkSettings, spec: _PolicySpec,

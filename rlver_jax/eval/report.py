@@ -48,12 +48,15 @@ def json_text(obj: Any) -> str:
 
 def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
                   profiles: Mapping[str, Profile], run: dict[str, Any], levels: Sequence[float],
-                  protocol: Mapping[str, Any]) -> dict[str, Any]:
+                  protocol: Mapping[str, Any], probes: Mapping[str, Sequence[dict[str, Any]]] | None = None
+                  ) -> dict[str, Any]:
     """Write sentient.json (the scores, `run` describing what was evaluated, `protocol` its
-    protocol card: eval/protocol.py), the plots, report.md and report.html (every dialogue, to
-    read) for `transcripts` (one per profile, in profile order); returns the scores."""
+    protocol card: eval/protocol.py, the scores of the robustness `probes`: their transcripts by
+    name), the plots, report.md and report.html (every dialogue, to read) for `transcripts` (one
+    per profile, in profile order); returns the scores."""
     dialogues = [DialogueSequence.from_record(t) for t in transcripts]
-    summary = {**summarize(dialogues), "run": run, "protocol": dict(protocol)}
+    summary = {**summarize(dialogues), "run": run, "protocol": dict(protocol),
+               "probes": probe_scores(probes or {}, run["rules"]["initial_emotion"])}
     summary["degenerate_judgements"] = degenerate_judgements((d.simulator_state for d in dialogues),
                                                              run["rules"]["max_change"])
     atomic_write_text(workdir / "sentient.json", json_text(summary))
@@ -64,6 +67,17 @@ def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
     atomic_write_text(workdir / "report.md", render(summary, dialogues, profiles))
     html_report.write_eval_report(workdir, summary, transcripts)
     return summary
+
+
+def probe_scores(probes: Mapping[str, Sequence[dict[str, Any]]], initial_emotion: float) -> dict[str, Any]:
+    """Each robustness probe's scores (eval/probes.py) and whether the simulator `rewarded` it:
+    its score ended above the initial emotion."""
+    out = {}
+    for name, records in probes.items():
+        scores = summarize([DialogueSequence.from_record(r) for r in records])
+        del scores["per_profile"]
+        out[name] = {**scores, "rewarded": scores["score"] > initial_emotion}  # NaN (none scored): False
+    return out
 
 
 def protocol_table(card: Mapping[str, Any]) -> str:
@@ -128,6 +142,16 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         f"{'' if rules['score_final_turn'] else ' (the last reply not judged)'}, success at {rules['ceiling']}, "
         f"failure {'at or ' if rules['floor_inclusive'] else ''}below {rules['floor']}, "
         f"change per turn clipped to +-{rules['max_change']}.\n")
+    if summary.get("probes"):
+        rewarded = [name for name, p in summary["probes"].items() if p["rewarded"]]
+        out.append(f"\n## Robustness probes\n\nCanned policies a sound simulator must not reward, played under the same "
+                   f"protocol (initial emotion {rules['initial_emotion']}; eval/probes.py).\n\n")
+        if rewarded:
+            out.append(f"> **Warning: the simulator rewarded {', '.join(rewarded)}** (score above the initial "
+                       "emotion): a policy trained against it can gain by such replies.\n\n")
+        out.append(table(["probe", "score", "success", "failure", "n", "simulator errors", "rewarded"], [
+            [name, p["score"], p["success"], p["failure"], p["n"], p["simulator_errors"], "YES" if p["rewarded"] else "no"]
+            for name, p in summary["probes"].items()]))
     if summary.get("protocol"):
         out.append("\n## Protocol\n\nHow this result was obtained; `launch/eval.py --compare` refuses results whose "
                    "simulator, rules, profiles or prompts differ (docs/report.md).\n\n")
