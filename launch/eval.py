@@ -75,6 +75,13 @@ def main(argv):
     if benchmark.process_index():  # process 0 reports for all
         return
     workdir = pathlib.Path(config.workdir)
+    if "panel" in summary:
+        for label, member in summary["panel"].items():
+            print(f"{label}: score {member['score']:.1f} [{member['ci95'][0]:.1f}, {member['ci95'][1]:.1f}]  "
+                  f"n {member['n']}  simulator errors {member['simulator_errors']}")
+        print(f"panel mean score {summary['score']:.1f} over {len(summary['panel'])} simulators  ->  "
+              f"{workdir / 'report.md'}")
+        return
     errors = summary["simulator_errors"]
     if errors:
         causes = benchmark.simulator_error_causes(workdir)

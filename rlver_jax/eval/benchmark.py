@@ -35,8 +35,9 @@ from typing import Any
 import ml_collections
 
 from rlver_jax.checks import build_all, check_ranges, named
+from rlver_jax.files import atomic_write_text
 from rlver_jax.parallel.distributed import DistributedSettings
-from rlver_jax.eval import policy_source, protocol, report
+from rlver_jax.eval import panel, policy_source, protocol, report
 from rlver_jax.eval.probes import ProbePolicy, parse_probes
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
@@ -94,6 +95,7 @@ class BenchmarkSettings:
     group_size: int  # dialogues per policy call
     max_profiles: int  # 0: every profile of config.eval.profiles
     probes: tuple[str, ...]  # robustness probes played beside the policy (eval/probes.py)
+    panel: tuple[panel.Member, ...]  # simulators each playing every profile (eval/panel.py); () = config.simulator
     sampling: SamplingSettings
     rollout: RolloutSettings
     simulator: SimulatorSettings
@@ -102,15 +104,16 @@ class BenchmarkSettings:
     def from_config(cls, config: ml_collections.ConfigDict) -> BenchmarkSettings:
         """One ValueError names every bad field of the config."""
         e, p = config.eval, config.policy
-        _, probes, sampling, rollout, simulator = build_all(
+        _, probes, members, sampling, rollout, simulator = build_all(
             lambda: check_ranges(named(e, "config.eval.", ("max_dialogues", "group_size", "max_profiles")),
                                  lowest={"max_dialogues": 1, "group_size": 1, "max_profiles": 0}),
             lambda: parse_probes(e.probes),
+            lambda: panel.parse_panel(e.simulators),
             lambda: SamplingSettings.from_config(p, "config.policy."),
             lambda: RolloutSettings.from_config(p, "config.policy.", think=bool(p.think),
                                                 system_prompt=policy_system_prompt(p)),
             lambda: SimulatorSettings.from_config(config.simulator))
-        return cls(e.max_dialogues, e.group_size, e.max_profiles, probes, sampling, rollout, simulator)
+        return cls(e.max_dialogues, e.group_size, e.max_profiles, probes, members, sampling, rollout, simulator)
 
 
 def policy_system_prompt(policy: ml_collections.ConfigDict) -> str:
@@ -210,6 +213,8 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
     settings = BenchmarkSettings.from_config(config)  # every field checked before any file, model or server is touched
     if not config.workdir:
         raise ValueError("config.workdir is empty: set --config.workdir=DIR (results, report and plots go there)")
+    if settings.panel:
+        return _run_panel(config, settings.panel, progress)
     workdir = pathlib.Path(config.workdir)
     profiles = load_eval_profiles(config)
     spec = _PolicySpec(config)
@@ -240,6 +245,27 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
     finally:
         if lock is not None:
             lock.release()
+
+
+def _run_panel(config: ml_collections.ConfigDict, members: tuple[panel.Member, ...], progress: bool
+               ) -> dict[str, Any]:
+    """The evaluation of `config` under each simulator of the panel, one after another, each in
+    its own directory under WORKDIR; then (process 0) the panel's sentient.json and report.md."""
+    workdir = pathlib.Path(config.workdir)
+    results = []
+    for k, member in enumerate(members):
+        one = copy.deepcopy(config)
+        one.workdir = str(workdir / member.directory(k))
+        one.eval.simulators = one.eval.like_training = ""  # `config` is already under the run's settings
+        one.simulator.backend, one.simulator.model, one.simulator.base_url = "openai", member.model, member.base_url
+        log.info("panel: simulator %d of %d, %s, into %s", k + 1, len(members), member.label, one.workdir)
+        results.append(run_benchmark(one, progress=progress))
+    summary = None
+    if process_index() == 0:
+        summary = panel.summarize_panel(members, results)
+        atomic_write_text(workdir / "sentient.json", report.json_text(summary))
+        atomic_write_text(workdir / "report.md", panel.render(summary, results[0]["run"]["policy"]))
+    return allgather_json(summary)[0]
 
 
 def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile], lock: WorkDirLock) -> dict[str, Any]:

@@ -46,14 +46,21 @@ def run_labels(dirs: Sequence[pathlib.Path]) -> list[str]:
     return names if len(set(names)) == len(names) else [str(d) for d in dirs]
 
 
+def mean_interval(values: np.ndarray, seed: int = 0) -> list[float]:
+    """The 95% bootstrap interval of the mean of `values` (resampling them); nan over none."""
+    if not len(values):
+        return [float("nan")] * 2
+    idx = np.random.default_rng(seed).integers(0, len(values), (BOOTSTRAP_SAMPLES, len(values)))
+    lo, hi = np.percentile(values[idx].mean(axis=1), [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
 def paired_difference(base: np.ndarray, other: np.ndarray, seed: int = 0) -> dict[str, Any]:
     """Mean of other - base over profiles, its 95% bootstrap interval, and wins/ties/losses."""
     diff = other - base
     if not len(diff):
         return {"mean_diff": float("nan"), "ci95": [float("nan")] * 2, "wins": 0, "ties": 0, "losses": 0}
-    idx = np.random.default_rng(seed).integers(0, len(diff), (BOOTSTRAP_SAMPLES, len(diff)))
-    lo, hi = np.percentile(diff[idx].mean(axis=1), [2.5, 97.5])
-    return {"mean_diff": float(diff.mean()), "ci95": [float(lo), float(hi)], "wins": int((diff > 0).sum()),
+    return {"mean_diff": float(diff.mean()), "ci95": mean_interval(diff, seed), "wins": int((diff > 0).sum()),
             "ties": int((diff == 0).sum()), "losses": int((diff < 0).sum())}
 
 
