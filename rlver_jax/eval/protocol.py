@@ -104,9 +104,14 @@ def card(simulator: SimulatorSettings, served: Sequence[str] | None, *, profiles
         "policy.max_total_tokens": rollout.max_total_tokens, "policy.format_failure": rollout.format_failure,
         "policy.think_history": rollout.think_history,
         "run.policy_url": policy.get("url"), "run.profiles_file": str(path.resolve()),
-        **project_version(),
-        "run.date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **stamp(),
     }
+
+
+def stamp() -> dict[str, str]:
+    """The run.* fields every result carries: the project version and commit, and the date (UTC)."""
+    return {**project_version(),
+            "run.date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def served_simulator_models(s: SimulatorSettings) -> list[str] | None:
