@@ -6,7 +6,7 @@ import json
 import pytest
 
 from rlver_jax.eval.benchmark import run_benchmark
-from rlver_jax.eval.compare import compare_runs
+from rlver_jax.eval.compare import compare_runs, kendall_tau, rank_agreement
 from rlver_jax.eval.panel import Member, parse_panel
 from rlver_jax.testing.scripted_server import ScriptedServer, route
 from tests.fixtures_cli import run_script
@@ -63,3 +63,22 @@ def test_the_command_line_prints_each_simulators_score(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"simulator@{a}: score 50.0" in done.stdout and f"simulator@{b}: score 92.5" in done.stdout
     assert "panel mean score 71.2 over 2 simulators" in done.stdout
+
+
+def test_kendall_tau_by_hand():
+    # pairs (0,1) and (0,2) ranked alike, (1,2) opposite: (2 - 1) / 3
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    assert kendall_tau([1, 2], [5, 9]) == 1 and kendall_tau([1, 2], [9, 5]) == -1
+
+
+def test_rank_agreement_of_panels_in_a_compare():
+    def panel(a, b, c):
+        return {"panel": {"A": {"score": a}, "B": {"score": b}, "C": {"score": c}}}
+
+    # Three policies: A and B rank them 1 < 2 < 3; C ranks the first two the other way.
+    runs = {"p1": panel(10, 20, 30), "p2": panel(20, 40, 25), "p3": panel(30, 60, 50)}
+    assert rank_agreement(runs) == [
+        {"simulators": ["A", "B"], "kendall_tau": 1.0},
+        {"simulators": ["A", "C"], "kendall_tau": pytest.approx(1 / 3)},
+        {"simulators": ["B", "C"], "kendall_tau": pytest.approx(1 / 3)}]
+    assert rank_agreement({"p1": panel(1, 2, 3), "plain": {"score": 5}}) == []  # not every run is a panel

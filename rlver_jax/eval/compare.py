@@ -8,14 +8,16 @@ for each other run, the mean paired difference in final emotion with a 95% boots
 Before any score, the runs' protocol cards (eval/protocol.py) are set side by side: every field
 that differs is named in every output, and one that moves scores (the simulator and its
 sampling, the rules, the profiles, the prompts) refuses the comparison (ProtocolMismatchError)
-unless `force`, which marks the comparison "mixed" in every output.
+unless `force`, which marks the comparison "mixed" in every output. When every run is a panel
+of the same simulators (eval/panel.py), `rank_agreement` says whether the simulators rank the
+runs alike.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,6 +66,29 @@ def paired_difference(base: np.ndarray, other: np.ndarray, seed: int = 0) -> dic
             "ties": int((diff == 0).sum()), "losses": int((diff < 0).sum())}
 
 
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-a of two scorings of the same items: (concordant - discordant pairs) / all
+    pairs; 1 when they rank every pair alike, -1 when opposite, nan under two items."""
+    n = len(x)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if not pairs:
+        return float("nan")
+    return sum(float(np.sign(x[i] - x[j]) * np.sign(y[i] - y[j])) for i, j in pairs) / len(pairs)
+
+
+def rank_agreement(runs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """For panel results (eval/panel.py) of several policies (`runs`: run label -> sentient.json, every one a panel
+    of the same simulators), Kendall's tau between each two simulators' scores of the policies:
+    whether the simulators rank the policies alike. [] unless every run is such a panel."""
+    panels = [r.get("panel") for r in runs.values()]
+    if len(panels) < 2 or not all(panels) or any(set(p) != set(panels[0]) for p in panels):
+        return []
+    members = list(panels[0])
+    scores = {m: [p[m]["score"] for p in panels] for m in members}
+    return [{"simulators": [a, b], "kendall_tau": kendall_tau(scores[a], scores[b])}
+            for i, a in enumerate(members) for b in members[i + 1:]]
+
+
 def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, *, force: bool = False
                  ) -> dict[str, Any]:
     """Write compare.json, compare.md, compare.png and compare.html (the paired dialogues side by
@@ -99,12 +124,23 @@ def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, *,
         result["runs"][label] = entry
     result["per_profile"] = [{"id": pid, **{label: float(finals[label][i]) for label in labels}}
                              for i, pid in enumerate(common)]
+    result["rank_agreement"] = rank_agreement(loaded)
     out = pathlib.Path(out)
     atomic_write_text(out / "compare.json", json_text(result))
     plots.paired_scatter(base, {label: finals[label].tolist() for label in labels}, out / "compare.png")
     atomic_write_text(out / "compare.md", render(result))
     html_report.write_compare_report(out, result)
     return result
+
+
+def _rank_agreement(rows: list[dict[str, Any]]) -> str:
+    """compare.md's section on panels: whether the simulators rank the runs alike."""
+    if not rows:
+        return ""
+    return ("\n## Do the simulators rank the runs alike?\n\nKendall's tau between two simulators' scores of the "
+            "runs (1: the same order, -1: the opposite).\n\n"
+            + table(["simulator", "simulator", "Kendall's tau"],
+                    [[r["simulators"][0], r["simulators"][1], r["kendall_tau"]] for r in rows]))
 
 
 def render(result: dict[str, Any]) -> str:
@@ -129,6 +165,7 @@ def render(result: dict[str, Any]) -> str:
         f"{result['paired_profiles']} profiles scored in every run; scores below are over these.\n\n",
         table(["run", "score", "success", "failure", "unpaired", f"mean diff vs {base}", "95% CI",
                "better / equal / worse"], rows),
+        _rank_agreement(result.get("rank_agreement") or []),
         "\n## Protocol differences\n\n",
         table(["field", *labels], protocol_rows) if protocol_rows else "none: one protocol\n",
         "\n![paired final emotions](compare.png)\n\n## Per profile (final emotion)\n\n",

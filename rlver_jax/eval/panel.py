@@ -7,7 +7,8 @@ and the profiles on which the members disagree most.
 
 The panel's sentient.json has the shape `launch/eval.py --compare` reads: `per_profile` holds each
 profile's final emotion averaged over the members (a profile some member failed on is a
-simulator error), and `protocol` each card field's one value, or every member's when they differ.
+simulator error), and `protocol` each card field's one value, or every member's when they differ;
+a compare of panels gives the simulators' rank agreement (eval/compare.rank_agreement).
 """
 
 from __future__ import annotations
