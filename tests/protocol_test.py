@@ -47,6 +47,7 @@ def test_every_result_records_its_protocol(two_runs):
     assert {"prompts.simulator.emotion_en.txt", "run.date", "run.commit", "run.version"} <= set(card)
     report = (tmp_path / "a" / "report.md").read_text()
     assert "## Protocol" in report and "| simulator.temperature | 0.5 |" in report
+    assert f"(vanilla, temperature 0.5, at most 2048 tokens). Profiles: {profiles} (2 profiles, sha256 " in report
     assert f"| profiles.sha256 | {card['profiles.sha256'][:12]} |" in report
     assert "simulator.temperature" in (tmp_path / "a" / "report.html").read_text()
 

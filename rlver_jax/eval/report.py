@@ -80,6 +80,20 @@ def probe_scores(probes: Mapping[str, Sequence[dict[str, Any]]], initial_emotion
     return out
 
 
+def _sampled(card: Mapping[str, Any]) -> str:
+    """", temperature 0.5, at most 2048 tokens" of a served simulator's card; "" otherwise."""
+    if card.get("simulator.temperature") is None:
+        return ""
+    return f", temperature {card['simulator.temperature']:g}, at most {card['simulator.max_tokens']} tokens"
+
+
+def _hashed(card: Mapping[str, Any]) -> str:
+    """" (16 profiles, sha256 791e7b2679d4)" from the card; "" without one."""
+    if "profiles.sha256" not in card:
+        return ""
+    return f" ({card['profiles.count']} profiles, sha256 {protocol.shown(card['profiles.sha256'])})"
+
+
 def protocol_table(card: Mapping[str, Any]) -> str:
     """The protocol card as a Markdown table, field by field."""
     return table(["field", "value"], [[k, protocol.shown(v)] for k, v in card.items()])
@@ -109,6 +123,7 @@ def _degenerate(rates: Mapping[str, float]) -> str:
 def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Profile]) -> str:
     """report.md: the scores, the protocol, breakdowns, the plots and one row per dialogue."""
     run, n = summary["run"], summary["n"]
+    card = summary.get("protocol") or {}
     rules = run["rules"]
     judged = sum(1 for d in dialogues for r in d.simulator_state.get("records", ()) if r["scored"])
     out = [f"# Sentient benchmark: {run['policy']}\n\n"]
@@ -137,7 +152,8 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
     ]))
     out.append(
         f"\nPolicy: {run['source']} ({run['backend']}, {'think' if run['think'] else 'no-think'}). "
-        f"Simulator: {run['simulator']} ({run['difficulty']}). Profiles: {run['profiles']}.\n"
+        f"Simulator: {run['simulator']} ({run['difficulty']}{_sampled(card)}). Profiles: {run['profiles']}"
+        f"{_hashed(card)}.\n"
         f"Protocol: initial emotion {rules['initial_emotion']}, at most {rules['max_turns']} rounds"
         f"{'' if rules['score_final_turn'] else ' (the last reply not judged)'}, success at {rules['ceiling']}, "
         f"failure {'at or ' if rules['floor_inclusive'] else ''}below {rules['floor']}, "
@@ -154,7 +170,7 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
             for name, p in summary["probes"].items()]))
     if summary.get("protocol"):
         out.append("\n## Protocol\n\nHow this result was obtained; `launch/eval.py --compare` refuses results whose "
-                   "simulator, rules, profiles or prompts differ (docs/report.md).\n\n")
+                   "simulator, rules, profiles or prompts differ (docs/protocol.md).\n\n")
         out.append(protocol_table(summary["protocol"]))
     out.append("\n## Breakdown\n\n")
     out.append(table(["by", "group", "n", "score", "success", "failure", "simulator errors"],
