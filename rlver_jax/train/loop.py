@@ -49,7 +49,8 @@ from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.rollout.summary import reencoded_turns, reference_metrics, rollout_metrics, summarize
+from rlver_jax.rollout.summary import (degenerate_replies, reencoded_turns, reference_metrics, rollout_metrics,
+                                       summarize)
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
 from rlver_jax.rollout.transcripts import transcript_path, write_transcripts
 from rlver_jax.train.run import Run, build_run
@@ -553,4 +554,5 @@ def evaluate(run: Run, params: Any, step: int, key: jax.Array) -> dict[str, floa
     return {"eval_score": s.score, "eval_success_rate": s.success / n, "eval_failure_rate": s.failure / n,
             "eval_mean_turns": s.scored_turns, "eval_simulator_errors": float(s.simulator_errors),
             "eval_no_policy_turn": float(s.no_policy_turn),
-            "eval_kv_cache_reencodes": float(reencoded_turns(seqs))}
+            "eval_kv_cache_reencodes": float(reencoded_turns(seqs)),
+            "eval_degenerate_rate": degenerate_replies(seqs)["degenerate_rate"]}
