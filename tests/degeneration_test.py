@@ -40,6 +40,7 @@ def test_rates_count_replies_by_hand():
                                  "degenerate_garbled_rate": 0.0, "degenerate_repetition_rate": 1 / 5,
                                  "degenerate_wrong_language_rate": 2 / 5, "degenerate_repeat_turn_rate": 1 / 5})
     assert set(dg.rates([])) == set(got) and not any(dg.rates([]).values())
+    assert dg.describe(got) == "80% (empty 20%, repetition 20%, wrong_language 40%, repeat_turn 20%)"
 
 
 def test_the_alarm_compares_with_the_runs_lowest_rate(caplog):
@@ -56,7 +57,7 @@ def test_the_alarm_compares_with_the_runs_lowest_rate(caplog):
     assert lowest == 0.1 and not caplog.records
     rise = {"degenerate_rate": 0.45, "degenerate_garbled_rate": 0.45, "degenerate_empty_rate": 0.0}
     assert loop._check_degeneration(2, lowest, rise, s) == 0.1  # 0.35 above 0.1: warned
-    assert "step 2: 45% of the policy's replies are degenerate (garbled 45%), up from 10%" in caplog.text
+    assert "step 2: 45% (garbled 45%) of the policy's replies are degenerate, up from 10%" in caplog.text
     with pytest.raises(loop.DegenerateRepliesError, match="step 2: .*degenerate_alarm=0.3.*not saved"):
         loop._check_degeneration(2, lowest, rise, dataclasses.replace(s, degenerate_alarm_action="stop"))
     assert loop._check_degeneration(2, lowest, {**rise, "degenerate_rate": 0.39}, s) == 0.1

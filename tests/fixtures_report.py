@@ -91,7 +91,7 @@ def eval_dir(directory, transcripts):
     profiles = {p.id: p for p in load_profiles()}
     atomic_write_jsonl(directory / "transcripts.jsonl", transcripts)
     return report.write_outputs(directory, transcripts, profiles, run_info(), levels=(10, 40, 70, 100),
-                                protocol=PROTOCOL)
+                                card=PROTOCOL)
 
 
 ADVANTAGES = (0.25, -0.25, 0.0, 1.5)

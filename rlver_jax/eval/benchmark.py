@@ -240,7 +240,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -
                                  rollout=dataclasses.replace(settings.rollout, think=spec.source.think), seed=config.seed)
             scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
                                           spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling),
-                                          protocol=card, probes=probes)
+                                          card=card, probes=probes)
         return allgather_json(scores)[0]
     finally:
         if lock is not None:

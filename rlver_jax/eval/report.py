@@ -17,6 +17,7 @@ from rlver_jax.rollout.summary import reencoded_turns
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.agent import clipped_changes
 from rlver_jax.simulator.profiles import Profile
+from rlver_jax.text import degeneration
 
 TRAJECTORIES_PNG = "trajectories.png"
 FINAL_EMOTIONS_PNG = "final_emotions.png"
@@ -48,14 +49,14 @@ def json_text(obj: Any) -> str:
 
 def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
                   profiles: Mapping[str, Profile], run: dict[str, Any], levels: Sequence[float],
-                  protocol: Mapping[str, Any], probes: Mapping[str, Sequence[dict[str, Any]]] | None = None
+                  card: Mapping[str, Any], probes: Mapping[str, Sequence[dict[str, Any]]] | None = None
                   ) -> dict[str, Any]:
-    """Write sentient.json (the scores, `run` describing what was evaluated, `protocol` its
+    """Write sentient.json (the scores, `run` describing what was evaluated, `card` its
     protocol card: eval/protocol.py, the scores of the robustness `probes`: their transcripts by
     name), the plots, report.md and report.html (every dialogue, to read) for `transcripts` (one
     per profile, in profile order); returns the scores."""
     dialogues = [DialogueSequence.from_record(t) for t in transcripts]
-    summary = {**summarize(dialogues), "run": run, "protocol": dict(protocol),
+    summary = {**summarize(dialogues), "run": run, "protocol": dict(card),
                "probes": probe_scores(probes or {}, run["rules"]["initial_emotion"])}
     summary["degenerate_judgements"] = degenerate_judgements((d.simulator_state for d in dialogues),
                                                              run["rules"]["max_change"])
@@ -113,13 +114,6 @@ def _group_rows(dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Pr
     return rows
 
 
-def _degenerate(rates: Mapping[str, float]) -> str:
-    """"12% (empty 10%, repetition 2%)": the share of degenerate replies and its reasons."""
-    parts = [f"{k[len('degenerate_'):-len('_rate')]} {v:.0%}" for k, v in rates.items()
-             if k != "degenerate_rate" and v]
-    return f"{rates['degenerate_rate']:.0%}" + (f" ({', '.join(parts)})" if parts else "")
-
-
 def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Profile]) -> str:
     """report.md: the scores, the protocol, breakdowns, the plots and one row per dialogue."""
     run, n = summary["run"], summary["n"]
@@ -146,7 +140,7 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         ["simulator errors (not scored)", summary["simulator_errors"]],
         [f"changes clipped to +-{rules['max_change']}", f"{clipped_changes(d.simulator_state for d in dialogues)} / {judged} judged turns"],
         ["mean policy turns", summary["mean_turns"]],
-        ["degenerate replies (noise, loops, wrong language, empty)", _degenerate(summary["degenerate_replies"])],
+        ["degenerate replies (noise, loops, wrong language, empty)", degeneration.describe(summary["degenerate_replies"])],
         ["policy turns encoded afresh (beyond the KV cache)",
          f"{reencoded_turns(dialogues)} / {sum(len(d.turns) for d in dialogues)}"],
     ]))

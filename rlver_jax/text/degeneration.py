@@ -117,3 +117,9 @@ def rates(dialogues: Sequence[tuple[str, Sequence[str]]]) -> dict[str, float]:
                 counts[r] += 1
     share = (lambda k: k / total) if total else (lambda k: 0.0)
     return {"degenerate_rate": share(any_reason), **{f"degenerate_{r}_rate": share(c) for r, c in counts.items()}}
+
+
+def describe(rates: dict[str, float]) -> str:
+    """"45% (garbled 40%, empty 5%)": the share of degenerate replies of `rates` and its reasons."""
+    parts = [f"{r} {rates[f'degenerate_{r}_rate']:.0%}" for r in REASONS if rates.get(f"degenerate_{r}_rate")]
+    return f"{rates['degenerate_rate']:.0%}" + (f" ({', '.join(parts)})" if parts else "")

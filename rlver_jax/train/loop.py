@@ -49,6 +49,7 @@ from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.text import degeneration
 from rlver_jax.rollout.summary import (degenerate_replies, reencoded_turns, reference_metrics, rollout_metrics,
                                        summarize)
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
@@ -450,11 +451,9 @@ def _check_degeneration(step: int, lowest: float | None, metrics: dict[str, floa
     `s.degenerate_alarm` above the lowest before it."""
     rate = metrics["degenerate_rate"]
     if s.degenerate_alarm and lowest is not None and rate - lowest > s.degenerate_alarm:
-        found = ", ".join(f"{k[len('degenerate_'):-len('_rate')]} {v:.0%}" for k, v in metrics.items()
-                          if k.startswith("degenerate_") and k != "degenerate_rate" and v)
-        message = (f"step {step}: {rate:.0%} of the policy's replies are degenerate ({found}), up from {lowest:.0%} "
-                   f"earlier in the run: more than config.train.degenerate_alarm={s.degenerate_alarm:g}; read "
-                   f"{s.workdir}/transcripts")
+        message = (f"step {step}: {degeneration.describe(metrics)} of the policy's replies are degenerate, up from "
+                   f"{lowest:.0%} earlier in the run: more than config.train.degenerate_alarm={s.degenerate_alarm:g}; "
+                   f"read {s.workdir}/transcripts")
         if s.degenerate_alarm_action == "stop":
             raise DegenerateRepliesError(f"{message}. The step is not saved; lower the learning rate or fix the "
                                          "prompts, then resume")
