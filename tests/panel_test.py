@@ -10,7 +10,7 @@ from rlver_jax.eval.compare import compare_runs, kendall_tau, rank_agreement
 from rlver_jax.eval.panel import Member, parse_panel
 from rlver_jax.testing.scripted_server import ScriptedServer, route
 from tests.fixtures_cli import run_script
-from tests.fixtures_eval import CHANGES, Servers, _emotion, _reply, config_urls, profiles_file
+from tests.fixtures_eval import Servers, _emotion, _reply, config_urls, profiles_file
 
 # Under the SAGE rules from 40 (fixtures_eval): simulator A gives P1 100, P2 0, P3 49, P4 50 (49.75);
 # simulator B (P2 +5 x9 -> 85 at the turn limit, P4 -10 x2 -> 20) gives 100, 85, 49, 20 (63.5).
