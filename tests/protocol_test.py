@@ -43,7 +43,7 @@ def test_every_result_records_its_protocol(two_runs):
     assert card["simulator.served_models"] == ["simulator"]  # what GET /v1/models listed
     assert card["policy.served_models"] == ["policy"] and card["policy.temperature"] == 0.7
     assert (card["rules.initial_emotion"], card["rules.max_turns"], card["rules.score_final_turn"]) == (40, 10, False)
-    assert card["prompts.policy_system_own"] is True and len(card["prompts.policy_system"]) == 64
+    assert card["prompts.policy_system"] == protocol.OWN_PROMPT and len(card["policy.system_prompt_sha256"]) == 64
     assert {"prompts.simulator.emotion_en.txt", "run.date", "run.commit", "run.version"} <= set(card)
     report = (tmp_path / "a" / "report.md").read_text()
     assert "## Protocol" in report and "| simulator.temperature | 0.5 |" in report
@@ -86,3 +86,16 @@ def test_the_command_line_refuses_in_one_line_with_exit_2(two_runs):
     done = run_script("eval.py", runs, f"--out={tmp_path / 'cli'}", "--force")
     assert done.returncode == 0, done.stderr
     assert "MIXED protocols, compared under --force: " in done.stdout and "simulator.temperature" in done.stdout
+
+
+def test_a_configured_policy_prompt_moves_scores(two_runs):
+    tmp_path, profiles, _, _, _ = two_runs
+    with Servers() as servers:
+        config = config_urls(tmp_path / "kind", servers.policy.base_url, servers.simulator.base_url, profiles,
+                             **{"simulator.temperature": 0.5, "policy.system_prompt": "Be kind."})
+        run_benchmark(config, progress=False)
+    card = json.loads((tmp_path / "kind" / "sentient.json").read_text())["protocol"]
+    assert card["prompts.policy_system"] == hashlib.sha256(b"Be kind.").hexdigest()
+    with pytest.raises(ProtocolMismatchError, match=r"^the runs were played under different protocols: "
+                                                    r"prompts\.policy_system \(a the project's own"):
+        compare_runs([tmp_path / "a", tmp_path / "kind"], tmp_path / "kind_cmp")

@@ -10,6 +10,7 @@ The card is one flat mapping of dotted fields to JSON values, grouped by their f
   rules.*      the emotion rules (initial emotion, clip, floor, ceiling, turns, judged turns)
   profiles.*   the profile file's sha256 and the number of profiles played
   prompts.*    the sha256 of each simulator prompt template and of the policy's system prompt
+               when the config gives one (else OWN_PROMPT)
   policy.*     what was evaluated and how it sampled (what a comparison sets side by side)
   run.*        where: the endpoints' URLs, the profile file's path, the project version and git
                commit, the date
@@ -39,7 +40,8 @@ from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.templates import PROMPT_DIR
 
 MOVES_SCORES = ("simulator.", "rules.", "profiles.", "prompts.")
-NOT_COMPARED = ("run.date",)  # differs between any two runs and says nothing about their scores
+NOT_COMPARED = ("run.date",)
+OWN_PROMPT = "the project's own (rlver_jax/rollout/prompts.py)"  # prompts.policy_system without a configured prompt  # differs between any two runs and says nothing about their scores
 _REPO = pathlib.Path(rlver_jax.__file__).resolve().parents[1]
 _GIT_TIMEOUT_S = 5  # a git that hangs (a network file system) must not hold up the report
 
@@ -90,14 +92,16 @@ def card(simulator: SimulatorSettings, served: Sequence[str] | None, *, profiles
     path = pathlib.Path(profiles_file).expanduser()
     if rollout.system_prompt:
         system = rollout.system_prompt
-    else:  # the project's own, by the dialogue's language
+    else:  # the project's own, by the dialogue's language and the think mode
         system = "\n".join(policy_prompts.system_prompt(lang, rollout.think) for lang in ("en", "zh"))
     return {
         **simulator_fields(simulator, served),
         "profiles.sha256": sha256_bytes(path.read_bytes()), "profiles.count": profiles,
         **{f"prompts.simulator.{p.name}": sha256_bytes(p.read_bytes()) for p in sorted(PROMPT_DIR.glob("*.txt"))},
-        "prompts.policy_system": sha256_bytes(system.encode("utf-8")),
-        "prompts.policy_system_own": not rollout.system_prompt,
+        # A prompt given in the config moves scores (SAGE's own against ours); the project's own differs
+        # only by the think mode, which is the policy's, so a think and a no-think run still compare.
+        "prompts.policy_system": sha256_bytes(system.encode("utf-8")) if rollout.system_prompt else OWN_PROMPT,
+        "policy.system_prompt_sha256": sha256_bytes(system.encode("utf-8")),
         **{f"policy.{k}": v for k, v in policy.items() if k != "url"},
         "policy.temperature": sampling.temperature, "policy.top_p": sampling.top_p, "policy.top_k": sampling.top_k,
         "policy.max_new_tokens": sampling.max_new_tokens, "policy.seed": seed,
