@@ -234,6 +234,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # A step may multiply a model's parameter norm by at most this; beyond it the update diverged (a
     # learning rate far too high): the run stops before the step is saved (docs/faults.md). 0 = off.
     c.train.max_param_norm_growth = 2.0
+    # Degenerate replies (noise, loops, the wrong language, empty: rlver_jax.text.degeneration): an
+    # alarm when a step's degenerate_rate rises this much above the lowest rate of the run so far
+    # (the GRPO no-think collapse into garbled text at step 2); 0 = off.
+    c.train.degenerate_alarm = 0.3
+    c.train.degenerate_alarm_action = "warn"  # "warn": log it; "stop": end the run before the step is saved
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.save_every = 10 if cpu else 5  # paper: every 5 steps

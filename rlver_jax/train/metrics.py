@@ -33,7 +33,8 @@ from rlver_jax.rollout.sequence import DialogueSequence
 log = logging.getLogger(__name__)
 
 # The metrics the progress bar shows, when logged.
-PROGRESS_KEYS = ("reward_mean", "emotion_mean", "success_rate", "failure_rate", "entropy", "tokens_per_second")
+PROGRESS_KEYS = ("reward_mean", "emotion_mean", "success_rate", "failure_rate", "degenerate_rate", "entropy",
+                 "tokens_per_second")
 
 
 def tensorboard_tag(key: str) -> str:
