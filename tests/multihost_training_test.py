@@ -4,8 +4,8 @@ resumes from its checkpoint; metrics and transcripts hold each step and dialogue
 
 The processes run the README's multi-host commands (the block after "two processes on one
 machine"), with a free port for the coordinator, a temporary work directory and overrides that
-shrink the run to seconds. They share the session's persistent compilation cache, so the resumed
-run and the second algorithm compile little.
+shrink the run to seconds. (No persistent compilation cache: it stays off on virtual CPU devices,
+rlver_jax.cli.program.compilation_cache_dir.)
 """
 
 import collections
@@ -57,11 +57,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(config: str, workdir: pathlib.Path, cache: pathlib.Path, overrides: list[str], *,
+def start(config: str, workdir: pathlib.Path, overrides: list[str], *,
           processes: int = 2) -> list[subprocess.Popen]:
     """Start the README's commands for `config` (`processes`=1: one process with all 8 devices)."""
     env_block, argvs = readme_commands()
-    env = dict(os.environ, **env_block, PYTHONPATH=str(REPO), JAX_COMPILATION_CACHE_DIR=str(cache))
+    env = dict(os.environ, **env_block, PYTHONPATH=str(REPO))
     env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{_free_port()}"
     # Backend optimisation level 0: a third of the compile time on CPU, the same HLO.
     env["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
@@ -132,24 +132,17 @@ def alone_lengths(log: str) -> dict[int, tuple[int, int]]:
     return {int(s): (int(t), int(c)) for s, t, c in re.findall(pattern, log)}
 
 
-@pytest.fixture(scope="session")
-def cache():
-    """The session's compilation cache (tests/conftest.py): every test here, on whichever worker,
-    reuses the programs the others compiled."""
-    return pathlib.Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
-
-
 @pytest.mark.slow
-def test_grpo_two_processes_train_as_one_and_resume(tmp_path, cache):
+def test_grpo_two_processes_train_as_one_and_resume(tmp_path):
     # Length buckets of 16 tokens: the processes' own dialogues would ask for different lengths.
     overrides = SMALL + ["--config.rollout.profiles_per_step=2", "--config.train.length_multiple=16"]
     one, two = tmp_path / "one", tmp_path / "two"
     # The reference runs beside the two processes: while they wait on each other, it computes.
-    reference = start("configs/grpo_think.py:tiny", one, cache, overrides + ["--config.train.steps=1"], processes=1)
+    reference = start("configs/grpo_think.py:tiny", one, overrides + ["--config.train.steps=1"], processes=1)
     # The pair keeps its state in host memory between steps (the 7B presets' train.offload): it
     # changes nothing, and checkpoints are written and resumed from there.
     overrides += ["--config.train.offload=state"]
-    pair = start("configs/grpo_think.py:tiny", two, cache, overrides + ["--config.train.steps=2"])
+    pair = start("configs/grpo_think.py:tiny", two, overrides + ["--config.train.steps=2"])
     finish(reference)
     logs = [log for _, log in finish(pair)]
     compare_step0(one, two, COMPARED)
@@ -159,7 +152,7 @@ def test_grpo_two_processes_train_as_one_and_resume(tmp_path, cache):
     assert any(lengths[0][s] != lengths[1][s] for s in (0, 1)), lengths
     assert "process 1 of 2: 4 local devices (cpu), dialogues 4-7 of the 8 per step" in logs[1]
 
-    finish(start("configs/grpo_think.py:tiny", two, cache, overrides + ["--config.train.steps=3",
+    finish(start("configs/grpo_think.py:tiny", two, overrides + ["--config.train.steps=3",
                                                                         "--config.checkpoint.allow_changes=train.steps"]))
     check_each_once(two, steps=3, dialogues=8, n=4)
     assert "eval_score" in metrics(two)[2]
@@ -168,15 +161,15 @@ def test_grpo_two_processes_train_as_one_and_resume(tmp_path, cache):
 
 
 @pytest.mark.slow
-def test_ppo_two_processes_train_as_one(tmp_path, cache):
+def test_ppo_two_processes_train_as_one(tmp_path):
     # Mini-batches of 4 of the 8 turn rows on 4 data shards (tensor axis 2): two optimizer steps per
     # model, each process holding half of every mini-batch, in the one process's row order.
     overrides = SMALL + ["--config.rollout.profiles_per_step=8", "--config.rl.mini_batch_size=4",
                          "--config.mesh.shape=(1,-1,2)"]
     one, two = tmp_path / "one", tmp_path / "two"
-    reference = start("configs/ppo_think.py:tiny", one, cache, overrides + ["--config.train.steps=1"], processes=1)
+    reference = start("configs/ppo_think.py:tiny", one, overrides + ["--config.train.steps=1"], processes=1)
     # The pair moves each idle model and, between steps, the whole state to host memory.
-    pair = start("configs/ppo_think.py:tiny", two, cache, overrides + ["--config.train.steps=2",
+    pair = start("configs/ppo_think.py:tiny", two, overrides + ["--config.train.steps=2",
                                                                        "--config.train.offload=state"])
     finish(reference)
     finish(pair)
@@ -187,10 +180,10 @@ def test_ppo_two_processes_train_as_one(tmp_path, cache):
 
 
 @pytest.mark.slow
-def test_a_mismatch_stops_every_process_with_the_fix(tmp_path, cache):
+def test_a_mismatch_stops_every_process_with_the_fix(tmp_path):
     """3 profiles x 4 dialogues on 4 batch shards: a GRPO group would span the two processes."""
     overrides = ["--config.rollout.profiles_per_step=3", "--config.mesh.shape=(1,4,2)", "--config.rl.micro_batch_size=4"]
-    results = finish(start("configs/grpo_think.py:tiny", tmp_path / "bad", cache, overrides), check=False,
+    results = finish(start("configs/grpo_think.py:tiny", tmp_path / "bad", overrides), check=False,
                      timeout=300)
     for code, log in results:
         assert code != 0 and "make config.rollout.profiles_per_step a multiple of 2" in log, log[-3000:]
