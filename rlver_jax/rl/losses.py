@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from rlver_jax.rl.advantages import masked_mean
+from rlver_jax.rl.loss_modes import GSPO_AGG_MODES, POLICY_LOSS_AGG_MODES  # noqa: F401 - the names' table
 
 Array = jax.Array
 
@@ -243,15 +244,6 @@ AGG_MODES: dict[str, Callable[[Array, float | None], Array]] = {
     "seq_mean_token_mean": _seq_mean_token_mean_weights,
     "seq_mean_token_sum_norm": _seq_mean_token_sum_norm_weights,
 }
-# GSPO's objective is a mean over sequences of the token mean; other modes change the algorithm.
-GSPO_AGG_MODES = ("seq_mean_token_mean",)
-# The policy losses by name (rlver_jax.rl.update.POLICY_LOSSES calls them) and the aggregation
-# modes each admits: the gspo losses' ratio is a sequence's, so a token-level aggregation (which
-# NeMo RL refuses for sequence-level ratios) would weigh a sequence by its length.
-POLICY_LOSS_AGG_MODES: dict[str, tuple[str, ...]] = {
-    "ppo": tuple(AGG_MODES), "gspo": GSPO_AGG_MODES, "gspo_token": GSPO_AGG_MODES, "cispo": tuple(AGG_MODES)}
-
-
 def loss_weights(mask: Array, mode: str, *, norm_len: float | None = None) -> Array:
     """Per-token weights w [B, T] with sum_{b,t} w L = the aggregated loss (see aggregate_loss).
 

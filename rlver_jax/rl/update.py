@@ -30,7 +30,8 @@ from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import advantages as adv_lib
 from rlver_jax.rl import estimators, losses
 from rlver_jax.rl.logprobs import token_logprobs, token_values
-from rlver_jax.rl.settings import Optimizer, RLSettings
+from rlver_jax.rl.optimizer import Optimizer
+from rlver_jax.rl.settings import RLSettings
 from rlver_jax.rl.train_state import TrainState, step_keys
 
 Params = Any

@@ -212,7 +212,7 @@ def _check_workdir(spec: RunSpec, storage: WorkDir) -> None:
 def build_run(spec: RunSpec) -> Run:
     """Build the run of `spec` (rlver_jax.train.spec): claims the work directory (`claim`: the lock
     and the checks of the run found there, before anything is written), then (process 0) writes
-    its config.json. The lock is released by training (rlver_jax.train.loop.train_run), or here
+    its config.json once the profiles load, the simulator answers and the tokenizer is found. The lock is released by training (rlver_jax.train.loop.train_run), or here
     when building fails."""
     storage = WorkDir(spec.loop.workdir)
     lock = claim(spec, storage)
@@ -226,12 +226,12 @@ def build_run(spec: RunSpec) -> Run:
 
 def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
     workdir = storage.local
-    if jax.process_index() == 0:
-        atomic_write_text(workdir / "config.json", spec.config_json)
     train_profiles, eval_profiles = split_profiles(spec.data)
     tracking_settings = dataclasses.replace(spec.tracking, run_dir=str(workdir))
     check_endpoint(spec.simulator)
     chat_tokens = _tokenizer(spec.model, workdir)
+    if jax.process_index() == 0:  # once the profiles, the simulator and the tokenizer were found
+        atomic_write_text(workdir / "config.json", spec.config_json)
     # A profile whose opening fills the policy's budget would give dialogues without a policy turn.
     language = spec.simulator.language
     check_openings(chat_tokens, spec.rollout, train_profiles, "config.data.train_profiles", language)
