@@ -152,9 +152,10 @@ def training_figure(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Fi
     dialogues rewarded below 0.1, where logged (what pulls the reward below emotion / 100)."""
     steps = [r["step"] for r in rows]
     evals = [(r["step"], r["eval_score"]) for r in rows if r.get("eval_score") is not None]
-    shares = [(k, label) for k, label in (("format_failure_rate", "format failures"),
-                                         ("failure_rate_reward", "dialogues rewarded < 0.1"))
-              if any(k in r for r in rows)]
+    # (key, label, colour, line style): format failures dashed over the reward-zero share they often equal
+    shares = [share for share in (("failure_rate_reward", "dialogues rewarded < 0.1", "#d62728", "-"),
+                                  ("format_failure_rate", "format failures", "#636363", "--"))
+              if any(share[0] in r for r in rows)]
     panels = ["reward"] + (["emotion"] if evals or any("emotion_mean" in r for r in rows) else []) + \
         (["shares"] if shares else [])
     fig = _figure(7, 2.6 * len(panels) + 0.4)
@@ -179,8 +180,9 @@ def training_figure(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Fi
         ax.set(ylabel="final emotion\n(0-100)")
     if "shares" in axes:
         ax = axes["shares"]
-        for (key, label), color in zip(shares, ("#636363", "#d62728")):
-            ax.plot(steps, [r.get(key, np.nan) for r in rows], color=color, label=f"{label} (training batch)")
+        for key, label, color, style in shares:
+            ax.plot(steps, [r.get(key, np.nan) for r in rows], color=color, linestyle=style,
+                    label=f"{label} (training batch)")
         ax.set(ylabel="share of dialogues", ylim=(-0.02, 1.02))
     for ax in axes.values():
         ax.grid(alpha=0.3)

@@ -37,7 +37,7 @@ def test_every_line_has_a_legend_entry_and_the_held_out_score_its_own_axis():
     np.testing.assert_allclose(_lines(reward_ax)["reward (10-step mean)"].get_ydata(),
                                [np.mean([s / 100 for s in range(k, k + 10)]) for k in range(16)])
     np.testing.assert_array_equal(_lines(emotion_ax)["training (batch mean)"].get_ydata(), [30 + s for s in range(25)])
-    assert list(_lines(format_ax)) == ["format failures (training batch)", "dialogues rewarded < 0.1 (training batch)"]
+    assert list(_lines(format_ax)) == ["dialogues rewarded < 0.1 (training batch)", "format failures (training batch)"]
     np.testing.assert_allclose(_lines(format_ax)["dialogues rewarded < 0.1 (training batch)"].get_ydata()[[0, 5]],
                                [1.0, 0.9])  # 1 - 5 / 50
     assert "0 if a format failure ended it" in reward_ax.get_ylabel()  # the reward says what it is

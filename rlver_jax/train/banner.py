@@ -26,18 +26,20 @@ def describe(spec: RunSpec, *, params: int, train_profiles: Sequence[Profile], e
     lora = (f"; LoRA rank {spec.lora.rank} on a frozen {spec.lora.base_dtype} base" if spec.lora.enabled
             else "; every parameter trains")
     policy = f"policy     {source}, {params / 1e6:,.1f}M parameters, {m.param_dtype} weights, {m.dtype} compute{lora}"
+    user = f"{sim.difficulty} user, at most {sim.rules.max_turns} policy turn(s)"
     if sim.backend == "openai":
         where = "replayed from " + sim.cache_dir if sim.cache_replay_only else sim.client.base_url
-        simulator = f"simulator  served (openai backend) at {where}, model {sim.client.model!r}"
+        simulator = f"simulator  served (openai backend) at {where}, model {sim.client.model!r}, {user}"
     else:
-        simulator = ("simulator  embedded: the rule-based stand-in (rlver_jax/simulator/embedded.py), no server; "
+        simulator = (f"simulator  embedded (the rule-based stand-in, rlver_jax/simulator/embedded.py; no server), {user}; "
                      "a served LLM needs --config.simulator.backend=openai")
-    simulator += f", {sim.difficulty} user, {sim.rules.max_turns} turns"
     held_out = (f"{data.eval_profiles}: {profile_line(eval_profiles)}" if data.eval_profiles else
                 f"the last {data.eval_holdout} of them: {profile_line(eval_profiles)}" if eval_profiles else "none")
     profiles = f"profiles   {data.train_profiles}: {profile_line(train_profiles)}; held out: {held_out}"
     if eval_profiles and loop.eval_every:
-        profiles += f", evaluated every {loop.eval_every} steps"
+        first = loop.eval_max_profiles
+        profiles += (f", the first {first}" if 0 < first < len(eval_profiles) else "") + \
+            f" evaluated every {loop.eval_every} steps"
     devices = math.prod(mesh_shape.values())
     mesh = f"mesh       {mesh_shape} = {devices} {platform} device(s); rules {spec.mesh.rules}"
     think = "think-then-say" if spec.rollout.think else "no thinking"

@@ -223,7 +223,7 @@ class RunSpec:
             what = "holds no config.json" if pathlib.Path(self.model.path).is_dir() else "does not exist"
             problems.append(f"config.model.path={self.model.path!r} {what}: point it at a Hugging Face model directory"
                             + (smollm2.missing_hint(self.model.path) or " (README, \"Real weights and data\": "
-                               "`huggingface-cli download Qwen/Qwen2.5-7B-Instruct --local-dir DIR`)"))
+                               "`hf download Qwen/Qwen2.5-7B-Instruct --local-dir DIR`)"))
         for field, path in (("config.model.tokenizer_path", self.model.tokenizer_path),
                             ("config.critic.path", self.critic.path)):
             if path and not pathlib.Path(path).is_dir():
