@@ -475,3 +475,12 @@ def test_gspo_and_cispo_jit():
     got = jax.jit(both)(new, old, advantages, mask)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(both(new, old, advantages, mask))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_checked_names_are_the_implemented_ones():
+    """The settings check config.rl against rl/loss_modes.py (no JAX); losses.py implements each name."""
+    from rlver_jax.rl import loss_modes
+
+    assert set(loss_modes.AGG_MODES) == set(losses.AGG_MODES)
+    assert set(loss_modes.KL_ESTIMATORS) == set(losses.KL_ESTIMATORS)
+    assert all(set(modes) <= set(losses.AGG_MODES) for modes in loss_modes.POLICY_LOSS_AGG_MODES.values())
