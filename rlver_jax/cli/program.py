@@ -14,7 +14,7 @@ without a traceback, `--print_config`, quiet library logs, the persistent compil
 This module imports neither JAX nor the library, so `--help`, `--print_config` and a bad flag
 answer in well under two seconds. `--help` (and absl's --helpshort, --helpfull, --helpxml) exits 0.
 An expected error prints `PROG: error: MESSAGE` and exits 1 (2 for a bad flag, override or config
-file); Ctrl-C exits 130. `--verbosity=1` (absl's flag) or
+file, or a config `checked_config` reads before the heavy imports); Ctrl-C exits 130. `--verbosity=1` (absl's flag) or
 RLVER_TRACEBACK=1 shows every traceback and the libraries' INFO logs (docs/cli.md).
 """
 
