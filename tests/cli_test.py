@@ -189,6 +189,18 @@ def test_start_up_errors_come_before_jax_within_seconds(no_jax, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_an_evaluation_refuses_an_unread_simulator_field_and_a_failed_start_writes_no_setup(tmp_path):
+    done = run_script("eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={tmp_path / 'a'}",
+                      "--config.simulator.model=q72")
+    assert_one_line_error(done, 2, "--config.simulator.model set", "--config.simulator.backend=openai")
+    assert not done.stdout and not (tmp_path / "a").exists()
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    done = run_script("eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={tmp_path / 'b'}",
+                      "--config.simulator.backend=openai", f"--config.simulator.base_url={url}")
+    assert done.returncode == 1 and f"no server answers at --config.simulator.base_url={url}" in done.stderr
+    assert not (tmp_path / "b" / "setup.json").exists()  # written once the simulator answered
+
+
 def test_a_simulator_field_counts_where_the_backend_reads_it():
     """The embedded backend reads neither the endpoint nor the answer format; the served one reads all."""
     from rlver_jax.simulator.settings import check_read
