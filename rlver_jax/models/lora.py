@@ -28,7 +28,6 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from rlver_jax import checks
 from rlver_jax.models import hf_io
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.models.hf_io import tree_get, tree_set

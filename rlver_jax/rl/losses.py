@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 
 from rlver_jax.rl.advantages import masked_mean
-from rlver_jax.rl.loss_modes import GSPO_AGG_MODES, POLICY_LOSS_AGG_MODES  # noqa: F401 - the names' table
 
 Array = jax.Array
 
@@ -161,7 +160,7 @@ def gspo_policy_loss(
       s_b,t       = exp(min(sg(log s_b) + logp_t - sg(logp_t), 10))   (value s_b; clamp as verl's)
       L[b, t]     = max(-A s_b,t, -A clip(s_b,t, 1 - clip_eps_low, 1 + clip_eps_high))
     so dL/dlogp_t = -A[b, t] s_b where the ratio is not clipped and 0 where it is (verl
-    compute_policy_loss_gspo). Aggregated with GSPO_AGG_MODES (the mean over sequences of the
+    compute_policy_loss_gspo). Aggregated with loss_modes.GSPO_AGG_MODES (the mean over sequences of the
     token mean) and with one advantage per sequence, this is GSPO's sequence-level objective in
     value and in gradient. The defaults are the paper's clip range. Metrics as ppo_policy_loss:
     `clip_frac` (share of policy tokens on the clipped branch) and `approx_kl` (token-level k3

@@ -146,7 +146,7 @@ def _sequence_advantages(advantages: jax.Array, mask: jax.Array) -> jax.Array:
 
 PolicyLoss = Callable[[RLSettings, jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, dict]]
 # (rl, log-probs, old log-probs, advantages, mask) -> (per-token loss [B, T], metrics), by
-# config.rl.policy_loss; the aggregation modes each admits: losses.POLICY_LOSS_AGG_MODES.
+# config.rl.policy_loss; the aggregation modes each admits: loss_modes.POLICY_LOSS_AGG_MODES.
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     # PPO's clipped surrogate (`clip_eps_low`, `clip_eps_high`: DAPO's clip-higher; `dual_clip`)
     "ppo": lambda rl, lp, old, adv, mask: losses.ppo_policy_loss(

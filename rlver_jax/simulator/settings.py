@@ -41,28 +41,28 @@ class SimulatorSettings:
     rules: EmotionRules
 
     @classmethod
-    def from_config(cls, cfg: config_dict.ConfigDict, *, given: Collection[str] = (),
-                    flag_prefix: str = "--config.simulator.") -> SimulatorSettings:
+    def from_config(cls, cfg: config_dict.ConfigDict, *, given: Collection[str] = ()) -> SimulatorSettings:
         """Reads the section; one ValueError names every bad config.simulator field. `given`: the
         section's fields the command line set (e.g. {"base_url"}), each refused where the backend
         ignores it (`check_read`)."""
         own = {k: cfg[k] for k in _OWN_FIELDS}
         _, _, client, rules = build_all(
             lambda: _check_fields(types.SimpleNamespace(**own)),
-            lambda: check_read(cfg.backend, given, flag_prefix),
+            lambda: check_read(cfg.backend, given),
             lambda: ClientSettings.from_config(cfg, name="simulator", flag_prefix="--config.simulator."),
             lambda: EmotionRules.from_config(cfg))
         return cls(**own, client=client, rules=rules)
 
 
-def check_read(backend: str, given: Collection[str], flag_prefix: str = "--config.simulator.") -> None:
-    """Refuse fields set on the command line (`given`) that `backend` ignores, so that a server's URL
-    given to a preset of the embedded simulator is not silently unused."""
+def check_read(backend: str, given: Collection[str]) -> None:
+    """Refuse fields of config.simulator set on the command line (`given`) that `backend` ignores, so
+    that a server's URL given to a preset of the embedded simulator is not silently unused."""
     unread = [f for f in SERVED_ONLY if f in given] if backend == "embedded" else []
     if unread:
-        flags = " ".join(f"{flag_prefix}{f}" for f in unread)
-        raise ValueError(f"{flags} set, but {flag_prefix}backend='embedded' (the rule-based simulator) reads no "
-                         f"server: add {flag_prefix}backend=openai to use the served simulator, or drop {flags}")
+        flags = " ".join(f"--config.simulator.{f}" for f in unread)
+        raise ValueError(f"{flags} set, but --config.simulator.backend='embedded' (the rule-based simulator) reads "
+                         f"no server: add --config.simulator.backend=openai to use the served simulator, or drop "
+                         f"{flags}")
 
 
 # The simulator's own fields of config.simulator (not its endpoint's, not the emotion rules').
