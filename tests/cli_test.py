@@ -179,8 +179,8 @@ def test_start_up_errors_are_one_line_exit_2_and_write_nothing(tmp_path, args, f
 
 @pytest.mark.slow
 def test_start_up_errors_come_before_jax_within_seconds(no_jax, tmp_path):
-    """In a fresh process that cannot import JAX: about 1.5 s each on a loaded 2-core machine (a
-    missing model path took 13 s, after the imports, before)."""
+    """In a fresh process that cannot import JAX: about 0.5 s each on a loaded 2-core machine (a
+    missing model path took 5-13 s, after the imports, before)."""
     for args, fragments in _START_UP_ERRORS[:3]:
         t0 = time.perf_counter()
         done = _run("train.py", *args, f"--config.workdir={tmp_path / 'run'}", pythonpath=no_jax)
