@@ -233,7 +233,9 @@ class RunSpec:
                             "--config.data.train_profiles=../shared/data/rlver/train_profile.jsonl")
         for field, path in (("config.data.train_profiles", self.data.train_profiles),
                             ("config.data.eval_profiles", self.data.eval_profiles)):
-            if path and not pathlib.Path(path).is_file():
+            if path and pathlib.Path(path).is_dir():
+                problems.append(f"{field}={path!r} is a directory: give a JSON Lines profile file")
+            elif path and not pathlib.Path(path).is_file():
                 problems.append(f"{field}={path!r}: no such file (the reference profiles: README, \"Real weights "
                                 "and data\")")
         if problems:
