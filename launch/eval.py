@@ -88,7 +88,8 @@ def main(argv):
     degenerate = summary.get("degenerate_judgements")
     print(f"score {summary['score']:.1f}  success {summary['success']}  failure {summary['failure']}  "
           f"n {summary['n']}  simulator errors {errors}" + (f"  no policy turn {silent}" if silent else "")
-          + (f"  DEGENERATE JUDGEMENTS ({degenerate})" if degenerate else "") + f"  ->  {workdir / 'report.html'} (and report.md)")
+          + (f"  DEGENERATE JUDGEMENTS ({degenerate})" if degenerate else "")
+          + f"  ->  {workdir / 'report.html'} (and report.md)")
 
 
 if __name__ == "__main__":

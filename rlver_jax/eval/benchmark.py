@@ -201,7 +201,8 @@ def run_benchmark(config: ml_collections.ConfigDict, *, given: Collection[str] =
     returns the scores of sentient.json. setup.json is written once the simulator and the policy
     were found, before the first dialogue."""
     config = like_training(config)
-    settings = BenchmarkSettings.from_config(config, given)  # every field checked before any file, model or server is touched
+    # every field checked before any file, model or server is touched
+    settings = BenchmarkSettings.from_config(config, given)
     if not config.workdir:
         raise ValueError("config.workdir is empty: set --config.workdir=DIR (results, report and plots go there)")
     workdir = pathlib.Path(config.workdir)

@@ -213,8 +213,8 @@ def _check_workdir(spec: RunSpec, storage: WorkDir) -> None:
 def build_run(spec: RunSpec) -> Run:
     """Build the run of `spec` (rlver_jax.train.spec): claims the work directory (`claim`: the lock
     and the checks of the run found there, before anything is written), then (process 0) writes
-    its config.json once the profiles load, the simulator answers and the tokenizer is found. The lock is released by training (rlver_jax.train.loop.train_run), or here
-    when building fails."""
+    its config.json once the profiles load, the simulator answers and the tokenizer is found. The
+    lock is released by training (rlver_jax.train.loop.train_run), or here when building fails."""
     storage = WorkDir(spec.loop.workdir)
     lock = claim(spec, storage)
     try:
