@@ -48,6 +48,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.seed = 0  # initialisation, data order and sampling keys: all pure functions of (seed, step)
     # Persistent XLA compilation cache, so a resume or a second run does not compile again:
     # "auto" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/rlver_jax/jax (shared by runs); "" = off.
+    # Always off on virtual CPU devices (docs/cli.md).
     c.compilation_cache_dir = "auto"
 
     c.model = ml_collections.ConfigDict()
@@ -193,6 +194,17 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # Turn-level credit (grouped estimators): + this x each turn's emotion change normalised among the turns at
     # its position in the group's dialogues (MT-GRPO / GiGPO turn groups); 0 = off
     c.rl.turn_credit_weight = 0.0
+    # Off-policy correction with ratio rho = pi_old / pi_sample of each policy token (the update's start against
+    # the actor version that sampled it: rollout.max_staleness > 0, or the sampler's arithmetic), the PPO clip
+    # staying around pi_old (rlver_jax/rl/off_policy.py): none (as before) | tis: loss x min(rho, high) |
+    # mis: tokens (rows) with rho outside [low, high] leave the loss mask | icepop: loss x rho inside [low, high],
+    # 0 outside | decoupled: AReaL's decoupled PPO, loss x rho, 0 where rho > high. Metrics offpolicy_*
+    c.rl.off_policy_correction = "none"
+    c.rl.off_policy_level = "token"  # token | sequence: rho of the whole row (tis, mis)
+    # The band [low, high]; None = the mode's: tis high 2 (verl); mis [0.5, 2] (verl); icepop [0.5, 5] (IcePop);
+    # decoupled high 5 (inf: no cap, AReaL's default); 0 <= low <= 1 <= high.
+    c.rl.off_policy_low = ml_collections.config_dict.placeholder(float)  # read by mis and icepop
+    c.rl.off_policy_high = ml_collections.config_dict.placeholder(float)  # read by every mode but none
     c.rl.ppo_epochs = 1  # passes over each rollout batch
     # Train-batch rows per optimizer step (turn rows in think mode with think_history "drop"): the paper's
     # 32 x n, about one step per turn; 0 = the whole batch, one step per epoch (tiny, smol: short CPU runs)
@@ -236,6 +248,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # A step may multiply a model's parameter norm by at most this; beyond it the update diverged (a
     # learning rate far too high): the run stops before the step is saved (docs/faults.md). 0 = off.
     c.train.max_param_norm_growth = 2.0
+    # Degenerate replies (noise, loops, the wrong language, empty: rlver_jax.text.degeneration): an
+    # alarm when a step's degenerate_rate rises this much above the lowest rate of the run so far
+    # (the GRPO no-think collapse into garbled text at step 2); 0 = off.
+    c.train.degenerate_alarm = 0.3
+    c.train.degenerate_alarm_action = "warn"  # "warn": log it; "stop": end the run before the step is saved
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.save_every = 10 if cpu else 5  # paper: every 5 steps

@@ -96,6 +96,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # section but for the endpoint fields, its sampling, turn and dialogue lengths and think
     # mode) instead of SAGE's; "" = off. The policy is still policy.checkpoint / path / fresh_tiny.
     c.eval.like_training = ""
+    # Robustness probes played beside the policy under the same protocol, each a canned policy a
+    # sound simulator must not reward (rlver_jax.eval.probes: garbled, formulaic, flattery,
+    # wrong_language): comma-separated names, "all", or "" = none. Their scores go in the report.
+    c.eval.probes = "all" if cpu else ""
+    # A panel of simulators (SAGE reports its leaderboard under four): "MODEL@URL,MODEL@URL", each a
+    # served simulator that plays every profile with config.simulator's other settings, in
+    # WORKDIR/simulators/; the report gives each one's scores and the panel's mean. "" = config.simulator alone.
+    c.eval.simulators = ""
 
     c.policy = ml_collections.ConfigDict()
     c.policy.backend = "jax"  # jax: our sampler on a checkpoint; openai: a chat endpoint

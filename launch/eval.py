@@ -10,7 +10,8 @@
   python launch/eval.py --config=configs/eval.py --config.workdir=DIR --config.eval.profiles=FILE \\
       --config.policy.backend=openai --config.policy.base_url=URL --config.policy.model=NAME \\
       --config.simulator.backend=openai --config.simulator.base_url=URL --config.simulator.model=NAME
-  # runs side by side, paired per profile (the first is the baseline)
+  # runs side by side, paired per profile (the first is the baseline); refused (exit 2) when their
+  # protocols differ in a field that moves scores, unless --force
   python launch/eval.py --compare=runs/eval_base,runs/eval_ppo --out=runs/compare_base_ppo
 
 Writes WORKDIR/sentient.json, transcripts.jsonl, report.html (every dialogue, to read), report.md,
@@ -35,6 +36,8 @@ from rlver_jax.cli import program  # noqa: E402
 _CONFIG = program.config_flag("config", None, "Evaluation config file[:preset], e.g. configs/eval.py:tiny.")
 _COMPARE = flags.DEFINE_list("compare", None, "Evaluation directories to compare, baseline first (no --config).")
 _OUT = flags.DEFINE_string("out", None, "With --compare: directory for compare.md, compare.json, compare.png.")
+_FORCE = flags.DEFINE_bool("force", False, "With --compare: compare runs played under different protocols "
+                           "(simulator, rules, profiles, prompts) anyway; every output says MIXED.")
 
 
 def main(argv):
@@ -43,9 +46,16 @@ def main(argv):
     if _COMPARE.value:
         if _CONFIG.value is not None or not _OUT.value:
             raise app.UsageError("--compare=DIR_A,DIR_B takes --out=DIR and no --config")
-        from rlver_jax.eval import compare
+        from rlver_jax.eval import compare, protocol
 
-        result = compare.compare_runs(_COMPARE.value, _OUT.value)
+        try:
+            result = compare.compare_runs(_COMPARE.value, _OUT.value, force=_FORCE.value)
+        except compare.ProtocolMismatchError as e:
+            raise app.UsageError(str(e)) from None
+        diff = result["protocol_differences"]
+        if diff:
+            print(("MIXED protocols, compared under --force: " if result["mixed"] else "protocol fields that differ: ")
+                  + protocol.describe(diff, list(diff)))
         print(f"paired over {result['paired_profiles']} profiles: {pathlib.Path(_OUT.value) / 'compare.md'}")
         return
     if _CONFIG.value is None:
@@ -69,6 +79,13 @@ def main(argv):
     if benchmark.process_index():  # process 0 reports for all
         return
     workdir = pathlib.Path(config.workdir)
+    if "panel" in summary:
+        for label, member in summary["panel"].items():
+            print(f"{label}: score {member['score']:.1f} [{member['ci95'][0]:.1f}, {member['ci95'][1]:.1f}]  "
+                  f"n {member['n']}  simulator errors {member['simulator_errors']}")
+        print(f"panel mean score {summary['score']:.1f} over {len(summary['panel'])} simulators  ->  "
+              f"{workdir / 'report.md'}")
+        return
     errors = summary["simulator_errors"]
     if errors:
         causes = benchmark.simulator_error_causes(workdir)

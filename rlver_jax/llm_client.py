@@ -468,6 +468,19 @@ def _refusal_hint(s: ClientSettings, status: int) -> str:
     return f"Check {s.flag_prefix}model ({s.model!r}) and the API key in ${s.api_key_env}."
 
 
+def served_models(s: ClientSettings) -> list[str] | None:
+    """The model ids the server at s.base_url lists now (GET /models), for the record of what
+    answered (rlver_jax.eval.protocol); None when it does not answer or list them."""
+    client = openai.OpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
+                           timeout=min(s.timeout_s, _CHECK_TIMEOUT_S), max_retries=0)
+    try:
+        return [m.id for m in client.models.list()]
+    except openai.OpenAIError:
+        return None
+    finally:
+        client.close()
+
+
 def check_chat_endpoint(s: ClientSettings, *, start_hint: str = _START_HINT) -> None:
     """Before a run: one GET /models. Raises EndpointUnavailableError naming the flags to fix when no
     server listens (and how to start one), rejects the key, or lists models without ours. A server

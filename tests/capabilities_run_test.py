@@ -55,6 +55,10 @@ def test_scores_are_the_graders_and_outputs_are_written(tmp_path):
     assert [items[f"math500/{r['unique_id']}"]["correct"] for r, *_ in fx.MATH] == [right for *_, right in fx.MATH]
     assert [items[f"livecodebench/{r['question_id']}"]["correct"] for r, *_ in fx.LCB] == [ok for *_, ok in fx.LCB]
     assert "| MATH500 | 3 | accuracy | 66.7 |" in (out / "report.md").read_text()
+    card = saved["run"]["protocol"]  # how it was obtained: the data's hash, sampling, the served ids, version
+    assert card["data.math500.sha256"] and card["policy.temperature"] == 0.0
+    assert card["policy.served_models"] == ["policy"] and {"run.date", "run.commit"} <= set(card)
+    assert "| policy.served_models | [\"policy\"] |" in (out / "report.md").read_text()
     page = (out / "capabilities.html").read_text()
     assert 'data-bench="ifeval"' in page and 'data-result="wrong"' in page and "&lt;" not in fx.MATH[0][1]
     assert page.count("<article") == 8

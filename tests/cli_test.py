@@ -75,11 +75,14 @@ def test_what_counts_as_an_expected_error():
 
 def test_compilation_cache_directory(monkeypatch, tmp_path):
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert program.compilation_cache_dir("auto") == str(tmp_path / "rlver_jax" / "jax")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/elsewhere")
     assert program.compilation_cache_dir("auto") == "/elsewhere"
     assert program.compilation_cache_dir("/mine") == "/mine" and program.compilation_cache_dir("") is None
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8")  # virtual devices
+    assert program.compilation_cache_dir("auto") is None and program.compilation_cache_dir("/mine") is None
 
 
 @pytest.mark.slow
@@ -88,7 +91,7 @@ def test_the_compilation_cache_keeps_even_a_fast_program(tmp_path):
             f"program.enable_compilation_cache({str(tmp_path / 'cache')!r}); "
             "jax.jit(lambda x: x * 2 + 1)(jnp.ones(3))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=""))  # one CPU device: cache on
     assert done.returncode == 0, done.stderr
     assert any(p.name.startswith("jit_") for p in (tmp_path / "cache").iterdir())
 

@@ -1,10 +1,9 @@
-"""Shared pytest set-up: eight virtual CPU devices, cheaper XLA compiles, one compilation cache for
-the session, and paths to the shared reference data."""
+"""Shared pytest set-up: eight virtual CPU devices (which keep the launch/ scripts' persistent
+compilation cache off: rlver_jax.cli.program.compilation_cache_dir), cheaper XLA compiles, and
+paths to the shared reference data."""
 
 import os
 import pathlib
-import shutil
-import tempfile
 
 # Eight virtual CPU devices so sharding tests run on one machine; must precede the jax import.
 _FLAG = "--xla_force_host_platform_device_count=8"
@@ -17,18 +16,6 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One persistent compilation cache for the session: the pytest-xdist workers and the launch/
-# scripts the tests start (their "auto" cache reads $JAX_COMPILATION_CACHE_DIR) reuse each other's
-# programs instead of compiling them again (a tiny run's programs, traced anew by each Run, are the
-# same programs). Only programs that took 0.25 s or more to compile are written: the others cost
-# little more to compile again than to read. No size limit: with one, JAX locks the directory around every lookup, which costs
-# more than it saves; an entry read while another process writes it is a warning and a recompile.
-# The process that made the directory removes it at the end.
-_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
-if _OWN_CACHE:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlver_jax_test_cache_")
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.25"
-
 import pytest  # noqa: E402
 
 pytest_plugins = ["tests.fixtures_tokenizer", "tests.fixtures_qwen_tokenizer"]
@@ -48,11 +35,6 @@ HEAVY_FIRST = ("training_test", "trainer_test", "multihost_training_test", "plan
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module keeps its order
-
-
-def pytest_unconfigure(config):
-    if _OWN_CACHE:
-        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -82,10 +82,16 @@ def run_info():
             "simulator": "embedded", "difficulty": "vanilla", "profiles": "shipped", "rules": rules}
 
 
+# A protocol card's first fields (rlver_jax.eval.protocol.card writes them all).
+PROTOCOL = {"simulator.backend": "embedded", "simulator.temperature": None, "rules.initial_emotion": 40,
+            "profiles.sha256": "0" * 64, "profiles.count": 6}
+
+
 def eval_dir(directory, transcripts):
     profiles = {p.id: p for p in load_profiles()}
     atomic_write_jsonl(directory / "transcripts.jsonl", transcripts)
-    return report.write_outputs(directory, transcripts, profiles, run_info(), levels=(10, 40, 70, 100))
+    return report.write_outputs(directory, transcripts, profiles, run_info(), levels=(10, 40, 70, 100),
+                                card=PROTOCOL)
 
 
 ADVANTAGES = (0.25, -0.25, 0.0, 1.5)

@@ -9,6 +9,7 @@ from tensorboardX.proto import event_pb2
 
 from rlver_jax.train import metrics
 from rlver_jax.files import read_jsonl
+from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.train.metrics import keep_steps_before
 
 
@@ -74,3 +75,22 @@ def test_the_in_loop_evaluation_shows_in_the_progress_bar(tmp_path, capsys):
     finally:
         writers.close()
     assert "step 0: in-loop evaluation: held-out score 22.5" in capsys.readouterr().out
+
+
+def test_staleness_is_counted_over_policy_tokens():
+    """Versions behind step 5 of each trainable dialogue's policy tokens, by hand: 3 tokens written
+    by version 5 (0 behind), 1 by version 4 (1), 2 by version 2 (3, beyond a bound of 2); a
+    dialogue the simulator failed on is left out, as in training."""
+    def dialogue(version, mask, error=False):
+        return DialogueSequence(profile_id="p", group=0, tokens=[1] * len(mask), policy_mask=mask,
+                                logprobs=[0.0] * len(mask), turn_ends=[mask.index(1)], emotions=[30.0],
+                                end_reason="simulator_error" if error else "turn_limit", simulator_error=error,
+                                policy_version=version)
+
+    dialogues = [dialogue(5, [0, 1, 1, 0, 1]), dialogue(4, [0, 1]), dialogue(2, [1, 1, 0]),
+                 dialogue(0, [1, 1, 1], error=True)]
+    got = metrics.staleness_metrics(5, 2, dialogues)
+    assert got == {"staleness_mean": (0 * 3 + 1 * 1 + 3 * 2) / 6, "staleness_max": 3.0, "stale_token_frac": 2 / 6}
+    assert metrics.staleness_metrics(5, 3, dialogues)["stale_token_frac"] == 0.0
+    assert metrics.staleness_metrics(5, 0, []) == {"staleness_mean": 0.0, "staleness_max": 0.0,
+                                                   "stale_token_frac": 0.0}

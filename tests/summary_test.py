@@ -8,18 +8,20 @@ from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.summary import reference_metrics, rollout_metrics, summarize
 
 
-def dialogue(pid, emotions, end_reason, turns, tokens, **flags):
+def dialogue(pid, emotions, end_reason, turns, tokens, reply="I hear you. Go on.", **flags):
     return DialogueSequence(profile_id=pid, group=0, tokens=[1] * tokens, policy_mask=[1] * tokens,
-                            logprobs=[0.0] * tokens, turn_ends=[tokens - 1], emotions=emotions,
-                            end_reason=end_reason, turns=[{"turn": i + 1} for i in range(turns)], **flags)
+                            logprobs=[0.0] * tokens, turn_ends=[tokens - 1], emotions=emotions, end_reason=end_reason,
+                            turns=[{"turn": i + 1, "reply": f"{reply} ({i + 1})"} for i in range(turns)],
+                            language="en", **flags)
 
 
 # Final emotions 100, 0, 40, (55), 60; rewards 1, 0, 0 (format failure), (-), 0.6; turns 2, 2, 3, 1, 1;
-# tokens 10, 8, 12, 4, 6. D is a simulator error: counted, in no score.
+# tokens 10, 8, 12, 4, 6. D is a simulator error: counted, in no score. C's 3 replies loop
+# ("so so so"): 3 of the 9 replies are degenerate.
 DIALOGUES = [
     dialogue("A", [30, 60, 100], "success", 2, 10),
     dialogue("B", [30, 10, 0], "failure", 2, 8),
-    dialogue("C", [30, 35, 40], "format_failure", 3, 12, format_failure=True),
+    dialogue("C", [30, 35, 40], "format_failure", 3, 12, reply="so so so", format_failure=True),
     dialogue("D", [30, 55], "simulator_error", 1, 4, simulator_error=True),
     dialogue("E", [30, 60], "truncated", 1, 6, truncated=True),
 ]
@@ -40,7 +42,9 @@ def test_training_metrics_by_hand():
     assert rollout_metrics(DIALOGUES) == pytest.approx({
         "reward_mean": 0.4, "emotion_mean": 50.0, "success_rate": 0.25, "user_left_rate": 0.25,
         "format_failure_rate": 0.2, "truncated_rate": 0.2, "simulator_errors": 1.0, "no_policy_turn": 0.0,
-        "turns_mean": 1.8, "sequence_tokens_mean": 8.0})
+        "turns_mean": 1.8, "sequence_tokens_mean": 8.0, "degenerate_rate": 3 / 9, "degenerate_empty_rate": 0.0,
+        "degenerate_garbled_rate": 0.0, "degenerate_repetition_rate": 3 / 9, "degenerate_wrong_language_rate": 0.0,
+        "degenerate_repeat_turn_rate": 0.0})
 
 
 def test_a_dialogue_without_a_policy_turn_is_counted_and_never_scored():

@@ -19,6 +19,7 @@ from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rollout.sequence import DialogueSequence
+from tests import verl_reference
 
 
 def _dialogue(rng, group, emotions, n_turns=2, ctx=5, turn=4, format_failure=False):
@@ -34,10 +35,10 @@ def _dialogue(rng, group, emotions, n_turns=2, ctx=5, turn=4, format_failure=Fal
         end_reason="format_failure" if format_failure else "turn_limit", format_failure=format_failure)
 
 
-def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False):
+def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False, **rl_fields):
     cfg = get_preset("tiny")
     actor = qwen2.init_params(cfg, jax.random.key(0))
-    rl = RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=micro, ppo_epochs=epochs)
+    rl = RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=micro, ppo_epochs=epochs, **rl_fields)
     opt = OptimSettings(lr=lr, warmup_ratio=0.0, weight_decay=0.0)
     # Plain SGD makes the parameter change the gradient itself (Adam would normalise it away).
     make_opt = ((lambda: Optimizer(optax.sgd(1.0), optax.constant_schedule(lr))) if sgd
@@ -107,6 +108,36 @@ def test_grpo_dialogue_advantages_are_the_group_normalised_rewards():
     assert advantages.shape == (8,)
     np.testing.assert_allclose(advantages[:4], (r - r.mean()) / (r.std(ddof=1) + 1e-6), rtol=1e-5)
     np.testing.assert_array_equal(advantages[4:], 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["tis", "mis", "icepop"])
+def test_the_off_policy_correction_reaches_the_policy_loss(mode):
+    """A GRPO step on sampling log-probs away from the actor's: at its one optimizer step the PPO
+    ratio is 1, so the policy loss (token mean) is -sum(w A) / sum(m) over the kept tokens m, with w
+    and m from the numpy transcriptions of verl's rollout correction and IcePop; the off-policy
+    metrics are the batch's."""
+    cfg, state, program = _setup("grpo", micro=2, loss_agg_mode="token_mean", off_policy_correction=mode)
+    batch = _batch()
+    mask = batch.policy_mask
+    old = np.asarray(token_logprobs(cfg, state.actor, jnp.asarray(batch.tokens), jnp.asarray(batch.attention_mask)))
+    rng = np.random.default_rng(7)
+    batch.sample_logprobs[:] = np.where(mask > 0, old + rng.normal(size=mask.shape) * 0.8, 0.0)
+    _, metrics, advantages = rl_program.train_on_batch(program, state, batch)
+    a = advantages[batch.dialogue][:, None] * mask
+    kept, w = mask, np.ones_like(mask)
+    if mode == "mis":
+        kept = verl_reference.rollout_rs_mask(old, batch.sample_logprobs, mask, "token", 0.5, 2.0)
+    elif mode == "tis":
+        w = verl_reference.rollout_is_weights(old, batch.sample_logprobs, mask, "token", 2.0)[0]
+    else:
+        w = verl_reference.icepop_weights(old, batch.sample_logprobs, mask, 0.5, 5.0)
+    cut_or_dropped = ((w * kept == 0) | (w == 2.0))[mask > 0]  # tis truncates at 2.0
+    assert 0 < cut_or_dropped.mean() < 1
+    np.testing.assert_allclose(metrics["policy_loss"], -(w * a * kept).sum() / kept.sum(), rtol=1e-4, atol=1e-6)
+    ratio = verl_reference.rollout_ratios(old, batch.sample_logprobs, mask, "token")[mask > 0]
+    np.testing.assert_allclose(metrics["offpolicy_weight_mean"], ratio.mean(), rtol=1e-4)
+    np.testing.assert_allclose(metrics["offpolicy_weight_max"], ratio.max(), rtol=1e-4)
 
 
 def test_settings_errors_name_the_field():

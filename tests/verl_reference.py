@@ -199,3 +199,61 @@ def cispo(new, old, advantages, hi, lo=None):
         loss[idx] = -w * float(advantages[idx]) * float(new[idx])
         grad[idx] = -w * float(advantages[idx])
     return loss, truncated, grad
+
+
+SAFETY_BOUND = 20.0  # verl rollout_corr_helper: log-ratios clamped to [-20, 20] before exp
+
+
+def rollout_ratios(old, rollout, mask, level):
+    """The importance ratios pi_old / pi_rollout of verl rollout_corr_helper, [B, T] in float64:
+    token: exp(clamp(old - rollout)); sequence: exp(clamp(sum over the row's valid tokens of
+    (old - rollout))) on every token of the row."""
+    ratio = np.ones(old.shape, np.float64)
+    for b in range(old.shape[0]):
+        idx = np.flatnonzero(mask[b])
+        row_sum = sum(float(old[b, t]) - float(rollout[b, t]) for t in idx)
+        for t in idx:
+            log_ratio = float(old[b, t]) - float(rollout[b, t]) if level == "token" else row_sum
+            ratio[b, t] = np.exp(min(max(log_ratio, -SAFETY_BOUND), SAFETY_BOUND))
+    return ratio
+
+
+def rollout_is_weights(old, rollout, mask, level, threshold):
+    """verl compute_rollout_correction_weights (rollout_is = token | sequence, no batch
+    normalisation): (truncated weights min(rho, threshold), 0 on padding; metrics on the valid
+    tokens before truncation: mean, max; the share truncated)."""
+    ratio = rollout_ratios(old, rollout, mask, level)
+    valid = mask > 0
+    weights = np.where(valid, np.minimum(ratio, threshold), 0.0)
+    return weights, {"mean": ratio[valid].mean(), "max": ratio[valid].max(),
+                     "clipped": (ratio[valid] > threshold).mean()}
+
+
+def rollout_rs_mask(old, rollout, mask, level, lower, upper):
+    """verl compute_rollout_rejection_mask (rollout_rs = token | sequence): the response mask with
+    the tokens (rows) whose ratio lies outside [lower, upper] set to 0."""
+    ratio = rollout_ratios(old, rollout, mask, level)
+    return np.where((ratio >= lower) & (ratio <= upper), mask, 0.0)
+
+
+def icepop_weights(old, rollout, mask, lower, upper):
+    """IcePop's two-sided token mask M(k) = k if lower <= k <= upper else 0, k = pi_train / pi_infer
+    (Ring-1T, "Small Leak Can Sink a Great Ship"); 0 on padding."""
+    ratio = rollout_ratios(old, rollout, mask, "token")
+    return np.where((mask > 0) & (ratio >= lower) & (ratio <= upper), ratio, 0.0)
+
+
+def areal_decoupled_loss(logprobs, proximal, behaviour, advantages, mask, eps_low, eps_high, cap):
+    """AReaL ppo_actor_loss_fn with the decoupled loss (token level, no dual clip), token by token:
+    r = exp(logp - prox), L = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) * w with the
+    behaviour weight w = exp(prox - behav) where w <= cap (else 0), summed over the loss mask and
+    divided by its count (a rejected token stays in the count)."""
+    total, count = 0.0, 0
+    for idx in zip(*np.nonzero(mask > 0)):
+        a = float(advantages[idx])
+        r = np.exp(float(logprobs[idx]) - float(proximal[idx]))
+        w = np.exp(float(proximal[idx]) - float(behaviour[idx]))
+        w = w if w <= cap else 0.0
+        total += max(-a * r, -a * min(max(r, 1 - eps_low), 1 + eps_high)) * w
+        count += 1
+    return total / max(count, 1)

@@ -288,8 +288,11 @@ def _main(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
 
 def compilation_cache_dir(setting: str) -> str | None:
     """The persistent compilation cache directory of a config's `compilation_cache_dir`: "" = off;
-    "auto" = $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, under rlver_jax/jax."""
-    if not setting:
+    "auto" = $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, under rlver_jax/jax.
+    Off on virtual CPU devices (XLA_FLAGS' host device count above 1): XLA:CPU programs with
+    collectives that come back from the cache can deadlock in their rendezvous (seen with jax
+    0.10.2 on the offloaded train step: a fatal abort after 40 s), and such meshes are for tests."""
+    if not setting or _virtual_cpu_devices() > 1:
         return None
     if setting != "auto":
         return setting
@@ -297,6 +300,12 @@ def compilation_cache_dir(setting: str) -> str | None:
         return os.environ["JAX_COMPILATION_CACHE_DIR"]
     base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
     return str(pathlib.Path(base) / "rlver_jax" / "jax")
+
+
+def _virtual_cpu_devices() -> int:
+    """The host device count XLA_FLAGS forces (1 when it forces none)."""
+    found = re.findall(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return int(found[-1]) if found else 1
 
 
 def enable_compilation_cache(setting: str) -> str | None:

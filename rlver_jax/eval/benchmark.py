@@ -36,10 +36,12 @@ from typing import Any
 import ml_collections
 
 from rlver_jax.checks import build_all, check_ranges, named
+from rlver_jax.files import atomic_write_text
 from rlver_jax.parallel.distributed import DistributedSettings
-from rlver_jax.eval import policy_source, report
+from rlver_jax.eval import panel, policy_source, protocol, report
+from rlver_jax.eval.probes import ProbePolicy, parse_probes
 from rlver_jax.eval.resume import load_records, record_setup, setup_conflict
-from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint
+from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
 from rlver_jax.parallel.hosts import allgather_json, process_index
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.rollout.evaluation import play_profiles
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 
 TRANSCRIPTS = "transcripts.jsonl"
 SETUP = "setup.json"
+PROBES_DIR = "probes"  # WORKDIR/probes/NAME.jsonl: the robustness probes' dialogues
 # Fields that change how results are fetched, not what they are (a resumed run may change them).
 _TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries", "max_concurrency",
                         "backoff_initial_s", "backoff_max_s", "malformed_retries", "cache_dir",
@@ -92,6 +95,8 @@ class BenchmarkSettings:
     max_dialogues: int  # in flight at once
     group_size: int  # dialogues per policy call
     max_profiles: int  # 0: every profile of config.eval.profiles
+    probes: tuple[str, ...]  # robustness probes played beside the policy (eval/probes.py)
+    panel: tuple[panel.Member, ...]  # simulators each playing every profile (eval/panel.py); () = config.simulator
     sampling: SamplingSettings
     rollout: RolloutSettings
     simulator: SimulatorSettings
@@ -102,14 +107,16 @@ class BenchmarkSettings:
         line set; a simulator field the chosen backend ignores is refused (simulator.settings.check_read)."""
         simulator_given = {f.split(".", 1)[1] for f in given if f.startswith("simulator.")}
         e, p = config.eval, config.policy
-        _, sampling, rollout, simulator = build_all(
+        _, probes, members, sampling, rollout, simulator = build_all(
             lambda: check_ranges(named(e, "config.eval.", ("max_dialogues", "group_size", "max_profiles")),
                                  lowest={"max_dialogues": 1, "group_size": 1, "max_profiles": 0}),
+            lambda: parse_probes(e.probes),
+            lambda: panel.parse_panel(e.simulators),
             lambda: SamplingSettings.from_config(p, "config.policy."),
             lambda: RolloutSettings.from_config(p, "config.policy.", think=bool(p.think),
                                                 system_prompt=policy_system_prompt(p)),
             lambda: SimulatorSettings.from_config(config.simulator, given=simulator_given))
-        return cls(e.max_dialogues, e.group_size, e.max_profiles, sampling, rollout, simulator)
+        return cls(e.max_dialogues, e.group_size, e.max_profiles, probes, members, sampling, rollout, simulator)
 
 
 def policy_system_prompt(policy: ml_collections.ConfigDict) -> str:
@@ -153,6 +160,14 @@ class _PolicySpec:
     def build(self, workdir: pathlib.Path, sampling: SamplingSettings):
         """(policy, chat tokens or None for a text policy) ready to play, sampling by `sampling`."""
         return policy_source.build(self.config, self.source, workdir, sampling, first_process=process_index() == 0)
+
+    def protocol_fields(self) -> dict[str, Any]:
+        """The policy.* fields of the protocol card (eval/protocol.py): what was evaluated, and the
+        ids an endpoint's server lists."""
+        src = self.source
+        served = served_models(src.client) if src.client is not None else None
+        return {"source": src.source, "label": src.label, "backend": src.backend, "think": src.think,
+                "served_models": served, "url": src.client.base_url if src.client is not None else None}
 
     def run_info(self) -> dict[str, Any]:
         c = self.config
@@ -205,6 +220,8 @@ def run_benchmark(config: ml_collections.ConfigDict, *, given: Collection[str] =
     settings = BenchmarkSettings.from_config(config, given)
     if not config.workdir:
         raise ValueError("config.workdir is empty: set --config.workdir=DIR (results, report and plots go there)")
+    if settings.panel:
+        return _run_panel(config, settings.panel, progress)
     workdir = pathlib.Path(config.workdir)
     profiles = load_eval_profiles(config)
     spec = _PolicySpec(config)
@@ -219,16 +236,43 @@ def run_benchmark(config: ml_collections.ConfigDict, *, given: Collection[str] =
                  transcripts, len(pending))
         if pending:
             _evaluate(config, settings, spec, pending, workdir, progress)
+        probes = {name: _play_probe(name, settings, profiles, workdir, progress) for name in settings.probes}
         scores = None
         if process_index() == 0:
             done = {r["profile_id"]: r for r in load_records(transcripts)}
             s = config.simulator
+            card = protocol.card(settings.simulator, protocol.served_simulator_models(settings.simulator),
+                                 profiles_file=config.eval.profiles, profiles=len(profiles),
+                                 policy=spec.protocol_fields(), sampling=settings.sampling,
+                                 rollout=dataclasses.replace(settings.rollout, think=spec.source.think), seed=config.seed)
             scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
-                                          spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling))
+                                          spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling),
+                                          card=card, probes=probes)
         return allgather_json(scores)[0]
     finally:
         if lock is not None:
             lock.release()
+
+
+def _run_panel(config: ml_collections.ConfigDict, members: tuple[panel.Member, ...], progress: bool
+               ) -> dict[str, Any]:
+    """The evaluation of `config` under each simulator of the panel, one after another, each in
+    its own directory under WORKDIR; then (process 0) the panel's sentient.json and report.md."""
+    workdir = pathlib.Path(config.workdir)
+    results = []
+    for k, member in enumerate(members):
+        one = copy.deepcopy(config)
+        one.workdir = str(workdir / member.directory(k))
+        one.eval.simulators = one.eval.like_training = ""  # `config` is already under the run's settings
+        one.simulator.backend, one.simulator.model, one.simulator.base_url = "openai", member.model, member.base_url
+        log.info("panel: simulator %d of %d, %s, into %s", k + 1, len(members), member.label, one.workdir)
+        results.append(run_benchmark(one, progress=progress))
+    summary = None
+    if process_index() == 0:
+        summary = panel.summarize_panel(members, results)
+        atomic_write_text(workdir / "sentient.json", report.json_text(summary))
+        atomic_write_text(workdir / "report.md", panel.render(summary, results[0]["run"]["policy"]))
+    return allgather_json(summary)[0]
 
 
 def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile], lock: WorkDirLock) -> dict[str, Any]:
@@ -244,6 +288,26 @@ def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile], loc
         return {"error": str(e)}
     finished = {r["profile_id"] for r in load_records(transcripts)}
     return {"pending": [p.id for p in profiles if p.id not in finished]}
+
+
+def _play_probe(name: str, settings: BenchmarkSettings, profiles: list[Profile], workdir: pathlib.Path,
+                progress: bool) -> list[dict[str, Any]]:
+    """The dialogues of robustness probe `name` (eval/probes.py) with every profile, under the
+    benchmark's simulator and rules; resumable like the policy's (WORKDIR/probes/NAME.jsonl).
+    Every process plays its share; process 0 returns the records in profile order ([] elsewhere)."""
+    path = workdir / PROBES_DIR / f"{name}.jsonl"
+    done = {r["profile_id"] for r in load_records(path)} if process_index() == 0 else set()
+    left = set(allgather_json(sorted(p.id for p in profiles if p.id not in done))[0])
+    pending = [(i, p) for i, p in enumerate(profiles) if p.id in left]
+    if pending:
+        rollout = dataclasses.replace(settings.rollout, think=False)  # a canned reply is all said, nothing thought
+        play_profiles(ProbePolicy(name), None, settings.simulator, rollout, pending, group_size=settings.group_size,
+                      max_dialogues=settings.max_dialogues, append_to=path,
+                      progress=f"probe {name}" if progress else None)
+    if process_index():
+        return []
+    by_id = {r["profile_id"]: r for r in load_records(path)}
+    return [by_id[p.id] for p in profiles]
 
 
 def _evaluate(config: ml_collections.ConfigDict, settings: BenchmarkSettings, spec: _PolicySpec,

@@ -4,19 +4,26 @@ Every run's sentient.json is read; the comparison uses the profiles every run sc
 errors and profiles missing from a run are left out and counted). The first run is the baseline:
 for each other run, the mean paired difference in final emotion with a 95% bootstrap interval
 (resampling profiles), and the profiles it did better, equal and worse on.
+
+Before any score, the runs' protocol cards (eval/protocol.py) are set side by side: every field
+that differs is named in every output, and one that moves scores (the simulator and its
+sampling, the rules, the profiles, the prompts) refuses the comparison (ProtocolMismatchError)
+unless `force`, which marks the comparison "mixed" in every output. When every run is a panel
+of the same simulators (eval/panel.py), `rank_agreement` says whether the simulators rank the
+runs alike.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from rlver_jax import plots
-from rlver_jax.eval import html_report
+from rlver_jax.eval import html_report, protocol
 from rlver_jax.eval.report import json_text, table
 from rlver_jax.files import atomic_write_text
 
@@ -31,10 +38,23 @@ def _load(directory: pathlib.Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+class ProtocolMismatchError(ValueError):
+    """Runs played under protocols whose scores are not comparable, and no `force`."""
+
+
 def run_labels(dirs: Sequence[pathlib.Path]) -> list[str]:
     """Directory names, or the whole paths when two names are the same."""
     names = [d.name for d in dirs]
     return names if len(set(names)) == len(names) else [str(d) for d in dirs]
+
+
+def mean_interval(values: np.ndarray, seed: int = 0) -> list[float]:
+    """The 95% bootstrap interval of the mean of `values` (resampling them); nan over none."""
+    if not len(values):
+        return [float("nan")] * 2
+    idx = np.random.default_rng(seed).integers(0, len(values), (BOOTSTRAP_SAMPLES, len(values)))
+    lo, hi = np.percentile(values[idx].mean(axis=1), [2.5, 97.5])
+    return [float(lo), float(hi)]
 
 
 def paired_difference(base: np.ndarray, other: np.ndarray, seed: int = 0) -> dict[str, Any]:
@@ -42,26 +62,58 @@ def paired_difference(base: np.ndarray, other: np.ndarray, seed: int = 0) -> dic
     diff = other - base
     if not len(diff):
         return {"mean_diff": float("nan"), "ci95": [float("nan")] * 2, "wins": 0, "ties": 0, "losses": 0}
-    idx = np.random.default_rng(seed).integers(0, len(diff), (BOOTSTRAP_SAMPLES, len(diff)))
-    lo, hi = np.percentile(diff[idx].mean(axis=1), [2.5, 97.5])
-    return {"mean_diff": float(diff.mean()), "ci95": [float(lo), float(hi)], "wins": int((diff > 0).sum()),
+    return {"mean_diff": float(diff.mean()), "ci95": mean_interval(diff, seed), "wins": int((diff > 0).sum()),
             "ties": int((diff == 0).sum()), "losses": int((diff < 0).sum())}
 
 
-def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path) -> dict[str, Any]:
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-a of two scorings of the same items: (concordant - discordant pairs) / all
+    pairs; 1 when they rank every pair alike, -1 when opposite, nan under two items."""
+    n = len(x)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if not pairs:
+        return float("nan")
+    return sum(float(np.sign(x[i] - x[j]) * np.sign(y[i] - y[j])) for i, j in pairs) / len(pairs)
+
+
+def rank_agreement(runs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """For panel results (eval/panel.py) of several policies (`runs`: run label -> sentient.json, every one a panel
+    of the same simulators), Kendall's tau between each two simulators' scores of the policies:
+    whether the simulators rank the policies alike. [] unless every run is such a panel."""
+    panels = [r.get("panel") for r in runs.values()]
+    if len(panels) < 2 or not all(panels) or any(set(p) != set(panels[0]) for p in panels):
+        return []
+    members = list(panels[0])
+    scores = {m: [p[m]["score"] for p in panels] for m in members}
+    return [{"simulators": [a, b], "kendall_tau": kendall_tau(scores[a], scores[b])}
+            for i, a in enumerate(members) for b in members[i + 1:]]
+
+
+def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, *, force: bool = False
+                 ) -> dict[str, Any]:
     """Write compare.json, compare.md, compare.png and compare.html (the paired dialogues side by
-    side) into `out`; returns the comparison."""
+    side) into `out`; returns the comparison. ProtocolMismatchError, before anything is written,
+    when a field that moves scores differs between the runs and not `force`."""
     dirs = [pathlib.Path(d) for d in dirs]
     if len(dirs) < 2:
         raise ValueError(f"--compare needs at least two run directories separated by commas, got {dirs}")
     labels = run_labels(dirs)
-    runs = {label: {p["id"]: p for p in _load(d)["per_profile"]} for label, d in zip(labels, dirs)}
+    loaded = {label: _load(d) for label, d in zip(labels, dirs)}
+    diff = protocol.differences({label: r.get("protocol") or {} for label, r in loaded.items()})
+    moving = protocol.score_moving(diff)
+    if moving and not force:
+        raise ProtocolMismatchError(
+            f"the runs were played under different protocols: {protocol.describe(diff, moving)}. Their scores are "
+            "not comparable; rerun one under the other's settings, or add --force to compare them anyway "
+            "(the comparison is then marked MIXED)")
+    runs = {label: {p["id"]: p for p in r["per_profile"]} for label, r in loaded.items()}
     base = labels[0]
     common = [pid for pid in runs[base]
               if all(pid in r and r[pid]["end_reason"] != "simulator_error" for r in runs.values())]
     finals = {label: np.array([runs[label][pid]["final_emotion"] for pid in common], dtype=float)
               for label in labels}
-    result: dict[str, Any] = {"baseline": base, "paired_profiles": len(common), "runs": {}}
+    result: dict[str, Any] = {"baseline": base, "paired_profiles": len(common), "mixed": bool(moving),
+                              "protocol_differences": diff, "score_moving_differences": moving, "runs": {}}
     for label, d in zip(labels, dirs):
         ends = [runs[label][pid]["end_reason"] for pid in common]
         entry = {"dir": str(d), "unpaired_profiles": len(runs[label]) - len(common),
@@ -72,12 +124,23 @@ def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path) ->
         result["runs"][label] = entry
     result["per_profile"] = [{"id": pid, **{label: float(finals[label][i]) for label in labels}}
                              for i, pid in enumerate(common)]
+    result["rank_agreement"] = rank_agreement(loaded)
     out = pathlib.Path(out)
     atomic_write_text(out / "compare.json", json_text(result))
     plots.paired_scatter(base, {label: finals[label].tolist() for label in labels}, out / "compare.png")
     atomic_write_text(out / "compare.md", render(result))
     html_report.write_compare_report(out, result)
     return result
+
+
+def _rank_agreement(rows: list[dict[str, Any]]) -> str:
+    """compare.md's section on panels: whether the simulators rank the runs alike."""
+    if not rows:
+        return ""
+    return ("\n## Do the simulators rank the runs alike?\n\nKendall's tau between two simulators' scores of the "
+            "runs (1: the same order, -1: the opposite).\n\n"
+            + table(["simulator", "simulator", "Kendall's tau"],
+                    [[r["simulators"][0], r["simulators"][1], r["kendall_tau"]] for r in rows]))
 
 
 def render(result: dict[str, Any]) -> str:
@@ -91,11 +154,20 @@ def render(result: dict[str, Any]) -> str:
                      None if v is None else f"{v['wins']} / {v['ties']} / {v['losses']}"])
     labels = list(result["runs"])
     others = labels[1:]
+    diff = result["protocol_differences"]
+    warning = (f"> **MIXED: the runs were played under different protocols** "
+               f"({protocol.describe(diff, result['score_moving_differences'])}); "
+               "their scores are not comparable.\n\n" if result["mixed"] else "")
+    protocol_rows = [[k, *(protocol.shown(v.get(label)) for label in labels)] for k, v in diff.items()]
     return "".join([
-        f"# Sentient benchmark: paired comparison against {base}\n\n"
+        f"# Sentient benchmark: paired comparison against {base}{' (MIXED protocols)' if result['mixed'] else ''}\n\n",
+        warning,
         f"{result['paired_profiles']} profiles scored in every run; scores below are over these.\n\n",
         table(["run", "score", "success", "failure", "unpaired", f"mean diff vs {base}", "95% CI",
                "better / equal / worse"], rows),
+        _rank_agreement(result.get("rank_agreement") or []),
+        "\n## Protocol differences\n\n",
+        table(["field", *labels], protocol_rows) if protocol_rows else "none: one protocol\n",
         "\n![paired final emotions](compare.png)\n\n## Per profile (final emotion)\n\n",
         table(["profile", *labels, *(f"{o} - {base}" for o in others)],
               [[p["id"], *(p[label] for label in labels), *(p[o] - p[base] for o in others)]

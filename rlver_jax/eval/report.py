@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlver_jax import plots
-from rlver_jax.eval import html_report
+from rlver_jax.eval import html_report, protocol
 from rlver_jax.eval.degenerate import degenerate_judgements
 from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import atomic_write_text
@@ -17,6 +17,7 @@ from rlver_jax.rollout.summary import reencoded_turns
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.agent import clipped_changes
 from rlver_jax.simulator.profiles import Profile
+from rlver_jax.text import degeneration
 
 TRAJECTORIES_PNG = "trajectories.png"
 FINAL_EMOTIONS_PNG = "final_emotions.png"
@@ -47,12 +48,16 @@ def json_text(obj: Any) -> str:
 
 
 def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
-                  profiles: Mapping[str, Profile], run: dict[str, Any], levels: Sequence[float]) -> dict[str, Any]:
-    """Write sentient.json (the scores, `run` describing what was evaluated), the plots, report.md
-    and report.html (every dialogue, to read) for `transcripts` (one per profile, in profile
-    order); returns the scores."""
+                  profiles: Mapping[str, Profile], run: dict[str, Any], levels: Sequence[float],
+                  card: Mapping[str, Any], probes: Mapping[str, Sequence[dict[str, Any]]] | None = None
+                  ) -> dict[str, Any]:
+    """Write sentient.json (the scores, `run` describing what was evaluated, `card` its
+    protocol card: eval/protocol.py, the scores of the robustness `probes`: their transcripts by
+    name), the plots, report.md and report.html (every dialogue, to read) for `transcripts` (one
+    per profile, in profile order); returns the scores."""
     dialogues = [DialogueSequence.from_record(t) for t in transcripts]
-    summary = {**summarize(dialogues), "run": run}
+    summary = {**summarize(dialogues), "run": run, "protocol": dict(card),
+               "probes": probe_scores(probes or {}, run["rules"]["initial_emotion"])}
     summary["degenerate_judgements"] = degenerate_judgements((d.simulator_state for d in dialogues),
                                                              run["rules"]["max_change"])
     atomic_write_text(workdir / "sentient.json", json_text(summary))
@@ -63,6 +68,36 @@ def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
     atomic_write_text(workdir / "report.md", render(summary, dialogues, profiles))
     html_report.write_eval_report(workdir, summary, transcripts)
     return summary
+
+
+def probe_scores(probes: Mapping[str, Sequence[dict[str, Any]]], initial_emotion: float) -> dict[str, Any]:
+    """Each robustness probe's scores (eval/probes.py) and whether the simulator `rewarded` it:
+    its score ended above the initial emotion."""
+    out = {}
+    for name, records in probes.items():
+        scores = summarize([DialogueSequence.from_record(r) for r in records])
+        del scores["per_profile"]
+        out[name] = {**scores, "rewarded": scores["score"] > initial_emotion}  # NaN (none scored): False
+    return out
+
+
+def _sampled(card: Mapping[str, Any]) -> str:
+    """", temperature 0.5, at most 2048 tokens" of a served simulator's card; "" otherwise."""
+    if card.get("simulator.temperature") is None:
+        return ""
+    return f", temperature {card['simulator.temperature']:g}, at most {card['simulator.max_tokens']} tokens"
+
+
+def _hashed(card: Mapping[str, Any]) -> str:
+    """" (16 profiles, sha256 791e7b2679d4)" from the card; "" without one."""
+    if "profiles.sha256" not in card:
+        return ""
+    return f" ({card['profiles.count']} profiles, sha256 {protocol.shown(card['profiles.sha256'])})"
+
+
+def protocol_table(card: Mapping[str, Any]) -> str:
+    """The protocol card as a Markdown table, field by field."""
+    return table(["field", "value"], [[k, protocol.shown(v)] for k, v in card.items()])
 
 
 def _group_rows(dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Profile]) -> list[list[Any]]:
@@ -82,6 +117,7 @@ def _group_rows(dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Pr
 def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profiles: Mapping[str, Profile]) -> str:
     """report.md: the scores, the protocol, breakdowns, the plots and one row per dialogue."""
     run, n = summary["run"], summary["n"]
+    card = summary.get("protocol") or {}
     rules = run["rules"]
     judged = sum(1 for d in dialogues for r in d.simulator_state.get("records", ()) if r["scored"])
     out = [f"# Sentient benchmark: {run['policy']}\n\n"]
@@ -104,16 +140,32 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         ["simulator errors (not scored)", summary["simulator_errors"]],
         [f"changes clipped to +-{rules['max_change']}", f"{clipped_changes(d.simulator_state for d in dialogues)} / {judged} judged turns"],
         ["mean policy turns", summary["mean_turns"]],
+        ["degenerate replies (noise, loops, wrong language, empty)", degeneration.describe(summary["degenerate_replies"])],
         ["policy turns encoded afresh (beyond the KV cache)",
          f"{reencoded_turns(dialogues)} / {sum(len(d.turns) for d in dialogues)}"],
     ]))
     out.append(
         f"\nPolicy: {run['source']} ({run['backend']}, {'think' if run['think'] else 'no-think'}). "
-        f"Simulator: {run['simulator']} ({run['difficulty']}). Profiles: {run['profiles']}.\n"
+        f"Simulator: {run['simulator']} ({run['difficulty']}{_sampled(card)}). Profiles: {run['profiles']}"
+        f"{_hashed(card)}.\n"
         f"Protocol: initial emotion {rules['initial_emotion']}, at most {rules['max_turns']} rounds"
         f"{'' if rules['score_final_turn'] else ' (the last reply not judged)'}, success at {rules['ceiling']}, "
         f"failure {'at or ' if rules['floor_inclusive'] else ''}below {rules['floor']}, "
         f"change per turn clipped to +-{rules['max_change']}.\n")
+    if summary.get("probes"):
+        rewarded = [name for name, p in summary["probes"].items() if p["rewarded"]]
+        out.append(f"\n## Robustness probes\n\nCanned policies a sound simulator must not reward, played under the same "
+                   f"protocol (initial emotion {rules['initial_emotion']}; eval/probes.py).\n\n")
+        if rewarded:
+            out.append(f"> **Warning: the simulator rewarded {', '.join(rewarded)}** (score above the initial "
+                       "emotion): a policy trained against it can gain by such replies.\n\n")
+        out.append(table(["probe", "score", "success", "failure", "n", "simulator errors", "rewarded"], [
+            [name, p["score"], p["success"], p["failure"], p["n"], p["simulator_errors"], "YES" if p["rewarded"] else "no"]
+            for name, p in summary["probes"].items()]))
+    if summary.get("protocol"):
+        out.append("\n## Protocol\n\nHow this result was obtained; `launch/eval.py --compare` refuses results whose "
+                   "simulator, rules, profiles or prompts differ (docs/protocol.md).\n\n")
+        out.append(protocol_table(summary["protocol"]))
     out.append("\n## Breakdown\n\n")
     out.append(table(["by", "group", "n", "score", "success", "failure", "simulator errors"],
                      _group_rows(dialogues, profiles)))

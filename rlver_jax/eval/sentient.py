@@ -20,8 +20,9 @@ def summarize(dialogues: Sequence[DialogueSequence]) -> dict[str, Any]:
     """score: mean final emotion; success: dialogues that reached the ceiling; failure: those that
     ended at the floor (the user left). Dialogues the simulator failed on, and those in which the
     policy never spoke (`no_policy_turn`), are counted apart and left out of every score.
-    per_profile: one row per dialogue."""
-    return {**_scores(summary.summarize(dialogues)),
+    degenerate_replies: the shares of the policy's replies that look degenerate
+    (summary.degenerate_replies). per_profile: one row per dialogue."""
+    return {**_scores(summary.summarize(dialogues)), "degenerate_replies": summary.degenerate_replies(dialogues),
             "per_profile": [{"id": d.profile_id, "final_emotion": d.final_emotion, "turns": len(d.turns),
                              "end_reason": d.end_reason} for d in dialogues]}
 

@@ -51,6 +51,12 @@ class RLSettings:
     dynamic_sampling: bool | None = None  # row; groups whose rewards are all equal get no loss weight
     dynamic_sampling_retries: int = 2  # with dynamic_sampling: times such a group is sampled again (rl.dynamic_sampling)
     turn_credit_weight: float = 0.0  # turn-level group advantages mixed in with this weight (grouped estimators)
+    # The sampling policy's log-probs against the update's: loss_modes.CORRECTIONS (none | tis | mis | icepop |
+    # decoupled), at token or sequence level, with the band [low, high] (None: the mode's default)
+    off_policy_correction: str = "none"
+    off_policy_level: str = "token"
+    off_policy_low: float | None = None
+    off_policy_high: float | None = None
     value_loss_agg_mode: str = "token_mean"  # the critic's loss (loss_modes.AGG_MODES)
     ppo_epochs: int = 1
     mini_batch_size: int = 32  # train-batch rows per optimizer step (with batch_size 0)
@@ -72,6 +78,10 @@ class RLSettings:
         for name, value in defaults.items():
             if getattr(self, name) in ("", None):
                 object.__setattr__(self, name, value)
+        correction = loss_modes.CORRECTIONS.get(self.off_policy_correction)
+        for name in ("low", "high"):  # the mode's default band
+            if correction and getattr(self, f"off_policy_{name}") is None:
+                object.__setattr__(self, f"off_policy_{name}", getattr(correction, name))
         if not self.overlong_buffer:
             object.__setattr__(self, "overlong_buffer", max(self.max_new_tokens // 5, 1))
         checks = [("estimator", self.estimator, tuple(algorithms.ESTIMATOR_KINDS)),
@@ -80,7 +90,9 @@ class RLSettings:
                   ("kl_estimator", self.kl_estimator, loss_modes.KL_ESTIMATORS),
                   ("loss_agg_mode", self.loss_agg_mode, loss_modes.AGG_MODES),
                   ("value_loss_agg_mode", self.value_loss_agg_mode, loss_modes.AGG_MODES),
-                  ("reward_mode", self.reward_mode, ("final", "per_turn"))]
+                  ("reward_mode", self.reward_mode, ("final", "per_turn")),
+                  ("off_policy_correction", self.off_policy_correction, tuple(loss_modes.CORRECTIONS)),
+                  ("off_policy_level", self.off_policy_level, loss_modes.LEVELS)]
         for name, value, valid in checks:
             if value not in valid:
                 raise ValueError(f"config.rl.{name}={value!r}; use one of {valid}")
@@ -119,10 +131,28 @@ class RLSettings:
         for name in ("gspo_clip_eps_low", "gspo_clip_eps_high", "cispo_clip_eps_high", "clip_eps_low", "clip_eps_high"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config.rl.{name}={getattr(self, name)} must be >= 0")
+        self._check_off_policy()
         if self.dynamic_sampling_retries < 0:
             raise ValueError(f"config.rl.dynamic_sampling_retries={self.dynamic_sampling_retries} must be >= 0")
         if self.max_turns < 1 or self.max_new_tokens < 1:
             raise ValueError(f"max_turns={self.max_turns} and max_new_tokens={self.max_new_tokens} must be >= 1")
+
+    def _check_off_policy(self) -> None:
+        """One line naming the off_policy_* field a correction does not read, or a band out of order."""
+        mode, correction = f"config.rl.off_policy_correction={self.off_policy_correction!r}", self.off_policy_kind
+        if self.off_policy_level not in correction.levels:
+            raise ValueError(f"config.rl.off_policy_level={self.off_policy_level!r} with {mode}: it is defined at "
+                             f"config.rl.off_policy_level in {correction.levels}")
+        for name in ("low", "high"):
+            if getattr(correction, name) is None and getattr(self, f"off_policy_{name}") is not None:
+                raise ValueError(f"config.rl.off_policy_{name}={getattr(self, f'off_policy_{name}')} with {mode}: it "
+                                 f"has no {'lower bound' if name == 'low' else 'bound'}; leave it unset")
+        low, high = (0.0 if self.off_policy_low is None else self.off_policy_low), self.off_policy_high
+        if high is not None and not (0.0 <= low <= 1.0 <= high and low < high):
+            raise ValueError(f"config.rl.off_policy_low={self.off_policy_low} and config.rl.off_policy_high={high} "
+                             f"with {mode}: need "
+                             "0 <= off_policy_low <= 1 <= off_policy_high, low < high (a token the sampler and the "
+                             "update agree on, ratio 1, keeps its loss)")
 
     def minibatches(self, rows: int) -> int:
         """Mini-batches per epoch over a batch of `rows` rows."""
@@ -132,6 +162,11 @@ class RLSettings:
     def algorithm(self) -> algorithms.Algorithm:
         """The row of the algorithm table for `algo`."""
         return algorithms.ALGORITHMS[self.algo]
+
+    @property
+    def off_policy_kind(self) -> loss_modes.Correction:
+        """What the off-policy correction reads and does."""
+        return loss_modes.CORRECTIONS[self.off_policy_correction]
 
     @property
     def estimator_kind(self) -> algorithms.EstimatorKind:

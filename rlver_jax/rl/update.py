@@ -5,7 +5,8 @@ with think_history "drop"; rlver_jax.rl.batch):
   prepare:    old log-probs (actor), reference log-probs (only with a KL term), values (critic),
               token rewards (shaped; minus a KL penalty in "reward" mode) -> advantages (the
               algorithm's estimator, rlver_jax.rl.estimators) and returns; the rows dynamic
-              sampling keeps;
+              sampling keeps; the off-policy correction's weights or mask from the sampling
+              log-probs (`correct_off_policy`, rlver_jax.rl.off_policy);
   actor:      epochs x mini-batches of `actor_update` (the policy loss by name, POLICY_LOSSES):
               gradients accumulated over micro-batches with exact mini-batch loss weights, then
               one AdamW step each;
@@ -28,7 +29,7 @@ import optax
 from rlver_jax.models import lora as lora_lib
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import advantages as adv_lib
-from rlver_jax.rl import estimators, losses
+from rlver_jax.rl import estimators, losses, off_policy
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rl.optimizer import Optimizer
 from rlver_jax.rl.settings import RLSettings
@@ -104,7 +105,28 @@ def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | No
         critic = frozen.model(critic_cfg, state.critic)
         out["values"] = _micro_map(lambda t, a: token_values(critic_cfg, critic, t, a), n_micro, tokens, attn)
     estimated, metrics = estimate(rl, batch, out.get("values"), out["old_logprobs"], out.get("ref_logprobs"))
-    return {**out, **estimated}, metrics
+    corrected, off_metrics = correct_off_policy(rl, batch, out["old_logprobs"], estimated.get("policy_mask"))
+    return {**out, **estimated, **corrected}, {**metrics, **off_metrics}
+
+
+def correct_off_policy(rl: RLSettings, batch: dict, old_logprobs: jax.Array, loss_mask: jax.Array | None
+                       ) -> tuple[dict, dict]:
+    """`rl.off_policy_correction` (rlver_jax.rl.off_policy) from the batch's sampling log-probs to
+    `old_logprobs`: the arrays the updates read (`is_weights` when it weighs the policy-gradient loss,
+    the `policy_mask` less the rejected tokens when it masks; `loss_mask`: the mask so far, None =
+    the batch's) and the off-policy metrics over the batch's policy tokens (off_policy.correction).
+    After the advantages: a rejected token leaves the loss, not its dialogue's advantage."""
+    mask = batch["policy_mask"]
+    kind = rl.off_policy_kind
+    weights, keep, metrics = off_policy.correction(
+        old_logprobs, batch["sample_logprobs"], mask, mode=rl.off_policy_correction, level=rl.off_policy_level,
+        low=rl.off_policy_low, high=rl.off_policy_high)
+    out = {}
+    if kind.weighs:
+        out["is_weights"] = weights
+    if kind.masks:
+        out["policy_mask"] = (mask if loss_mask is None else loss_mask) * keep.astype(mask.dtype)
+    return out, metrics
 
 
 def estimate(rl: RLSettings, batch: dict, values: jax.Array | None = None, old_logprobs: jax.Array | None = None,
@@ -170,6 +192,8 @@ def _actor_loss(rl: RLSettings, cfg: Qwen2Config, params, mb):
                              positions=mb["policy_positions"], chunk=rl.logprob_chunk)
     mask, w = mb["policy_mask"], mb["weights"]
     pg, pg_metrics = POLICY_LOSSES[rl.policy_loss](rl, lp, mb["old_logprobs"], mb["advantages"], mask)
+    if rl.off_policy_kind.weighs:  # the correction to the sampling policy (correct_off_policy)
+        pg = pg * mb["is_weights"]
     loss = jnp.sum(pg * w) - rl.entropy_coef * jnp.sum(ent * w)
     metrics = {"policy_loss": jnp.sum(pg * w), "entropy": jnp.sum(ent * w)}
     if rl.uses_reference:
@@ -260,17 +284,15 @@ def update_inputs(batch: dict, prepared: dict) -> dict:
 def prepare_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None, models: TrainState,
                  frozen: Frozen, batch: dict) -> tuple[dict, jax.Array, dict, jax.Array]:
     """The train step's first program: `prepare` on the batch, the arrays the updates read
-    (`update_inputs`), the step's mini-batch rows (`step_keys(state.rng, state.step).order`), the
-    sampler-agreement metric and each dialogue's advantage (`dialogue_advantages`). `models` is
-    the state without its optimizer states (unread). Rows without policy tokens to train on (padding,
+    (`update_inputs`), the step's mini-batch rows (`step_keys(state.rng, state.step).order`), its
+    metrics (with the sampler's agreement, `correct_off_policy`) and each dialogue's advantage
+    (`dialogue_advantages`). `models` is the state without its optimizer states (unread). Rows without policy tokens to train on (padding,
     and the rows dynamic sampling drops) go last in the mini-batch order."""
     prepared, metrics = prepare(rl, actor_cfg, critic_cfg, models, frozen, batch)
     inputs = update_inputs(batch, prepared)
     mask = batch["policy_mask"]
     rows = minibatch_rows(rl, step_keys(models.rng, models.step).order, mask.shape[0],
                           jnp.sum(inputs["policy_mask"], -1) == 0)
-    diff = jnp.abs(prepared["old_logprobs"] - batch["sample_logprobs"])
-    metrics["logprob_diff_sampler"] = jnp.sum(diff * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     advantages = dialogue_advantages(prepared["advantages"], mask, batch["dialogue"])
     return inputs, rows, metrics, advantages
 

@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Sequence
 
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.text import degeneration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +87,15 @@ def rollout_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
         "user_left_rate": s.failure_rate, "format_failure_rate": s.format_failure_rate,
         "truncated_rate": s.truncated_rate, "simulator_errors": float(s.simulator_errors),
         "no_policy_turn": float(s.no_policy_turn), "turns_mean": s.turns, "sequence_tokens_mean": s.tokens,
+        **degenerate_replies(dialogues),
     }
     return {k: 0.0 if math.isnan(v) else v for k, v in metrics.items()}
+
+
+def degenerate_replies(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
+    """The shares of the policy's replies (as the user read them) that look degenerate, in all
+    and per reason (rlver_jax.text.degeneration.rates)."""
+    return degeneration.rates([(d.language, [t["reply"] for t in d.turns]) for d in dialogues])
 
 
 def reference_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:

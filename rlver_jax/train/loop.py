@@ -41,7 +41,7 @@ from rlver_jax.train import checkpoint
 from rlver_jax.parallel import hosts, sharding
 from rlver_jax.files import atomic_write_jsonl, read_jsonl
 from rlver_jax.train.interrupts import StepGuard, TrainingInterrupted, signal_name
-from rlver_jax.train.metrics import Writers, check_finite, throughput_metrics
+from rlver_jax.train.metrics import Writers, check_finite, staleness_metrics, throughput_metrics
 from rlver_jax.plots import training_curves
 from rlver_jax.rl import dynamic_sampling, offload, program as rl_program, train_state
 from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
@@ -49,7 +49,9 @@ from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.rollout.summary import reencoded_turns, reference_metrics, rollout_metrics, summarize
+from rlver_jax.text import degeneration
+from rlver_jax.rollout.summary import (degenerate_replies, reencoded_turns, reference_metrics, rollout_metrics,
+                                       summarize)
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
 from rlver_jax.rollout.transcripts import transcript_path, write_transcripts
 from rlver_jax.train.run import Run, build_run
@@ -106,6 +108,7 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
                      start, s.steps)
             return {}
         norms = param_norms(state)  # the baseline of the first step's growth check (parts on the devices)
+        lowest_degenerate = None  # the run's lowest degenerate_rate so far (_check_degeneration)
         if start and jax.process_index() == 0:
             run.storage.pull("metrics.jsonl")  # a gs:// run resumed elsewhere: the curves so far
         # A host copy of the run key (replicated; every update donates state.rng).
@@ -145,6 +148,7 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
                                                           guard)
                 metrics.update(evaluated, **(timing if evaluated else {}))
             writers.write(step, metrics, dialogues)
+            lowest_degenerate = _check_degeneration(step, lowest_degenerate, metrics, s)
             checkpoint.save(manager, step + 1, state, _meta(step + 1, record, norms, versions),
                             force=step + 1 == s.steps, sampling=_sampling_item(versions))
             if jax.process_index() == 0:
@@ -227,6 +231,7 @@ def _update(run: Run, step: int, state: train_state.TrainState, batch: RolloutBa
                               **reference_metrics(dialogues), **update_metrics,
                               **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
                               "policy_lag": float(step - batch.version),
+                              **staleness_metrics(step, run.spec.loop.max_staleness, dialogues),
                               "kv_cache_reencodes": float(reencoded_turns(dialogues)),
                               "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in dialogues))}
 
@@ -439,6 +444,26 @@ def _check_growth(step: int, before: dict[str, float], metrics: dict[str, float]
     return {**before, **after}
 
 
+class DegenerateRepliesError(RuntimeError):
+    """A step's share of degenerate replies rose beyond config.train.degenerate_alarm (action "stop")."""
+
+
+def _check_degeneration(step: int, lowest: float | None, metrics: dict[str, float], s: LoopSettings) -> float:
+    """The lowest degenerate_rate of the run up to step `step`; a warning, or with action "stop" a
+    DegenerateRepliesError before the step is saved, when this step's rate rose more than
+    `s.degenerate_alarm` above the lowest before it."""
+    rate = metrics["degenerate_rate"]
+    if s.degenerate_alarm and lowest is not None and rate - lowest > s.degenerate_alarm:
+        message = (f"step {step}: {degeneration.describe(metrics)} of the policy's replies are degenerate, up from "
+                   f"{lowest:.0%} earlier in the run: more than config.train.degenerate_alarm={s.degenerate_alarm:g}; "
+                   f"read {s.workdir}/transcripts")
+        if s.degenerate_alarm_action == "stop":
+            raise DegenerateRepliesError(f"{message}. The step is not saved; lower the learning rate or fix the "
+                                         "prompts, then resume")
+        log.warning("%s", message)
+    return rate if lowest is None else min(lowest, rate)
+
+
 def _log_changes(run: Run, meta: dict, start: int) -> None:
     """Log the config fields this resume changes (allowed by config.checkpoint.allow_changes; a
     change it may not make was refused before anything was written, rlver_jax.train.run.claim) and
@@ -531,4 +556,5 @@ def evaluate(run: Run, params: Any, step: int, key: jax.Array) -> dict[str, floa
     return {"eval_score": s.score, "eval_success_rate": s.success / n, "eval_user_left_rate": s.failure / n,
             "eval_mean_turns": s.scored_turns, "eval_simulator_errors": float(s.simulator_errors),
             "eval_no_policy_turn": float(s.no_policy_turn),
-            "eval_kv_cache_reencodes": float(reencoded_turns(seqs))}
+            "eval_kv_cache_reencodes": float(reencoded_turns(seqs)),
+            "eval_degenerate_rate": degenerate_replies(seqs)["degenerate_rate"]}

@@ -37,10 +37,11 @@ log = logging.getLogger(__name__)
 # The metrics the progress bar shows, when logged, by the name it shows them under: the reward (0 for
 # a dialogue a format failure ended), the final emotion, the shares of dialogues rewarded below 0.1 and
 # of format failures (which explain a reward far below emotion / 100), of users who left at the
-# floor and who reached the ceiling; the in-loop evaluation's score on the steps it runs.
+# floor, who reached the ceiling and of degenerate replies; the in-loop evaluation's score on the
+# steps it runs.
 PROGRESS_KEYS = {"reward_mean": "reward", "emotion_mean": "emotion", "failure_rate_reward": "reward<0.1",
                  "format_failure_rate": "format_fail", "user_left_rate": "user_left", "success_rate": "success",
-                 "tokens_per_second": "tok/s", "eval_score": "eval_score"}
+                 "degenerate_rate": "degenerate", "tokens_per_second": "tok/s", "eval_score": "eval_score"}
 
 
 def tensorboard_tag(key: str) -> str:
@@ -61,6 +62,20 @@ def throughput_metrics(tokens: float, rollout_s: float, update_s: float, wait_s:
 
 
 _THROUGHPUT_KEYS = frozenset(throughput_metrics(0.0, 0.0, 0.0, 0.0))
+
+
+def staleness_metrics(step: int, max_staleness: int, dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
+    """How many actor versions behind the update of step `step` the trainable dialogues' policy
+    tokens were sampled, each dialogue's by the version that wrote it (`policy_version`): the mean
+    over policy tokens (`staleness_mean`), the most (`staleness_max`) and the share of policy tokens
+    more than `max_staleness` (config.rollout.max_staleness) versions behind (`stale_token_frac`;
+    the rollout buffer samples a batch within the bound, so a share above 0 is a bug there). 0 over
+    no policy token."""
+    behind = [(step - d.policy_version, sum(1 for m in d.policy_mask if m)) for d in dialogues if d.trainable]
+    tokens = sum(n for _, n in behind)
+    return {"staleness_mean": sum(v * n for v, n in behind) / max(tokens, 1),
+            "staleness_max": float(max((v for v, n in behind if n), default=0)),
+            "stale_token_frac": sum(n for v, n in behind if v > max_staleness) / max(tokens, 1)}
 
 
 def check_finite(step: int, metrics: dict[str, float]) -> None:

@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # the spec imports no JAX: launch/train.py checks a config be
     from rlver_jax.parallel.sharding import RulesLike
 
 
+DEGENERATE_ACTIONS = ("warn", "stop")  # config.train.degenerate_alarm_action
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
     """What the training loop reads of the config: step count and batch, staleness, evaluation,
@@ -59,6 +62,8 @@ class LoopSettings:
     stop_within_s: float = 20.0  # after SIGTERM / Ctrl-C, the time to save in (rlver_jax.train.interrupts)
     read_attempts: int = 3  # reads of a checkpoint before it is unreadable
     max_param_norm_growth: float = 2.0  # config.train: the most a step may grow a parameter norm by (0: off)
+    degenerate_alarm: float = 0.0  # config.train: a rise of degenerate_rate over the run's lowest that alarms (0: off)
+    degenerate_alarm_action: str = "warn"  # config.train: one of DEGENERATE_ACTIONS
 
     def __post_init__(self):
         check_ranges({"config.train.steps": self.steps, "config.train.eval_every": self.eval_every,
@@ -69,11 +74,18 @@ class LoopSettings:
                       "config.checkpoint.save_every": self.save_every, "config.checkpoint.keep": self.keep,
                       "config.checkpoint.stop_within_s": self.stop_within_s,
                       "config.checkpoint.read_attempts": self.read_attempts,
-                      "config.train.max_param_norm_growth": self.max_param_norm_growth},
-                     lowest={"steps": 0, "eval_every": 0, "eval_max_profiles": 0, "length_multiple": 1, "n": 1,
+                      "config.train.max_param_norm_growth": self.max_param_norm_growth,
+                      "config.train.degenerate_alarm": self.degenerate_alarm},
+                     lowest={"steps": 0, "degenerate_alarm": 0, "eval_every": 0, "eval_max_profiles": 0, "length_multiple": 1, "n": 1,
                              "profiles_per_step": 1, "max_staleness": 0, "save_every": 1, "keep": 1,
                              "read_attempts": 1, "max_param_norm_growth": 0},
                      positive=("stop_within_s",))
+        if self.degenerate_alarm >= 1:
+            raise ValueError(f"config.train.degenerate_alarm={self.degenerate_alarm} is a rise of a rate: use 0 (off) "
+                             "or a number below 1, e.g. 0.3")
+        if self.degenerate_alarm_action not in DEGENERATE_ACTIONS:
+            raise ValueError(f"config.train.degenerate_alarm_action={self.degenerate_alarm_action!r}: use one of "
+                             f"{DEGENERATE_ACTIONS}")
         growth = self.max_param_norm_growth
         if growth and not (1 < growth < math.inf):
             raise ValueError(f"config.train.max_param_norm_growth={growth} must be 0 (off) or a finite number > 1")
@@ -98,7 +110,8 @@ class LoopSettings:
                    resume=c.resume, seed=config.seed, workdir=config.workdir, start_over=c.start_over,
                    allow_changes=tuple(f.strip() for f in c.allow_changes.split(",") if f.strip()),
                    stop_within_s=c.stop_within_s, read_attempts=c.read_attempts,
-                   max_param_norm_growth=t.max_param_norm_growth)
+                   max_param_norm_growth=t.max_param_norm_growth, degenerate_alarm=t.degenerate_alarm,
+                   degenerate_alarm_action=t.degenerate_alarm_action)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,7 +319,8 @@ IDENTITY = ("model.preset", "model.path", "model.random_init", "model.tokenizer_
             "rollout.think_history", "rollout.n", "rollout.profiles_per_step", "seed")
 FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_every", "train.eval_max_profiles",
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
-        "train.offload", "train.length_multiple", "train.max_param_norm_growth", "model.remat", "model.attention",
+        "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
+        "train.degenerate_alarm_action", "model.remat", "model.attention",
         "model.mlp_chunk", "rollout.pipeline_groups", "rollout.cache_slots", "rl.micro_batch_size",
         "rl.logprob_chunk", "simulator.base_url", "simulator.api_key_env", "simulator.timeout_s",
         "simulator.max_retries", "simulator.max_concurrency", "simulator.backoff_initial_s",

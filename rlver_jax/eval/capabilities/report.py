@@ -10,6 +10,7 @@ import json
 import pathlib
 from typing import Any
 
+from rlver_jax.eval import protocol
 from rlver_jax.files import atomic_write_text
 
 ITEMS = "items.jsonl"  # the graded items, one record each
@@ -71,6 +72,9 @@ def markdown(s: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
             extra.append(f"{v['rejected']} refused by the endpoint")
         lines.append(f"| {NAMES[bench]} | {v['n']} | {head} | {_pct(v[head])} | "
                      f"{'; '.join(x for x in [others] + extra if x) or '-'} |")
+    if info.get("protocol"):
+        lines += ["", "## Protocol", "", "| field | value |", "|---|---|"]
+        lines += [f"| {k} | {protocol.shown(v)} |" for k, v in info["protocol"].items()]
     lines += ["", f"Per item: items.jsonl; every answer: {HTML}."]
     return "\n".join(lines) + "\n"
 

@@ -25,11 +25,12 @@ from typing import Any
 import ml_collections
 from tqdm import tqdm
 
-from rlver_jax.eval import policy_source
+from rlver_jax.eval import policy_source, protocol
 from rlver_jax.eval.capabilities import compare, data, prompts, report, sandbox
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl
-from rlver_jax.llm_client import EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, show_requests
+from rlver_jax.llm_client import (EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, served_models,
+                                  show_requests)
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.text.chat import THINK_CLOSE
 
@@ -118,7 +119,10 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str
     records = [done[i.key] for i in items]
     info = {"policy": spec.label, "source": spec.source, "backend": spec.backend, "think": spec.think,
             "temperature": config.policy.temperature, "max_new_tokens": config.policy.max_new_tokens,
-            "data": {b: config.data[b] for b in data.BENCHMARKS if config.data[b]}}
+            "data": {b: config.data[b] for b in data.BENCHMARKS if config.data[b]},
+            # how the result was obtained (eval/protocol.py): the set-up, the served model's ids, version, date
+            "protocol": {**setup_of(config, spec), **protocol.stamp(), "policy.served_models":
+                         served_models(spec.client) if spec.client is not None else None}}
     scores = report.write_outputs(workdir, records, info)
     if config.compare_to:
         compare.write_comparison(pathlib.Path(config.compare_to), workdir, seed=config.seed)

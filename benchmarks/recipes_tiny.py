@@ -1,0 +1,97 @@
+r"""Each RL recipe of the algorithm table (rlver_jax.rl.algorithms) on the tiny think preset for its
+default 40 steps (issue 40): what each does on our problem, side by side. Never in CI: about 4
+minutes a recipe on an idle core, 9 recipes.
+
+  python benchmarks/recipes_tiny.py --out=/tmp/recipes_tiny                 # every recipe
+  python benchmarks/recipes_tiny.py --out=/tmp/recipes_tiny --algos=grpo,rloo
+
+Every run is the project's own command, `launch/train.py --config=configs/{ppo,grpo}_think.py:tiny
+--config.rl.algo=ALGO` (ppo from the PPO preset, every other recipe from the GRPO one, whose rows
+and groups the recipe's row resolves), in OUT/ALGO; a rerun resumes or skips finished runs. Then
+OUT/summary.md: per recipe the mean reward of the first and the last 10 steps, the format-failure
+share (dialogues ended by a reply without its think block) over the same steps, the mean entropy of
+the last 10, the in-loop evaluation's score at the last evaluation, and the minutes the run took.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+from absl import app, flags
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # runs from a checkout
+
+from rlver_jax.rl.algorithms import ALGORITHMS  # noqa: E402
+
+_OUT = flags.DEFINE_string("out", "/tmp/recipes_tiny", "Directory for the runs and summary.md (reruns resume).")
+_ALGOS = flags.DEFINE_list("algos", list(ALGORITHMS), "Recipes (config.rl.algo) to run.")
+_WINDOW = flags.DEFINE_integer("window", 10, "Steps averaged at the start and at the end.")
+_FLAGS = flags.DEFINE_list("train_flags", [], "Extra launch/train.py flags for every run (commas separate flags).")
+
+
+def train(algo: str, out: pathlib.Path) -> float:
+    """Runs (or resumes) the recipe's training; its minutes (0 when it had finished before)."""
+    preset = "ppo_think" if algo == "ppo" else "grpo_think"
+    cmd = [sys.executable, "launch/train.py", f"--config=configs/{preset}.py:tiny", f"--config.rl.algo={algo}",
+           f"--config.workdir={out / algo}", *_FLAGS.value]
+    t0 = time.time()
+    with open(out / f"{algo}.log", "a") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc:
+        raise SystemExit(f"{algo}: exit {rc}, see {out / f'{algo}.log'}")
+    return (time.time() - t0) / 60
+
+
+def summarise(algo: str, workdir: pathlib.Path, window: int, minutes: float) -> dict:
+    lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
+    first, last = lines[:window], lines[-window:]
+
+    def mean(rows, key):
+        return float(np.mean([r[key] for r in rows if key in r]))
+
+    evals = [r["eval_score"] for r in lines if "eval_score" in r]
+    return {"algo": algo, "steps": len(lines), "reward_first": mean(first, "reward_mean"),
+            "reward_last": mean(last, "reward_mean"), "format_first": mean(first, "format_failure_rate"),
+            "format_last": mean(last, "format_failure_rate"), "entropy_last": mean(last, "entropy"),
+            "eval_first": evals[0] if evals else None, "eval_last": evals[-1] if evals else None,
+            "minutes": minutes}
+
+
+def table(rows: list[dict], window: int) -> str:
+    head = (f"| recipe | steps | reward, first {window} | reward, last {window} | format failures, first -> last "
+            f"| entropy, last {window} | in-loop eval score, first -> last | minutes |\n"
+            "|---|---:|---:|---:|---|---:|---|---:|\n")
+    body = "".join(
+        f"| {r['algo']} | {r['steps']} | {r['reward_first']:.3f} | {r['reward_last']:.3f} | "
+        f"{r['format_first']:.0%} -> {r['format_last']:.0%} | {r['entropy_last']:.2f} | "
+        f"{r['eval_first']:.1f} -> {r['eval_last']:.1f} | {r['minutes']:.1f} |\n" for r in rows)
+    return head + body
+
+
+def main(argv):
+    del argv
+    unknown = sorted(set(_ALGOS.value) - set(ALGORITHMS))
+    if unknown:
+        raise app.UsageError(f"--algos: {unknown} are not recipes; choose from {sorted(ALGORITHMS)}")
+    out = pathlib.Path(_OUT.value)
+    out.mkdir(parents=True, exist_ok=True)
+    timing = out / "minutes.json"
+    minutes = json.loads(timing.read_text()) if timing.exists() else {}
+    rows = []
+    for algo in _ALGOS.value:
+        spent = train(algo, out)
+        minutes[algo] = minutes.get(algo, 0.0) + spent
+        timing.write_text(json.dumps(minutes))
+        rows.append(summarise(algo, out / algo, _WINDOW.value, minutes[algo]))
+        print(f"{algo}: reward {rows[-1]['reward_first']:.3f} -> {rows[-1]['reward_last']:.3f} "
+              f"({minutes[algo]:.1f} min)", flush=True)
+    (out / "summary.md").write_text(table(rows, _WINDOW.value))
+    print(table(rows, _WINDOW.value))
+
+
+if __name__ == "__main__":
+    app.run(main)

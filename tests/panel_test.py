@@ -1,0 +1,84 @@
+"""A panel of simulators (rlver_jax.eval.panel): two scripted simulated users judge the same policy
+differently; the panel's report gives each one's scores, their mean and where they disagree."""
+
+import json
+
+import pytest
+
+from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.compare import compare_runs, kendall_tau, rank_agreement
+from rlver_jax.eval.panel import Member, parse_panel
+from rlver_jax.testing.scripted_server import ScriptedServer, route
+from tests.fixtures_cli import run_script
+from tests.fixtures_eval import Servers, _emotion, _reply, config_urls, profiles_file
+
+# Under the SAGE rules from 40 (fixtures_eval): simulator A gives P1 100, P2 0, P3 49, P4 50 (49.75);
+# simulator B (P2 +5 x9 -> 85 at the turn limit, P4 -10 x2 -> 20) gives 100, 85, 49, 20 (63.5).
+HARSHER_ON_P4 = {"P1": 10, "P2": 5, "P3": 1, "P4": -10}
+
+
+def test_parse_panel_names_the_field():
+    assert parse_panel("a@http://h:1/v1, b@https://k/v1") == (Member("a", "http://h:1/v1"), Member("b", "https://k/v1"))
+    assert parse_panel("") == ()
+    with pytest.raises(ValueError, match=r"config.eval.simulators='gpt-4o': 'gpt-4o' is not MODEL@URL"):
+        parse_panel("gpt-4o")
+    with pytest.raises(ValueError, match="names a simulator twice"):
+        parse_panel("a@http://h/v1,a@http://h/v1")
+
+
+def test_a_panel_of_two_simulators_scores_under_each(tmp_path):
+    profiles = profiles_file(tmp_path)
+    with Servers() as servers, ScriptedServer(route(emotion=_emotion(HARSHER_ON_P4), reply=_reply)) as second:
+        a, b = servers.simulator.base_url, second.base_url
+        config = config_urls(tmp_path / "panel", servers.policy.base_url, a, profiles,
+                             **{"eval.simulators": f"simulator@{a},simulator@{b}"})
+        summary = run_benchmark(config, progress=False)
+        assert second.requests and servers.simulator.requests  # both judged
+    first, other = summary["panel"][f"simulator@{a}"], summary["panel"][f"simulator@{b}"]
+    assert (first["score"], other["score"]) == (pytest.approx((100 + 0 + 49 + 50) / 4), pytest.approx(63.5))
+    assert first["ci95"][0] <= first["score"] <= first["ci95"][1] and first["ci95"][0] < first["ci95"][1]
+    assert summary["score"] == pytest.approx((49.75 + 63.5) / 2)
+    assert [p["final_emotion"] for p in summary["per_profile"]] == [100, 42.5, 49, 35]
+    assert [(d["id"], d["spread"]) for d in summary["disagreements"][:2]] == [("id-P2", 85), ("id-P4", 30)]
+    assert summary["protocol"]["run.simulator_url"] == [a, b] and summary["protocol"]["rules.initial_emotion"] == 40
+    for k in (0, 1):  # each member's own evaluation, report and transcripts
+        assert (tmp_path / "panel" / "simulators" / f"{k}-simulator" / "transcripts.jsonl").exists()
+    report = (tmp_path / "panel" / "report.md").read_text()
+    assert "Panel mean score: **56.6**" in report and f"| simulator@{b} | 63.5 |" in report
+    assert json.loads((tmp_path / "panel" / "sentient.json").read_text())["score"] == pytest.approx(56.625)
+    # The panel's result compares like any other (the same panel: one protocol but for dates).
+    result = compare_runs([tmp_path / "panel", tmp_path / "panel" / "simulators" / "1-simulator"], tmp_path / "cmp",
+                          force=True)
+    assert result["runs"]["panel"]["score"] == pytest.approx(56.625)
+
+
+def test_the_command_line_prints_each_simulators_score(tmp_path):
+    profiles = profiles_file(tmp_path, ("P1", "P2"))
+    with Servers() as servers, ScriptedServer(route(emotion=_emotion(HARSHER_ON_P4), reply=_reply)) as second:
+        a, b = servers.simulator.base_url, second.base_url
+        done = run_script("eval.py", "--config=configs/eval.py", f"--config.workdir={tmp_path / 'cli'}",
+                          f"--config.eval.profiles={profiles}", "--config.eval.group_size=1",
+                          "--config.policy.backend=openai", f"--config.policy.base_url={servers.policy.base_url}",
+                          f"--config.eval.simulators=simulator@{a},simulator@{b}")
+    assert done.returncode == 0, done.stderr
+    assert f"simulator@{a}: score 50.0" in done.stdout and f"simulator@{b}: score 92.5" in done.stdout
+    assert "panel mean score 71.2 over 2 simulators" in done.stdout
+
+
+def test_kendall_tau_by_hand():
+    # pairs (0,1) and (0,2) ranked alike, (1,2) opposite: (2 - 1) / 3
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    assert kendall_tau([1, 2], [5, 9]) == 1 and kendall_tau([1, 2], [9, 5]) == -1
+
+
+def test_rank_agreement_of_panels_in_a_compare():
+    def panel(a, b, c):
+        return {"panel": {"A": {"score": a}, "B": {"score": b}, "C": {"score": c}}}
+
+    # Three policies: A and B rank them 1 < 2 < 3; C ranks the first two the other way.
+    runs = {"p1": panel(10, 20, 30), "p2": panel(20, 40, 25), "p3": panel(30, 60, 50)}
+    assert rank_agreement(runs) == [
+        {"simulators": ["A", "B"], "kendall_tau": 1.0},
+        {"simulators": ["A", "C"], "kendall_tau": pytest.approx(1 / 3)},
+        {"simulators": ["B", "C"], "kendall_tau": pytest.approx(1 / 3)}]
+    assert rank_agreement({"p1": panel(1, 2, 3), "plain": {"score": 5}}) == []  # not every run is a panel
