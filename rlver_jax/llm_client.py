@@ -471,6 +471,8 @@ def _refusal_hint(s: ClientSettings, status: int) -> str:
 def served_models(s: ClientSettings) -> list[str] | None:
     """The model ids the server at s.base_url lists now (GET /models), for the record of what
     answered (rlver_jax.eval.protocol); None when it does not answer or list them."""
+    import openai
+
     client = openai.OpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
                            timeout=min(s.timeout_s, _CHECK_TIMEOUT_S), max_retries=0)
     try:
