@@ -40,7 +40,8 @@ from rlver_jax.text import chat  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
 from rlver_jax.rl import program as rl_program, train_state  # noqa: E402
-from rlver_jax.rl.settings import OptimSettings, Optimizer, RLSettings, make_optimizer  # noqa: E402
+from rlver_jax.rl.optimizer import Optimizer, make_optimizer  # noqa: E402
+from rlver_jax.rl.settings import OptimSettings, RLSettings  # noqa: E402
 from rlver_jax.rl.batch import collate  # noqa: E402
 from rlver_jax.rollout.history import TokenHistory  # noqa: E402
 from rlver_jax.rollout.policy import PolicyTurn  # noqa: E402

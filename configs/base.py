@@ -8,6 +8,7 @@ think)`. Presets:
         the embedded simulator and the project's own profiles; short turns that fit a CPU.
   0.5b: Qwen2.5-0.5B-Instruct from --config.model.path, a served simulator.
   7b:   Qwen2.5-7B-Instruct, the paper's setting (default).
+  7b_lora: 7b with LoRA rank 64 on one 80 GB GPU (launch/plan.py: docs/sharding.md, "7B on one GPU").
 """
 
 import ml_collections
@@ -19,13 +20,18 @@ from rlver_jax.models import smollm2
 from rlver_jax.rl.algorithms import algorithm
 from rlver_jax.rollout.cache_bound import session_slots
 
-PRESETS = ("tiny", "smol", "0.5b", "7b")
+PRESETS = ("tiny", "smol", "0.5b", "7b", "7b_lora")
 
 
 def _row(kind: type) -> ml_collections.FieldReference:
     """A field whose None means the algorithm's value (its row), settable as `kind` from the command line."""
     return ml_collections.FieldReference(None, field_type=kind)
-_MODEL_PRESETS = {"tiny": "tiny", "smol": "smollm2-135m", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b"}
+_MODEL_PRESETS = {"tiny": "tiny", "smol": "smollm2-135m", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b",
+                  "7b_lora": "qwen2.5-7b"}
+# Dialogues one sampling call of the 7b_lora preset plays (rollout.pipeline_groups = dialogues a step / this):
+# its KV caches are what a single 80 GB GPU holds beside the frozen base (PPO's 32 / 4 groups; GRPO's
+# 128 dialogues planned 128.8 GB in 4 groups, 76.6 GB in 16).
+_LORA_1GPU_DIALOGUES_PER_CALL = 8
 
 
 def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.ConfigDict:
@@ -34,6 +40,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     tiny = preset == "tiny"
     smol = preset == "smol"
     cpu = tiny or smol  # the CPU presets: embedded simulator, shipped profiles, short dialogues
+    one_gpu = preset == "7b_lora"
+    seven_b = preset in ("7b", "7b_lora")  # the paper's model and lengths
     grouped = algorithm(algo).grouped  # the algorithm table's row (rlver_jax/rl/algorithms.py)
     c = ml_collections.ConfigDict()
     c.workdir = f"runs/{algo}_{'think' if think else 'nothink'}_{preset}"  # metrics, checkpoints, transcripts
@@ -63,10 +71,12 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
 
     # LoRA (rlver_jax/models/lora.py): adapters on a frozen base. rank 0 = full fine-tuning.
     c.lora = ml_collections.ConfigDict()
-    c.lora.rank = 0  # adapter rank; 0 = no adapters (every parameter trains, as before)
+    # adapter rank; 0 = no adapters (every parameter trains, as before). 7b_lora: 64, the rank whose
+    # adapters and AdamW state (1.9 GB a model) fit one 80 GB GPU beside the bf16 base
+    c.lora.rank = 64 if one_gpu else 0
     c.lora.alpha = 16.0  # the update is (alpha / rank) * A @ B; PEFT's default alpha/rank pair is 8/8
     c.lora.targets = "q,k,v,o,gate,up,down"  # adapted projections (all linear layers, as QLoRA)
-    c.lora.base_dtype = "bfloat16" if preset == "7b" else "float32"  # storage dtype of the frozen base
+    c.lora.base_dtype = "bfloat16" if seven_b else "float32"  # storage dtype of the frozen base
     # config.optim's learning rates x this with LoRA: adapters want ~10x full fine-tuning's rate
     # (Schulman et al. 2025, "LoRA Without Regret"; verl and the tinker cookbook use the same factor)
     c.lora.lr_multiplier = 10.0
@@ -86,8 +96,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # fsdp_tensor (sharding.RULE_PRESETS) or (logical axis, mesh axes) pairs. 7B: tensor=4 splits its
     # 28 heads / 4 kv heads, MLP, vocabulary and the residual stream's tokens (the `sequence` rule), so
     # each batch shard holds one dialogue; with train.offload PPO and GRPO fit 16 x 16 GB (docs/sharding.md).
+    # 7b_lora: one device.
     c.mesh = get_mesh_config(shape=(1, -1, 4), rules="fsdp_tensor") if preset == "7b" else \
-        get_mesh_config(shape=(1, -1, 1), rules="fsdp")
+        get_mesh_config(shape=(1, 1, 1), rules="fsdp") if one_gpu else get_mesh_config(shape=(1, -1, 1), rules="fsdp")
     c.simulator = get_simulator_config()
     if cpu:
         c.simulator.backend = "embedded"
@@ -123,13 +134,15 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # cache between turns"); off at 0.5B.
     # The size: the most a session can need (a full row plus another row's fresh prompt plus the
     # new tokens: rlver_jax.rollout.cache_bound); a turn beyond it is encoded afresh, with a warning.
-    cached = cpu or (preset == "7b" and not think)
+    cached = cpu or (seven_b and not think)
     c.rollout.cache_slots = session_slots(c.rollout.max_total_tokens, c.rollout.max_new_tokens) if cached else 0
     c.rollout.temperature = 1.0  # paper: 1.0
     c.rollout.top_p = 1.0  # paper: 1.0
     c.rollout.top_k = 0  # 0 = off
     c.rollout.max_staleness = 0  # policy versions a batch may lag; 0 = strictly on-policy (paper)
-    c.rollout.pipeline_groups = 1 if cpu else 4  # concurrent dialogue groups per batch
+    # concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
+    c.rollout.pipeline_groups = 1 if cpu else (
+        c.rollout.profiles_per_step * c.rollout.n // _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 4)
     # Think-mode reply without </think>: "continue" shows the raw text to the user (the
     # reference); "end" ends the dialogue with reward 0. The tiny presets end it: a random tiny
     # model rarely closes </think> at first, and ending gives it the format as a clear signal.
@@ -196,7 +209,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # Train-batch rows per optimizer step (turn rows in think mode with think_history "drop"): the paper's
     # 32 x n, about one step per turn; 0 = the whole batch, one step per epoch (tiny, smol: short CPU runs)
     c.rl.mini_batch_size = 0 if cpu else 32 * c.rollout.n
-    c.rl.micro_batch_size = 8 if cpu else 4  # gradient accumulation unit (memory)
+    # gradient accumulation unit (memory); 7b_lora: one 15,360-token row at a time fits 80 GB (78.2 GB planned)
+    c.rl.micro_batch_size = 8 if cpu else 1 if one_gpu else 4
     c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
 
     c.optim = ml_collections.ConfigDict()
@@ -220,7 +234,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # during the other's program (PPO); "state": that, and the whole train state between steps
     # (rollout, evaluation), the AdamW states during prepare. 7B: "state" fits PPO and GRPO on
     # 16 x 16 GB chips (docs/sharding.md) for ~2 x the state crossing PCIe per step.
-    c.train.offload = "state" if preset == "7b" else "none"
+    c.train.offload = "state" if seven_b else "none"
     c.train.eval_every = 10 if cpu else 25  # in-loop Sentient evaluation; 0 = off
     c.train.eval_max_profiles = 0  # 0 = every eval profile
     # The in-loop evaluation runs under SAGE's rules (initial emotion 40, failure below 10, 10

@@ -14,9 +14,10 @@
   # protocols differ in a field that moves scores, unless --force
   python launch/eval.py --compare=runs/eval_base,runs/eval_ppo --out=runs/compare_base_ppo
 
-Writes WORKDIR/sentient.json, transcripts.jsonl, report.md, trajectories.png and
-final_emotions.png. Rerunning the same command resumes: finished profiles are skipped. Exits 1
-when every dialogue ended in a simulator error (nothing was scored).
+Writes WORKDIR/sentient.json, transcripts.jsonl, report.html (every dialogue, to read), report.md,
+trajectories.png and final_emotions.png. Rerunning the same command resumes: finished profiles are
+skipped. Exits 2 for a bad config field (before JAX is imported), 1 when every dialogue ended in a
+simulator error (nothing was scored).
 
 On several hosts run the same command on each (as launch/train.py: launch/tpu_pod.sh, or
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID): each plays its share of the profiles,
@@ -62,6 +63,9 @@ def main(argv):
     from rlver_jax.eval import benchmark
 
     config = _CONFIG.value
+    given = program.given_fields()
+    if not config.eval.like_training:  # else the simulator's backend comes from the run: run_benchmark checks it
+        program.checked_config(lambda: benchmark.BenchmarkSettings.from_config(config, given))
     if benchmark.needs_jax(config):  # a served policy on one process starts without JAX (~2 s)
         import jax
 
@@ -71,7 +75,7 @@ def main(argv):
         program.enable_compilation_cache(config.compilation_cache_dir)
         jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-    summary = benchmark.run_benchmark(config)
+    summary = benchmark.run_benchmark(config, given=given)
     if benchmark.process_index():  # process 0 reports for all
         return
     workdir = pathlib.Path(config.workdir)
@@ -101,7 +105,8 @@ def main(argv):
     degenerate = summary.get("degenerate_judgements")
     print(f"score {summary['score']:.1f}  success {summary['success']}  failure {summary['failure']}  "
           f"n {summary['n']}  simulator errors {errors}" + (f"  no policy turn {silent}" if silent else "")
-          + (f"  DEGENERATE JUDGEMENTS ({degenerate})" if degenerate else "") + f"  ->  {workdir / 'report.md'}")
+          + (f"  DEGENERATE JUDGEMENTS ({degenerate})" if degenerate else "")
+          + f"  ->  {workdir / 'report.html'} (and report.md)")
 
 
 if __name__ == "__main__":

@@ -55,24 +55,26 @@ _FEED = flags.DEFINE_integer("feed_tokens", 512, "With rollout.cache_slots > 0: 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
+    from rlver_jax.train.spec import RunSpec
+
+    config = _CONFIG.value
+    # A config the run would reject fails here, before JAX is imported, with the run's own one-line error.
+    spec = program.checked_config(lambda: RunSpec.from_config(config, given=program.given_fields()))
     import jax
 
     from rlver_jax.train import memory_plan
     from rlver_jax.parallel import sharding, topology
     from rlver_jax.parallel.distributed import DistributedSettings
-    from rlver_jax.train.spec import RunSpec
 
     jax.config.update("jax_threefry_partitionable", True)  # as launch/train.py: the same programs
-    config = _CONFIG.value
     target = None
     if _TOPOLOGY.value:  # before anything else: a bad name is one line, before the config is built
         target = topology.tpu_target(_TOPOLOGY.value, _SLICES.value)
     elif _SLICES.value != 1:
         raise ValueError("--slices needs --topology (the slices' TPU topology, e.g. --topology=v5e:4x4)")
     else:
-        # A config the run would reject fails here with the run's own one-line error (program.run).
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-    result = memory_plan.plan(RunSpec.from_config(config), _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
+    result = memory_plan.plan(spec, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
                               log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value,
                               host_devices=_HOST.value, target=target)
     label = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")

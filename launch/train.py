@@ -9,8 +9,10 @@ Ablations are config overrides (--config.rl.algo=grpo --config.rollout.n=4,
 --config.simulator.difficulty=challenging, --config.rollout.max_staleness=1). A typo in an
 override is an error: the config is locked. --print_config shows every field with its comment.
 
-Exit status: 0 done (the last line says where the outputs are); 1 an error of the config, the
-data, the simulator or the disk (one line saying what to fix; rerunning resumes); 2 bad flags;
+Exit status: 0 done (the last line says where the outputs are); 1 an error of the data, the
+simulator or the disk (one line saying what to fix; rerunning resumes); 2 bad flags, a bad config
+field or a missing path (one line naming the field, before JAX is imported and before anything is
+written);
 130 Ctrl-C, 143 SIGTERM (a preemption): the running step is finished and saved first, within
 config.checkpoint.stop_within_s; the line says where the checkpoint is; rerunning resumes.
 """
@@ -57,18 +59,27 @@ def _on_sigterm(workdir: pathlib.Path):
     return terminated
 
 
+def _spec(config):
+    """The run's spec, every field and path checked (no JAX imported)."""
+    from rlver_jax.train.spec import RunSpec
+
+    spec = RunSpec.from_config(config, given=program.given_fields())
+    spec.check_paths()
+    return spec
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
+    config = _CONFIG.value
+    spec = program.checked_config(lambda: _spec(config))
     import jax
 
     from rlver_jax.train import checkpoint, loop
-    from rlver_jax.train.spec import RunSpec
     from rlver_jax.parallel import sharding
     from rlver_jax.parallel.distributed import DistributedSettings
     from rlver_jax.rollout.buffer import RolloutError
 
-    config = _CONFIG.value
     workdir = pathlib.Path(config.workdir)
     signal.signal(signal.SIGTERM, _on_sigterm(workdir))
     if not program.verbose():
@@ -79,7 +90,7 @@ def main(argv):
     jax.config.update("jax_threefry_partitionable", True)
     try:
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-        loop.train(RunSpec.from_config(config))
+        loop.train(spec)
     except KeyboardInterrupt as e:  # TrainingInterrupted says what was saved
         print(f"train.py: {e}" if str(e) else
               f"train.py: interrupted; rerun the same command to resume from the newest checkpoint in "

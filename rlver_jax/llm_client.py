@@ -38,9 +38,10 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
+if TYPE_CHECKING:  # openai (0.3-0.7 s to import) loads with the first request or check, so that the
+    import openai  # settings of a config (ClientSettings) are checked without it (launch/train.py)
 
 from rlver_jax.checks import check_ranges, named
 
@@ -144,6 +145,8 @@ def aimd(limit: float, in_flight: int, ceiling: int, congested: bool) -> float:
 
 def _congestion(error: BaseException) -> bool:
     """A sign the server is overloaded: no answer within the timeout, HTTP 429 or 503."""
+    import openai
+
     return isinstance(error, openai.APITimeoutError) or (
         isinstance(error, openai.APIStatusError) and error.status_code in _CONGESTION_STATUS)
 
@@ -334,6 +337,8 @@ class ChatClient:
         self._limit = _shared_limit(settings)
 
     def _connection(self) -> tuple[openai.AsyncOpenAI, _Limit]:
+        import openai
+
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             s = self.settings
@@ -347,6 +352,8 @@ class ChatClient:
         After a timeout at least timeout_s: a server that cannot cancel the abandoned request (most
         cannot) may work on it about as long as it kept it queued, and a retry sent at once would
         queue behind it and hand the server the same work twice."""
+        import openai
+
         s = self.settings
         wait = min(s.backoff_max_s, s.backoff_initial_s * 2**attempt)
         if isinstance(error, openai.APITimeoutError):
@@ -374,6 +381,8 @@ class ChatClient:
         """One answer of the model; EndpointUnavailableError once retrying cannot help
         (RequestRejectedError when the server refused this request only, ResponseFormatRejectedError
         when it refused `response_format`, sent when given)."""
+        import openai
+
         messages = _sendable(messages)
         client, limit = self._connection()
         s = self.settings
@@ -434,6 +443,8 @@ def _completion(raw: bytes, s: ClientSettings) -> Completion:
 
 
 def _describe(error: Exception) -> str:
+    import openai
+
     if isinstance(error, openai.APITimeoutError):
         return "no answer within the timeout"
     if isinstance(error, openai.APIStatusError):
@@ -460,6 +471,8 @@ def _refusal_hint(s: ClientSettings, status: int) -> str:
 def served_models(s: ClientSettings) -> list[str] | None:
     """The model ids the server at s.base_url lists now (GET /models), for the record of what
     answered (rlver_jax.eval.protocol); None when it does not answer or list them."""
+    import openai
+
     client = openai.OpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
                            timeout=min(s.timeout_s, _CHECK_TIMEOUT_S), max_retries=0)
     try:
@@ -475,6 +488,8 @@ def check_chat_endpoint(s: ClientSettings, *, start_hint: str = _START_HINT) -> 
     server listens (and how to start one), rejects the key, or lists models without ours. A server
     that takes the connection but does not answer in time is busy or still loading, not down: a
     warning says so and the run goes on (its requests are retried, and the retries logged)."""
+    import openai
+
     client = openai.OpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
                            timeout=min(s.timeout_s, _CHECK_TIMEOUT_S), max_retries=0)
     prefix, base_url = s.flag_prefix, s.base_url

@@ -144,27 +144,33 @@ def strategy_bars(strategies: Sequence[str], rates: Mapping[str, Sequence[float]
 
 def training_figure(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Figure:
     """A run's curves against train step, one panel per quantity, each line in its panel's legend:
-    the training reward (batch mean and its 10-step mean); the mean final emotion of the training
-    batches beside the in-loop held-out score, where logged (both final emotions on 0-100, the
-    pair whose gap shows reward hacking; never drawn on the reward's axis); the format-failure
-    rate, where logged."""
+    the training reward (batch mean, and its 10-step mean once there are more than 10 steps, so
+    that the legend names only lines drawn), labelled as what it is: final emotion / 100, and 0
+    for a dialogue a format failure ended; the mean final emotion of the training batches beside
+    the in-loop held-out score, where logged (both final emotions on 0-100, the pair whose gap
+    shows reward hacking; never drawn on the reward's axis); the shares of format failures and of
+    dialogues rewarded below 0.1, where logged (what pulls the reward below emotion / 100)."""
     steps = [r["step"] for r in rows]
     evals = [(r["step"], r["eval_score"]) for r in rows if r.get("eval_score") is not None]
+    # (key, label, colour, line style): format failures dashed over the reward-zero share they often equal
+    shares = [share for share in (("failure_rate_reward", "dialogues rewarded < 0.1", "#d62728", "-"),
+                                  ("format_failure_rate", "format failures", "#636363", "--"))
+              if any(share[0] in r for r in rows)]
     panels = ["reward"] + (["emotion"] if evals or any("emotion_mean" in r for r in rows) else []) + \
-        (["format"] if any("format_failure_rate" in r for r in rows) else [])
+        (["shares"] if shares else [])
     fig = _figure(7, 2.6 * len(panels) + 0.4)
     axes = dict(zip(panels, fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]))
     window = 10
 
     def with_mean(ax, values, color, mean_color, label):
         ax.plot(steps, values, color=color, label=f"{label} (batch mean)")
-        if len(values) >= window:
+        if len(values) > window:  # a mean of one point draws nothing: no legend entry for it
             avg = np.convolve(values, np.ones(window) / window, mode="valid")
             ax.plot(steps[window - 1:], avg, color=mean_color, label=f"{label} ({window}-step mean)")
 
     ax = axes["reward"]
     with_mean(ax, [r["reward_mean"] for r in rows], "#9ecae1", "#08519c", "reward")
-    ax.set(ylabel="reward\n(final emotion / 100)", title=title)
+    ax.set(ylabel="reward: final emotion / 100,\n0 if a format failure ended it", title=title)
     if "emotion" in axes:
         ax = axes["emotion"]
         if any("emotion_mean" in r for r in rows):
@@ -172,11 +178,12 @@ def training_figure(rows: Sequence[Mapping[str, Any]], *, title: str = "") -> Fi
         if evals:
             ax.plot(*zip(*evals), "o-", color="#54278f", label="held-out score (in-loop evaluation)")
         ax.set(ylabel="final emotion\n(0-100)")
-    if "format" in axes:
-        ax = axes["format"]
-        ax.plot(steps, [r.get("format_failure_rate", np.nan) for r in rows], color="#636363",
-                label="format failure rate (training)")
-        ax.set(ylabel="rate", ylim=(-0.02, 1.02))
+    if "shares" in axes:
+        ax = axes["shares"]
+        for key, label, color, style in shares:
+            ax.plot(steps, [r.get(key, np.nan) for r in rows], color=color, linestyle=style,
+                    label=f"{label} (training batch)")
+        ax.set(ylabel="share of dialogues", ylim=(-0.02, 1.02))
     for ax in axes.values():
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)

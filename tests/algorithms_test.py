@@ -13,7 +13,7 @@ import pytest
 
 from configs import grpo_think, ppo_think
 from rlver_jax.eval import run_view
-from rlver_jax.rl import algorithms, estimators, losses, settings, update
+from rlver_jax.rl import algorithms, estimators, loss_modes, losses, settings, update
 from rlver_jax.train.spec import RunSpec
 
 NEW_ROWS = ("rloo", "reinforce_pp", "reinforce_pp_baseline", "drgrpo", "dapo", "gspo", "cispo")
@@ -24,11 +24,11 @@ def test_every_row_is_registered():
     admits, a group size its estimator can compare, and builds its settings."""
     assert set(NEW_ROWS) | {"ppo", "grpo"} <= set(algorithms.ALGORITHMS)
     assert set(estimators.ESTIMATORS) == set(algorithms.ESTIMATOR_KINDS)
-    assert set(update.POLICY_LOSSES) == set(losses.POLICY_LOSS_AGG_MODES)
+    assert set(update.POLICY_LOSSES) == set(loss_modes.POLICY_LOSS_AGG_MODES)
     for name, row in algorithms.ALGORITHMS.items():
         assert row.estimator in estimators.ESTIMATORS, name
         assert row.policy_loss in update.POLICY_LOSSES, name
-        assert row.loss_agg_mode in losses.POLICY_LOSS_AGG_MODES[row.policy_loss], name
+        assert row.loss_agg_mode in loss_modes.POLICY_LOSS_AGG_MODES[row.policy_loss], name
         assert row.default_n >= row.min_n, name
         rl = settings.RLSettings(algo=name)
         assert (rl.estimator, rl.policy_loss, rl.loss_agg_mode) == (row.estimator, row.policy_loss, row.loss_agg_mode)

@@ -160,6 +160,60 @@ def test_config_errors_are_one_line_and_come_before_main(script, args, fragments
     assert not done.main_ran
 
 
+# Errors of the spec and its paths (rlver_jax.train.spec), read in main before JAX is imported.
+_START_UP_ERRORS = [
+    ((TINY, "--config.model.path=/nonexistent"), ("config.model.path='/nonexistent' does not exist", "hf download")),
+    ((TINY, "--config.rl.algo=gpro"), ("config.rl.algo='gpro'", "use one of")),
+    # The embedded simulator of the tiny preset reads no URL: refused, with the backend and the fix named.
+    ((TINY, "--config.simulator.base_url=http://127.0.0.1:39999/v1"),
+     ("--config.simulator.base_url set", "--config.simulator.backend='embedded'", "--config.simulator.backend=openai")),
+    (("--config=configs/grpo_think.py:7b",), ("config.model.path is empty for preset 'qwen2.5-7b'",
+                                              "config.data.train_profiles is empty")),
+    ((TINY, "--config.data.eval_profiles=/nowhere.jsonl"), ("config.data.eval_profiles='/nowhere.jsonl': no such file",)),
+]
+
+
+@pytest.mark.parametrize("args, fragments", _START_UP_ERRORS)
+def test_start_up_errors_are_one_line_exit_2_and_write_nothing(tmp_path, args, fragments):
+    done = run_script("train.py", *args, f"--config.workdir={tmp_path / 'run'}")
+    assert_one_line_error(done, 2, *fragments)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_start_up_errors_come_before_jax_within_seconds(no_jax, tmp_path):
+    """In a fresh process that cannot import JAX: about 0.5 s each on a loaded 2-core machine (a
+    missing model path took 5-13 s, after the imports, before)."""
+    for args, fragments in _START_UP_ERRORS[:3]:
+        t0 = time.perf_counter()
+        done = _run("train.py", *args, f"--config.workdir={tmp_path / 'run'}", pythonpath=no_jax)
+        assert_one_line_error(done, 2, *fragments)
+        assert time.perf_counter() - t0 < 10, args  # a sanity bound on a loaded machine
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_evaluation_refuses_an_unread_simulator_field_and_a_failed_start_writes_no_setup(tmp_path):
+    done = run_script("eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={tmp_path / 'a'}",
+                      "--config.simulator.model=q72")
+    assert_one_line_error(done, 2, "--config.simulator.model set", "--config.simulator.backend=openai")
+    assert not done.stdout and not (tmp_path / "a").exists()
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    done = run_script("eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={tmp_path / 'b'}",
+                      "--config.simulator.backend=openai", f"--config.simulator.base_url={url}")
+    assert done.returncode == 1 and f"no server answers at --config.simulator.base_url={url}" in done.stderr
+    assert not (tmp_path / "b" / "setup.json").exists()  # written once the simulator answered
+
+
+def test_a_simulator_field_counts_where_the_backend_reads_it():
+    """The embedded backend reads neither the endpoint nor the answer format; the served one reads all."""
+    from rlver_jax.simulator.settings import check_read
+
+    check_read("openai", {"base_url", "model", "timeout_s"})
+    check_read("embedded", {"difficulty", "language", "max_turns", "initial_emotion"})
+    with pytest.raises(ValueError, match=r"--config\.simulator\.model --config\.simulator\.timeout_s set"):
+        check_read("embedded", {"timeout_s", "model", "difficulty"})
+
+
 @pytest.mark.parametrize("env, flag", [({program.TRACEBACK_ENV: "1"}, ()), ({}, ("--verbosity=1",))])
 def test_a_config_error_shows_its_traceback_on_request(env, flag):
     done = run_script("train.py", TINY, "--config.rl.algoo=grpo", *flag, env=env)
@@ -220,6 +274,7 @@ def test_train_with_the_simulator_down(tmp_path):
     done = run_script("train.py", TINY, f"--config.workdir={tmp_path / 'run'}", "--config.simulator.backend=openai",
                       f"--config.simulator.base_url={url}")
     assert_one_line_error(done, 1, f"no server answers at --config.simulator.base_url={url}", "serve_simulator.sh")
+    assert not (tmp_path / "run" / "config.json").exists()  # written once the simulator answered
 
 
 def test_export_of_a_run_without_its_tokenizer(tmp_path):

@@ -105,7 +105,7 @@ def training_run(run_dir, steps=2):
         records = [dict(r, advantage=a) for r, a in zip(records, ADVANTAGES)]  # as the training loop writes them
         atomic_write_jsonl(run_dir / "transcripts" / f"train_{step:06d}.jsonl", records)
         metrics.append({"step": step, "reward_mean": float(np.mean([r["reward"] for r in records])),
-                        "emotion_mean": 30.0 + step, "success_rate": 0.0, "failure_rate": 0.0,
+                        "emotion_mean": 30.0 + step, "success_rate": 0.0, "user_left_rate": 0.0,
                         "format_failure_rate": 0.0, "simulator_errors": 0.0, "turns_mean": 2.0})
     evals = make_transcripts([[WARM]] * 2, profiles, step=steps - 1)
     atomic_write_jsonl(run_dir / "transcripts" / f"eval_{steps - 1:06d}.jsonl", evals)

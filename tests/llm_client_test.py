@@ -352,3 +352,26 @@ def test_a_retry_after_a_timeout_waits_at_least_the_timeout():
     waits = [client._backoff_s(0, _timeout()) for _ in range(20)]
     assert all(1.0 <= w <= 2.0 for w in waits)  # timeout_s jittered to 50-100%, above backoff_max_s
     assert all(0.05 <= client._backoff_s(0, ConnectionError()) <= 0.1 for _ in range(20))
+
+
+def test_every_function_that_calls_openai_imports_it():
+    """rlver_jax.llm_client imports openai lazily (a config check imports the module without it):
+    a function that uses `openai.` at run time without its own `import openai` would fail with a
+    NameError only when it runs. Read from the source (annotations aside)."""
+    import ast
+    import inspect
+
+    from rlver_jax import llm_client
+
+    tree = ast.parse(inspect.getsource(llm_client))
+    annotations = {id(n) for a in ast.walk(tree) if isinstance(a, ast.AnnAssign) for n in ast.walk(a.annotation)}
+    missing = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = ast.Module(body=node.body, type_ignores=[])
+            uses = any(isinstance(n, ast.Name) and n.id == "openai" and id(n) not in annotations
+                       for n in ast.walk(body))
+            imports = any(isinstance(n, ast.Import) and any(a.name == "openai" for a in n.names) for n in node.body)
+            if uses and not imports:
+                missing.append(node.name)
+    assert not missing, missing

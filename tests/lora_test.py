@@ -15,7 +15,8 @@ from rlver_jax.models import hf_io, lora, qwen2
 from rlver_jax.train import model_loading
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import program as rl_program, train_state, update
-from rlver_jax.rl.settings import Optimizer, RLSettings
+from rlver_jax.rl.optimizer import Optimizer
+from rlver_jax.rl.settings import RLSettings
 from tests.fixtures_cli import run_script
 from tests.rl_helpers import training_batch
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlver_jax.rl import losses
+from rlver_jax.rl import loss_modes, losses
 from tests import verl_reference as ref
 from tests.rl_helpers import random_policy_mask, strict_ranks  # noqa: F401 (autouse fixture)
 
@@ -312,12 +312,12 @@ def test_gspo_matches_reference(noise, lo, hi):
                                np.mean(np.minimum(np.exp(log_ratio) - 1 - log_ratio, 10.0)),
                                rtol=1e-4, atol=1e-7)
     # Gradient: each token's own -A s_b (the sequence ratio is a stop-gradient), times its weight.
-    weights = np.asarray(losses.loss_weights(mask, losses.GSPO_AGG_MODES[0]))
+    weights = np.asarray(losses.loss_weights(mask, loss_modes.GSPO_AGG_MODES[0]))
 
     def objective(logprobs):
         per_token, _ = losses.gspo_policy_loss(logprobs, old, advantages, mask, clip_eps_low=lo,
                                                clip_eps_high=hi)
-        return losses.aggregate_loss(per_token, mask, losses.GSPO_AGG_MODES[0])
+        return losses.aggregate_loss(per_token, mask, loss_modes.GSPO_AGG_MODES[0])
 
     grad = jax.grad(objective)(jnp.asarray(new))
     np.testing.assert_allclose(grad, want_grad * weights, rtol=1e-5, atol=1e-8)
@@ -376,7 +376,7 @@ def test_gspo_golden():
     grad = jax.grad(lambda lp: jnp.sum(losses.gspo_policy_loss(
         lp, old, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2)[0] * mask))(jnp.asarray(new))
     np.testing.assert_allclose(grad, [[0, 0, 0], [s, 0, s]], rtol=1e-5)
-    assert set(losses.GSPO_AGG_MODES) <= set(losses.AGG_MODES)
+    assert set(loss_modes.GSPO_AGG_MODES) <= set(losses.AGG_MODES)
 
 
 @pytest.mark.parametrize("lo,hi", [(None, 0.28), (0.2, 0.2), (None, 1.0)])
@@ -475,3 +475,10 @@ def test_gspo_and_cispo_jit():
     got = jax.jit(both)(new, old, advantages, mask)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(both(new, old, advantages, mask))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_checked_names_are_the_implemented_ones():
+    """The settings check config.rl against rl/loss_modes.py (no JAX); losses.py implements each name."""
+    assert set(loss_modes.AGG_MODES) == set(losses.AGG_MODES)
+    assert set(loss_modes.KL_ESTIMATORS) == set(losses.KL_ESTIMATORS)
+    assert all(set(modes) <= set(losses.AGG_MODES) for modes in loss_modes.POLICY_LOSS_AGG_MODES.values())

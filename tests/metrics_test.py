@@ -62,6 +62,21 @@ def test_nothing_is_rewritten_when_nothing_is_to_drop(tmp_path):
     assert not (tmp_path / "absent.jsonl").exists()
 
 
+def test_the_in_loop_evaluation_shows_in_the_progress_bar(tmp_path, capsys):
+    """While it runs the bar's label says so; afterwards a line gives its score, and its seconds join the metrics."""
+    writers = metrics.Writers(tmp_path, start=0, total=2)
+    try:
+        with writers.evaluating(0, 4) as timing:
+            assert writers.bar.desc == "step 0: in-loop evaluation of 4 held-out profiles"
+        assert writers.bar.desc == "train" and timing["eval_seconds"] >= 0
+        writers.write(0, {"reward_mean": 0.04, "failure_rate_reward": 0.9, "user_left_rate": 0.0, "eval_score": 22.5,
+                          "eval_user_left_rate": 0.25, **timing})
+        assert "reward<0.1=0.9" in str(writers.bar) and "user_left=0" in str(writers.bar)
+    finally:
+        writers.close()
+    assert "step 0: in-loop evaluation: held-out score 22.5" in capsys.readouterr().out
+
+
 def test_staleness_is_counted_over_policy_tokens():
     """Versions behind step 5 of each trainable dialogue's policy tokens, by hand: 3 tokens written
     by version 5 (0 behind), 1 by version 4 (1), 2 by version 2 (3, beyond a bound of 2); a

@@ -11,7 +11,8 @@ from rlver_jax.files import append_jsonl
 def _rows(n=25, eval_every=10):
     rows = []
     for step in range(n):
-        row = {"step": step, "reward_mean": step / 100, "emotion_mean": 30 + step, "format_failure_rate": 1 - step / n}
+        row = {"step": step, "reward_mean": step / 100, "emotion_mean": 30 + step, "format_failure_rate": 1 - step / n,
+               "failure_rate_reward": 1 - step / (2 * n)}
         if (step + 1) % eval_every == 0:
             row["eval_score"] = 40.0 + step
         rows.append(row)
@@ -36,7 +37,17 @@ def test_every_line_has_a_legend_entry_and_the_held_out_score_its_own_axis():
     np.testing.assert_allclose(_lines(reward_ax)["reward (10-step mean)"].get_ydata(),
                                [np.mean([s / 100 for s in range(k, k + 10)]) for k in range(16)])
     np.testing.assert_array_equal(_lines(emotion_ax)["training (batch mean)"].get_ydata(), [30 + s for s in range(25)])
-    assert list(_lines(format_ax)) == ["format failure rate (training)"]
+    assert list(_lines(format_ax)) == ["dialogues rewarded < 0.1 (training batch)", "format failures (training batch)"]
+    np.testing.assert_allclose(_lines(format_ax)["dialogues rewarded < 0.1 (training batch)"].get_ydata()[[0, 5]],
+                               [1.0, 0.9])  # 1 - 5 / 50
+    assert "0 if a format failure ended it" in reward_ax.get_ylabel()  # the reward says what it is
+
+
+def test_a_ten_step_run_lists_no_ten_step_mean():
+    """Ten steps give one point of a 10-step mean: nothing drawn, so nothing in the legend."""
+    reward_ax = plots.training_figure(_rows(n=10)).axes[0]
+    assert list(_lines(reward_ax)) == ["reward (batch mean)"]
+    assert set(_lines(plots.training_figure(_rows(n=11)).axes[0])) == {"reward (batch mean)", "reward (10-step mean)"}
 
 
 def test_a_run_without_evaluations_or_format_failures_draws_the_reward_alone(tmp_path):

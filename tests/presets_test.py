@@ -110,3 +110,17 @@ def test_paper_training_simulator_does_not_clip(name):
     for preset, change in (("7b", 100), ("0.5b", 100), ("tiny", 10)):
         c = TRAINING[name].get_config(preset)
         assert (c.simulator.max_change, c.train.eval_rules.max_change) == (change, 10), preset
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_the_one_gpu_lora_preset(name):
+    """7b_lora: the 7B setting (lengths, bf16 base, offload) on one device with rank-64 adapters,
+    one row per micro-batch and 8 dialogues per sampling call (PPO 32 / 4 groups, GRPO 128 / 16):
+    what launch/plan.py planned at 78.2 (PPO) and 78.4 (GRPO) GB of 80 (README, "7B on one GPU")."""
+    seven, lora = TRAINING[name].get_config("7b"), TRAINING[name].get_config("7b_lora")
+    assert (lora.lora.rank, tuple(lora.mesh.shape), lora.rl.micro_batch_size) == (64, (1, 1, 1), 1)
+    assert lora.lora.base_dtype == "bfloat16" and lora.train.offload == "state"
+    assert lora.rollout.max_total_tokens == seven.rollout.max_total_tokens == 15000
+    dialogues = {"ppo": 32, "grpo": 32 * 4}[name.split("_")[0]]
+    assert lora.rollout.profiles_per_step * lora.rollout.n == dialogues
+    assert dialogues / lora.rollout.pipeline_groups == 8

@@ -15,7 +15,8 @@ from rlver_jax.simulator import build_simulator, SimulatorSettings
 from rlver_jax import simulator
 assert simulator.load_profiles is rlver_jax.simulator.profiles.load_profiles
 assert simulator.agent.Simulator is simulator.Simulator  # submodules as attributes, as before
-assert "openai" in sys.modules and "jax" not in sys.modules  # the openai backend, still no JAX
+assert "jax" not in sys.modules  # the openai backend, still no JAX
+assert "openai" not in sys.modules  # the client loads it with its first request (rlver_jax.llm_client)
 print("ok")
 """
 

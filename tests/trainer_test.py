@@ -14,7 +14,8 @@ from rlver_jax.parallel import sharding
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import offload, program as rl_program, train_state, update
-from rlver_jax.rl.settings import OptimSettings, Optimizer, RLSettings, make_optimizer
+from rlver_jax.rl.optimizer import Optimizer, make_optimizer
+from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rollout.sequence import DialogueSequence

@@ -24,7 +24,7 @@ from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES, load_profiles
 from tests.rl_helpers import training_batch
 
-REQUIRED_METRICS = {"step", "reward_mean", "emotion_mean", "success_rate", "failure_rate", "policy_loss",
+REQUIRED_METRICS = {"step", "reward_mean", "emotion_mean", "success_rate", "user_left_rate", "policy_loss",
                     "entropy", "tokens_per_second"}
 
 

@@ -14,7 +14,7 @@ without a traceback, `--print_config`, quiet library logs, the persistent compil
 This module imports neither JAX nor the library, so `--help`, `--print_config` and a bad flag
 answer in well under two seconds. `--help` (and absl's --helpshort, --helpfull, --helpxml) exits 0.
 An expected error prints `PROG: error: MESSAGE` and exits 1 (2 for a bad flag, override or config
-file); Ctrl-C exits 130. `--verbosity=1` (absl's flag) or
+file, or a config `checked_config` reads before the heavy imports); Ctrl-C exits 130. `--verbosity=1` (absl's flag) or
 RLVER_TRACEBACK=1 shows every traceback and the libraries' INFO logs (docs/cli.md).
 """
 
@@ -27,7 +27,7 @@ import pathlib
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -51,6 +51,26 @@ _HELP_FLAG = re.compile(r"--?(\?|help|helpshort|helpfull|helpxml)(=(true|t|1|yes
 
 class UserError(Exception):
     """An expected failure an entry point reports in one line (exit status 1)."""
+
+
+T = TypeVar("T")
+
+
+def checked_config(read: Callable[[], T]) -> T:
+    """`read()`: a config read into its typed settings and checked, before the heavy imports; an
+    expected error there (`is_expected`) is a bad config: one line, exit status 2, as a bad flag."""
+    try:
+        return read()
+    except Exception as e:  # noqa: BLE001 - sorted into messages and bugs
+        if verbose() or not is_expected(e):
+            raise
+        _exit(str(e), 2)
+
+
+def given_fields(name: str = "config") -> tuple[str, ...]:
+    """The dotted fields the command line set on config flag `name` (`--config.simulator.base_url=...`
+    -> "simulator.base_url")."""
+    return tuple(config_flags.get_override_values(FLAGS[name]))
 
 
 def config_flag(name: str, default: str | None, help_text: str) -> flags.FlagHolder:

@@ -30,6 +30,7 @@ import importlib
 import logging
 import pathlib
 import threading
+from collections.abc import Collection
 from typing import Any
 
 import ml_collections
@@ -39,7 +40,7 @@ from rlver_jax.files import atomic_write_text
 from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.eval import panel, policy_source, protocol, report
 from rlver_jax.eval.probes import ProbePolicy, parse_probes
-from rlver_jax.eval.resume import check_setup, load_records
+from rlver_jax.eval.resume import load_records, record_setup, setup_conflict
 from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
 from rlver_jax.parallel.hosts import allgather_json, process_index
 from rlver_jax.rollout.episodes import RolloutSettings
@@ -101,8 +102,10 @@ class BenchmarkSettings:
     simulator: SimulatorSettings
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> BenchmarkSettings:
-        """One ValueError names every bad field of the config."""
+    def from_config(cls, config: ml_collections.ConfigDict, given: Collection[str] = ()) -> BenchmarkSettings:
+        """One ValueError names every bad field of the config. `given`: the dotted fields the command
+        line set; a simulator field the chosen backend ignores is refused (simulator.settings.check_read)."""
+        simulator_given = {f.split(".", 1)[1] for f in given if f.startswith("simulator.")}
         e, p = config.eval, config.policy
         _, probes, members, sampling, rollout, simulator = build_all(
             lambda: check_ranges(named(e, "config.eval.", ("max_dialogues", "group_size", "max_profiles")),
@@ -112,7 +115,7 @@ class BenchmarkSettings:
             lambda: SamplingSettings.from_config(p, "config.policy."),
             lambda: RolloutSettings.from_config(p, "config.policy.", think=bool(p.think),
                                                 system_prompt=policy_system_prompt(p)),
-            lambda: SimulatorSettings.from_config(config.simulator))
+            lambda: SimulatorSettings.from_config(config.simulator, given=simulator_given))
         return cls(e.max_dialogues, e.group_size, e.max_profiles, probes, members, sampling, rollout, simulator)
 
 
@@ -206,11 +209,15 @@ def simulator_error_causes(workdir: pathlib.Path) -> collections.Counter[str]:
                                for r in load_records(pathlib.Path(workdir) / TRANSCRIPTS) if r["simulator_error"])
 
 
-def run_benchmark(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str, Any]:
+def run_benchmark(config: ml_collections.ConfigDict, *, given: Collection[str] = (), progress: bool = True
+                  ) -> dict[str, Any]:
     """Evaluate (or finish evaluating) the policy of `config` (under `like_training`'s settings when
-    config.eval.like_training is set); returns the scores of sentient.json."""
+    config.eval.like_training is set; `given`: the fields the command line set, BenchmarkSettings);
+    returns the scores of sentient.json. setup.json is written once the simulator and the policy
+    were found, before the first dialogue."""
     config = like_training(config)
-    settings = BenchmarkSettings.from_config(config)  # every field checked before any file, model or server is touched
+    # every field checked before any file, model or server is touched
+    settings = BenchmarkSettings.from_config(config, given)
     if not config.workdir:
         raise ValueError("config.workdir is empty: set --config.workdir=DIR (results, report and plots go there)")
     if settings.panel:
@@ -276,7 +283,7 @@ def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile], loc
     transcripts = workdir / TRANSCRIPTS
     try:
         lock.acquire()
-        check_setup(workdir / SETUP, spec.setup(), transcripts)
+        setup_conflict(workdir / SETUP, spec.setup(), transcripts)
     except (ValueError, WorkDirBusyError) as e:
         return {"error": str(e)}
     finished = {r["profile_id"] for r in load_records(transcripts)}
@@ -317,6 +324,8 @@ def _evaluate(config: ml_collections.ConfigDict, settings: BenchmarkSettings, sp
         check_openings(chat_tokens, rollout, [p for _, p in pending], "config.eval.profiles",
                        language=settings.simulator.language)
     transcripts = workdir / TRANSCRIPTS
+    if process_index() == 0:  # what the results will be of (checked against the directory in `_plan`)
+        record_setup(workdir / SETUP, spec.setup())
     if process_index() == 0:  # the report's plots need matplotlib (~1 s to import): import it while the dialogues wait
         threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",),
                          name="import matplotlib", daemon=True).start()

@@ -27,6 +27,12 @@ def load_records(path: pathlib.Path) -> list[dict[str, Any]]:
 def check_setup(path: pathlib.Path, setup: dict[str, Any], results: pathlib.Path) -> None:
     """Record `setup` (what defines the results) in `path`; while `results` holds records, check
     that it equals the recorded one instead: a resumed run must not mix results of two set-ups."""
+    setup_conflict(path, setup, results)
+    record_setup(path, setup)
+
+
+def setup_conflict(path: pathlib.Path, setup: dict[str, Any], results: pathlib.Path) -> None:
+    """Raise ValueError when `results` holds records of a set-up (recorded in `path`) other than `setup`."""
     setup = json.loads(json.dumps(setup))  # as it reads back from JSON
     if path.exists() and load_records(results):
         before = json.loads(path.read_text(encoding="utf-8"))
@@ -36,4 +42,8 @@ def check_setup(path: pathlib.Path, setup: dict[str, Any], results: pathlib.Path
             raise ValueError(
                 f"{path.parent} holds results of a different set-up ({detail}). Use a new work "
                 f"directory, or delete {results} and {path} to start over")
+
+
+def record_setup(path: pathlib.Path, setup: dict[str, Any]) -> None:
+    """Write `setup` to `path` (atomically)."""
     atomic_write_text(path, json.dumps(setup, indent=2, ensure_ascii=False) + "\n")

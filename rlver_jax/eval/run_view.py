@@ -29,13 +29,13 @@ INDEX_HTML = "index.html"
 _TRANSCRIPT = re.compile(r"^(train|eval)_(\d+)\.jsonl$")
 # Curves of the index page: (title, y range, metrics.jsonl keys).
 CURVES = (
-    ("reward and rates", (0.0, 1.0), ("reward_mean", "success_rate", "failure_rate", "format_failure_rate")),
+    ("reward and rates", (0.0, 1.0), ("reward_mean", "success_rate", "user_left_rate", "format_failure_rate")),
     ("emotion", (0.0, 100.0), ("emotion_mean", "eval_score")),
 )
 CURVE_COLORS = ("#1f77b4", "#2a9d4a", "#d62728", "#8c564b")
 # Columns of the index's step table: (metrics.jsonl key, header, digits).
 STEP_COLUMNS = (("reward_mean", "reward", 3), ("emotion_mean", "emotion", 1), ("success_rate", "success", 2),
-                ("failure_rate", "failure", 2), ("format_failure_rate", "format fail.", 2),
+                ("user_left_rate", "user left", 2), ("format_failure_rate", "format fail.", 2),
                 ("simulator_errors", "sim. errors", 0), ("turns_mean", "turns", 1), ("eval_score", "eval score", 1))
 
 

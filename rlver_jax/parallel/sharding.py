@@ -72,6 +72,13 @@ _warned: set[tuple] = set()
 # ----------------------------------------------------------------------------- mesh
 
 
+# Where a mesh does not fit this host's devices because the host is not the target (a CPU planning a
+# 16-device run): the fix is the device count, not the mesh.
+_DEVICE_HINT = ("; to plan for other hardware on a CPU, fake its device count: XLA_FLAGS="
+                "--xla_force_host_platform_device_count=N before the command (or launch/plan.py --topology=v5e:4x4 "
+                "for a TPU slice)")
+
+
 def resolve_mesh_shape(shape: Sequence[int], device_count: int) -> tuple[int, int, int]:
     """`mesh.shape` (data, fsdp, tensor) with at most one -1 replaced by the remaining devices."""
     shape = tuple(int(s) for s in shape)
@@ -84,12 +91,13 @@ def resolve_mesh_shape(shape: Sequence[int], device_count: int) -> tuple[int, in
         if device_count % known:
             raise ValueError(
                 f"mesh.shape={shape}: the fixed axes multiply to {known}, which does not divide "
-                f"jax.device_count()={device_count}; change mesh.shape")
+                f"jax.device_count()={device_count}; change config.mesh.shape{_DEVICE_HINT}")
         shape = tuple(device_count // known if s == -1 else s for s in shape)
     if math.prod(shape) != device_count:
         raise ValueError(
             f"mesh.shape={shape} multiplies to {math.prod(shape)} devices but jax.device_count()="
-            f"{device_count}; set mesh.shape so the product is {device_count} (or put -1 on one axis)")
+            f"{device_count}; set config.mesh.shape so the product is {device_count} (or put -1 on one axis)"
+            f"{_DEVICE_HINT}")
     return shape
 
 

@@ -160,7 +160,7 @@ def gspo_policy_loss(
       s_b,t       = exp(min(sg(log s_b) + logp_t - sg(logp_t), 10))   (value s_b; clamp as verl's)
       L[b, t]     = max(-A s_b,t, -A clip(s_b,t, 1 - clip_eps_low, 1 + clip_eps_high))
     so dL/dlogp_t = -A[b, t] s_b where the ratio is not clipped and 0 where it is (verl
-    compute_policy_loss_gspo). Aggregated with GSPO_AGG_MODES (the mean over sequences of the
+    compute_policy_loss_gspo). Aggregated with loss_modes.GSPO_AGG_MODES (the mean over sequences of the
     token mean) and with one advantage per sequence, this is GSPO's sequence-level objective in
     value and in gradient. The defaults are the paper's clip range. Metrics as ppo_policy_loss:
     `clip_frac` (share of policy tokens on the clipped branch) and `approx_kl` (token-level k3
@@ -243,15 +243,6 @@ AGG_MODES: dict[str, Callable[[Array, float | None], Array]] = {
     "seq_mean_token_mean": _seq_mean_token_mean_weights,
     "seq_mean_token_sum_norm": _seq_mean_token_sum_norm_weights,
 }
-# GSPO's objective is a mean over sequences of the token mean; other modes change the algorithm.
-GSPO_AGG_MODES = ("seq_mean_token_mean",)
-# The policy losses by name (rlver_jax.rl.update.POLICY_LOSSES calls them) and the aggregation
-# modes each admits: the gspo losses' ratio is a sequence's, so a token-level aggregation (which
-# NeMo RL refuses for sequence-level ratios) would weigh a sequence by its length.
-POLICY_LOSS_AGG_MODES: dict[str, tuple[str, ...]] = {
-    "ppo": tuple(AGG_MODES), "gspo": GSPO_AGG_MODES, "gspo_token": GSPO_AGG_MODES, "cispo": tuple(AGG_MODES)}
-
-
 def loss_weights(mask: Array, mode: str, *, norm_len: float | None = None) -> Array:
     """Per-token weights w [B, T] with sum_{b,t} w L = the aggregated loss (see aggregate_loss).
 

@@ -39,42 +39,19 @@ B rows, T tokens; arrays as rlver_jax.rl.losses.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 
 from rlver_jax.rl.advantages import masked_mean
+from rlver_jax.rl.loss_modes import CORRECTIONS, LEVELS
 
 Array = jax.Array
 
 LOG_RATIO_CLAMP = 20.0  # verl's SAFETY_BOUND: exp(20) ~ 5e8 keeps fp32 finite
 
 
-@dataclasses.dataclass(frozen=True)
-class Correction:
-    """What a mode of config.rl.off_policy_correction reads and does."""
-
-    weighs: bool  # a factor w on each token's policy-gradient loss
-    masks: bool  # tokens (or rows) out of the loss mask
-    levels: tuple[str, ...]  # config.rl.off_policy_level values it admits
-    low: float | None  # the default C_low; None: it has no lower bound
-    high: float | None  # the default C_high; None: it has no bound at all
-
-
-CORRECTIONS: dict[str, Correction] = {
-    "none": Correction(weighs=False, masks=False, levels=("token",), low=None, high=None),
-    # verl's default rollout_is_threshold; the TIS blog's C = 2
-    "tis": Correction(weighs=True, masks=False, levels=("token", "sequence"), low=None, high=2.0),
-    # verl's default rollout_rs_threshold, and its default lower bound 1 / upper
-    "mis": Correction(weighs=False, masks=True, levels=("token", "sequence"), low=0.5, high=2.0),
-    # IcePop's band [alpha, beta] = [0.5, 5]
-    "icepop": Correction(weighs=True, masks=False, levels=("token",), low=0.5, high=5.0),
-    # AReaL's cap is off by default there; 5 here, IcePop's top, so that no stale token dominates
-    "decoupled": Correction(weighs=True, masks=False, levels=("token",), low=None, high=5.0),
-}
-LEVELS = ("token", "sequence")
 
 
 def log_ratios(old_logprobs: Array, sample_logprobs: Array, mask: Array, level: str) -> Array:

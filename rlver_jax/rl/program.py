@@ -21,7 +21,8 @@ from rlver_jax.models.config import Qwen2Config
 from rlver_jax.parallel import sharding
 from rlver_jax.rl import offload as offload_lib
 from rlver_jax.rl.batch import TrainBatch
-from rlver_jax.rl.settings import Optimizer, RLSettings
+from rlver_jax.rl.optimizer import Optimizer
+from rlver_jax.rl.settings import RLSettings
 from rlver_jax.rl.train_state import ModelState, TrainState
 from rlver_jax.rl.update import NO_LORA, Frozen, actor_update, critic_update, model_epochs, prepare_step
 

@@ -1,7 +1,7 @@
-"""The typed `config.rl` and `config.optim` sections, and the optimizer they build.
+"""The typed `config.rl` and `config.optim` sections, without JAX (rlver_jax.rl.optimizer builds the optimizer).
 
 `RLSettings` is hashable (static under jit); its algorithm's row (rlver_jax.rl.algorithms) says
-what the update does. `Optimizer` counts the learning-rate schedule in train steps.
+what the update does.
 """
 
 from __future__ import annotations
@@ -9,9 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import optax
-
-from rlver_jax.rl import algorithms, losses, off_policy
+from rlver_jax.rl import algorithms, loss_modes
 
 KL_MODES = ("loss", "reward")
 
@@ -28,7 +26,7 @@ class RLSettings:
     algo: str = "ppo"
     estimator: str = ""  # row; rlver_jax.rl.estimators.ESTIMATORS
     policy_loss: str = ""  # row; rlver_jax.rl.update.POLICY_LOSSES
-    loss_agg_mode: str = ""  # row; losses.AGG_MODES
+    loss_agg_mode: str = ""  # row; loss_modes.AGG_MODES
     reward_mode: str = "final"
     gamma: float = 1.0
     lam: float = 1.0
@@ -53,13 +51,13 @@ class RLSettings:
     dynamic_sampling: bool | None = None  # row; groups whose rewards are all equal get no loss weight
     dynamic_sampling_retries: int = 2  # with dynamic_sampling: times such a group is sampled again (rl.dynamic_sampling)
     turn_credit_weight: float = 0.0  # turn-level group advantages mixed in with this weight (grouped estimators)
-    # The sampling policy's log-probs against the update's: off_policy.CORRECTIONS (none | tis | mis | icepop |
+    # The sampling policy's log-probs against the update's: loss_modes.CORRECTIONS (none | tis | mis | icepop |
     # decoupled), at token or sequence level, with the band [low, high] (None: the mode's default)
     off_policy_correction: str = "none"
     off_policy_level: str = "token"
     off_policy_low: float | None = None
     off_policy_high: float | None = None
-    value_loss_agg_mode: str = "token_mean"  # the critic's loss (losses.AGG_MODES)
+    value_loss_agg_mode: str = "token_mean"  # the critic's loss (loss_modes.AGG_MODES)
     ppo_epochs: int = 1
     mini_batch_size: int = 32  # train-batch rows per optimizer step (with batch_size 0)
     micro_batch_size: int = 8
@@ -80,21 +78,21 @@ class RLSettings:
         for name, value in defaults.items():
             if getattr(self, name) in ("", None):
                 object.__setattr__(self, name, value)
-        correction = off_policy.CORRECTIONS.get(self.off_policy_correction)
+        correction = loss_modes.CORRECTIONS.get(self.off_policy_correction)
         for name in ("low", "high"):  # the mode's default band
             if correction and getattr(self, f"off_policy_{name}") is None:
                 object.__setattr__(self, f"off_policy_{name}", getattr(correction, name))
         if not self.overlong_buffer:
             object.__setattr__(self, "overlong_buffer", max(self.max_new_tokens // 5, 1))
         checks = [("estimator", self.estimator, tuple(algorithms.ESTIMATOR_KINDS)),
-                  ("policy_loss", self.policy_loss, tuple(losses.POLICY_LOSS_AGG_MODES)),
+                  ("policy_loss", self.policy_loss, tuple(loss_modes.POLICY_LOSS_AGG_MODES)),
                   ("kl_mode", self.kl_mode, KL_MODES),
-                  ("kl_estimator", self.kl_estimator, tuple(losses.KL_ESTIMATORS)),
-                  ("loss_agg_mode", self.loss_agg_mode, tuple(losses.AGG_MODES)),
-                  ("value_loss_agg_mode", self.value_loss_agg_mode, tuple(losses.AGG_MODES)),
+                  ("kl_estimator", self.kl_estimator, loss_modes.KL_ESTIMATORS),
+                  ("loss_agg_mode", self.loss_agg_mode, loss_modes.AGG_MODES),
+                  ("value_loss_agg_mode", self.value_loss_agg_mode, loss_modes.AGG_MODES),
                   ("reward_mode", self.reward_mode, ("final", "per_turn")),
-                  ("off_policy_correction", self.off_policy_correction, tuple(off_policy.CORRECTIONS)),
-                  ("off_policy_level", self.off_policy_level, off_policy.LEVELS)]
+                  ("off_policy_correction", self.off_policy_correction, tuple(loss_modes.CORRECTIONS)),
+                  ("off_policy_level", self.off_policy_level, loss_modes.LEVELS)]
         for name, value, valid in checks:
             if value not in valid:
                 raise ValueError(f"config.rl.{name}={value!r}; use one of {valid}")
@@ -114,7 +112,7 @@ class RLSettings:
     def _check_combination(self) -> None:
         """One line naming the fields of a combination that is not meaningful."""
         loss = f"config.rl.policy_loss={self.policy_loss!r}"
-        if self.loss_agg_mode not in (modes := losses.POLICY_LOSS_AGG_MODES[self.policy_loss]):
+        if self.loss_agg_mode not in (modes := loss_modes.POLICY_LOSS_AGG_MODES[self.policy_loss]):
             raise ValueError(f"{loss} with config.rl.loss_agg_mode={self.loss_agg_mode!r}: its ratio is a sequence's, "
                              f"so its loss is a mean over sequences; use config.rl.loss_agg_mode in {modes}")
         if self.dual_clip and self.policy_loss != "ppo":
@@ -166,9 +164,9 @@ class RLSettings:
         return algorithms.ALGORITHMS[self.algo]
 
     @property
-    def off_policy_kind(self) -> off_policy.Correction:
+    def off_policy_kind(self) -> loss_modes.Correction:
         """What the off-policy correction reads and does."""
-        return off_policy.CORRECTIONS[self.off_policy_correction]
+        return loss_modes.CORRECTIONS[self.off_policy_correction]
 
     @property
     def estimator_kind(self) -> algorithms.EstimatorKind:
@@ -219,27 +217,3 @@ class OptimSettings:
                 problems.append(f"{name}={value!r} must be {what}")
         if problems:
             raise ValueError("; ".join(problems))
-
-
-@dataclasses.dataclass(frozen=True)
-class Optimizer:
-    """An optax transformation without the learning rate, and the learning rate at a train step: every
-    optimizer step of a train step scales `tx`'s update by that step's rate, so the schedule's length
-    counts train steps whatever the mini-batches per step (the reference steps its scheduler once per
-    train step)."""
-
-    tx: optax.GradientTransformation
-    learning_rate: optax.Schedule
-
-
-def make_optimizer(opt: OptimSettings, total_steps: int) -> Optimizer:
-    """`total_steps` counts train steps."""
-    warmup = max(int(opt.warmup_ratio * total_steps), 1)
-    schedule = optax.join_schedules(
-        [optax.linear_schedule(opt.lr / warmup, opt.lr, warmup - 1), optax.constant_schedule(opt.lr)], [warmup - 1])
-    tx = optax.chain(
-        optax.clip_by_global_norm(opt.grad_clip),
-        optax.adamw(1.0, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay))
-    return Optimizer(tx, schedule)
-
-

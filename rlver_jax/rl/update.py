@@ -31,7 +31,8 @@ from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rl import advantages as adv_lib
 from rlver_jax.rl import estimators, losses, off_policy
 from rlver_jax.rl.logprobs import token_logprobs, token_values
-from rlver_jax.rl.settings import Optimizer, RLSettings
+from rlver_jax.rl.optimizer import Optimizer
+from rlver_jax.rl.settings import RLSettings
 from rlver_jax.rl.train_state import TrainState, step_keys
 
 Params = Any
@@ -167,7 +168,7 @@ def _sequence_advantages(advantages: jax.Array, mask: jax.Array) -> jax.Array:
 
 PolicyLoss = Callable[[RLSettings, jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, dict]]
 # (rl, log-probs, old log-probs, advantages, mask) -> (per-token loss [B, T], metrics), by
-# config.rl.policy_loss; the aggregation modes each admits: losses.POLICY_LOSS_AGG_MODES.
+# config.rl.policy_loss; the aggregation modes each admits: loss_modes.POLICY_LOSS_AGG_MODES.
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     # PPO's clipped surrogate (`clip_eps_low`, `clip_eps_high`: DAPO's clip-higher; `dual_clip`)
     "ppo": lambda rl, lp, old, adv, mask: losses.ppo_policy_loss(

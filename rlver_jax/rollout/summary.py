@@ -78,11 +78,13 @@ def summarize(dialogues: Sequence[DialogueSequence]) -> DialogueSummary:
 
 
 def rollout_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
-    """The training metrics of a batch of dialogues (means over none are 0, so every value is finite)."""
+    """The training metrics of a batch of dialogues (means over none are 0, so every value is finite).
+    `user_left_rate` is the share that ended at the emotion floor (SAGE's "failure"), not the share
+    rewarded 0 (`failure_rate_reward` of `reference_metrics`: format failures included)."""
     s = summarize(dialogues)
     metrics = {
         "reward_mean": s.reward, "emotion_mean": s.score, "success_rate": s.success_rate,
-        "failure_rate": s.failure_rate, "format_failure_rate": s.format_failure_rate,
+        "user_left_rate": s.failure_rate, "format_failure_rate": s.format_failure_rate,
         "truncated_rate": s.truncated_rate, "simulator_errors": float(s.simulator_errors),
         "no_policy_turn": float(s.no_policy_turn), "turns_mean": s.turns, "sequence_tokens_mean": s.tokens,
         **degenerate_replies(dialogues),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+from collections.abc import Collection
 
 from ml_collections import config_dict
 
@@ -16,6 +17,11 @@ from rlver_jax.simulator.templates import DIFFICULTIES, LANGUAGES
 BACKENDS = ("openai", "embedded")
 STRUCTURED_OUTPUTS = ("off", "json_schema")
 _MIN_PROMPT_TOKENS = 1024  # below this not even the instructions and one reply fit
+# The fields of config.simulator only a served simulator reads (its endpoint, sampling, answer format,
+# prompt budget and answer cache): the embedded backend reads the emotion rules, difficulty and language.
+SERVED_ONLY = ("base_url", "model", "api_key_env", "timeout_s", "max_concurrency", "max_retries", "backoff_initial_s",
+               "backoff_max_s", "temperature", "max_tokens", "malformed_retries", "structured_output",
+               "max_prompt_tokens", "max_utterance_chars", "cache_dir", "cache_replay_only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,14 +41,28 @@ class SimulatorSettings:
     rules: EmotionRules
 
     @classmethod
-    def from_config(cls, cfg: config_dict.ConfigDict) -> SimulatorSettings:
-        """Reads the section; one ValueError names every bad config.simulator field."""
+    def from_config(cls, cfg: config_dict.ConfigDict, *, given: Collection[str] = ()) -> SimulatorSettings:
+        """Reads the section; one ValueError names every bad config.simulator field. `given`: the
+        section's fields the command line set (e.g. {"base_url"}), each refused where the backend
+        ignores it (`check_read`)."""
         own = {k: cfg[k] for k in _OWN_FIELDS}
-        _, client, rules = build_all(
+        _, _, client, rules = build_all(
             lambda: _check_fields(types.SimpleNamespace(**own)),
+            lambda: check_read(cfg.backend, given),
             lambda: ClientSettings.from_config(cfg, name="simulator", flag_prefix="--config.simulator."),
             lambda: EmotionRules.from_config(cfg))
         return cls(**own, client=client, rules=rules)
+
+
+def check_read(backend: str, given: Collection[str]) -> None:
+    """Refuse fields of config.simulator set on the command line (`given`) that `backend` ignores, so
+    that a server's URL given to a preset of the embedded simulator is not silently unused."""
+    unread = [f for f in SERVED_ONLY if f in given] if backend == "embedded" else []
+    if unread:
+        flags = " ".join(f"--config.simulator.{f}" for f in unread)
+        raise ValueError(f"{flags} set, but --config.simulator.backend='embedded' (the rule-based simulator) reads "
+                         f"no server: add --config.simulator.backend=openai to use the served simulator, or drop "
+                         f"{flags}")
 
 
 # The simulator's own fields of config.simulator (not its endpoint's, not the emotion rules').

@@ -22,7 +22,7 @@ from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.models.lora import LoraSettings
 from rlver_jax.parallel import sharding
-from rlver_jax.rl import program, settings, train_state
+from rlver_jax.rl import optimizer, program, settings, train_state
 from rlver_jax.train import model_loading
 from rlver_jax.train.spec import RunSpec
 
@@ -46,16 +46,16 @@ def trainable_shapes(lora: LoraSettings, cfg: Qwen2Config, mesh: Mesh, rules: sh
     return {**adapters, **{k: full[k] for k in head}}, {**adapters_sh, **{k: full_sh[k] for k in head}}
 
 
-def make_optimizers(spec: RunSpec) -> tuple[settings.Optimizer, settings.Optimizer | None]:
+def make_optimizers(spec: RunSpec) -> tuple[optimizer.Optimizer, optimizer.Optimizer | None]:
     """The actor's and (with a critic) the critic's optimizer; their schedules count the run's train
     steps. With LoRA the adapters' learning rates are config.optim's x config.lora.lr_multiplier, the
     other trainable leaves' (modules_to_save, a value head) config.optim's (lora.full_rank_rate)."""
     lora, steps = spec.lora, spec.loop.steps
 
-    def make(opt: settings.OptimSettings) -> settings.Optimizer:
+    def make(opt: settings.OptimSettings) -> optimizer.Optimizer:
         if not lora.enabled:
-            return settings.make_optimizer(opt, steps)
-        made = settings.make_optimizer(dataclasses.replace(opt, lr=opt.lr * lora.lr_multiplier), steps)
+            return optimizer.make_optimizer(opt, steps)
+        made = optimizer.make_optimizer(dataclasses.replace(opt, lr=opt.lr * lora.lr_multiplier), steps)
         return dataclasses.replace(made, tx=optax.chain(made.tx, lora_lib.full_rank_rate(lora)))
 
     return make(spec.actor_optim), make(spec.critic_optim) if spec.rl.uses_critic else None

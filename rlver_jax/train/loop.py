@@ -143,8 +143,10 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
             if s.transcripts and jax.process_index() == 0:
                 write_transcripts(run.workdir / "transcripts", step, dialogues, advantages=advantages)
             if s.eval_every and run.eval_profiles and (step + 1) % s.eval_every == 0:
-                metrics.update(_evaluate_unless_stopping(run, sampler, step, train_state.step_keys(rng, step).eval,
-                                                         guard))
+                with writers.evaluating(step, len(run.eval_profiles[:s.eval_max_profiles or None])) as timing:
+                    evaluated = _evaluate_unless_stopping(run, sampler, step, train_state.step_keys(rng, step).eval,
+                                                          guard)
+                metrics.update(evaluated, **(timing if evaluated else {}))
             writers.write(step, metrics, dialogues)
             lowest_degenerate = _check_degeneration(step, lowest_degenerate, metrics, s)
             checkpoint.save(manager, step + 1, state, _meta(step + 1, record, norms, versions),
@@ -551,7 +553,7 @@ def evaluate(run: Run, params: Any, step: int, key: jax.Array) -> dict[str, floa
                          version=step, transcripts_dir=run.workdir / "transcripts")
     s = summarize(seqs)
     n = max(s.scored, 1)
-    return {"eval_score": s.score, "eval_success_rate": s.success / n, "eval_failure_rate": s.failure / n,
+    return {"eval_score": s.score, "eval_success_rate": s.success / n, "eval_user_left_rate": s.failure / n,
             "eval_mean_turns": s.scored_turns, "eval_simulator_errors": float(s.simulator_errors),
             "eval_no_policy_turn": float(s.no_policy_turn),
             "eval_kv_cache_reencodes": float(reencoded_turns(seqs)),

@@ -14,13 +14,15 @@ scalars, so a dead writer never blocks the loop (with tensorboardX's 10 it hung 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import pathlib
 import threading
+import time
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -32,9 +34,14 @@ from rlver_jax.rollout.sequence import DialogueSequence
 
 log = logging.getLogger(__name__)
 
-# The metrics the progress bar shows, when logged.
-PROGRESS_KEYS = ("reward_mean", "emotion_mean", "success_rate", "failure_rate", "degenerate_rate", "entropy",
-                 "tokens_per_second")
+# The metrics the progress bar shows, when logged, by the name it shows them under: the reward (0 for
+# a dialogue a format failure ended), the final emotion, the shares of dialogues rewarded below 0.1 and
+# of format failures (which explain a reward far below emotion / 100), of users who left at the
+# floor, who reached the ceiling and of degenerate replies; the in-loop evaluation's score on the
+# steps it runs.
+PROGRESS_KEYS = {"reward_mean": "reward", "emotion_mean": "emotion", "failure_rate_reward": "reward<0.1",
+                 "format_failure_rate": "format_fail", "user_left_rate": "user_left", "success_rate": "success",
+                 "degenerate_rate": "degenerate", "tokens_per_second": "tok/s", "eval_score": "eval_score"}
 
 
 def tensorboard_tag(key: str) -> str:
@@ -132,9 +139,34 @@ class Writers:
         self.table_every = table_every
         self._stop_showing_requests = llm_client.show_requests(self.bar, "train")
 
+    @contextlib.contextmanager
+    def evaluating(self, step: int, profiles: int) -> Iterator[dict[str, float]]:
+        """The in-loop evaluation of `step` shown as such: the bar's label says it runs (with the
+        simulator's requests), a line after it gives its score and time; the metrics yielded get
+        its `eval_seconds`."""
+        label = f"step {step}: in-loop evaluation of {profiles} held-out profiles"
+        self._show(label)
+        timing: dict[str, float] = {}
+        t0 = time.perf_counter()
+        try:
+            yield timing
+        finally:
+            timing["eval_seconds"] = time.perf_counter() - t0
+            self._show("train")
+
+    def _show(self, label: str) -> None:
+        self._stop_showing_requests()
+        self.bar.set_description_str(label)
+        self._stop_showing_requests = llm_client.show_requests(self.bar, label)
+
     def write(self, step: int, metrics: dict[str, float], dialogues: Sequence[DialogueSequence] = ()) -> None:
+        if "eval_score" in metrics and not self.bar.disable:
+            self.bar.write(f"step {step}: in-loop evaluation: held-out score {metrics['eval_score']:.1f} (mean final "
+                           f"emotion, SAGE's rules), user left {metrics.get('eval_user_left_rate', 0):.2f}, "
+                           f"{metrics.get('eval_seconds', 0):.0f} s")
         self.bar.update(1)
-        self.bar.set_postfix({k: f"{metrics[k]:.3g}" for k in PROGRESS_KEYS if k in metrics}, refresh=False)
+        self.bar.set_postfix({name: f"{metrics[k]:.3g}" for k, name in PROGRESS_KEYS.items() if k in metrics},
+                             refresh=False)
         if not self.writes:
             return
         append_jsonl(self.metrics_path, {"step": step, **metrics})

@@ -10,7 +10,6 @@ weights without the LM head and with a fresh value head, or the Hugging Face dir
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
 from typing import Any
@@ -24,43 +23,9 @@ from rlver_jax.parallel import sharding
 from rlver_jax.models import hf_io, qwen2, smollm2
 from rlver_jax.models.config import Qwen2Config, get_preset
 from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer
+from rlver_jax.train.model_source import VALUE_HEAD_INITS, CriticSource, ModelSource
 
 Params = Any
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSource:
-    """Where the policy comes from and how it is laid out (`config.model`)."""
-
-    preset: str  # the architecture without a path (rlver_jax.models.config.PRESETS)
-    path: str = ""  # a Hugging Face directory; "": random_init
-    random_init: bool = False  # with no path: random weights and a tokenizer built locally
-    tokenizer_path: str = ""  # "": path's (or the locally built one)
-    param_dtype: str = "float32"
-    dtype: str = "float32"
-    scan_layers: bool = False
-    remat: str = "none"
-    attention: str = "auto"
-    mlp_chunk: int = 0
-
-    def overrides(self) -> dict[str, Any]:
-        """The Qwen2Config fields this source sets on top of the architecture."""
-        return dict(param_dtype=self.param_dtype, dtype=self.dtype, scan_layers=self.scan_layers, remat=self.remat,
-                    attention=self.attention, mlp_chunk=self.mlp_chunk)
-
-
-@dataclasses.dataclass(frozen=True)
-class CriticSource:
-    """Where a critic comes from (`config.critic`): a Hugging Face directory, or the actor's weights
-    with a fresh value head (`value_head_init`, drawn from `value_head_key(seed)`)."""
-
-    path: str = ""
-    value_head_init: str = "zero"
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.value_head_init not in VALUE_HEAD_INITS:
-            raise ValueError(f"config.critic.value_head_init={self.value_head_init!r}; use one of {VALUE_HEAD_INITS}")
 
 
 # The files build_tiny_tokenizer writes (text.tokenizer_files.save_tokenizer): a directory holding them all is whole.
@@ -118,9 +83,6 @@ def load_policy(model: ModelSource, cfg: Qwen2Config, shardings: Params, init_ke
 def critic_config(actor_cfg: Qwen2Config) -> Qwen2Config:
     """The PPO critic's architecture: the actor's, with a value head in place of the LM head."""
     return actor_cfg.replace(value_head=True)
-
-
-VALUE_HEAD_INITS = ("zero", "normal")
 
 
 def critic_from_actor(actor_cfg: Qwen2Config, actor: Params, value_head_init: str = "zero",

@@ -1,5 +1,6 @@
 """A training run built from its spec, once: profiles, tokenizer, the abstract run with weights
-loaded into it, the initial train state (`build_run` -> `Run`).
+loaded into it, the initial train state (`build_run` -> `Run`). Before the weights load, process 0
+prints what the run runs (rlver_jax.train.banner).
 
 Errors in the config surface in the spec (rlver_jax.train.spec), before any model is loaded or
 compiled, each naming the config field and the fix. In a multi-host run every process builds the
@@ -37,7 +38,7 @@ from rlver_jax.rollout.openings import check_openings
 from rlver_jax.simulator.factory import check_endpoint
 from rlver_jax.simulator.profiles import Profile, load_profiles
 from rlver_jax.text import chat
-from rlver_jax.train import checkpoint, model_loading
+from rlver_jax.train import banner, checkpoint, model_loading
 from rlver_jax.train.abstract_run import AbstractRun, abstract_run, frozen_architecture
 from rlver_jax.train.spec import DataSpec, RunSpec, resume_changes
 from rlver_jax.train.tracking import TrackingSettings
@@ -212,8 +213,8 @@ def _check_workdir(spec: RunSpec, storage: WorkDir) -> None:
 def build_run(spec: RunSpec) -> Run:
     """Build the run of `spec` (rlver_jax.train.spec): claims the work directory (`claim`: the lock
     and the checks of the run found there, before anything is written), then (process 0) writes
-    its config.json. The lock is released by training (rlver_jax.train.loop.train_run), or here
-    when building fails."""
+    its config.json once the profiles load, the simulator answers and the tokenizer is found. The
+    lock is released by training (rlver_jax.train.loop.train_run), or here when building fails."""
     storage = WorkDir(spec.loop.workdir)
     lock = claim(spec, storage)
     try:
@@ -226,12 +227,12 @@ def build_run(spec: RunSpec) -> Run:
 
 def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
     workdir = storage.local
-    if jax.process_index() == 0:
-        atomic_write_text(workdir / "config.json", spec.config_json)
     train_profiles, eval_profiles = split_profiles(spec.data)
     tracking_settings = dataclasses.replace(spec.tracking, run_dir=str(workdir))
     check_endpoint(spec.simulator)
     chat_tokens = _tokenizer(spec.model, workdir)
+    if jax.process_index() == 0:  # once the profiles, the simulator and the tokenizer were found
+        atomic_write_text(workdir / "config.json", spec.config_json)
     # A profile whose opening fills the policy's budget would give dialogues without a policy turn.
     language = spec.simulator.language
     check_openings(chat_tokens, spec.rollout, train_profiles, "config.data.train_profiles", language)
@@ -248,6 +249,10 @@ def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
     own = np.flatnonzero(owner == jax.process_index())
     log.info("process %d of %d: %d local devices (%s), dialogues %s of the %d per step", jax.process_index(),
              jax.process_count(), jax.local_device_count(), jax.local_devices()[0].platform, _ranges(own), len(owner))
+    if jax.process_index() == 0:  # what the run runs, before the weights load
+        print("\n".join(banner.describe(spec, params=actor_cfg.num_params(), train_profiles=train_profiles,
+                                        eval_profiles=eval_profiles, mesh_shape=dict(mesh.shape),
+                                        platform=jax.devices()[0].platform)), flush=True)
     actor, critic, frozen = initial_models(spec, prog)
     critic_tx = prog.critic_opt.tx if prog.rl.uses_critic else None
     state = train_state.init_train_state(actor, prog.actor_opt.tx, critic, critic_tx, spec.loop.seed,

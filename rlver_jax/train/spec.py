@@ -13,21 +13,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any
+import pathlib
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
 
 import ml_collections
 
 from rlver_jax.checks import build_all, check_ranges
-from rlver_jax.models.lora import LoraSettings
-from rlver_jax.parallel.sharding import RulesLike
+from rlver_jax.models import smollm2
+from rlver_jax.models.lora_settings import LoraSettings
 from rlver_jax.rl.batch import minibatch_unit
 from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.state import EmotionRules
-from rlver_jax.train.model_loading import CriticSource, ModelSource
+from rlver_jax.train.model_source import CriticSource, ModelSource
 from rlver_jax.train.tracking import TrackingSettings
+
+if TYPE_CHECKING:  # the spec imports no JAX: launch/train.py checks a config before importing it
+    from rlver_jax.parallel.sharding import RulesLike
 
 
 DEGENERATE_ACTIONS = ("warn", "stop")  # config.train.degenerate_alarm_action
@@ -179,15 +184,18 @@ class RunSpec:
         return {k: v for k, v in fields.items() if change_kind(k) != "free"}
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> RunSpec:
+    def from_config(cls, config: ml_collections.ConfigDict, given: Collection[str] = ()) -> RunSpec:
         """The specs of `config` (configs/base.py), before anything is touched: one ValueError names
-        every bad field."""
+        every bad field. `given`: the dotted fields the command line set (e.g. "simulator.base_url"),
+        refused where what the config chose ignores them (a served simulator's URL given to the
+        embedded one). Imports no JAX, so launch/train.py checks a config before importing it."""
         r = config.rollout
+        given_simulator = {f.split(".", 1)[1] for f in given if f.startswith("simulator.")}
         loop, sampling, rollout, simulator, model, critic, lora, actor_optim, critic_optim = build_all(
             lambda: LoopSettings.from_config(config),
             lambda: SamplingSettings.from_config(r, "config.rollout."),
             lambda: RolloutSettings.from_config(r, "config.rollout.", think=r.think, pipeline_groups=r.pipeline_groups),
-            lambda: SimulatorSettings.from_config(config.simulator),
+            lambda: SimulatorSettings.from_config(config.simulator, given=given_simulator),
             lambda: model_source(config),
             lambda: CriticSource(config.critic.path, config.critic.value_head_init, config.seed),
             lambda: lora_settings(config),
@@ -213,6 +221,38 @@ class RunSpec:
                    sampling=sampling, simulator=simulator, eval=eval_settings, tracking=tracking,
                    data=DataSpec(d.train_profiles, d.eval_profiles, d.eval_holdout), offload=config.train.offload,
                    record=config.to_dict(), config_json=config.to_json_best_effort(indent=2))
+
+    def check_paths(self) -> None:
+        """The local paths training reads (model, tokenizer, critic, profiles) exist, or one
+        ValueError naming every missing one by its config field, before anything is written or
+        imported. The planner, which reads no weights, does not call it."""
+        problems = []
+        if not self.model.path:
+            if not self.model.random_init:
+                problems.append(f"config.model.path is empty for preset {self.model.preset!r}: set --config.model.path "
+                                "to a local Hugging Face directory (README, \"Real weights and data\"), or use a "
+                                ":tiny config")
+        elif not (pathlib.Path(self.model.path) / "config.json").is_file():
+            what = "holds no config.json" if pathlib.Path(self.model.path).is_dir() else "does not exist"
+            problems.append(f"config.model.path={self.model.path!r} {what}: point it at a Hugging Face model directory"
+                            + (smollm2.missing_hint(self.model.path) or " (README, \"Real weights and data\": "
+                               "`hf download Qwen/Qwen2.5-7B-Instruct --local-dir DIR`)"))
+        for field, path in (("config.model.tokenizer_path", self.model.tokenizer_path),
+                            ("config.critic.path", self.critic.path)):
+            if path and not pathlib.Path(path).is_dir():
+                problems.append(f"{field}={path!r}: no such directory")
+        if not self.data.train_profiles:
+            problems.append("config.data.train_profiles is empty: set it to a JSONL profile file, e.g. "
+                            "--config.data.train_profiles=../shared/data/rlver/train_profile.jsonl")
+        for field, path in (("config.data.train_profiles", self.data.train_profiles),
+                            ("config.data.eval_profiles", self.data.eval_profiles)):
+            if path and pathlib.Path(path).is_dir():
+                problems.append(f"{field}={path!r} is a directory: give a JSON Lines profile file")
+            elif path and not pathlib.Path(path).is_file():
+                problems.append(f"{field}={path!r}: no such file (the reference profiles: README, \"Real weights "
+                                "and data\")")
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def override(self, **fields: Any) -> RunSpec:
         """The spec of this config with dotted fields set, e.g. override(**{"rl.micro_batch_size": 4})."""

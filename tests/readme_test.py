@@ -1,0 +1,136 @@
+"""The README's commands as written, so they cannot drift: every command of a ```bash block that
+runs a launch/ script runs it with the venv's python, names a script that exists and flags it
+defines, a config file, preset and fields the config has; the ones with a config resolve it for
+real (`--print_config` added: no JAX, no run); the quick start's training command runs as written
+(slow)."""
+
+import importlib.util
+import re
+import shlex
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tests.fixtures_cli import run_script
+
+README = REPO / "README.md"
+PYTHON = ".venv/bin/python"
+_SEPARATORS = {"&&", "&", ";", "|", "||"}
+_SCRIPT = re.compile(r"launch/\w+\.py")
+
+
+def readme_commands(text: str) -> list[tuple[str, list[str], str]]:
+    """(interpreter, [script, *args], source line) of every launch/*.py command in the README's
+    bash blocks, continuations joined, comments dropped; an interpreter inside `launch/tpu_pod.sh ...
+    --` is the pod's (its venv is activated there). A block line of overrides alone (`--config.x=1`)
+    is given as arguments of `launch/train.py --config=configs/ppo_think.py`, as the README says."""
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in re.sub(r" *\\\n\s*", " ", block).splitlines():
+            tokens = shlex.split(line, comments=True)
+            if tokens and tokens[0].startswith("--config."):
+                found.append((PYTHON, ["launch/train.py", "--config=configs/ppo_think.py", *tokens], line))
+                continue
+            pod = "launch/tpu_pod.sh" in tokens
+            for i, token in enumerate(tokens):
+                if _SCRIPT.fullmatch(token) and i > 0 and tokens[i - 1].endswith("python"):
+                    end = next((j for j in range(i, len(tokens)) if tokens[j] in _SEPARATORS), len(tokens))
+                    found.append(("pod" if pod else tokens[i - 1], tokens[i:end], line))
+    return found
+
+
+COMMANDS = readme_commands(README.read_text())
+
+
+def test_the_parser_reads_continuations_comments_and_background_jobs():
+    text = ("```bash\nA=1 .venv/bin/python launch/train.py --config=c.py:tiny \\\n    --config.seed=2 &  # note\n"
+            "B=2 .venv/bin/python launch/train.py --config=c.py &\n--config.rl.algo=grpo   # ablation\n```\n")
+    assert readme_commands(text) == [
+        (PYTHON, ["launch/train.py", "--config=c.py:tiny", "--config.seed=2"],
+         "A=1 .venv/bin/python launch/train.py --config=c.py:tiny --config.seed=2 &  # note"),
+        (PYTHON, ["launch/train.py", "--config=c.py"], "B=2 .venv/bin/python launch/train.py --config=c.py &"),
+        (PYTHON, ["launch/train.py", "--config=configs/ppo_think.py", "--config.rl.algo=grpo"],
+         "--config.rl.algo=grpo   # ablation")]
+
+
+def test_the_readme_has_commands_of_every_kind():
+    scripts = {args[0] for _, args, _ in COMMANDS}
+    assert {"launch/train.py", "launch/eval.py", "launch/plan.py", "launch/view.py", "launch/fetch_smollm2.py",
+            "launch/chat_with_simulator.py", "launch/export_hf.py", "launch/analyze.py",
+            "launch/capabilities.py"} <= scripts
+    assert len(COMMANDS) >= 35  # 38 on 2026-12-04
+
+
+@pytest.mark.parametrize("python, args, line", COMMANDS, ids=[c[2][:60] for c in COMMANDS])
+def test_every_command_uses_the_venv_and_a_script_that_exists(python, args, line):
+    assert python in (PYTHON, "pod"), f"not the venv's python: {line}"
+    assert (REPO / args[0]).is_file(), line
+
+
+def _help(script: str) -> str:
+    done = run_script(script, "--help")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+_HELP: dict[str, str] = {}
+
+
+def _config(value: str):
+    """The ConfigDict of `--config=FILE[:PRESET]`, from the config file's own get_config."""
+    path, _, preset = value.partition(":")
+    spec = importlib.util.spec_from_file_location(f"readme_config_{abs(hash(path))}", REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(REPO))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO))
+    return module.get_config(preset or None)
+
+
+_DEFAULT_CONFIG = {"launch/chat_with_simulator.py": "configs/simulator.py"}
+
+
+@pytest.mark.parametrize("python, args, line", COMMANDS, ids=[c[2][:60] for c in COMMANDS])
+def test_every_flag_and_config_field_exists(python, args, line):
+    """Each flag is one the script defines (its --help lists it); each --config.FIELD is a field of
+    the config the command names."""
+    script, flags_given = args[0], [a for a in args[1:] if a.startswith("--")]
+    if script not in _HELP:
+        _HELP[script] = _help(script.removeprefix("launch/"))
+    config_file = next((a.split("=", 1)[1] for a in flags_given if a.startswith("--config=")),
+                       _DEFAULT_CONFIG.get(script))
+    config = _config(config_file) if config_file else None
+    for flag in flags_given:
+        name = flag[2:].split("=", 1)[0]
+        if name.startswith("config."):
+            node = config
+            for part in name.split(".")[1:]:
+                assert part in node, f"{flag}: no such field in {config_file}: {line}"
+                node = node[part]
+        else:
+            assert re.search(rf"--(\[no\])?{re.escape(name)}:", _HELP[script]), f"{flag} is not a flag of {script}"
+
+
+_CONFIGURED = [c for c in COMMANDS if any(a.startswith("--config=") for a in c[1])]
+
+
+@pytest.mark.parametrize("python, args, line", _CONFIGURED, ids=[c[2][:60] for c in _CONFIGURED])
+def test_every_configured_command_resolves_its_config(python, args, line):
+    """Run as written with --print_config added: the config file, its preset and every override
+    resolve (exit 0) without starting anything."""
+    done = run_script(args[0].removeprefix("launch/"), *args[1:], "--print_config")
+    assert done.returncode == 0, (line, done.stderr)
+    assert not done.stderr.strip(), done.stderr
+
+
+@pytest.mark.slow
+def test_the_quick_start_trains_as_written(tmp_path):
+    """The quick start's main job, as written but for its work directory (an override after it)."""
+    [(_, args, line)] = [c for c in COMMANDS if "--config.workdir=runs/tiny " in c[2] + " "]
+    done = run_script(args[0].removeprefix("launch/"), *args[1:], f"--config.workdir={tmp_path / 'tiny'}")
+    assert done.returncode == 0, done.stderr
+    assert f"outputs in {tmp_path / 'tiny'}" in done.stdout and "simulator  embedded" in done.stdout
+    assert len((tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()) == 10  # --config.train.steps=10
