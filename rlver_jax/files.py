@@ -94,7 +94,8 @@ def _staging_prefix(path: pathlib.Path) -> str:
     return f".{path.name}.{os.getpid()}@{_host()}."
 
 
-def _is_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host exists (another user's counts)."""
     if pid == os.getpid():
         return True
     try:
@@ -126,7 +127,7 @@ def remove_stale_staging(path: str | os.PathLike) -> list[pathlib.Path]:
         if not m or sibling.is_symlink() or not sibling.is_dir():
             continue
         pid, host = m.group(1), m.group(2)
-        if pid is None or (host == _host() and not _is_alive(int(pid))):
+        if pid is None or (host == _host() and not pid_alive(int(pid))):
             shutil.rmtree(sibling, ignore_errors=True)
             removed.append(sibling)
     return removed

@@ -4,7 +4,6 @@ policy and the command line."""
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -17,102 +16,21 @@ from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import read_jsonl
 from rlver_jax.llm_client import EndpointUnavailableError
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.simulator.profiles import GOALS
 from tests.conftest import REPO
 from tests.export_test import make_run
+from tests.fixtures_eval import CHANGES, Servers, config_urls, profiles_file, _emotion, _policy, _reply
 from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 from tests.summary_test import DIALOGUES
 
-# Per profile, the emotion change the simulated user gives each judged reply, and the reply turn
-# after which the user says goodbye. From 40 under the SAGE rules (end at 100, below 10, after 10
-# rounds with the 10th reply not judged):
-#   P1 +10 x6 -> 100, success after 6 replies     P2 -10 x4 -> 0, failure after 4 replies
-#   P3 +1 x9 -> 49, turn limit after 10 replies    P4 +5 x2 -> 50, goodbye after 2 replies
-#   P5 answers malformed text: a simulator error, not scored
-CHANGES = {"P1": 10, "P2": -10, "P3": 1, "P4": 5}
-GOODBYE_AFTER = {"P4": 2}
+# The scripted profiles (tests/fixtures_eval.py) end under the SAGE rules as:
 EXPECTED = {"P1": (100, 6, "success"), "P2": (0, 4, "failure"), "P3": (49, 10, "turn_limit"),
             "P4": (50, 2, "goodbye")}
 SCORE = (100 + 0 + 49 + 50) / 4
 
 
-def _profile(name):
-    return {"id": f"id-{name}", "player": f"Name: {name}\nA tired office worker.",
-            "scene": "Had a rough week at work and wants to talk.", "main_cha": "passive",
-            "cha_group": ["quiet"], "task": GOALS["listening"][1], "first_talk": f"[{name}] Long week, honestly."}
-
-
-def _profiles_file(tmp_path, names=("P1", "P2", "P3", "P4")):
-    path = tmp_path / "profiles.jsonl"
-    path.write_text("".join(json.dumps(_profile(n)) + "\n" for n in names))
-    return path
-
-
-def _last(pattern, text):
-    return re.findall(pattern, text)[-1]
-
-
-def _policy(request):
-    """Answers with the turn number, so the simulator's scripts know which reply they judge."""
-    name = _last(r"\[(P\d)\]", request["messages"][1]["content"])
-    turn = sum(m["role"] == "assistant" for m in request["messages"]) + 1
-    return f"That sounds heavy, {name}. I am here. [t{turn}]"
-
-
-def _emotion(changes):
-    def script(request):
-        name = _last(r"Name: (P\d)", request["messages"][0]["content"])
-        if name == "P5":
-            return "I feel a little better, I think."
-        return f"Intent: comfort\nFit: fine\nInner reaction: ok\nFeeling: moved\nChange: {changes[name]:+d}"
-    return script
-
-
-def _reply(request):
-    system, user = request["messages"][0]["content"], request["messages"][1]["content"]
-    name, turn = _last(r"Name: (P\d)", system), int(_last(r"\[t(\d+)\]", user))
-    return "Plan: wrap up\nResponse: Bye, I have to go." if GOODBYE_AFTER.get(name) == turn else \
-        "Plan: go on\nResponse: Yeah... it has been a lot."
-
-
-class Servers:
-    """The policy endpoint and the simulator endpoint, each a scripted server."""
-
-    def __init__(self, changes=CHANGES):
-        self.changes = changes
-
-    def __enter__(self):
-        self.policy = ScriptedServer(_policy, model="policy").__enter__()
-        self.simulator = ScriptedServer(route(emotion=_emotion(self.changes), reply=_reply)).__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.simulator.__exit__(*exc)
-        self.policy.__exit__(*exc)
-
-    def policy_requests(self, name):
-        return sum(f"[{name}]" in r["messages"][1]["content"] for r in self.policy.requests)
-
-
 def _config(tmp_path, servers, profiles, workdir="eval", **overrides):
-    return _config_urls(tmp_path / workdir, servers.policy.base_url, servers.simulator.base_url, profiles,
-                        **overrides)
-
-
-def _config_urls(workdir, policy_url, simulator_url, profiles, **overrides):
-    c = get_config()
-    c.workdir = str(workdir)
-    c.eval.profiles = str(profiles)
-    c.eval.group_size = 1
-    c.policy.backend = "openai"
-    c.policy.base_url = policy_url
-    c.simulator.base_url = simulator_url
-    c.simulator.backoff_initial_s = 0.001
-    c.simulator.malformed_retries = 1
-    for key, value in overrides.items():
-        section, field = key.split(".")
-        c[section][field] = value
-    return c
+    return config_urls(tmp_path / workdir, servers.policy.base_url, servers.simulator.base_url, profiles,
+                       **overrides)
 
 
 def test_sentient_scores_of_crafted_dialogues():
@@ -131,7 +49,7 @@ def test_sentient_scores_of_crafted_dialogues():
 
 def test_scores_equal_hand_computed_values(tmp_path):
     with Servers() as servers:
-        config = _config(tmp_path, servers, _profiles_file(tmp_path), **{"eval.max_dialogues": 3})
+        config = _config(tmp_path, servers, profiles_file(tmp_path), **{"eval.max_dialogues": 3})
         summary = run_benchmark(config, progress=False)
         assert servers.policy.peak_in_flight <= 3
     assert summary["score"] == pytest.approx(SCORE)
@@ -152,14 +70,14 @@ def test_scores_equal_hand_computed_values(tmp_path):
 
 def test_each_dialogue_is_saved_when_it_ends(tmp_path):
     with Servers() as servers:  # one group of four dialogues in lockstep; they end at different turns
-        run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path), **{"eval.group_size": 4}),
+        run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path), **{"eval.group_size": 4}),
                       progress=False)
     order = [r["profile_id"] for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")]
     assert order == ["id-P4", "id-P2", "id-P1", "id-P3"]  # after 2, 4, 6 and 10 replies
 
 
 def test_resume_skips_finished_profiles(tmp_path):
-    profiles = _profiles_file(tmp_path)
+    profiles = profiles_file(tmp_path)
     with Servers() as servers:
         run_benchmark(_config(tmp_path, servers, profiles, **{"eval.max_profiles": 2}), progress=False)
         assert servers.policy_requests("P1") == 6 and servers.policy_requests("P3") == 0
@@ -183,7 +101,7 @@ def test_a_policy_endpoint_failing_mid_run_keeps_the_finished_dialogues(tmp_path
     def failing_policy(request):
         return Reply(status=400) if "[P3]" in request["messages"][1]["content"] else _policy(request)
 
-    profiles = _profiles_file(tmp_path)
+    profiles = profiles_file(tmp_path)
     with Servers() as servers:
         servers.policy.script = failing_policy
         config = _config(tmp_path, servers, profiles, **{"eval.max_dialogues": 1, "policy.max_retries": 0})
@@ -198,7 +116,7 @@ def test_a_policy_endpoint_failing_mid_run_keeps_the_finished_dialogues(tmp_path
 
 def test_a_simulator_answering_malformed_text_is_counted_not_fatal(tmp_path):
     with Servers() as servers:
-        summary = run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path, ("P1", "P5"))),
+        summary = run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path, ("P1", "P5"))),
                                 progress=False)
         p5_judgements = [r for r in servers.simulator.requests if "Name: P5" in r["messages"][0]["content"]]
         assert len(p5_judgements) == 2  # the first answer and one retry (malformed_retries=1)
@@ -213,7 +131,7 @@ def test_a_simulator_answering_malformed_text_is_counted_not_fatal(tmp_path):
 
 def test_all_simulator_errors_give_a_null_score(tmp_path):
     with Servers() as servers:
-        run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path, ("P5",))), progress=False)
+        run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path, ("P5",))), progress=False)
     saved = json.loads((tmp_path / "eval" / "sentient.json").read_text())
     assert (saved["score"], saved["n"], saved["simulator_errors"]) == (None, 0, 1)
 
@@ -221,18 +139,18 @@ def test_all_simulator_errors_give_a_null_score(tmp_path):
 def test_bad_input_names_the_field(tmp_path):
     with Servers() as servers:
         with pytest.raises(ValueError, match="config.policy.backend='vllm'"):
-            run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path), **{"policy.backend": "vllm"}))
+            run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path), **{"policy.backend": "vllm"}))
         with pytest.raises(ValueError, match="config.eval.profiles: .*nowhere.jsonl: profile file not found"):
             run_benchmark(_config(tmp_path, servers, tmp_path / "nowhere.jsonl"))
         with pytest.raises(FileNotFoundError, match="config.policy.checkpoint='.*no_run': no such directory"):
-            run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path), **{
+            run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path), **{
                 "policy.backend": "jax", "policy.checkpoint": str(tmp_path / "no_run")}))
         with pytest.raises(EndpointUnavailableError, match="--config.policy.model='gpt'"):
-            run_benchmark(_config(tmp_path, servers, _profiles_file(tmp_path), **{"policy.model": "gpt"}))
+            run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path), **{"policy.model": "gpt"}))
         stopped = servers.policy.base_url
     with ScriptedServer(route(emotion=_emotion(CHANGES), reply=_reply)) as simulator:
         with pytest.raises(EndpointUnavailableError, match="no server answers at --config.policy.base_url"):
-            run_benchmark(_config_urls(tmp_path / "eval", stopped, simulator.base_url, _profiles_file(tmp_path)))
+            run_benchmark(config_urls(tmp_path / "eval", stopped, simulator.base_url, profiles_file(tmp_path)))
 
 
 SAGE_POLICY_PROMPT = REPO.parent / "shared" / "data" / "sage" / "policy_system_prompt.txt"
@@ -244,7 +162,7 @@ def test_the_policy_gets_the_system_prompt_of_the_configured_file(tmp_path):
     prompt), not the project's; both fields set, or an unreadable file, name the field."""
     want = SAGE_POLICY_PROMPT.read_text(encoding="utf-8").strip()
     with Servers() as servers:
-        config = _config(tmp_path, servers, _profiles_file(tmp_path, names=("P1",)),
+        config = _config(tmp_path, servers, profiles_file(tmp_path, names=("P1",)),
                          **{"policy.system_prompt_file": str(SAGE_POLICY_PROMPT)})
         assert run_benchmark(config, progress=False)["n"] == 1
         assert servers.policy.requests and all(
@@ -273,8 +191,8 @@ def test_only_a_policy_of_ours_or_a_multi_process_run_needs_jax(monkeypatch):
     assert not needs_jax(c)
 
 
-def test_compare_pairs_runs_per_profile(tmp_path):
-    profiles = _profiles_file(tmp_path)
+def test_compare_pairs_runs_perprofile(tmp_path):
+    profiles = profiles_file(tmp_path)
     with Servers() as servers:
         run_benchmark(_config(tmp_path, servers, profiles, workdir="a"), progress=False)
     # b: P2 +5 x9 -> 85 at the turn limit (better); P4 -10 x2 -> 20, goodbye (worse); P1, P3 equal
@@ -313,7 +231,7 @@ def test_checkpoint_and_fresh_policies_on_the_cpu(tmp_path, tiny_tokenizer_dir):
 def test_command_line_contract(tmp_path):
     with Servers() as servers:
         cmd = [sys.executable, str(REPO / "launch" / "eval.py"), "--config=configs/eval.py",
-               f"--config.workdir={tmp_path / 'dir'}", f"--config.eval.profiles={_profiles_file(tmp_path)}",
+               f"--config.workdir={tmp_path / 'dir'}", f"--config.eval.profiles={profiles_file(tmp_path)}",
                "--config.policy.backend=openai", f"--config.policy.base_url={servers.policy.base_url}",
                "--config.policy.model=policy", "--config.simulator.backend=openai",
                f"--config.simulator.base_url={servers.simulator.base_url}", "--config.simulator.model=simulator"]

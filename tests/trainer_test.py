@@ -20,19 +20,7 @@ from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rollout.sequence import DialogueSequence
 from tests import verl_reference
-
-
-def _dialogue(rng, group, emotions, n_turns=2, ctx=5, turn=4, format_failure=False):
-    """Tokens: [ctx user tokens][turn policy tokens] repeated n_turns times."""
-    tokens, mask, ends = [], [], []
-    for _ in range(n_turns):
-        tokens += list(rng.integers(1, 500, ctx)); mask += [0] * ctx
-        tokens += list(rng.integers(1, 500, turn)); mask += [1] * turn
-        ends.append(len(tokens) - 1)
-    return DialogueSequence(
-        profile_id=f"p{group}", group=group, tokens=tokens, policy_mask=mask,
-        logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions,
-        end_reason="format_failure" if format_failure else "turn_limit", format_failure=format_failure)
+from tests.rl_helpers import dialogue
 
 
 def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False, **rl_fields):
@@ -55,8 +43,8 @@ def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False, **rl_fields):
 
 def _batch():
     rng = np.random.default_rng(1)
-    seqs = [_dialogue(rng, 0, [30.0, 60.0, 90.0]), _dialogue(rng, 0, [30.0, 20.0, 5.0]),
-            _dialogue(rng, 1, [30.0, 40.0, 70.0]), _dialogue(rng, 1, [30.0, 10.0, 0.0])]
+    seqs = [dialogue(rng, 0, [30.0, 60.0, 90.0]), dialogue(rng, 0, [30.0, 20.0, 5.0]),
+            dialogue(rng, 1, [30.0, 40.0, 70.0]), dialogue(rng, 1, [30.0, 10.0, 0.0])]
     return collate(seqs, batch_size=4, reward_mode="final", length_multiple=8)
 
 
@@ -100,7 +88,7 @@ def test_grpo_dialogue_advantages_are_the_group_normalised_rewards():
     the dialogues' (padding rows') hold 0."""
     rng = np.random.default_rng(2)
     finals = [90.0, 5.0, 70.0, 0.0]
-    seqs = [_dialogue(rng, 0, [30.0, 50.0, f]) for f in finals]
+    seqs = [dialogue(rng, 0, [30.0, 50.0, f]) for f in finals]
     _, state, program = _setup("grpo", micro=2)
     state, _, advantages = rl_program.train_on_batch(program, state, collate(seqs, batch_size=4, reward_mode="final",
                                                                           length_multiple=8))
@@ -278,9 +266,9 @@ def test_step_keys_are_a_function_of_the_run_key_and_the_step():
         assert sorted(epoch.ravel().tolist()) == list(range(6)) and (np.diff(epoch, axis=1) > 0).all()
 
 
-def _turn_rows_dialogue(rng, group, emotions, n_turns):
+def _turn_rowsdialogue(rng, group, emotions, n_turns):
     """think_history "drop": one row per turn ([ctx user tokens][turn policy tokens])."""
-    seq = _dialogue(rng, group, emotions, n_turns=1)
+    seq = dialogue(rng, group, emotions, n_turns=1)
     tokens, mask, ends, starts = [], [], [], []
     for _ in range(n_turns):
         starts.append(len(tokens))
@@ -298,8 +286,8 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     std 0.5657), whatever their row counts; group 1: 0.7 and 0.7 -> 0. A train step cuts the 8
     rows into the 2 mini-batches of 2 dialogues each (4 rows)."""
     rng = np.random.default_rng(3)
-    seqs = [_turn_rows_dialogue(rng, 0, [30.0, 90.0], 3), _turn_rows_dialogue(rng, 0, [30.0, 10.0], 1),
-            _turn_rows_dialogue(rng, 1, [30.0, 70.0], 2), _turn_rows_dialogue(rng, 1, [30.0, 70.0], 2)]
+    seqs = [_turn_rowsdialogue(rng, 0, [30.0, 90.0], 3), _turn_rowsdialogue(rng, 0, [30.0, 10.0], 1),
+            _turn_rowsdialogue(rng, 1, [30.0, 70.0], 2), _turn_rowsdialogue(rng, 1, [30.0, 70.0], 2)]
     batch = collate(seqs, batch_size=4, reward_mode="final", length_multiple=8)
     assert batch.tokens.shape[0] == 8 and batch.dialogue.tolist() == [0, 0, 0, 1, 2, 2, 3, 3]
     cfg = get_preset("tiny")
@@ -393,7 +381,7 @@ def test_optimizer_steps_count_row_mini_batches_and_skip_padding_only_ones():
     program = dataclasses.replace(program, rl=dataclasses.replace(program.rl, mini_batch_size=2))
     program = rl_program.make_update_program(program.rl, cfg, None, program.actor_opt, None)
     rng = np.random.default_rng(1)
-    seqs = [_dialogue(rng, 0, [30.0, 60.0]), _dialogue(rng, 0, [30.0, 20.0]), _dialogue(rng, 0, [30.0, 40.0])]
+    seqs = [dialogue(rng, 0, [30.0, 60.0]), dialogue(rng, 0, [30.0, 20.0]), dialogue(rng, 0, [30.0, 40.0])]
     _, metrics, _ = rl_program.train_on_batch(program, state, collate(seqs, batch_size=4, reward_mode="final",
                                                                    length_multiple=8, rows=6, row_multiple=2))
     assert metrics["optimizer_steps"] == 2.0
@@ -448,7 +436,7 @@ _ROWS = ["grpo", "rloo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "rei
 
 def _formula_batch(algo):
     rng = np.random.default_rng(5)
-    seqs = [_dialogue(rng, d // 4, [30.0, 50.0, f], turn=_TURN[d]) for d, f in enumerate(_FINALS)]
+    seqs = [dialogue(rng, d // 4, [30.0, 50.0, f], turn=_TURN[d]) for d, f in enumerate(_FINALS)]
     batch = collate(seqs, batch_size=12, reward_mode="final", length_multiple=8)
     return batch, RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, max_new_tokens=5, overlong_buffer=2)
 

@@ -13,7 +13,7 @@ import pytest
 
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.train.workdir import LOCK, WorkDirBusyError, WorkDirLock, move_aside, run_files
-from tests.eval_test import _config_urls, _profiles_file
+from tests.fixtures_eval import config_urls, profiles_file
 
 
 @pytest.fixture
@@ -86,8 +86,8 @@ def test_what_counts_as_a_run_and_moving_one_aside(tmp_path):
 
 def test_a_second_evaluation_in_a_directory_is_refused_before_it_plays(tmp_path, other_process):
     """Two evaluations at once played every profile twice; the second is refused, nothing written."""
-    config = _config_urls(tmp_path / "eval", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1",
-                          _profiles_file(tmp_path, ("P1",)))
+    config = config_urls(tmp_path / "eval", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1",
+                          profiles_file(tmp_path, ("P1",)))
     hold(tmp_path / "eval", other_process, what="an evaluation")
     with pytest.raises(ValueError, match=rf"^{tmp_path / 'eval'} is in use by an evaluation \(pid {other_process}"):
         run_benchmark(config, progress=False)

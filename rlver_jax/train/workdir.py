@@ -33,6 +33,8 @@ from typing import Any
 
 from etils import epath
 
+from rlver_jax.files import pid_alive
+
 log = logging.getLogger(__name__)
 
 
@@ -101,16 +103,6 @@ class WorkDirBusyError(RuntimeError):
     """Another run holds the work directory's lock."""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 class WorkDirLock:
     """The lock file of a work directory (see the module docstring): `acquire` creates it or takes
     over a stale one, `release` removes it if it is still this process's."""
@@ -165,7 +157,7 @@ class WorkDirLock:
         process (a lock it left behind, e.g. a run built and never trained)."""
         if holder.get("host") != self.owner["host"] or not isinstance(holder.get("pid"), int):
             return False
-        return holder["pid"] == os.getpid() or not _alive(holder["pid"])
+        return holder["pid"] == os.getpid() or not pid_alive(holder["pid"])
 
     def _create(self, text: str) -> bool:
         if isinstance(self.path, pathlib.Path):
