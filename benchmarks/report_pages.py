@@ -26,6 +26,7 @@ from rlver_jax.rollout.policy import PolicyTurn  # noqa: E402
 from rlver_jax.rollout.sequence import DialogueSequence  # noqa: E402
 from rlver_jax.simulator import SimulatorSettings, build_simulator  # noqa: E402
 from rlver_jax.simulator.profiles import load_profiles  # noqa: E402
+from rlver_jax.testing.transcripts import stretched  # noqa: E402
 
 _WARM = "I hear how heavy this feels. That sounds really hard, and it makes sense you feel hurt."
 
@@ -48,13 +49,7 @@ def _long_dialogues(n=100, turns=10, chars=1500):
     runner = EpisodeRunner(_WarmPolicy(), build_simulator(SimulatorSettings.from_config(cfg)), None,
                            RolloutSettings(think=False, format_failure="continue"))
     [base] = [s.to_record() for s in asyncio.run(runner.run([EpisodeRequest(load_profiles()[0], 0)]))]
-    out = []
-    for i in range(n):
-        ts = [dict(base["turns"][0], turn=k + 1, reply=f"reply {i}.{k} " + "x" * chars,
-                   thinking="t" * chars, user=f"user {i}.{k}") for k in range(turns)]
-        out.append(dict(base, profile_id=f"p{i:03d}", turns=ts, emotions=[40 + k for k in range(turns + 1)],
-                        final_emotion=40 + turns))
-    return out
+    return stretched(base, n, turns, chars)
 
 
 def _browser():

@@ -16,6 +16,7 @@ from rlver_jax.rollout.policy import PolicyTurn
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator import SimulatorSettings, build_simulator
 from rlver_jax.simulator.profiles import load_profiles
+from rlver_jax.testing.transcripts import stretched
 
 HOSTILE = ('<img src=x onerror="document.title=\'pwned\'"> <script>window.pwned=1</script> '
            '</script><script>window.pwned=2</script> <!-- " onclick="window.pwned=3" \u2028 \u2029 end')
@@ -116,11 +117,4 @@ def training_run(run_dir, steps=2):
 
 
 def long_dialogues(n=100, turns=10, chars=1500):
-    base = eval_fixture()[0]
-    out = []
-    for i in range(n):
-        ts = [dict(base["turns"][0], turn=k + 1, reply=f"reply {i}.{k} " + "x" * chars,
-                   thinking="t" * chars, user=f"user {i}.{k}") for k in range(turns)]
-        out.append(dict(base, profile_id=f"p{i:03d}", turns=ts, emotions=[40 + k for k in range(turns + 1)],
-                        final_emotion=40 + turns))
-    return out
+    return stretched(eval_fixture()[0], n, turns, chars)

@@ -20,14 +20,7 @@ from tests.training_test import small
 
 
 def _spec(workdir, module=grpo_think, **fields):
-    config = small(module.get_config("tiny"), workdir, steps=4)
-    for path, value in fields.items():
-        *parents, leaf = path.split(".")
-        node = config
-        for name in parents:
-            node = node[name]
-        node[leaf] = value
-    return RunSpec.from_config(config)
+    return RunSpec.from_config(small(module.get_config("tiny"), workdir, steps=4)).override(**fields)
 
 
 def _trained(workdir, step=2, **fields):
