@@ -245,7 +245,7 @@ async def benchmark(runner: EpisodeRunner, seq_runner: EpisodeRunner, requests: 
                     ) -> tuple[list[Timing], Timing | None]:
     policy, chat_tokens, turns = runner.policy, runner.policy.chat, _TURNS.value
     # Spread over the whole list, so that the subset mixes profiles (languages, prompt lengths).
-    n_seq = min(_SEQUENTIAL.value or len(requests), len(requests))
+    n_seq = max(0, min(_SEQUENTIAL.value or len(requests), len(requests)))
     seq_requests = [requests[i] for i in np.linspace(0, len(requests) - 1, n_seq).round().astype(int)]
     lengths = length_buckets(chat_tokens, requests, turns, _MAX_NEW_TOKENS.value)
     start = time.perf_counter()
