@@ -4,7 +4,7 @@ lockstep rounds vs per-dialogue progress under heavy-tailed simulator latency.
   .venv/bin/python benchmarks/rollout.py
   .venv/bin/python benchmarks/rollout.py --sequential_dialogues=0   # time the whole baseline
   .venv/bin/python benchmarks/rollout.py --latency_s=2.5 --latency_log_sd=0,0.75,1.0 \
-      --batch_wait_s=inf,0.05 --pipeline_groups=1 --max_new_tokens=48 --sequential_dialogues=-1   # issue 41
+      --batch_wait_s=inf,0.05,0.25 --pipeline_groups=1 --max_new_tokens=48 --sequential_dialogues=-1   # issue 41
 
 32 dialogues x 8 policy turns of the tiny random Qwen2 (JaxPolicy, think=False) against the scripted
 OpenAI-compatible test server (rlver_jax/testing/scripted_server.py) through the real openai
@@ -77,7 +77,7 @@ _GROUPS = flags.DEFINE_list("pipeline_groups", ["1", "2", "4"], "rollout.pipelin
 _SEQUENTIAL = flags.DEFINE_integer(
     "sequential_dialogues", 4, "Dialogues the sequential baseline runs (extrapolated to all); 0: all; < 0: none.")
 _LOG_SD = flags.DEFINE_list("latency_log_sd", ["0"], "Log-sd of the lognormal request latency (0: constant).")
-_WAITS = flags.DEFINE_list("batch_wait_s", ["0.05"], "rollout.batch_wait_s values (inf: lockstep rounds).")
+_WAITS = flags.DEFINE_list("batch_wait_s", ["inf", "0.25"], "rollout.batch_wait_s values (inf: lockstep rounds).")
 _SEED = flags.DEFINE_integer("seed", 0, "Parameter and sampling seed.")
 _CACHE_SLOTS = flags.DEFINE_integer(
     "cache_slots", 16384, "Ours: KV-cache slots kept per dialogue between turns (0: re-encode every turn).")
@@ -338,7 +338,8 @@ def main(argv: Sequence[str]) -> None:
     waits = [float(w) for w in _WAITS.value]
     profiles = load_profiles()
     # GRPO-style: each profile's dialogues share a group id.
-    requests = [EpisodeRequest(profiles[i % len(profiles)], i % len(profiles), index=i) for i in range(_DIALOGUES.value)]
+    requests = [EpisodeRequest(profiles[i % len(profiles)], i % len(profiles), index=i)
+                for i in range(_DIALOGUES.value)]
     with tempfile.TemporaryDirectory() as tmp:
         chat_tokens = chat.ChatTokens.from_tokenizer(chat.load_tokenizer(build_tiny_tokenizer(tmp)))
     model_cfg = get_preset("tiny")

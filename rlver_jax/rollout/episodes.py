@@ -47,7 +47,7 @@ class RolloutSettings:
     pipeline_groups: int = 1  # concurrent groups of dialogues (overlap generation with the simulator)
     # Per-dialogue progress (rollout.ready_batches): how long a dialogue ready for its next policy
     # turn waits for others of its group to join the call; inf: for all of them (lockstep rounds).
-    batch_wait_s: float = 0.05
+    batch_wait_s: float = 0.25
     # Think mode: "drop" earlier thoughts from the context, one training row per turn (the
     # reference), or "keep" them, one row per dialogue (rollout.history).
     think_history: str = "drop"
