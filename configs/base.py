@@ -143,6 +143,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
     c.rollout.pipeline_groups = 1 if cpu else (
         c.rollout.profiles_per_step * c.rollout.n // _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 4)
+    # seconds a dialogue ready for its next turn waits for others of its group to join the policy
+    # call (rollout.ready_batches; each moves on as soon as its user answers); inf: lockstep rounds.
+    # 0.25: the users of a round answering together share one call (0.05 split them: +21% rollout
+    # time at constant latency, docs/benchmarks.md "Rollout under heavy-tailed latency")
+    c.rollout.batch_wait_s = 0.25
     # Think-mode reply without </think>: "continue" shows the raw text to the user (the
     # reference); "end" ends the dialogue with reward 0. The tiny presets end it: a random tiny
     # model rarely closes </think> at first, and ending gives it the format as a clear signal.

@@ -3,6 +3,7 @@
 import asyncio
 import dataclasses
 import random
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -384,3 +385,45 @@ def test_turns_beyond_the_kv_cache_are_encoded_afresh(chat_tokens):
     assert [[t.get("reencoded") for t in s.turns] for s in small] == [[True] * len(s.turns) for s in fresh]
     assert reencoded_turns(small) == sum(len(s.turns) for s in fresh) >= 4 and reencoded_turns(fresh) == 0
     assert not policy._sessions
+
+
+class SlowUsers:
+    """A simulator whose every answer takes a time of its own (a function of the reply it judges),
+    so that dialogues become ready for their next turn at different times."""
+
+    def __init__(self, simulator):
+        self.simulator = simulator
+
+    async def start(self, profile):
+        return await self.simulator.start(profile)
+
+    async def respond(self, state, reply):
+        await asyncio.sleep(0.03 * (zlib.crc32(reply.encode()) % 7))
+        return await self.simulator.respond(state, reply)
+
+
+def test_dialogues_that_move_on_alone_are_those_of_lockstep_rounds(chat_tokens):
+    """Per-dialogue progress (rollout.ready_batches) under varied latencies gives each dialogue the
+    tokens and log-probs it has under lockstep rounds (batch_wait_s=inf), though the calls hold
+    other sets of dialogues: each row samples from its own (dialogue, turn) key."""
+    cfg = get_preset("tiny")
+    params = qwen2.init_params(cfg, jax.random.key(0))
+
+    def rollout(batch_wait_s):
+        policy = JaxPolicy(cfg, chat_tokens, SamplingSettings(max_new_tokens=8, cache_slots=1024), params,
+                           jax.random.key(1))
+        calls = []
+        act = policy.act
+        policy.act = lambda requests: calls.append(sorted(r.dialogue for r in requests)) or act(requests)
+        runner = EpisodeRunner(policy, SlowUsers(embedded_simulator(max_turns=3)), chat_tokens,
+                               RolloutSettings(think=False, max_new_tokens=8, max_total_tokens=1024,
+                                               format_failure="continue", batch_wait_s=batch_wait_s))
+        return asyncio.run(runner.run(_requests(3, 2))), calls
+
+    (lockstep, rounds), (alone, calls) = rollout(float("inf")), rollout(0.0)
+    assert rounds == [list(range(6))] * 3  # every dialogue runs 3 turns: a round is all of them
+    assert len(calls) > len(rounds) and sorted(d for c in calls for d in c) == sorted(d for c in rounds for d in c)
+    assert [s.tokens for s in alone] == [s.tokens for s in lockstep]
+    assert [s.messages for s in alone] == [s.messages for s in lockstep]
+    np.testing.assert_allclose(np.concatenate([s.logprobs for s in alone]),
+                               np.concatenate([s.logprobs for s in lockstep]), atol=1e-5)

@@ -2,13 +2,14 @@
 sampler can place; free of JAX so that configs compute their `cache_slots` from it.
 
 A session's rows share one fill level (the cache's index). When a call does not fit, the cache
-is compacted and the rows of no dialogue of the call (dialogues that are over) give their slots
-back. What is left in the worst call:
+is compacted and the rows of no dialogue of the call (dialogues that are over, or not ready)
+give their slots back. What is left in the worst call:
   - a row of the call holds at most its prompt minus the tokens new to it, so less than the longest
     prompt, max_total_tokens - 2 (TokenHistory lets a user message in only with room for one sampled
-    token and <|im_end|> after the generation prompt). Only a finished row holds more: its last
-    prompt plus the max_new_tokens - 1 sampled tokens fed back (the sampler runs max_new_tokens
-    steps whatever the turn's own budget), the 1052 of a 1024-token tiny evaluation;
+    token and <|im_end|> after the generation prompt). Only a row outside the call (finished, or
+    not ready) holds more: its last prompt plus the max_new_tokens - 1 sampled tokens fed back (the
+    sampler runs max_new_tokens steps whatever the turn's own budget), the 1052 of a 1024-token
+    tiny evaluation;
   - another row starts a prompt of the longest length afresh (its first turn, or think_history
     "drop", whose prompt no longer extends what its row holds), left-padded to its length bucket;
   - then the call's max_new_tokens decode steps.

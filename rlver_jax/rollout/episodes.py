@@ -1,9 +1,11 @@
 """Multi-turn dialogues between the policy and simulated users, many at once.
 
-Each round: one batched policy call for every live dialogue, then every live dialogue's
-simulator step at once (asyncio), then end checks; finished dialogues leave the batch. A batch
-may be split into pipeline groups that run their rounds concurrently: while one group's
-dialogues wait on the simulator, the policy generates for another.
+Each dialogue moves on its own: its next policy turn as soon as its simulator step returns.
+The policy generates in one batched call for the dialogues of a group that are ready
+(rollout.ready_batches: with a short bounded wait for others to join; an infinite one is
+lockstep rounds). A batch may be split into pipeline groups, each with its own KV-cache session,
+whose calls share the policy's device: while one group's dialogues wait on the simulator, the
+policy generates for another.
 
 Every dialogue becomes one DialogueSequence: its messages and turn records, plus, for a token
 policy, the training rows its history assembled (rollout.history).
@@ -26,6 +28,7 @@ from rlver_jax.text import chat
 from rlver_jax.rollout.history import THINK_HISTORIES, TextHistory, TokenHistory
 from rlver_jax.rollout.policy import Policy, PolicyTurn, TurnRequest
 from rlver_jax.rollout.prompts import system_prompt
+from rlver_jax.rollout.ready_batches import ReadyBatches
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.agent import DialogueState, Simulator
 from rlver_jax.simulator.profiles import Profile
@@ -42,6 +45,9 @@ class RolloutSettings:
     max_total_tokens: int = 4096  # per training row; the dialogue ends as truncated beyond it
     format_failure: str = "end"  # end: the dialogue ends with reward 0; continue: send the raw text
     pipeline_groups: int = 1  # concurrent groups of dialogues (overlap generation with the simulator)
+    # Per-dialogue progress (rollout.ready_batches): how long a dialogue ready for its next policy
+    # turn waits for others of its group to join the call; inf: for all of them (lockstep rounds).
+    batch_wait_s: float = 0.25
     # Think mode: "drop" earlier thoughts from the context, one training row per turn (the
     # reference), or "keep" them, one row per dialogue (rollout.history).
     think_history: str = "drop"
@@ -61,18 +67,18 @@ class RolloutSettings:
             raise ValueError(f"{self.where}format_failure={self.format_failure!r}; "
                              f"use one of {FORMAT_FAILURE_OUTCOMES}")
         # max_new_tokens: SamplingSettings checks it, built from the same section
-        check_ranges(named(self, self.where, ("max_total_tokens", "pipeline_groups")),
-                     lowest={"max_total_tokens": 1, "pipeline_groups": 1})
+        check_ranges(named(self, self.where, ("max_total_tokens", "pipeline_groups", "batch_wait_s")),
+                     lowest={"max_total_tokens": 1, "pipeline_groups": 1, "batch_wait_s": 0})
 
     @classmethod
     def from_config(cls, section: Any, where: str, *, think: bool, pipeline_groups: int = 1,
-                    system_prompt: str = "") -> RolloutSettings:
+                    batch_wait_s: float = batch_wait_s, system_prompt: str = "") -> RolloutSettings:
         """The dialogue fields of a config section (config.rollout, config.policy,
         config.train.eval_policy; `where` names it in errors); the think mode, the pipeline
-        groups and a system prompt of the caller's own are the caller's (an evaluation's think
-        mode may come from the policy's run)."""
+        groups, the batch wait and a system prompt of the caller's own are the caller's (an
+        evaluation's think mode may come from the policy's run)."""
         return cls(think=think, max_new_tokens=section.max_new_tokens, max_total_tokens=section.max_total_tokens,
-                   format_failure=section.format_failure, pipeline_groups=pipeline_groups,
+                   format_failure=section.format_failure, pipeline_groups=pipeline_groups, batch_wait_s=batch_wait_s,
                    think_history=section.think_history, system_prompt=system_prompt, where=where)
 
 
@@ -168,24 +174,40 @@ class EpisodeRunner:
             e.session, e.slot, e.episode = session, slot, next(self._episode_ids)
         finished: dict[int, DialogueSequence] = {}
 
-        def collect():
-            for i, e in enumerate(episodes):
-                if e.done and i not in finished:
-                    finished[i] = self._finish(e, version)
-                    if on_finish is not None:
-                        on_finish(finished[i])
+        def finish(i: int) -> None:
+            finished[i] = self._finish(episodes[i], version)
+            if on_finish is not None:
+                on_finish(finished[i])
 
-        collect()
-        while live := [e for e in episodes if not e.done]:
-            turns = await self.policy.act([self._turn_request(e) for e in live])
-            replies = [self._record_policy_turn(e, t) for e, t in zip(live, turns)]
-            judged = [(e, r) for e, r in zip(live, replies) if r is not None]
-            new_states = await asyncio.gather(*(self.simulator.respond(e.state, r) for e, r in judged))
-            for (e, _), state in zip(judged, new_states):
-                self._record_user_turn(e, state)
-            collect()
+        live = [i for i, e in enumerate(episodes) if not e.done]
+        for i in range(len(episodes)):
+            if i not in live:  # the simulator failed to open it
+                finish(i)
+        calls = ReadyBatches(self.policy, self.settings.batch_wait_s, len(live))
+
+        async def play(i: int) -> None:
+            try:
+                await self._play(episodes[i], calls)
+            finally:
+                calls.leave()
+            finish(i)
+
+        tasks = [asyncio.ensure_future(calls.serve())] + [asyncio.ensure_future(play(i)) for i in live]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # one failed: the others stop with it
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         self.policy.release(session)
         return [finished[i] for i in range(len(episodes))]
+
+    async def _play(self, episode: _Episode, calls: ReadyBatches) -> None:
+        """One dialogue to its end: a policy turn as soon as its user has answered."""
+        while not episode.done:
+            reply = self._record_policy_turn(episode, await calls.act(self._turn_request(episode)))
+            if reply is not None:
+                self._record_user_turn(episode, await self.simulator.respond(episode.state, reply))
 
     def _open(self, request: EpisodeRequest, state: DialogueState) -> _Episode:
         system = self.settings.system_prompt or system_prompt(state.language, self.settings.think)

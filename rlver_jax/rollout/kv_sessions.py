@@ -2,10 +2,14 @@
 tokens (JaxPolicy with SamplingSettings.cache_slots > 0).
 
 A session is a group of dialogues generated together (a pipeline group of EpisodeRunner), one
-cache row per dialogue. The host keeps, per row, the dialogue that owns it, the tokens it has in
-the cache and its next position id; a row whose prompt does not extend what it holds (a new
-dialogue, or a history we did not write) starts afresh. Caches start at the smallest length bucket
-and grow by bucket up to cache_slots, after compacting out the slots of padding and finished rows.
+cache row per dialogue; a call feeds the rows of the dialogues ready for a turn
+(rollout.ready_batches), the others run nothing. The host keeps, per row, the dialogue that owns
+it, the tokens it has in the cache and its next position id; a row whose prompt does not extend
+what it holds (a new dialogue, or a history we did not write) starts afresh. Caches start at the
+smallest length bucket and grow by bucket up to cache_slots, after compacting out the slots of
+padding and finished rows. The rows share one fill level, so a call takes its width plus
+max_new_tokens slots of every row: per-dialogue progress, with more and smaller calls, compacts
+more often.
 
 A turn that would still not fit (cache_slots below rollout.cache_bound.session_slots) does not end
 the run: the rows of no dialogue of the call give their slots back, and if that is not enough the
@@ -98,11 +102,12 @@ class KVSessions:
         """Room for a call that does not fit cache_slots (the module docstring): the new tokens,
         their width and whether the session was rebuilt, or None (dropped: no cache holds the call)."""
         cached = int(sess.cache.index)
-        # Rows of no dialogue of this call (dialogues that are over) give their slots back.
+        # Rows of no dialogue of this call (dialogues that are over, or not ready: encoded afresh
+        # at their next turn) give their slots back.
         others = [row for row in range(len(sess.owners)) if row not in new]
         self._reset(sess, others)
         if self._make_room(sess, width + max_new_tokens):
-            log.info("KV cache of session %d: rows %s of dialogues that are over gave their slots back (%d cached "
+            log.info("KV cache of session %d: rows %s of no dialogue of this call gave their slots back (%d cached "
                      "tokens plus %d slots for this turn were beyond cache_slots=%d)", session, others, cached,
                      width + max_new_tokens, self.cache_slots)
             return new, width, False

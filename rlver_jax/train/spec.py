@@ -194,7 +194,8 @@ class RunSpec:
         loop, sampling, rollout, simulator, model, critic, lora, actor_optim, critic_optim = build_all(
             lambda: LoopSettings.from_config(config),
             lambda: SamplingSettings.from_config(r, "config.rollout."),
-            lambda: RolloutSettings.from_config(r, "config.rollout.", think=r.think, pipeline_groups=r.pipeline_groups),
+            lambda: RolloutSettings.from_config(r, "config.rollout.", think=r.think, pipeline_groups=r.pipeline_groups,
+                                                batch_wait_s=r.batch_wait_s),
             lambda: SimulatorSettings.from_config(config.simulator, given=given_simulator),
             lambda: model_source(config),
             lambda: CriticSource(config.critic.path, config.critic.value_head_init, config.seed),
@@ -321,7 +322,7 @@ FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
         "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
         "train.degenerate_alarm_action", "model.remat", "model.attention",
-        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.cache_slots", "rl.micro_batch_size",
+        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots", "rl.micro_batch_size",
         "rl.logprob_chunk", "simulator.base_url", "simulator.api_key_env", "simulator.timeout_s",
         "simulator.max_retries", "simulator.max_concurrency", "simulator.backoff_initial_s",
         "simulator.backoff_max_s", "simulator.malformed_retries", "simulator.cache_dir",
