@@ -238,7 +238,20 @@ def init_sharded_params(config: Qwen2Config, rng: jax.Array, mesh: Mesh | None =
         raise ValueError("init_sharded_params takes either mesh and rules, or shardings")
     if shardings is None:
         shardings = param_shardings(config, mesh, rules)
-    return jax.jit(lambda key: qwen2.init_params(config, key), out_shardings=shardings)(rng)
+    return init_in_shards(qwen2.init_params, config, rng, shardings)
+
+
+def init_in_shards(init: Callable[[Any, jax.Array], Params], static: Any, rng: jax.Array, shardings: Params) -> Params:
+    """`init(static, rng)` (`static` hashable: what the parameters' shapes follow from) jitted so that
+    each leaf is created in its shard of `shardings`. One program per (init, static, shardings) in a
+    process: a second run of the same model (a resume, a test's second run) does not compile again."""
+    leaves, treedef = jax.tree.flatten(shardings)
+    return _init_program(init, static, treedef, tuple(leaves))(rng)
+
+
+@functools.lru_cache(maxsize=16)  # programs, never arrays
+def _init_program(init: Callable, static: Any, treedef: Any, leaves: tuple) -> Callable:
+    return jax.jit(functools.partial(init, static), out_shardings=jax.tree.unflatten(treedef, leaves))
 
 
 # ----------------------------------------------------------------------------- optimizer state

@@ -61,10 +61,35 @@ def make_optimizers(spec: RunSpec) -> tuple[optimizer.Optimizer, optimizer.Optim
     return make(spec.actor_optim), make(spec.critic_optim) if spec.rl.uses_critic else None
 
 
+# Update programs built in this process, by everything they are built from (`_program_key`): a
+# second run of the same settings in one process (a resume, evaluating checkpoint after checkpoint,
+# a test's unbroken and resumed runs) gets the same jitted functions, whose compiled executables jax
+# keeps, instead of tracing and compiling them again (a tiny run spends most of its time there).
+_PROGRAMS: dict[tuple, program.UpdateProgram] = {}
+_PROGRAMS_KEPT = 4  # programs hold executables, never arrays: a few cost little memory
+
+
+def _program_key(spec: RunSpec, mesh: Mesh, actor_cfg: Qwen2Config) -> tuple:
+    """What `_build_update_program` reads: the run's length only through the optimizers' warmups."""
+    warmups = tuple(optimizer.warmup_steps(opt, spec.loop.steps) for opt in (spec.actor_optim, spec.critic_optim))
+    return (spec.rl, spec.lora, spec.mesh.rules, spec.offload, spec.actor_optim, spec.critic_optim, warmups, mesh,
+            actor_cfg)
+
+
 def update_program(spec: RunSpec, mesh: Mesh, actor_cfg: Qwen2Config) -> program.UpdateProgram:
     """Everything of the update that follows from the spec and the actor's architecture, before any
-    weight exists. With LoRA the state's models are their trainable leaves (`trainable_shapes`) and
-    the frozen weights are the base (rlver_jax.rl.update.Frozen)."""
+    weight exists; the same object for the same settings within a process (`_PROGRAMS`)."""
+    key = _program_key(spec, mesh, actor_cfg)
+    if key not in _PROGRAMS:
+        if len(_PROGRAMS) >= _PROGRAMS_KEPT:
+            del _PROGRAMS[next(iter(_PROGRAMS))]  # the oldest
+        _PROGRAMS[key] = _build_update_program(spec, mesh, actor_cfg)
+    return _PROGRAMS[key]
+
+
+def _build_update_program(spec: RunSpec, mesh: Mesh, actor_cfg: Qwen2Config) -> program.UpdateProgram:
+    """With LoRA the state's models are their trainable leaves (`trainable_shapes`) and the frozen
+    weights are the base (rlver_jax.rl.update.Frozen)."""
     lora, rules, rl = spec.lora, spec.mesh.rules, spec.rl
     actor, actor_sh = trainable_shapes(lora, actor_cfg, mesh, rules)
     actor_opt, critic_opt = make_optimizers(spec)

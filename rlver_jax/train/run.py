@@ -124,6 +124,12 @@ def lora_base(spec: RunSpec) -> dict | None:
             "targets": list(lora.targets), "modules_to_save": list(lora.modules_to_save)}
 
 
+def _init_adapters(static: tuple[lora_lib.LoraSettings, Qwen2Config], key: jax.Array) -> Any:
+    """Fresh adapters of model `cfg` (its own tree: a critic has no LM head to adapt)."""
+    lora, cfg = static
+    return lora_lib.init_adapters(lora, qwen2.abstract_params(cfg), key)
+
+
 def initial_models(spec: RunSpec, prog: rl_program.UpdateProgram) -> tuple[Any, Any | None, Any | None]:
     """(actor, critic, frozen weights) before step 0, in the program's shardings. Full fine-tuning:
     the policy, the critic from it and a copy of the policy (a KL term). LoRA: the frozen weights are
@@ -141,10 +147,8 @@ def initial_models(spec: RunSpec, prog: rl_program.UpdateProgram) -> tuple[Any, 
     base = model_loading.load_policy(spec.model, frozen_architecture(actor_cfg, lora), prog.ref_shardings, init_key)
 
     def adapters(cfg: Qwen2Config, key: jax.Array, shardings: Any) -> Any:
-        abstract = qwen2.abstract_params(cfg)  # the model's own tree: a critic has no LM head to adapt
-        init = jax.jit(lambda k: lora_lib.init_adapters(lora, abstract, k),
-                       out_shardings={k: v for k, v in shardings.items() if not k.startswith("value_")})
-        return init(key)
+        return sharding.init_in_shards(_init_adapters, (lora, cfg), key,
+                                       {k: v for k, v in shardings.items() if not k.startswith("value_")})
 
     actor = adapters(actor_cfg, jax.random.fold_in(init_key, 1), prog.shardings.actor)
     critic = None
