@@ -274,7 +274,19 @@ def test_train_with_the_simulator_down(tmp_path):
     done = run_script("train.py", TINY, f"--config.workdir={tmp_path / 'run'}", "--config.simulator.backend=openai",
                       f"--config.simulator.base_url={url}")
     assert_one_line_error(done, 1, f"no server answers at --config.simulator.base_url={url}", "serve_simulator.sh")
-    assert not (tmp_path / "run" / "config.json").exists()  # written once the simulator answered
+    assert not (tmp_path / "run").exists()  # a failed start leaves no new work directory behind
+
+
+def test_a_start_that_fails_after_writing_its_config_leaves_no_new_work_directory(tmp_path):
+    """Profiles whose opening fills the row are refused after config.json and the tiny tokenizer are
+    written: a work directory the start made goes again, one that was there before stays."""
+    args = (TINY, "--config.rollout.max_total_tokens=64")
+    done = run_script("train.py", *args, f"--config.workdir={tmp_path / 'new'}")
+    assert_one_line_error(done, 1, "would end before the policy spoke")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()
+    assert run_script("train.py", *args, f"--config.workdir={tmp_path / 'old'}").returncode == 1
+    assert (tmp_path / "old").is_dir()
 
 
 def test_export_of_a_run_without_its_tokenizer(tmp_path):
