@@ -102,7 +102,8 @@ def main(argv: list[str]) -> None:
         return
     profile = _choose(profiles, _PROFILE.value)
     try:
-        settings = simulator.SimulatorSettings.from_config(_CONFIG.value)
+        # A server's field given with the embedded backend would go unread: refused (check_read).
+        settings = simulator.SimulatorSettings.from_config(_CONFIG.value, given=program.given_fields())
         simulator.check_endpoint(settings)
         print(f"profile {profile.id} ({profile.language}, {profile.main_cha}, "
               f"{', '.join(profile.cha_group)}); backend {settings.backend}, {settings.difficulty}")

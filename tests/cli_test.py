@@ -9,6 +9,7 @@ error, 1 for a runtime error, 0; Ctrl-C's 130 in tests/faults_test.py); the othe
 run the script's main in this process (tests/fixtures_cli.run_script), which also says whether the
 error came before main, so before the library and JAX are imported."""
 
+import importlib.util
 import json
 import logging
 import os
@@ -274,7 +275,19 @@ def test_train_with_the_simulator_down(tmp_path):
     done = run_script("train.py", TINY, f"--config.workdir={tmp_path / 'run'}", "--config.simulator.backend=openai",
                       f"--config.simulator.base_url={url}")
     assert_one_line_error(done, 1, f"no server answers at --config.simulator.base_url={url}", "serve_simulator.sh")
-    assert not (tmp_path / "run" / "config.json").exists()  # written once the simulator answered
+    assert not (tmp_path / "run").exists()  # a failed start leaves no new work directory behind
+
+
+def test_a_start_that_fails_after_writing_its_config_leaves_no_new_work_directory(tmp_path):
+    """Profiles whose opening fills the row are refused after config.json and the tiny tokenizer are
+    written: a work directory the start made goes again, one that was there before stays."""
+    args = (TINY, "--config.rollout.max_total_tokens=64")
+    done = run_script("train.py", *args, f"--config.workdir={tmp_path / 'new'}")
+    assert_one_line_error(done, 1, "would end before the policy spoke")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()
+    assert run_script("train.py", *args, f"--config.workdir={tmp_path / 'old'}").returncode == 1
+    assert (tmp_path / "old").is_dir()
 
 
 def test_export_of_a_run_without_its_tokenizer(tmp_path):
@@ -298,6 +311,49 @@ def test_quiet_logs_hide_the_backend_probe_line():
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+def test_the_tpu_probe_is_skipped_only_where_no_tpu_can_be(monkeypatch):
+    """JAX_PLATFORMS=cpu is set before JAX is imported only off a TPU (no device file, PCI chip or TPU
+    setting), where JAX_PLATFORMS is unset, libtpu is installed and no other PJRT plugin is."""
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed: JAX has no TPU to probe")
+    monkeypatch.delitem(sys.modules, "jax", raising=False)  # as in a launch script's fresh process
+    monkeypatch.setattr(program, "tpu_may_be_attached", lambda: False)
+    monkeypatch.delenv("PJRT_NAMES_AND_LIBRARY_PATHS", raising=False)
+    monkeypatch.delenv("JAX_PLATFORMS")
+    assert program.skip_tpu_probe() and os.environ["JAX_PLATFORMS"] == "cpu"
+    monkeypatch.setenv("JAX_PLATFORMS", "")  # the user's own choice, even JAX's default: kept
+    assert not program.skip_tpu_probe() and os.environ["JAX_PLATFORMS"] == ""
+    monkeypatch.delenv("JAX_PLATFORMS")
+    monkeypatch.setenv("PJRT_NAMES_AND_LIBRARY_PATHS", "cuda:/x/pjrt_c_api_gpu_plugin.so")  # another plugin
+    assert not program.skip_tpu_probe() and "JAX_PLATFORMS" not in os.environ
+    monkeypatch.delenv("PJRT_NAMES_AND_LIBRARY_PATHS")
+    monkeypatch.setattr(program, "tpu_may_be_attached", lambda: True)  # a TPU VM: JAX's own choice
+    assert not program.skip_tpu_probe() and "JAX_PLATFORMS" not in os.environ
+    monkeypatch.undo()
+    for name in program._TPU_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TPU_NAME", "my-tpu-vm")
+    assert program.tpu_may_be_attached()
+
+
+@pytest.mark.slow
+def test_a_run_off_a_tpu_prints_no_libtpu_warnings(tmp_path):
+    """A 1-step tiny run without JAX_PLATFORMS, as a user starts it where libtpu is installed (the
+    test extra) and no TPU is: no libtpu warning about TPU_ACCELERATOR_TYPE or worker hostnames, on
+    the CPU. About 12 s; JAX's probe of libtpu took 6 s more."""
+    if program.tpu_may_be_attached():
+        pytest.skip("a TPU may be attached here: JAX's own probe runs")
+    environ = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", program.TRACEBACK_ENV)}
+    done = subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), TINY, "--config.train.steps=1",
+                           f"--config.workdir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=REPO,
+                          env=environ, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    noise = [line for line in done.stderr.splitlines()
+             if any(word in line for word in ("libtpu", "TPU_ACCELERATOR_TYPE", "worker hostname", "TPU backend"))]
+    assert not noise, noise
+    assert "cpu device" in done.stdout
 
 
 def test_eval_refuses_a_directory_of_another_set_up(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 
 from configs import grpo_think, ppo_think
 from rlver_jax.train import memory_plan, run
-from rlver_jax.parallel import sharding
+from rlver_jax.parallel import sharding, topology
 from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.train.spec import RunSpec
 from tests.fixtures_eval import profile
@@ -208,6 +208,36 @@ def test_largest_bisects_a_monotone_predicate():
 
     assert memory_plan._largest(list(range(1, 101)), fits) == 37 and len(calls) <= 7
     assert memory_plan._largest([5, 6], lambda n: False) is None
+
+
+class _Unreadable:
+    """A compiled program whose `as_text` has the C++ print a line on stderr, then fails or not."""
+
+    def __init__(self, fails: bool):
+        self.fails = fails
+
+    def as_text(self) -> str:
+        os.write(2, b"E0000 status_macros.cc:58] INTERNAL: RET_CHECK failure\n*** Begin stack trace ***\n")
+        if self.fails:
+            raise RuntimeError("INTERNAL: RET_CHECK failure (hlo_instruction.cc:390)")
+        return "HloModule m"
+
+
+def test_hlo_text_holds_back_the_cxx_log_of_a_module_it_cannot_read(capfd):
+    """jaxlib's log of a libtpu module it cannot read back (a C++ stack trace on stderr) is dropped:
+    the planner reports the error in its table ("no roofline"); after a success it is printed."""
+    with pytest.raises(RuntimeError, match="RET_CHECK"):
+        topology.hlo_text(_Unreadable(fails=True))
+    assert capfd.readouterr().err == ""
+    assert topology.hlo_text(_Unreadable(fails=False)) == "HloModule m"
+    assert "RET_CHECK failure" in capfd.readouterr().err
+
+
+def test_accelerator_types_count_cores_or_chips_as_cloud_does():
+    assert topology.accelerator_type("v5p", (2, 2, 2)) == "v5p-16"
+    assert topology.accelerator_type("v4", (2, 2, 4)) == "v4-32"
+    assert topology.accelerator_type("v5e", (4, 4)) == "v5litepod-16"
+    assert topology.accelerator_type("v6e", (2, 2)) == "v6e-4"
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from rlver_jax import simulator
-from tests.fixtures_cli import fake_sglang, free_port, run_script
+from tests.fixtures_cli import assert_one_line_error, fake_sglang, free_port, run_script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -40,6 +40,15 @@ def test_chat_lists_profiles_and_plays_a_dialogue(tmp_path):
 
     bad = _chat("--config.backend=embedded", "--profile=nobody")
     assert bad.returncode != 0 and "--profile=nobody" in bad.stderr
+
+
+def test_chat_refuses_a_server_field_with_the_embedded_backend():
+    """The embedded simulator reads no server: a URL given with it would go unused. Refused in one
+    line naming the chat's own flags, before any dialogue starts."""
+    done = _chat("--config.backend=embedded", "--config.base_url=http://127.0.0.1:9/v1", "--profile=0")
+    assert_one_line_error(done, 1, "--config.base_url set", "--config.backend='embedded'",
+                          "--config.backend=openai")
+    assert "config.simulator." not in done.stderr and "emotion" not in done.stdout
 
 
 def _serve(tmp_path, *flags):

@@ -57,6 +57,29 @@ def test_local_work_dir_is_the_directory(tmp_path):
     assert not is_url(tmp_path) and is_url("gs://b/run")
 
 
+def test_a_failed_start_removes_only_a_directory_it_made(tmp_path):
+    """WorkDir.remove_if_new: a directory this start made goes with what the start wrote (the lock
+    kept aside); one that was there before, or that holds anything else, stays as it is."""
+    made = WorkDir(tmp_path / "new" / "run")
+    (made.local / "tokenizer").mkdir()
+    (made.local / "tokenizer" / "vocab.json").write_text("{}")
+    (made.local / "config.json").write_text("{}")
+    made.remove_if_new(("tokenizer", "config.json"))
+    assert not made.local.exists() and (tmp_path / "new").is_dir()
+
+    other = WorkDir(tmp_path / "other")
+    (other.local / "config.json").write_text("{}")
+    (other.local / "notes.txt").write_text("mine")
+    other.remove_if_new(("tokenizer", "config.json"))
+    assert sorted(p.name for p in other.local.iterdir()) == ["config.json", "notes.txt"]
+
+    (tmp_path / "before").mkdir()
+    before = WorkDir(tmp_path / "before")
+    (before.local / "config.json").write_text("{}")
+    before.remove_if_new(("config.json",))
+    assert not before.created and (before.local / "config.json").exists()
+
+
 def test_gs_work_dir_mirrors_new_and_changed_files_once(bucket):
     store, _ = bucket
     w = WorkDir("gs://bucket/run")

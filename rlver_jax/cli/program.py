@@ -15,15 +15,20 @@ This module imports neither JAX nor the library, so `--help`, `--print_config` a
 answer in well under two seconds. `--help` (and absl's --helpshort, --helpfull, --helpxml) exits 0.
 An expected error prints `PROG: error: MESSAGE` and exits 1 (2 for a bad flag, override or config
 file, or a config `checked_config` reads before the heavy imports); Ctrl-C exits 130. `--verbosity=1` (absl's flag) or
-RLVER_TRACEBACK=1 shows every traceback and the libraries' INFO logs (docs/cli.md).
+RLVER_TRACEBACK=1 shows every traceback and the libraries' INFO logs (docs/cli.md). Off a TPU
+machine, JAX's probe of libtpu (its warnings about TPU_ACCELERATOR_TYPE and worker hostnames) is
+skipped: `skip_tpu_probe`.
 """
 
 from __future__ import annotations
 
 import functools
+import glob
+import importlib.util
 import logging
 import os
 import pathlib
+import pkgutil
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -263,6 +268,7 @@ def _print_configs() -> None:
 
 
 def _main(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
+    skip_tpu_probe()
     loud = verbose()
     if not loud:
         quiet_logs()
@@ -321,3 +327,53 @@ def enable_compilation_cache(setting: str) -> str | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+# What says a TPU may be attached: its device files (/dev/accel*: v4, v5p; /dev/vfio/N: v5e, v6e),
+# a TPU chip on the PCI bus (Google's vendor id and the device ids JAX's own probe reads,
+# jax._src.hardware_utils), or a TPU VM's settings in the environment.
+_TPU_DEVICE_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*")
+_TPU_PCI_DEVICES = ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076")
+_TPU_ENV = ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "TPU_WORKER_ID", "JAX_FORCE_TPU_INIT")
+
+
+def tpu_may_be_attached() -> bool:
+    """Whether this machine may have a TPU (_TPU_DEVICE_FILES, _TPU_PCI_DEVICES, _TPU_ENV)."""
+    if any(os.environ.get(name) for name in _TPU_ENV) or any(glob.glob(p) for p in _TPU_DEVICE_FILES):
+        return True
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            if (pathlib.Path(vendor).read_text().strip() == "0x1ae0" and
+                    (pathlib.Path(vendor).parent / "device").read_text().strip() in _TPU_PCI_DEVICES):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _other_pjrt_plugins() -> bool:
+    """Whether a PJRT plugin other than libtpu is installed (a GPU's: jax-cuda12-plugin, ...),
+    found where JAX looks for them (the `jax_plugins` namespace package, entry points of that group,
+    $PJRT_NAMES_AND_LIBRARY_PATHS), without importing JAX."""
+    from importlib.metadata import entry_points
+
+    if os.environ.get("PJRT_NAMES_AND_LIBRARY_PATHS") or list(entry_points(group="jax_plugins")):
+        return True
+    spec = importlib.util.find_spec("jax_plugins")
+    return spec is not None and any(True for _ in pkgutil.iter_modules(spec.submodule_search_locations or []))
+
+
+def skip_tpu_probe() -> bool:
+    """Set JAX_PLATFORMS=cpu (before JAX is imported) where JAX would otherwise probe a TPU that is
+    not there: libtpu installed (the `test` and `tpu` extras, for launch/plan.py --topology), no TPU
+    attached (`tpu_may_be_attached`), JAX_PLATFORMS unset and no other PJRT plugin installed, so
+    the CPU is what JAX would pick anyway. JAX's probe loads libtpu, which prints warnings about
+    TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES before giving up. On a TPU machine, where
+    JAX_PLATFORMS is set, or beside a GPU's plugin, nothing changes; compiling for a TPU topology
+    (rlver_jax.parallel.topology) loads libtpu itself and needs no TPU platform. Returns whether it
+    set it."""
+    if ("JAX_PLATFORMS" in os.environ or "jax" in sys.modules or importlib.util.find_spec("libtpu") is None
+            or tpu_may_be_attached() or _other_pjrt_plugins()):
+        return False
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    return True

@@ -25,6 +25,8 @@ import importlib.util
 import math
 import os
 import re
+import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -121,17 +123,28 @@ def parse_name(name: str) -> tuple[str, tuple[int, ...]]:
     return m.group(1), dims
 
 
+def accelerator_type(generation: str, dims: Sequence[int]) -> str:
+    """Cloud's accelerator type of one slice (v5p:2x2x2 -> "v5p-16"): v4 and v5p count TensorCores,
+    two per chip; v5e (v5litepod) and v6e count chips."""
+    chips = math.prod(dims)
+    return {"v4": f"v4-{2 * chips}", "v5p": f"v5p-{2 * chips}", "v5e": f"v5litepod-{chips}",
+            "v6e": f"v6e-{chips}"}[generation]
+
+
 def tpu_target(name: str, slices: int = 1) -> Target:
     """The compile-only devices of `slices` slices of TPU topology `name` (module docstring). Needs
     libtpu; several processes may hold it at once (ALLOW_MULTIPLE_LIBTPU_LOAD: nothing runs)."""
-    generation, _ = parse_name(name)
+    generation, dims = parse_name(name)
     if slices < 1:
         raise ValueError(f"--slices={slices}: use 1 or more TPU slices")
     if not libtpu_available():
         raise ValueError("compiling for a TPU topology needs libtpu: pip install -e '.[tpu]' (libtpu==0.0.52)")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no process holds a chip
-    if _no_tpu_attached():  # off a TPU VM libtpu would look for the VM's workers in its metadata
+    if _no_tpu_attached():  # off a TPU VM libtpu would look for the VM's workers and type in its metadata
         os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        # Else libtpu prints "Failed to find host bounds ... set env var TPU_ACCELERATOR_TYPE"; the
+        # compiled programs do not depend on it (the topology name decides), the first target's names it.
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(generation, dims))
     from jax.experimental import topologies
 
     kwargs = {"chip_config_name": _CHIP_CONFIG[generation]} if generation in _CHIP_CONFIG else {}
@@ -326,6 +339,33 @@ def kernel_q_shape(instr: _Instr) -> tuple[int, ...] | None:
     return next((d for t, d in arrays if t.startswith(("f", "bf")) and len(d) in (3, 4)), None)
 
 
+def hlo_text(compiled: Any) -> str:
+    """`compiled.as_text()`, without the C++ log lines of a module it cannot read back. jaxlib
+    0.10.2 rejects some modules libtpu 0.0.52 builds (an async-update of 3 operands, jaxlib's XLA
+    expects 1: a version skew of the two XLAs): its parser logs "RET_CHECK failure
+    (.../hlo_instruction.cc:390) ... async-update" with an empty C++ stack trace on stderr before
+    the JaxRuntimeError that the caller reports (no env var quiets it: TF_CPP_MIN_LOG_LEVEL,
+    TPU_STDERR_LOG_LEVEL, TPU_MIN_LOG_LEVEL do not). What the C++ prints meanwhile is held back
+    and printed after a success, dropped after that error."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to hold back
+        return compiled.as_text()
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            text = compiled.as_text()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        printed = held.read()
+    while printed:
+        printed = printed[os.write(2, printed):]
+    return text
+
+
 def program_cost(compiled: Any) -> Cost:
     """FLOPs and HBM bytes of a compiled program per device, from its optimized HLO, each operation
     weighted by how often it runs: a while loop's body by its trip count (XLA's own
@@ -335,7 +375,7 @@ def program_cost(compiled: Any) -> Cost:
     left out (it is bandwidth, below). Bytes: what each top-level operation (a fusion, a
     matmul, a copy, a collective, a kernel) reads and writes, as XLA's cost model counts a fusion,
     so on-chip reuse inside a fusion is free and every fusion boundary is an HBM round trip."""
-    comps, entry = _computations(compiled.as_text())
+    comps, entry = _computations(hlo_text(compiled))
     weight: dict[str, float] = collections.defaultdict(float)
     fused: set[str] = set()
     unknown = 0

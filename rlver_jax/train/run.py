@@ -214,18 +214,29 @@ def _check_workdir(spec: RunSpec, storage: WorkDir) -> None:
     resume_changes(record["run"], spec, f"the checkpoint of step {step} in {storage.checkpoints}")
 
 
+# What `_build` writes in the work directory before training: the tiny tokenizer, config.json.
+_BUILD_WRITES = ("tokenizer", "config.json")
+
+
 def build_run(spec: RunSpec) -> Run:
     """Build the run of `spec` (rlver_jax.train.spec): claims the work directory (`claim`: the lock
     and the checks of the run found there, before anything is written), then (process 0) writes
     its config.json once the profiles load, the simulator answers and the tokenizer is found. The
-    lock is released by training (rlver_jax.train.loop.train_run), or here when building fails."""
+    lock is released by training (rlver_jax.train.loop.train_run), or here when building fails; a
+    work directory this start made goes again then (WorkDir.remove_if_new), with what it wrote."""
     storage = WorkDir(spec.loop.workdir)
-    lock = claim(spec, storage)
+    try:
+        lock = claim(spec, storage)
+    except BaseException:
+        storage.remove_if_new()  # a new directory, still empty
+        raise
     try:
         return _build(spec, storage, lock)
     except BaseException:
-        if lock is not None:
+        if lock is not None:  # what this start wrote in a directory it made (nothing trained yet), while it is ours
+            storage.remove_if_new(_BUILD_WRITES)
             lock.release()
+        storage.remove_if_new()
         raise
 
 

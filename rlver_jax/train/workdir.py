@@ -29,6 +29,7 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 from etils import epath
@@ -57,8 +58,30 @@ class WorkDir:
         else:
             self.local = pathlib.Path(tempfile.mkdtemp(prefix="rlver_workdir_"))
             log.info("work directory %s, staged in %s", location, self.local)
+        # Whether this made the local directory (a staging directory always): `remove_if_new`.
+        self.created = self.remote is not None or not self.local.exists()
         self.local.mkdir(parents=True, exist_ok=True)
         self._pushed: dict[pathlib.Path, tuple[int, int]] = {}
+
+    def remove_if_new(self, written: Sequence[str] = ()) -> None:
+        """After a start that failed before training: the local directory, if this made it, goes
+        again with `written` (the entries the start wrote in it, removed only while it holds nothing
+        else but the lock), so a failed start leaves no new directory behind; one holding anything
+        else is kept, and so is one that was there before."""
+        if not self.created or not self.local.is_dir():
+            return
+        entries = {e.name for e in self.local.iterdir()} - {LOCK}
+        if written and entries <= set(written):
+            for name in entries:
+                path = self.local / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        try:
+            self.local.rmdir()  # only an empty one (the lock, if still held, keeps it)
+        except OSError:
+            pass
 
     @property
     def checkpoints(self) -> str:
