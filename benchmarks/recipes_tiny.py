@@ -33,17 +33,28 @@ _WINDOW = flags.DEFINE_integer("window", 10, "Steps averaged at the start and at
 _FLAGS = flags.DEFINE_list("train_flags", [], "Extra launch/train.py flags for every run (commas separate flags).")
 
 
-def train(algo: str, out: pathlib.Path) -> float:
-    """Runs (or resumes) the recipe's training; its minutes (0 when it had finished before)."""
-    preset = "ppo_think" if algo == "ppo" else "grpo_think"
-    cmd = [sys.executable, "launch/train.py", f"--config=configs/{preset}.py:tiny", f"--config.rl.algo={algo}",
-           f"--config.workdir={out / algo}", *_FLAGS.value]
+def run(name: str, out: pathlib.Path, preset: str, args: list[str]) -> float:
+    """Runs (or resumes) `launch/train.py --config=configs/PRESET.py:tiny ARGS` in OUT/NAME (log
+    OUT/NAME.log); the minutes it has taken over every call, kept in OUT/minutes.json (a call
+    that finds the run finished adds almost nothing)."""
+    cmd = [sys.executable, "launch/train.py", f"--config=configs/{preset}.py:tiny", f"--config.workdir={out / name}",
+           *args]
     t0 = time.time()
-    with open(out / f"{algo}.log", "a") as log:
+    with open(out / f"{name}.log", "a") as log:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     if rc:
-        raise SystemExit(f"{algo}: exit {rc}, see {out / f'{algo}.log'}")
-    return (time.time() - t0) / 60
+        raise SystemExit(f"{name}: exit {rc}, see {out / f'{name}.log'}")
+    timing = out / "minutes.json"
+    minutes = json.loads(timing.read_text()) if timing.exists() else {}
+    minutes[name] = minutes.get(name, 0.0) + (time.time() - t0) / 60
+    timing.write_text(json.dumps(minutes))
+    return minutes[name]
+
+
+def train(algo: str, out: pathlib.Path) -> float:
+    """Runs (or resumes) the recipe's training in OUT/ALGO; its minutes over every call."""
+    preset = "ppo_think" if algo == "ppo" else "grpo_think"
+    return run(algo, out, preset, [f"--config.rl.algo={algo}", *_FLAGS.value])
 
 
 def summarise(algo: str, workdir: pathlib.Path, window: int, minutes: float) -> dict:
@@ -79,16 +90,12 @@ def main(argv):
         raise app.UsageError(f"--algos: {unknown} are not recipes; choose from {sorted(ALGORITHMS)}")
     out = pathlib.Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
-    timing = out / "minutes.json"
-    minutes = json.loads(timing.read_text()) if timing.exists() else {}
     rows = []
     for algo in _ALGOS.value:
-        spent = train(algo, out)
-        minutes[algo] = minutes.get(algo, 0.0) + spent
-        timing.write_text(json.dumps(minutes))
-        rows.append(summarise(algo, out / algo, _WINDOW.value, minutes[algo]))
+        minutes = train(algo, out)
+        rows.append(summarise(algo, out / algo, _WINDOW.value, minutes))
         print(f"{algo}: reward {rows[-1]['reward_first']:.3f} -> {rows[-1]['reward_last']:.3f} "
-              f"({minutes[algo]:.1f} min)", flush=True)
+              f"({minutes:.1f} min)", flush=True)
     (out / "summary.md").write_text(table(rows, _WINDOW.value))
     print(table(rows, _WINDOW.value))
 
