@@ -35,14 +35,14 @@ from absl import app, flags
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runs from a checkout
 
-from configs.eval import SHIPPED_PROFILES  # noqa: E402
+from configs.eval import ENGLISH_PROFILES  # noqa: E402
 from rlver_jax.eval.compare import paired_difference  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "/tmp/learning_smol", "Directory for everything (reruns resume each command).")
 _ALGOS = flags.DEFINE_list("algos", ["grpo", "ppo"], "Algorithms to train (configs/{algo}_nothink.py:smol).")
 _STEPS = flags.DEFINE_integer("steps", 10, "Training steps per run.")
 _TRAIN = flags.DEFINE_list("train_profiles", [f"rlverjax-en-0{i}" for i in range(1, 5)],
-                           "Profile ids (of the shipped profiles) trained on.")
+                           "Profile ids (of the English profiles) trained on.")
 _EVAL = flags.DEFINE_list("eval_profiles", [f"rlverjax-en-0{i}" for i in range(5, 9)],
                           "Held-out profile ids evaluated on; none may be a training profile.")
 _REPEATS = flags.DEFINE_integer("eval_repeats", 4, "Dialogues per eval profile.")
@@ -55,14 +55,14 @@ REPEAT_SEP = "~"  # eval entry ids are PROFILE~r
 
 def write_profiles(out: pathlib.Path, train_ids: Sequence[str], eval_ids: Sequence[str], repeats: int
                    ) -> tuple[pathlib.Path, pathlib.Path]:
-    """OUT/train.jsonl and OUT/eval.jsonl (each eval profile `repeats` times) from the shipped profiles."""
+    """OUT/train.jsonl and OUT/eval.jsonl (each eval profile `repeats` times) from the English profiles."""
     overlap = set(train_ids) & set(eval_ids)
     if overlap:
         raise app.UsageError(f"profiles both trained and evaluated on: {sorted(overlap)}")
-    shipped = {p["id"]: p for p in map(json.loads, SHIPPED_PROFILES.read_text(encoding="utf-8").splitlines())}
+    shipped = {p["id"]: p for p in map(json.loads, ENGLISH_PROFILES.read_text(encoding="utf-8").splitlines())}
     missing = sorted((set(train_ids) | set(eval_ids)) - set(shipped))
     if missing:
-        raise app.UsageError(f"not among {SHIPPED_PROFILES}: {missing}")
+        raise app.UsageError(f"not among {ENGLISH_PROFILES}: {missing}")
     out.mkdir(parents=True, exist_ok=True)
     train, held_out = out / "train.jsonl", out / "eval.jsonl"
     train.write_text("".join(json.dumps(shipped[i]) + "\n" for i in train_ids), encoding="utf-8")
@@ -87,7 +87,8 @@ def evaluate(name: str, eval_file: pathlib.Path, out: pathlib.Path, minutes: dic
     """SAGE's rules on the held-out profiles; the fetched SmolLM2, or a run's checkpoint."""
     policy = [] if checkpoint is None else ["--config.policy.path=", f"--config.policy.checkpoint={checkpoint}"]
     run(name, ["launch/eval.py", "--config=configs/eval.py:smol", f"--config.workdir={out / name}",
-               f"--config.eval.profiles={eval_file}", *policy, *_EVAL_FLAGS.value], out, minutes)
+               f"--config.eval.profiles={eval_file}", "--config.eval.holdout=0", *policy, *_EVAL_FLAGS.value],
+        out, minutes)
 
 
 def train(algo: str, train_file: pathlib.Path, out: pathlib.Path, minutes: dict[str, float]) -> None:

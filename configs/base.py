@@ -5,7 +5,7 @@ think)`. Presets:
   tiny: CPU, random-init tiny Qwen2, the locally built tiny tokenizer, the embedded simulator and
         the project's own profiles; a few minutes.
   smol: CPU, the real SmolLM2-135M-Instruct (a Llama) built offline by `python launch/fetch_smollm2.py`,
-        the embedded simulator and the project's own profiles; short turns that fit a CPU.
+        the embedded simulator and the project's own English profiles; short turns that fit a CPU.
   0.5b: Qwen2.5-0.5B-Instruct from --config.model.path, a served simulator.
   7b:   Qwen2.5-7B-Instruct, the paper's setting (default).
   7b_lora: 7b with LoRA rank 64 on one 80 GB GPU (launch/plan.py: docs/sharding.md, "7B on one GPU").
@@ -13,7 +13,7 @@ think)`. Presets:
 
 import ml_collections
 
-from configs.eval import SHIPPED_PROFILES, get_policy_sampling_config
+from configs.eval import ENGLISH_PROFILES, SHIPPED_PROFILES, SMOL_HOLDOUT, get_policy_sampling_config
 from configs.mesh import get_mesh_config
 from configs.simulator import get_emotion_rules_config, get_simulator_config
 from rlver_jax.models import smollm2
@@ -113,10 +113,13 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
         c.simulator.max_change = 100
 
     c.data = ml_collections.ConfigDict()
-    # JSONL of training profiles (required); tiny: the project's own, shipped with the package
-    c.data.train_profiles = str(SHIPPED_PROFILES) if cpu else ""
+    # JSONL of training profiles (required); tiny: the project's own, shipped with the package; smol:
+    # the English ones only (SmolLM2 is an English model: it answers Chinese profiles with gibberish)
+    c.data.train_profiles = str(ENGLISH_PROFILES) if smol else str(SHIPPED_PROFILES) if tiny else ""
     c.data.eval_profiles = ""  # held-out profiles for in-loop evaluation; "" = hold out from train
-    c.data.eval_holdout = 4 if cpu else 0  # with eval_profiles "": the last N train profiles
+    # with eval_profiles "": the last N train profiles, never trained on. smol: SMOL_HOLDOUT (16), two of each
+    # hidden goal, the very profiles configs/eval.py:smol plays (a held-out base-vs-trained comparison)
+    c.data.eval_holdout = 4 if tiny else SMOL_HOLDOUT if smol else 0
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.think = think  # think-then-say: reason in <think>...</think> before replying

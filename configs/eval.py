@@ -25,7 +25,9 @@ Presets:
         mode, 48-token turns, initial emotion 30); to score a run under its own rules add
         --config.eval.like_training=RUN (docs/cli.md).
   smol: CPU, the tiny preset's lengths and simulator with the real SmolLM2-135M-Instruct of
-        `python launch/fetch_smollm2.py` (policy.path), or a smol training run's --config.policy.checkpoint.
+        `python launch/fetch_smollm2.py` (policy.path), or a smol training run's --config.policy.checkpoint;
+        English profiles only: the SMOL_HOLDOUT profiles the smol training presets hold out
+        (configs/base.py), so base against trained is a held-out comparison.
 """
 
 import pathlib
@@ -43,6 +45,13 @@ PRESETS = ("sage", "tiny", "smol")
 # tests/cli_test.py checks this equals): spelled out, because importing the simulator package
 # (openai, httpx) would cost every --help of launch/eval.py two seconds.
 SHIPPED_PROFILES = pathlib.Path(__file__).resolve().parents[1] / "rlver_jax" / "simulator" / "data" / "profiles.jsonl"
+# The project's English profiles (rlver_jax.simulator.profiles.ENGLISH_PROFILES), the smol presets' only ones:
+# SmolLM2-135M-Instruct is an English model and answers Chinese profiles with gibberish (issue 42).
+ENGLISH_PROFILES = SHIPPED_PROFILES.with_name("profiles_en.jsonl")
+# The last SMOL_HOLDOUT of ENGLISH_PROFILES: held out of smol training (configs/base.py, data.eval_holdout)
+# and the smol evaluation's profiles. 16 (two of each hidden goal, all three personality types), so
+# a difference between base and trained can show; the rest (24) are trained on.
+SMOL_HOLDOUT = 16
 
 
 def get_policy_sampling_config(*, tiny: bool = False) -> ml_collections.ConfigDict:
@@ -81,9 +90,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.compilation_cache_dir = "auto"
 
     c.eval = ml_collections.ConfigDict()
-    # JSONL profiles with first_talk (SAGE: ../shared/data/rlver/test_profile.jsonl); tiny: our own.
-    c.eval.profiles = str(SHIPPED_PROFILES) if cpu else ""
-    c.eval.max_profiles = 0  # 0 = every profile of the file; else the first N
+    # JSONL profiles with first_talk (SAGE: ../shared/data/rlver/test_profile.jsonl); tiny: our own;
+    # smol: our English ones only (an English model), of which it plays the held-out ones (eval.holdout)
+    c.eval.profiles = str(ENGLISH_PROFILES) if smol else str(SHIPPED_PROFILES) if tiny else ""
+    # Only the last N profiles of the file (0 = all): those a training run on the same file with
+    # data.eval_holdout=N held out. smol: the smol training presets' SMOL_HOLDOUT (0 with another file)
+    c.eval.holdout = SMOL_HOLDOUT if smol else 0
+    c.eval.max_profiles = 0  # 0 = every profile (of the holdout); else the first N
     # Dialogues in flight at once (simulator.max_concurrency bounds the simulator's requests); an
     # openai policy also has at most this many requests in flight.
     c.eval.max_dialogues = 16 if cpu else 64

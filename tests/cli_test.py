@@ -23,7 +23,7 @@ import pytest
 from configs import eval as eval_config
 from configs import grpo_think
 from rlver_jax.cli import program
-from rlver_jax.simulator.profiles import DEFAULT_PROFILES
+from rlver_jax.simulator.profiles import DEFAULT_PROFILES, ENGLISH_PROFILES
 from tests.conftest import REPO
 from tests.fixtures_cli import assert_one_line_error, fake_sglang, free_port, run_script
 from tests.fixtures_eval import Servers, profiles_file
@@ -258,6 +258,7 @@ def test_print_config_of_the_evaluation_shows_every_field_with_its_comment():
 
 def test_the_eval_config_names_the_shipped_profiles_without_importing_them():
     assert eval_config.SHIPPED_PROFILES == DEFAULT_PROFILES.resolve()
+    assert eval_config.ENGLISH_PROFILES == ENGLISH_PROFILES.resolve()
 
 
 @pytest.mark.slow

@@ -13,7 +13,10 @@ import pytest
 from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.base import PRESETS
-from rlver_jax.eval.benchmark import BenchmarkSettings
+from rlver_jax.eval.benchmark import BenchmarkSettings, load_eval_profiles
+from rlver_jax.simulator.patterns import CJK
+from rlver_jax.simulator.profiles import DEFAULT_PROFILES, ENGLISH_PROFILES, GOALS, load_profiles
+from rlver_jax.train.run import split_profiles
 from rlver_jax.train.spec import RunSpec
 
 TRAINING = {"ppo_think": ppo_think, "grpo_think": grpo_think, "ppo_nothink": ppo_nothink,
@@ -69,6 +72,47 @@ def test_every_training_preset_is_consistent(name, preset):
 def test_every_evaluation_preset_is_consistent(preset):
     s = BenchmarkSettings.from_config(eval_config.get_config(preset))
     _sampling_fits(s.sampling, s.rollout)
+
+
+def _ids(profiles) -> list[str]:
+    return [p.id for p in profiles]
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_smol_trains_and_evaluates_on_disjoint_english_profiles(name):
+    """Issue 42: SmolLM2 is an English model, so the smol presets play English profiles only, and
+    configs/eval.py:smol plays exactly the (at least 16) profiles smol training holds out: base
+    against trained is a held-out comparison."""
+    train, held_out = split_profiles(RunSpec.from_config(TRAINING[name].get_config("smol")).data)
+    evaluated = load_eval_profiles(eval_config.get_config("smol"))
+    assert _ids(evaluated) == _ids(held_out)
+    assert not set(_ids(train)) & set(_ids(evaluated))
+    assert len(evaluated) >= 16 and len(train) >= 16
+    assert len(train) + len(evaluated) == len(load_profiles(ENGLISH_PROFILES))  # every profile in one of the two
+    for profile in train + evaluated:
+        text = " ".join((profile.player, profile.scene, profile.task, profile.first_talk or "", *profile.cha_group))
+        assert profile.language == "en" and not CJK.search(text), profile.id
+    for part in (train, evaluated):  # both halves: every hidden goal and personality type
+        assert {p.goal for p in part} == set(GOALS)
+        assert {p.personality for p in part} == {"negative", "passive", "avoidant"}
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_tiny_keeps_the_shipped_mixed_profiles(name):
+    """The tiny presets (bit-identical runs) still train on the shipped English and Chinese profiles,
+    holding out the last 4, and evaluate on the whole file."""
+    data = RunSpec.from_config(TRAINING[name].get_config("tiny")).data
+    assert (data.train_profiles, data.eval_profiles, data.eval_holdout) == (str(DEFAULT_PROFILES.resolve()), "", 4)
+    tiny = eval_config.get_config("tiny")
+    assert (tiny.eval.profiles, tiny.eval.holdout) == (str(DEFAULT_PROFILES.resolve()), 0)
+    assert _ids(load_eval_profiles(tiny)) == _ids(load_profiles(DEFAULT_PROFILES))
+
+
+def test_an_eval_holdout_beyond_the_file_is_refused():
+    config = eval_config.get_config("tiny")
+    config.eval.holdout = 100
+    with pytest.raises(ValueError, match="config.eval.holdout=100: .* holds 16 profiles; set --config.eval.holdout=0"):
+        load_eval_profiles(config)
 
 
 def check_full_run(workdir, config) -> None:

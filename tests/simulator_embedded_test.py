@@ -146,6 +146,20 @@ def test_dismissive_users_leave_in_their_language():
     assert all(simulator.detect_language(r.utterance) == "zh" for r in state.records[1:])
 
 
+@pytest.mark.parametrize("profile", simulator.load_profiles(simulator.profiles.ENGLISH_PROFILES),
+                         ids=lambda p: p.id)
+def test_every_english_profile_plays_a_first_turn(profile):
+    """The smol presets' profiles: each opens with its first_talk, a warm on-topic reply warms the
+    user, a dismissive one cools them, and the user answers in English."""
+    warm, cold = ("I'm so sorry, that sounds really hard. I'm here for you. What happened?",
+                  "Just calm down. It's not a big deal.")
+    for reply, sign in ((warm, 1), (cold, -1)):
+        state = _dialogue(profile, [reply])
+        assert state.history[0] == {"role": "user", "content": profile.first_talk}
+        assert sign * state.records[1].change > 0, (profile.id, reply, state.records[1].thoughts)
+        assert not state.done and simulator.detect_language(state.history[-1]["content"]) == "en"
+
+
 def test_opening_line_without_first_talk():
     state = _dialogue(dataclasses.replace(EN, first_talk=None), [])
     assert state.history[0]["role"] == "user"

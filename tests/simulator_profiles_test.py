@@ -21,6 +21,23 @@ def test_shipped_profiles_cover_types_goals_and_languages():
         assert {p.goal for p in shipped if p.language == language} == set(P.GOALS)
 
 
+def test_english_profiles_are_english_and_extend_the_shipped_ones():
+    """data/profiles_en.jsonl (the smol presets'): every profile English with a known goal and an
+    opening, the shipped English ones first, line for line, then at least 32 of its own."""
+    english = P.load_profiles(P.ENGLISH_PROFILES)
+    assert len(english) >= 40
+    assert len({p.id for p in english}) == len(english)
+    assert all(p.language == "en" and p.goal is not None and p.first_talk for p in english)
+    shipped = [p for p in P.load_profiles() if p.language == "en"]
+    assert english[:len(shipped)] == shipped
+    lines = P.ENGLISH_PROFILES.read_text(encoding="utf-8").splitlines()
+    assert lines[:len(shipped)] == [l for l in P.DEFAULT_PROFILES.read_text(encoding="utf-8").splitlines()
+                                    if json.loads(l)["id"] in {p.id for p in shipped}]
+    assert {p.goal for p in english} == set(P.GOALS)
+    counts = collections.Counter(p.personality for p in english)
+    assert set(counts) == {"negative", "passive", "avoidant"} and min(counts.values()) >= 8
+
+
 def test_every_reference_profile_loads(shared_profiles_dir):
     files = sorted(shared_profiles_dir.glob("*.jsonl"))
     assert files

@@ -79,6 +79,11 @@ def load_eval_profiles(config: ml_collections.ConfigDict) -> list[Profile]:
         profiles = load_profiles(config.eval.profiles)
     except ProfileError as e:
         raise ProfileError(f"config.eval.profiles: {e}") from None
+    if holdout := config.eval.holdout:  # a training run's held-out profiles: the last N of its file
+        if holdout > len(profiles):
+            raise ValueError(f"config.eval.holdout={holdout}: config.eval.profiles={config.eval.profiles} holds "
+                             f"{len(profiles)} profiles; set --config.eval.holdout=0 to play them all")
+        profiles = profiles[-holdout:]
     if config.eval.max_profiles:
         profiles = profiles[:config.eval.max_profiles]
     if missing := [p.id for p in profiles if p.first_talk is None]:
@@ -108,8 +113,8 @@ class BenchmarkSettings:
         simulator_given = {f.split(".", 1)[1] for f in given if f.startswith("simulator.")}
         e, p = config.eval, config.policy
         _, probes, members, sampling, rollout, simulator = build_all(
-            lambda: check_ranges(named(e, "config.eval.", ("max_dialogues", "group_size", "max_profiles")),
-                                 lowest={"max_dialogues": 1, "group_size": 1, "max_profiles": 0}),
+            lambda: check_ranges(named(e, "config.eval.", ("max_dialogues", "group_size", "holdout", "max_profiles")),
+                                 lowest={"max_dialogues": 1, "group_size": 1, "holdout": 0, "max_profiles": 0}),
             lambda: parse_probes(e.probes),
             lambda: panel.parse_panel(e.simulators),
             lambda: SamplingSettings.from_config(p, "config.policy."),
@@ -177,7 +182,8 @@ class _PolicySpec:
         src = self.source
         return {"policy": src.label, "source": src.source, "backend": src.backend, "think": src.think,
                 "simulator": f"{s.backend}" + (f" {s.model} at {s.base_url}" if s.backend == "openai" else ""),
-                "difficulty": s.difficulty, "profiles": c.eval.profiles, "rules": {k: s[k] for k in rules}}
+                "difficulty": s.difficulty, "rules": {k: s[k] for k in rules},
+                "profiles": c.eval.profiles + (f", the last {c.eval.holdout}" if c.eval.holdout else "")}
 
 
 def like_training(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -15,7 +15,8 @@ with one warning per file; any other field is an error, so a misspelt field neve
 Every problem is found with the file, the line number and the field, all problems of a file
 at once; the error's message shows the first SHOWN_PROBLEMS and counts the rest (all of them are
 in `ProfileError.problems`). The language (zh or en) is detected from the text. `load_profiles()` with no path
-returns the project's own shipped set (data/profiles.jsonl).
+returns the project's own shipped set (data/profiles.jsonl, English and Chinese); ENGLISH_PROFILES
+(data/profiles_en.jsonl) holds its English ones and more, the smol presets' profiles.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from rlver_jax.simulator.patterns import CJK
 log = logging.getLogger(__name__)
 
 DEFAULT_PROFILES = pathlib.Path(__file__).parent / "data" / "profiles.jsonl"
+# English only: the shipped English profiles (the same lines), then more, for an English policy
+# (configs/eval.py, ENGLISH_PROFILES and SMOL_HOLDOUT)
+ENGLISH_PROFILES = DEFAULT_PROFILES.with_name("profiles_en.jsonl")
 
 REQUIRED_FIELDS = ("id", "player", "scene", "main_cha", "cha_group", "task")
 OPTIONAL_FIELDS = ("first_talk",)
