@@ -119,6 +119,7 @@ def serve(latency_s: float, conn) -> None:
 
 def time_run(dialogues: int, latency_s: float, root: pathlib.Path) -> Timing:
     from rlver_jax.eval.benchmark import run_benchmark
+    from rlver_jax.eval.spec import EvalSpec
 
     profiles = root / f"profiles_{dialogues}.jsonl"
     write_profiles(profiles, dialogues)
@@ -128,7 +129,7 @@ def time_run(dialogues: int, latency_s: float, root: pathlib.Path) -> Timing:
     try:
         config = eval_config(root / f"eval_{dialogues}", profiles, ours.recv())
         start, cpu = time.perf_counter(), time.process_time()
-        summary = run_benchmark(config, progress=False)
+        summary = run_benchmark(EvalSpec.from_config(config), progress=False)
         end = time.perf_counter()
         wall, cpu = end - start, time.process_time() - cpu
         ours.send("stop")

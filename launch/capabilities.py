@@ -47,21 +47,23 @@ def main(argv):
         return
     if _CONFIG.value is None:
         raise app.UsageError("give --config=configs/capabilities.py[:tiny] (an evaluation) or --fetch_data=DIR")
-    config = _CONFIG.value
-    if config.policy.backend != "openai":  # a served policy starts without JAX
+    from rlver_jax.eval.spec import CapabilitiesSpec
+
+    spec = CapabilitiesSpec.from_config(_CONFIG.value)
+    if spec.policy.backend != "openai":  # a served policy starts without JAX
         import jax
 
-        program.enable_compilation_cache(config.compilation_cache_dir)
+        program.enable_compilation_cache(spec.compilation_cache_dir)
         jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
     from rlver_jax.eval.capabilities import report, runner
 
-    scores = runner.run(config)
-    workdir = pathlib.Path(config.workdir)
+    scores = runner.run(spec)
+    workdir = pathlib.Path(spec.workdir)
     for bench, s in scores.items():
         head = report.HEADLINE[bench]
         print(f"{report.NAMES[bench]}: {head} {100 * s[head]:.1f}% (n {s['n']})")
     print(f"-> {workdir / report.REPORT}" + (f"; comparison {workdir / 'compare_capabilities.md'}"
-                                             if config.compare_to else ""))
+                                             if spec.compare_to else ""))
 
 
 if __name__ == "__main__":

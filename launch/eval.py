@@ -61,24 +61,26 @@ def main(argv):
     if _CONFIG.value is None:
         raise app.UsageError("give --config=configs/eval.py[:tiny] (an evaluation) or --compare=DIR_A,DIR_B")
     from rlver_jax.eval import benchmark
+    from rlver_jax.eval.spec import EvalSpec
 
     config = _CONFIG.value
     given = program.given_fields()
-    if not config.eval.like_training:  # else the simulator's backend comes from the run: run_benchmark checks it
-        program.checked_config(lambda: benchmark.BenchmarkSettings.from_config(config, given))
-    if benchmark.needs_jax(config):  # a served policy on one process starts without JAX (~2 s)
+    if config.eval.like_training:  # the simulator's settings come from the run: its errors are the run's
+        spec = EvalSpec.from_config(config, given)
+    else:
+        spec = program.checked_config(lambda: EvalSpec.from_config(config, given))
+    if benchmark.needs_jax(spec):  # a served policy on one process starts without JAX (~2 s)
         import jax
 
         from rlver_jax.parallel import sharding
-        from rlver_jax.parallel.distributed import DistributedSettings
 
-        program.enable_compilation_cache(config.compilation_cache_dir)
+        program.enable_compilation_cache(spec.compilation_cache_dir)
         jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
-        sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-    summary = benchmark.run_benchmark(config, given=given)
+        sharding.maybe_initialize_distributed(spec.distributed)
+    summary = benchmark.run_benchmark(spec)
     if benchmark.process_index():  # process 0 reports for all
         return
-    workdir = pathlib.Path(config.workdir)
+    workdir = pathlib.Path(spec.workdir)
     if "panel" in summary:
         for label, member in summary["panel"].items():
             print(f"{label}: score {member['score']:.1f} [{member['ci95'][0]:.1f}, {member['ci95'][1]:.1f}]  "

@@ -15,6 +15,7 @@ fx.require_extra()
 
 from configs.capabilities import get_config  # noqa: E402
 from rlver_jax.eval.capabilities import report, runner  # noqa: E402
+from rlver_jax.eval.spec import CapabilitiesSpec  # noqa: E402
 
 
 def _config(tmp_path, server, paths, name="run", **overrides):
@@ -40,7 +41,7 @@ def test_scores_are_the_graders_and_outputs_are_written(tmp_path):
     paths = fx.write_all(tmp_path / "data")
     table = fx.replies()
     with ScriptedServer(lambda r: fx.answer_for(r, table), model="policy") as server:
-        scores = runner.run(_config(tmp_path, server, paths), progress=False)
+        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths)), progress=False)
         assert all(r["temperature"] == 0.0 for r in server.requests)  # greedy by default
     assert scores["math500"]["n"] == 3 and scores["math500"]["accuracy"] == pytest.approx(2 / 3)
     assert scores["ifeval"]["n"] == 3
@@ -76,7 +77,7 @@ def test_think_mode_grades_after_the_last_close_and_counts_the_unclosed(tmp_path
         return "<think>maybe \\boxed{6}</think>" + reply  # only the text after </think> counts
 
     with ScriptedServer(script, model="policy") as server:
-        scores = runner.run(_config(tmp_path, server, paths, **{"policy.think": True}), progress=False)
+        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, **{"policy.think": True})), progress=False)
         assert "<think>" in server.requests[0]["messages"][0]["content"]  # the think instruction
     assert scores["math500"]["think_unclosed"] == 1
     assert scores["math500"]["accuracy"] == pytest.approx(1 / 3)  # item 2 wrong after </think>, item 1 unclosed
@@ -96,7 +97,7 @@ def test_unclosed_thinking_is_no_pass_in_pass_at_1_either(tmp_path):
 
     paths = {"livecodebench": fx.write_jsonl(tmp_path / "lcb.jsonl", rows)}
     with ScriptedServer(script, model="policy") as server:
-        scores = runner.run(_config(tmp_path, server, paths, **{"policy.think": True}), progress=False)
+        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, **{"policy.think": True})), progress=False)
     lcb = scores["livecodebench"]
     assert (lcb["n"], lcb["correct"], lcb["think_unclosed"]) == (6, 2, 4)
     assert lcb["pass@1"] == pytest.approx(2 / 6)
@@ -115,7 +116,7 @@ def test_resume_asks_and_grades_only_what_is_missing(tmp_path):
     table = fx.replies()
     with ScriptedServer(lambda r: fx.answer_for(r, table), model="policy") as server:
         config = _config(tmp_path, server, paths)
-        first = runner.run(config, progress=False)
+        first = runner.run(CapabilitiesSpec.from_config(config), progress=False)
         out = tmp_path / "run"
         answers = (out / "answers.jsonl").read_text().splitlines()
         items = (out / "items.jsonl").read_text().splitlines()
@@ -124,12 +125,12 @@ def test_resume_asks_and_grades_only_what_is_missing(tmp_path):
         lost = {json.loads(answers[-1])["key"], json.loads(answers[-2])["key"]}
         (out / "items.jsonl").write_text("".join(l + "\n" for l in items if json.loads(l)["key"] not in lost))
         asked = len(server.requests)
-        again = runner.run(config, progress=False)
+        again = runner.run(CapabilitiesSpec.from_config(config), progress=False)
         assert len(server.requests) == asked + 1
     assert again == first
     config.policy.max_new_tokens = 7  # a different set-up is refused, not mixed in
     with pytest.raises(ValueError, match="different set-up"):
-        runner.run(config, progress=False)
+        runner.run(CapabilitiesSpec.from_config(config), progress=False)
 
 
 def test_compare_to_the_base_shows_both_sides(tmp_path):
@@ -139,9 +140,9 @@ def test_compare_to_the_base_shows_both_sides(tmp_path):
     base[fx.MATH[0][0]["problem"]] = "\\boxed{1}"  # base wrong where trained is right
     base[fx.MATH[1][0]["problem"]] = "\\boxed{6}"  # base right where trained is wrong
     with ScriptedServer(lambda r: fx.answer_for(r, base), model="policy") as server:
-        runner.run(_config(tmp_path, server, paths, name="base"), progress=False)
+        runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, name="base")), progress=False)
     with ScriptedServer(lambda r: fx.answer_for(r, trained), model="policy") as server:
-        runner.run(_config(tmp_path, server, paths, compare_to=str(tmp_path / "base")), progress=False)
+        runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, compare_to=str(tmp_path / "base"))), progress=False)
     result = json.loads((tmp_path / "run" / "compare_capabilities.json").read_text())["benchmarks"]["math500"]
     assert (result["base"], result["trained"]) == pytest.approx((2 / 3, 2 / 3))
     assert result["gained"] == [fx.MATH[0][0]["unique_id"]] and result["lost"] == [fx.MATH[1][0]["unique_id"]]
@@ -172,7 +173,7 @@ def test_no_benchmark_is_one_clear_error(tmp_path):
     c.workdir = str(tmp_path / "w")
     c.policy.backend = "openai"
     with pytest.raises(ValueError, match="set at least one of --config.data.math500"):
-        runner.run(c, progress=False)
+        runner.run(CapabilitiesSpec.from_config(c), progress=False)
 
 
 def test_launch_command_runs_a_served_policy_without_jax(tmp_path):
@@ -199,7 +200,7 @@ def test_jax_backend_on_a_tiny_model(tmp_path):
     c.code.test_timeout_s = 1
     for b, p in paths.items():
         c.data[b] = p
-    scores = runner.run(c, progress=False)
+    scores = runner.run(CapabilitiesSpec.from_config(c), progress=False)
     assert {b: s["n"] for b, s in scores.items()} == {"math500": 3, "ifeval": 3, "livecodebench": 2}
     records = [json.loads(line) for line in (tmp_path / "tiny" / "items.jsonl").read_text().splitlines()]
     assert len(records) == 8 and all(isinstance(r["reply"], str) for r in records)
@@ -218,7 +219,7 @@ def test_a_request_the_endpoint_refuses_is_counted_not_fatal(tmp_path):
         return fx.answer_for(request, table)
 
     with ScriptedServer(script, model="policy") as server:
-        scores = runner.run(_config(tmp_path, server, paths), progress=False)
+        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths)), progress=False)
     assert scores["math500"]["rejected"] == 1 and scores["math500"]["accuracy"] == pytest.approx(1 / 3)
 
 
@@ -226,7 +227,7 @@ def test_an_endpoint_policy_fills_the_client_limit(tmp_path):
     rows = [{"problem": f"What is {i}+1?", "answer": str(i + 1), "unique_id": f"p{i}"} for i in range(12)]
     paths = {"math500": fx.write_jsonl(tmp_path / "m.jsonl", rows)}
     with ScriptedServer(lambda r: "\\boxed{1}", model="policy", delay_s=0.2) as server:
-        scores = runner.run(_config(tmp_path, server, paths, **{"eval.max_in_flight": 4}), progress=False)
+        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, **{"eval.max_in_flight": 4})), progress=False)
         assert server.peak_in_flight == 4
     assert scores["math500"]["correct"] == 1  # only 0+1 is 1
 

@@ -5,7 +5,7 @@ import pytest
 from configs.eval import get_config as eval_config
 from configs.grpo_think import get_config as training_config
 from rlver_jax.checks import build_all, check_ranges
-from rlver_jax.eval.benchmark import BenchmarkSettings
+from rlver_jax.eval.spec import BenchmarkSettings, CapabilitiesSpec, EvalSpec
 from rlver_jax.llm_client import ClientSettings
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.train.spec import LoopSettings
@@ -50,7 +50,20 @@ def test_the_evaluation_checks_every_section_before_it_starts():
     config.eval.group_size = 0
     config.simulator.max_concurrency = 0
     config.policy.top_p = 0.0
+    for read in (BenchmarkSettings.from_config, EvalSpec.from_config):
+        with pytest.raises(ValueError) as e:
+            read(config)
+        assert str(e.value) == ("config.eval.group_size=0 must be >= 1; config.policy.top_p=0.0 must be in (0, 1] "
+                                "(1 is off); config.simulator.max_concurrency=0 must be >= 1")
+
+
+def test_the_capability_run_checks_every_section_before_it_starts():
+    from configs.capabilities import get_config as capabilities_config
+
+    config = capabilities_config("tiny")
+    config.policy.top_p = 0.0
+    config.code.memory_mb = 0
     with pytest.raises(ValueError) as e:
-        BenchmarkSettings.from_config(config)
-    assert str(e.value) == ("config.eval.group_size=0 must be >= 1; config.policy.top_p=0.0 must be in (0, 1] "
-                            "(1 is off); config.simulator.max_concurrency=0 must be >= 1")
+        CapabilitiesSpec.from_config(config)
+    assert str(e.value) == ("config.policy.top_p=0.0 must be in (0, 1] (1 is off); "
+                            "config.code.memory_mb=0 must be at least 1")

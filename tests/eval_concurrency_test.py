@@ -7,6 +7,7 @@ import jax
 
 from configs.eval import get_config
 from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.simulator.profiles import load_profiles
 from rlver_jax.testing.scripted_server import ScriptedServer, route
 
@@ -36,7 +37,7 @@ def test_dialogues_of_a_group_wait_on_the_server_together(tmp_path, monkeypatch)
         c.workdir, c.eval.profiles, c.simulator.max_turns = str(tmp_path / "eval"), str(profiles), TURNS
         c.policy.backend, c.policy.base_url, c.policy.model = "openai", server.base_url, "simulator"
         c.simulator.base_url = server.base_url
-        summary = run_benchmark(c, progress=False)
+        summary = run_benchmark(EvalSpec.from_config(c), progress=False)
     assert summary["n"] == DIALOGUES and summary["simulator_errors"] == 0
     assert len(server.requests) == DIALOGUES * REQUESTS_PER_DIALOGUE
     # Every dialogue's request is at the server at once, not one dialogue's after another's.

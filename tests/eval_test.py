@@ -10,9 +10,10 @@ import sys
 import pytest
 
 from configs.eval import get_config
-from rlver_jax.eval.benchmark import like_training, needs_jax, run_benchmark
+from rlver_jax.eval.benchmark import needs_jax, run_benchmark
 from rlver_jax.eval.compare import compare_runs
 from rlver_jax.eval.sentient import breakdown, summarize
+from rlver_jax.eval.spec import EvalSpec, like_training
 from rlver_jax.files import read_jsonl
 from rlver_jax.llm_client import EndpointUnavailableError
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -50,7 +51,7 @@ def test_sentient_scores_of_crafted_dialogues():
 def test_scores_equal_hand_computed_values(tmp_path):
     with Servers() as servers:
         config = _config(tmp_path, servers, profiles_file(tmp_path), **{"eval.max_dialogues": 3})
-        summary = run_benchmark(config, progress=False)
+        summary = run_benchmark(EvalSpec.from_config(config), progress=False)
         assert servers.policy.peak_in_flight <= 3
     assert summary["score"] == pytest.approx(SCORE)
     assert (summary["success"], summary["failure"], summary["n"], summary["simulator_errors"]) == (1, 1, 4, 0)
@@ -70,7 +71,7 @@ def test_scores_equal_hand_computed_values(tmp_path):
 
 def test_each_dialogue_is_saved_when_it_ends(tmp_path):
     with Servers() as servers:  # one group of four dialogues in lockstep; they end at different turns
-        run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path), **{"eval.group_size": 4}),
+        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path), **{"eval.group_size": 4})),
                       progress=False)
     order = [r["profile_id"] for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")]
     assert order == ["id-P4", "id-P2", "id-P1", "id-P3"]  # after 2, 4, 6 and 10 replies
@@ -79,13 +80,13 @@ def test_each_dialogue_is_saved_when_it_ends(tmp_path):
 def test_resume_skips_finished_profiles(tmp_path):
     profiles = profiles_file(tmp_path)
     with Servers() as servers:
-        run_benchmark(_config(tmp_path, servers, profiles, **{"eval.max_profiles": 2}), progress=False)
+        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles, **{"eval.max_profiles": 2})), progress=False)
         assert servers.policy_requests("P1") == 6 and servers.policy_requests("P3") == 0
     # A crash mid-append leaves a torn last line; the rerun drops it and starts a clean one.
     with open(tmp_path / "eval" / "transcripts.jsonl", "a") as f:
         f.write('{"profile_id": "id-P3", "turns": [')
     with Servers() as servers:
-        summary = run_benchmark(_config(tmp_path, servers, profiles), progress=False)
+        summary = run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles)), progress=False)
         assert servers.policy_requests("P1") == servers.policy_requests("P2") == 0
         assert (servers.policy_requests("P3"), servers.policy_requests("P4")) == (10, 2)
     assert summary["score"] == pytest.approx(SCORE)
@@ -93,7 +94,7 @@ def test_resume_skips_finished_profiles(tmp_path):
     assert sorted(r["profile_id"] for r in records) == ["id-P1", "id-P2", "id-P3", "id-P4"]
     with Servers() as servers:  # a different set-up is not mixed into these results
         with pytest.raises(ValueError, match="different set-up .*policy.temperature: 0.7 -> 1.0"):
-            run_benchmark(_config(tmp_path, servers, profiles, **{"policy.temperature": 1.0}), progress=False)
+            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles, **{"policy.temperature": 1.0})), progress=False)
         assert not servers.policy.requests
 
 
@@ -106,17 +107,17 @@ def test_a_policy_endpoint_failing_mid_run_keeps_the_finished_dialogues(tmp_path
         servers.policy.script = failing_policy
         config = _config(tmp_path, servers, profiles, **{"eval.max_dialogues": 1, "policy.max_retries": 0})
         with pytest.raises(EndpointUnavailableError, match="rerun the same command to resume"):
-            run_benchmark(config, progress=False)
+            run_benchmark(EvalSpec.from_config(config), progress=False)
     saved = [r["profile_id"] for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")]
     assert saved == ["id-P1", "id-P2"]  # one dialogue at a time: P3 failed before P4 started
     with Servers() as servers:
-        assert run_benchmark(_config(tmp_path, servers, profiles), progress=False)["score"] == pytest.approx(SCORE)
+        assert run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles)), progress=False)["score"] == pytest.approx(SCORE)
         assert servers.policy_requests("P1") == servers.policy_requests("P2") == 0
 
 
 def test_a_simulator_answering_malformed_text_is_counted_not_fatal(tmp_path):
     with Servers() as servers:
-        summary = run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path, ("P1", "P5"))),
+        summary = run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path, ("P1", "P5")))),
                                 progress=False)
         p5_judgements = [r for r in servers.simulator.requests if "Name: P5" in r["messages"][0]["content"]]
         assert len(p5_judgements) == 2  # the first answer and one retry (malformed_retries=1)
@@ -131,7 +132,7 @@ def test_a_simulator_answering_malformed_text_is_counted_not_fatal(tmp_path):
 
 def test_all_simulator_errors_give_a_null_score(tmp_path):
     with Servers() as servers:
-        run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path, ("P5",))), progress=False)
+        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path, ("P5",)))), progress=False)
     saved = json.loads((tmp_path / "eval" / "sentient.json").read_text())
     assert (saved["score"], saved["n"], saved["simulator_errors"]) == (None, 0, 1)
 
@@ -139,18 +140,18 @@ def test_all_simulator_errors_give_a_null_score(tmp_path):
 def test_bad_input_names_the_field(tmp_path):
     with Servers() as servers:
         with pytest.raises(ValueError, match="config.policy.backend='vllm'"):
-            run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path), **{"policy.backend": "vllm"}))
+            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path), **{"policy.backend": "vllm"})))
         with pytest.raises(ValueError, match="config.eval.profiles: .*nowhere.jsonl: profile file not found"):
-            run_benchmark(_config(tmp_path, servers, tmp_path / "nowhere.jsonl"))
+            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, tmp_path / "nowhere.jsonl")))
         with pytest.raises(FileNotFoundError, match="config.policy.checkpoint='.*no_run': no such directory"):
-            run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path), **{
-                "policy.backend": "jax", "policy.checkpoint": str(tmp_path / "no_run")}))
+            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path), **{
+                "policy.backend": "jax", "policy.checkpoint": str(tmp_path / "no_run")})))
         with pytest.raises(EndpointUnavailableError, match="--config.policy.model='gpt'"):
-            run_benchmark(_config(tmp_path, servers, profiles_file(tmp_path), **{"policy.model": "gpt"}))
+            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path), **{"policy.model": "gpt"})))
         stopped = servers.policy.base_url
     with ScriptedServer(route(emotion=_emotion(CHANGES), reply=_reply)) as simulator:
         with pytest.raises(EndpointUnavailableError, match="no server answers at --config.policy.base_url"):
-            run_benchmark(config_urls(tmp_path / "eval", stopped, simulator.base_url, profiles_file(tmp_path)))
+            run_benchmark(EvalSpec.from_config(config_urls(tmp_path / "eval", stopped, simulator.base_url, profiles_file(tmp_path))))
 
 
 SAGE_POLICY_PROMPT = REPO.parent / "shared" / "data" / "sage" / "policy_system_prompt.txt"
@@ -164,40 +165,40 @@ def test_the_policy_gets_the_system_prompt_of_the_configured_file(tmp_path):
     with Servers() as servers:
         config = _config(tmp_path, servers, profiles_file(tmp_path, names=("P1",)),
                          **{"policy.system_prompt_file": str(SAGE_POLICY_PROMPT)})
-        assert run_benchmark(config, progress=False)["n"] == 1
+        assert run_benchmark(EvalSpec.from_config(config), progress=False)["n"] == 1
         assert servers.policy.requests and all(
             r["messages"][0] == {"role": "system", "content": want} for r in servers.policy.requests)
         config.policy.system_prompt = "Be kind."
         with pytest.raises(ValueError, match="config.policy.system_prompt and config.policy.system_prompt_file"):
-            run_benchmark(config, progress=False)
+            run_benchmark(EvalSpec.from_config(config), progress=False)
         config.policy.system_prompt, config.policy.system_prompt_file = "", str(tmp_path / "none.txt")
         with pytest.raises(ValueError, match="config.policy.system_prompt_file=.*none.txt.* cannot be read"):
-            run_benchmark(config, progress=False)
+            run_benchmark(EvalSpec.from_config(config), progress=False)
 
 
 def test_only_a_policy_of_ours_or_a_multi_process_run_needs_jax(monkeypatch):
     for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "RLVER_MULTIHOST"):
         monkeypatch.delenv(var, raising=False)
     c = get_config()
-    assert needs_jax(c)  # configs/eval.py's default policy: ours, on JAX
+    assert needs_jax(EvalSpec.from_config(c))  # configs/eval.py's default policy: ours, on JAX
     c.policy.backend = "openai"
-    assert not needs_jax(c)
+    assert not needs_jax(EvalSpec.from_config(c))
     c.mesh.distributed.num_processes = 2
-    assert needs_jax(c)
+    assert needs_jax(EvalSpec.from_config(c))
     c.mesh.distributed.num_processes = None
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")  # launch/eval.py on each host
-    assert needs_jax(c)
+    assert needs_jax(EvalSpec.from_config(c))
     c.mesh.distributed.initialize = "never"
-    assert not needs_jax(c)
+    assert not needs_jax(EvalSpec.from_config(c))
 
 
 def test_compare_pairs_runs_perprofile(tmp_path):
     profiles = profiles_file(tmp_path)
     with Servers() as servers:
-        run_benchmark(_config(tmp_path, servers, profiles, workdir="a"), progress=False)
+        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles, workdir="a")), progress=False)
     # b: P2 +5 x9 -> 85 at the turn limit (better); P4 -10 x2 -> 20, goodbye (worse); P1, P3 equal
     with Servers({"P1": 10, "P2": 5, "P3": 1, "P4": -10}) as servers:
-        run_benchmark(_config(tmp_path, servers, profiles, workdir="b"), progress=False)
+        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles, workdir="b")), progress=False)
     result = compare_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp")
     b = result["runs"]["b"]
     assert b["score"] == pytest.approx((100 + 85 + 49 + 20) / 4)
@@ -216,13 +217,13 @@ def test_checkpoint_and_fresh_policies_on_the_cpu(tmp_path, tiny_tokenizer_dir):
     config.eval.max_profiles = 1  # one dialogue of two turns: few shapes to compile
     config.policy.max_new_tokens = 8
     config.simulator.max_turns = 2
-    summary = run_benchmark(config, progress=False)
+    summary = run_benchmark(EvalSpec.from_config(config), progress=False)
     assert summary["n"] == 1 and summary["run"]["policy"] == "run step 3" and summary["run"]["think"] is False
     [dialogue] = read_jsonl(tmp_path / "eval" / "transcripts.jsonl")
     assert len(dialogue["turns"]) == 2 and dialogue["turns"][0]["raw"]  # the sampler wrote both replies
 
     config.workdir, config.policy.checkpoint = str(tmp_path / "fresh"), ""
-    summary = run_benchmark(config, progress=False)
+    summary = run_benchmark(EvalSpec.from_config(config), progress=False)
     assert summary["run"]["policy"] == "fresh tiny model (seed 0)" and summary["n"] == 1
     assert (tmp_path / "fresh" / "tokenizer" / "tokenizer.json").exists()
 
@@ -268,7 +269,7 @@ def test_like_training_plays_under_the_runs_own_settings(tmp_path):
     config.eval.like_training = str(tmp_path / "nowhere")
     config.workdir = str(tmp_path / "eval")
     with pytest.raises(FileNotFoundError, match="config.eval.like_training=.*nowhere.*: no such directory"):
-        run_benchmark(config, progress=False)
+        run_benchmark(EvalSpec.from_config(config), progress=False)
 
 
 def test_an_old_runs_config_json_gets_the_fields_added_since(tmp_path):

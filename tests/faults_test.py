@@ -16,6 +16,7 @@ import pytest
 
 from rlver_jax import files
 from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.files import read_jsonl
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES
 from tests.conftest import REPO
@@ -131,7 +132,7 @@ def test_eval_marks_the_dialogue_whose_prompt_the_simulator_refuses_and_goes_on(
     with ScriptedServer(lambda r: "I hear you.", model="policy") as policy, ScriptedServer(script) as simulator:
         config = config_urls(tmp_path / "eval", policy.base_url, simulator.base_url,
                              profiles_file(tmp_path, ("P1", "P2")))
-        summary = run_benchmark(config, progress=False)
+        summary = run_benchmark(EvalSpec.from_config(config), progress=False)
         assert sum("Name: P2" in r["messages"][0]["content"] for r in simulator.requests) == 1  # never retried
     assert (summary["n"], summary["simulator_errors"], summary["score"]) == (1, 1, 100)
     by_id = {t["profile_id"]: t for t in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")}

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.eval.compare import compare_runs, kendall_tau, rank_agreement
 from rlver_jax.eval.panel import Member, parse_panel
 from rlver_jax.testing.scripted_server import ScriptedServer, route
@@ -32,7 +33,7 @@ def test_a_panel_of_two_simulators_scores_under_each(tmp_path):
         a, b = servers.simulator.base_url, second.base_url
         config = config_urls(tmp_path / "panel", servers.policy.base_url, a, profiles,
                              **{"eval.simulators": f"simulator@{a},simulator@{b}"})
-        summary = run_benchmark(config, progress=False)
+        summary = run_benchmark(EvalSpec.from_config(config), progress=False)
         assert second.requests and servers.simulator.requests  # both judged
     first, other = summary["panel"][f"simulator@{a}"], summary["panel"][f"simulator@{b}"]
     assert (first["score"], other["score"]) == (pytest.approx((100 + 0 + 49 + 50) / 4), pytest.approx(63.5))

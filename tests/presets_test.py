@@ -14,6 +14,7 @@ from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.base import PRESETS
 from rlver_jax.eval.benchmark import BenchmarkSettings, load_eval_profiles
+from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.simulator.patterns import CJK
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES, ENGLISH_PROFILES, GOALS, load_profiles
 from rlver_jax.train.run import split_profiles
@@ -84,7 +85,7 @@ def test_smol_trains_and_evaluates_on_disjoint_english_profiles(name):
     configs/eval.py:smol plays exactly the (at least 16) profiles smol training holds out: base
     against trained is a held-out comparison."""
     train, held_out = split_profiles(RunSpec.from_config(TRAINING[name].get_config("smol")).data)
-    evaluated = load_eval_profiles(eval_config.get_config("smol"))
+    evaluated = load_eval_profiles(EvalSpec.from_config(eval_config.get_config("smol")))
     assert _ids(evaluated) == _ids(held_out)
     assert not set(_ids(train)) & set(_ids(evaluated))
     assert len(evaluated) >= 16 and len(train) >= 16
@@ -105,14 +106,14 @@ def test_tiny_keeps_the_shipped_mixed_profiles(name):
     assert (data.train_profiles, data.eval_profiles, data.eval_holdout) == (str(DEFAULT_PROFILES.resolve()), "", 4)
     tiny = eval_config.get_config("tiny")
     assert (tiny.eval.profiles, tiny.eval.holdout) == (str(DEFAULT_PROFILES.resolve()), 0)
-    assert _ids(load_eval_profiles(tiny)) == _ids(load_profiles(DEFAULT_PROFILES))
+    assert _ids(load_eval_profiles(EvalSpec.from_config(tiny))) == _ids(load_profiles(DEFAULT_PROFILES))
 
 
 def test_an_eval_holdout_beyond_the_file_is_refused():
     config = eval_config.get_config("tiny")
     config.eval.holdout = 100
     with pytest.raises(ValueError, match="config.eval.holdout=100: .* holds 16 profiles; set --config.eval.holdout=0"):
-        load_eval_profiles(config)
+        load_eval_profiles(EvalSpec.from_config(config))
 
 
 def check_full_run(workdir, config) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from configs.eval import SHIPPED_PROFILES
 from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.eval.probes import PROBES, ProbePolicy, parse_probes
 from rlver_jax.rollout.policy import TurnRequest
 from rlver_jax.testing.scripted_server import ScriptedServer, route
@@ -38,7 +39,7 @@ def test_a_simulator_that_rewards_anything_is_flagged(tmp_path):
     with ScriptedServer(lambda r: WARM, model="policy") as policy, ScriptedServer(sycophant) as simulator:
         config = config_urls(tmp_path / "eval", policy.base_url, simulator.base_url, profiles_file(tmp_path, ("P1",)),
                              **{"eval.probes": "garbled,flattery"})
-        summary = run_benchmark(config, progress=False)
+        summary = run_benchmark(EvalSpec.from_config(config), progress=False)
     assert set(summary["probes"]) == {"garbled", "flattery"}
     for probe in summary["probes"].values():
         assert (probe["score"], probe["success"], probe["n"], probe["rewarded"]) == (100, 1, 1, True)
@@ -56,7 +57,7 @@ def test_the_embedded_simulator_rewards_no_probe(tmp_path):
         config = config_urls(tmp_path / "eval", policy.base_url, "http://127.0.0.1:9/v1", SHIPPED_PROFILES,
                              **{"simulator.backend": "embedded", "eval.probes": "all", "eval.max_profiles": 4,
                                 "eval.group_size": 4})
-        summary = run_benchmark(config, progress=False)
+        summary = run_benchmark(EvalSpec.from_config(config), progress=False)
     probes = summary["probes"]
     assert set(probes) == set(PROBES) and all(p["n"] == 4 for p in probes.values())
     assert not any(p["rewarded"] for p in probes.values())

@@ -8,6 +8,7 @@ import pytest
 
 from rlver_jax.eval import protocol
 from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.eval.compare import ProtocolMismatchError, compare_runs
 from tests.fixtures_cli import run_script
 from tests.fixtures_eval import Servers, config_urls, profiles_file
@@ -16,7 +17,7 @@ from tests.fixtures_eval import Servers, config_urls, profiles_file
 def _evaluate(tmp_path, servers, profiles, name, temperature):
     config = config_urls(tmp_path / name, servers.policy.base_url, servers.simulator.base_url, profiles,
                          **{"simulator.temperature": temperature})
-    run_benchmark(config, progress=False)
+    run_benchmark(EvalSpec.from_config(config), progress=False)
     return json.loads((tmp_path / name / "sentient.json").read_text())
 
 
@@ -93,7 +94,7 @@ def test_a_configured_policy_prompt_moves_scores(two_runs):
     with Servers() as servers:
         config = config_urls(tmp_path / "kind", servers.policy.base_url, servers.simulator.base_url, profiles,
                              **{"simulator.temperature": 0.5, "policy.system_prompt": "Be kind."})
-        run_benchmark(config, progress=False)
+        run_benchmark(EvalSpec.from_config(config), progress=False)
     card = json.loads((tmp_path / "kind" / "sentient.json").read_text())["protocol"]
     assert card["prompts.policy_system"] == hashlib.sha256(b"Be kind.").hexdigest()
     with pytest.raises(ProtocolMismatchError, match=r"^the runs were played under different protocols: "

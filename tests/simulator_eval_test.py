@@ -11,6 +11,7 @@ import pytest
 from configs.eval import get_config
 from rlver_jax import llm_client
 from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.files import read_jsonl
 from rlver_jax.simulator import SimulatorUnavailableError, parsing
 from rlver_jax.simulator.profiles import GOALS
@@ -110,7 +111,7 @@ def test_values_outside_the_contract(tmp_path):
     with ScriptedServer(lambda r: "I am here for you.", model="policy") as policy, \
             ScriptedServer(route(emotion=lambda r: f"Feeling: ok\nChange: {VALUES[_name(r)]}",
                                  reply=lambda r: "Plan: x\nResponse: Mm.")) as sim:
-        summary = run_benchmark(_config(tmp_path, policy, sim, profiles), progress=False)
+        summary = run_benchmark(EvalSpec.from_config(_config(tmp_path, policy, sim, profiles)), progress=False)
         judge_requests = {n: sum(f"Name: {n}" in r["messages"][0]["content"] and "Change:" in
                                  r["messages"][0]["content"] for r in sim.requests) for n in VALUES}
     assert (summary["n"], summary["simulator_errors"], summary["score"]) == (1, 3, 60)
@@ -133,7 +134,7 @@ def _eval_against_a_one_at_a_time_simulator(tmp_path):
         c.simulator.update(timeout_s=0.2, backoff_initial_s=1 / 600, backoff_max_s=30 / 600)
         assert (c.simulator.max_concurrency, c.simulator.max_retries, c.eval.max_dialogues) == (64, 6, 64)
         try:
-            return run_benchmark(c, progress=False), sim
+            return run_benchmark(EvalSpec.from_config(c), progress=False), sim
         except SimulatorUnavailableError as e:
             return e, sim
 

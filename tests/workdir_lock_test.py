@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.train.workdir import LOCK, WorkDirBusyError, WorkDirLock, move_aside, run_files
 from tests.fixtures_eval import config_urls, profiles_file
 
@@ -90,5 +91,5 @@ def test_a_second_evaluation_in_a_directory_is_refused_before_it_plays(tmp_path,
                           profiles_file(tmp_path, ("P1",)))
     hold(tmp_path / "eval", other_process, what="an evaluation")
     with pytest.raises(ValueError, match=rf"^{tmp_path / 'eval'} is in use by an evaluation \(pid {other_process}"):
-        run_benchmark(config, progress=False)
+        run_benchmark(EvalSpec.from_config(config), progress=False)
     assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == [LOCK]

@@ -12,7 +12,8 @@ scored. Outputs (report.write_outputs): sentient.json, report.md, trajectories.p
 final_emotions.png.
 
 `config.eval.like_training=RUN` plays under the settings a training run was trained with
-(`like_training`) instead of SAGE's.
+(rlver_jax.eval.spec.like_training) instead of SAGE's. The config is read once, into an EvalSpec
+(rlver_jax.eval.spec), before anything here runs.
 
 On N processes (launch/eval.py under jax.distributed, like training) process 0 owns the work
 directory: it checks the set-up and finds the profiles left to play; every process plays a
@@ -24,31 +25,24 @@ outputs and every process returns the same scores.
 from __future__ import annotations
 
 import collections
-import copy
 import dataclasses
 import importlib
 import logging
 import pathlib
 import threading
-from collections.abc import Collection
 from typing import Any
 
-import ml_collections
-
-from rlver_jax.checks import build_all, check_ranges, named
 from rlver_jax.files import atomic_write_text
-from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.eval import panel, policy_source, protocol, report
-from rlver_jax.eval.probes import ProbePolicy, parse_probes
+from rlver_jax.eval.probes import ProbePolicy
 from rlver_jax.eval.resume import load_records, record_setup, setup_conflict
+from rlver_jax.eval.spec import TRANSPORT as _TRANSPORT, BenchmarkSettings, EvalSpec
 from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
 from rlver_jax.parallel.hosts import allgather_json, process_index
-from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.openings import check_openings
 from rlver_jax.sampling.settings import SamplingSettings
-from rlver_jax.simulator import (ProfileError, SimulatorSettings, SimulatorUnavailableError, check_endpoint,
-                                 load_profiles)
+from rlver_jax.simulator import ProfileError, SimulatorUnavailableError, check_endpoint, load_profiles
 from rlver_jax.simulator.profiles import Profile
 from rlver_jax.train.workdir import WorkDirBusyError, WorkDirLock
 
@@ -57,114 +51,60 @@ log = logging.getLogger(__name__)
 TRANSCRIPTS = "transcripts.jsonl"
 SETUP = "setup.json"
 PROBES_DIR = "probes"  # WORKDIR/probes/NAME.jsonl: the robustness probes' dialogues
-# Fields that change how results are fetched, not what they are (a resumed run may change them).
-_TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries", "max_concurrency",
-                        "backoff_initial_s", "backoff_max_s", "malformed_retries", "cache_dir",
-                        "cache_replay_only"})
 
 
-def needs_jax(config: ml_collections.ConfigDict) -> bool:
-    """Whether evaluating `config` needs JAX in this process: a policy of ours (any backend but
+def needs_jax(spec: EvalSpec) -> bool:
+    """Whether evaluating `spec` needs JAX in this process: a policy of ours (any backend but
     'openai'), or a multi-process run (config.mesh.distributed or the environment ask for one).
     A served policy on one process does without it, and without its start-up."""
-    return (config.policy.backend != "openai"
-            or DistributedSettings.from_config(config.mesh.distributed).initialize_arguments() is not None)
+    return spec.policy.backend != "openai" or spec.distributed.initialize_arguments() is not None
 
 
-def load_eval_profiles(config: ml_collections.ConfigDict) -> list[Profile]:
-    if not config.eval.profiles:
+def load_eval_profiles(spec: EvalSpec) -> list[Profile]:
+    """The profiles `spec` plays: config.eval.profiles, its last eval.holdout, its first eval.max_profiles."""
+    if not spec.profiles:
         raise ValueError("config.eval.profiles is empty: set it to a JSONL file of profiles with first_talk, "
                          "e.g. --config.eval.profiles=../shared/data/rlver/test_profile.jsonl")
     try:
-        profiles = load_profiles(config.eval.profiles)
+        profiles = load_profiles(spec.profiles)
     except ProfileError as e:
         raise ProfileError(f"config.eval.profiles: {e}") from None
-    if holdout := config.eval.holdout:  # a training run's held-out profiles: the last N of its file
+    if holdout := spec.holdout:  # a training run's held-out profiles: the last N of its file
         if holdout > len(profiles):
-            raise ValueError(f"config.eval.holdout={holdout}: config.eval.profiles={config.eval.profiles} holds "
+            raise ValueError(f"config.eval.holdout={holdout}: config.eval.profiles={spec.profiles} holds "
                              f"{len(profiles)} profiles; set --config.eval.holdout=0 to play them all")
         profiles = profiles[-holdout:]
-    if config.eval.max_profiles:
-        profiles = profiles[:config.eval.max_profiles]
+    if spec.settings.max_profiles:
+        profiles = profiles[:spec.settings.max_profiles]
     if missing := [p.id for p in profiles if p.first_talk is None]:
         log.warning("%d profiles lack first_talk (SAGE opens with it); the simulator writes their opening: %s",
                     len(missing), missing[:5])
     return profiles
 
 
-@dataclasses.dataclass(frozen=True)
-class BenchmarkSettings:
-    """How the benchmark plays: `config.eval`'s numbers, the policy's sampling and dialogue
-    settings (`config.policy`; the think mode is the policy's, `PolicySource.think`) and the simulator."""
-
-    max_dialogues: int  # in flight at once
-    group_size: int  # dialogues per policy call
-    max_profiles: int  # 0: every profile of config.eval.profiles
-    probes: tuple[str, ...]  # robustness probes played beside the policy (eval/probes.py)
-    panel: tuple[panel.Member, ...]  # simulators each playing every profile (eval/panel.py); () = config.simulator
-    sampling: SamplingSettings
-    rollout: RolloutSettings
-    simulator: SimulatorSettings
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict, given: Collection[str] = ()) -> BenchmarkSettings:
-        """One ValueError names every bad field of the config. `given`: the dotted fields the command
-        line set; a simulator field the chosen backend ignores is refused (simulator.settings.check_read)."""
-        simulator_given = {f.split(".", 1)[1] for f in given if f.startswith("simulator.")}
-        e, p = config.eval, config.policy
-        _, probes, members, sampling, rollout, simulator = build_all(
-            lambda: check_ranges(named(e, "config.eval.", ("max_dialogues", "group_size", "holdout", "max_profiles")),
-                                 lowest={"max_dialogues": 1, "group_size": 1, "holdout": 0, "max_profiles": 0}),
-            lambda: parse_probes(e.probes),
-            lambda: panel.parse_panel(e.simulators),
-            lambda: SamplingSettings.from_config(p, "config.policy."),
-            lambda: RolloutSettings.from_config(p, "config.policy.", think=bool(p.think),
-                                                system_prompt=policy_system_prompt(p)),
-            lambda: SimulatorSettings.from_config(config.simulator, given=simulator_given))
-        return cls(e.max_dialogues, e.group_size, e.max_profiles, probes, members, sampling, rollout, simulator)
-
-
-def policy_system_prompt(policy: ml_collections.ConfigDict) -> str:
-    """The system message config.policy gives the policy: `system_prompt`, the text of
-    `system_prompt_file`, or "" (the project's own prompt)."""
-    if policy.system_prompt and policy.system_prompt_file:
-        raise ValueError("config.policy.system_prompt and config.policy.system_prompt_file are both set; "
-                         "give one of them")
-    if not policy.system_prompt_file:
-        return policy.system_prompt
-    path = pathlib.Path(policy.system_prompt_file).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"config.policy.system_prompt_file={str(path)!r} cannot be read "
-                         f"({type(e).__name__}: {e}); give a UTF-8 text file") from None
-    if not text:
-        raise ValueError(f"config.policy.system_prompt_file={str(path)!r} is empty; give the prompt's text, "
-                         "or leave the field empty for the project's own prompt")
-    return text
-
-
 class _PolicySpec:
-    """The policy of `config.policy` (eval/policy_source.py) with what the benchmark records of it:
+    """The policy of `spec.policy` (eval/policy_source.py) with what the benchmark records of it:
     setup.json's fields and the report's run line."""
 
-    def __init__(self, config: ml_collections.ConfigDict):
-        self.config = config
-        self.source = policy_source.resolve(config, max_in_flight=config.eval.max_dialogues)
+    def __init__(self, spec: EvalSpec):
+        self.spec = spec
+        self.source = policy_source.resolve(spec.policy, spec.seed, max_in_flight=spec.settings.max_dialogues)
 
     def setup(self) -> dict[str, Any]:
         """What defines the results, for setup.json."""
-        c = self.config
+        c = self.spec
         out: dict[str, Any] = {"policy.source": self.source.source, "policy.think": self.source.think, "seed": c.seed,
-                               "eval.profiles": str(pathlib.Path(c.eval.profiles).resolve())}
+                               "eval.profiles": str(pathlib.Path(c.profiles).resolve())}
         skip = _TRANSPORT | {"checkpoint", "path", "base_path", "think", "fresh_tiny"}
-        out.update({f"policy.{k}": v for k, v in c.policy.items() if k not in skip})
-        out.update({f"simulator.{k}": v for k, v in c.simulator.items() if k not in _TRANSPORT})
+        out.update({f"policy.{k}": v for k, v in c.record["policy"].items() if k not in skip})
+        out.update({f"simulator.{k}": v for k, v in c.record["simulator"].items() if k not in _TRANSPORT})
         return out
 
     def build(self, workdir: pathlib.Path, sampling: SamplingSettings):
         """(policy, chat tokens or None for a text policy) ready to play, sampling by `sampling`."""
-        return policy_source.build(self.config, self.source, workdir, sampling, first_process=process_index() == 0)
+        c = self.spec
+        return policy_source.build(c.policy, self.source, c.mesh, c.seed, workdir, sampling,
+                                   first_process=process_index() == 0)
 
     def protocol_fields(self) -> dict[str, Any]:
         """The policy.* fields of the protocol card (eval/protocol.py): what was evaluated, and the
@@ -175,38 +115,15 @@ class _PolicySpec:
                 "served_models": served, "url": src.client.base_url if src.client is not None else None}
 
     def run_info(self) -> dict[str, Any]:
-        c = self.config
-        s = c.simulator
+        c = self.spec
+        s = c.record["simulator"]
         rules = ("initial_emotion", "max_change", "ceiling", "floor", "floor_inclusive", "max_turns",
                  "score_final_turn")
         src = self.source
         return {"policy": src.label, "source": src.source, "backend": src.backend, "think": src.think,
-                "simulator": f"{s.backend}" + (f" {s.model} at {s.base_url}" if s.backend == "openai" else ""),
-                "difficulty": s.difficulty, "rules": {k: s[k] for k in rules},
-                "profiles": c.eval.profiles + (f", the last {c.eval.holdout}" if c.eval.holdout else "")}
-
-
-def like_training(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """`config` under the settings of the training run `config.eval.like_training` names (a copy;
-    `config` itself when that is ""): the run's simulator section but for the fields of how it
-    is reached (_TRANSPORT), its sampling (temperature, top-p, top-k), turn and dialogue lengths
-    and KV-cache slots, and its think mode unless config.policy.think is set. The policy played
-    is still config.policy's; a think-mode reply without </think> is shown to the user
-    (policy.format_failure), as the run's own in-loop evaluation does."""
-    if not config.eval.like_training:
-        return config
-    from rlver_jax.eval import policy_loading  # only here: its imports are heavy
-
-    run = policy_loading.locate_checkpoint(config.eval.like_training, "config.eval.like_training").config()
-    out = copy.deepcopy(config)
-    for key in ("temperature", "top_p", "top_k", "max_new_tokens", "max_total_tokens", "cache_slots"):
-        out.policy[key] = run.rollout[key]
-    if out.policy.think is None:
-        out.policy.think = bool(run.rollout.think)
-    for key, value in run.simulator.items():
-        if key not in _TRANSPORT:
-            out.simulator[key] = value
-    return out
+                "simulator": s["backend"] + (f" {s['model']} at {s['base_url']}" if s["backend"] == "openai" else ""),
+                "difficulty": s["difficulty"], "rules": {k: s[k] for k in rules},
+                "profiles": c.profiles + (f", the last {c.holdout}" if c.holdout else "")}
 
 
 def simulator_error_causes(workdir: pathlib.Path) -> collections.Counter[str]:
@@ -215,44 +132,43 @@ def simulator_error_causes(workdir: pathlib.Path) -> collections.Counter[str]:
                                for r in load_records(pathlib.Path(workdir) / TRANSCRIPTS) if r["simulator_error"])
 
 
-def run_benchmark(config: ml_collections.ConfigDict, *, given: Collection[str] = (), progress: bool = True
-                  ) -> dict[str, Any]:
-    """Evaluate (or finish evaluating) the policy of `config` (under `like_training`'s settings when
-    config.eval.like_training is set; `given`: the fields the command line set, BenchmarkSettings);
-    returns the scores of sentient.json. setup.json is written once the simulator and the policy
-    were found, before the first dialogue."""
-    config = like_training(config)
-    # every field checked before any file, model or server is touched
-    settings = BenchmarkSettings.from_config(config, given)
-    if not config.workdir:
+def run_benchmark(spec: EvalSpec, *, progress: bool = True) -> dict[str, Any]:
+    """Evaluate (or finish evaluating) the policy of `spec` (EvalSpec.from_config: every field
+    checked before any file, model or server is touched; under `like_training`'s settings when
+    config.eval.like_training is set); returns the scores of sentient.json. setup.json is written
+    once the simulator and the policy were found, before the first dialogue."""
+    settings = spec.settings
+    if not spec.workdir:
         raise ValueError("config.workdir is empty: set --config.workdir=DIR (results, report and plots go there)")
     if settings.panel:
-        return _run_panel(config, settings.panel, progress)
-    workdir = pathlib.Path(config.workdir)
-    profiles = load_eval_profiles(config)
-    spec = _PolicySpec(config)
+        return _run_panel(spec, settings.panel, progress)
+    workdir = pathlib.Path(spec.workdir)
+    profiles = load_eval_profiles(spec)
+    policy = _PolicySpec(spec)
     transcripts = workdir / TRANSCRIPTS
     lock = WorkDirLock(workdir, "an evaluation") if process_index() == 0 else None
     try:
-        plan = allgather_json(_plan(workdir, spec, profiles, lock) if lock is not None else None)[0]
+        plan = allgather_json(_plan(workdir, policy, profiles, lock) if lock is not None else None)[0]
         if "error" in plan:  # every process stops with process 0's error
             raise ValueError(plan["error"])
         pending = [(i, p) for i, p in enumerate(profiles) if p.id in set(plan["pending"])]
         log.info("%d profiles: %d already evaluated in %s, %d to go", len(profiles), len(profiles) - len(pending),
                  transcripts, len(pending))
         if pending:
-            _evaluate(config, settings, spec, pending, workdir, progress)
+            _evaluate(spec, policy, pending, workdir, progress)
         probes = {name: _play_probe(name, settings, profiles, workdir, progress) for name in settings.probes}
         scores = None
         if process_index() == 0:
             done = {r["profile_id"]: r for r in load_records(transcripts)}
-            s = config.simulator
+            s = spec.record["simulator"]
             card = protocol.card(settings.simulator, protocol.served_simulator_models(settings.simulator),
-                                 profiles_file=config.eval.profiles, profiles=len(profiles),
-                                 policy=spec.protocol_fields(), sampling=settings.sampling,
-                                 rollout=dataclasses.replace(settings.rollout, think=spec.source.think), seed=config.seed)
+                                 profiles_file=spec.profiles, profiles=len(profiles),
+                                 policy=policy.protocol_fields(), sampling=settings.sampling,
+                                 rollout=dataclasses.replace(settings.rollout, think=policy.source.think),
+                                 seed=spec.seed)
             scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
-                                          spec.run_info(), levels=(s.floor, s.band_b, s.band_a, s.ceiling),
+                                          policy.run_info(),
+                                          levels=(s["floor"], s["band_b"], s["band_a"], s["ceiling"]),
                                           card=card, probes=probes)
         return allgather_json(scores)[0]
     finally:
@@ -260,17 +176,13 @@ def run_benchmark(config: ml_collections.ConfigDict, *, given: Collection[str] =
             lock.release()
 
 
-def _run_panel(config: ml_collections.ConfigDict, members: tuple[panel.Member, ...], progress: bool
-               ) -> dict[str, Any]:
-    """The evaluation of `config` under each simulator of the panel, one after another, each in
+def _run_panel(spec: EvalSpec, members: tuple[panel.Member, ...], progress: bool) -> dict[str, Any]:
+    """The evaluation of `spec` under each simulator of the panel, one after another, each in
     its own directory under WORKDIR; then (process 0) the panel's sentient.json and report.md."""
-    workdir = pathlib.Path(config.workdir)
+    workdir = pathlib.Path(spec.workdir)
     results = []
     for k, member in enumerate(members):
-        one = copy.deepcopy(config)
-        one.workdir = str(workdir / member.directory(k))
-        one.eval.simulators = one.eval.like_training = ""  # `config` is already under the run's settings
-        one.simulator.backend, one.simulator.model, one.simulator.base_url = "openai", member.model, member.base_url
+        one = spec.panel_member(k, member)  # `spec` is already under the run's settings
         log.info("panel: simulator %d of %d, %s, into %s", k + 1, len(members), member.label, one.workdir)
         results.append(run_benchmark(one, progress=progress))
     summary = None
@@ -316,11 +228,12 @@ def _play_probe(name: str, settings: BenchmarkSettings, profiles: list[Profile],
     return [by_id[p.id] for p in profiles]
 
 
-def _evaluate(config: ml_collections.ConfigDict, settings: BenchmarkSettings, spec: _PolicySpec,
-              pending: list[tuple[int, Profile]], workdir: pathlib.Path, progress: bool) -> None:
+def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, Profile]], workdir: pathlib.Path,
+              progress: bool) -> None:
     """Play the dialogues of `pending` ((index in the benchmark, profile) pairs; each process a
     share of them), appending each to the transcripts as it ends: process 0 its own at once, the
     other processes' when they are gathered at the end."""
+    settings = eval_spec.settings
     check_endpoint(settings.simulator)
     if spec.source.client is not None:
         check_chat_endpoint(spec.source.client)
@@ -344,4 +257,4 @@ def _evaluate(config: ml_collections.ConfigDict, settings: BenchmarkSettings, sp
         raise SimulatorUnavailableError(f"{e}\n{resume}") from e
     except EndpointUnavailableError as e:  # not the simulator's (caught above): the policy's endpoint
         raise EndpointUnavailableError(
-            f"the policy endpoint --config.policy.base_url={config.policy.base_url} failed: {e}.\n{resume}") from e
+            f"the policy endpoint --config.policy.base_url={eval_spec.policy.base_url} failed: {e}.\n{resume}") from e

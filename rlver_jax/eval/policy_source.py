@@ -1,9 +1,9 @@
 """The policy of `config.policy` (the section configs/eval.py defines; configs/capabilities.py
-shares it), for the Sentient benchmark and the capability evaluation alike: resolved without
-loading weights (`resolve`: what is evaluated, for setup.json and reports, and its think mode),
-then built (`build`) as an OpenAI-compatible endpoint through rlver_jax.llm_client, or a JAX
-checkpoint, Hugging Face directory or fresh tiny model (rlver_jax.eval.policy_loading) on our
-sampler. JAX is imported only by `build` of a JAX policy."""
+shares it; rlver_jax.eval.spec.PolicySpec reads it), for the Sentient benchmark and the capability
+evaluation alike: resolved without loading weights (`resolve`: what is evaluated, for setup.json
+and reports, and its think mode), then built (`build`) as an OpenAI-compatible endpoint through
+rlver_jax.llm_client, or a JAX checkpoint, Hugging Face directory or fresh tiny model
+(rlver_jax.eval.policy_loading) on our sampler. JAX is imported only by `build` of a JAX policy."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pathlib
 import tempfile
 from typing import Any
 
-import ml_collections
-
+from rlver_jax.eval.spec import PolicySpec
 from rlver_jax.llm_client import ClientSettings
 from rlver_jax.models import smollm2
 from rlver_jax.sampling.settings import SamplingSettings
+from rlver_jax.train.spec import MeshSpec
 
 BACKENDS = ("jax", "openai")
 
@@ -31,9 +31,9 @@ class PolicySource:
     checkpoint: Any = None  # a training run's checkpoint: policy_loading.RunCheckpoint
 
 
-def resolve(config: ml_collections.ConfigDict, max_in_flight: int) -> PolicySource:
-    """The policy `config.policy` names; an endpoint's client allows `max_in_flight` requests at once."""
-    p = config.policy
+def resolve(p: PolicySpec, seed: int, max_in_flight: int) -> PolicySource:
+    """The policy `p` (config.policy) names; an endpoint's client allows `max_in_flight` requests at
+    once; `seed` (config.seed) is a fresh tiny model's."""
     if p.backend not in BACKENDS:
         raise ValueError(f"config.policy.backend={p.backend!r}: use one of {BACKENDS}")
     if p.backend == "openai":
@@ -59,16 +59,17 @@ def resolve(config: ml_collections.ConfigDict, max_in_flight: int) -> PolicySour
         source = str(pathlib.Path(p.path).resolve())
         return PolicySource("jax", source, pathlib.Path(source).name, bool(p.think))
     if p.fresh_tiny:
-        label = f"fresh tiny model (seed {config.seed})"
+        label = f"fresh tiny model (seed {seed})"
         return PolicySource("jax", label, label, bool(p.think))
     raise ValueError("no policy to evaluate: set --config.policy.checkpoint=TRAIN_WORKDIR (a run of "
                      "launch/train.py), --config.policy.path=HF_DIR, or --config.policy.backend=openai "
                      "with --config.policy.base_url and --config.policy.model")
 
 
-def build(config: ml_collections.ConfigDict, spec: PolicySource, workdir: pathlib.Path, sampling: SamplingSettings,
-          *, first_process: bool = True) -> tuple[Any, Any]:
-    """(policy, chat tokens or None for a text policy) ready to play, sampling by `sampling`. A
+def build(p: PolicySpec, spec: PolicySource, mesh_spec: MeshSpec, seed: int, workdir: pathlib.Path,
+          sampling: SamplingSettings, *, first_process: bool = True) -> tuple[Any, Any]:
+    """(policy, chat tokens or None for a text policy) ready to play, sampling by `sampling`, a JAX
+    policy on the mesh of `mesh_spec` (config.mesh) with the sampling key of `seed` (config.seed). A
     fresh tiny model's tokenizer is built in WORKDIR/tokenizer by the first process, elsewhere in a
     temporary directory (the same tokenizer: no two processes write one file)."""
     if spec.client is not None:
@@ -81,16 +82,16 @@ def build(config: ml_collections.ConfigDict, spec: PolicySource, workdir: pathli
     from rlver_jax.parallel import sharding
     from rlver_jax.rollout.jax_policy import JaxPolicy
 
-    c, p = config, config.policy
-    mesh = sharding.make_mesh(c.mesh.shape)
+    rules = mesh_spec.rules
+    mesh = sharding.make_mesh(mesh_spec.shape)
     if spec.checkpoint is not None:
-        loaded = policy_loading.load_checkpoint_policy(spec.checkpoint, mesh, c.mesh.rules, p.base_path)
+        loaded = policy_loading.load_checkpoint_policy(spec.checkpoint, mesh, rules, p.base_path)
     elif p.path:
-        loaded = policy_loading.load_hf_policy(p.path, mesh, c.mesh.rules, p.dtype, p.scan_layers)
+        loaded = policy_loading.load_hf_policy(p.path, mesh, rules, p.dtype, p.scan_layers)
     elif first_process:
-        loaded = policy_loading.fresh_tiny_policy(workdir / "tokenizer", c.seed, mesh, c.mesh.rules)
+        loaded = policy_loading.fresh_tiny_policy(workdir / "tokenizer", seed, mesh, rules)
     else:
         with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
-            loaded = policy_loading.fresh_tiny_policy(pathlib.Path(tmp), c.seed, mesh, c.mesh.rules)
-    params = sharding.SamplingLayout.create(loaded.model, mesh, c.mesh.rules).copy(loaded.params)
-    return JaxPolicy(loaded.model, loaded.chat, sampling, params, jax.random.PRNGKey(c.seed)), loaded.chat
+            loaded = policy_loading.fresh_tiny_policy(pathlib.Path(tmp), seed, mesh, rules)
+    params = sharding.SamplingLayout.create(loaded.model, mesh, rules).copy(loaded.params)
+    return JaxPolicy(loaded.model, loaded.chat, sampling, params, jax.random.PRNGKey(seed)), loaded.chat

@@ -22,16 +22,15 @@ import logging
 import pathlib
 from typing import Any
 
-import ml_collections
 from tqdm import tqdm
 
 from rlver_jax.eval import policy_source, protocol
-from rlver_jax.eval.capabilities import compare, data, prompts, report, sandbox
+from rlver_jax.eval.capabilities import compare, data, prompts, report
 from rlver_jax.eval.resume import check_setup, load_records
+from rlver_jax.eval.spec import CapabilitiesSpec
 from rlver_jax.files import append_jsonl
 from rlver_jax.llm_client import (EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, served_models,
                                   show_requests)
-from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.text.chat import THINK_CLOSE
 
 log = logging.getLogger(__name__)
@@ -42,20 +41,20 @@ SETUP = "setup.json"
 UNCLOSED = "the thinking never closed (no </think>): graded wrong"
 
 
-def load_items(config: ml_collections.ConfigDict) -> list[data.Item]:
+def load_items(spec: CapabilitiesSpec) -> list[data.Item]:
     """The items of every benchmark config.data names (the first eval.max_examples of each)."""
-    given = [b for b in data.BENCHMARKS if config.data[b]]
+    given = [b for b in data.BENCHMARKS if spec.data[b]]
     if not given:
         raise ValueError("no benchmark to run: set at least one of --config.data.math500, --config.data.ifeval, "
                          "--config.data.livecodebench to a local file (docs/capabilities.md)")
-    if config.eval.max_examples < 0:
-        raise ValueError(f"config.eval.max_examples={config.eval.max_examples}: use 0 (all) or a positive count")
+    if spec.max_examples < 0:
+        raise ValueError(f"config.eval.max_examples={spec.max_examples}: use 0 (all) or a positive count")
     items = []
     for b in given:
-        found = data.READERS[b](config.data[b])
+        found = data.READERS[b](spec.data[b])
         if not found:
-            raise data.DataError(f"config.data.{b}={config.data[b]!r} holds no items")
-        items += found[:config.eval.max_examples] if config.eval.max_examples else found
+            raise data.DataError(f"config.data.{b}={spec.data[b]!r} holds no items")
+        items += found[:spec.max_examples] if spec.max_examples else found
     if len({i.key for i in items}) != len(items):
         raise data.DataError("two items share an id within one benchmark; ids must be unique")
     return items
@@ -69,43 +68,36 @@ def graded_text(reply: str, think: bool) -> tuple[str, bool | None]:
     return (tail.strip(), True) if closed else ("", False)
 
 
-def code_limits(config: ml_collections.ConfigDict) -> sandbox.Limits:
-    c = config.code
-    return sandbox.Limits(test_timeout_s=c.test_timeout_s, memory_mb=c.memory_mb, file_mb=c.file_mb,
-                          max_processes=c.max_processes, scratch_root=c.scratch_dir)
-
-
-def setup_of(config: ml_collections.ConfigDict, spec: policy_source.PolicySource) -> dict[str, Any]:
+def setup_of(spec: CapabilitiesSpec, source: policy_source.PolicySource) -> dict[str, Any]:
     """What defines the results, for setup.json (not how they are fetched)."""
-    p = config.policy
-    out: dict[str, Any] = {"policy.source": spec.source, "policy.think": spec.think, "seed": config.seed,
-                           "eval.think_instruction": config.eval.think_instruction if spec.think else "",
-                           "eval.max_examples": config.eval.max_examples}
+    p = spec.record["policy"]
+    out: dict[str, Any] = {"policy.source": source.source, "policy.think": source.think, "seed": spec.seed,
+                           "eval.think_instruction": spec.think_instruction if source.think else "",
+                           "eval.max_examples": spec.max_examples}
     out.update({f"policy.{k}": p[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens")})
     for b in data.BENCHMARKS:
-        if config.data[b]:
-            out[f"data.{b}.sha256"] = data.sha256(data.files(config.data[b], f"config.data.{b}"))
-    if config.data.livecodebench:
-        out["code.test_timeout_s"] = config.code.test_timeout_s
-        out["code.memory_mb"] = config.code.memory_mb
+        if spec.data[b]:
+            out[f"data.{b}.sha256"] = data.sha256(data.files(spec.data[b], f"config.data.{b}"))
+    if spec.data["livecodebench"]:
+        out["code.test_timeout_s"] = spec.limits.test_timeout_s
+        out["code.memory_mb"] = spec.limits.memory_mb
     return out
 
 
-def run(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str, Any]:
-    """Run (or finish) the evaluation of config.policy; returns capabilities.json's scores."""
-    if not config.workdir:
+def run(spec: CapabilitiesSpec, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or finish) the evaluation of config.policy (`spec`: CapabilitiesSpec.from_config);
+    returns capabilities.json's scores."""
+    if not spec.workdir:
         raise ValueError("config.workdir is empty: set --config.workdir=DIR (results and reports go there)")
-    workdir = pathlib.Path(config.workdir)
-    items = load_items(config)
+    workdir = pathlib.Path(spec.workdir)
+    items = load_items(spec)
     from rlver_jax.eval.capabilities import extra
 
     extra.check(sorted({i.benchmark for i in items}))
-    spec = policy_source.resolve(config, max_in_flight=config.eval.max_in_flight)
-    sampling = SamplingSettings.from_config(config.policy, "config.policy.")
-    limits = code_limits(config)
+    source = policy_source.resolve(spec.policy, spec.seed, max_in_flight=spec.max_in_flight)
     workdir.mkdir(parents=True, exist_ok=True)
     answers_path, items_path = workdir / ANSWERS, workdir / ITEMS
-    check_setup(workdir / SETUP, setup_of(config, spec), answers_path)
+    check_setup(workdir / SETUP, setup_of(spec, source), answers_path)
     answered = {r["key"]: r for r in load_records(answers_path)}
     graded = {r["key"] for r in load_records(items_path)}
     to_ask = [i for i in items if i.key not in answered]
@@ -114,18 +106,19 @@ def run(config: ml_collections.ConfigDict, *, progress: bool = True) -> dict[str
              len(items) - len(to_ask) - len(to_grade))
     if to_ask or to_grade:
         position = {item.key: n for n, item in enumerate(items)}
-        _ask_and_grade(config, spec, sampling, limits, workdir, to_ask, to_grade, answered, position, progress)
+        _ask_and_grade(spec, source, workdir, to_ask, to_grade, answered, position, progress)
     done = {r["key"]: r for r in load_records(items_path)}
     records = [done[i.key] for i in items]
-    info = {"policy": spec.label, "source": spec.source, "backend": spec.backend, "think": spec.think,
-            "temperature": config.policy.temperature, "max_new_tokens": config.policy.max_new_tokens,
-            "data": {b: config.data[b] for b in data.BENCHMARKS if config.data[b]},
+    info = {"policy": source.label, "source": source.source, "backend": source.backend, "think": source.think,
+            "temperature": spec.record["policy"]["temperature"],
+            "max_new_tokens": spec.record["policy"]["max_new_tokens"],
+            "data": {b: spec.data[b] for b in data.BENCHMARKS if spec.data[b]},
             # how the result was obtained (eval/protocol.py): the set-up, the served model's ids, version, date
-            "protocol": {**setup_of(config, spec), **protocol.stamp(), "policy.served_models":
-                         served_models(spec.client) if spec.client is not None else None}}
+            "protocol": {**setup_of(spec, source), **protocol.stamp(), "policy.served_models":
+                         served_models(source.client) if source.client is not None else None}}
     scores = report.write_outputs(workdir, records, info)
-    if config.compare_to:
-        compare.write_comparison(pathlib.Path(config.compare_to), workdir, seed=config.seed)
+    if spec.compare_to:
+        compare.write_comparison(pathlib.Path(spec.compare_to), workdir, seed=spec.seed)
     return scores
 
 
@@ -159,19 +152,20 @@ def _grade_sync(item: data.Item, text: str) -> dict[str, Any]:
             "instruction_id_list": item.reference["doc"]["instruction_id_list"]}
 
 
-def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy_source.PolicySource, sampling: SamplingSettings,
-                   limits: sandbox.Limits, workdir: pathlib.Path, to_ask: list[data.Item], to_grade: list[data.Item],
-                   answered: dict[str, dict[str, Any]], position: dict[str, int], progress: bool) -> None:
-    if spec.client is not None:
-        check_chat_endpoint(spec.client)
-    think_instruction = config.eval.think_instruction if spec.think else ""
+def _ask_and_grade(spec: CapabilitiesSpec, source: policy_source.PolicySource, workdir: pathlib.Path,
+                   to_ask: list[data.Item], to_grade: list[data.Item], answered: dict[str, dict[str, Any]],
+                   position: dict[str, int], progress: bool) -> None:
+    if source.client is not None:
+        check_chat_endpoint(source.client)
+    limits = spec.limits
+    think_instruction = spec.think_instruction if source.think else ""
     bar = tqdm(total=len(to_ask) + len(to_grade), disable=not progress, desc="capabilities", unit="item",
                dynamic_ncols=True)
     stop_showing = show_requests(bar, "capabilities")
-    code_slots = asyncio.Semaphore(config.code.workers) if config.data.livecodebench else None
+    code_slots = asyncio.Semaphore(spec.code_workers) if spec.data["livecodebench"] else None
 
     async def grade(item: data.Item, answer: dict[str, Any]) -> None:
-        text, closed = graded_text(answer["reply"], spec.think)
+        text, closed = graded_text(answer["reply"], source.think)
         if closed is False:
             result = unclosed_result(item)
         elif item.benchmark == "livecodebench":
@@ -189,9 +183,9 @@ def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy_source.Policy
         bar.update(1)
 
     async def main() -> None:
-        built, chat_tokens = policy_source.build(config, spec, workdir, sampling)
-        group = 1 if chat_tokens is None else max(1, config.eval.group_size)
-        slots = asyncio.Semaphore(max(1, config.eval.max_in_flight // group))
+        built, chat_tokens = policy_source.build(spec.policy, source, spec.mesh, spec.seed, workdir, spec.sampling)
+        group = 1 if chat_tokens is None else max(1, spec.group_size)
+        slots = asyncio.Semaphore(max(1, spec.max_in_flight // group))
         tasks: list[asyncio.Task] = []
 
         async def ask(chunk: list[data.Item]) -> None:
@@ -205,7 +199,7 @@ def _ask_and_grade(config: ml_collections.ConfigDict, spec: policy_source.Policy
                        if chat_tokens is not None else None)
                 # dialogue: the item's place in the run, so a JAX policy's draws depend on neither
                 # batching nor resuming
-                requests.append(TurnRequest(ids, messages, config.policy.max_new_tokens,
+                requests.append(TurnRequest(ids, messages, spec.sampling.max_new_tokens,
                                             dialogue=position[item.key]))
             async with slots:
                 try:
