@@ -3,8 +3,8 @@ process with 8 devices: the same step-0 dialogues, reward, emotion and losses; t
 resumes from its checkpoint; metrics and transcripts hold each step and dialogue exactly once.
 
 The processes run the README's multi-host commands (the block after "two processes on one
-machine"), with a free port for the coordinator, a temporary work directory and overrides that
-shrink the run to seconds. (No persistent compilation cache: it stays off on virtual CPU devices,
+machine") on the PPO preset in place of the GRPO one, with a free port for the coordinator, a
+temporary work directory and overrides that shrink the run to seconds. (No persistent compilation cache: it stays off on virtual CPU devices,
 rlver_jax.cli.program.compilation_cache_dir.)
 """
 
@@ -133,50 +133,37 @@ def alone_lengths(log: str) -> dict[int, tuple[int, int]]:
 
 
 @pytest.mark.slow
-def test_grpo_two_processes_train_as_one_and_resume(tmp_path):
-    # Length buckets of 16 tokens: the processes' own dialogues would ask for different lengths.
-    overrides = SMALL + ["--config.rollout.profiles_per_step=2", "--config.train.length_multiple=16"]
+def test_ppo_two_processes_train_as_one_and_resume(tmp_path):
+    """PPO, the heavier row (a critic, GAE, mini-batches), stands for every algorithm: mini-batches
+    of 4 of the 8 turn rows on 4 data shards (tensor axis 2), two optimizer steps per model, each
+    process holding half of every mini-batch in the one process's row order."""
+    # Length buckets of 4 tokens: the processes' own dialogues would ask for different lengths.
+    overrides = SMALL + ["--config.rollout.profiles_per_step=8", "--config.rl.mini_batch_size=4",
+                         "--config.mesh.shape=(1,-1,2)", "--config.train.length_multiple=4"]
     one, two = tmp_path / "one", tmp_path / "two"
     # The reference runs beside the two processes: while they wait on each other, it computes.
-    reference = start("configs/grpo_think.py:tiny", one, overrides + ["--config.train.steps=1"], processes=1)
-    # The pair keeps its state in host memory between steps (the 7B presets' train.offload): it
-    # changes nothing, and checkpoints are written and resumed from there.
+    reference = start("configs/ppo_think.py:tiny", one, overrides + ["--config.train.steps=1"], processes=1)
+    # The pair moves each idle model and, between steps, the whole state to host memory (the 7B
+    # presets' train.offload): it changes nothing, and checkpoints are written and resumed from there.
     overrides += ["--config.train.offload=state"]
-    pair = start("configs/grpo_think.py:tiny", two, overrides + ["--config.train.steps=2"])
+    pair = start("configs/ppo_think.py:tiny", two, overrides + ["--config.train.steps=2"])
     finish(reference)
     logs = [log for _, log in finish(pair)]
-    compare_step0(one, two, COMPARED)
+    compare_step0(one, two, COMPARED + PPO_COMPARED)
+    assert [m["optimizer_steps"] for m in metrics(one) + metrics(two)] == [2, 2, 2]
     # The processes' longest dialogues differ, so they had to agree on the batch shapes.
     lengths = [alone_lengths(log) for log in logs]
     assert sorted(lengths[0]) == sorted(lengths[1]) == [0, 1]
     assert any(lengths[0][s] != lengths[1][s] for s in (0, 1)), lengths
     assert "process 1 of 2: 4 local devices (cpu), dialogues 4-7 of the 8 per step" in logs[1]
 
-    finish(start("configs/grpo_think.py:tiny", two, overrides + ["--config.train.steps=3",
-                                                                        "--config.checkpoint.allow_changes=train.steps"]))
-    check_each_once(two, steps=3, dialogues=8, n=4)
+    finish(start("configs/ppo_think.py:tiny", two, overrides + ["--config.train.steps=3",
+                                                                       "--config.checkpoint.allow_changes=train.steps"]))
+    check_each_once(two, steps=3, dialogues=8, n=1)
+    assert sorted(int(p.name) for p in (two / "checkpoints").iterdir() if p.name.isdigit())[-1] == 3
     assert "eval_score" in metrics(two)[2]
     evals = transcripts(two, "eval_000002.jsonl")
     assert [r["group"] for r in evals] == list(range(8))  # every held-out profile once, in order
-
-
-@pytest.mark.slow
-def test_ppo_two_processes_train_as_one(tmp_path):
-    # Mini-batches of 4 of the 8 turn rows on 4 data shards (tensor axis 2): two optimizer steps per
-    # model, each process holding half of every mini-batch, in the one process's row order.
-    overrides = SMALL + ["--config.rollout.profiles_per_step=8", "--config.rl.mini_batch_size=4",
-                         "--config.mesh.shape=(1,-1,2)"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    reference = start("configs/ppo_think.py:tiny", one, overrides + ["--config.train.steps=1"], processes=1)
-    # The pair moves each idle model and, between steps, the whole state to host memory.
-    pair = start("configs/ppo_think.py:tiny", two, overrides + ["--config.train.steps=2",
-                                                                       "--config.train.offload=state"])
-    finish(reference)
-    finish(pair)
-    compare_step0(one, two, COMPARED + PPO_COMPARED)
-    assert [m["optimizer_steps"] for m in metrics(one) + metrics(two)] == [2, 2, 2]
-    check_each_once(two, steps=2, dialogues=8, n=1)
-    assert sorted(int(p.name) for p in (two / "checkpoints").iterdir() if p.name.isdigit())[-1] == 2
 
 
 @pytest.mark.slow

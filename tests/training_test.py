@@ -29,7 +29,8 @@ REQUIRED_METRICS = {"step", "reward_mean", "emotion_mean", "success_rate", "user
 
 
 def small(config, workdir, steps):
-    """The tiny preset cut down to seconds: 2 profiles x n dialogues of 2 short turns."""
+    """The tiny preset cut down to seconds: 2 profiles x n dialogues of 2 short turns, and
+    evaluations of 2 held-out profiles in the same 2 short turns (no KV cache kept between them)."""
     config.workdir = str(workdir)
     config.train.steps = steps
     config.rollout.profiles_per_step = 2
@@ -39,6 +40,9 @@ def small(config, workdir, steps):
     config.train.eval_every = 2
     config.data.eval_holdout = 2
     config.train.eval_max_profiles = 2
+    config.train.eval_rules.max_turns = 2
+    config.train.eval_policy.max_new_tokens = 8
+    config.train.eval_policy.cache_slots = 0
     config.checkpoint.save_every = 2
     config.checkpoint.async_save = False
     return config
