@@ -3,12 +3,12 @@ results hold the numbers the tables are made of."""
 
 import json
 import math
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+import torch
+
+from tests.fixtures_cli import run_script
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -26,9 +26,11 @@ _HBM_BYTES_PER_MS = 4.8e9  # the roofline's default 4.8 TB/s
 
 @pytest.mark.slow
 def test_smoke_runs_every_part(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(_ROOT), "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--smoke", f"--out={tmp_path}"],
-                          cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    threads = torch.get_num_threads()
+    try:  # in this process (a fresh interpreter would spend ~15 s importing torch and jax again)
+        proc = run_script("benchmarks/gpu_suite.py", "--smoke", f"--out={tmp_path}")
+    finally:
+        torch.set_num_threads(threads)  # the suite sets torch's threads for the process
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "gpu_suite.json").read_text())
     table = (tmp_path / "gpu_suite.md").read_text()
