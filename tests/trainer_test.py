@@ -72,9 +72,10 @@ def test_update_raises_logprob_of_rewarded_dialogues(algo):
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_microbatch_accumulation_is_exact(algo):
+    """One micro-batch of 4 rows and four of 1, accumulated: the same update."""
     batch = _batch()
     results = []
-    for micro in (4, 2, 1):
+    for micro in (4, 1):
         _, state, program = _setup(algo, micro=micro, lr=1.0, sgd=True)
         state, _, _ = rl_program.train_on_batch(program, state, batch)
         results.append((state.actor, state.critic))
