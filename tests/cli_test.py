@@ -339,24 +339,6 @@ def test_the_tpu_probe_is_skipped_only_where_no_tpu_can_be(monkeypatch):
     assert program.tpu_may_be_attached()
 
 
-@pytest.mark.slow
-def test_a_run_off_a_tpu_prints_no_libtpu_warnings(tmp_path):
-    """A 1-step tiny run without JAX_PLATFORMS, as a user starts it where libtpu is installed (the
-    test extra) and no TPU is: no libtpu warning about TPU_ACCELERATOR_TYPE or worker hostnames, on
-    the CPU. About 12 s; JAX's probe of libtpu took 6 s more."""
-    if program.tpu_may_be_attached():
-        pytest.skip("a TPU may be attached here: JAX's own probe runs")
-    environ = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", program.TRACEBACK_ENV)}
-    done = subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), TINY, "--config.train.steps=1",
-                           f"--config.workdir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=REPO,
-                          env=environ, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    noise = [line for line in done.stderr.splitlines()
-             if any(word in line for word in ("libtpu", "TPU_ACCELERATOR_TYPE", "worker hostname", "TPU backend"))]
-    assert not noise, noise
-    assert "cpu device" in done.stdout
-
-
 def test_eval_refuses_a_directory_of_another_set_up(tmp_path):
     workdir = tmp_path / "eval"
     workdir.mkdir()

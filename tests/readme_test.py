@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from rlver_jax.cli import program
 from tests.conftest import REPO
 from tests.fixtures_cli import run_script
 
@@ -131,14 +132,21 @@ def test_every_configured_command_resolves_its_config(python, args, line):
 @pytest.mark.slow
 def test_the_quick_start_trains_as_written(tmp_path):
     """The quick start's main job, as written but for its work directory (an override after it), in
-    a fresh process on one CPU device as a user runs it (not the tests' eight virtual devices, which
-    make it twice as slow), its compilation cache in the test's directory."""
+    a fresh process as a user starts it: one CPU device (not the tests' eight virtual ones, which
+    make it twice as slow), no JAX_PLATFORMS, its compilation cache in the test's directory. Where
+    libtpu is installed (the test extra) and no TPU is, it prints no libtpu warning about
+    TPU_ACCELERATOR_TYPE or worker hostnames (JAX's probe of libtpu also took 6 s)."""
     [(_, args, line)] = [c for c in COMMANDS if "--config.workdir=runs/tiny " in c[2] + " "]
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
-               XLA_FLAGS=re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")))
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", program.TRACEBACK_ENV)}
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "cache")
+    env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
     done = subprocess.run([sys.executable, *args, f"--config.workdir={tmp_path / 'tiny'}"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"outputs in {tmp_path / 'tiny'}" in done.stdout and "simulator  embedded" in done.stdout
     assert "= 1 cpu device(s)" in done.stdout, done.stdout[:2000]
     assert len((tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()) == 10  # --config.train.steps=10
+    if not program.tpu_may_be_attached():
+        noise = [line for line in done.stderr.splitlines()
+                 if any(word in line for word in ("libtpu", "TPU_ACCELERATOR_TYPE", "worker hostname", "TPU backend"))]
+        assert not noise, noise
