@@ -10,8 +10,17 @@ Every run is the project's own command, `launch/train.py --config=configs/{ppo,g
 and groups the recipe's row resolves), in OUT/ALGO; a rerun resumes or skips finished runs. Then
 OUT/summary.md: per recipe the mean reward of the first and the last 10 steps, the format-failure
 share (dialogues ended by a reply without its think block) over the same steps, the mean entropy of
-the last 10, the in-loop evaluation's score at the last evaluation, and the minutes the run took.
+the last 10, the in-loop evaluation's score at the first and the last evaluation, and the minutes
+the run took; then, per in-loop evaluation, what the held-out score is made of (judged turns per
+dialogue, the mean emotion change of a turn, the share of replies sent raw for want of `</think>`,
+the shares the rules judged curt or garbage, the mean length of what the user read, how the
+dialogues ended): why the score falls while the training reward rises (docs/benchmarks.md).
+With --figures=DIR each run's reward.png is copied to DIR/ALGO_think_tiny_reward.png (the README's figures:
+--algos=grpo,ppo --figures=docs/img).
 """
+
+import collections
+import shutil
 
 import json
 import pathlib
@@ -31,6 +40,8 @@ _OUT = flags.DEFINE_string("out", "/tmp/recipes_tiny", "Directory for the runs a
 _ALGOS = flags.DEFINE_list("algos", list(ALGORITHMS), "Recipes (config.rl.algo) to run.")
 _WINDOW = flags.DEFINE_integer("window", 10, "Steps averaged at the start and at the end.")
 _FLAGS = flags.DEFINE_list("train_flags", [], "Extra launch/train.py flags for every run (commas separate flags).")
+_FIGURES = flags.DEFINE_string("figures", "", "Copy each run's reward.png to DIR/ALGO_think_tiny_reward.png "
+                                "(\"\": no copies).")
 
 
 def run(name: str, out: pathlib.Path, preset: str, args: list[str]) -> float:
@@ -83,6 +94,37 @@ def table(rows: list[dict], window: int) -> str:
     return head + body
 
 
+def evaluations(algo: str, workdir: pathlib.Path) -> list[dict]:
+    """What each in-loop evaluation's score is made of, from its transcripts (WORKDIR/transcripts/
+    eval_STEP.jsonl): the judged turns (those with an emotion change), and what the user read (the
+    reply after </think>, or the raw text when the reply had none: format_failure=continue)."""
+    rows = []
+    for path in sorted((workdir / "transcripts").glob("eval_*.jsonl")):
+        records = [json.loads(l) for l in path.read_text().splitlines() if l]
+        judged = [t for r in records for t in r["turns"] if "change" in t]
+        thoughts = [t.get("simulator_thoughts", "") for t in judged]
+        rows.append({"algo": algo, "step": int(path.stem.split("_")[1]),
+                     "score": float(np.mean([r["final_emotion"] for r in records])),
+                     "turns": len(judged) / len(records),
+                     "change": float(np.mean([t["change"] for t in judged])),
+                     "raw": float(np.mean([not t["format_ok"] for t in judged])),
+                     "curt": float(np.mean(["curt" in x for x in thoughts])),
+                     "garbage": float(np.mean(["garbage" in x for x in thoughts])),
+                     "chars": float(np.mean([len(t["reply"] if t["format_ok"] else t["raw"]) for t in judged])),
+                     "ends": dict(sorted(collections.Counter(r["end_reason"] for r in records).items()))})
+    return rows
+
+
+def evaluation_table(rows: list[dict]) -> str:
+    head = ("| recipe | step | held-out score | judged turns per dialogue | change per turn | sent raw (no </think>) "
+            "| curt | garbage | characters read | ended |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+    body = "".join(
+        f"| {r['algo']} | {r['step']} | {r['score']:.1f} | {r['turns']:.1f} | {r['change']:+.2f} | {r['raw']:.0%} | "
+        f"{r['curt']:.0%} | {r['garbage']:.0%} | {r['chars']:.0f} | "
+        + ", ".join(f"{k} {v}" for k, v in r["ends"].items()) + " |\n" for r in rows)
+    return head + body
+
+
 def main(argv):
     del argv
     unknown = sorted(set(_ALGOS.value) - set(ALGORITHMS))
@@ -90,14 +132,20 @@ def main(argv):
         raise app.UsageError(f"--algos: {unknown} are not recipes; choose from {sorted(ALGORITHMS)}")
     out = pathlib.Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, evals = [], []
     for algo in _ALGOS.value:
         minutes = train(algo, out)
         rows.append(summarise(algo, out / algo, _WINDOW.value, minutes))
+        evals += evaluations(algo, out / algo)
         print(f"{algo}: reward {rows[-1]['reward_first']:.3f} -> {rows[-1]['reward_last']:.3f} "
               f"({minutes:.1f} min)", flush=True)
-    (out / "summary.md").write_text(table(rows, _WINDOW.value))
-    print(table(rows, _WINDOW.value))
+        if _FIGURES.value:
+            pathlib.Path(_FIGURES.value).mkdir(parents=True, exist_ok=True)
+            figure = pathlib.Path(_FIGURES.value) / f"{algo}_think_tiny_reward.png"
+            shutil.copyfile(out / algo / "reward.png", figure)
+    summary = table(rows, _WINDOW.value) + "\n" + evaluation_table(evals)
+    (out / "summary.md").write_text(summary)
+    print(summary)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ resumes from its checkpoint; metrics and transcripts hold each step and dialogue
 
 The processes run the README's multi-host commands (the block after "two processes on one
 machine") on the PPO preset in place of the GRPO one, with a free port for the coordinator, a
-temporary work directory and overrides that shrink the run to seconds. (No persistent compilation cache: it stays off on virtual CPU devices,
-rlver_jax.cli.program.compilation_cache_dir.)
+temporary work directory and overrides that shrink the run to seconds. (No persistent compilation
+cache: it stays off on virtual CPU devices, rlver_jax.cli.program.compilation_cache_dir.)
 """
 
 import collections
@@ -157,8 +157,8 @@ def test_ppo_two_processes_train_as_one_and_resume(tmp_path):
     assert any(lengths[0][s] != lengths[1][s] for s in (0, 1)), lengths
     assert "process 1 of 2: 4 local devices (cpu), dialogues 4-7 of the 8 per step" in logs[1]
 
-    finish(start("configs/ppo_think.py:tiny", two, overrides + ["--config.train.steps=3",
-                                                                       "--config.checkpoint.allow_changes=train.steps"]))
+    finish(start("configs/ppo_think.py:tiny", two,
+                 overrides + ["--config.train.steps=3", "--config.checkpoint.allow_changes=train.steps"]))
     check_each_once(two, steps=3, dialogues=8, n=1)
     assert sorted(int(p.name) for p in (two / "checkpoints").iterdir() if p.name.isdigit())[-1] == 3
     assert "eval_score" in metrics(two)[2]
