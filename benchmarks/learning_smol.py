@@ -1,24 +1,29 @@
-r"""Learning run of the real SmolLM2-135M-Instruct (issue 25): do GRPO and PPO against the embedded
-simulator raise the Sentient score on held-out English profiles? Never in CI: 64 minutes on the
-2-core machine at load 7-9 (docs/benchmarks.md, "Learning run"; --algos=grpo alone about 30).
+r"""Learning run of the real SmolLM2-135M-Instruct (issues 25, 42): does RL against the embedded
+simulator raise the Sentient score on held-out English profiles? Never in CI.
 
-  python benchmarks/learning_smol.py --out=/tmp/learning_smol            # GRPO and PPO
-  python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo --steps=20
+  python benchmarks/learning_smol.py --out=/tmp/learning_smol                # the README's commands
+  python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo,drgrpo
+  python benchmarks/learning_smol.py --out=/tmp/split --protocol=split --algos=grpo,ppo --steps=10
 
-Everything goes through the project's own commands, so the numbers are what a user would get:
-  1. the project's English profiles split in two (--train_profiles, --eval_profiles; they must not
-     overlap) into OUT/train.jsonl and OUT/eval.jsonl, each eval profile written --eval_repeats
-     times under ids PROFILE~r (one dialogue per entry: more draws per profile, one mean each);
-  2. `launch/eval.py --config=configs/eval.py:smol` on OUT/eval.jsonl (SAGE's rules: initial emotion
-     40, 10 rounds, the last reply unjudged) of the untrained model: OUT/eval_base;
-  3. per algorithm, `launch/train.py --config=configs/{algo}_nothink.py:smol` on OUT/train.jsonl
-     (OUT/{algo}), then the same evaluation of its checkpoint: OUT/eval_{algo};
-  4. `launch/eval.py --compare=OUT/eval_base,OUT/eval_grpo,...` (compare.html: the dialogues side
-     by side) and `launch/view.py OUT/{algo}` (the training pages);
-  5. OUT/summary.md: each score with a 95% bootstrap interval over profiles (the mean of a
-     profile's repeats is one value), the paired difference to the base with its interval
-     (rlver_jax.eval.compare.paired_difference on those means), the reward curve of each run's
-     metrics.jsonl, minutes per command, and a first-turn excerpt per eval profile.
+Everything goes through the project's own commands, so the numbers are what a user would get.
+--protocol=preset (the default) runs the README's smol commands as written:
+  1. `launch/eval.py --config=configs/eval.py:smol` of the untrained model (the 16 English profiles
+     the smol training presets hold out, SAGE's rules: initial emotion 40, 10 rounds, the last
+     reply unjudged): OUT/eval_base;
+  2. per algorithm `launch/train.py --config=configs/grpo_nothink.py:smol` (PPO: ppo_nothink; any
+     other recipe: grpo_nothink with --config.rl.algo=ALGO) with the preset's defaults (--steps
+     and --train_flags change them): OUT/ALGO; then the same evaluation of its checkpoint: OUT/eval_ALGO;
+--protocol=split keeps a split of its own (--train_profiles, --eval_profiles, each eval profile
+played --eval_repeats times under ids PROFILE~r, one mean each; no in-loop evaluation, one
+checkpoint at the end). Then, either way:
+  3. `launch/eval.py --compare=OUT/eval_base,OUT/eval_grpo,...` (compare.html: the dialogues side
+     by side; with chromium and selenium, OUT/compare/compare_page.png, its first screen) and
+     `launch/view.py OUT/ALGO` (the training pages);
+  4. OUT/summary.md: each score with a 95% bootstrap interval over profiles, the paired difference
+     to the base with its interval (rlver_jax.eval.compare.paired_difference on the per-profile
+     means), the shares of degenerate replies (repetition within a reply, a reply repeating the
+     previous one), the reward curve of each run's metrics.jsonl with the means of its first and
+     last 5 steps, minutes per command, and the first judged reply per eval profile.
 """
 
 import json
@@ -37,10 +42,14 @@ sys.path.insert(0, str(ROOT))  # runs from a checkout
 
 from configs.eval import ENGLISH_PROFILES  # noqa: E402
 from rlver_jax.eval.compare import paired_difference  # noqa: E402
+from rlver_jax.rl.algorithms import ALGORITHMS  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "/tmp/learning_smol", "Directory for everything (reruns resume each command).")
-_ALGOS = flags.DEFINE_list("algos", ["grpo", "ppo"], "Algorithms to train (configs/{algo}_nothink.py:smol).")
-_STEPS = flags.DEFINE_integer("steps", 10, "Training steps per run.")
+_ALGOS = flags.DEFINE_list("algos", ["grpo"], "Recipes (config.rl.algo) to train, each from its no-think smol preset.")
+_PROTOCOL = flags.DEFINE_enum("protocol", "preset", ["preset", "split"],
+                              "preset: the README's commands as written; split: the profiles of --train_profiles "
+                              "and --eval_profiles, each eval profile --eval_repeats times.")
+_STEPS = flags.DEFINE_integer("steps", 0, "Training steps per run; 0 = the preset's own.")
 _TRAIN = flags.DEFINE_list("train_profiles", [f"rlverjax-en-0{i}" for i in range(1, 5)],
                            "Profile ids (of the English profiles) trained on.")
 _EVAL = flags.DEFINE_list("eval_profiles", [f"rlverjax-en-0{i}" for i in range(5, 9)],
@@ -82,23 +91,29 @@ def run(name: str, args: list[str], out: pathlib.Path, minutes: dict[str, float]
         raise SystemExit(f"{name} failed: see {out / f'{name}.log'}")
 
 
-def evaluate(name: str, eval_file: pathlib.Path, out: pathlib.Path, minutes: dict[str, float],
+def evaluate(name: str, eval_file: pathlib.Path | None, out: pathlib.Path, minutes: dict[str, float],
              checkpoint: pathlib.Path | None = None) -> None:
-    """SAGE's rules on the held-out profiles; the fetched SmolLM2, or a run's checkpoint."""
+    """SAGE's rules on the held-out profiles (the preset's, or EVAL_FILE's); the fetched SmolLM2, or a
+    run's checkpoint."""
     policy = [] if checkpoint is None else ["--config.policy.path=", f"--config.policy.checkpoint={checkpoint}"]
-    run(name, ["launch/eval.py", "--config=configs/eval.py:smol", f"--config.workdir={out / name}",
-               f"--config.eval.profiles={eval_file}", "--config.eval.holdout=0", *policy, *_EVAL_FLAGS.value],
-        out, minutes)
+    split = [] if eval_file is None else [f"--config.eval.profiles={eval_file}", "--config.eval.holdout=0"]
+    run(name, ["launch/eval.py", "--config=configs/eval.py:smol", f"--config.workdir={out / name}", *split, *policy,
+               *_EVAL_FLAGS.value], out, minutes)
 
 
-def train(algo: str, train_file: pathlib.Path, out: pathlib.Path, minutes: dict[str, float]) -> None:
-    """The preset's run on the training profiles only: no in-loop evaluation (the held-out
-    evaluation is launch/eval.py's), one checkpoint at the end."""
-    steps = _STEPS.value
-    run(algo, ["launch/train.py", f"--config=configs/{algo}_nothink.py:smol", f"--config.workdir={out / algo}",
-               f"--config.train.steps={steps}", f"--config.data.train_profiles={train_file}",
-               "--config.data.eval_holdout=0", "--config.train.eval_every=0",
-               f"--config.checkpoint.save_every={steps}", *_TRAIN_FLAGS.value], out, minutes)
+def train(algo: str, train_file: pathlib.Path | None, out: pathlib.Path, minutes: dict[str, float]) -> None:
+    """The recipe's smol run: the preset's defaults (with --steps and --train_flags); with a split of
+    our own, on TRAIN_FILE only, without in-loop evaluation (launch/eval.py's is the held-out one)
+    and with one checkpoint at the end."""
+    preset = "ppo_nothink" if algo == "ppo" else "grpo_nothink"
+    args = ["launch/train.py", f"--config=configs/{preset}.py:smol", f"--config.workdir={out / algo}",
+            f"--config.rl.algo={algo}"]
+    if _STEPS.value:
+        args.append(f"--config.train.steps={_STEPS.value}")
+    if train_file is not None:
+        args += [f"--config.data.train_profiles={train_file}", "--config.data.eval_holdout=0",
+                 "--config.train.eval_every=0", f"--config.checkpoint.save_every={_STEPS.value}"]
+    run(algo, args + _TRAIN_FLAGS.value, out, minutes)
 
 
 def profile_means(eval_dir: pathlib.Path) -> dict[str, float]:
@@ -123,8 +138,8 @@ def _paired(base: np.ndarray, other: np.ndarray) -> str:
 
 def reward_curve(run_dir: pathlib.Path) -> list[dict[str, float]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: r[k] for k in ("step", "reward_mean", "emotion_mean", "rollout_seconds", "update_seconds")}
-            for r in rows]
+    return [{k: r.get(k) for k in ("step", "reward_mean", "emotion_mean", "eval_score", "rollout_seconds",
+                                   "update_seconds")} for r in rows]
 
 
 def first_turns(eval_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
@@ -132,9 +147,10 @@ def first_turns(eval_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
     out = {}
     for line in (eval_dir / "transcripts.jsonl").read_text(encoding="utf-8").splitlines():
         r = json.loads(line)
-        if r["profile_id"].endswith(f"{REPEAT_SEP}0") and r["turns"]:
+        pid, _, repeat = r["profile_id"].partition(REPEAT_SEP)
+        if repeat in ("", "0") and r["turns"]:
             user = next(m["content"] for m in r["messages"] if m["role"] == "user")
-            out[r["profile_id"].split(REPEAT_SEP)[0]] = {"user": user, **{k: r["turns"][0].get(k) for k in
+            out[pid] = {"user": user, **{k: r["turns"][0].get(k) for k in
                                                                           ("reply", "change", "simulator_thoughts")}}
     return out
 
@@ -144,22 +160,36 @@ def score_table(out: pathlib.Path, names: Sequence[str], minutes: dict[str, floa
     means = {name: profile_means(out / f"eval_{name}") for name in names}
     common = sorted(set.intersection(*(set(m) for m in means.values())))
     base = np.array([means["base"][p] for p in common])
-    lines = [f"{len(common)} held-out profiles x {_REPEATS.value} dialogues, {_STEPS.value} training steps\n",
-             "| policy | score (95% CI over profiles) | vs base (paired, 95% CI) | minutes (train + eval) |",
-             "|---|---|---|---:|"]
+    repeats = _REPEATS.value if _PROTOCOL.value == "split" else 1
+    steps = _STEPS.value or "the preset's"
+    lines = [f"{len(common)} held-out profiles x {repeats} dialogue(s), {steps} training "
+             "steps; degenerate: the shares of judged replies that repeat themselves within the reply and that "
+             "repeat the previous reply (sentient.json)\n",
+             "| policy | score (95% CI over profiles) | vs base (paired, 95% CI) | better / equal / worse "
+             "| degenerate: repetition, repeated turn | minutes (train + eval) |",
+             "|---|---|---|---|---|---:|"]
     for name in names:
         values = np.array([means[name][p] for p in common])
         mean, lo, hi = interval(values)
         diff = "-" if name == "base" else _paired(base, values)
+        counts = "-" if name == "base" else "{} / {} / {}".format(
+            int((values > base).sum()), int((values == base).sum()), int((values < base).sum()))
+        degenerate = json.loads((out / f"eval_{name}" / "sentient.json").read_text())["degenerate_replies"]
+        rates = f"{degenerate['degenerate_repetition_rate']:.0%}, {degenerate['degenerate_repeat_turn_rate']:.0%}"
         spent = minutes.get(name, 0.0) + minutes.get(f"eval_{name}", 0.0)
-        lines.append(f"| {name} | {mean:.1f} [{lo:.1f}, {hi:.1f}] | {diff} | {spent:.1f} |")
+        lines.append(f"| {name} | {mean:.1f} [{lo:.1f}, {hi:.1f}] | {diff} | {counts} | {rates} | {spent:.1f} |")
     return lines
 
 
-def reward_table(run_dir: pathlib.Path) -> list[str]:
-    return ["| step | reward | emotion | rollout s | update s |", "|---:|---:|---:|---:|---:|"] + [
-        f"| {r['step']} | {r['reward_mean']:.3f} | {r['emotion_mean']:.1f} | {r['rollout_seconds']:.0f} "
-        f"| {r['update_seconds']:.0f} |" for r in reward_curve(run_dir)]
+def reward_table(run_dir: pathlib.Path, window: int = 5) -> list[str]:
+    curve = reward_curve(run_dir)
+    first, last = (np.mean([r["reward_mean"] for r in part]) for part in (curve[:window], curve[-window:]))
+    return [f"Mean reward, first {window} steps {first:.3f}, last {window} {last:.3f}\n",
+            "| step | reward | emotion | held-out score | rollout s | update s |",
+            "|---:|---:|---:|---:|---:|---:|"] + [
+        f"| {r['step']} | {r['reward_mean']:.3f} | {r['emotion_mean']:.1f} | "
+        + (f"{r['eval_score']:.1f}" if r.get("eval_score") is not None else "")
+        + f" | {r['rollout_seconds']:.0f} | {r['update_seconds']:.0f} |" for r in curve]
 
 
 def excerpts(out: pathlib.Path, names: Sequence[str]) -> list[str]:
@@ -184,10 +214,36 @@ def summary(out: pathlib.Path, runs: Sequence[str], minutes: dict[str, float]) -
     return "\n".join(lines) + "\n"
 
 
+def screenshot(page: pathlib.Path, png: pathlib.Path) -> str:
+    """The first screen of `page` in headless chromium (selenium, the test extra); why not, if not."""
+    try:
+        from selenium import webdriver
+        options = webdriver.ChromeOptions()
+        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+            options.add_argument(arg)
+        driver = webdriver.Chrome(options=options)
+    except Exception as e:  # noqa: BLE001 - a picture is optional: say why there is none
+        return f"no screenshot ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    try:
+        driver.get(page.as_uri())
+        driver.save_screenshot(str(png))
+    finally:
+        driver.quit()
+    return str(png)
+
+
 def main(argv):
     del argv
+    unknown = sorted(set(_ALGOS.value) - set(ALGORITHMS))
+    if unknown:
+        raise app.UsageError(f"--algos: {unknown} are not recipes; choose from {sorted(ALGORITHMS)}")
     out = pathlib.Path(_OUT.value).resolve()
-    train_file, eval_file = write_profiles(out, _TRAIN.value, _EVAL.value, _REPEATS.value)
+    train_file = eval_file = None
+    if _PROTOCOL.value == "split":
+        if not _STEPS.value:
+            raise app.UsageError("--protocol=split needs --steps (its runs keep one checkpoint, at the end)")
+        train_file, eval_file = write_profiles(out, _TRAIN.value, _EVAL.value, _REPEATS.value)
+    out.mkdir(parents=True, exist_ok=True)
     minutes: dict[str, float] = {}
     evaluate("eval_base", eval_file, out, minutes)
     for algo in _ALGOS.value:
@@ -196,7 +252,8 @@ def main(argv):
         run(f"view_{algo}", ["launch/view.py", str(out / algo)], out, minutes)
     evals = ",".join(str(out / f"eval_{name}") for name in ["base", *_ALGOS.value])
     run("compare", ["launch/eval.py", f"--compare={evals}", f"--out={out / 'compare'}"], out, minutes)
-    text = summary(out, _ALGOS.value, minutes)
+    picture = screenshot(out / "compare" / "compare.html", out / "compare" / "compare_page.png")
+    text = summary(out, _ALGOS.value, minutes) + f"\ncompare page: {picture}\n"
     (out / "summary.md").write_text(text, encoding="utf-8")
     print(text + f"\npages: {out / 'compare' / 'compare.html'}, "
           + ", ".join(str(out / a / "view" / "index.html") for a in _ALGOS.value))
