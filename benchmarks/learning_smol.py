@@ -28,6 +28,7 @@ checkpoint at the end). Then, either way:
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -221,7 +222,9 @@ def screenshot(page: pathlib.Path, png: pathlib.Path) -> str:
         options = webdriver.ChromeOptions()
         for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
             options.add_argument(arg)
-        driver = webdriver.Chrome(options=options)
+        # The system's driver (Debian's chromium-driver) where there is one: Selenium Manager would go online.
+        service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
+        driver = webdriver.Chrome(service=service, options=options)
     except Exception as e:  # noqa: BLE001 - a picture is optional: say why there is none
         return f"no screenshot ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     try:
