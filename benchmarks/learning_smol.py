@@ -26,8 +26,10 @@ checkpoint at the end). Then, either way:
      last 5 steps, minutes per command, and the first judged reply per eval profile.
 """
 
+import collections
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -205,9 +207,35 @@ def excerpts(out: pathlib.Path, names: Sequence[str]) -> list[str]:
     return lines
 
 
+def variety(eval_dir: pathlib.Path) -> dict[str, Any]:
+    """How alike an evaluation's judged replies are beyond the degenerate-reply detectors: the share
+    that open with the same 4 words as the dialogue's previous reply, the most common 4-word opening
+    and its share of all replies, and distinct-2 (distinct word bigrams / bigrams, over all replies)."""
+    dialogues = [[t["reply"] for t in json.loads(line)["turns"] if "change" in t]
+                 for line in (eval_dir / "transcripts.jsonl").read_text(encoding="utf-8").splitlines()]
+    opening = [[" ".join(r.lower().split()[:4]) for r in d] for d in dialogues]
+    pairs = [a == b for o in opening for a, b in zip(o, o[1:])]
+    common, count = collections.Counter(o for d in opening for o in d).most_common(1)[0]
+    words = [w for d in dialogues for r in d for w in re.findall(r"[a-z']+", r.lower())]
+    bigrams = list(zip(words, words[1:]))
+    return {"same_opening": float(np.mean(pairs)), "opening": common, "opening_share": count / sum(map(len, opening)),
+            "distinct_2": len(set(bigrams)) / len(bigrams)}
+
+
+def variety_table(out: pathlib.Path, names: Sequence[str]) -> list[str]:
+    lines = ["| policy | opens like its previous reply | most common opening (share of replies) | distinct-2 |",
+             "|---|---:|---|---:|"]
+    for name in names:
+        v = variety(out / f"eval_{name}")
+        lines.append(f"| {name} | {v['same_opening']:.0%} | \"{v['opening']}\" ({v['opening_share']:.0%}) "
+                     f"| {v['distinct_2']:.2f} |")
+    return lines
+
+
 def summary(out: pathlib.Path, runs: Sequence[str], minutes: dict[str, float]) -> str:
     names = ["base", *runs]
-    lines = ["# SmolLM2 learning run\n", *score_table(out, names, minutes)]
+    lines = ["# SmolLM2 learning run\n", *score_table(out, names, minutes),
+             "\n## How alike the replies are (held-out evaluations, judged replies)\n", *variety_table(out, names)]
     for name in runs:
         lines += [f"\n## {name}: reward per step (metrics.jsonl)\n", *reward_table(out / name)]
     lines += ["\n## First judged reply per held-out profile\n", *excerpts(out, names)]
