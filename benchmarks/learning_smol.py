@@ -153,8 +153,7 @@ def first_turns(eval_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
         pid, _, repeat = r["profile_id"].partition(REPEAT_SEP)
         if repeat in ("", "0") and r["turns"]:
             user = next(m["content"] for m in r["messages"] if m["role"] == "user")
-            out[pid] = {"user": user, **{k: r["turns"][0].get(k) for k in
-                                                                          ("reply", "change", "simulator_thoughts")}}
+            out[pid] = {"user": user, **{k: r["turns"][0].get(k) for k in ("reply", "change", "simulator_thoughts")}}
     return out
 
 

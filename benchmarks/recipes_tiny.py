@@ -20,10 +20,9 @@ With --figures=DIR each run's reward.png is copied to DIR/ALGO_think_tiny_reward
 """
 
 import collections
-import shutil
-
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -132,6 +131,9 @@ def main(argv):
         raise app.UsageError(f"--algos: {unknown} are not recipes; choose from {sorted(ALGORITHMS)}")
     out = pathlib.Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
+    figures = pathlib.Path(_FIGURES.value) if _FIGURES.value else None
+    if figures:
+        figures.mkdir(parents=True, exist_ok=True)
     rows, evals = [], []
     for algo in _ALGOS.value:
         minutes = train(algo, out)
@@ -139,10 +141,8 @@ def main(argv):
         evals += evaluations(algo, out / algo)
         print(f"{algo}: reward {rows[-1]['reward_first']:.3f} -> {rows[-1]['reward_last']:.3f} "
               f"({minutes:.1f} min)", flush=True)
-        if _FIGURES.value:
-            pathlib.Path(_FIGURES.value).mkdir(parents=True, exist_ok=True)
-            figure = pathlib.Path(_FIGURES.value) / f"{algo}_think_tiny_reward.png"
-            shutil.copyfile(out / algo / "reward.png", figure)
+        if figures:
+            shutil.copyfile(out / algo / "reward.png", figures / f"{algo}_think_tiny_reward.png")
     summary = table(rows, _WINDOW.value) + "\n" + evaluation_table(evals)
     (out / "summary.md").write_text(summary)
     print(summary)
