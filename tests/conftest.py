@@ -15,6 +15,10 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 # inherit it, as they inherit the device count.
 if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# XLA:CPU's older fusion code generator: the same HLO and the same numbers at about half of the
+# backend compile time of the MLIR fusion emitters (tiny GRPO update: 8.3 s -> 3.8 s).
+if "--xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import pytest  # noqa: E402
 

@@ -140,6 +140,7 @@ def tpu_target(name: str, slices: int = 1) -> Target:
     if not libtpu_available():
         raise ValueError("compiling for a TPU topology needs libtpu: pip install -e '.[tpu]' (libtpu==0.0.52)")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no process holds a chip
+    _hide_cpu_flags_from_libtpu()
     if _no_tpu_attached():  # off a TPU VM libtpu would look for the VM's workers and type in its metadata
         os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
         # Else libtpu prints "Failed to find host bounds ... set env var TPU_ACCELERATOR_TYPE"; the
@@ -154,6 +155,19 @@ def tpu_target(name: str, slices: int = 1) -> Target:
         detail = " ".join(str(e).split())[:300]
         raise ValueError(f"--topology={name!r}: {detail}; use {VALID_FORMS}") from None
     return Target(name, slices, tuple(topo.devices))
+
+
+def _hide_cpu_flags_from_libtpu() -> None:
+    """libtpu aborts the process on a flag in XLA_FLAGS its build does not know, such as some of the
+    CPU backend's --xla_cpu_* (tests/conftest.py sets one). The CPU backend reads them first (its
+    devices are made here if they were not yet), then they leave the environment libtpu reads."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    cpu = [f for f in flags if f.startswith("--xla_cpu_")]
+    if cpu:
+        import jax
+
+        jax.devices("cpu")
+        os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f not in cpu)
 
 
 # ----------------------------------------------------------------------------- roofline
