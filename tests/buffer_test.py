@@ -12,7 +12,8 @@ from rlver_jax.rollout.buffer import RolloutBuffer
 
 
 def _fake_batches(delay=0.0, fail_at=None):
-    async def make_batch(index, version, params):
+    async def make_batch(index, versions, resolve):
+        _, params = resolve(versions.first)  # published: the batch starts once it is
         if index == fail_at:
             raise ValueError("simulator exploded")
         await asyncio.sleep(delay)
@@ -52,8 +53,8 @@ def test_publish_copies_parameters_only_when_sampling_overlaps_the_update(stalen
     sampling on its own copy, which survives the donation with the published values."""
     seen = []
 
-    async def make_batch(index, version, params):
-        seen.append(params)
+    async def make_batch(index, versions, resolve):
+        seen.append(resolve(versions.first)[1])
         return []
 
     buf = RolloutBuffer(make_batch, max_staleness=staleness)

@@ -132,8 +132,8 @@ def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
     fed = []  # each row's cached tokens at the end of every call
     generate = JaxPolicy._generate_with_sessions
 
-    def spy(self, requests, key):
-        out = generate(self, requests, key)
+    def spy(self, requests, key, *params_and_version):
+        out = generate(self, requests, key, *params_and_version)
         assert len(self._sessions) == 1
         sess = self._sessions[requests[0].session]
         fed.append([(r.prompt_ids, list(sess.fed[r.slot])) for r in requests])
