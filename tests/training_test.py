@@ -2,6 +2,7 @@
 
 import errno
 import json
+import logging
 import pathlib
 import signal
 
@@ -13,7 +14,7 @@ from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.simulator import get_simulator_config
 from rlver_jax.eval import run_view
-from rlver_jax.train import checkpoint, run as run_lib, loop
+from rlver_jax.train import checkpoint, metrics, run as run_lib, loop
 from rlver_jax import files
 from rlver_jax.parallel import sharding
 from rlver_jax.files import read_jsonl
@@ -247,6 +248,30 @@ def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path)
                        match=r"step 5: .*2 of 2 ended as simulator_error \(last: .*HTTP 400\).*train_000005.jsonl"):
         loop._check_trainable(5, failed, tmp_path / "transcripts")
     assert [r["profile_id"] for r in read_jsonl(tmp_path / "transcripts" / "train_000005.jsonl")] == ["p0", "p1"]
+
+
+def _turns_of(versions, error=False):
+    n = len(versions)
+    return DialogueSequence(profile_id="p", group=0, tokens=[1] * 2 * n, policy_mask=[0, 1] * n,
+                            logprobs=[0.0] * 2 * n, turn_ends=list(range(1, 2 * n, 2)), emotions=[30.0],
+                            end_reason="simulator_error" if error else "turn_limit", simulator_error=error,
+                            policy_version=versions[0], turns=[{"turn": k + 1, "policy_version": v}
+                                                               for k, v in enumerate(versions)])
+
+
+def test_a_dialogue_beyond_the_staleness_bound_is_dropped_not_trained(caplog):
+    """A dialogue with a turn older than step - max_staleness is left out of the update and counted."""
+    old, fresh, failed = _turns_of([2, 3, 4]), _turns_of([3, 4]), _turns_of([0], error=True)
+    # Step 5, max_staleness 2: version 2 is 3 behind (beyond), 3 is 2 behind (within).
+    before = metrics.staleness_metrics(5, 2, [old, fresh, failed])
+    assert before["stale_token_frac"] == 1 / 5 and before["staleness_max"] == 3.0
+    with caplog.at_level(logging.WARNING, logger=loop.__name__):
+        assert loop._drop_stale(5, 2, [old, fresh, failed]) == 1
+    assert old.stale and not old.trainable
+    assert not fresh.stale and fresh.trainable and not failed.stale  # failed: not trainable anyway, not counted
+    assert "1 dialogue(s) hold turns more than max_staleness=2 versions behind (oldest: version 2)" in caplog.text
+    assert loop._drop_stale(5, 2, [old, fresh, failed]) == 0  # dropped once
+    assert metrics.staleness_metrics(5, 2, [old, fresh])["stale_token_frac"] == 0.0  # what is trained
 
 
 def test_config_ranges_are_checked_before_anything_starts(tmp_path):
