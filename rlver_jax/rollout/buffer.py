@@ -5,9 +5,9 @@ consumed by train step i; turn k of each of its dialogues is written by the vers
 rollout.versions.VersionSchedule.for_batch(i, max_staleness, partial) gives it:
   max_staleness = 0: batch i waits for version i (strictly on-policy, the paper's setting);
   max_staleness = 1: batch i + 1 is generated with version i while the trainer updates to i + 1;
-  max_staleness = s >= 2 with partial rollouts: a dialogue of batch i starts on version i - s and
-    each later turn takes the next version, up to i - 1: dialogues in flight when the weights
-    change continue under the new weights.
+  max_staleness >= 2 with partial rollouts: a dialogue of batch i starts on version
+    i - max_staleness and each later turn takes the next version, up to i - 1: dialogues in
+    flight when the weights change continue under the new weights.
 A batch starts once its first version is published (the oldest one when that one never was: the
 first batches of a run); a turn whose version is not published yet waits for it in the policy's
 worker thread (`resolve`). The versions are a function of (batch index, turn), not of timing, so
