@@ -244,7 +244,7 @@ def _drop_stale(step: int, max_staleness: int, dialogues: list[DialogueSequence]
     version schedule (rollout.versions) keeps every turn of a batch within the bound, so in a run
     this finds none and nothing needs replacing: a dialogue it finds is a bug upstream, dropped
     rather than trained."""
-    stale = [d for d in dialogues if d.trainable and min(d.turn_versions(), default=step) < step - max_staleness]
+    stale = [d for d in dialogues if d.trainable and min(d.turn_versions()) < step - max_staleness]
     for d in stale:
         d.stale = True
     if stale:
