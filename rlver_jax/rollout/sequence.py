@@ -69,15 +69,15 @@ class DialogueSequence:
         return list(zip(self.row_starts, self.row_starts[1:] + [len(self.tokens)]))
 
     def turn_versions(self) -> list[int]:
-        """The parameter version that wrote each policy turn (a record without them: all
-        `policy_version`, one a turn end where the turns are not kept)."""
+        """The parameter version that wrote each policy turn: from `turns`; a transcript written
+        before turns recorded it, all `policy_version` (one per turn end where `turns` is empty)."""
         if not self.turns:
             return [self.policy_version] * len(self.turn_ends)
         return [t.get("policy_version", self.policy_version) for t in self.turns]
 
     def policy_token_versions(self) -> list[int]:
         """The parameter version of each policy token (policy_mask 1), in order: its turn's, the
-        first turn whose turn end is at or after it."""
+        first turn whose turn end is at or after it (the last turn past every turn end)."""
         versions = self.turn_versions() or [self.policy_version]
         last = len(versions) - 1
         return [versions[min(bisect.bisect_left(self.turn_ends, i), last)]

@@ -12,8 +12,8 @@ batch i never waits for the update of step i - 1, which is the overlap that max_
 s = 0 (first = last = i) and s = 1 (first = last = i - 1) are whole-batch versions; without
 partial rollouts every turn uses the first version (rollout.partial_rollouts False, an ablation).
 
-A version that was never published (the start of a run, w < 0; a resume whose checkpoint lacks
-the old versions) resolves to the smallest published one at or above it (rollout.buffer). The
+A version that was never published (those below 0 at the start of a run; those a resume's
+checkpoint lacks) resolves to the smallest published one at or above it (rollout.buffer). The
 schedule is a function of (batch index, turn) alone, never of timing, so a batch's dialogues are
 a pure function of (seed, step) and resume stays exact.
 """
