@@ -405,15 +405,15 @@ def _interrupt_in_update_of(step, signum=signal.SIGINT):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("staleness, lags, kept", [(1, [0.0, 1.0, 1.0], [1]), (2, [0.0, 1.0, 2.0], [0, 1])])
-def test_max_staleness_resumes_exactly(tmp_path, monkeypatch, staleness, lags, kept):
-    """With max_staleness=1 batch i is sampled with version i - 1; with 2 (partial rollouts) its
-    dialogues' first turns with version i - 2 and their later turns with i - 1; after a resume too:
-    the checkpoint holds the actors of those versions (before, the first batch after a resume was
-    sampled with the newer one)."""
+def test_max_staleness_resumes_exactly(tmp_path, monkeypatch):
+    """With max_staleness=2 (partial rollouts) the dialogues of batch i take their first turns from
+    version i - 2 and their later turns from i - 1, after a resume too: the checkpoint holds the
+    actors of those versions (before, the first batch after a resume was sampled with newer ones).
+    max_staleness=1 (whole batches by version i - 1) is the schedule's other case
+    (tests/versions_test.py, tests/buffer_test.py)."""
     def config(name):
         c = small(grpo_think.get_config("tiny"), tmp_path / name, steps=3)
-        c.rollout.max_staleness, c.train.eval_every, c.checkpoint.stop_within_s = staleness, 0, 600.0
+        c.rollout.max_staleness, c.train.eval_every, c.checkpoint.stop_within_s = 2, 0, 600.0
         c.rollout.format_failure = "continue"  # raw replies reach the user: dialogues of two turns
         return c
 
@@ -422,17 +422,16 @@ def test_max_staleness_resumes_exactly(tmp_path, monkeypatch, staleness, lags, k
     with pytest.raises(TrainingInterrupted, match="the checkpoint of step 2"):
         loop.train(RunSpec.from_config(config("resumed")), progress=False)
     monkeypatch.undo()
-    assert checkpoint.read_record(tmp_path / "resumed" / "checkpoints", 2)["sampling_versions"] == kept
+    assert checkpoint.read_record(tmp_path / "resumed" / "checkpoints", 2)["sampling_versions"] == [0, 1]
     loop.train(RunSpec.from_config(config("resumed")), progress=False)
     turn_versions = {}
     for name in ("straight", "resumed"):
         lags_seen = [m["policy_lag"] for m in read_jsonl(tmp_path / name / "metrics.jsonl")]
-        assert lags_seen == lags, name  # batch 0 from version 0 (the oldest published), then behind
+        assert lags_seen == [0.0, 1.0, 2.0], name  # batches 0 and 1 from version 0 (the oldest published)
         turn_versions[name] = [[t["policy_version"] for t in r["turns"]]
                                for r in read_jsonl(tmp_path / name / "transcripts" / "train_000002.jsonl")]
     assert turn_versions["resumed"] == turn_versions["straight"]
-    expected = [1, 1] if staleness == 1 else [0, 1]  # the turns of batch 2 (two at most)
-    assert all(v == expected[:len(v)] for v in turn_versions["straight"])
+    assert all(v == [0, 1][:len(v)] for v in turn_versions["straight"])  # batch 2: two turns at most
     assert any(len(v) == 2 for v in turn_versions["straight"])
     for model in ("actor", "actor_opt"):
         jax.tree.map(np.testing.assert_array_equal, _state(tmp_path / "straight")[model],
