@@ -1,9 +1,11 @@
 r"""Stale rollouts with and without truncated importance sampling on the tiny think preset for its
 default 40 steps (issue 41): learning curves side by side. Never in CI: a few minutes a run on an
-idle core, 3 runs.
+idle core, 3 runs by default.
 
   python benchmarks/staleness_tiny.py --out=/tmp/staleness_tiny
   python benchmarks/staleness_tiny.py --out=/tmp/staleness_tiny --variants=on_policy,stale2_tis
+  # partial rollouts on and off, on dialogues of three policy turns:
+  python benchmarks/staleness_tiny.py --out=/tmp/partial_tiny --variants=stale2_tis_3turns,stale2_tis_3turns_whole
 
 Every run is the project's own command, `launch/train.py --config=configs/grpo_think.py:tiny` and
 the variant's flags (VARIANTS below), in OUT/VARIANT, through benchmarks/recipes_tiny.py's `run`
@@ -32,10 +34,18 @@ VARIANTS = {
     "on_policy": ["--config.rollout.max_staleness=0", "--config.rl.off_policy_correction=none"],
     "stale2_none": ["--config.rollout.max_staleness=2", "--config.rl.off_policy_correction=none"],
     "stale2_tis": ["--config.rollout.max_staleness=2", "--config.rl.off_policy_correction=tis"],
+    # Partial rollouts need dialogues of several policy turns (the tiny preset plays one): three,
+    # the raw text reaching the user, with in-flight dialogues moving to newer versions or not.
+    "stale2_tis_3turns": ["--config.rollout.max_staleness=2", "--config.rl.off_policy_correction=tis",
+                          "--config.simulator.max_turns=3", "--config.rollout.format_failure=continue"],
+    "stale2_tis_3turns_whole": ["--config.rollout.max_staleness=2", "--config.rl.off_policy_correction=tis",
+                                "--config.simulator.max_turns=3", "--config.rollout.format_failure=continue",
+                                "--config.rollout.partial_rollouts=False"],
 }
 
 flags.FLAGS.set_default("out", "/tmp/staleness_tiny")
-_VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), "Variants to run (VARIANTS).")
+_VARIANTS = flags.DEFINE_list("variants", ["on_policy", "stale2_none", "stale2_tis"],
+                              "Variants to run (VARIANTS).")
 _CURVE = flags.DEFINE_integer("curve_window", 5, "Steps averaged per point of the learning curve.")
 
 

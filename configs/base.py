@@ -143,6 +143,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout.top_p = 1.0  # paper: 1.0
     c.rollout.top_k = 0  # 0 = off
     c.rollout.max_staleness = 0  # policy versions a batch may lag; 0 = strictly on-policy (paper)
+    # With max_staleness >= 2, dialogues in flight move to newer versions turn by turn (rollout.versions);
+    # False: every turn of a batch by its oldest version (an ablation).
+    c.rollout.partial_rollouts = True
     # concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
     c.rollout.pipeline_groups = 1 if cpu else (
         c.rollout.profiles_per_step * c.rollout.n // _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 4)

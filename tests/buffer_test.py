@@ -1,6 +1,8 @@
-"""The async rollout buffer: order, the staleness bound, failures, and the copy-on-publish rule."""
+"""The async rollout buffer: order, the staleness bound, failures, the copy-on-publish rule, and the
+versions of partial rollouts."""
 
 import asyncio
+import threading
 import time
 
 import jax
@@ -8,11 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlver_jax.rollout.buffer import RolloutBuffer
+from rlver_jax.rollout.buffer import RolloutBuffer, RolloutClosed
 
 
 def _fake_batches(delay=0.0, fail_at=None):
-    async def make_batch(index, version, params):
+    async def make_batch(index, versions, resolve):
+        _, params = resolve(versions.first)  # published: the batch starts once it is
         if index == fail_at:
             raise ValueError("simulator exploded")
         await asyncio.sleep(delay)
@@ -52,8 +55,8 @@ def test_publish_copies_parameters_only_when_sampling_overlaps_the_update(stalen
     sampling on its own copy, which survives the donation with the published values."""
     seen = []
 
-    async def make_batch(index, version, params):
-        seen.append(params)
+    async def make_batch(index, versions, resolve):
+        seen.append(resolve(versions.first)[1])
         return []
 
     buf = RolloutBuffer(make_batch, max_staleness=staleness)
@@ -71,3 +74,55 @@ def test_publish_copies_parameters_only_when_sampling_overlaps_the_update(stalen
         assert got["w"] is params["w"] and got["w"].is_deleted()  # no copy: the buffers went to the update
     np.testing.assert_array_equal(doubled, [0.0, 2.0, 4.0, 6.0])
     buf.close()
+
+
+def test_partial_rollouts_follow_the_schedule_whatever_the_timing():
+    """max_staleness=2 with partial rollouts: turn k of batch i is written by version
+    min(i - 2 + k, i - 1) (version 0 for those before the run), by hand below, though the trainer
+    publishes late (a turn waits for its version in a worker thread, as JaxPolicy's does)."""
+    got = {}
+
+    async def make_batch(index, versions, resolve):
+        for turn in range(3):
+            got[index, turn] = (await asyncio.to_thread(resolve, versions.version(turn)))[0]
+        return []
+
+    buf = RolloutBuffer(make_batch, max_staleness=2)
+    buf.publish(0, "v0")
+    firsts = []
+    for step in range(5):
+        firsts.append(buf.get(timeout=10).version)
+        time.sleep(0.1)  # a slow update: the batches in flight wait for the next version
+        buf.publish(step + 1, f"v{step + 1}")
+    buf.close()
+    assert [[got[i, k] for k in range(3)] for i in range(5)] == [
+        [0, 0, 0],  # wants -2, -1, -1
+        [0, 0, 0],  # -1, 0, 0
+        [0, 1, 1],
+        [1, 2, 2],
+        [2, 3, 3],
+    ]
+    assert firsts == [0, 0, 0, 1, 2]
+
+
+def test_close_wakes_a_turn_waiting_for_its_version():
+    waiting, woken = threading.Event(), threading.Event()
+
+    def wait_for_version_5(resolve):
+        waiting.set()
+        try:
+            resolve(5)  # never published
+        except RolloutClosed:
+            woken.set()
+            raise
+
+    async def make_batch(index, versions, resolve):
+        await asyncio.to_thread(wait_for_version_5, resolve)
+        return []
+
+    buf = RolloutBuffer(make_batch, max_staleness=2)
+    buf.publish(0, "v0")
+    assert waiting.wait(10)
+    t0 = time.perf_counter()
+    buf.close()
+    assert time.perf_counter() - t0 < 10 and woken.wait(10)

@@ -94,3 +94,14 @@ def test_staleness_is_counted_over_policy_tokens():
     assert metrics.staleness_metrics(5, 3, dialogues)["stale_token_frac"] == 0.0
     assert metrics.staleness_metrics(5, 0, []) == {"staleness_mean": 0.0, "staleness_max": 0.0,
                                                    "stale_token_frac": 0.0}
+
+
+def test_staleness_is_counted_per_token_by_its_turn():
+    """A dialogue whose turns were written by versions 3, 4 and 5 (partial rollouts), at step 5
+    with a bound of 1: its 6 policy tokens are 2, 2, 1, 1, 1 and 0 versions behind, by hand."""
+    turns = [{"turn": k + 1, "policy_version": v} for k, v in enumerate([3, 4, 5])]
+    seq = DialogueSequence(profile_id="p", group=0, tokens=[1] * 10, policy_mask=[0, 1, 1, 0, 0, 1, 1, 1, 0, 1],
+                           logprobs=[0.0] * 10, turn_ends=[2, 7, 9], emotions=[30.0], end_reason="turn_limit",
+                           policy_version=3, turns=turns)
+    assert metrics.staleness_metrics(5, 1, [seq]) == {"staleness_mean": 7 / 6, "staleness_max": 2.0,
+                                                      "stale_token_frac": 2 / 6}

@@ -1,6 +1,7 @@
 """rollout.ready_batches: which dialogues share a policy call."""
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -88,3 +89,25 @@ def test_a_failed_call_fails_its_dialogues():
 
     with pytest.raises(RuntimeError, match="device lost"):
         _play(RecordingPolicy(fail=True), 0.0, [dialogue])
+
+
+def test_a_call_holds_one_version():
+    """Dialogues waiting for different parameter versions go out in separate calls: the earliest
+    waiter's version first, the others in the next call."""
+    versions = []
+
+    class VersionPolicy(RecordingPolicy):
+        async def act(self, requests):
+            versions.append([r.version for r in requests])
+            return await super().act(requests)
+
+    def asks(slot, version, delay_s):
+        async def dialogue(calls):
+            await asyncio.sleep(delay_s)
+            return (await calls.act(dataclasses.replace(_request(slot), version=version))).text
+        return dialogue
+
+    policy = VersionPolicy()
+    answers = _play(policy, math.inf, [asks(0, 4, 0.02), asks(1, 3, 0.0), asks(2, 4, 0.01)])
+    assert policy.calls == [[1], [0, 2]] and versions == [[3], [4, 4]]
+    assert answers == ["0", "1", "2"]

@@ -21,6 +21,7 @@ from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSet
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.policy import PolicyTurn
 from rlver_jax.rollout.summary import reencoded_turns
+from rlver_jax.rollout.versions import VersionSchedule
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator import SimulatorSettings, build_simulator
 from rlver_jax.simulator.agent import Simulator
@@ -132,8 +133,8 @@ def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
     fed = []  # each row's cached tokens at the end of every call
     generate = JaxPolicy._generate_with_sessions
 
-    def spy(self, requests, key):
-        out = generate(self, requests, key)
+    def spy(self, requests, key, *params_and_version):
+        out = generate(self, requests, key, *params_and_version)
         assert len(self._sessions) == 1
         sess = self._sessions[requests[0].session]
         fed.append([(r.prompt_ids, list(sess.fed[r.slot])) for r in requests])
@@ -427,3 +428,38 @@ def test_dialogues_that_move_on_alone_are_those_of_lockstep_rounds(chat_tokens):
     assert [s.messages for s in alone] == [s.messages for s in lockstep]
     np.testing.assert_allclose(np.concatenate([s.logprobs for s in alone]),
                                np.concatenate([s.logprobs for s in lockstep]), atol=1e-5)
+
+
+@pytest.mark.parametrize("cache_slots", [0, 1024])
+def test_switching_versions_mid_dialogue_is_exact(chat_tokens, cache_slots):
+    """Partial rollouts on a real JaxPolicy: with versions 0 and 1 published (two parameter sets)
+    and the schedule 0..1, each dialogue's first turn is sampled by version 0 and the later ones by
+    version 1, each turn exactly (tokens, log-probs) as a policy holding only that version's
+    parameters samples it from the same prompt and key; with a KV cache, rows cached under version 0
+    are encoded afresh."""
+    cfg = get_preset("tiny")
+    published = {0: qwen2.init_params(cfg, jax.random.key(0)), 1: qwen2.init_params(cfg, jax.random.key(2))}
+    settings = SamplingSettings(max_new_tokens=8, cache_slots=cache_slots)
+    policy = JaxPolicy(cfg, chat_tokens, settings, None, jax.random.key(9))
+    policy.follow(lambda version: (version, published[version]), rng=jax.random.key(1))
+    played = []
+    act = policy.act
+
+    async def recording_act(requests):
+        turns = await act(requests)
+        played.extend(zip(requests, turns))
+        return turns
+
+    policy.act = recording_act
+    runner = EpisodeRunner(policy, embedded_simulator(max_turns=3), chat_tokens,
+                           RolloutSettings(think=False, max_new_tokens=8, max_total_tokens=1024,
+                                           format_failure="continue"))
+    seqs = asyncio.run(runner.run(_requests(1, 2), VersionSchedule(0, 1)))
+    assert [s.turn_versions() for s in seqs] == [[0, 1, 1]] * 2 and [s.policy_version for s in seqs] == [0, 0]
+    assert sorted((r.turn, r.version, t.version) for r, t in played) == [(0, 0, 0)] * 2 + [(1, 1, 1)] * 2 + [(2, 1, 1)] * 2
+    alone = {v: JaxPolicy(cfg, chat_tokens, settings, p, jax.random.key(1)) for v, p in published.items()}
+    for request, turn in played:
+        (same,), (other,) = (asyncio.run(alone[v].act([request])) for v in (request.version, 1 - request.version))
+        assert same.token_ids == turn.token_ids
+        np.testing.assert_allclose(same.logprobs, turn.logprobs, atol=1e-5)
+        assert other.token_ids != turn.token_ids  # the other version's parameters write another turn

@@ -51,3 +51,18 @@ def test_from_record_rejects_what_to_record_never_wrote():
         DialogueSequence.from_record({k: v for k, v in record.items() if k != "turns"})
     with pytest.raises(ValueError, match="final_emotion 40 is not the last of its emotions"):
         DialogueSequence.from_record({**record, "final_emotion": 40})
+
+
+def test_per_token_versions_come_from_the_turns():
+    """Each policy token takes the version of its turn (the first turn ending at or after it); a
+    transcript written before turns recorded their version reads as all turns at policy_version."""
+    turns = [{**TURN, "turn": k + 1, "policy_version": v} for k, v in enumerate([3, 4, 4])]
+    seq = _dialogue(tokens=list(range(10)), policy_mask=[0, 1, 1, 0, 0, 1, 1, 1, 0, 1], logprobs=[0.0] * 10,
+                    turn_ends=[2, 7, 9], turns=turns, policy_version=3)
+    assert seq.turn_versions() == [3, 4, 4]
+    assert seq.policy_token_versions() == [3, 3, 4, 4, 4, 4]
+    back = DialogueSequence.from_record(json.loads(json.dumps(seq.to_record())))
+    assert back.turn_versions() == [3, 4, 4]
+    old = DialogueSequence.from_record(json.loads(json.dumps(_dialogue().to_record())))  # TURN has no version
+    assert old.turn_versions() == [7]
+    assert _dialogue().policy_token_versions() == [7, 7]

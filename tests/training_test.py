@@ -2,6 +2,7 @@
 
 import errno
 import json
+import logging
 import pathlib
 import signal
 
@@ -13,7 +14,7 @@ from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.simulator import get_simulator_config
 from rlver_jax.eval import run_view
-from rlver_jax.train import checkpoint, run as run_lib, loop
+from rlver_jax.train import checkpoint, metrics, run as run_lib, loop
 from rlver_jax import files
 from rlver_jax.parallel import sharding
 from rlver_jax.files import read_jsonl
@@ -249,6 +250,30 @@ def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path)
     assert [r["profile_id"] for r in read_jsonl(tmp_path / "transcripts" / "train_000005.jsonl")] == ["p0", "p1"]
 
 
+def _turns_of(versions, error=False):
+    n = len(versions)
+    return DialogueSequence(profile_id="p", group=0, tokens=[1] * 2 * n, policy_mask=[0, 1] * n,
+                            logprobs=[0.0] * 2 * n, turn_ends=list(range(1, 2 * n, 2)), emotions=[30.0],
+                            end_reason="simulator_error" if error else "turn_limit", simulator_error=error,
+                            policy_version=versions[0], turns=[{"turn": k + 1, "policy_version": v}
+                                                               for k, v in enumerate(versions)])
+
+
+def test_a_dialogue_beyond_the_staleness_bound_is_dropped_not_trained(caplog):
+    """A dialogue with a turn older than step - max_staleness is left out of the update and counted."""
+    old, fresh, failed = _turns_of([2, 3, 4]), _turns_of([3, 4]), _turns_of([0], error=True)
+    # Step 5, max_staleness 2: version 2 is 3 behind (beyond), 3 is 2 behind (within).
+    before = metrics.staleness_metrics(5, 2, [old, fresh, failed])
+    assert before["stale_token_frac"] == 1 / 5 and before["staleness_max"] == 3.0
+    with caplog.at_level(logging.WARNING, logger=loop.__name__):
+        assert loop._drop_stale(5, 2, [old, fresh, failed]) == 1
+    assert old.stale and not old.trainable
+    assert not fresh.stale and fresh.trainable and not failed.stale  # failed: not trainable anyway, not counted
+    assert "1 dialogue(s) hold turns more than max_staleness=2 versions behind (oldest: version 2)" in caplog.text
+    assert loop._drop_stale(5, 2, [old, fresh, failed]) == 0  # dropped once
+    assert metrics.staleness_metrics(5, 2, [old, fresh])["stale_token_frac"] == 0.0  # what is trained
+
+
 def test_config_ranges_are_checked_before_anything_starts(tmp_path):
     config = small(grpo_think.get_config("tiny"), tmp_path / "never", steps=1)
     config.train.steps = -1
@@ -381,12 +406,15 @@ def _interrupt_in_update_of(step, signum=signal.SIGINT):
 
 @pytest.mark.slow
 def test_max_staleness_resumes_exactly(tmp_path, monkeypatch):
-    """With max_staleness=1 batch i is sampled with version i - 1, after a resume too: the checkpoint
-    holds the actor of that version (before, the first batch after a resume was sampled with the
-    newer one)."""
+    """With max_staleness=2 (partial rollouts) the dialogues of batch i take their first turns from
+    version i - 2 and their later turns from i - 1, after a resume too: the checkpoint holds the
+    actors of those versions (before, the first batch after a resume was sampled with newer ones).
+    max_staleness=1 (whole batches by version i - 1) is the schedule's other case
+    (tests/versions_test.py, tests/buffer_test.py)."""
     def config(name):
         c = small(grpo_think.get_config("tiny"), tmp_path / name, steps=3)
-        c.rollout.max_staleness, c.train.eval_every, c.checkpoint.stop_within_s = 1, 0, 600.0
+        c.rollout.max_staleness, c.train.eval_every, c.checkpoint.stop_within_s = 2, 0, 600.0
+        c.rollout.format_failure = "continue"  # raw replies reach the user: dialogues of two turns
         return c
 
     loop.train(RunSpec.from_config(config("straight")), progress=False)
@@ -394,11 +422,17 @@ def test_max_staleness_resumes_exactly(tmp_path, monkeypatch):
     with pytest.raises(TrainingInterrupted, match="the checkpoint of step 2"):
         loop.train(RunSpec.from_config(config("resumed")), progress=False)
     monkeypatch.undo()
-    assert checkpoint.read_record(tmp_path / "resumed" / "checkpoints", 2)["sampling_versions"] == [1]
+    assert checkpoint.read_record(tmp_path / "resumed" / "checkpoints", 2)["sampling_versions"] == [0, 1]
     loop.train(RunSpec.from_config(config("resumed")), progress=False)
+    turn_versions = {}
     for name in ("straight", "resumed"):
-        lags = [m["policy_lag"] for m in read_jsonl(tmp_path / name / "metrics.jsonl")]
-        assert lags == [0.0, 1.0, 1.0], name  # batch 0 from version 0, then one version behind
+        lags_seen = [m["policy_lag"] for m in read_jsonl(tmp_path / name / "metrics.jsonl")]
+        assert lags_seen == [0.0, 1.0, 2.0], name  # batches 0 and 1 from version 0 (the oldest published)
+        turn_versions[name] = [[t["policy_version"] for t in r["turns"]]
+                               for r in read_jsonl(tmp_path / name / "transcripts" / "train_000002.jsonl")]
+    assert turn_versions["resumed"] == turn_versions["straight"]
+    assert all(v == [0, 1][:len(v)] for v in turn_versions["straight"])  # batch 2: two turns at most
+    assert any(len(v) == 2 for v in turn_versions["straight"])
     for model in ("actor", "actor_opt"):
         jax.tree.map(np.testing.assert_array_equal, _state(tmp_path / "straight")[model],
                      _state(tmp_path / "resumed")[model])

@@ -51,7 +51,8 @@ async def refill(run: Callable[[list[Any]], Awaitable[list[DialogueSequence]]], 
     """`dialogues` (the results of `requests`, rollout.episodes.EpisodeRequest, in order) with each
     group without signal replaced by the first of up to `retries` new samples that has some.
 
-    run: runs requests to the end (EpisodeRunner.run at the step's parameter version).
+    run: runs requests to the end (EpisodeRunner.run with the step's version schedule, so a refill's
+      turns are written by the versions of the batch's: rollout.versions).
     stride: the step's dialogue count: retry r samples a request's slot with the sampling index
       `index + r * stride`, so no two samples of a step share a key.
     profile: (retry, group id) -> the profile the group samples on that retry (`refill_profile`).

@@ -1,15 +1,21 @@
 """The async rollout buffer: a producer thread keeps dialogues in flight while the trainer trains.
 
 Versions count trainer updates: the parameters after update s are version s + 1. Batch i is
-consumed by train step i and is generated with version i - max_staleness exactly (or the oldest
-version published, when that one never was: the first batches of a run):
+consumed by train step i; turn k of each of its dialogues is written by the version
+rollout.versions.VersionSchedule.for_batch(i, max_staleness, partial) gives it:
   max_staleness = 0: batch i waits for version i (strictly on-policy, the paper's setting);
-  max_staleness = 1: batch i + 1 is generated with version i while the trainer updates to i + 1.
-The version is a function of the batch index, not of timing, so a run resumed at step S that
-publishes the versions S - max_staleness .. S (the checkpoint holds them) samples what the
-uninterrupted run sampled. One batch never mixes versions. Queues are bounded, and an exception in
-the producer is raised in the consumer (as RolloutError, caused by it). `close()` cancels the batch
-in progress, so stopping a run does not wait for its dialogues to end.
+  max_staleness = 1: batch i + 1 is generated with version i while the trainer updates to i + 1;
+  max_staleness >= 2 with partial rollouts: a dialogue of batch i starts on version
+    i - max_staleness and each later turn takes the next version, up to i - 1: dialogues in
+    flight when the weights change continue under the new weights.
+A batch starts once its first version is published (the oldest one when that one never was: the
+first batches of a run); a turn whose version is not published yet waits for it in the policy's
+worker thread (`resolve`). The versions are a function of (batch index, turn), not of timing, so
+a run resumed at step S that publishes the versions S - max_staleness .. S (the checkpoint holds
+them) samples what the uninterrupted run sampled. Queues are bounded, and an exception in the
+producer is raised in the consumer (as RolloutError, caused by it). `close()` cancels the batch
+in progress and wakes the turns waiting for a version, so stopping a run does not wait for its
+dialogues to end.
 """
 
 from __future__ import annotations
@@ -26,14 +32,16 @@ import jax
 import jax.numpy as jnp
 
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.rollout.versions import Resolve, VersionSchedule
 
-MakeBatch = Callable[[int, int, Any], Awaitable[list[DialogueSequence]]]
+# (batch index, its version schedule, resolve) -> the batch's dialogues.
+MakeBatch = Callable[[int, VersionSchedule, Resolve], Awaitable[list[DialogueSequence]]]
 
 
 @dataclasses.dataclass
 class RolloutBatch:
     index: int  # the train step that consumes it
-    version: int  # the parameter version that generated it
+    version: int  # the parameter version of its dialogues' first turns
     sequences: list[DialogueSequence]
     seconds: float  # wall time spent producing it
 
@@ -42,22 +50,27 @@ class RolloutError(RuntimeError):
     """The rollout producer failed; the producer's exception is the __cause__."""
 
 
+class RolloutClosed(RuntimeError):
+    """The buffer closed while a turn waited for its parameter version."""
+
+
 class _Failure:
     def __init__(self, exc: BaseException):
         self.exc = exc
 
 
 class RolloutBuffer:
-    """Produces batch after batch with `make_batch(index, version, params)` in its own thread
-    and event loop; `get()` returns them in order."""
+    """Produces batch after batch with `make_batch(index, schedule, resolve)` in its own thread
+    and event loop; `get()` returns them in order. `partial`: dialogues move to newer versions
+    while in flight (rollout.versions; config.rollout.partial_rollouts)."""
 
-    def __init__(self, make_batch: MakeBatch, *, max_staleness: int, start_index: int = 0,
+    def __init__(self, make_batch: MakeBatch, *, max_staleness: int, partial: bool = True, start_index: int = 0,
                  finalize: Callable[[], Awaitable[None]] | None = None):
         if max_staleness < 0:
             raise ValueError(f"config.rollout.max_staleness={max_staleness} must be >= 0")
         self._make_batch = make_batch
         self._finalize = finalize  # run in the producer's event loop when it stops (close clients)
-        self.max_staleness = max_staleness
+        self.max_staleness, self.partial = max_staleness, partial
         self._next_index = start_index
         self._queue: queue.Queue = queue.Queue(maxsize=max(max_staleness, 1))
         self._cond = threading.Condition()
@@ -68,7 +81,7 @@ class RolloutBuffer:
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
     def publish(self, version: int, params: Any) -> None:
-        """Make `params` (version `version`) available to batches that start from now on.
+        """Make `params` (version `version`) available to the turns that want it (`resolve`).
 
         The trainer's update donates its parameters. With max_staleness = 0 the producer has
         finished sampling before the next update starts, so it samples on them directly; with
@@ -81,6 +94,18 @@ class RolloutBuffer:
             self._cond.notify_all()
         if not self._thread.is_alive() and not self._stop:
             self._thread.start()
+
+    def resolve(self, wanted: int) -> tuple[int, Any]:
+        """(version, parameters) a turn wanting version `wanted` samples with: once the newest
+        published version is >= `wanted`, the smallest published one >= `wanted` (`wanted` itself,
+        but for versions never published: those before a run's first, or a resume's checkpoint
+        lacks). Blocks the calling thread until then; raises RolloutClosed when the buffer closes."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stop or (self._published and max(self._published) >= wanted))
+            if self._stop:
+                raise RolloutClosed(f"the rollout buffer closed while a turn waited for version {wanted}")
+            version = min(v for v in self._published if v >= wanted)
+            return version, self._published[version]
 
     def get(self, timeout: float | None = None, until: Callable[[], bool] | None = None) -> RolloutBatch | None:
         """The next batch; re-raises the producer's exception if it failed. None when `until()`
@@ -123,21 +148,16 @@ class RolloutBuffer:
         try:
             while True:
                 index = self._next_index
-                wanted = index - self.max_staleness
+                schedule = VersionSchedule.for_batch(index, self.max_staleness, self.partial)
+                version, _ = self.resolve(schedule.first)  # the batch starts once its first turns can
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stop or (self._published and max(self._published) >= wanted))
-                    if self._stop:
-                        return
-                    # The version of this index (the oldest published if that one never was).
-                    version = max([v for v in self._published if v <= wanted] or [min(self._published)])
-                    params = self._published[version]
-                    for old in [v for v in self._published if v < version]:  # no later batch needs them
+                    for old in [v for v in self._published if v < schedule.first]:  # no later turn needs them
                         del self._published[old]
                 start = time.perf_counter()
                 with self._cond:
                     if self._stop:
                         return
-                    task = self._task = loop.create_task(self._make_batch(index, version, params))
+                    task = self._task = loop.create_task(self._make_batch(index, schedule, self.resolve))
                 seqs = loop.run_until_complete(task)
                 with self._cond:
                     self._task = None

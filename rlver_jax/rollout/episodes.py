@@ -8,7 +8,9 @@ whose calls share the policy's device: while one group's dialogues wait on the s
 policy generates for another.
 
 Every dialogue becomes one DialogueSequence: its messages and turn records, plus, for a token
-policy, the training rows its history assembled (rollout.history).
+policy, the training rows its history assembled (rollout.history). Each policy turn asks for the
+parameter version its run's schedule gives it (rollout.versions) and records the version that
+wrote it (`policy_version` of its turn record).
 
 The dialogues of one GRPO group (requests sharing a group id) start from one opening: the
 simulator opens each group once and its n dialogues continue from that state (the reference
@@ -30,6 +32,7 @@ from rlver_jax.rollout.policy import Policy, PolicyTurn, TurnRequest
 from rlver_jax.rollout.prompts import system_prompt
 from rlver_jax.rollout.ready_batches import ReadyBatches
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.rollout.versions import VersionSchedule
 from rlver_jax.simulator.agent import DialogueState, Simulator
 from rlver_jax.simulator.profiles import Profile
 
@@ -131,10 +134,11 @@ class EpisodeRunner:
         self._episode_ids = itertools.count()
         self._session_ids = itertools.count()
 
-    async def run(self, requests: Sequence[EpisodeRequest], version: int = 0,
+    async def run(self, requests: Sequence[EpisodeRequest], versions: VersionSchedule = VersionSchedule(0, 0),
                   on_finish: Callable[[DialogueSequence], None] | None = None) -> list[DialogueSequence]:
-        """All dialogues of `requests` to the end, in the order given. `on_finish` is called with
-        each dialogue as soon as it ends (evaluation saves it then, so a crash loses no result)."""
+        """All dialogues of `requests` to the end, in the order given, each turn asking for the
+        version `versions` gives it. `on_finish` is called with each dialogue as soon as it ends
+        (evaluation saves it then, so a crash loses no result)."""
         n_groups = min(self.settings.pipeline_groups, max(len(requests), 1))
         chunks = [list(range(i, len(requests), n_groups)) for i in range(n_groups)]
         results: list[DialogueSequence | None] = [None] * len(requests)
@@ -142,7 +146,7 @@ class EpisodeRunner:
         states = await self._openings(requests)
 
         async def run_chunk(session, idx):
-            seqs = await self._run_group(session, [requests[i] for i in idx], [states[i] for i in idx], version,
+            seqs = await self._run_group(session, [requests[i] for i in idx], [states[i] for i in idx], versions,
                                          on_finish)
             for i, s in zip(idx, seqs):
                 results[i] = s
@@ -167,7 +171,7 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ one pipeline group
 
     async def _run_group(self, session: int, requests: list[EpisodeRequest], states: list[DialogueState],
-                         version: int, on_finish: Callable[[DialogueSequence], None] | None
+                         versions: VersionSchedule, on_finish: Callable[[DialogueSequence], None] | None
                          ) -> list[DialogueSequence]:
         episodes = [self._open(r, s) for r, s in zip(requests, states)]
         for slot, e in enumerate(episodes):
@@ -175,7 +179,7 @@ class EpisodeRunner:
         finished: dict[int, DialogueSequence] = {}
 
         def finish(i: int) -> None:
-            finished[i] = self._finish(episodes[i], version)
+            finished[i] = self._finish(episodes[i], versions)
             if on_finish is not None:
                 on_finish(finished[i])
 
@@ -187,7 +191,7 @@ class EpisodeRunner:
 
         async def play(i: int) -> None:
             try:
-                await self._play(episodes[i], calls)
+                await self._play(episodes[i], calls, versions)
             finally:
                 calls.leave()
             finish(i)
@@ -202,10 +206,11 @@ class EpisodeRunner:
         self.policy.release(session)
         return [finished[i] for i in range(len(episodes))]
 
-    async def _play(self, episode: _Episode, calls: ReadyBatches) -> None:
+    async def _play(self, episode: _Episode, calls: ReadyBatches, versions: VersionSchedule) -> None:
         """One dialogue to its end: a policy turn as soon as its user has answered."""
         while not episode.done:
-            reply = self._record_policy_turn(episode, await calls.act(self._turn_request(episode)))
+            request = self._turn_request(episode, versions)
+            reply = self._record_policy_turn(episode, request, await calls.act(request))
             if reply is not None:
                 self._record_user_turn(episode, await self.simulator.respond(episode.state, reply))
 
@@ -227,17 +232,19 @@ class EpisodeRunner:
         if not episode.history.add_user(text):
             episode.truncated, episode.end_reason = True, "truncated"
 
-    def _turn_request(self, episode: _Episode) -> TurnRequest:
+    def _turn_request(self, episode: _Episode, versions: VersionSchedule) -> TurnRequest:
+        turn = len(episode.turns)
         return episode.history.request(session=episode.session, slot=episode.slot, episode=episode.episode,
-                                       dialogue=episode.request.index, turn=len(episode.turns))
+                                       dialogue=episode.request.index, turn=turn, version=versions.version(turn))
 
-    def _record_policy_turn(self, episode: _Episode, turn: PolicyTurn) -> str | None:
+    def _record_policy_turn(self, episode: _Episode, request: TurnRequest, turn: PolicyTurn) -> str | None:
         """Append the sampled turn; return the text for the user, or None when the dialogue ends."""
         split = chat.split_think(turn.text, think=self.settings.think)
         shown = chat.shown_text(turn.text, split)
         fits = episode.history.add_turn(turn, shown)
         record = {"turn": len(episode.turns) + 1, "raw": turn.text, "thinking": split.thinking,
-                  "reply": split.reply, "stopped": turn.stopped, "format_ok": split.ok}
+                  "reply": split.reply, "stopped": turn.stopped, "format_ok": split.ok,
+                  "policy_version": request.version if turn.version is None else turn.version}
         if turn.reencoded:  # the KV cache could not hold it (rollout.kv_sessions): counted, see turns_reencoded
             record["reencoded"] = True
         episode.turns.append(record)
@@ -264,8 +271,10 @@ class EpisodeRunner:
         elif last.utterance is not None:
             self._append_user(episode, last.utterance)
 
-    def _finish(self, episode: _Episode, version: int) -> DialogueSequence:
+    def _finish(self, episode: _Episode, versions: VersionSchedule) -> DialogueSequence:
         state, h = episode.state, episode.history
+        # The version of its first (oldest) turn; the schedule's first when it had no policy turn.
+        version = episode.turns[0]["policy_version"] if episode.turns else versions.first
         return DialogueSequence(
             profile_id=state.profile.id, group=episode.request.group, tokens=h.tokens,
             policy_mask=h.policy_mask, logprobs=h.logprobs, turn_ends=h.turn_ends, row_starts=h.row_starts,

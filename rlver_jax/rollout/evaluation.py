@@ -25,6 +25,7 @@ from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSet
 from rlver_jax.rollout.policy import OpenAIPolicy, Policy
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.transcripts import write_transcripts
+from rlver_jax.rollout.versions import VersionSchedule
 from rlver_jax.simulator.factory import build_simulator
 from rlver_jax.simulator.profiles import Profile
 from rlver_jax.simulator.settings import SimulatorSettings
@@ -43,7 +44,7 @@ def play_profiles(policy: Policy, chat_tokens: ChatTokens | None, simulator: Sim
     simulator, rollout: the simulator built for the dialogues and the dialogue settings.
     profiles: (index, profile) pairs, the same list on every process; the index is the dialogue's
       group and sampling index.
-    version: the policy version the dialogues record (the training step).
+    version: the policy version every turn records (the training step).
     group_size, max_dialogues: dialogues per policy call and at most in flight at once; 0 (both):
       all of this process's dialogues in one batch.
     append_to: a JSONL file each dialogue's record is appended to the moment it ends, so a crash
@@ -107,7 +108,7 @@ async def _play(runner: EpisodeRunner, requests: list[EpisodeRequest], version: 
 
     async def group(chunk):
         async with slots:
-            return await runner.run(chunk, version, on_finish=on_finish)
+            return await runner.run(chunk, VersionSchedule.fixed(version), on_finish=on_finish)
 
     groups = await asyncio.gather(*(group(requests[i:i + group_size]) for i in range(0, len(requests), group_size)))
     return [s for g in groups for s in g]

@@ -21,11 +21,16 @@ from rlver_jax.text.chat import ChatTokens
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.rollout.kv_sessions import KVSessions
 from rlver_jax.rollout.policy import PolicyTurn, TurnRequest
+from rlver_jax.rollout.versions import Resolve
 from rlver_jax.sampling.settings import SamplingSettings
 
 
 class JaxPolicy:
     """Samples on parameters the trainer publishes; one device call at a time.
+
+    Either on one fixed parameter set (`params`: an evaluation), or, after `follow`, each turn on
+    the parameters of its version (TurnRequest.version; rollout.versions), which may change within
+    a dialogue: a cache row written under another version is encoded afresh.
 
     The parameters are this process's sampling copy (on its own devices), so generation never
     waits on another host. Generation runs in a worker thread so the asyncio loop keeps serving
@@ -37,38 +42,44 @@ class JaxPolicy:
     """
 
     def __init__(self, model_cfg: Qwen2Config, chat_tokens: ChatTokens, settings: SamplingSettings,
-                 params: Any, rng: jax.Array, version: int = 0):
+                 params: Any, rng: jax.Array):
         self.model_cfg = model_cfg
         self.chat = chat_tokens
         self.stop_ids = (chat_tokens.im_end, chat_tokens.end_of_text)
         # vocab_limit: never sample the embedding's rows past the tokenizer (Qwen2.5 pads 151,665 to 151,936).
         self.settings = dataclasses.replace(settings, stop_ids=self.stop_ids, pad_id=chat_tokens.end_of_text,
                                             vocab_limit=len(chat_tokens.tokenizer))
-        self._params, self.version = params, version
+        self._params = params  # the fixed parameters (None while following a buffer's versions)
+        self._resolve: Resolve | None = None
         self._rng = _raw_key(rng)
         self._device_lock = threading.Lock()
         self._sessions = KVSessions(model_cfg, settings.cache_slots, chat_tokens.end_of_text)
 
-    def set_params(self, params: Any, version: int, rng: jax.Array | None = None) -> None:
-        """Point the sampler at new parameters (no copy) and optionally reseed. Cached keys and
-        values of earlier turns were computed with the old parameters: they are dropped."""
+    def follow(self, resolve: Resolve, rng: jax.Array) -> None:
+        """Sample each turn on `resolve(request.version)`, (the version used, its parameters; no
+        copy), which may block until that version is published (rollout.buffer.RolloutBuffer.resolve;
+        it runs in the worker thread), with key `rng` (a training batch's). The caches of earlier
+        batches are dropped."""
         with self._device_lock:
-            self._params, self.version = params, version
+            self._params, self._resolve, self._rng = None, resolve, _raw_key(rng)
             self._sessions.clear()
-            if rng is not None:
-                self._rng = _raw_key(rng)
 
     def _generate(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
+        wanted = requests[0].version
+        if any(r.version != wanted for r in requests):
+            raise ValueError("one act() call must hold the turns of one version")
+        # Outside the device lock: waiting for a version must not hold up other sessions' calls.
+        version, params = self._resolve(wanted) if self._resolve is not None else (None, self._params)
         with self._device_lock:
             # Each request's turn key, raw [len(requests), 2]; host arrays, so generation places
             # them with the parameters, on whatever devices hold those.
             key = np.asarray(_turn_keys(self._rng, np.array([r.dialogue for r in requests], np.int32),
                                         np.array([r.turn for r in requests], np.int32)))
             if not self.settings.cache_slots:
-                out, reencoded = self._generate_afresh(requests, key), False
+                out, reencoded = self._generate_afresh(requests, key, params), False
             else:  # a call beyond any cache of cache_slots is encoded afresh
-                cached = self._generate_with_sessions(requests, key)
-                out, reencoded = cached if cached is not None else (self._generate_afresh(requests, key), True)
+                cached = self._generate_with_sessions(requests, key, params, version)
+                out, reencoded = cached if cached is not None else (self._generate_afresh(requests, key, params), True)
         turns = []
         for req, (ids, lps) in zip(requests, out):
             ids, lps = ids[:req.max_new_tokens], lps[:req.max_new_tokens]
@@ -76,36 +87,38 @@ class JaxPolicy:
             text_ids = ids[:-1] if stopped else ids
             text = chat.decode_turn(self.chat, text_ids, cut=not stopped)
             turns.append(PolicyTurn(text=text, token_ids=ids, logprobs=lps, stopped=stopped,
-                                    reencoded=reencoded))
+                                    reencoded=reencoded, version=version))
         return turns
 
-    def _generate_afresh(self, requests: list[TurnRequest], key: np.ndarray) -> list[tuple[list[int], list[float]]]:
+    def _generate_afresh(self, requests: list[TurnRequest], key: np.ndarray, params: Any
+                         ) -> list[tuple[list[int], list[float]]]:
         """One turn for each request, its whole prompt encoded (no cache kept)."""
         prompts = [r.prompt_ids for r in requests]
         ids, mask = generation.pad_left(prompts, max(len(p) for p in prompts), self.chat.end_of_text)
         st = self.settings
         gen = generation.generate(
-            self.model_cfg, self._params, ids, mask, rng=key, length_buckets=LENGTH_BUCKETS,
+            self.model_cfg, params, ids, mask, rng=key, length_buckets=LENGTH_BUCKETS,
             max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_p=st.top_p,
             top_k=st.top_k, stop_ids=st.stop_ids, pad_id=st.pad_id, vocab_limit=st.vocab_limit)
         tokens, lps, lengths = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths))
         return [(tokens[b, :n].tolist(), lps[b, :n].tolist()) for b, n in enumerate(lengths)]
 
-    def _generate_with_sessions(self, requests: list[TurnRequest], key: np.ndarray):
+    def _generate_with_sessions(self, requests: list[TurnRequest], key: np.ndarray, params: Any, version: int | None):
         """One turn for dialogues whose earlier turns are already in their rows' caches; `key`:
-        each request's turn key, placed in its cache row (other rows run nothing). Returns the
+        each request's turn key, placed in its cache row (other rows run nothing). A row is owned by
+        (episode, `version`), so a row cached under other parameters is encoded afresh. Returns the
         turns and whether the session was rebuilt for them, or None when the call does not fit a
         cache of cache_slots at all (kv_sessions)."""
         if len({r.session for r in requests}) != 1:
             raise ValueError("one act() call must hold the dialogues of one session")
-        feed = self._sessions.feed(requests[0].session, [(r.slot, r.episode, r.prompt_ids) for r in requests],
+        feed = self._sessions.feed(requests[0].session, [(r.slot, (r.episode, version), r.prompt_ids) for r in requests],
                                    self.settings.max_new_tokens)
         if feed is None:
             return None
         row_keys = np.zeros((feed.ids.shape[0],) + key.shape[1:], key.dtype)
         row_keys[[r.slot for r in requests]] = key
         gen, cache, fed = generation.continue_generation(
-            self.model_cfg, self._params, feed.session.cache, feed.ids, feed.mask, feed.start_positions,
+            self.model_cfg, params, feed.session.cache, feed.ids, feed.mask, feed.start_positions,
             settings=self.settings, rng=row_keys)
         tokens, lps, lengths, fed = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths, fed))
         self._sessions.commit(feed, cache, tokens, fed)

@@ -4,8 +4,10 @@ tokens (JaxPolicy with SamplingSettings.cache_slots > 0).
 A session is a group of dialogues generated together (a pipeline group of EpisodeRunner), one
 cache row per dialogue; a call feeds the rows of the dialogues ready for a turn
 (rollout.ready_batches), the others run nothing. The host keeps, per row, the dialogue that owns
-it, the tokens it has in the cache and its next position id; a row whose prompt does not extend
-what it holds (a new dialogue, or a history we did not write) starts afresh. Caches start at the
+it (the policy's key: its episode and parameter version), the tokens it has in the cache and its
+next position id; a row of another owner (a new dialogue, or one now sampled with other
+parameters) or whose prompt does not extend what it holds (a history we did not write) starts
+afresh. Caches start at the
 smallest length bucket and grow by bucket up to cache_slots, after compacting out the slots of
 padding and finished rows. The rows share one fill level, so a call takes its width plus
 max_new_tokens slots of every row: per-dialogue progress, with more and smaller calls, compacts
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -38,7 +40,7 @@ class Session:
     """One group of dialogues whose caches persist between turns (host bookkeeping + the cache)."""
 
     cache: qwen2.KVCache  # [L, B, S, K, H]
-    owners: list[int | None]  # the episode each row belongs to
+    owners: list[Hashable | None]  # who each row belongs to (JaxPolicy: the episode and parameter version)
     fed: list[list[int]]  # the tokens each row has in the cache, in order
     next_pos: list[int]  # each row's next position id
 
@@ -75,17 +77,17 @@ class KVSessions:
     def release(self, session: int) -> None:
         self._sessions.pop(session, None)
 
-    def feed(self, session: int, prompts: Sequence[tuple[int, int, list[int]]], max_new_tokens: int
+    def feed(self, session: int, prompts: Sequence[tuple[int, Hashable, list[int]]], max_new_tokens: int
              ) -> Feed | None:
-        """The call for `prompts`, (slot, episode, prompt ids) per dialogue of `session`, with room in
+        """The call for `prompts`, (slot, owner, prompt ids) per dialogue of `session`, with room in
         the cache for the new tokens and `max_new_tokens` generated ones; None when not even a fresh
         cache of cache_slots holds the call (the session is dropped: encode the call without it)."""
         sess = self._session(session, max(slot for slot, _, _ in prompts) + 1)
-        for row, episode, prompt in prompts:
-            if sess.owners[row] != episode or prompt[:len(sess.fed[row])] != sess.fed[row]:
-                # A new dialogue in this row (or a history we did not write): start it afresh.
+        for row, owner, prompt in prompts:
+            if sess.owners[row] != owner or prompt[:len(sess.fed[row])] != sess.fed[row]:
+                # A new owner of this row (or a history we did not write): start it afresh.
                 self._reset(sess, [row])
-                sess.owners[row] = episode
+                sess.owners[row] = owner
         new = {row: prompt[len(sess.fed[row]):] for row, _, prompt in prompts}
         width = bucket(max(len(v) for v in new.values()), LENGTH_BUCKETS)
         reencoded = False
@@ -96,7 +98,7 @@ class KVSessions:
         ids, mask = generation.pad_left([new.get(row, []) for row in range(len(sess.owners))], width, self.pad_id)
         return Feed(sess, new, ids, mask, np.asarray(sess.next_pos, np.int32), reencoded)
 
-    def _beyond_cache_slots(self, session: int, sess: Session, prompts: Sequence[tuple[int, int, list[int]]],
+    def _beyond_cache_slots(self, session: int, sess: Session, prompts: Sequence[tuple[int, Hashable, list[int]]],
                             new: dict[int, list[int]], width: int, max_new_tokens: int
                             ) -> tuple[dict[int, list[int]], int, bool] | None:
         """Room for a call that does not fit cache_slots (the module docstring): the new tokens,
@@ -112,8 +114,8 @@ class KVSessions:
                      width + max_new_tokens, self.cache_slots)
             return new, width, False
         self._reset(sess, list(new))  # rebuilt: every dialogue of the call encoded afresh
-        for row, episode, _ in prompts:
-            sess.owners[row] = episode
+        for row, owner, _ in prompts:
+            sess.owners[row] = owner
         afresh = {row: list(prompt) for row, _, prompt in prompts}
         wide = bucket(max(len(v) for v in afresh.values()), LENGTH_BUCKETS)
         fits = self._make_room(sess, wide + max_new_tokens)

@@ -28,6 +28,8 @@ class TurnRequest:
     # in its batch (EpisodeRequest.index) and the number of policy turns before this one.
     dialogue: int = 0
     turn: int = 0
+    # The parameter version that should write the turn (rollout.versions); one call holds one version.
+    version: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +39,14 @@ class PolicyTurn:
     logprobs: list[float] | None = None  # log-probs of token_ids under the model (temperature 1)
     stopped: bool = True  # ended by a stop token (False: cut by the token budget)
     reencoded: bool = False  # its history did not fit the KV cache kept between turns: encoded afresh
+    # The parameter version that wrote it, where the policy resolved the request's to a published
+    # one (rollout.buffer.RolloutBuffer.resolve); None: the request's version.
+    version: int | None = None
 
 
 class Policy(Protocol):
     async def act(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
-        """One turn for each request (all of one session)."""
+        """One turn for each request (all of one session and one version)."""
 
     def release(self, session: int) -> None:
         """The dialogues of `session` are over: drop anything kept for them."""

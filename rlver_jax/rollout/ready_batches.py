@@ -6,7 +6,9 @@ the session's previous call is over and either every live dialogue of the sessio
 the first of them has waited `wait_s`. So a dialogue whose user answered quickly does not wait for
 the slowest user of its session (a heavy-tailed simulator latency costs each dialogue its own
 calls, not every round's slowest), while a short wait lets dialogues that become ready close
-together share one call. wait_s = inf waits for every live dialogue: lockstep rounds.
+together share one call. wait_s = inf waits for every live dialogue: lockstep rounds. A call holds
+the turns of one parameter version (TurnRequest.version; rollout.versions): the earliest waiter's;
+dialogues waiting for another version keep waiting for the next call.
 
 Which dialogues share a call changes no dialogue's tokens: a JaxPolicy draws each row from its
 own (dialogue, turn) key (rollout.jax_policy), so a batch's content stays a function of the
@@ -57,8 +59,9 @@ class ReadyBatches:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), None if math.isinf(remaining) else remaining)
                 continue
-            batch = sorted(self._waiting, key=lambda w: w[1].slot)
-            self._waiting = []
+            version = self._waiting[0][1].version
+            batch = sorted((w for w in self._waiting if w[1].version == version), key=lambda w: w[1].slot)
+            self._waiting = [w for w in self._waiting if w[1].version != version]
             try:
                 turns = await self._policy.act([request for _, request, _ in batch])
             except Exception as e:  # every dialogue of the call fails with it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any
 
@@ -31,8 +32,10 @@ class DialogueSequence:
 
     The transcript (`to_record`, one JSON line per dialogue):
     emotions: the user's emotion before the first policy turn, then after each scored turn.
-    turns: one dict per policy turn: turn, raw (the whole sampled text), thinking, reply, stopped,
-      format_ok and, once the user answered, change, emotion, band, simulator_thoughts, user.
+    turns: one dict per policy turn (aligned with turn_ends): turn, raw (the whole sampled text),
+      thinking, reply, stopped, format_ok, policy_version (the parameter version that wrote it;
+      transcripts written before turns recorded it: the dialogue's) and, once the user answered,
+      change, emotion, band, simulator_thoughts, user.
     messages: the conversation with the replies as the user read them (system, user, assistant
       replies as sent, a final goodbye); the policy's context with think_history "drop".
     simulator_state: the simulator's DialogueState.to_dict().
@@ -49,12 +52,14 @@ class DialogueSequence:
     truncated: bool = False
     format_failure: bool = False
     simulator_error: bool = False
-    policy_version: int = 0  # trainer step whose parameters wrote this dialogue
+    policy_version: int = 0  # the parameter version of its first (oldest) policy turn
     language: str = ""  # "zh" or "en"
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
     simulator_state: dict[str, Any] = dataclasses.field(default_factory=dict)
     row_starts: list[int] = dataclasses.field(default_factory=lambda: [0])
+    # A turn beyond the staleness bound of its update: left out of training (rlver_jax.train.loop).
+    stale: bool = False
 
     @property
     def rows(self) -> list[tuple[int, int]]:
@@ -62,6 +67,21 @@ class DialogueSequence:
         if not self.tokens:
             return []
         return list(zip(self.row_starts, self.row_starts[1:] + [len(self.tokens)]))
+
+    def turn_versions(self) -> list[int]:
+        """The parameter version that wrote each policy turn: from `turns`; a transcript written
+        before turns recorded it, all `policy_version` (one per turn end where `turns` is empty)."""
+        if not self.turns:
+            return [self.policy_version] * len(self.turn_ends)
+        return [t.get("policy_version", self.policy_version) for t in self.turns]
+
+    def policy_token_versions(self) -> list[int]:
+        """The parameter version of each policy token (policy_mask 1), in order: its turn's, the
+        first turn whose turn end is at or after it (the last turn past every turn end)."""
+        versions = self.turn_versions() or [self.policy_version]
+        last = len(versions) - 1
+        return [versions[min(bisect.bisect_left(self.turn_ends, i), last)]
+                for i, m in enumerate(self.policy_mask) if m]
 
     @property
     def final_emotion(self) -> float:
@@ -82,8 +102,9 @@ class DialogueSequence:
 
     @property
     def trainable(self) -> bool:
-        """Dialogues the simulator failed on carry no reward signal and are left out."""
-        return not self.simulator_error and bool(self.turn_ends)
+        """Dialogues the simulator failed on carry no reward signal and are left out, as are those
+        sampled beyond the staleness bound (`stale`)."""
+        return not self.simulator_error and not self.stale and bool(self.turn_ends)
 
     def to_record(self) -> dict[str, Any]:
         """The transcript (JSON-serialisable; it shares this dialogue's lists): RECORD_KEYS, i.e.

@@ -49,6 +49,7 @@ from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.rollout.versions import Resolve, VersionSchedule
 from rlver_jax.text import degeneration
 from rlver_jax.rollout.summary import (degenerate_replies, reencoded_turns, reference_metrics, rollout_metrics,
                                        summarize)
@@ -212,13 +213,14 @@ def _update(run: Run, step: int, state: train_state.TrainState, batch: RolloutBa
             ) -> tuple[train_state.TrainState, list[DialogueSequence], list[float | None], dict[str, float]]:
     """Step `step`'s update on `batch` (this process's dialogues of it; `wait_s`: how long the loop
     waited for it): the new state, every process's dialogues, their advantages as the trainer gave
-    them (`_advantages`) and the step's metrics so far."""
-    if batch.version < step - run.spec.loop.max_staleness:  # the buffer guarantees this
-        raise AssertionError(f"batch of version {batch.version} at step {step}")
+    them (`_advantages`) and the step's metrics so far. Dialogues beyond the staleness bound are
+    left out (`_drop_stale`); the staleness metrics count their tokens."""
     dialogues = list(batch.sequences)  # every process's, token views included
     if jax.process_count() > 1:
         dialogues = [DialogueSequence(**fields) for fields in hosts.allgather_placed(
             [dataclasses.asdict(s) for s in dialogues], run.collation.dialogue_process)]
+    staleness = staleness_metrics(step, run.spec.loop.max_staleness, dialogues)
+    dropped = _drop_stale(step, run.spec.loop.max_staleness, dialogues)
     _check_trainable(step, dialogues, run.workdir / "transcripts")
     train_batch, policy_tokens = run.collation.collate(dialogues, share=len(batch.sequences), step=step)
     t1 = time.perf_counter()
@@ -230,10 +232,26 @@ def _update(run: Run, step: int, state: train_state.TrainState, batch: RolloutBa
     return state, dialogues, _advantages(advantages, dialogues), {**rollout_metrics(dialogues),
                               **reference_metrics(dialogues), **update_metrics,
                               **throughput_metrics(tokens, batch.seconds, update_s, wait_s),
-                              "policy_lag": float(step - batch.version),
-                              **staleness_metrics(step, run.spec.loop.max_staleness, dialogues),
+                              "policy_lag": float(step - batch.version), **staleness,
+                              "stale_dialogues_dropped": float(dropped),
                               "kv_cache_reencodes": float(reencoded_turns(dialogues)),
                               "simulator_clipped_changes": float(clipped_changes(d.simulator_state for d in dialogues))}
+
+
+def _drop_stale(step: int, max_staleness: int, dialogues: list[DialogueSequence]) -> int:
+    """Mark `stale` (left out of the update, never trained silently) every trainable dialogue with
+    a turn more than `max_staleness` versions behind step `step`, with a warning; how many. The
+    version schedule (rollout.versions) keeps every turn of a batch within the bound, so in a run
+    this finds none and nothing needs replacing: a dialogue it finds is a bug upstream, dropped
+    rather than trained."""
+    stale = [d for d in dialogues if d.trainable and min(d.turn_versions()) < step - max_staleness]
+    for d in stale:
+        d.stale = True
+    if stale:
+        log.warning("step %d: %d dialogue(s) hold turns more than max_staleness=%d versions behind (oldest: version "
+                    "%d); left out of the update (stale_dialogues_dropped)", step, len(stale), max_staleness,
+                    min(min(d.turn_versions()) for d in stale))
+    return len(stale)
 
 
 def _advantages(advantages: np.ndarray, dialogues: list[DialogueSequence]) -> list[float | None]:
@@ -488,22 +506,23 @@ CHANGES = "changes.jsonl"
 def _rollout_buffer(run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
     """The producer of batch after batch from `start` on: batch i holds this process's dialogues
     of `profiles_for_step(i)` (`run.own_dialogues`; dialogue d is sample d % n of profile d // n),
-    dialogue d sampled from fold_in(rollout key of step i, d)."""
+    dialogue d sampled from fold_in(rollout key of step i, d), each turn by the version of the
+    batch's schedule (rollout.versions), dynamic sampling's refills too."""
     simulator = build_simulator(run.spec.simulator)
     policy = JaxPolicy(run.update.actor_cfg, run.chat, run.spec.sampling, None, train_state.step_keys(rng, start).rollout)
     runner = EpisodeRunner(policy, simulator, run.chat, run.spec.rollout)
     k, n = run.spec.loop.profiles_per_step, run.spec.loop.n
 
-    async def make_batch(index: int, version: int, params: Any) -> list[DialogueSequence]:
-        policy.set_params(params, version, rng=train_state.step_keys(rng, index).rollout)
+    async def make_batch(index: int, versions: VersionSchedule, resolve: Resolve) -> list[DialogueSequence]:
+        policy.follow(resolve, rng=train_state.step_keys(rng, index).rollout)
         profiles = profiles_for_step(run.train_profiles, index, k, run.spec.loop.seed)
         requests = [EpisodeRequest(profiles[d // n], int(d // n), index=int(d)) for d in run.own_dialogues]
-        dialogues = await runner.run(requests, version)  # DAPO: groups without signal sampled again (rl.dynamic_sampling)
-        return await dynamic_sampling.refill_step(run.spec.rl, lambda again: runner.run(again, version), requests,
+        dialogues = await runner.run(requests, versions)  # DAPO: groups without signal sampled again (rl.dynamic_sampling)
+        return await dynamic_sampling.refill_step(run.spec.rl, lambda again: runner.run(again, versions), requests,
                                                   dialogues, run.train_profiles, run.spec.loop.seed, index, k * n)
 
-    return RolloutBuffer(make_batch, max_staleness=run.spec.loop.max_staleness, start_index=start,
-                         finalize=simulator.aclose)
+    return RolloutBuffer(make_batch, max_staleness=run.spec.loop.max_staleness,
+                         partial=run.spec.loop.partial_rollouts, start_index=start, finalize=simulator.aclose)
 
 
 class AllDialoguesFailedError(RuntimeError):
@@ -521,8 +540,10 @@ def _check_trainable(step: int, dialogues: list[DialogueSequence], transcripts: 
         write_transcripts(path.parent, step, dialogues)
     failed = [s for s in dialogues if s.simulator_error]
     errors = [s.simulator_state.get("error") for s in failed if s.simulator_state.get("error")]
+    stale = sum(s.stale for s in dialogues)
     cause = (f"{len(failed)} of {len(dialogues)} ended as simulator_error"
-             + (f" (last: {errors[-1]})" if errors else "")) if failed else "none had a policy turn"
+             + (f" (last: {errors[-1]})" if errors else "")) if failed else (
+        f"{stale} beyond the staleness bound, the rest without a policy turn" if stale else "none had a policy turn")
     raise AllDialoguesFailedError(f"step {step}: no dialogue can be trained on: {cause}. The dialogues "
                                   f"are in {path}")
 

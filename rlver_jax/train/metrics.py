@@ -66,16 +66,16 @@ _THROUGHPUT_KEYS = frozenset(throughput_metrics(0.0, 0.0, 0.0, 0.0))
 
 def staleness_metrics(step: int, max_staleness: int, dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
     """How many actor versions behind the update of step `step` the trainable dialogues' policy
-    tokens were sampled, each dialogue's by the version that wrote it (`policy_version`): the mean
-    over policy tokens (`staleness_mean`), the most (`staleness_max`) and the share of policy tokens
-    more than `max_staleness` (config.rollout.max_staleness) versions behind (`stale_token_frac`;
-    the rollout buffer samples a batch within the bound, so a share above 0 is a bug there). 0 over
-    no policy token."""
-    behind = [(step - d.policy_version, sum(1 for m in d.policy_mask if m)) for d in dialogues if d.trainable]
-    tokens = sum(n for _, n in behind)
-    return {"staleness_mean": sum(v * n for v, n in behind) / max(tokens, 1),
-            "staleness_max": float(max((v for v, n in behind if n), default=0)),
-            "stale_token_frac": sum(n for v, n in behind if v > max_staleness) / max(tokens, 1)}
+    tokens were sampled, each token by the version that wrote its turn
+    (DialogueSequence.policy_token_versions): the mean over policy tokens (`staleness_mean`), the
+    most (`staleness_max`) and the share of policy tokens more than `max_staleness`
+    (config.rollout.max_staleness) versions behind (`stale_token_frac`; the version schedule keeps
+    every turn within the bound, so a share above 0 is a bug there, and the loop drops those
+    dialogues). 0 over no policy token."""
+    behind = [step - v for d in dialogues if d.trainable for v in d.policy_token_versions()]
+    tokens = max(len(behind), 1)
+    return {"staleness_mean": sum(behind) / tokens, "staleness_max": float(max(behind, default=0)),
+            "stale_token_frac": sum(1 for v in behind if v > max_staleness) / tokens}
 
 
 def check_finite(step: int, metrics: dict[str, float]) -> None:

@@ -64,6 +64,7 @@ class LoopSettings:
     max_param_norm_growth: float = 2.0  # config.train: the most a step may grow a parameter norm by (0: off)
     degenerate_alarm: float = 0.0  # config.train: a rise of degenerate_rate over the run's lowest that alarms (0: off)
     degenerate_alarm_action: str = "warn"  # config.train: one of DEGENERATE_ACTIONS
+    partial_rollouts: bool = True  # config.rollout: in-flight dialogues move to newer versions (rollout.versions)
 
     def __post_init__(self):
         check_ranges({"config.train.steps": self.steps, "config.train.eval_every": self.eval_every,
@@ -111,7 +112,7 @@ class LoopSettings:
                    allow_changes=tuple(f.strip() for f in c.allow_changes.split(",") if f.strip()),
                    stop_within_s=c.stop_within_s, read_attempts=c.read_attempts,
                    max_param_norm_growth=t.max_param_norm_growth, degenerate_alarm=t.degenerate_alarm,
-                   degenerate_alarm_action=t.degenerate_alarm_action)
+                   degenerate_alarm_action=t.degenerate_alarm_action, partial_rollouts=r.partial_rollouts)
 
 
 @dataclasses.dataclass(frozen=True)
