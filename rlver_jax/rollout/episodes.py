@@ -273,8 +273,9 @@ class EpisodeRunner:
 
     def _finish(self, episode: _Episode, versions: VersionSchedule) -> DialogueSequence:
         state, h = episode.state, episode.history
-        # The version of its first (oldest) turn; the schedule's first when it had no policy turn.
-        version = episode.turns[0]["policy_version"] if episode.turns else versions.first
+        # The version of its first (oldest) turn; with no policy turn, the schedule's first (no
+        # version precedes 0: the first batches of a run want versions below it).
+        version = episode.turns[0]["policy_version"] if episode.turns else max(versions.first, 0)
         return DialogueSequence(
             profile_id=state.profile.id, group=episode.request.group, tokens=h.tokens,
             policy_mask=h.policy_mask, logprobs=h.logprobs, turn_ends=h.turn_ends, row_starts=h.row_starts,
