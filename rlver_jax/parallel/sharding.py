@@ -498,6 +498,15 @@ def replicated_value(x: jax.Array) -> np.ndarray:
 # ----------------------------------------------------------------------------- sampling copy
 
 
+def on_device(params: Params) -> Params:
+    """`params` with every leaf in the devices' memory: where any waits in host memory
+    (config.train.offload "state"), the tree comes to the devices in its own layout (new buffers);
+    else `params` itself."""
+    if any(x.sharding.memory_kind not in (None, "device") for x in jax.tree.leaves(params)):
+        return jax.device_put(params, jax.tree.map(lambda x: x.sharding.with_memory_kind("device"), params))
+    return params
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingLayout:
     """Where each process keeps its copy of the policy for sampling: replicated across processes,
@@ -546,8 +555,7 @@ class SamplingLayout:
         collective: every process calls it at the same point, with the same global params.
         Params in host memory (config.train.offload "state") come to the devices in their own
         layout first, for as long as the copy takes."""
-        if any(x.sharding.memory_kind not in (None, "device") for x in jax.tree.leaves(params)):
-            params = jax.device_put(params, jax.tree.map(lambda x: x.sharding.with_memory_kind("device"), params))
+        params = on_device(params)
         same_dtype = all(x.dtype == self.dtype for x in jax.tree.leaves(params))
         if not same_dtype:
             params = _cast(params, self.dtype)

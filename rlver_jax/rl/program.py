@@ -62,8 +62,11 @@ class UpdateProgram:
 
     def actor_params(self, state: TrainState, frozen: Params | None) -> Params:
         """The actor's whole parameter tree, for sampling: with LoRA its adapters merged into the
-        base `frozen` (one jitted merge into the base's layout), else the state's actor itself."""
-        return state.actor if self.merge is None else self.merge(state.actor, self.frozen(frozen))
+        base `frozen` (one jitted merge into the base's layout; adapters waiting in host memory,
+        config.train.offload "state", come to the devices for it), else the state's actor itself."""
+        if self.merge is None:
+            return state.actor
+        return self.merge(sharding.on_device(state.actor), self.frozen(frozen))
 
     def model_programs(self) -> list[tuple[str, Callable]]:
         """(model, its update program) in the order a train step runs them."""
