@@ -15,10 +15,11 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 # inherit it, as they inherit the device count.
 if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
-# XLA:CPU's older fusion code generator: the same HLO at about half of the backend compile time of
-# the MLIR fusion emitters (tiny GRPO update: 8.3 s -> 3.8 s). Numbers agree to rounding: 6 steps of
-# tiny grpo_think sample the same dialogues, their metrics differ from the 7th digit. libtpu does not
-# know the flag (rlver_jax.parallel.topology keeps it from libtpu).
+# XLA:CPU's older fusion code generator: the same HLO, compiled faster than by the MLIR fusion
+# emitters (the suite in a clean-clone .ci/run, Dec 4 2026: 1310-1392 s before it, 1014-1040 s
+# after). Numbers agree to rounding: 6 steps of tiny grpo_think sample the same dialogues, their
+# metrics differ from the 7th digit. libtpu does not know the flag (rlver_jax.parallel.topology
+# keeps it from libtpu).
 if "--xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
