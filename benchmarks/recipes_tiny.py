@@ -15,7 +15,7 @@ the run took; then, per in-loop evaluation, what the held-out score is made of (
 dialogue, the mean emotion change of a turn, the share of replies sent raw for want of `</think>`,
 the shares the rules judged curt or garbage, the mean length of what the user read, how the
 dialogues ended): why the score falls while the training reward rises (docs/benchmarks.md).
-With --figures=DIR each run's reward.png is copied to DIR/ALGO_think_tiny_reward.png (the README's figures:
+With --figures=DIR each run's reward.png is copied to DIR/ALGO_think_tiny_reward.png (docs/training.md's figures:
 --algos=grpo,ppo --figures=docs/img).
 """
 

