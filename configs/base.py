@@ -13,7 +13,7 @@ think)`. Presets:
 
 import ml_collections
 
-from configs.eval import ENGLISH_PROFILES, SHIPPED_PROFILES, SMOL_HOLDOUT, get_policy_sampling_config
+from configs.eval import ENGLISH_PROFILES, SHIPPED_PROFILES, SMOL_HOLDOUT, TINY_HOLDOUT, get_policy_sampling_config
 from configs.mesh import get_mesh_config
 from configs.simulator import get_emotion_rules_config, get_simulator_config
 from rlver_jax.models import smollm2
@@ -119,7 +119,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.data.eval_profiles = ""  # held-out profiles for in-loop evaluation; "" = hold out from train
     # with eval_profiles "": the last N train profiles, never trained on. smol: SMOL_HOLDOUT (16), two of each
     # hidden goal, the very profiles configs/eval.py:smol plays (a held-out base-vs-trained comparison)
-    c.data.eval_holdout = 4 if tiny else SMOL_HOLDOUT if smol else 0
+    c.data.eval_holdout = TINY_HOLDOUT if tiny else SMOL_HOLDOUT if smol else 0
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.think = think  # think-then-say: reason in <think>...</think> before replying

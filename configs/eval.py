@@ -52,6 +52,9 @@ ENGLISH_PROFILES = SHIPPED_PROFILES.with_name("profiles_en.jsonl")
 # and the smol evaluation's profiles. 16 (two of each hidden goal, all three personality types), so
 # a difference between base and trained can show; the rest (24) are trained on.
 SMOL_HOLDOUT = 16
+# The last TINY_HOLDOUT of SHIPPED_PROFILES: held out of tiny training (configs/base.py, data.eval_holdout)
+# and the tiny evaluation's profiles, so a tiny run is scored on profiles it never trained on.
+TINY_HOLDOUT = 4
 
 
 def get_policy_sampling_config(*, tiny: bool = False) -> ml_collections.ConfigDict:
@@ -94,8 +97,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # smol: our English ones only (an English model), of which it plays the held-out ones (eval.holdout)
     c.eval.profiles = str(ENGLISH_PROFILES) if smol else str(SHIPPED_PROFILES) if tiny else ""
     # Only the last N profiles of the file (0 = all): those a training run on the same file with
-    # data.eval_holdout=N held out. smol: the smol training presets' SMOL_HOLDOUT (0 with another file)
-    c.eval.holdout = SMOL_HOLDOUT if smol else 0
+    # data.eval_holdout=N held out. tiny and smol: their training presets' TINY_HOLDOUT and SMOL_HOLDOUT
+    # (set 0 to play every profile of another file)
+    c.eval.holdout = SMOL_HOLDOUT if smol else TINY_HOLDOUT if tiny else 0
     c.eval.max_profiles = 0  # 0 = every profile (of the holdout); else the first N
     # Dialogues in flight at once (simulator.max_concurrency bounds the simulator's requests); an
     # openai policy also has at most this many requests in flight.

@@ -101,12 +101,13 @@ def test_smol_trains_and_evaluates_on_disjoint_english_profiles(name):
 @pytest.mark.parametrize("name", TRAINING)
 def test_tiny_keeps_the_shipped_mixed_profiles(name):
     """The tiny presets (bit-identical runs) still train on the shipped English and Chinese profiles,
-    holding out the last 4, and evaluate on the whole file."""
+    holding out the last 4, and the tiny evaluation plays exactly those 4 (issue 56: never a profile
+    the tiny run trained on)."""
     data = RunSpec.from_config(TRAINING[name].get_config("tiny")).data
     assert (data.train_profiles, data.eval_profiles, data.eval_holdout) == (str(DEFAULT_PROFILES.resolve()), "", 4)
     tiny = eval_config.get_config("tiny")
-    assert (tiny.eval.profiles, tiny.eval.holdout) == (str(DEFAULT_PROFILES.resolve()), 0)
-    assert _ids(load_eval_profiles(EvalSpec.from_config(tiny))) == _ids(load_profiles(DEFAULT_PROFILES))
+    assert (tiny.eval.profiles, tiny.eval.holdout) == (str(DEFAULT_PROFILES.resolve()), 4)
+    assert _ids(load_eval_profiles(EvalSpec.from_config(tiny))) == _ids(load_profiles(DEFAULT_PROFILES))[-4:]
 
 
 def test_an_eval_holdout_beyond_the_file_is_refused():
