@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import ml_collections
 
-from rlver_jax.checks import build_all, check_ranges
+from rlver_jax.checks import InputError, build_all, check_ranges
 from rlver_jax.models import smollm2
 from rlver_jax.models.lora_settings import LoraSettings
 from rlver_jax.rl.batch import minibatch_unit
@@ -357,7 +357,7 @@ def _names_a_field(name: str, fields: dict[str, Any]) -> bool:
     return name in fields or any(k.startswith(name.rstrip(".") + ".") for k in fields)
 
 
-class RunChangedError(ValueError):
+class RunChangedError(InputError):
     """A resume whose config differs from its checkpoint's in fields it may not change."""
 
 
