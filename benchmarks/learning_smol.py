@@ -1,9 +1,9 @@
 r"""Learning run of the real SmolLM2-135M-Instruct (issues 25, 42): does RL against the embedded
 simulator raise the Sentient score on held-out English profiles? Never in CI.
 
-  python benchmarks/learning_smol.py --out=/tmp/learning_smol                # docs/smol.md's commands
-  python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo,drgrpo
-  python benchmarks/learning_smol.py --out=/tmp/split --protocol=split --algos=grpo,ppo --steps=10
+  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/learning_smol                # docs/smol.md's commands
+  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo,drgrpo
+  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/split --protocol=split --algos=grpo,ppo --steps=10
 
 Everything goes through the project's own commands, so the numbers are what a user would get.
 --protocol=preset (the default) runs docs/smol.md's commands as written:

@@ -2,8 +2,8 @@ r"""Each RL recipe of the algorithm table (rlver_jax.rl.algorithms) on the tiny 
 default 40 steps (issue 40): what each does on our problem, side by side. Never in CI: about 4
 minutes a recipe on an idle core, 9 recipes.
 
-  python benchmarks/recipes_tiny.py --out=/tmp/recipes_tiny                 # every recipe
-  python benchmarks/recipes_tiny.py --out=/tmp/recipes_tiny --algos=grpo,rloo
+  .venv/bin/python benchmarks/recipes_tiny.py --out=/tmp/recipes_tiny                 # every recipe
+  .venv/bin/python benchmarks/recipes_tiny.py --out=/tmp/recipes_tiny --algos=grpo,rloo
 
 Every run is the project's own command, `launch/train.py --config=configs/{ppo,grpo}_think.py:tiny
 --config.rl.algo=ALGO` (ppo from the PPO preset, every other recipe from the GRPO one, whose rows

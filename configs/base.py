@@ -4,7 +4,7 @@ The paper configs (ppo_think.py, grpo_think.py, ...) call `base.get_base_config(
 think)`. Presets:
   tiny: CPU, random-init tiny Qwen2, the locally built tiny tokenizer, the embedded simulator and
         the project's own profiles; a few minutes.
-  smol: CPU, the real SmolLM2-135M-Instruct (a Llama) built offline by `python launch/fetch_smollm2.py`,
+  smol: CPU, the real SmolLM2-135M-Instruct (a Llama) built offline by `.venv/bin/python launch/fetch_smollm2.py`,
         the embedded simulator and the project's own English profiles; short turns that fit a CPU.
   0.5b: Qwen2.5-0.5B-Instruct from --config.model.path, a served simulator.
   7b:   Qwen2.5-7B-Instruct, the paper's setting (default).
