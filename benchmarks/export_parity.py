@@ -18,6 +18,7 @@ import transformers
 from absl import app, flags
 
 from rlver_jax.eval import policy_loading
+from rlver_jax.eval.run_checkpoint import locate_checkpoint
 from rlver_jax.models import qwen2
 from rlver_jax.parallel import sharding
 
@@ -50,7 +51,7 @@ def main(_) -> None:
     export = pathlib.Path(_EXPORT.value)
     print("architectures:", json.loads((export / "config.json").read_text())["architectures"])
     mesh = sharding.make_mesh((1, 1, 1))
-    policy = policy_loading.load_checkpoint_policy(policy_loading.locate_checkpoint(_RUN.value, "--run"), mesh,
+    policy = policy_loading.load_checkpoint_policy(locate_checkpoint(_RUN.value, "--run"), mesh,
                                                    "fsdp_tensor")
     tokens, mask = _batch(transformers.AutoTokenizer.from_pretrained(export))
     ours = np.asarray(qwen2.forward(policy.model, policy.params, jnp.asarray(tokens), jnp.asarray(mask)))

@@ -36,7 +36,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     from rlver_jax.parallel import sharding
     from rlver_jax.eval.export import export_hf, export_peft_adapter
-    from rlver_jax.eval.policy_loading import load_checkpoint_policy, locate_checkpoint
+    from rlver_jax.eval.policy_loading import load_checkpoint_policy
+    from rlver_jax.eval.run_checkpoint import locate_checkpoint
 
     ckpt = locate_checkpoint(_CHECKPOINT.value, "--checkpoint")
     # Any layout will do: writing gathers every parameter to the host.

@@ -13,26 +13,37 @@ import pytest
 
 from configs import grpo_think, ppo_think
 from rlver_jax.eval import run_view
-from rlver_jax.rl import algorithms, estimators, loss_modes, losses, settings, update
+from rlver_jax.rl import algorithms, loss_modes, losses, settings, update
+from rlver_jax.rl.function_path import FunctionPath
 from rlver_jax.train.spec import RunSpec
 
 NEW_ROWS = ("rloo", "reinforce_pp", "reinforce_pp_baseline", "drgrpo", "dapo", "gspo", "cispo")
 
 
 def test_every_row_is_registered():
-    """Each row names a registered estimator (with its kind) and policy loss, an aggregation its loss
-    admits, a group size its estimator can compare, and builds its settings."""
+    """Each row names a registered estimator and policy loss, an aggregation its loss admits, a
+    group size its estimator can compare, and builds its settings."""
     assert set(NEW_ROWS) | {"ppo", "grpo"} <= set(algorithms.ALGORITHMS)
-    assert set(estimators.ESTIMATORS) == set(algorithms.ESTIMATOR_KINDS)
-    assert set(update.POLICY_LOSSES) == set(loss_modes.POLICY_LOSS_AGG_MODES)
     for name, row in algorithms.ALGORITHMS.items():
-        assert row.estimator in estimators.ESTIMATORS, name
-        assert row.policy_loss in update.POLICY_LOSSES, name
-        assert row.loss_agg_mode in loss_modes.POLICY_LOSS_AGG_MODES[row.policy_loss], name
+        assert row.estimator in algorithms.ESTIMATORS, name
+        assert row.policy_loss in loss_modes.POLICY_LOSSES, name
+        assert row.loss_agg_mode in loss_modes.POLICY_LOSSES[row.policy_loss].agg_modes, name
         assert row.default_n >= row.min_n, name
         rl = settings.RLSettings(algo=name)
         assert (rl.estimator, rl.policy_loss, rl.loss_agg_mode) == (row.estimator, row.policy_loss, row.loss_agg_mode)
         assert rl.uses_critic == row.critic and rl.min_n == row.min_n
+
+
+@pytest.mark.parametrize("table", [algorithms.ESTIMATORS, loss_modes.POLICY_LOSSES, loss_modes.CORRECTIONS,
+                                   loss_modes.AGG_MODES, loss_modes.KL_ESTIMATORS])
+def test_every_table_row_names_a_function_that_exists(table):
+    """A row names its function by import path (rlver_jax.rl.function_path): a misspelt one would
+    fail only when a train step first calls it."""
+    for name, row in table.items():
+        path = row if isinstance(row, FunctionPath) else row.function
+        assert callable(path.load()), name
+    with pytest.raises(ImportError, match="rlver_jax.rl.estimators.vtrace: no such function"):
+        FunctionPath("rlver_jax.rl.estimators.vtrace").load()
 
 
 def test_the_recipes_knobs():
@@ -117,17 +128,17 @@ def test_the_policy_losses_by_name():
     mask = jnp.asarray((rng.random((3, 5)) < 0.7).astype(np.float32))
     rl = settings.RLSettings(algo="gspo")
     seq_adv = np.asarray((adv * mask).sum(-1) / mask.sum(-1))[:, None] * np.ones((1, 5))
-    got, _ = update.POLICY_LOSSES["gspo"](rl, lp, old, adv, mask)
+    got, _ = loss_modes.POLICY_LOSSES["gspo"].function(rl, lp, old, adv, mask)
     want, _ = losses.gspo_policy_loss(lp, old, jnp.asarray(seq_adv, jnp.float32), mask, clip_eps_low=3e-4,
                                       clip_eps_high=4e-4)
     np.testing.assert_allclose(np.asarray(got) * mask, np.asarray(want) * mask, rtol=1e-6)
-    got, _ = update.POLICY_LOSSES["gspo_token"](rl, lp, old, adv, mask)
+    got, _ = loss_modes.POLICY_LOSSES["gspo_token"].function(rl, lp, old, adv, mask)
     want, _ = losses.gspo_policy_loss(lp, old, adv, mask, clip_eps_low=3e-4, clip_eps_high=4e-4)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    got, _ = update.POLICY_LOSSES["cispo"](settings.RLSettings(algo="cispo", cispo_clip_eps_high=0.1), lp, old, adv, mask)
+    got, _ = loss_modes.POLICY_LOSSES["cispo"].function(settings.RLSettings(algo="cispo", cispo_clip_eps_high=0.1), lp, old, adv, mask)
     want, _ = losses.cispo_policy_loss(lp, old, adv, mask, clip_eps_high=0.1)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    got, _ = update.POLICY_LOSSES["ppo"](settings.RLSettings(algo="dapo"), lp, old, adv, mask)
+    got, _ = loss_modes.POLICY_LOSSES["ppo"].function(settings.RLSettings(algo="dapo"), lp, old, adv, mask)
     want, _ = losses.ppo_policy_loss(lp, old, adv, mask, clip_eps_low=0.2, clip_eps_high=0.28)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 

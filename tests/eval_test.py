@@ -276,7 +276,7 @@ def test_an_old_runs_config_json_gets_the_fields_added_since(tmp_path):
     """A run saved before config.model.attention and mlp_chunk existed reads as one that trained with
     the defaults of the time (auto attention, no MLP chunks); every other field as it was saved."""
     from configs.grpo_think import get_config as training_config
-    from rlver_jax.eval.policy_loading import locate_checkpoint
+    from rlver_jax.eval.run_checkpoint import locate_checkpoint
     from rlver_jax.train.spec import model_source
 
     (tmp_path / "checkpoints").mkdir()

@@ -1,5 +1,6 @@
 """The package's import graph, read from the source with `ast` (nothing is imported): no cycle
-between modules, and every import points down (or across) the layering below.
+between modules, every import points down (or across) the layering below, and the config readers
+reach no ML framework.
 
 Every import counts, those inside functions and `if TYPE_CHECKING:` blocks too: a lazy import is
 still a dependency, deferred only to keep start-up light.
@@ -136,3 +137,49 @@ def test_imports_follow_the_layering():
                 for m in MODULES for t, line in GRAPH[m] if LEVEL[_layer(t)] > LEVEL[_layer(m)]]
     order = " < ".join(name or "top level" for name, _ in LAYERS)
     assert not problems, f"imports up the layering ({order}):\n" + "\n".join(problems)
+
+
+# The config readers check a config before any ML framework is imported (launch/train.py and
+# launch/eval.py exit 2 on a bad field within a second; a served evaluation never imports one).
+CONFIG_READERS = ("rlver_jax.train.spec", "rlver_jax.eval.spec")
+FRAMEWORKS = ("jax", "flax", "optax", "orbax", "transformers", "torch")
+
+
+def _tree(module: str) -> ast.Module:
+    return ast.parse(MODULES[module].read_text(encoding="utf-8"), str(MODULES[module]))
+
+
+def _frameworks_on_import(module: str) -> set[str]:
+    """The frameworks `module` imports when it is imported (its top-level statements)."""
+    out = set()
+    for node in _tree(module).body:
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out & set(FRAMEWORKS)
+
+
+def _runtime_imports(module: str) -> list[str]:
+    """The modules of ours `module` imports, lazy ones too, less those for type checkers only."""
+    typing_only = {n.lineno for node in ast.walk(_tree(module))
+                   if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+                   for sub in node.body for n in ast.walk(sub) if hasattr(n, "lineno")}
+    return [t for t, line in GRAPH[module] if line not in typing_only]
+
+
+def test_the_config_readers_reach_no_ml_framework():
+    """Not even through a lazy import: a config reader below the modules it serves reads settings
+    types, never a module that builds a model or a policy."""
+    problems = []
+    for reader in CONFIG_READERS:
+        via, todo = {reader: [reader]}, [reader]
+        while todo:
+            module = todo.pop()
+            if found := _frameworks_on_import(module):
+                problems.append(f"  {' -> '.join(via[module])} imports {sorted(found)}")
+            for t in _runtime_imports(module):
+                if t not in via:
+                    via[t] = via[module] + [t]
+                    todo.append(t)
+    assert not problems, "config readers that reach an ML framework:\n" + "\n".join(problems)

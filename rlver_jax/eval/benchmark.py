@@ -54,10 +54,10 @@ PROBES_DIR = "probes"  # WORKDIR/probes/NAME.jsonl: the robustness probes' dialo
 
 
 def needs_jax(spec: EvalSpec) -> bool:
-    """Whether evaluating `spec` needs JAX in this process: a policy of ours (any backend but
-    'openai'), or a multi-process run (config.mesh.distributed or the environment ask for one).
-    A served policy on one process does without it, and without its start-up."""
-    return spec.policy.backend != "openai" or spec.distributed.initialize_arguments() is not None
+    """Whether evaluating `spec` needs JAX in this process: a policy of ours (its backend's row,
+    policy_source.BACKENDS, says), or a multi-process run (config.mesh.distributed or the environment
+    ask for one). A served policy on one process does without it, and without its start-up."""
+    return policy_source.backend(spec.policy.backend).needs_jax or spec.distributed.initialize_arguments() is not None
 
 
 def load_eval_profiles(spec: EvalSpec) -> list[Profile]:
@@ -117,12 +117,13 @@ class _PolicySpec:
     def run_info(self) -> dict[str, Any]:
         c = self.spec
         s = c.record["simulator"]
+        sim = c.settings.simulator
         rules = ("initial_emotion", "max_change", "ceiling", "floor", "floor_inclusive", "max_turns",
                  "score_final_turn")
         src = self.source
         return {"policy": src.label, "source": src.source, "backend": src.backend, "think": src.think,
                 "simulator": s["backend"] + (f" {s['model']} at {s['base_url']}" if s["backend"] == "openai" else ""),
-                "difficulty": s["difficulty"], "rules": {k: s[k] for k in rules},
+                "difficulty": sim.difficulty, "rules": {k: getattr(sim.rules, k) for k in rules},
                 "profiles": c.profiles + (f", the last {c.holdout}" if c.holdout else "")}
 
 
@@ -160,7 +161,7 @@ def run_benchmark(spec: EvalSpec, *, progress: bool = True) -> dict[str, Any]:
         scores = None
         if process_index() == 0:
             done = {r["profile_id"]: r for r in load_records(transcripts)}
-            s = spec.record["simulator"]
+            rules = settings.simulator.rules
             card = protocol.card(settings.simulator, protocol.served_simulator_models(settings.simulator),
                                  profiles_file=spec.profiles, profiles=len(profiles),
                                  policy=policy.protocol_fields(), sampling=settings.sampling,
@@ -168,7 +169,7 @@ def run_benchmark(spec: EvalSpec, *, progress: bool = True) -> dict[str, Any]:
                                  seed=spec.seed)
             scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
                                           policy.run_info(),
-                                          levels=(s["floor"], s["band_b"], s["band_a"], s["ceiling"]),
+                                          levels=(rules.floor, rules.band_b, rules.band_a, rules.ceiling),
                                           card=card, probes=probes)
         return allgather_json(scores)[0]
     finally:

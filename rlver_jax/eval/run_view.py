@@ -19,7 +19,7 @@ from typing import Any
 
 from rlver_jax.eval import html_report
 from rlver_jax.eval.sentient import summarize
-from rlver_jax.rl.algorithms import ALGORITHMS, ESTIMATOR_KINDS
+from rlver_jax.rl.algorithms import ALGORITHMS, ESTIMATORS
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.files import atomic_write_text, read_jsonl
 
@@ -64,7 +64,7 @@ class AdvantageSettings:
             return default if value in ("", None) else value
 
         estimator = field("estimator", row.estimator)
-        kind = ESTIMATOR_KINDS.get(estimator)
+        kind = ESTIMATORS.get(estimator)
         return cls(per_dialogue=kind is not None and kind.dialogue_advantages,
                    normalize_std=field("grpo_normalize_std", row.normalize_std), eps=rl.get("grpo_eps", 1e-6),
                    estimator=estimator, turn_credit_weight=float(rl.get("turn_credit_weight") or 0.0),
@@ -74,7 +74,7 @@ class AdvantageSettings:
     @property
     def description(self) -> str:
         """The step page's sentence on the advantages shown."""
-        kind = ESTIMATOR_KINDS.get(self.estimator)
+        kind = ESTIMATORS.get(self.estimator)
         if kind is None:
             return f"Advantages of estimator {self.estimator!r}: not shown."
         summary = kind.summary.format(std=f" / (sample std + {self.eps})" if self.normalize_std else "")

@@ -6,8 +6,8 @@ capability run, rlver_jax.eval.capabilities.runner); both share the policy secti
 resolved and built by rlver_jax.eval.policy_source). One ValueError names every bad field, as
 RunSpec.from_config does for a training config (rlver_jax.train.spec). Each spec keeps the config as a
 plain dict (`record`): what setup.json and the reports record of it. Imports no JAX: a served
-policy is evaluated without it (eval.like_training alone reads a run's checkpoint directory, through
-rlver_jax.eval.policy_loading).
+policy is evaluated without it (eval.like_training reads a run's config.json, through
+rlver_jax.eval.run_checkpoint).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from rlver_jax.checks import build_all, check_ranges, named
 from rlver_jax.eval import panel
 from rlver_jax.eval.capabilities import data, sandbox
 from rlver_jax.eval.probes import parse_probes
+from rlver_jax.eval.run_checkpoint import locate_checkpoint
 from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.sampling.settings import SamplingSettings
@@ -166,9 +167,7 @@ def like_training(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     (policy.format_failure), as the run's own in-loop evaluation does."""
     if not config.eval.like_training:
         return config
-    from rlver_jax.eval import policy_loading  # only here: its imports are heavy
-
-    run = policy_loading.locate_checkpoint(config.eval.like_training, "config.eval.like_training").config()
+    run = locate_checkpoint(config.eval.like_training, "config.eval.like_training").config()
     out = copy.deepcopy(config)
     for key in ("temperature", "top_p", "top_k", "max_new_tokens", "max_total_tokens", "cache_slots"):
         out.policy[key] = run.rollout[key]

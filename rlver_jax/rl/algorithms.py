@@ -1,58 +1,66 @@
-"""The algorithm table: what each `config.rl.algo` is, as data.
+"""The algorithm table: what each `config.rl.algo` is, as data; and the estimator table.
 
-A row names the advantage estimator (rlver_jax.rl.estimators.ESTIMATORS; what an estimator needs,
-a critic or groups of dialogues, is `ESTIMATOR_KINDS`), the policy loss (rlver_jax.rl.update's
-POLICY_LOSSES), the default group size `n`, and the defaults of the knobs that make the recipe:
-loss aggregation, GRPO's std scaling, the PPO clip's upper bound, the KL mode, DAPO's overlong
-shaping and dynamic sampling. Every knob is also a field of `config.rl` of its own: "" (or None)
-there takes the row's value (rlver_jax.rl.settings.RLSettings resolves them, in one place), so an
-ablation mixes them freely, e.g. `--config.rl.algo=grpo --config.rl.policy_loss=cispo`.
-Configs, run checks, the trainer and the run view read the row and the estimator's kind, never the
-name: adding an algorithm is its estimator (or loss) plus one row here.
+A row of ALGORITHMS names the advantage estimator (a row of `ESTIMATORS`: its function and what it
+needs, a critic or groups of dialogues), the policy loss (a row of rlver_jax.rl.loss_modes.POLICY_LOSSES),
+the default group size `n`, and the defaults of the knobs that make the recipe: loss aggregation,
+GRPO's std scaling, the PPO clip's upper bound, the KL mode, DAPO's overlong shaping and dynamic
+sampling. Every knob is also a field of `config.rl` of its own: "" (or None) there takes the row's
+value (rlver_jax.rl.settings.RLSettings resolves them, in one place), so an ablation mixes them
+freely, e.g. `--config.rl.algo=grpo --config.rl.policy_loss=cispo`. Configs, run checks, the
+trainer and the run view read the rows, never the names: adding an algorithm is one row here;
+adding an estimator is its function (rlver_jax.rl.estimators) plus one row of `ESTIMATORS`.
 
-This module is plain data (no JAX): the config files read it before any JAX import.
+This module is plain data (no JAX): the config files and checks read it before any JAX import. So
+an estimator's row names its function by import path (rlver_jax.rl.function_path.FunctionPath),
+imported when the train step first calls it: one row holds the function and what it needs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from rlver_jax.rl.function_path import FunctionPath
+
 
 @dataclasses.dataclass(frozen=True)
-class EstimatorKind:
-    """What an estimator needs and gives, as the config checks and the run view read it."""
+class Estimator:
+    """An advantage estimator: its function, and what it needs and gives, as the config checks,
+    the trainer and the run view read it."""
 
+    function: FunctionPath  # (RLSettings, estimators.EstimatorInputs) -> (advantages [B, T], returns [B, T] or None)
     critic: bool  # it reads a value model's values: a critic trains beside the policy
     grouped: bool  # it compares the dialogues of a profile's group: needs n >= 2 per profile
     dialogue_advantages: bool  # one advantage per dialogue (outcome estimators): transcripts and views show it
     summary: str  # the advantage a dialogue gets, in words (the run view's step pages)
 
 
-ESTIMATOR_KINDS: dict[str, EstimatorKind] = {
-    "gae": EstimatorKind(critic=True, grouped=False, dialogue_advantages=False,
-                         summary="per token: GAE with the critic's values (not shown)"),
-    "grpo": EstimatorKind(critic=False, grouped=True, dialogue_advantages=True,
-                          summary="(reward - group mean){std} over the group's trained dialogues; 0 when the "
-                                  "rewards are all equal"),
-    "rloo": EstimatorKind(critic=False, grouped=True, dialogue_advantages=True,
-                          summary="reward - the mean reward of the other trained dialogues of its group "
-                                  "(leave-one-out)"),
-    "reinforce_pp": EstimatorKind(critic=False, grouped=False, dialogue_advantages=True,
-                                  summary="the return of its tokens (reward, minus the KL penalty in reward mode), "
-                                          "whitened over the batch's policy tokens; its mean over the dialogue's "
-                                          "tokens"),
-    "reinforce_pp_baseline": EstimatorKind(critic=False, grouped=True, dialogue_advantages=True,
-                                           summary="(reward - group mean), whitened over the batch's policy "
-                                                   "tokens"),
+ESTIMATORS: dict[str, Estimator] = {
+    "gae": Estimator(FunctionPath("rlver_jax.rl.estimators.gae"), critic=True, grouped=False,
+                     dialogue_advantages=False, summary="per token: GAE with the critic's values (not shown)"),
+    "grpo": Estimator(FunctionPath("rlver_jax.rl.estimators.grpo"), critic=False, grouped=True,
+                      dialogue_advantages=True,
+                      summary="(reward - group mean){std} over the group's trained dialogues; 0 when the "
+                              "rewards are all equal"),
+    "rloo": Estimator(FunctionPath("rlver_jax.rl.estimators.rloo"), critic=False, grouped=True,
+                      dialogue_advantages=True,
+                      summary="reward - the mean reward of the other trained dialogues of its group "
+                              "(leave-one-out)"),
+    "reinforce_pp": Estimator(FunctionPath("rlver_jax.rl.estimators.reinforce_pp"), critic=False, grouped=False,
+                              dialogue_advantages=True,
+                              summary="the return of its tokens (reward, minus the KL penalty in reward mode), "
+                                      "whitened over the batch's policy tokens; its mean over the dialogue's tokens"),
+    "reinforce_pp_baseline": Estimator(FunctionPath("rlver_jax.rl.estimators.reinforce_pp_baseline"), critic=False,
+                                       grouped=True, dialogue_advantages=True,
+                                       summary="(reward - group mean), whitened over the batch's policy tokens"),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     default_n: int  # config.rollout.n by default: the group size (1 when not grouped)
-    estimator: str  # a key of ESTIMATOR_KINDS (rlver_jax.rl.estimators.ESTIMATORS)
-    policy_loss: str  # a key of rlver_jax.rl.update.POLICY_LOSSES: ppo | gspo | gspo_token | cispo
-    loss_agg_mode: str  # rlver_jax.rl.losses.AGG_MODES
+    estimator: str  # a key of ESTIMATORS
+    policy_loss: str  # a key of rlver_jax.rl.loss_modes.POLICY_LOSSES: ppo | gspo | gspo_token | cispo
+    loss_agg_mode: str  # a key of rlver_jax.rl.loss_modes.AGG_MODES
     normalize_std: bool = True  # GRPO: divide by the group's std (Dr.GRPO: no)
     clip_eps_high: float = 0.2  # the PPO loss's upper ratio clip (DAPO's clip-higher: 0.28)
     kl_mode: str = "loss"  # where a KL term goes when config.rl.kl_coef != 0: loss | reward (REINFORCE++)
@@ -60,8 +68,8 @@ class Algorithm:
     dynamic_sampling: bool = False  # DAPO: groups whose rewards are all equal carry no signal and are dropped
 
     @property
-    def kind(self) -> EstimatorKind:
-        return ESTIMATOR_KINDS[self.estimator]
+    def kind(self) -> Estimator:
+        return ESTIMATORS[self.estimator]
 
     @property
     def critic(self) -> bool:
@@ -86,7 +94,7 @@ class Algorithm:
 
 def min_n(estimator: str) -> int:
     """The fewest dialogues per profile `estimator` can compare: 2 in a group, else 1."""
-    return 2 if ESTIMATOR_KINDS[estimator].grouped else 1
+    return 2 if ESTIMATORS[estimator].grouped else 1
 
 
 ALGORITHMS: dict[str, Algorithm] = {

@@ -1,9 +1,9 @@
-"""Advantage estimators by name, and the reward shaping and row selection around them.
+"""Advantage estimators, and the reward shaping and row selection around them.
 
 Each estimator turns a prepared batch's token rewards (and a critic's values) into per-token
-advantages (and, for a critic, returns). An algorithm's row names its estimator
-(rlver_jax.rl.algorithms, which also says what each needs: `ESTIMATOR_KINDS`); the maths is in
-rlver_jax.rl.advantages. Around the estimator, rlver_jax.rl.update.estimate applies:
+advantages (and, for a critic, returns); its row of rlver_jax.rl.algorithms.ESTIMATORS names it
+and says what it needs (a critic, groups), and an algorithm's row names the estimator. The maths
+is in rlver_jax.rl.advantages. Around the estimator, rlver_jax.rl.update.estimate applies:
   overlong_rewards: DAPO's soft overlong penalty of each policy turn's length (config.rl.overlong_*);
   kept_rows:        DAPO's dynamic sampling: rows of groups whose rewards are all equal are dropped
                     from the loss (config.rl.dynamic_sampling);
@@ -18,7 +18,7 @@ change / 100 on its last policy token, `turn_scored` [B, T] 1 there.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -94,11 +94,6 @@ def reinforce_pp_baseline(rl: RLSettings, x: EstimatorInputs) -> tuple[jax.Array
     advantages = adv_lib.reinforce_pp_baseline_advantages(_scores(x), x.group, id_bound(x.rewards.shape[0]),
                                                           x.mask, members=first_rows(x.dialogue))
     return advantages, None
-
-
-Estimator = Callable[[RLSettings, EstimatorInputs], tuple[jax.Array, jax.Array | None]]
-ESTIMATORS: dict[str, Estimator] = {"gae": gae, "grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp,
-                                    "reinforce_pp_baseline": reinforce_pp_baseline}
 
 
 def _turn_table(values: jax.Array, turn: jax.Array, ids: jax.Array, num_ids: int, turns: int) -> jax.Array:

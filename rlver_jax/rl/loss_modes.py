@@ -1,24 +1,60 @@
-"""The names of the policy losses' aggregation modes, of the KL estimators and of the off-policy
-corrections (with what each reads), without JAX: what the settings are checked against before JAX
-is imported (rlver_jax.rl.settings); rlver_jax.rl.losses and rlver_jax.rl.off_policy implement them."""
+"""The tables of the loss's named parts: the policy losses (with the aggregations each admits), the
+aggregation modes, the KL estimators and the off-policy corrections (with what each reads).
+
+Each row holds its function and what the config checks read of it (rlver_jax.rl.settings): adding a
+policy loss, an aggregation, a KL estimator or a correction is its function plus one row here. This
+module imports no JAX (rlver_jax.train.spec reads the checks before JAX is imported), so a row names
+its function by import path (rlver_jax.rl.function_path.FunctionPath), imported when the train
+step first calls it; the functions are in rlver_jax.rl.policy_losses, rlver_jax.rl.losses and
+rlver_jax.rl.off_policy.
+"""
 
 import dataclasses
 
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+from rlver_jax.rl.function_path import FunctionPath
+
+# Per-token loss weights of a mini-batch: (mask [B, T], norm_len) -> w [B, T] (losses.loss_weights).
+AGG_MODES: dict[str, FunctionPath] = {
+    "token_mean": FunctionPath("rlver_jax.rl.losses.token_mean_weights"),
+    "seq_mean_token_mean": FunctionPath("rlver_jax.rl.losses.seq_mean_token_mean_weights"),
+    "seq_mean_token_sum_norm": FunctionPath("rlver_jax.rl.losses.seq_mean_token_sum_norm_weights"),
+}
 # GSPO's objective is a mean over sequences of the token mean; other modes change the algorithm.
 GSPO_AGG_MODES = ("seq_mean_token_mean",)
-# The policy losses by name (rlver_jax.rl.update.POLICY_LOSSES calls them) and the aggregation
-# modes each admits: the gspo losses' ratio is a sequence's, so a token-level aggregation (which
-# NeMo RL refuses for sequence-level ratios) would weigh a sequence by its length.
-POLICY_LOSS_AGG_MODES: dict[str, tuple[str, ...]] = {
-    "ppo": AGG_MODES, "gspo": GSPO_AGG_MODES, "gspo_token": GSPO_AGG_MODES, "cispo": AGG_MODES}
-KL_ESTIMATORS = ("k1", "k3")
+
+# Per-token estimates of KL(pi || ref): (logprobs, ref_logprobs) -> [B, T] (losses.kl_divergence).
+KL_ESTIMATORS: dict[str, FunctionPath] = {
+    "k1": FunctionPath("rlver_jax.rl.losses.kl_k1"),
+    "k3": FunctionPath("rlver_jax.rl.losses.kl_k3"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLoss:
+    """A value of config.rl.policy_loss: its function and what it admits."""
+
+    function: FunctionPath  # (RLSettings, logprobs, old_logprobs, advantages, mask) -> (loss [B, T], metrics)
+    agg_modes: tuple[str, ...]  # the config.rl.loss_agg_mode values it admits
+    dual_clip: bool = False  # it reads config.rl.dual_clip
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "ppo": PolicyLoss(FunctionPath("rlver_jax.rl.policy_losses.ppo"), tuple(AGG_MODES), dual_clip=True),
+    # The gspo losses' ratio is a sequence's, so a token-level aggregation (which NeMo RL refuses for
+    # sequence-level ratios) would weigh a sequence by its length.
+    "gspo": PolicyLoss(FunctionPath("rlver_jax.rl.policy_losses.gspo"), GSPO_AGG_MODES),
+    "gspo_token": PolicyLoss(FunctionPath("rlver_jax.rl.policy_losses.gspo_token"), GSPO_AGG_MODES),
+    "cispo": PolicyLoss(FunctionPath("rlver_jax.rl.policy_losses.cispo"), tuple(AGG_MODES)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Correction:
-    """What a mode of config.rl.off_policy_correction reads and does."""
+    """A mode of config.rl.off_policy_correction: its function and what it reads and does."""
 
+    # (rho [B, T], C_low, C_high) -> (w [B, T], keep [B, T] bool, truncated [B, T] bool); an absent
+    # bound comes as -inf or inf (rlver_jax.rl.off_policy.correction)
+    function: FunctionPath
     weighs: bool  # a factor w on each token's policy-gradient loss
     masks: bool  # tokens (or rows) out of the loss mask
     levels: tuple[str, ...]  # config.rl.off_policy_level values it admits
@@ -27,14 +63,19 @@ class Correction:
 
 
 CORRECTIONS: dict[str, Correction] = {
-    "none": Correction(weighs=False, masks=False, levels=("token",), low=None, high=None),
+    "none": Correction(FunctionPath("rlver_jax.rl.off_policy.unchanged"), weighs=False, masks=False,
+                       levels=("token",), low=None, high=None),
     # verl's default rollout_is_threshold; the TIS blog's C = 2
-    "tis": Correction(weighs=True, masks=False, levels=("token", "sequence"), low=None, high=2.0),
+    "tis": Correction(FunctionPath("rlver_jax.rl.off_policy.truncated"), weighs=True, masks=False,
+                      levels=("token", "sequence"), low=None, high=2.0),
     # verl's default rollout_rs_threshold, and its default lower bound 1 / upper
-    "mis": Correction(weighs=False, masks=True, levels=("token", "sequence"), low=0.5, high=2.0),
+    "mis": Correction(FunctionPath("rlver_jax.rl.off_policy.rejected"), weighs=False, masks=True,
+                      levels=("token", "sequence"), low=0.5, high=2.0),
     # IcePop's band [alpha, beta] = [0.5, 5]
-    "icepop": Correction(weighs=True, masks=False, levels=("token",), low=0.5, high=5.0),
+    "icepop": Correction(FunctionPath("rlver_jax.rl.off_policy.banded"), weighs=True, masks=False,
+                         levels=("token",), low=0.5, high=5.0),
     # AReaL's cap is off by default there; 5 here, IcePop's top, so that no stale token dominates
-    "decoupled": Correction(weighs=True, masks=False, levels=("token",), low=None, high=5.0),
+    "decoupled": Correction(FunctionPath("rlver_jax.rl.off_policy.banded"), weighs=True, masks=False,
+                            levels=("token",), low=None, high=5.0),
 }
 LEVELS = ("token", "sequence")

@@ -7,12 +7,11 @@ same aggregation mode. Hyperparameters (clip ranges, coefficients, mode names) a
 taken from the config, static under jit.
 """
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 
 from rlver_jax.rl.advantages import masked_mean
+from rlver_jax.rl.loss_modes import AGG_MODES, KL_ESTIMATORS
 
 Array = jax.Array
 
@@ -41,11 +40,8 @@ def kl_k3(logprobs: Array, ref_logprobs: Array) -> Array:
     return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -K3_CLAMP, K3_CLAMP)
 
 
-KL_ESTIMATORS: dict[str, Callable[[Array, Array], Array]] = {"k1": kl_k1, "k3": kl_k3}
-
-
 def kl_divergence(logprobs: Array, ref_logprobs: Array, estimator: str) -> Array:
-    """Per-token estimate of KL(pi || ref) by the named estimator of KL_ESTIMATORS."""
+    """Per-token estimate of KL(pi || ref) by the named estimator of loss_modes.KL_ESTIMATORS."""
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown KL estimator {estimator!r}; valid: {sorted(KL_ESTIMATORS)}")
     return KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
@@ -214,7 +210,8 @@ def cispo_policy_loss(
     return -weight * advantages * logprobs, metrics
 
 
-def _token_mean_weights(mask: Array, norm_len: float | None) -> Array:
+def token_mean_weights(mask: Array, norm_len: float | None) -> Array:
+    """`aggregate_loss`'s token_mean as weights (loss_modes.AGG_MODES)."""
     del norm_len  # only seq_mean_token_sum_norm reads it
     m = _f32(mask)
     return m / jnp.maximum(jnp.sum(m), 1.0)
@@ -227,22 +224,19 @@ def _mask_and_num_rows(mask: Array) -> tuple[Array, Array]:
     return m, jnp.maximum(jnp.sum(jnp.any(m > 0, axis=-1)), 1.0)
 
 
-def _seq_mean_token_mean_weights(mask: Array, norm_len: float | None) -> Array:
+def seq_mean_token_mean_weights(mask: Array, norm_len: float | None) -> Array:
+    """`aggregate_loss`'s seq_mean_token_mean as weights (loss_modes.AGG_MODES)."""
     del norm_len  # only seq_mean_token_sum_norm reads it
     m, num_rows = _mask_and_num_rows(mask)
     return m / jnp.maximum(jnp.sum(m, axis=-1, keepdims=True), 1.0) / num_rows
 
 
-def _seq_mean_token_sum_norm_weights(mask: Array, norm_len: float | None) -> Array:
+def seq_mean_token_sum_norm_weights(mask: Array, norm_len: float | None) -> Array:
+    """`aggregate_loss`'s seq_mean_token_sum_norm as weights (loss_modes.AGG_MODES)."""
     m, num_rows = _mask_and_num_rows(mask)
     return m / num_rows / (mask.shape[-1] if norm_len is None else norm_len)
 
 
-AGG_MODES: dict[str, Callable[[Array, float | None], Array]] = {
-    "token_mean": _token_mean_weights,
-    "seq_mean_token_mean": _seq_mean_token_mean_weights,
-    "seq_mean_token_sum_norm": _seq_mean_token_sum_norm_weights,
-}
 def loss_weights(mask: Array, mode: str, *, norm_len: float | None = None) -> Array:
     """Per-token weights w [B, T] with sum_{b,t} w L = the aggregated loss (see aggregate_loss).
 

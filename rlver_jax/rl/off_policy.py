@@ -52,6 +52,30 @@ Array = jax.Array
 LOG_RATIO_CLAMP = 20.0  # verl's SAFETY_BOUND: exp(20) ~ 5e8 keeps fp32 finite
 
 
+# The corrections, each (rho [B, T], C_low, C_high) -> (w, keep, truncated), all [B, T]; an absent
+# bound is -inf or inf. Each is the function of a row of loss_modes.CORRECTIONS.
+
+def unchanged(rho_BT: Array, low: float, high: float) -> tuple[Array, Array, Array]:
+    """none: w = 1, every token kept."""
+    del low, high
+    return jnp.ones_like(rho_BT), jnp.ones(rho_BT.shape, bool), jnp.zeros(rho_BT.shape, bool)
+
+
+def truncated(rho_BT: Array, low: float, high: float) -> tuple[Array, Array, Array]:
+    """tis: w = min(rho, C_high)."""
+    del low
+    return jnp.minimum(rho_BT, high), jnp.ones(rho_BT.shape, bool), rho_BT > high
+
+
+def rejected(rho_BT: Array, low: float, high: float) -> tuple[Array, Array, Array]:
+    """mis: keep = C_low <= rho <= C_high, w = 1."""
+    return jnp.ones_like(rho_BT), (rho_BT >= low) & (rho_BT <= high), jnp.zeros(rho_BT.shape, bool)
+
+
+def banded(rho_BT: Array, low: float, high: float) -> tuple[Array, Array, Array]:
+    """icepop, decoupled: w = rho inside [C_low, C_high], 0 outside."""
+    inside_BT = (rho_BT >= low) & (rho_BT <= high)
+    return jnp.where(inside_BT, rho_BT, 0.0), jnp.ones(rho_BT.shape, bool), jnp.zeros(rho_BT.shape, bool)
 
 
 def log_ratios(old_logprobs: Array, sample_logprobs: Array, mask: Array, level: str) -> Array:
@@ -79,15 +103,7 @@ def correction(old_logprobs: Array, sample_logprobs: Array, mask: Array, *, mode
     rho_BT = jnp.exp(log_ratios(old_logprobs, sample_logprobs, mask, level))
     lower = -math.inf if low is None else low
     upper = math.inf if high is None else high
-    inside_BT = (rho_BT >= lower) & (rho_BT <= upper)
-    weight_BT, keep_BT = jnp.ones_like(rho_BT), jnp.ones(rho_BT.shape, bool)
-    clipped_BT = jnp.zeros(rho_BT.shape, bool)
-    if mode == "tis":
-        weight_BT, clipped_BT = jnp.minimum(rho_BT, upper), rho_BT > upper
-    elif mode == "mis":
-        keep_BT = inside_BT
-    elif mode in ("icepop", "decoupled"):
-        weight_BT = jnp.where(inside_BT, rho_BT, 0.0)
+    weight_BT, keep_BT, clipped_BT = CORRECTIONS[mode].function(rho_BT, lower, upper)
     policy_BT = jnp.asarray(mask) > 0
     metrics = {
         "logprob_diff_sampler": masked_mean(jnp.abs(old_logprobs - sample_logprobs), mask),

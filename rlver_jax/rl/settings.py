@@ -24,8 +24,8 @@ class RLSettings:
     (rlver_jax.train.spec.rl_settings)."""
 
     algo: str = "ppo"
-    estimator: str = ""  # row; rlver_jax.rl.estimators.ESTIMATORS
-    policy_loss: str = ""  # row; rlver_jax.rl.update.POLICY_LOSSES
+    estimator: str = ""  # row; algorithms.ESTIMATORS
+    policy_loss: str = ""  # row; loss_modes.POLICY_LOSSES
     loss_agg_mode: str = ""  # row; loss_modes.AGG_MODES
     reward_mode: str = "final"
     gamma: float = 1.0
@@ -84,12 +84,12 @@ class RLSettings:
                 object.__setattr__(self, f"off_policy_{name}", getattr(correction, name))
         if not self.overlong_buffer:
             object.__setattr__(self, "overlong_buffer", max(self.max_new_tokens // 5, 1))
-        checks = [("estimator", self.estimator, tuple(algorithms.ESTIMATOR_KINDS)),
-                  ("policy_loss", self.policy_loss, tuple(loss_modes.POLICY_LOSS_AGG_MODES)),
+        checks = [("estimator", self.estimator, tuple(algorithms.ESTIMATORS)),
+                  ("policy_loss", self.policy_loss, tuple(loss_modes.POLICY_LOSSES)),
                   ("kl_mode", self.kl_mode, KL_MODES),
-                  ("kl_estimator", self.kl_estimator, loss_modes.KL_ESTIMATORS),
-                  ("loss_agg_mode", self.loss_agg_mode, loss_modes.AGG_MODES),
-                  ("value_loss_agg_mode", self.value_loss_agg_mode, loss_modes.AGG_MODES),
+                  ("kl_estimator", self.kl_estimator, tuple(loss_modes.KL_ESTIMATORS)),
+                  ("loss_agg_mode", self.loss_agg_mode, tuple(loss_modes.AGG_MODES)),
+                  ("value_loss_agg_mode", self.value_loss_agg_mode, tuple(loss_modes.AGG_MODES)),
                   ("reward_mode", self.reward_mode, ("final", "per_turn")),
                   ("off_policy_correction", self.off_policy_correction, tuple(loss_modes.CORRECTIONS)),
                   ("off_policy_level", self.off_policy_level, loss_modes.LEVELS)]
@@ -112,18 +112,19 @@ class RLSettings:
     def _check_combination(self) -> None:
         """One line naming the fields of a combination that is not meaningful."""
         loss = f"config.rl.policy_loss={self.policy_loss!r}"
-        if self.loss_agg_mode not in (modes := loss_modes.POLICY_LOSS_AGG_MODES[self.policy_loss]):
+        if self.loss_agg_mode not in (modes := self.policy_loss_kind.agg_modes):
             raise ValueError(f"{loss} with config.rl.loss_agg_mode={self.loss_agg_mode!r}: its ratio is a sequence's, "
                              f"so its loss is a mean over sequences; use config.rl.loss_agg_mode in {modes}")
-        if self.dual_clip and self.policy_loss != "ppo":
-            raise ValueError(f"config.rl.dual_clip={self.dual_clip} with {loss}: the dual clip bounds the ppo loss "
-                             "only; set --config.rl.dual_clip=0")
-        kind = algorithms.ESTIMATOR_KINDS[self.estimator]
+        if self.dual_clip and not self.policy_loss_kind.dual_clip:
+            bounded = tuple(k for k, v in loss_modes.POLICY_LOSSES.items() if v.dual_clip)
+            raise ValueError(f"config.rl.dual_clip={self.dual_clip} with {loss}: the dual clip bounds only "
+                             f"config.rl.policy_loss in {bounded}; set --config.rl.dual_clip=0")
+        kind = self.estimator_kind
         for name, on in (("dynamic_sampling", self.dynamic_sampling), ("turn_credit_weight", self.turn_credit_weight)):
             if on and not kind.grouped:
                 raise ValueError(f"config.rl.{name}={getattr(self, name)} with config.rl.estimator={self.estimator!r}: "
                                  "it compares the dialogues of a group; use a grouped estimator "
-                                 f"{tuple(k for k, v in algorithms.ESTIMATOR_KINDS.items() if v.grouped)}")
+                                 f"{tuple(k for k, v in algorithms.ESTIMATORS.items() if v.grouped)}")
         if self.overlong_penalty < 0 or (self.overlong_penalty and not 0 < self.overlong_buffer <= self.max_new_tokens):
             raise ValueError(f"config.rl.overlong_penalty={self.overlong_penalty} with config.rl.overlong_buffer="
                              f"{self.overlong_buffer}: need a penalty >= 0 and 0 < buffer <= "
@@ -165,13 +166,18 @@ class RLSettings:
 
     @property
     def off_policy_kind(self) -> loss_modes.Correction:
-        """What the off-policy correction reads and does."""
+        """The off-policy correction's row: its function, what it reads and does."""
         return loss_modes.CORRECTIONS[self.off_policy_correction]
 
     @property
-    def estimator_kind(self) -> algorithms.EstimatorKind:
-        """What the resolved estimator needs and gives."""
-        return algorithms.ESTIMATOR_KINDS[self.estimator]
+    def estimator_kind(self) -> algorithms.Estimator:
+        """The resolved estimator's row: its function, what it needs and gives."""
+        return algorithms.ESTIMATORS[self.estimator]
+
+    @property
+    def policy_loss_kind(self) -> loss_modes.PolicyLoss:
+        """The policy loss's row: its function, the aggregations it admits."""
+        return loss_modes.POLICY_LOSSES[self.policy_loss]
 
     @property
     def min_n(self) -> int:

@@ -7,7 +7,8 @@ with think_history "drop"; rlver_jax.rl.batch):
               algorithm's estimator, rlver_jax.rl.estimators) and returns; the rows dynamic
               sampling keeps; the off-policy correction's weights or mask from the sampling
               log-probs (`correct_off_policy`, rlver_jax.rl.off_policy);
-  actor:      epochs x mini-batches of `actor_update` (the policy loss by name, POLICY_LOSSES):
+  actor:      epochs x mini-batches of `actor_update` (the policy loss of `rl.policy_loss`,
+              a row of rlver_jax.rl.loss_modes.POLICY_LOSSES, rlver_jax.rl.policy_losses):
               gradients accumulated over micro-batches with exact mini-batch loss weights, then
               one AdamW step each;
   critic:     the same for the critic, on the same prepared inputs and mini-batch order.
@@ -28,7 +29,6 @@ import optax
 
 from rlver_jax.models import lora as lora_lib
 from rlver_jax.models.config import Qwen2Config
-from rlver_jax.rl import advantages as adv_lib
 from rlver_jax.rl import estimators, losses, off_policy
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rl.optimizer import Optimizer
@@ -150,7 +150,7 @@ def estimate(rl: RLSettings, batch: dict, values: jax.Array | None = None, old_l
         rewards = losses.apply_kl_penalty(rewards, old_logprobs, ref_logprobs, mask, coef=rl.kl_coef,
                                           estimator=rl.kl_estimator)
     x = estimators.EstimatorInputs(rewards, loss_mask, values, group, dialogue)
-    advantages, returns = estimators.ESTIMATORS[rl.estimator](rl, x)
+    advantages, returns = rl.estimator_kind.function(rl, x)
     if rl.turn_credit_weight:
         advantages = estimators.turn_credit(rl, advantages, loss_mask, group, batch["turn"], batch["turn_rewards"],
                                             batch["turn_scored"])
@@ -160,38 +160,11 @@ def estimate(rl: RLSettings, batch: dict, values: jax.Array | None = None, old_l
     return out, metrics
 
 
-def _sequence_advantages(advantages: jax.Array, mask: jax.Array) -> jax.Array:
-    """[B, T] each row's mean advantage over its policy tokens, on every token: GSPO's one advantage
-    per sequence (equal to the tokens' own for outcome estimators)."""
-    return jnp.broadcast_to(adv_lib.masked_mean(advantages, mask, axis=-1)[:, None], advantages.shape)
-
-
-PolicyLoss = Callable[[RLSettings, jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, dict]]
-# (rl, log-probs, old log-probs, advantages, mask) -> (per-token loss [B, T], metrics), by
-# config.rl.policy_loss; the aggregation modes each admits: loss_modes.POLICY_LOSS_AGG_MODES.
-POLICY_LOSSES: dict[str, PolicyLoss] = {
-    # PPO's clipped surrogate (`clip_eps_low`, `clip_eps_high`: DAPO's clip-higher; `dual_clip`)
-    "ppo": lambda rl, lp, old, adv, mask: losses.ppo_policy_loss(
-        lp, old, adv, mask, clip_eps_low=rl.clip_eps_low, clip_eps_high=rl.clip_eps_high,
-        dual_clip=rl.dual_clip or None),
-    # GSPO: the row's length-normalised ratio and one advantage per row (the mean of its tokens')
-    "gspo": lambda rl, lp, old, adv, mask: losses.gspo_policy_loss(
-        lp, old, _sequence_advantages(adv, mask), mask, clip_eps_low=rl.gspo_clip_eps_low,
-        clip_eps_high=rl.gspo_clip_eps_high),
-    # GSPO-token: the row's ratio with each token's own advantage (turn credit, token returns)
-    "gspo_token": lambda rl, lp, old, adv, mask: losses.gspo_policy_loss(
-        lp, old, adv, mask, clip_eps_low=rl.gspo_clip_eps_low, clip_eps_high=rl.gspo_clip_eps_high),
-    # CISPO: the importance weight truncated at 1 + cispo_clip_eps_high, stop-gradient
-    "cispo": lambda rl, lp, old, adv, mask: losses.cispo_policy_loss(
-        lp, old, adv, mask, clip_eps_high=rl.cispo_clip_eps_high),
-}
-
-
 def _actor_loss(rl: RLSettings, cfg: Qwen2Config, params, mb):
     lp, ent = token_logprobs(cfg, params, mb["tokens"], mb["attention_mask"], with_entropy=True,
                              positions=mb["policy_positions"], chunk=rl.logprob_chunk)
     mask, w = mb["policy_mask"], mb["weights"]
-    pg, pg_metrics = POLICY_LOSSES[rl.policy_loss](rl, lp, mb["old_logprobs"], mb["advantages"], mask)
+    pg, pg_metrics = rl.policy_loss_kind.function(rl, lp, mb["old_logprobs"], mb["advantages"], mask)
     if rl.off_policy_kind.weighs:  # the correction to the sampling policy (correct_off_policy)
         pg = pg * mb["is_weights"]
     loss = jnp.sum(pg * w) - rl.entropy_coef * jnp.sum(ent * w)

@@ -43,14 +43,18 @@ def tiny_tokenizer(directory: pathlib.Path) -> chat.ChatTokens:
     return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(directory))
 
 
-def tokenizer_for(model: ModelSource, workdir: pathlib.Path) -> chat.ChatTokens:
-    """The tokenizer of `model`; a random-init run without a path builds one in WORKDIR/tokenizer."""
+def tokenizer_for(model: ModelSource, workdir: pathlib.Path, *, build: bool = True) -> chat.ChatTokens:
+    """The tokenizer of `model`: its tokenizer_path's, or its path's; a random-init run's without a
+    path is WORKDIR/tokenizer, built there when missing (`build`: training; evaluation reads the one
+    its run trained with)."""
     path = model.tokenizer_path or model.path
     if not path:
         if not model.random_init:
             raise ValueError("config.model.path is empty: set --config.model.path=/path/to/Qwen2.5-7B-Instruct "
                              "(a local Hugging Face directory), or use a :tiny config for a random CPU model")
-        return tiny_tokenizer(workdir / "tokenizer")
+        if build:
+            return tiny_tokenizer(workdir / "tokenizer")
+        path = workdir / "tokenizer"
     return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(path))
 
 
@@ -63,7 +67,7 @@ def policy_architecture(model: ModelSource, any_preset: bool = False) -> Qwen2Co
         if not cfg_file.exists():
             raise FileNotFoundError(f"{cfg_file}: not found; config.model.path must be a Hugging Face model directory"
                                     + smollm2.missing_hint(model.path))
-        return hf_io.config_from_hf(json.loads(cfg_file.read_text()), **overrides)
+        return hf_io.config_from_hf(json.loads(cfg_file.read_text()), str(cfg_file), **overrides)
     if not model.random_init and not any_preset:
         raise ValueError(f"config.model.path is empty for preset {model.preset!r}: set "
                          "--config.model.path to a local Hugging Face directory (config.model.random_init is for tiny models)")

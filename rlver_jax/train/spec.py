@@ -5,7 +5,7 @@ loop, rollout, sampling, simulator, the in-loop evaluation, data, tracking) into
 of the packages that use them, each checked by its own constructor; one ValueError names every bad
 field. Nothing below this module takes the config: the run (rlver_jax.train.run), the abstract run
 (rlver_jax.train.abstract_run), the planner and the evaluation's checkpoint loading take these specs.
-A run's config.json is read back through `model_source` and `lora_settings` (rlver_jax.eval).
+A run's config.json is read back (`saved_config`) through `model_source` and `lora_settings` (rlver_jax.eval).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import ml_collections
 
 from rlver_jax.checks import InputError, build_all, check_ranges
 from rlver_jax.models import smollm2
-from rlver_jax.models.lora_settings import LoraSettings
+from rlver_jax.models.lora_settings import TARGETS, LoraSettings
 from rlver_jax.rl.batch import minibatch_unit
 from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rollout.episodes import RolloutSettings
@@ -305,6 +305,22 @@ def model_source(config: ml_collections.ConfigDict) -> ModelSource:
 def lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
     """config.lora, typed (full fine-tuning where a config has no such section)."""
     return LoraSettings.from_config(config.lora) if "lora" in config else LoraSettings()
+
+
+# Fields added to the training config since the first runs, with the values those runs trained with
+# (the Qwen2Config defaults of the time), by config section.
+_ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0},
+                 "lora": {"rank": 0, "alpha": 16.0, "targets": ",".join(TARGETS), "base_dtype": "float32",
+                          "lr_multiplier": 10.0, "modules_to_save": ""}}
+
+
+def saved_config(run_dir: pathlib.Path) -> ml_collections.ConfigDict:
+    """The config.json a run wrote in `run_dir` (rlver_jax.train.run), with the fields added since it
+    was written filled in, so that its readers (`model_source`, `lora_settings`) read every field."""
+    fields = json.loads((run_dir / "config.json").read_text())
+    for section, added in _ADDED_FIELDS.items():
+        fields[section] = {**added, **fields.get(section, {})}
+    return ml_collections.ConfigDict(fields)
 
 
 # ----------------------------------------------------------------------------- a run's identity
