@@ -107,7 +107,7 @@ def bench(chat_tokens: chat.ChatTokens, spec: str) -> list[str]:
     rows = []
     for mode in _SIDES.value:
         seqs = dialogues(chat_tokens, n, turns, drop=mode == "drop")
-        batch = collate(seqs, batch_size=n, reward_mode="final", length_multiple=_LENGTH.value)
+        batch = collate(seqs, batch_size=n, length_multiple=_LENGTH.value)
         rl = RLSettings(algo="grpo", mini_batch_size=n, micro_batch_size=min(_MICRO.value, n), batch_size=n,
                                 entropy_coef=0.001, loss_agg_mode="seq_mean_token_mean")
         opt = (make_optimizer(OptimSettings(), total_steps=100) if _OPTIMIZER.value == "adamw"

@@ -168,7 +168,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.algo = algo
     c.rl.estimator = ""  # "" = the algorithm's; gae | grpo | rloo | reinforce_pp | reinforce_pp_baseline
     c.rl.policy_loss = ""  # "" = the algorithm's; ppo | gspo | gspo_token | cispo
-    c.rl.reward_mode = "final"  # final (paper): final emotion / 100; per_turn: emotion changes
+    # a row of rlver_jax/rollout/rewards.py: final (paper): final emotion / 100; per_turn: emotion changes
+    c.rl.reward_mode = "final"
     c.rl.gamma = 1.0  # GAE discount over policy tokens
     c.rl.lam = 1.0  # GAE lambda
     c.rl.whiten_advantages = True  # PPO: normalise GAE advantages over the batch's policy tokens

@@ -5,6 +5,7 @@ import asyncio
 import dataclasses
 
 from rlver_jax.rl import dynamic_sampling, settings
+from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
 
 
@@ -16,9 +17,9 @@ class _Request:  # the fields of rollout.episodes.EpisodeRequest that refill rea
 
 
 def _seq(request, final, error=False):
-    return DialogueSequence(profile_id=request.profile, group=request.group, tokens=[1, 2], policy_mask=[0, 1],
-                            logprobs=[0.0, 0.0], turn_ends=[1], emotions=[30.0, final], end_reason="turn_limit",
-                            simulator_error=error, simulator_state={"index": request.index})
+    return score(DialogueSequence(profile_id=request.profile, group=request.group, tokens=[1, 2], policy_mask=[0, 1],
+                                  logprobs=[0.0, 0.0], turn_ends=[1], emotions=[30.0, final], end_reason="turn_limit",
+                                  simulator_error=error, simulator_state={"index": request.index}), "final")
 
 
 # A profile's dialogues: "split" ones end apart, "flat" ones alike.
@@ -31,7 +32,7 @@ def test_groups_without_signal():
     seqs = [_seq(reqs[0], 40), _seq(reqs[1], 60), _seq(reqs[2], 40), _seq(reqs[3], 40), _seq(reqs[4], 40),
             _seq(reqs[5], 90, error=True), _seq(reqs[6], 70)]
     # group 1: equal rewards; group 2: one trainable dialogue; group 3: a group of one
-    assert dynamic_sampling.groups_without_signal(seqs, "final") == {1, 2, 3}
+    assert dynamic_sampling.groups_without_signal(seqs) == {1, 2, 3}
 
 
 def test_refill_replaces_groups_without_signal_in_their_slots():
@@ -49,14 +50,14 @@ def test_refill_replaces_groups_without_signal_in_their_slots():
     def profile(retry, group):
         return "split1" if (group, retry) == (1, 2) else f"flat{group}.{retry}"
 
-    out, stats = asyncio.run(dynamic_sampling.refill(run, requests, first, retries=2, reward_mode="final", stride=6,
+    out, stats = asyncio.run(dynamic_sampling.refill(run, requests, first, retries=2, stride=6,
                                                      profile=profile))
     assert calls == [[("flat1.1", 1, 8), ("flat1.1", 1, 9), ("flat2.1", 2, 10), ("flat2.1", 2, 11)],
                      [("split1", 1, 14), ("split1", 1, 15), ("flat2.2", 2, 16), ("flat2.2", 2, 17)]]
     assert [s.profile_id for s in out] == ["split0", "split0", "split1", "split1", "first2", "first2"]
     assert [s.group for s in out] == [0, 0, 1, 1, 2, 2]
     assert stats == {"resampled": 2, "refilled": 1, "retries": 2}
-    assert dynamic_sampling.groups_without_signal(out, "final") == {2}
+    assert dynamic_sampling.groups_without_signal(out) == {2}
 
 
 def test_refill_step_is_off_unless_the_settings_ask_and_draws_are_pure():

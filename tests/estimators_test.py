@@ -7,6 +7,7 @@ import pytest
 
 from rlver_jax.rl import estimators, settings
 from rlver_jax.rl.batch import collate
+from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
 from tests import verl_reference as ref
 
@@ -20,13 +21,13 @@ def _seq(group, turn_lengths, emotions, rows="one", ctx=2):
         tokens += [1] * ctx + [2] * n
         mask += [0] * ctx + [1] * n
         ends.append(len(tokens) - 1)
-    return DialogueSequence(profile_id=f"p{group}", group=group, tokens=tokens, policy_mask=mask,
-                            logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions, end_reason="turn_limit",
-                            row_starts=starts or [0])
+    return score(DialogueSequence(profile_id=f"p{group}", group=group, tokens=tokens, policy_mask=mask,
+                                  logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions,
+                                  end_reason="turn_limit", row_starts=starts or [0]), "final")
 
 
 def _arrays(seqs, slots):
-    b = collate(seqs, batch_size=slots, reward_mode="final", length_multiple=4)
+    b = collate(seqs, batch_size=slots, length_multiple=4)
     return b, {k: jnp.asarray(v) for k, v in b.arrays().items()}
 
 

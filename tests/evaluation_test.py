@@ -54,7 +54,7 @@ def test_transcripts_are_appended_as_they_end_and_written_at_the_end(tmp_path):
     appended = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert sorted(appended, key=lambda r: r["group"]) == [_json(s.to_record()) for s in seqs]
     written = [json.loads(line) for line in (tmp_path / "run" / "eval_000007.jsonl").read_text().splitlines()]
-    assert written == [_json({**s.to_record(), "reward": s.reward, "step": 7}) for s in seqs]
+    assert written == [_json({**s.to_record(), "step": 7}) for s in seqs]
 
 
 def _json(record):

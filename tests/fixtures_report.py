@@ -51,7 +51,7 @@ def summary_of(transcripts):
 
 def make_transcripts(scripts, profiles=None, n=1, think=False, eval_mode=True, max_turns=4, step=None):
     """Real transcript records: len(profiles) x n dialogues (GRPO groups of n), dialogue k
-    following scripts[k]; with `step`, the reward and step a training run adds."""
+    following scripts[k]; with `step`, the step a training run adds."""
     cfg = get_simulator_config(eval_mode=eval_mode)
     cfg.backend, cfg.max_turns = "embedded", max_turns
     profiles = profiles if profiles is not None else load_profiles()[:len(scripts)]
@@ -61,7 +61,7 @@ def make_transcripts(scripts, profiles=None, n=1, think=False, eval_mode=True, m
     seqs = asyncio.run(runner.run(requests))
     if step is None:
         return [s.to_record() for s in seqs]
-    return [{**s.to_record(), "reward": s.reward, "step": step} for s in seqs]
+    return [{**s.to_record(), "step": step} for s in seqs]
 
 
 def fixture_profiles():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from rlver_jax.rl.batch import collate
+from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
 
 
@@ -29,16 +30,16 @@ def random_policy_mask(rng: np.random.Generator, batch: int, length: int) -> np.
 
 
 def dialogue(rng, group, emotions, n_turns=2, ctx=5, turn=4, format_failure=False):
-    """Tokens: [ctx user tokens][turn policy tokens] repeated n_turns times."""
+    """Tokens: [ctx user tokens][turn policy tokens] repeated n_turns times; the paper's reward ("final")."""
     tokens, mask, ends = [], [], []
     for _ in range(n_turns):
         tokens += list(rng.integers(1, 500, ctx)); mask += [0] * ctx
         tokens += list(rng.integers(1, 500, turn)); mask += [1] * turn
         ends.append(len(tokens) - 1)
-    return DialogueSequence(
+    return score(DialogueSequence(
         profile_id=f"p{group}", group=group, tokens=tokens, policy_mask=mask,
         logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions,
-        end_reason="format_failure" if format_failure else "turn_limit", format_failure=format_failure)
+        end_reason="format_failure" if format_failure else "turn_limit", format_failure=format_failure), "final")
 
 
 def training_batch():
@@ -46,4 +47,4 @@ def training_batch():
     rng = np.random.default_rng(1)
     seqs = [dialogue(rng, 0, [30.0, 60.0, 90.0]), dialogue(rng, 0, [30.0, 20.0, 5.0]),
             dialogue(rng, 1, [30.0, 40.0, 70.0]), dialogue(rng, 1, [30.0, 10.0, 0.0])]
-    return collate(seqs, batch_size=4, reward_mode="final", length_multiple=8)
+    return collate(seqs, batch_size=4, length_multiple=8)

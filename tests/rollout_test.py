@@ -102,7 +102,7 @@ def test_random_policy_sequences_are_exact(chat_tokens, cache_slots):
             assert s.tokens[start - len(chat_tokens.assistant_header):start] == list(chat_tokens.assistant_header)
         assert not np.asarray(s.logprobs)[~mask].any()
     # Recorded sampling log-probs equal a fresh forward pass over the whole sequence.
-    batch = collate(seqs, batch_size=4, reward_mode="final", length_multiple=64)
+    batch = collate(seqs, batch_size=4, length_multiple=64)
     lp = np.asarray(token_logprobs(cfg, params, jnp.asarray(batch.tokens), jnp.asarray(batch.attention_mask)))
     m = batch.policy_mask > 0
     np.testing.assert_allclose(batch.sample_logprobs[m], lp[m], atol=1e-4)
@@ -317,7 +317,7 @@ def test_drop_history_rows_equal_the_chat_template(chat_tokens):
         assert start <= turn_end < end and seq.tokens[turn_end] == chat_tokens.im_end
         # The request of turn k was exactly the row's prompt.
         assert policy.requests[k].prompt_ids == reference["input_ids"][:prompt_len]
-    batch = collate([seq], batch_size=2, reward_mode="final", length_multiple=16)
+    batch = collate([seq], batch_size=2, length_multiple=16)
     assert batch.tokens.shape[0] == 4 and batch.dialogue.tolist() == [0, 0, 0, 7]
     for b, (start, end) in enumerate(seq.rows):  # the dialogue's final reward on each row's last token
         assert np.flatnonzero(batch.rewards[b]).tolist() == [seq.turn_ends[b] - start]

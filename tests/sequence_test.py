@@ -1,11 +1,12 @@
-"""The dialogue record: its reward, and its transcript (to_record / from_record) as JSON."""
+"""The dialogue record: its transcript (to_record / from_record) as JSON, with the reward stored on it."""
 
 import dataclasses
 import json
 
 import pytest
 
-from rlver_jax.rollout.sequence import RECORD_KEYS, DialogueSequence
+from rlver_jax.rollout.rewards import score
+from rlver_jax.rollout.sequence import RECORD_KEYS, REWARD_KEYS, DialogueSequence
 
 TURN = {"turn": 1, "raw": "<think>hm</think>Oh no.", "thinking": "hm", "reply": "Oh no.", "stopped": True,
         "format_ok": True, "change": 8, "emotion": 38, "band": "C", "simulator_thoughts": "kind", "user": "Yes."}
@@ -26,23 +27,40 @@ def test_record_is_the_transcript_format():
     assert _dialogue().to_record() == {
         "profile_id": "p-1", "group": 2, "language": "en", "end_reason": "turn_limit", "final_emotion": 38,
         "emotions": [30, 38], "turns": [TURN], "messages": MESSAGES, "format_failure": False, "truncated": False,
-        "simulator_error": False, "simulator_state": {"emotion": 38, "done": True}, "policy_version": 7}
-    assert tuple(_dialogue().to_record()) == RECORD_KEYS
+        "simulator_error": False, "simulator_state": {"emotion": 38, "done": True}, "policy_version": 7,
+        "reward": None, "episode_rewards": None, "turn_rewards": None}
+    assert tuple(_dialogue().to_record()) == RECORD_KEYS + REWARD_KEYS
+    assert score(_dialogue(), "final").to_record() == {**_dialogue().to_record(), "reward": pytest.approx(0.38),
+                                                       "episode_rewards": [pytest.approx(0.38)],
+                                                       "turn_rewards": [pytest.approx(0.08)]}
 
 
 def test_round_trip_through_json_keeps_all_but_the_token_view():
-    seq = _dialogue(truncated=True, format_failure=True)
-    line = json.dumps({**seq.to_record(), "reward": seq.reward, "step": 3})  # as the training logs write it
+    seq = score(_dialogue(truncated=True, format_failure=True), "per_turn")
+    line = json.dumps({**seq.to_record(), "step": 3})  # as the training logs write it
     back = DialogueSequence.from_record(json.loads(line))
     assert back == dataclasses.replace(seq, tokens=[], policy_mask=[], logprobs=[], turn_ends=[])
     assert back.to_record() == seq.to_record() and not back.trainable
+    assert (back.reward, back.turn_rewards) == (pytest.approx(0.38), pytest.approx([0.08]))
 
 
-def test_reward_is_final_emotion_over_100():
-    assert _dialogue().reward == pytest.approx(0.38)
-    assert _dialogue(emotions=[30, -4]).reward == 0.0  # clipped at 0
-    assert _dialogue(format_failure=True, end_reason="format_failure").reward == 0.0  # format_failure "end"
-    assert _dialogue(format_failure=True).reward == pytest.approx(0.38)  # "continue": the reward stays
+def test_the_stored_reward_survives_the_processes_exchange():
+    """Processes exchange dialogues as JSON of dataclasses.asdict (rlver_jax.train.loop, parallel.hosts):
+    the token view and the reward, with its turns without one (None), come back equal. Its second
+    turn was cut (truncated): the user never answered it."""
+    seq = score(_dialogue(turns=[TURN, TURN], tokens=[4, 5, 6, 7], policy_mask=[0, 1, 0, 1], logprobs=[0.0] * 4,
+                          turn_ends=[1, 3], truncated=True, end_reason="truncated"), "final")
+    assert seq.reward == pytest.approx(0.38) and seq.episode_rewards == [None, pytest.approx(0.38)]
+    assert seq.turn_rewards == [pytest.approx(0.08), None]
+    assert DialogueSequence(**json.loads(json.dumps(dataclasses.asdict(seq)))) == seq
+
+
+def test_records_written_before_rewards_were_stored_still_load():
+    """A benchmark transcript of then has no reward; a training one, the reward alone."""
+    record = {k: v for k, v in _dialogue().to_record().items() if k in RECORD_KEYS}
+    old = DialogueSequence.from_record(record)
+    assert (old.reward, old.episode_rewards, old.turn_rewards) == (None, None, None)
+    assert DialogueSequence.from_record({**record, "reward": 0.38, "step": 2}).reward == 0.38
 
 
 def test_from_record_rejects_what_to_record_never_wrote():

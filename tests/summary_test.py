@@ -4,15 +4,17 @@ import math
 
 import pytest
 
+from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.summary import reference_metrics, rollout_metrics, summarize
 
 
 def dialogue(pid, emotions, end_reason, turns, tokens, reply="I hear you. Go on.", **flags):
-    return DialogueSequence(profile_id=pid, group=0, tokens=[1] * tokens, policy_mask=[1] * tokens,
-                            logprobs=[0.0] * tokens, turn_ends=[tokens - 1], emotions=emotions, end_reason=end_reason,
-                            turns=[{"turn": i + 1, "reply": f"{reply} ({i + 1})"} for i in range(turns)],
-                            language="en", **flags)
+    return score(DialogueSequence(profile_id=pid, group=0, tokens=[1] * tokens, policy_mask=[1] * tokens,
+                                  logprobs=[0.0] * tokens, turn_ends=[tokens - 1], emotions=emotions,
+                                  end_reason=end_reason, language="en", **flags,
+                                  turns=[{"turn": i + 1, "reply": f"{reply} ({i + 1})"} for i in range(turns)]),
+                 "final")
 
 
 # Final emotions 100, 0, 40, (55), 60; rewards 1, 0, 0 (format failure), (-), 0.6; turns 2, 2, 3, 1, 1;

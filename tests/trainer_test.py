@@ -18,6 +18,7 @@ from rlver_jax.rl.optimizer import Optimizer, make_optimizer
 from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs, token_values
+from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
 from tests import verl_reference
 from tests.rl_helpers import dialogue
@@ -45,7 +46,7 @@ def _batch():
     rng = np.random.default_rng(1)
     seqs = [dialogue(rng, 0, [30.0, 60.0, 90.0]), dialogue(rng, 0, [30.0, 20.0, 5.0]),
             dialogue(rng, 1, [30.0, 40.0, 70.0]), dialogue(rng, 1, [30.0, 10.0, 0.0])]
-    return collate(seqs, batch_size=4, reward_mode="final", length_multiple=8)
+    return collate(seqs, batch_size=4, length_multiple=8)
 
 
 def _policy_logprob(cfg, params, batch):
@@ -91,8 +92,7 @@ def test_grpo_dialogue_advantages_are_the_group_normalised_rewards():
     finals = [90.0, 5.0, 70.0, 0.0]
     seqs = [dialogue(rng, 0, [30.0, 50.0, f]) for f in finals]
     _, state, program = _setup("grpo", micro=2)
-    state, _, advantages = rl_program.train_on_batch(program, state, collate(seqs, batch_size=4, reward_mode="final",
-                                                                          length_multiple=8))
+    state, _, advantages = rl_program.train_on_batch(program, state, collate(seqs, batch_size=4, length_multiple=8))
     r = np.array(finals) / 100
     assert advantages.shape == (8,)
     np.testing.assert_allclose(advantages[:4], (r - r.mean()) / (r.std(ddof=1) + 1e-6), rtol=1e-5)
@@ -276,9 +276,9 @@ def _turn_rowsdialogue(rng, group, emotions, n_turns):
         tokens += seq.tokens
         mask += seq.policy_mask
         ends.append(len(tokens) - 1)
-    return DialogueSequence(profile_id=seq.profile_id, group=group, tokens=tokens, policy_mask=mask,
-                            logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions,
-                            end_reason="turn_limit", row_starts=starts)
+    return score(DialogueSequence(profile_id=seq.profile_id, group=group, tokens=tokens, policy_mask=mask,
+                                  logprobs=[0.0] * len(tokens), turn_ends=ends, emotions=emotions,
+                                  end_reason="turn_limit", row_starts=starts), "final")
 
 
 def test_grpo_on_turn_rows_normalises_over_dialogues():
@@ -289,7 +289,7 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     rng = np.random.default_rng(3)
     seqs = [_turn_rowsdialogue(rng, 0, [30.0, 90.0], 3), _turn_rowsdialogue(rng, 0, [30.0, 10.0], 1),
             _turn_rowsdialogue(rng, 1, [30.0, 70.0], 2), _turn_rowsdialogue(rng, 1, [30.0, 70.0], 2)]
-    batch = collate(seqs, batch_size=4, reward_mode="final", length_multiple=8)
+    batch = collate(seqs, batch_size=4, length_multiple=8)
     assert batch.tokens.shape[0] == 8 and batch.dialogue.tolist() == [0, 0, 0, 1, 2, 2, 3, 3]
     cfg = get_preset("tiny")
     actor = qwen2.init_params(cfg, jax.random.key(0))
@@ -308,7 +308,7 @@ def test_grpo_on_turn_rows_normalises_over_dialogues():
     assert int(state.step) == 1 and np.isfinite(metrics["policy_loss"])
     np.testing.assert_allclose(advantages[:4], [a, -a, 0, 0], atol=1e-5)  # a dialogue's, whatever its rows
     with pytest.raises(ValueError, match="and of the 4 dialogues per step"):
-        rl_program.train_on_batch(program, state, collate(seqs[:1], batch_size=3, reward_mode="final", length_multiple=8))
+        rl_program.train_on_batch(program, state, collate(seqs[:1], batch_size=3, length_multiple=8))
 def test_value_head_init_and_the_critic_loss_aggregation():
     """config.critic.value_head_init="normal": the head as transformers initialises the reference's
     token-classification head (kernel ~ N(0, initializer_range^2), zero bias), the body the actor's;
@@ -383,8 +383,8 @@ def test_optimizer_steps_count_row_mini_batches_and_skip_padding_only_ones():
     program = rl_program.make_update_program(program.rl, cfg, None, program.actor_opt, None)
     rng = np.random.default_rng(1)
     seqs = [dialogue(rng, 0, [30.0, 60.0]), dialogue(rng, 0, [30.0, 20.0]), dialogue(rng, 0, [30.0, 40.0])]
-    _, metrics, _ = rl_program.train_on_batch(program, state, collate(seqs, batch_size=4, reward_mode="final",
-                                                                   length_multiple=8, rows=6, row_multiple=2))
+    _, metrics, _ = rl_program.train_on_batch(program, state, collate(seqs, batch_size=4, length_multiple=8,
+                                                                   rows=6, row_multiple=2))
     assert metrics["optimizer_steps"] == 2.0
 
 
@@ -438,7 +438,7 @@ _ROWS = ["grpo", "rloo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "rei
 def _formula_batch(algo):
     rng = np.random.default_rng(5)
     seqs = [dialogue(rng, d // 4, [30.0, 50.0, f], turn=_TURN[d]) for d, f in enumerate(_FINALS)]
-    batch = collate(seqs, batch_size=12, reward_mode="final", length_multiple=8)
+    batch = collate(seqs, batch_size=12, length_multiple=8)
     return batch, RLSettings(algo=algo, mini_batch_size=4, micro_batch_size=2, max_new_tokens=5, overlong_buffer=2)
 
 

@@ -88,7 +88,7 @@ def dialogue_view(t: Mapping[str, Any], index: int) -> dict[str, Any]:
         "opening_thoughts": records.get(0, {}).get("reply_thoughts", ""),
         "simulator_error": bool(t.get("simulator_error")), "error": state.get("error"),
         "format_failure": bool(t.get("format_failure")), "truncated": bool(t.get("truncated")),
-        "reward": t.get("reward"),  # training transcripts only
+        "reward": t.get("reward"),  # rollout.rewards; none in a benchmark transcript of before rewards were stored
     }
 
 

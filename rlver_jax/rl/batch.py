@@ -18,7 +18,6 @@ import numpy as np
 from rlver_jax.sampling.buckets import bucket
 from rlver_jax.rollout.sequence import DialogueSequence
 
-REWARD_MODES = ("final", "per_turn")
 log = logging.getLogger(__name__)
 
 
@@ -54,52 +53,43 @@ class TrainBatch:
         return {**dataclasses.asdict(self), "policy_positions": policy_positions(self.policy_mask, policy_tokens)}
 
 
-def _dialogue_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
-    """Reward per token index (of `seq.tokens`) of the dialogue as one episode (`token_rewards`)."""
-    if mode == "final":
-        return {seq.turn_ends[-1]: seq.reward}
-    if mode != "per_turn":
-        raise ValueError(f"config.rl.reward_mode={mode!r}; use one of {REWARD_MODES}")
-    dialogue = {}
-    for i, end in enumerate(seq.turn_ends):
-        if i + 1 < len(seq.emotions):
-            dialogue[end] = (seq.emotions[i + 1] - seq.emotions[i]) / 100.0
-    if seq.ended_by_format_failure:
-        dialogue[seq.turn_ends[-1]] = dialogue.get(seq.turn_ends[-1], 0.0) - seq.emotions[-1] / 100.0
-    return dialogue
+def _by_token(seq: DialogueSequence, rewards: list[float | None] | None) -> dict[int, float]:
+    """Per-turn rewards stored on `seq` (rollout.sequence: `episode_rewards` or `turn_rewards`) by
+    the index in `seq.tokens` of each turn's last policy token; turns without one left out."""
+    if rewards is None:
+        raise ValueError(f"dialogue {seq.profile_id} carries no reward: rollouts score each dialogue as it ends "
+                         "(rlver_jax.rollout.rewards.score)")
+    if len(rewards) != len(seq.turn_ends):
+        raise ValueError(f"dialogue {seq.profile_id}: {len(rewards)} turn rewards for {len(seq.turn_ends)} turn ends")
+    return {end: r for end, r in zip(seq.turn_ends, rewards) if r is not None}
 
 
-def token_rewards(seq: DialogueSequence, mode: str) -> dict[int, float]:
-    """Reward per token index (of `seq.tokens`).
-
-    final: the paper's reward (final emotion / 100, clipped at 0) on the last policy token.
-    per_turn: each scored turn's emotion change / 100 on that turn's last policy token, so GAE
-      credits the turn that moved the user. A format failure puts -(emotion before it) / 100 on
-      the failed turn, so the dialogue's return is (0 - initial emotion) / 100: the final mode's
-      reward of 0 minus the same constant as every other dialogue.
+def token_rewards(seq: DialogueSequence) -> dict[int, float]:
+    """Reward per token index (of `seq.tokens`): the dialogue's stored `episode_rewards`, each on
+    its turn's last policy token (its reward source's, rlver_jax.rollout.rewards: the final
+    emotion's on the last turn, or each turn's emotion change).
     With one row per turn (think_history "drop") each row is its own episode, so its last
     policy token gets the dialogue's return from that turn on (the sum of the rewards above at
     this and later turns): with "final" every turn row carries the dialogue's final reward, as
     in the reference.
     """
-    dialogue = _dialogue_rewards(seq, mode)
+    dialogue = _by_token(seq, seq.episode_rewards)
     if len(seq.rows) <= 1:
         return dialogue
     return {end: sum(r for idx, r in dialogue.items() if idx >= end) for end in seq.turn_ends}
 
 
-def dialogue_return(seq: DialogueSequence, mode: str) -> float:
-    """The dialogue's rewards summed (its first row's, whatever its rows): the score an outcome
-    estimator compares, before any shaping."""
-    return float(sum(_dialogue_rewards(seq, mode).values()))
+def dialogue_return(seq: DialogueSequence) -> float:
+    """The dialogue's episode rewards summed (its first row's, whatever its rows): the score an
+    outcome estimator compares, before any shaping."""
+    return float(sum(_by_token(seq, seq.episode_rewards).values()))
 
 
 def turn_rewards(seq: DialogueSequence) -> dict[int, float]:
-    """Each scored turn's own reward, on its last policy token (by index of `seq.tokens`): the
-    per_turn mode's rewards of the dialogue as one episode (the emotion change / 100; a turn a
-    format failure ended, -(emotion before it) / 100), never summed over later turns, whatever
-    the rows: the turn-level credit compares each turn with the turns at its position."""
-    return _dialogue_rewards(seq, "per_turn")
+    """Each scored turn's own reward (the stored `turn_rewards`), on its last policy token (by index
+    of `seq.tokens`), never summed over later turns, whatever the rows: the turn-level credit
+    compares each turn with the turns at its position."""
+    return _by_token(seq, seq.turn_rewards)
 
 
 def turn_index(seq: DialogueSequence) -> np.ndarray:
@@ -170,7 +160,6 @@ def collate(
     sequences: Sequence[DialogueSequence],
     *,
     batch_size: int,
-    reward_mode: str,
     length_multiple: int = 128,
     pad_id: int = 0,
     rows: int | None = None,
@@ -179,7 +168,8 @@ def collate(
     padding_ids: int | None = None,
     row_multiple: int | None = None,
 ) -> TrainBatch:
-    """Stack the rows of `sequences` (at most batch_size trainable dialogues) into a TrainBatch.
+    """Stack the rows of `sequences` (at most batch_size trainable dialogues) into a TrainBatch,
+    with the rewards stored on each (`token_rewards`, `turn_rewards`).
 
     batch_size counts dialogue slots; the batch has `rows` rows (default `batch_rows`; a
     multiple of `row_multiple`, default batch_size: several hosts pass the largest of theirs, so
@@ -217,7 +207,7 @@ def collate(
     b = 0
     ids = range(len(sequences)) if dialogue_ids is None else dialogue_ids
     for d, seq in zip(ids, sequences):
-        rewards, per_turn, turns = token_rewards(seq, reward_mode), turn_rewards(seq), turn_index(seq)
+        rewards, credit, turns = token_rewards(seq), turn_rewards(seq), turn_index(seq)
         for start, end in seq.rows:
             n = end - start
             batch.tokens[b, :n] = seq.tokens[start:end]
@@ -229,7 +219,7 @@ def collate(
             for idx, r in rewards.items():
                 if start <= idx < end:
                     batch.rewards[b, idx - start] = r
-            for idx, r in per_turn.items():
+            for idx, r in credit.items():
                 if start <= idx < end:
                     batch.turn_rewards[b, idx - start], batch.turn_scored[b, idx - start] = r, 1.0
             b += 1
@@ -244,7 +234,6 @@ class StepCollation:
 
     batch_size: int  # dialogues per step when mini-batches are cut in dialogues; 0: in rows
     mini_batch_size: int
-    reward_mode: str
     length_multiple: int  # the rows' length bucket
     pad_id: int
     dialogue_process: np.ndarray  # [dialogues of a step] the process holding each one's rows
@@ -273,6 +262,6 @@ class StepCollation:
             log.info("step %d: batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues "
                      "alone: T=%d, %d)", step, length, policy_tokens, rows, bucket(alone[0], multiple=self.length_multiple),
                      alone[1])
-        return collate([s for _, s in mine], batch_size=share, reward_mode=self.reward_mode, rows=rows,
-                       length=length, dialogue_ids=[d for d, _ in mine], padding_ids=rows * self.processes,
-                       pad_id=self.pad_id, row_multiple=multiple), policy_tokens
+        return collate([s for _, s in mine], batch_size=share, rows=rows, length=length,
+                       dialogue_ids=[d for d, _ in mine], padding_ids=rows * self.processes, pad_id=self.pad_id,
+                       row_multiple=multiple), policy_tokens

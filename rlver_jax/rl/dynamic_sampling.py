@@ -28,14 +28,14 @@ from rlver_jax.rollout.sequence import DialogueSequence
 log = logging.getLogger(__name__)
 
 
-def groups_without_signal(dialogues: Sequence[DialogueSequence], reward_mode: str) -> set[int]:
+def groups_without_signal(dialogues: Sequence[DialogueSequence]) -> set[int]:
     """The group ids of `dialogues` whose trainable dialogues are fewer than two or all return the
-    same (rlver_jax.rl.batch.dialogue_return, the score the update compares)."""
+    same (rlver_jax.rl.batch.dialogue_return of their stored rewards, the score the update compares)."""
     returns: dict[int, list[float]] = {}
     for seq in dialogues:
         returns.setdefault(seq.group, [])
         if seq.trainable:
-            returns[seq.group].append(dialogue_return(seq, reward_mode))
+            returns[seq.group].append(dialogue_return(seq))
     return {g for g, r in returns.items() if len(r) < 2 or len(set(r)) < 2}
 
 
@@ -46,7 +46,7 @@ def refill_profile(profiles: Sequence[Any], seed: int, step: int, retry: int, gr
 
 
 async def refill(run: Callable[[list[Any]], Awaitable[list[DialogueSequence]]], requests: Sequence[Any],
-                 dialogues: list[DialogueSequence], *, retries: int, reward_mode: str, stride: int,
+                 dialogues: list[DialogueSequence], *, retries: int, stride: int,
                  profile: Callable[[int, int], Any]) -> tuple[list[DialogueSequence], dict[str, int]]:
     """`dialogues` (the results of `requests`, rollout.episodes.EpisodeRequest, in order) with each
     group without signal replaced by the first of up to `retries` new samples that has some.
@@ -59,7 +59,7 @@ async def refill(run: Callable[[list[Any]], Awaitable[list[DialogueSequence]]], 
     Returns the dialogues and counts: `resampled` groups (tried again), `refilled` (replaced by a
     group with signal), `retries` (rounds run)."""
     dialogues = list(dialogues)
-    pending = groups_without_signal(dialogues, reward_mode)
+    pending = groups_without_signal(dialogues)
     stats = {"resampled": len(pending), "refilled": 0, "retries": 0}
     for retry in range(1, retries + 1):
         if not pending:
@@ -69,7 +69,7 @@ async def refill(run: Callable[[list[Any]], Awaitable[list[DialogueSequence]]], 
         again = [dataclasses.replace(requests[i], profile=drawn[requests[i].group], index=requests[i].index + retry * stride)
                  for i in slots]
         fresh = await run(again)
-        better = pending - groups_without_signal(fresh, reward_mode)
+        better = pending - groups_without_signal(fresh)
         for i, seq in zip(slots, fresh):
             if requests[i].group in better:
                 dialogues[i] = seq
@@ -88,6 +88,6 @@ async def refill_step(rl: Any, run: Callable[[list[Any]], Awaitable[list[Dialogu
     (rlver_jax.rl.settings.RLSettings) has dynamic sampling with retries; as they are otherwise."""
     if not (rl.dynamic_sampling and rl.dynamic_sampling_retries):
         return dialogues
-    out, _ = await refill(run, requests, dialogues, retries=rl.dynamic_sampling_retries, reward_mode=rl.reward_mode,
-                          stride=stride, profile=lambda retry, group: refill_profile(profiles, seed, step, retry, group))
+    out, _ = await refill(run, requests, dialogues, retries=rl.dynamic_sampling_retries, stride=stride,
+                          profile=lambda retry, group: refill_profile(profiles, seed, step, retry, group))
     return out

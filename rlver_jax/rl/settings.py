@@ -10,6 +10,7 @@ import dataclasses
 import math
 
 from rlver_jax.rl import algorithms, loss_modes
+from rlver_jax.rollout import rewards
 
 KL_MODES = ("loss", "reward")
 
@@ -27,7 +28,7 @@ class RLSettings:
     estimator: str = ""  # row; algorithms.ESTIMATORS
     policy_loss: str = ""  # row; loss_modes.POLICY_LOSSES
     loss_agg_mode: str = ""  # row; loss_modes.AGG_MODES
-    reward_mode: str = "final"
+    reward_mode: str = "final"  # a row of rlver_jax.rollout.rewards.REWARDS (the rollouts score by it)
     gamma: float = 1.0
     lam: float = 1.0
     whiten_advantages: bool = True
@@ -90,7 +91,7 @@ class RLSettings:
                   ("kl_estimator", self.kl_estimator, tuple(loss_modes.KL_ESTIMATORS)),
                   ("loss_agg_mode", self.loss_agg_mode, tuple(loss_modes.AGG_MODES)),
                   ("value_loss_agg_mode", self.value_loss_agg_mode, tuple(loss_modes.AGG_MODES)),
-                  ("reward_mode", self.reward_mode, ("final", "per_turn")),
+                  ("reward_mode", self.reward_mode, tuple(rewards.REWARDS)),
                   ("off_policy_correction", self.off_policy_correction, tuple(loss_modes.CORRECTIONS)),
                   ("off_policy_level", self.off_policy_level, loss_modes.LEVELS)]
         for name, value, valid in checks:

@@ -8,9 +8,10 @@ whose calls share the policy's device: while one group's dialogues wait on the s
 policy generates for another.
 
 Every dialogue becomes one DialogueSequence: its messages and turn records, plus, for a token
-policy, the training rows its history assembled (rollout.history). Each policy turn asks for the
-parameter version its run's schedule gives it (rollout.versions) and records the version that
-wrote it (`policy_version` of its turn record).
+policy, the training rows its history assembled (rollout.history), scored by the run's reward
+source (rollout.rewards) as it ends. Each policy turn asks for the parameter version its run's
+schedule gives it (rollout.versions) and records the version that wrote it (`policy_version` of
+its turn record).
 
 The dialogues of one GRPO group (requests sharing a group id) start from one opening: the
 simulator opens each group once and its n dialogues continue from that state (the reference
@@ -27,6 +28,7 @@ from typing import Any
 
 from rlver_jax.checks import check_ranges, named
 from rlver_jax.text import chat
+from rlver_jax.rollout import rewards
 from rlver_jax.rollout.history import THINK_HISTORIES, TextHistory, TokenHistory
 from rlver_jax.rollout.policy import Policy, PolicyTurn, TurnRequest
 from rlver_jax.rollout.prompts import system_prompt
@@ -118,13 +120,17 @@ class EpisodeRunner:
 
     chat_tokens: the token policy's chat tokens (its dialogues are TokenHistory), or None for a
     text policy (an OpenAI endpoint under evaluation; TextHistory).
+    reward_mode: the reward source every finished dialogue is scored by (a row of
+    rollout.rewards.REWARDS: config.rl.reward_mode in training; evaluation's, the paper's "final").
     """
 
     def __init__(self, policy: Policy, simulator: Simulator, chat_tokens: chat.ChatTokens | None,
-                 settings: RolloutSettings):
+                 settings: RolloutSettings, reward_mode: str = "final"):
         self.policy = policy
         self.simulator = simulator
         self.settings = settings
+        self.reward_mode = reward_mode
+        rewards.source(reward_mode)  # an unknown name fails here, before any dialogue is played
         drop = settings.drop_thoughts
         if chat_tokens is None:
             self._history = lambda: TextHistory(self.settings.max_new_tokens, drop)
@@ -276,11 +282,11 @@ class EpisodeRunner:
         # The version of its first (oldest) turn; with no policy turn, the schedule's first (no
         # version precedes 0: the first batches of a run want versions below it).
         version = episode.turns[0]["policy_version"] if episode.turns else max(versions.first, 0)
-        return DialogueSequence(
+        return rewards.score(DialogueSequence(
             profile_id=state.profile.id, group=episode.request.group, tokens=h.tokens,
             policy_mask=h.policy_mask, logprobs=h.logprobs, turn_ends=h.turn_ends, row_starts=h.row_starts,
             emotions=list(state.emotions), end_reason=episode.end_reason or "unknown",
             truncated=episode.truncated, format_failure=episode.format_failure,
             simulator_error=episode.end_reason == "simulator_error", policy_version=version,
             language=state.language, turns=episode.turns, messages=episode.messages,
-            simulator_state=state.to_dict())
+            simulator_state=state.to_dict()), self.reward_mode)

@@ -10,6 +10,9 @@ from typing import Any
 # The keys of a dialogue's record (its transcript line), in the order they are written.
 RECORD_KEYS = ("profile_id", "group", "language", "end_reason", "final_emotion", "emotions", "turns", "messages",
                "format_failure", "truncated", "simulator_error", "simulator_state", "policy_version")
+# Then its reward (rlver_jax.rollout.rewards); a record written before rewards were stored has none
+# ("reward" alone in a training transcript of then).
+REWARD_KEYS = ("reward", "episode_rewards", "turn_rewards")
 
 
 @dataclasses.dataclass
@@ -39,6 +42,13 @@ class DialogueSequence:
     messages: the conversation with the replies as the user read them (system, user, assistant
       replies as sent, a final goodbye); the policy's context with think_history "drop".
     simulator_state: the simulator's DialogueState.to_dict().
+
+    Its reward, as its source scored it where rollouts finished it (rlver_jax.rollout.rewards.score;
+    all None before, or in a transcript written before rewards were stored):
+    reward: the dialogue's reward (summaries, transcripts).
+    episode_rewards: per policy turn, the update's reward on its last policy token with the
+      dialogue as one episode (rlver_jax.rl.batch.token_rewards); None on a turn without one.
+    turn_rewards: per policy turn, its own reward for turn-level credit; None on an unscored turn.
     """
 
     profile_id: str
@@ -60,6 +70,9 @@ class DialogueSequence:
     row_starts: list[int] = dataclasses.field(default_factory=lambda: [0])
     # A turn beyond the staleness bound of its update: left out of training (rlver_jax.train.loop).
     stale: bool = False
+    reward: float | None = None
+    episode_rewards: list[float | None] | None = None
+    turn_rewards: list[float | None] | None = None
 
     @property
     def rows(self) -> list[tuple[int, int]]:
@@ -84,6 +97,11 @@ class DialogueSequence:
                 for i, m in enumerate(self.policy_mask) if m]
 
     @property
+    def policy_turns(self) -> int:
+        """Its policy turns: one per turn record (per turn end in a dialogue built without them)."""
+        return len(self.turns) or len(self.turn_ends)
+
+    @property
     def final_emotion(self) -> float:
         return self.emotions[-1] if self.emotions else 0.0
 
@@ -92,29 +110,20 @@ class DialogueSequence:
         return self.end_reason == "format_failure"
 
     @property
-    def reward(self) -> float:
-        """The paper's reward: final emotion / 100, clipped at 0; 0 for a dialogue a format failure
-        ended (rollout.format_failure "end"). Under "continue" the raw text reached the user and the
-        dialogue keeps its reward, as in the reference."""
-        if self.ended_by_format_failure:
-            return 0.0
-        return max(self.final_emotion, 0.0) / 100.0
-
-    @property
     def trainable(self) -> bool:
         """Dialogues the simulator failed on carry no reward signal and are left out, as are those
         sampled beyond the staleness bound (`stale`)."""
         return not self.simulator_error and not self.stale and bool(self.turn_ends)
 
     def to_record(self) -> dict[str, Any]:
-        """The transcript (JSON-serialisable; it shares this dialogue's lists): RECORD_KEYS, i.e.
-        every field but the token view, plus final_emotion."""
-        return {k: getattr(self, k) for k in RECORD_KEYS}
+        """The transcript (JSON-serialisable; it shares this dialogue's lists): RECORD_KEYS and
+        REWARD_KEYS, i.e. every field but the token view, plus final_emotion."""
+        return {k: getattr(self, k) for k in RECORD_KEYS + REWARD_KEYS}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> DialogueSequence:
-        """The dialogue of a transcript written by `to_record` (keys beyond RECORD_KEYS, such as the
-        training logs' reward and step, are ignored); its token view is empty."""
+        """The dialogue of a transcript written by `to_record` (REWARD_KEYS may be missing: None;
+        other keys, such as the training logs' step, are ignored); its token view is empty."""
         if missing := [k for k in RECORD_KEYS if k not in record]:
             raise ValueError(f"not a dialogue record: keys {missing} missing")
         seq = cls(profile_id=record["profile_id"], group=record["group"], tokens=[], policy_mask=[], logprobs=[],
@@ -122,7 +131,7 @@ class DialogueSequence:
                   truncated=record["truncated"], format_failure=record["format_failure"],
                   simulator_error=record["simulator_error"], policy_version=record["policy_version"],
                   language=record["language"], turns=list(record["turns"]), messages=list(record["messages"]),
-                  simulator_state=record["simulator_state"])
+                  simulator_state=record["simulator_state"], **{k: record.get(k) for k in REWARD_KEYS})
         if seq.final_emotion != record["final_emotion"]:
             raise ValueError(f"dialogue {seq.profile_id}: final_emotion {record['final_emotion']} is not the last "
                              f"of its emotions {seq.emotions}")

@@ -30,7 +30,9 @@ class DialogueSummary:
     success: int  # reached the emotion ceiling
     failure: int  # ended at the floor: the user left
     score: float  # mean final emotion
-    reward: float  # mean reward (final emotion / 100 clipped at 0; 0 for a format failure that ended it)
+    # mean reward, as stored on each dialogue (rollout.rewards; the emotion sources': final emotion / 100
+    # clipped at 0, 0 for a format failure that ended it), over those that carry one
+    reward: float
     scored_turns: float  # mean policy turns
     # Over all dialogues:
     turns: float  # mean policy turns
@@ -64,12 +66,13 @@ def summarize(dialogues: Sequence[DialogueSequence]) -> DialogueSummary:
     scored = [d for d in dialogues if is_scored(d)]
     n, m = len(dialogues), len(scored)
     errors = sum(d.simulator_error for d in dialogues)
+    rewards = [d.reward for d in scored if d.reward is not None]  # none on a record of before rewards were stored
     return DialogueSummary(
         dialogues=n, simulator_errors=errors, no_policy_turn=n - m - errors,
         success=sum(d.end_reason == "success" for d in scored),
         failure=sum(d.end_reason == "failure" for d in scored),
         score=_mean(sum(d.final_emotion for d in scored), m),
-        reward=_mean(sum(d.reward for d in scored), m),
+        reward=_mean(sum(rewards), len(rewards)),
         scored_turns=_mean(sum(len(d.turns) for d in scored), m),
         turns=_mean(sum(len(d.turns) for d in dialogues), n),
         tokens=_mean(sum(len(d.tokens) for d in dialogues), n),
@@ -99,7 +102,8 @@ def degenerate_replies(dialogues: Sequence[DialogueSequence]) -> dict[str, float
 
 
 def reference_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
-    """The reference trainer's reward statistics, beside ours, over the scored dialogues (0 over none):
+    """The reference trainer's reward statistics, beside ours, over the scored dialogues (0 over none),
+    of the rewards stored on them (rollout.rewards):
     the share with reward > 0.4; the reward's std within each GRPO group (unbiased, as torch.std; groups of
     two or more), averaged over groups; success (reward >= 1) and failure (reward < 0.1) counted per
     training row (in think mode with think_history "drop" every turn is a row carrying the dialogue's

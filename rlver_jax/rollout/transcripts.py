@@ -21,9 +21,10 @@ _NAME = re.compile(r"(?:train|eval)_(\d{6,})\.jsonl")
 def write_transcripts(directory: str | os.PathLike, step: int, sequences: Sequence[DialogueSequence],
                       prefix: str = "train", advantages: Sequence[float | None] | None = None) -> pathlib.Path:
     """`directory/{prefix}_{step:06d}.jsonl`: one dialogue per line (turns, thinking, replies,
-    user utterances, emotions, changes, simulator thoughts, flags, the reward, and with
-    `advantages` the advantage the trainer gave it: None for a dialogue left out of training)."""
-    records = [{**s.to_record(), "reward": s.reward, "step": step} for s in sequences]
+    user utterances, emotions, changes, simulator thoughts, flags, the rewards its source gave it,
+    rollout.rewards, and with `advantages` the advantage the trainer gave it: None for a dialogue
+    left out of training)."""
+    records = [{**s.to_record(), "step": step} for s in sequences]
     if advantages is not None:
         records = [{**r, "advantage": a} for r, a in zip(records, advantages, strict=True)]
     return atomic_write_jsonl(transcript_path(directory, step, prefix), records)

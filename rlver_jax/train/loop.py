@@ -510,7 +510,7 @@ def _rollout_buffer(run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
     batch's schedule (rollout.versions), dynamic sampling's refills too."""
     simulator = build_simulator(run.spec.simulator)
     policy = JaxPolicy(run.update.actor_cfg, run.chat, run.spec.sampling, None, train_state.step_keys(rng, start).rollout)
-    runner = EpisodeRunner(policy, simulator, run.chat, run.spec.rollout)
+    runner = EpisodeRunner(policy, simulator, run.chat, run.spec.rollout, run.spec.rl.reward_mode)
     k, n = run.spec.loop.profiles_per_step, run.spec.loop.n
 
     async def make_batch(index: int, versions: VersionSchedule, resolve: Resolve) -> list[DialogueSequence]:

@@ -275,7 +275,7 @@ def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
     state = offload.place(state, "rest", prog.offload, prog.shardings)  # where it waits between steps
     return Run(spec=spec, workdir=workdir, storage=storage, tracking=tracking_settings, chat=chat_tokens,
                train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh, own_dialogues=own,
-               collation=StepCollation(spec.rl.batch_size, spec.rl.mini_batch_size, spec.rl.reward_mode,
+               collation=StepCollation(spec.rl.batch_size, spec.rl.mini_batch_size,
                                        spec.loop.length_multiple, chat_tokens.end_of_text, owner,
                                        jax.process_index(), jax.process_count()),
                sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, spec.mesh.rules),

@@ -1,0 +1,89 @@
+"""Reward sources: what a finished dialogue earns, one row of `REWARDS` per source
+(`config.rl.reward_mode` names the row).
+
+A source scores a dialogue once, where rollouts finish it (rlver_jax.rollout.episodes.EpisodeRunner,
+as each dialogue ends, not after its batch), and `score` stores its `Reward` on the record
+(rlver_jax.rollout.sequence.DialogueSequence: `reward`, `episode_rewards`, `turn_rewards`), so it
+travels with the dialogue between processes and into its transcript. The collation
+(rlver_jax.rl.batch), dynamic sampling, the summaries and the transcripts read it there and never
+ask which source gave it: a new source is its function and its row here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from rlver_jax.rollout.sequence import DialogueSequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Reward:
+    """What a source gives one dialogue; the per-turn lists hold one entry per policy turn
+    (`DialogueSequence.policy_turns`), None on a turn without a reward."""
+
+    value: float  # the dialogue's reward: what summaries average and transcripts show
+    # The update's rewards with the dialogue as one episode, each on its turn's last policy token
+    # (rlver_jax.rl.batch.token_rewards sums them over later turns for a row per turn).
+    episode: list[float | None]
+    turns: list[float | None]  # each turn's own reward, for turn-level credit (rl.estimators.turn_credit)
+
+
+def _paper_reward(seq: DialogueSequence) -> float:
+    """The paper's reward: final emotion / 100, clipped at 0; 0 for a dialogue a format failure
+    ended (rollout.format_failure "end"). Under "continue" the raw text reached the user and the
+    dialogue keeps its reward, as in the reference."""
+    if seq.ended_by_format_failure:
+        return 0.0
+    return max(seq.final_emotion, 0.0) / 100.0
+
+
+def _emotion_changes(seq: DialogueSequence) -> list[float | None]:
+    """Each scored turn's emotion change / 100 (None for a turn the user did not answer). A turn a
+    format failure ended carries -(emotion before it) / 100, so the dialogue's return is
+    (0 - initial emotion) / 100: the final reward of 0 minus the same constant as every other
+    dialogue of its group."""
+    e = seq.emotions
+    changes: list[float | None] = [(e[i + 1] - e[i]) / 100.0 if i + 1 < len(e) else None
+                                   for i in range(seq.policy_turns)]
+    if seq.ended_by_format_failure and changes:
+        changes[-1] = (0.0 if changes[-1] is None else changes[-1]) - e[-1] / 100.0
+    return changes
+
+
+def emotion_final(seq: DialogueSequence) -> Reward:
+    """The paper's reward on the last policy turn; turn credit from the emotion changes."""
+    changes = _emotion_changes(seq)
+    value = _paper_reward(seq)
+    return Reward(value, [None] * (len(changes) - 1) + [value] if changes else [], changes)
+
+
+def emotion_per_turn(seq: DialogueSequence) -> Reward:
+    """Each turn's emotion change / 100 on that turn, so GAE credits the turn that moved the user;
+    the dialogue's reward (summaries, transcripts) stays the paper's, comparable with "final"."""
+    changes = _emotion_changes(seq)
+    return Reward(_paper_reward(seq), changes, changes)
+
+
+# config.rl.reward_mode -> the source: a function of the finished dialogue.
+REWARDS: dict[str, Callable[[DialogueSequence], Reward]] = {
+    "final": emotion_final,
+    "per_turn": emotion_per_turn,
+}
+
+
+def source(name: str) -> Callable[[DialogueSequence], Reward]:
+    """The row `name` of REWARDS, or one error naming the config field and the valid names."""
+    if name not in REWARDS:
+        raise ValueError(f"config.rl.reward_mode={name!r}; use one of {tuple(REWARDS)}")
+    return REWARDS[name]
+
+
+def score(seq: DialogueSequence, name: str) -> DialogueSequence:
+    """Store source `name`'s reward on `seq` (in place) and return it."""
+    reward = source(name)(seq)
+    if len(reward.episode) != seq.policy_turns or len(reward.turns) != seq.policy_turns:
+        raise ValueError(f"reward source {name!r} gave dialogue {seq.profile_id} {len(reward.episode)} and "
+                         f"{len(reward.turns)} turn rewards for its {seq.policy_turns} policy turns")
+    seq.reward, seq.episode_rewards, seq.turn_rewards = reward.value, reward.episode, reward.turns
+    return seq
