@@ -39,7 +39,7 @@ from absl import app, flags  # noqa: E402
 
 from rlver_jax.files import read_jsonl  # noqa: E402
 from rlver_jax.simulator import parsing, templates  # noqa: E402
-from rlver_jax.simulator.settings import STRUCTURED_OUTPUTS  # noqa: E402
+from rlver_jax.simulator.llm_user import STRUCTURED_OUTPUTS  # noqa: E402
 
 _PYTHON = flags.DEFINE_string("python", os.environ.get("RLVER_LLAMA_PYTHON", "/work/llama-venv/bin/python"),
                               "Python with llama-cpp-python[server] installed ($RLVER_LLAMA_PYTHON).")

@@ -34,7 +34,7 @@ from absl import logging as absl_logging  # noqa: E402
 from configs.simulator import get_simulator_config  # noqa: E402
 from rlver_jax.simulator import (SimulatorOutputError, SimulatorSettings,  # noqa: E402
                                  SimulatorUnavailableError, build_simulator, check_endpoint, load_profiles)
-from rlver_jax.simulator.settings import STRUCTURED_OUTPUTS  # noqa: E402
+from rlver_jax.simulator.llm_user import STRUCTURED_OUTPUTS  # noqa: E402
 from rlver_jax.simulator.state import DialogueState  # noqa: E402
 
 _BASE_URL = flags.DEFINE_string("base_url", None, "The simulator server's OpenAI-compatible base URL.", required=True)

@@ -119,8 +119,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # wrong_language): comma-separated names, "all", or "" = none. Their scores go in the report.
     c.eval.probes = "all" if cpu else ""
     # A panel of simulators (SAGE reports its leaderboard under four): "MODEL@URL,MODEL@URL", each a
-    # served simulator that plays every profile with config.simulator's other settings, in
-    # WORKDIR/simulators/; the report gives each one's scores and the panel's mean. "" = config.simulator alone.
+    # served simulator, or any backend of rlver_jax/simulator/backends.py as BACKEND ("embedded": on a
+    # CPU), BACKEND:MODEL or BACKEND:MODEL@URL; each plays every profile with config.simulator's other
+    # settings, in WORKDIR/simulators/; the report gives each one's scores and the panel's mean.
+    # "" = config.simulator alone.
     c.eval.simulators = ""
 
     c.policy = ml_collections.ConfigDict()

@@ -15,7 +15,8 @@ def get_simulator_config(*, eval_mode: bool = False) -> ml_collections.ConfigDic
     """RLVER training settings, or SAGE benchmark settings when `eval_mode`."""
     c = ml_collections.ConfigDict()
     # Backend.
-    c.backend = "openai"  # "openai": an LLM behind an OpenAI-compatible API; "embedded": rules
+    # A row of rlver_jax/simulator/backends.py: "openai": an LLM behind an OpenAI-compatible API; "embedded": rules
+    c.backend = "openai"
     c.base_url = "http://127.0.0.1:30000/v1"  # launch/serve_simulator.sh prints this
     c.model = "simulator"  # served model name (serve_simulator.sh serves under this name)
     c.api_key_env = "SIMULATOR_API_KEY"  # env var holding the key; unset is fine for local servers

@@ -5,7 +5,7 @@ first whether a server can serve.
 One policy for every request: at most `max_concurrency` requests in flight, a per-request
 timeout, and up to `max_retries` retries with exponential backoff and jitter on connection errors,
 timeouts, HTTP 408/409/429 and 5xx (but 501/505: the server does not speak this API). The bound on
-requests in flight adapts (`aimd`): it halves when timeouts or HTTP 429/503 show the server
+requests in flight adapts (`inflight.aimd`): it halves when timeouts or HTTP 429/503 show the server
 overloaded and grows back as answers come, so a server that answers one request at a time is not
 sent 64 that time out in its queue; a retry after a timeout waits at least `timeout_s`. HTTP 400,
 413 and 422 are about the one request (too long for the model's context, stopped by a content
@@ -18,41 +18,34 @@ is one): a caller that does not handle a rejection stops. What a caller does wit
 
 Clients built from equal ClientSettings share one bound on requests in flight across threads and
 event loops (training's in-loop evaluation and its rollout producer talk to one simulator). Retries
-and changes of the bound are logged, each at most once per `_RETRY_LOG_EVERY_S` per endpoint (how
-many, the last error), and `activity()` tells requests in flight and done, which `show_requests`
-puts in a progress bar.
+and changes of the bound are logged, each at most once per `inflight.LOG_EVERY_S` per endpoint (how
+many, the last error); rlver_jax.inflight holds the bound and the counts a progress bar shows.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import dataclasses
 import json
 import logging
 import os
 import random
 import re
-import threading
 import time
-import weakref
-from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # openai (0.3-0.7 s to import) loads with the first request or check, so that the
     import openai  # settings of a config (ClientSettings) are checked without it (launch/train.py)
 
 from rlver_jax.checks import check_ranges, named
+from rlver_jax.inflight import LOG_EVERY_S, EndpointBound, notify, shared_bound
 
 log = logging.getLogger(__name__)
 
 _RETRY_STATUS = frozenset({408, 409, 429})  # and every 5xx but _NOT_THIS_API
 _NOT_THIS_API = frozenset({501, 505})  # not implemented: retrying cannot help
 _REQUEST_STATUS = frozenset({400, 413, 422})  # about this request: context length, content filter, ...
-_CONGESTION_STATUS = frozenset({429, 503})  # with timeouts: the server is overloaded, send less
 _CHECK_TIMEOUT_S = 30.0  # the start-up check waits at most this long
-_RETRY_LOG_EVERY_S = 30.0  # at most one retry log line per endpoint this often
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _START_HINT = ("Start an OpenAI-compatible server for the model (e.g. `python -m sglang.launch_server "
                "--model-path MODEL --port PORT`)")
@@ -133,185 +126,6 @@ class Completion:
     finish_reason: str | None  # "stop", "length", ...; None without a choice
 
 
-def aimd(limit: float, in_flight: int, ceiling: int, congested: bool) -> float:
-    """The next bound on requests in flight (additive increase, multiplicative decrease, as TCP's
-    congestion window): a congestion signal halves what was in flight (the bound, or fewer when
-    fewer were sent: RFC 5681 halves the flight size), an answer adds 1/limit (about one more
-    request in flight per `limit` answers); always within [1, ceiling]."""
-    if congested:
-        return max(1.0, min(limit, in_flight) / 2)
-    return min(float(ceiling), limit + 1 / limit)
-
-
-def _congestion(error: BaseException) -> bool:
-    """A sign the server is overloaded: no answer within the timeout, HTTP 429 or 503."""
-    import openai
-
-    return isinstance(error, openai.APITimeoutError) or (
-        isinstance(error, openai.APIStatusError) and error.status_code in _CONGESTION_STATUS)
-
-
-class _Limit:
-    """The requests in flight across threads and event loops (an asyncio.Semaphore belongs to one
-    loop), first come first served, at most `limit`: it starts at max_concurrency, halves when the
-    server shows congestion (timeouts, 429, 503) and grows back as answers come (`aimd`). Only a
-    request admitted after the last halving can halve it again: the ones already in flight were
-    sent under the old bound, and a burst of their timeouts says nothing about the new one. Also
-    the endpoint's counts: in flight, answered, retried, and what the retry log has yet to say."""
-
-    def __init__(self, settings: ClientSettings):
-        self.settings = settings
-        self.limit = float(settings.max_concurrency)
-        self.in_flight = self.answered = self.retried = 0
-        self.unlogged, self.last_log, self.last_error = 0, float("-inf"), ""
-        self._halvings = 0  # how many times the bound was halved; a request notes it when admitted
-        self._logged_limit, self._last_limit_log = settings.max_concurrency, float("-inf")
-        self._lock = threading.Lock()
-        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
-
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Holds one of the requests in flight; what the request ends with moves the bound."""
-        admitted = await self._acquire()
-        try:
-            yield
-        except BaseException as e:
-            if _congestion(e):  # other errors (a 500, a refusal, a cancellation) leave the bound be
-                self._settle(admitted, congested=True)
-            raise
-        else:
-            self.answered += 1
-            self._settle(admitted, congested=False)
-        finally:
-            self._release()
-
-    async def _acquire(self) -> int:
-        """Waits for a free slot; returns the halvings so far."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            free = self.in_flight < int(self.limit) and not self._waiters
-            if free:
-                self.in_flight += 1
-                admitted = self._halvings
-            else:
-                waiter = (loop, loop.create_future())
-                self._waiters.append(waiter)
-        if free:
-            _notify()
-            return admitted
-        try:
-            await waiter[1]
-        except asyncio.CancelledError:
-            with self._lock:
-                queued = waiter in self._waiters
-                if queued:
-                    self._waiters.remove(waiter)
-            if not queued and waiter[1].done() and not waiter[1].cancelled():
-                self._release()  # the slot was handed over as the waiter was cancelled: pass it on
-            raise
-        return self._halvings
-
-    def _settle(self, admitted: int, *, congested: bool) -> None:
-        """Moves the bound by what a request admitted at `admitted` halvings ended with."""
-        with self._lock:
-            if congested and admitted < self._halvings:
-                return  # sent under a bound already halved since
-            self._halvings += congested
-            self.limit = aimd(self.limit, self.in_flight, self.settings.max_concurrency, congested)
-            self._admit()
-        self._log_limit()
-
-    def _log_limit(self) -> None:
-        """Says when the whole bound changed, at most once per _RETRY_LOG_EVERY_S."""
-        now, current = time.monotonic(), int(self.limit)
-        if current == self._logged_limit or now - self._last_limit_log < _RETRY_LOG_EVERY_S:
-            return
-        s = self.settings
-        log.warning("%s at %s: now at most %d request(s) in flight (was %d; %smax_concurrency=%d): the bound halves "
-                    "on timeouts and HTTP 429/503 and grows back by one per that many answers", s.name,
-                    s.base_url, current, self._logged_limit, s.flag_prefix, s.max_concurrency)
-        self._logged_limit, self._last_limit_log = current, now
-
-    def _release(self) -> None:
-        with self._lock:
-            self.in_flight -= 1
-            self._admit()
-        _notify()
-
-    def _admit(self) -> None:
-        """Hands free slots straight to the waiters, oldest first (under the lock)."""
-        while self._waiters and self.in_flight < int(self.limit):
-            loop, future = self._waiters.popleft()
-            try:
-                loop.call_soon_threadsafe(self._hand_over, future)
-            except RuntimeError:  # its event loop has closed: no one waits there any more
-                continue
-            self.in_flight += 1
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-    def _hand_over(self, future: asyncio.Future) -> None:
-        if future.done():  # cancelled meanwhile
-            self._release()
-        else:
-            future.set_result(None)
-
-
-# One _Limit per distinct ClientSettings in use; a client holds its own strongly.
-_LIMITS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_LIMITS_LOCK = threading.Lock()
-_LISTENERS: list[Callable[[], None]] = []
-
-
-def _shared_limit(settings: ClientSettings) -> _Limit:
-    with _LIMITS_LOCK:
-        limit = _LIMITS.get(settings)
-        if limit is None:
-            limit = _LIMITS[settings] = _Limit(settings)
-        return limit
-
-
-def show_requests(bar, label: str) -> Callable[[], None]:
-    """Show activity() in a tqdm `bar`'s description ("label (simulator 8 in flight, 120 done)"),
-    refreshed from any thread at most twice a second as requests start and end, so a slow server
-    shows as slow rather than as silence. Returns the function that stops it."""
-    shown = [0.0]
-
-    def show() -> None:
-        now = time.monotonic()
-        if now - shown[0] >= 0.5:
-            shown[0] = now
-            requests = activity()
-            bar.set_description_str(f"{label} ({requests})" if requests else label)
-
-    def stop() -> None:
-        if show in _LISTENERS:
-            _LISTENERS.remove(show)
-
-    if not getattr(bar, "disable", False):
-        _LISTENERS.append(show)
-    return stop
-
-
-def _notify() -> None:
-    for callback in list(_LISTENERS):
-        callback()
-
-
-def activity() -> str:
-    """Requests of every endpoint in use, e.g. "simulator 64 in flight (30 waiting), 120 done, 2
-    retried"; "" before any request."""
-    with _LIMITS_LOCK:
-        items = [(s.name, limit) for s, limit in _LIMITS.items()]
-    parts = [f"{name} {limit.in_flight} in flight"
-             + (f" ({limit.waiting} waiting)" if limit.waiting else "") + f", {limit.answered} done"
-             + (f", {limit.retried} retried" if limit.retried else "")
-             for name, limit in items if limit.in_flight or limit.answered]
-    return "; ".join(parts)
-
-
 def _sendable(messages: list[dict[str, str]]) -> list[dict[str, str]]:
     """The messages with lone surrogates (text read back from JSON escapes) replaced by U+FFFD: a
     request body must be UTF-8, and the HTTP client would fail on them."""
@@ -334,9 +148,9 @@ class ChatClient:
         self._rng = random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: openai.AsyncOpenAI | None = None
-        self._limit = _shared_limit(settings)
+        self._limit = shared_bound(settings)
 
-    def _connection(self) -> tuple[openai.AsyncOpenAI, _Limit]:
+    def _connection(self) -> tuple[openai.AsyncOpenAI, EndpointBound]:
         import openai
 
         loop = asyncio.get_running_loop()
@@ -361,13 +175,13 @@ class ChatClient:
         return wait * self._rng.uniform(0.5, 1.0)
 
     def _log_retry(self, error: Exception) -> None:
-        """Count a retry; say so at once for the first, then at most every _RETRY_LOG_EVERY_S."""
+        """Count a retry; say so at once for the first, then at most every LOG_EVERY_S."""
         limit, now = self._limit, time.monotonic()
         limit.retried += 1
         limit.unlogged += 1
         limit.last_error = _describe(error)
-        _notify()
-        if now - limit.last_log >= _RETRY_LOG_EVERY_S:
+        notify()
+        if now - limit.last_log >= LOG_EVERY_S:
             s = self.settings
             log.warning("%s at %s: %d request(s) retried since the last report (%d in flight of at most %d now, "
                         "%d answered, %d retries in all); last error: %s. Slow is not down: each request may take "

@@ -17,8 +17,9 @@ import pytest
 from configs.simulator import get_simulator_config
 from rlver_jax import simulator
 from rlver_jax.eval.judge import Judge, JudgeSettings
-from rlver_jax.llm_client import (ChatClient, ClientSettings, EndpointUnavailableError, RequestRejectedError, _Limit,
-                                  activity, aimd, check_chat_endpoint)
+from rlver_jax.inflight import EndpointBound, activity, aimd
+from rlver_jax.llm_client import (ChatClient, ClientSettings, EndpointUnavailableError, RequestRejectedError,
+                                  check_chat_endpoint)
 from rlver_jax.rollout.policy import OpenAIPolicy, TurnRequest
 from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 
@@ -326,7 +327,7 @@ def _timeout():
 
 
 def test_a_burst_of_timeouts_halves_the_bound_once_and_later_ones_again(caplog):
-    limit = _Limit(_settings("http://127.0.0.1:1/v1", max_concurrency=8))
+    limit = EndpointBound(_settings("http://127.0.0.1:1/v1", max_concurrency=8))
 
     async def time_out():
         async with limit.slot():
@@ -337,7 +338,7 @@ def test_a_burst_of_timeouts_halves_the_bound_once_and_later_ones_again(caplog):
         results = await asyncio.gather(*(time_out() for _ in range(n)), return_exceptions=True)
         assert all(isinstance(r, openai.APITimeoutError) for r in results)
 
-    with caplog.at_level(logging.WARNING, logger="rlver_jax.llm_client"):
+    with caplog.at_level(logging.WARNING, logger="rlver_jax.inflight"):
         asyncio.run(burst(8))
         assert limit.limit == 4.0  # the 7 timeouts after the first were sent under the old bound
         asyncio.run(burst(3))
@@ -354,16 +355,17 @@ def test_a_retry_after_a_timeout_waits_at_least_the_timeout():
     assert all(0.05 <= client._backoff_s(0, ConnectionError()) <= 0.1 for _ in range(20))
 
 
-def test_every_function_that_calls_openai_imports_it():
-    """rlver_jax.llm_client imports openai lazily (a config check imports the module without it):
-    a function that uses `openai.` at run time without its own `import openai` would fail with a
-    NameError only when it runs. Read from the source (annotations aside)."""
+@pytest.mark.parametrize("module", ["llm_client", "inflight"])
+def test_every_function_that_calls_openai_imports_it(module):
+    """rlver_jax.llm_client (and the bound it sends under, rlver_jax.inflight) imports openai lazily
+    (a config check imports the module without it): a function that uses `openai.` at run time
+    without its own `import openai` would fail with a NameError only when it runs. Read from the
+    source (annotations aside)."""
     import ast
+    import importlib
     import inspect
 
-    from rlver_jax import llm_client
-
-    tree = ast.parse(inspect.getsource(llm_client))
+    tree = ast.parse(inspect.getsource(importlib.import_module(f"rlver_jax.{module}")))
     annotations = {id(n) for a in ast.walk(tree) if isinstance(a, ast.AnnAssign) for n in ast.walk(a.annotation)}
     missing = []
     for node in ast.walk(tree):

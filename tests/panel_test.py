@@ -1,6 +1,7 @@
 """A panel of simulators (rlver_jax.eval.panel): two scripted simulated users judge the same policy
 differently; the panel's report gives each one's scores, their mean and where they disagree."""
 
+import dataclasses
 import json
 
 import pytest
@@ -9,8 +10,10 @@ from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.eval.compare import compare_runs, kendall_tau, rank_agreement
 from rlver_jax.eval.panel import Member, parse_panel
+from rlver_jax.simulator import SimulatorUnavailableError, backends
+from rlver_jax.simulator.embedded import EmbeddedBackend
 from rlver_jax.testing.scripted_server import ScriptedServer, route
-from tests.fixtures_cli import run_script
+from tests.fixtures_cli import free_port, run_script
 from tests.fixtures_eval import Servers, _emotion, _reply, config_urls, profiles_file
 
 # Under the SAGE rules from 40 (fixtures_eval): simulator A gives P1 100, P2 0, P3 49, P4 50 (49.75);
@@ -18,13 +21,65 @@ from tests.fixtures_eval import Servers, _emotion, _reply, config_urls, profiles
 HARSHER_ON_P4 = {"P1": 10, "P2": 5, "P3": 1, "P4": -10}
 
 
-def test_parse_panel_names_the_field():
-    assert parse_panel("a@http://h:1/v1, b@https://k/v1") == (Member("a", "http://h:1/v1"), Member("b", "https://k/v1"))
+def test_parse_panel_names_the_field_and_the_member():
+    assert parse_panel("a@http://h:1/v1, b@https://k/v1") == (Member("openai", "a", "http://h:1/v1"),
+                                                             Member("openai", "b", "https://k/v1"))
+    assert parse_panel("embedded, openai:q@http://h/v1, openai") == (Member("embedded"),
+                                                                     Member("openai", "q", "http://h/v1"),
+                                                                     Member("openai"))
     assert parse_panel("") == ()
-    with pytest.raises(ValueError, match=r"config.eval.simulators='gpt-4o': 'gpt-4o' is not MODEL@URL"):
+    with pytest.raises(ValueError, match=r"config.eval.simulators='gpt-4o': 'gpt-4o' is not MODEL@URL nor a backend "
+                                         r"of \('openai', 'embedded'\)"):
         parse_panel("gpt-4o")
+    with pytest.raises(ValueError, match=r"'embedded:q7' gives a model, which backend 'embedded' does not read"):
+        parse_panel("embedded,embedded:q7")
     with pytest.raises(ValueError, match="names a simulator twice"):
-        parse_panel("a@http://h/v1,a@http://h/v1")
+        parse_panel("a@http://h/v1,openai:a@http://h/v1")
+    with pytest.raises(ValueError, match="names a simulator twice"):
+        parse_panel("embedded,embedded")
+
+
+class _Kinder(EmbeddedBackend):
+    """The embedded rules, every change 8 higher."""
+
+    async def judge(self, state, reply):
+        judged = await super().judge(state, reply)
+        return dataclasses.replace(judged, change=judged.change + 8)
+
+
+def test_a_panel_plays_on_a_cpu_under_any_backends_of_the_table(tmp_path, monkeypatch):
+    """Two members that need no server: the embedded rules and a kinder row registered in the
+    table. Each member's score is the one its backend gets alone (config.simulator.backend)."""
+    monkeypatch.setitem(backends.BACKENDS, "kinder", backends.BackendRow(
+        build=lambda llm, client: _Kinder(), reads=frozenset(), served=False, summary="kinder rules (a test's)",
+        card_model="kinder rules"))
+    profiles = profiles_file(tmp_path)
+    with Servers() as servers:
+        def evaluate(name, **overrides):
+            config = config_urls(tmp_path / name, servers.policy.base_url, servers.simulator.base_url, profiles,
+                                 **overrides)
+            return run_benchmark(EvalSpec.from_config(config), progress=False)
+
+        summary = evaluate("panel", **{"eval.simulators": "embedded,kinder"})
+        alone = {b: evaluate(b, **{"simulator.backend": b})["score"] for b in ("embedded", "kinder")}
+        assert not servers.simulator.requests  # config.simulator's served simulator was never asked
+    assert {label: s["score"] for label, s in summary["panel"].items()} == alone
+    assert alone["kinder"] > alone["embedded"] and summary["score"] == pytest.approx(sum(alone.values()) / 2)
+    card = summary["protocol"]
+    assert card["simulator.backend"] == ["embedded", "kinder"]
+    assert card["simulator.model"] == ["embedded rules", "kinder rules"] and card["run.simulator_url"] is None
+    assert (tmp_path / "panel" / "simulators" / "1-kinder" / "transcripts.jsonl").exists()
+
+
+def test_a_members_dead_server_is_named_by_the_panel(tmp_path):
+    profiles = profiles_file(tmp_path, ("P1",))
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with Servers() as servers:
+        config = config_urls(tmp_path / "panel", servers.policy.base_url, servers.simulator.base_url, profiles,
+                             **{"eval.simulators": f"simulator@{dead}"})
+        with pytest.raises(SimulatorUnavailableError, match=rf"config.eval.simulators: member 1 of 1, "
+                                                            rf"'simulator@{dead}': simulator: no server answers"):
+            run_benchmark(EvalSpec.from_config(config), progress=False)
 
 
 def test_a_panel_of_two_simulators_scores_under_each(tmp_path):

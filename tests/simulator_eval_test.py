@@ -9,7 +9,7 @@ import time
 import pytest
 
 from configs.eval import get_config
-from rlver_jax import llm_client
+from rlver_jax import inflight, llm_client
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.files import read_jsonl
@@ -150,7 +150,7 @@ def test_the_defaults_finish_an_evaluation_against_a_one_at_a_time_server(tmp_pa
 def test_without_adaptive_concurrency_the_same_evaluation_fails(tmp_path, monkeypatch):
     """The behaviour before issue 30: a fixed bound, and a retry after a timeout sent after the
     ordinary backoff, behind the abandoned request in the server's queue."""
-    monkeypatch.setattr(llm_client, "aimd", lambda limit, in_flight, ceiling, congested: limit)
+    monkeypatch.setattr(inflight, "aimd", lambda limit, in_flight, ceiling, congested: limit)
     monkeypatch.setattr(llm_client.ChatClient, "_backoff_s",
                         lambda self, attempt, error: min(self.settings.backoff_max_s,
                                                          self.settings.backoff_initial_s * 2**attempt))

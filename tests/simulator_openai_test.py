@@ -14,7 +14,7 @@ import pytest
 from configs.simulator import get_simulator_config
 from rlver_jax import simulator
 from rlver_jax.simulator import templates
-from rlver_jax.simulator.openai_backend import PROBE_MESSAGES
+from rlver_jax.simulator.llm_user import PROBE_MESSAGES
 from rlver_jax.testing.scripted_server import ScriptedServer, route
 
 PROFILES = simulator.load_profiles()
@@ -262,7 +262,7 @@ def test_malformed_structured_answers_are_resampled():
 
 def test_a_server_rejecting_response_format_falls_back_to_text_once(caplog):
     with ScriptedServer(route(emotion=_judge(), reply=_speak), response_format="reject") as server:
-        with caplog.at_level(logging.WARNING, logger="rlver_jax.simulator.openai_backend"):
+        with caplog.at_level(logging.WARNING, logger="rlver_jax.simulator.llm_user"):
             states = _one_turn(_config(server.base_url, structured_output="json_schema"), PROFILES[:6])
         text_requests = [r for r in server.requests if "response_format" not in r]
         assert server.rejected == 2 and len(text_requests) == 12  # the probe's two spellings; then all text
@@ -318,7 +318,7 @@ def test_an_utterance_echoing_the_reply_is_resampled():
 def test_a_server_taking_only_json_object_gets_that_spelling_after_one_refusal(caplog):
     """As llama-cpp-python's server: `json_schema` refused with HTTP 500, `json_object` + schema taken."""
     with ScriptedServer(route(emotion=_json_judge(), reply=_json_speak), response_format="json_object") as server:
-        with caplog.at_level(logging.INFO, logger="rlver_jax.simulator.openai_backend"):
+        with caplog.at_level(logging.INFO, logger="rlver_jax.simulator.llm_user"):
             states = _one_turn(_config(server.base_url, structured_output="json_schema", max_retries=0),
                                PROFILES[:6])
         assert server.rejected == 1  # probed once, while the other dialogues waited

@@ -116,13 +116,12 @@ class _PolicySpec:
 
     def run_info(self) -> dict[str, Any]:
         c = self.spec
-        s = c.record["simulator"]
         sim = c.settings.simulator
         rules = ("initial_emotion", "max_change", "ceiling", "floor", "floor_inclusive", "max_turns",
                  "score_final_turn")
         src = self.source
         return {"policy": src.label, "source": src.source, "backend": src.backend, "think": src.think,
-                "simulator": s["backend"] + (f" {s['model']} at {s['base_url']}" if s["backend"] == "openai" else ""),
+                "simulator": sim.describe(),
                 "difficulty": sim.difficulty, "rules": {k: getattr(sim.rules, k) for k in rules},
                 "profiles": c.profiles + (f", the last {c.holdout}" if c.holdout else "")}
 
@@ -183,9 +182,17 @@ def _run_panel(spec: EvalSpec, members: tuple[panel.Member, ...], progress: bool
     workdir = pathlib.Path(spec.workdir)
     results = []
     for k, member in enumerate(members):
-        one = spec.panel_member(k, member)  # `spec` is already under the run's settings
+        # Its errors name the member, beside the config.simulator fields it set.
+        named = f"config.eval.simulators: member {k + 1} of {len(members)}, {member.label!r}"
+        try:
+            one = spec.panel_member(k, member)  # `spec` is already under the run's settings
+        except ValueError as e:
+            raise ValueError(f"{named}: {e}") from e
         log.info("panel: simulator %d of %d, %s, into %s", k + 1, len(members), member.label, one.workdir)
-        results.append(run_benchmark(one, progress=progress))
+        try:
+            results.append(run_benchmark(one, progress=progress))
+        except SimulatorUnavailableError as e:
+            raise SimulatorUnavailableError(f"{named}: {e}") from e
     summary = None
     if process_index() == 0:
         summary = panel.summarize_panel(members, results)

@@ -22,6 +22,7 @@ import numpy as np
 
 from rlver_jax.eval.compare import mean_interval
 from rlver_jax.eval.report import table
+from rlver_jax.simulator import backends
 
 SUBDIR = "simulators"
 DISAGREEMENTS_SHOWN = 10  # profiles listed by how far the members' final emotions spread
@@ -29,32 +30,53 @@ DISAGREEMENTS_SHOWN = 10  # profiles listed by how far the members' final emotio
 
 @dataclasses.dataclass(frozen=True)
 class Member:
-    """One simulator of a panel: a served model behind an OpenAI-compatible endpoint."""
+    """One simulator of a panel: a backend of the table (rlver_jax.simulator.backends) and the model
+    and server it names ("" = config.simulator's)."""
 
-    model: str
-    base_url: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.model}@{self.base_url}"
+    backend: str
+    model: str = ""
+    base_url: str = ""
+    label: str = dataclasses.field(default="", compare=False)  # as config.eval.simulators gives it
 
     def directory(self, index: int) -> str:
-        """Its evaluation directory under WORKDIR/SUBDIR: its place in the panel and its model's name."""
-        return f"{SUBDIR}/{index}-{re.sub(r'[^A-Za-z0-9._-]+', '_', self.model)}"
+        """Its evaluation directory under WORKDIR/SUBDIR: its place in the panel and its model's (or backend's) name."""
+        return f"{SUBDIR}/{index}-{re.sub(r'[^A-Za-z0-9._-]+', '_', self.model or self.backend)}"
+
+    def overrides(self) -> dict[str, str]:
+        """The fields of config.simulator it sets."""
+        return {k: v for k, v in (("backend", self.backend), ("model", self.model), ("base_url", self.base_url)) if v}
 
 
 def parse_panel(value: str, field: str = "config.eval.simulators") -> tuple[Member, ...]:
-    """"MODEL@URL,MODEL@URL" -> its members ("" = no panel); one ValueError names the field."""
-    members = []
-    for item in (i.strip() for i in value.split(",") if i.strip()):
-        model, _, url = item.partition("@")
-        if not model or not url.startswith(("http://", "https://")):
-            raise ValueError(f"{field}={value!r}: {item!r} is not MODEL@URL; give each simulator as "
-                             "served-model-name@http://host:port/v1, separated by commas")
-        members.append(Member(model, url))
-    if len({m.label for m in members}) != len(members):
+    """"MEMBER,MEMBER" -> its members ("" = no panel); one ValueError names the field and the member.
+    A member is MODEL@URL (a model served under the table's first served backend, openai), BACKEND
+    (that backend under config.simulator's other settings: `embedded` plays on a CPU), BACKEND:MODEL
+    or BACKEND:MODEL@URL."""
+    members = [_member(item, f"{field}={value!r}") for item in (i.strip() for i in value.split(",")) if item]
+    if len(set(members)) != len(members):
         raise ValueError(f"{field}={value!r} names a simulator twice; give each once")
     return tuple(members)
+
+
+def _member(item: str, where: str) -> Member:
+    """The member `item` of the panel `where` names, checked against its backend's row."""
+    head, at, url = item.partition("@")
+    if ":" in head:
+        backend, _, model = head.partition(":")
+    elif at:
+        backend, model = backends.first_served(), head
+    else:
+        backend, model = head, ""
+    if backend not in backends.BACKENDS or (at and not (model and url.startswith(("http://", "https://")))):
+        raise ValueError(f"{where}: {item!r} is not MODEL@URL nor a backend of {tuple(backends.BACKENDS)}; give each "
+                         "simulator as served-model-name@http://host:port/v1, BACKEND, BACKEND:MODEL or "
+                         "BACKEND:MODEL@URL, separated by commas")
+    unread = [name for name, given in (("model", model), ("base_url", url)) if given and name not in
+              backends.BACKENDS[backend].reads]
+    if unread:
+        raise ValueError(f"{where}: {item!r} gives a {' and a '.join(unread)}, which backend {backend!r} does not "
+                         f"read; give it as {backend!r} alone")
+    return Member(backend, model, url, label=item)
 
 
 def _merged_card(cards: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

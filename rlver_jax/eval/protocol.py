@@ -69,17 +69,24 @@ def project_version() -> dict[str, str]:
 
 
 def simulator_fields(s: SimulatorSettings, served: Sequence[str] | None) -> dict[str, Any]:
-    """The simulated user's fields; `served`: the ids its server lists (None: not asked or not listed)."""
-    endpoint = s.backend == "openai"
-    return {"simulator.backend": s.backend, "simulator.model": s.client.model if endpoint else "embedded rules",
+    """The simulated user's fields, by its backend's row (simulator/backends.py): the model and the
+    sampling it reads (None where it reads none), the URL where it is served; `served`: the ids its
+    server lists (None: not asked or not listed)."""
+    row = s.row
+
+    def read(field: str, value: Any) -> Any:
+        return value if field in row.reads else None
+
+    return {"simulator.backend": s.backend,
+            "simulator.model": s.client.model if "model" in row.reads else row.card_model,
             "simulator.served_models": list(served) if served is not None else None,
-            "simulator.temperature": s.temperature if endpoint else None,
-            "simulator.max_tokens": s.max_tokens if endpoint else None,
-            "simulator.structured_output": s.structured_output if endpoint else None,
+            "simulator.temperature": read("temperature", s.llm.temperature),
+            "simulator.max_tokens": read("max_tokens", s.llm.max_tokens),
+            "simulator.structured_output": read("structured_output", s.llm.structured_output),
             "simulator.difficulty": s.difficulty, "simulator.language": s.language or "each profile's own",
-            "simulator.max_utterance_chars": s.max_utterance_chars,
+            "simulator.max_utterance_chars": s.llm.max_utterance_chars,
             **{f"rules.{k}": v for k, v in dataclasses.asdict(s.rules).items()},
-            "run.simulator_url": s.client.base_url if endpoint else None}
+            "run.simulator_url": s.client.base_url if row.served else None}
 
 
 def card(simulator: SimulatorSettings, served: Sequence[str] | None, *, profiles_file: str | pathlib.Path,
@@ -119,9 +126,9 @@ def stamp() -> dict[str, str]:
 
 
 def served_simulator_models(s: SimulatorSettings) -> list[str] | None:
-    """The ids the simulator's server lists now (None for the embedded backend, a replayed cache
-    or a server that does not list them)."""
-    if s.backend != "openai" or s.cache_replay_only:
+    """The ids the simulator's server lists now (None for a backend that is not served, a replayed
+    cache or a server that does not list them)."""
+    if not s.row.served or s.llm.cache_replay_only:
         return None
     return served_models(s.client)
 

@@ -28,14 +28,9 @@ from rlver_jax.eval.run_checkpoint import locate_checkpoint
 from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.sampling.settings import SamplingSettings
+from rlver_jax.simulator.backends import TRANSPORT  # the fields of how answers are fetched, also the policy's
 from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.train.spec import MeshSpec
-
-# Fields of the simulator and policy sections that change how results are fetched, not what they
-# are (a resumed run may change them; `like_training` keeps the evaluation's own).
-TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_retries", "max_concurrency",
-                       "backoff_initial_s", "backoff_max_s", "malformed_retries", "cache_dir",
-                       "cache_replay_only"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,12 +144,12 @@ class EvalSpec:
 
     def panel_member(self, index: int, member: panel.Member) -> EvalSpec:
         """The spec of the panel's `index`-th simulator, `member`: this evaluation (already under its
-        training run's settings) in WORKDIR's directory of the member, with the member's served simulator."""
+        training run's settings) in WORKDIR's directory of the member, with the member's backend, model
+        and server."""
         config = ml_collections.ConfigDict(self.record)
         config.workdir = str(pathlib.Path(self.workdir) / member.directory(index))
         config.eval.simulators = config.eval.like_training = ""
-        sim = config.simulator
-        sim.backend, sim.model, sim.base_url = "openai", member.model, member.base_url
+        config.simulator.update(member.overrides())
         return EvalSpec.from_config(config)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from tqdm import tqdm
 
 from rlver_jax.files import append_jsonl
-from rlver_jax.llm_client import show_requests
+from rlver_jax.inflight import show_requests
 from rlver_jax.parallel import hosts
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.policy import OpenAIPolicy, Policy

@@ -6,7 +6,7 @@ Usage (rollout and evaluation code):
 
     settings = simulator.SimulatorSettings.from_config(config.simulator)  # read and checked once
     simulator.check_endpoint(settings)                  # at startup: fail fast if it is down
-    sim = simulator.build_simulator(settings)           # backend chosen by config.simulator.backend
+    sim = simulator.build_simulator(settings)           # the row of config.simulator.backend (backends.py)
     profiles = simulator.load_profiles(path)            # None -> the project's shipped profiles
     async with sim:
         state = await sim.start(profile)                # optional 2nd arg: EmotionRules
@@ -16,7 +16,7 @@ Usage (rollout and evaluation code):
 
 Run many dialogues at once with asyncio.gather over start/respond; the openai backend bounds
 in-flight requests with one bound that adapts to the server's pace, at most
-config.simulator.max_concurrency (rlver_jax.llm_client).
+config.simulator.max_concurrency (rlver_jax.llm_client, rlver_jax.inflight).
 
 DialogueState (frozen, JSON via to_dict()/DialogueState.from_dict()):
   emotion      current emotion (int; capped at rules.ceiling, not clipped below)
@@ -36,9 +36,11 @@ llm_client.EndpointUnavailableError), ProfileError (bad profile file: names file
 Modules: profiles (loading, validation, language), templates + prompts/ (the LLM prompts, zh/en,
 vanilla/challenging), parsing (tolerant answer parsing, label neutralising), patterns (regexes
 shared by several modules), state (DialogueState, TurnRecord, EmotionRules), settings
-(SimulatorSettings), agent (the emotion state machine and Simulator), backend (the backend
-interface), openai_backend, embedded + lexicon (a deterministic stand-in for demos and tests, not
-a benchmark), cache (record/replay), factory.
+(SimulatorSettings), agent (the emotion state machine and Simulator), backend (the backend and
+transport interfaces), backends (the backend table: one row per config.simulator.backend),
+llm_user (an LLM plays the user: prompts, parsing, retries, cache, probe) over openai_transport
+(an OpenAI-compatible server), embedded + lexicon (a deterministic stand-in for demos and tests,
+not a benchmark), cache (record/replay), factory.
 
 The names above are imported lazily (PEP 562), each from its module on first use, so importing
 one module (rlver_jax.simulator.profiles, say) does not pull in the openai client and httpx.

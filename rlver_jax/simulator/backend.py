@@ -1,15 +1,17 @@
-"""The small interface every simulator backend implements, its results and its errors.
+"""The small interface every simulator backend implements, its results and its errors, and the
+transport an LLM user speaks through.
 
 A backend turns a dialogue state (state.py) into the simulated user's judgements and words; the
-emotion state machine (agent.py) decides what they mean. Backends: openai_backend.OpenAIBackend
-(an LLM behind an OpenAI-compatible API) and embedded.EmbeddedBackend (deterministic rules, no
-network).
+emotion state machine (agent.py) decides what they mean. The backends are the rows of
+backends.BACKENDS: an LLM user (llm_user.LLMUser: prompts, parsing, retries, cache) over a
+`Transport` (openai_transport.OpenAITransport: an OpenAI-compatible server), and
+embedded.EmbeddedBackend (deterministic rules, no network).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Any, Protocol
 
 from rlver_jax.llm_client import EndpointUnavailableError
 from rlver_jax.simulator.state import DialogueState
@@ -77,3 +79,23 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Releases network resources."""
+
+
+class Transport(Protocol):
+    """Where an LLM user's requests go: a served model (openai_transport.OpenAITransport) or one
+    answering in this process. The LLM user renders the prompts, parses and re-asks; a transport
+    only answers."""
+
+    model: str  # what answers: its answers are cached under this name (cache.RequestCache keys)
+
+    async def complete(self, messages: list[dict[str, str]], response_format: dict[str, Any] | None, *,
+                       temperature: float, max_tokens: int) -> str:
+        """The text of one answer to the chat `messages` ("" when none came), sampled at
+        `temperature`, at most `max_tokens` tokens, under `response_format` (an OpenAI
+        response_format: a JSON schema; None: text). Raises SimulatorRequestError when this one
+        request was refused (its dialogue ends), SimulatorUnavailableError when no answer can come
+        (the run stops), and llm_client.ResponseFormatRejectedError when `response_format` is not
+        taken (the LLM user asks in its next spelling, or in text)."""
+
+    async def aclose(self) -> None:
+        """Releases what it holds (connections)."""

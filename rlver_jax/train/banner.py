@@ -7,6 +7,7 @@ import collections
 import math
 from collections.abc import Sequence
 
+from rlver_jax.simulator import backends
 from rlver_jax.simulator.profiles import Profile
 from rlver_jax.train.spec import RunSpec
 
@@ -26,13 +27,9 @@ def describe(spec: RunSpec, *, params: int, train_profiles: Sequence[Profile], e
     lora = (f"; LoRA rank {spec.lora.rank} on a frozen {spec.lora.base_dtype} base" if spec.lora.enabled
             else "; every parameter trains")
     policy = f"policy     {source}, {params / 1e6:,.1f}M parameters, {m.param_dtype} weights, {m.dtype} compute{lora}"
-    user = f"{sim.difficulty} user, at most {sim.rules.max_turns} policy turn(s)"
-    if sim.backend == "openai":
-        where = "replayed from " + sim.cache_dir if sim.cache_replay_only else sim.client.base_url
-        simulator = f"simulator  served (openai backend) at {where}, model {sim.client.model!r}, {user}"
-    else:
-        simulator = (f"simulator  embedded (the rule-based stand-in, rlver_jax/simulator/embedded.py; no server), {user}; "
-                     "a served LLM needs --config.simulator.backend=openai")
+    simulator = f"simulator  {sim.describe()}, {sim.difficulty} user, at most {sim.rules.max_turns} policy turn(s)"
+    if not sim.row.served:
+        simulator += f"; a served LLM needs --config.simulator.backend={backends.first_served()}"
     held_out = (f"{data.eval_profiles}: {profile_line(eval_profiles)}" if data.eval_profiles else
                 f"the last {data.eval_holdout} of them: {profile_line(eval_profiles)}" if eval_profiles else "none")
     profiles = f"profiles   {data.train_profiles}: {profile_line(train_profiles)}; held out: {held_out}"

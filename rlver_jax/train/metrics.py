@@ -27,7 +27,7 @@ from typing import Any
 
 import jax
 
-from rlver_jax import llm_client
+from rlver_jax import inflight
 from rlver_jax.train import tracking
 from rlver_jax.files import append_jsonl, atomic_write_jsonl, is_torn, raw_lines
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -137,7 +137,7 @@ class Writers:
         self.tracker = (tracking.WandbLogger.create(tracking_settings, config)
                         if self.writes and tracking_settings is not None else None)
         self.table_every = table_every
-        self._stop_showing_requests = llm_client.show_requests(self.bar, "train")
+        self._stop_showing_requests = inflight.show_requests(self.bar, "train")
 
     @contextlib.contextmanager
     def evaluating(self, step: int, profiles: int) -> Iterator[dict[str, float]]:
@@ -157,7 +157,7 @@ class Writers:
     def _show(self, label: str) -> None:
         self._stop_showing_requests()
         self.bar.set_description_str(label)
-        self._stop_showing_requests = llm_client.show_requests(self.bar, label)
+        self._stop_showing_requests = inflight.show_requests(self.bar, label)
 
     def write(self, step: int, metrics: dict[str, float], dialogues: Sequence[DialogueSequence] = ()) -> None:
         if "eval_score" in metrics and not self.bar.disable:

@@ -26,6 +26,7 @@ from rlver_jax.rl.batch import minibatch_unit
 from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.sampling.settings import SamplingSettings
+from rlver_jax.simulator.backends import TRANSPORT
 from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.state import EmotionRules
 from rlver_jax.train.model_source import CriticSource, ModelSource
@@ -340,10 +341,7 @@ FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_
         "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
         "train.degenerate_alarm_action", "model.remat", "model.attention",
         "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots", "rl.micro_batch_size",
-        "rl.logprob_chunk", "simulator.base_url", "simulator.api_key_env", "simulator.timeout_s",
-        "simulator.max_retries", "simulator.max_concurrency", "simulator.backoff_initial_s",
-        "simulator.backoff_max_s", "simulator.malformed_retries", "simulator.cache_dir",
-        "simulator.cache_replay_only")
+        "rl.logprob_chunk", *(f"simulator.{f}" for f in sorted(TRANSPORT)))
 
 
 def _matches(field: str, names: tuple[str, ...]) -> bool:

@@ -1,61 +1,91 @@
-"""The LLM simulator backend: any OpenAI-compatible chat endpoint (SGLang by default).
+"""The LLM user: a simulated user played by an LLM, whatever answers it (a backend.Transport: a
+served model, openai_transport.OpenAITransport, or one in this process).
 
-Requests go through llm_client.ChatClient (one bound on requests in flight shared by all
-dialogues of the backend, adapting to the server's pace, a per-request timeout, retries with
-backoff on connection errors, timeouts, 408/409/429 and 5xx but 501/505; other HTTP errors stop
-the run at once); its EndpointUnavailableError becomes
-SimulatorUnavailableError. An answer that breaks the output contract is requested again (a fresh
-sample) up to `malformed_retries` times, then SimulatorOutputError. With `cache_dir` set, answers
-are recorded and replayed (cache.py).
+It renders the prompts (templates: older turns left out, long texts cut, to keep within
+`max_prompt_tokens`), parses the answers (parsing), and asks again (a fresh sample) when an answer
+breaks the output contract, up to `malformed_retries` times, then SimulatorOutputError. With
+`cache_dir` set, answers are recorded and replayed (cache.py).
 
 Structured outputs (`structured_output="json_schema"`): the emotion and reply steps ask for JSON
 under a schema (parsing.change_schema, parsing.UTTERANCE_SCHEMA). Before the first of them, a
 start-up probe (PROBE_MESSAGES: one small structured request, `_PROBE_TOKENS` tokens) finds the
-spelling the server takes (parsing.SPELLINGS: `json_schema`, then `json_object` + `schema`) while
-the other dialogues wait; the one answered is kept and logged. A server that refuses both is
-reported once (a warning) and the backend falls back to text answers for the rest of the run; a
+spelling the transport takes (parsing.SPELLINGS: `json_schema`, then `json_object` + `schema`) while
+the other dialogues wait; the one answered is kept and logged. A transport that refuses both is
+reported once (a warning) and the user falls back to text answers for the rest of the run; a
 later refusal of a real request (a server that changed its mind) moves on the same way and
 re-sends that request. The schema's range is checked here too, whatever the server enforces.
-
-Prompts keep within `max_prompt_tokens` (templates: older turns left out, long texts cut).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from rlver_jax.llm_client import (ChatClient, EndpointUnavailableError, RequestRejectedError,
-                                  ResponseFormatRejectedError)
+from rlver_jax.checks import check_ranges, named
+from rlver_jax.llm_client import ResponseFormatRejectedError
 from rlver_jax.simulator import parsing, templates
-from rlver_jax.simulator.backend import (EmotionJudgement, SimulatorOutputError, SimulatorRequestError,
-                                         SimulatorUnavailableError, Utterance)
+from rlver_jax.simulator.backend import EmotionJudgement, SimulatorOutputError, Transport, Utterance
 from rlver_jax.simulator.cache import CacheMissError, RequestCache
-from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.state import DialogueState
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 Messages = list[dict[str, str]]
 
-# The start-up probe: its answer is not read, only whether the server takes its response_format;
+STRUCTURED_OUTPUTS = ("off", "json_schema")
+_MIN_PROMPT_TOKENS = 1024  # below this not even the instructions and one reply fit
+# The start-up probe: its answer is not read, only whether the transport takes its response_format;
 # few tokens, so a slow CPU server answers it in seconds.
 PROBE_MESSAGES: Messages = [{"role": "user", "content": 'Answer with {"reasoning": "", "utterance": "ok"}.'}]
 _PROBE_TOKENS = 16
 
 
-class OpenAIBackend:
-    """Simulated user played by an LLM."""
+@dataclasses.dataclass(frozen=True)
+class LLMUserSettings:
+    """How an LLM user asks: config.simulator's fields of the same names (configs/simulator.py),
+    each checked here and named as config.simulator's."""
 
-    def __init__(self, settings: SimulatorSettings):
+    temperature: float  # simulator sampling temperature
+    max_tokens: int  # per simulator answer
+    malformed_retries: int  # fresh samples after an answer breaks the format; then simulator_error
+    structured_output: str  # one of STRUCTURED_OUTPUTS
+    max_prompt_tokens: int  # estimated prompt tokens per request (templates.prompt_tokens)
+    max_utterance_chars: int  # the simulated user's words are cut here
+    cache_dir: str  # record/replay directory for simulator answers; "" = off
+    cache_replay_only: bool  # answer only from cache_dir, never ask the transport
+
+    def __post_init__(self):
+        if self.cache_replay_only and not self.cache_dir:
+            raise ValueError("config.simulator.cache_replay_only needs config.simulator.cache_dir")
+        if self.structured_output not in STRUCTURED_OUTPUTS:
+            raise ValueError(f"config.simulator.structured_output={self.structured_output!r}: use one of "
+                             f"{STRUCTURED_OUTPUTS}")
+        if self.max_prompt_tokens < _MIN_PROMPT_TOKENS:
+            raise ValueError(f"config.simulator.max_prompt_tokens={self.max_prompt_tokens} is too small: use "
+                             f"{_MIN_PROMPT_TOKENS} or more (and at most the server's context minus max_tokens)")
+        check_ranges(named(self, "config.simulator.", ("temperature", "max_tokens", "malformed_retries",
+                                                       "max_utterance_chars")),
+                     lowest={"temperature": 0, "max_tokens": 1, "malformed_retries": 0, "max_utterance_chars": 1})
+
+    @classmethod
+    def from_config(cls, section: Any) -> LLMUserSettings:
+        """The fields of `section` (config.simulator) of the same names."""
+        return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})
+
+
+class LLMUser:
+    """A simulated user played by the LLM behind `transport`: a backend.Backend."""
+
+    def __init__(self, settings: LLMUserSettings, transport: Transport):
         self.settings = settings
-        self.client = ChatClient(settings.client)
+        self.transport = transport
         self.cache = RequestCache(settings.cache_dir) if settings.cache_dir else None
         # The response_format spelling in use (parsing.SPELLINGS); None: text answers.
         self.spelling: str | None = parsing.SPELLINGS[0] if settings.structured_output == "json_schema" else None
-        # The spelling is settled once the probe found it; no probe without structured requests or a server.
+        # The spelling is settled once the probe found it; no probe without structured requests or a transport.
         self._settled = self.spelling is None or settings.cache_replay_only
         self._refusals: list[str] = []
         self._probing: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
@@ -66,23 +96,13 @@ class OpenAIBackend:
 
     async def _post(self, messages: Messages, response_format: dict[str, Any] | None,
                     max_tokens: int | None = None) -> str:
-        try:
-            completion = await self.client.complete(messages, temperature=self.settings.temperature,
-                                                    max_tokens=max_tokens or self.settings.max_tokens,
-                                                    response_format=response_format)
-        except ResponseFormatRejectedError:
-            raise
-        except RequestRejectedError as e:  # this dialogue's request only: the dialogue ends, the run goes on
-            raise SimulatorRequestError(str(e)) from e
-        except EndpointUnavailableError as e:
-            raise SimulatorUnavailableError(str(e)) from e
-        # No choices or no content: an empty answer, handled as malformed by the caller.
-        return completion.text
+        return await self.transport.complete(messages, response_format, temperature=self.settings.temperature,
+                                             max_tokens=max_tokens or self.settings.max_tokens)
 
     async def _complete(self, messages: Messages, response_format: dict[str, Any] | None, sample: int) -> str:
         s = self.settings
         # The full request and the sample index: a retried malformed answer has its own entry.
-        key = dict(model=s.client.model, messages=messages, temperature=s.temperature,
+        key = dict(model=self.transport.model, messages=messages, temperature=s.temperature,
                    max_tokens=s.max_tokens, sample=sample)
         if response_format is not None:  # text requests keep the keys they had before structured outputs
             key["response_format"] = response_format
@@ -101,7 +121,7 @@ class OpenAIBackend:
         return content
 
     def _refused(self, spelling: str, error: ResponseFormatRejectedError) -> None:
-        """The server refused `spelling`: try the next one, or text answers after the last."""
+        """The transport refused `spelling`: try the next one, or text answers after the last."""
         if self.spelling != spelling:  # concurrent refusals of one spelling count once
             return
         self._refusals.append(f"{spelling}: {error}")
@@ -210,4 +230,4 @@ class OpenAIBackend:
         return Utterance(parsed.utterance, parsed.thoughts, raw, len(rejected) + 1, rejected)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.transport.aclose()

@@ -1,0 +1,42 @@
+"""The transport to a served simulator: any OpenAI-compatible chat endpoint (SGLang by default).
+
+Requests go through llm_client.ChatClient (one bound on requests in flight shared by all
+dialogues, adapting to the server's pace, a per-request timeout, retries with backoff on
+connection errors, timeouts, 408/409/429 and 5xx but 501/505). Its errors become the simulator's:
+a request the server refused alone (HTTP 400/413/422) ends that dialogue (SimulatorRequestError),
+any other EndpointUnavailableError stops the run (SimulatorUnavailableError); a refused
+response_format goes back to the LLM user as it came (ResponseFormatRejectedError).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlver_jax.llm_client import (ChatClient, ClientSettings, EndpointUnavailableError, RequestRejectedError,
+                                  ResponseFormatRejectedError)
+from rlver_jax.simulator.backend import SimulatorRequestError, SimulatorUnavailableError
+
+
+class OpenAITransport:
+    """backend.Transport to the chat endpoint `client` describes (config.simulator's base_url, model, ...)."""
+
+    def __init__(self, client: ClientSettings):
+        self.model = client.model
+        self.client = ChatClient(client)
+
+    async def complete(self, messages: list[dict[str, str]], response_format: dict[str, Any] | None, *,
+                       temperature: float, max_tokens: int) -> str:
+        try:
+            completion = await self.client.complete(messages, temperature=temperature, max_tokens=max_tokens,
+                                                    response_format=response_format)
+        except ResponseFormatRejectedError:
+            raise
+        except RequestRejectedError as e:  # this dialogue's request only: the dialogue ends, the run goes on
+            raise SimulatorRequestError(str(e)) from e
+        except EndpointUnavailableError as e:
+            raise SimulatorUnavailableError(str(e)) from e
+        # No choices or no content: an empty answer, handled as malformed by the LLM user.
+        return completion.text
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
