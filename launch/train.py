@@ -60,7 +60,7 @@ def _spec(config):
     """The run's spec, every field and path checked (no JAX imported)."""
     from rlver_jax.train.spec import RunSpec
 
-    spec = RunSpec.from_config(config, given=program.given_fields())
+    spec = RunSpec.from_config(config, given=program.given_fields(), preset=program.preset_config())
     spec.check_paths()
     return spec
 

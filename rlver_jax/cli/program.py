@@ -110,6 +110,16 @@ def given_fields(name: str = "config") -> tuple[str, ...]:
     return tuple(config_flags.get_override_values(FLAGS[name]))
 
 
+def preset_config(name: str = "config") -> Any:
+    """The config of config flag `name`'s file and preset alone, without the command line's
+    overrides (what an ablation changes is the difference)."""
+    path, _, preset = config_flags.get_config_filename(FLAGS[name]).partition(":")
+    spec = importlib.util.spec_from_file_location("_rlver_preset_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(preset) if preset else module.get_config()
+
+
 def config_flag(name: str, default: str | None, help_text: str) -> flags.FlagHolder:
     """A locked config-file flag (`--NAME=file.py[:preset]`, overrides `--NAME.field=value`, a typo
     is an error); the first one also defines `--print_config`."""

@@ -17,6 +17,7 @@ that it may not change (rlver_jax.train.spec.resume_changes) is refused, config.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import pathlib
 import tempfile
@@ -38,7 +39,7 @@ from rlver_jax.rollout.openings import check_openings
 from rlver_jax.simulator.factory import check_endpoint
 from rlver_jax.simulator.profiles import Profile, load_profiles
 from rlver_jax.text import chat
-from rlver_jax.train import banner, checkpoint, model_loading
+from rlver_jax.train import ablation, banner, checkpoint, model_loading
 from rlver_jax.train.abstract_run import AbstractRun, abstract_run, frozen_architecture
 from rlver_jax.train.spec import DataSpec, RunSpec, resume_changes
 from rlver_jax.train.tracking import TrackingSettings
@@ -215,7 +216,7 @@ def _check_workdir(spec: RunSpec, storage: WorkDir) -> None:
 
 
 # What `_build` writes in the work directory before training: the tiny tokenizer, config.json.
-_BUILD_WRITES = ("tokenizer", "config.json")
+_BUILD_WRITES = ("tokenizer", "config.json", "ablation.json")
 
 
 def build_run(spec: RunSpec) -> Run:
@@ -264,10 +265,15 @@ def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
     own = np.flatnonzero(owner == jax.process_index())
     log.info("process %d of %d: %d local devices (%s), dialogues %s of the %d per step", jax.process_index(),
              jax.process_count(), jax.local_device_count(), jax.local_devices()[0].platform, _ranges(own), len(owner))
-    if jax.process_index() == 0:  # what the run runs, before the weights load
+    if jax.process_index() == 0:  # what the run runs and changes, before the weights load
+        changed = ablation.changed_fields(spec.record, spec.preset) if spec.preset is not None else {}
+        noop = ablation.no_ops(spec, changed)
         print("\n".join(banner.describe(spec, params=actor_cfg.num_params(), train_profiles=train_profiles,
                                         eval_profiles=eval_profiles, mesh_shape=dict(mesh.shape),
-                                        platform=jax.devices()[0].platform)), flush=True)
+                                        platform=jax.devices()[0].platform)
+                        + ablation.banner_lines(changed, noop)), flush=True)
+        atomic_write_text(workdir / "ablation.json", json.dumps(
+            {"changed": {k: {"preset": p, "run": v} for k, (p, v) in changed.items()}, "no_ops": noop}, indent=2))
     actor, critic, frozen = initial_models(spec, prog)
     critic_tx = prog.critic_opt.tx if prog.rl.uses_critic else None
     state = train_state.init_train_state(actor, prog.actor_opt.tx, critic, critic_tx, spec.loop.seed,

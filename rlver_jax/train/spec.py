@@ -173,6 +173,7 @@ class RunSpec:
     offload: str  # a mode of rlver_jax.rl.offload.OFFLOAD (config.train.offload)
     record: dict[str, Any]  # config.to_dict(): what W&B records and `override` rebuilds from
     config_json: str  # the run's config.json
+    preset: dict[str, Any] | None = None  # the config file's preset alone, to_dict() (what an ablation changes)
 
     @property
     def resume_record(self) -> dict[str, Any]:
@@ -186,11 +187,14 @@ class RunSpec:
         return {k: v for k, v in fields.items() if change_kind(k) != "free"}
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict, given: Collection[str] = ()) -> RunSpec:
+    def from_config(cls, config: ml_collections.ConfigDict, given: Collection[str] = (),
+                    preset: ml_collections.ConfigDict | None = None) -> RunSpec:
         """The specs of `config` (configs/base.py), before anything is touched: one ValueError names
         every bad field. `given`: the dotted fields the command line set (e.g. "simulator.base_url"),
         refused where what the config chose ignores them (a served simulator's URL given to the
-        embedded one). Imports no JAX, so launch/train.py checks a config before importing it."""
+        embedded one). `preset`: the config file's own config, without the overrides (the banner
+        says what the run changes, rlver_jax.train.ablation). Imports no JAX, so launch/train.py
+        checks a config before importing it."""
         r = config.rollout
         given_simulator = {f.split(".", 1)[1] for f in given if f.startswith("simulator.")}
         loop, sampling, rollout, simulator, model, critic, lora, actor_optim, critic_optim = build_all(
@@ -223,7 +227,8 @@ class RunSpec:
                    rl=rl, actor_optim=actor_optim, critic_optim=critic_optim, loop=loop, rollout=rollout,
                    sampling=sampling, simulator=simulator, eval=eval_settings, tracking=tracking,
                    data=DataSpec(d.train_profiles, d.eval_profiles, d.eval_holdout), offload=config.train.offload,
-                   record=config.to_dict(), config_json=config.to_json_best_effort(indent=2))
+                   record=config.to_dict(), config_json=config.to_json_best_effort(indent=2),
+                   preset=preset.to_dict() if preset is not None else None)
 
     def check_paths(self) -> None:
         """The local paths training reads (model, tokenizer, critic, profiles) exist, or one
