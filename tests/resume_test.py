@@ -85,6 +85,19 @@ def test_allowed_changes_are_returned_to_be_logged_and_others_still_refused(tmp_
     assert resume_changes({**saved, "gone.field": 1}, _spec(tmp_path), "here") == []  # a field of an older version
 
 
+def test_more_steps_extend_a_run_without_allow_changes_unless_a_warmup_moves(tmp_path):
+    """grpo_think tiny trains 4 steps here (the actor's warm-up, int(0.02 x steps) at least 1: 1 step
+    up to 99 steps). Growing train.steps alone extends the run; shrinking it, or growing it past where
+    the warm-up moves, is refused with the warm-up named (by hand: int(0.02 x 1000) = 20)."""
+    saved = _spec(tmp_path).resume_record
+    assert resume_changes(saved, _spec(tmp_path, **{"train.steps": 40}), "here") == [("train.steps", 4, 40)]
+    with pytest.raises(RunChangedError, match=r"train.steps: 4 in the checkpoint, 2 now\); nothing"):
+        resume_changes(saved, _spec(tmp_path, **{"train.steps": 2}), "here")
+    with pytest.raises(RunChangedError, match=r"1000 now; train.steps also sets the actor's warm-up: 1 -> 20 steps\).*"
+                                              r"allow_changes=train.steps"):
+        resume_changes(saved, _spec(tmp_path, **{"train.steps": 1000}), "here")
+
+
 def test_allow_changes_names_fields_that_may_change():
     with pytest.raises(ValueError, match="config.checkpoint.allow_changes names 'seed', part of the run's identity"):
         _spec("x", **{"checkpoint.allow_changes": "seed,optim.actor.lr"})

@@ -22,14 +22,9 @@ class Optimizer:
     learning_rate: optax.Schedule
 
 
-def warmup_steps(opt: OptimSettings, total_steps: int) -> int:
-    """The train steps of the linear warmup: all that `make_optimizer` reads of `total_steps`."""
-    return max(int(opt.warmup_ratio * total_steps), 1)
-
-
 def make_optimizer(opt: OptimSettings, total_steps: int) -> Optimizer:
     """`total_steps` counts train steps."""
-    warmup = warmup_steps(opt, total_steps)
+    warmup = opt.warmup_steps(total_steps)
     schedule = optax.join_schedules(
         [optax.linear_schedule(opt.lr / warmup, opt.lr, warmup - 1), optax.constant_schedule(opt.lr)], [warmup - 1])
     tx = optax.chain(

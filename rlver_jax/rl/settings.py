@@ -224,3 +224,8 @@ class OptimSettings:
                 problems.append(f"{name}={value!r} must be {what}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def warmup_steps(self, total_steps: int) -> int:
+        """The train steps of the linear warmup over a run of `total_steps`: all that the
+        optimizer (rlver_jax.rl.optimizer) reads of the run's length."""
+        return max(int(self.warmup_ratio * total_steps), 1)

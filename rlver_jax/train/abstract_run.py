@@ -71,7 +71,7 @@ _PROGRAMS_KEPT = 4  # programs hold executables, never arrays: a few cost little
 
 def _program_key(spec: RunSpec, mesh: Mesh, actor_cfg: Qwen2Config) -> tuple:
     """What `_build_update_program` reads: the run's length only through the optimizers' warmups."""
-    warmups = tuple(optimizer.warmup_steps(opt, spec.loop.steps) for opt in (spec.actor_optim, spec.critic_optim))
+    warmups = tuple(opt.warmup_steps(spec.loop.steps) for opt in (spec.actor_optim, spec.critic_optim))
     return (spec.rl, spec.lora, spec.mesh.rules, spec.offload, spec.actor_optim, spec.critic_optim, warmups, mesh,
             actor_cfg)
 

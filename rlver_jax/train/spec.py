@@ -22,6 +22,7 @@ import ml_collections
 from rlver_jax.checks import InputError, build_all, check_ranges
 from rlver_jax.models import smollm2
 from rlver_jax.models.lora_settings import TARGETS, LoraSettings
+from rlver_jax.rl import algorithms
 from rlver_jax.rl.batch import minibatch_unit
 from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rollout.episodes import RolloutSettings
@@ -392,9 +393,14 @@ def resume_changes(saved: dict[str, Any], spec: RunSpec, where: str) -> list[tup
     fixed = [c for c in changes if change_kind(c[0]) == "identity"]
     refused = [c for c in changes if change_kind(c[0]) == "may change" and "*" not in allowed
                and not any(c[0] == a or c[0].startswith(a.rstrip(".") + ".") for a in allowed)]
+    warmups = _warmups_moved(spec, *next(((a, b) for k, a, b in changes if k == "train.steps"), (0, 0)))
+    if not warmups:  # more steps, and nothing else the step count drives: extending a finished run
+        refused = [c for c in refused if not (c[0] == "train.steps" and c[2] > c[1])]
     if not fixed and not refused:
         return changes
     shown = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, a, b in fixed + refused)
+    if warmups and any(k == "train.steps" for k, _, _ in refused):
+        shown += f"; train.steps also sets {warmups}"
     fixes = []
     if fixed:
         fixes.append(f"{', '.join(k for k, _, _ in fixed)} define{'s' if len(fixed) == 1 else ''} what the run trains: "
@@ -405,3 +411,14 @@ def resume_changes(saved: dict[str, Any], spec: RunSpec, where: str) -> list[tup
                      f"--config.checkpoint.allow_changes={names}")
     raise RunChangedError(f"{where} was trained with another config ({shown}); nothing was written: "
                           + "; ".join(fixes))
+
+
+def _warmups_moved(spec: RunSpec, before: int, after: int) -> str:
+    """What a change of train.steps from `before` to `after` moves besides the step count: the
+    optimizers' warm-ups (the critic's when one trains), in words; "" when nothing."""
+    optims = {"the actor's": spec.actor_optim}
+    if algorithms.ESTIMATORS[spec.rl.estimator].critic:
+        optims["the critic's"] = spec.critic_optim
+    moved = [f"{who} warm-up: {opt.warmup_steps(before)} -> {opt.warmup_steps(after)} steps"
+             for who, opt in optims.items() if before != after and opt.warmup_steps(before) != opt.warmup_steps(after)]
+    return "; ".join(moved)
