@@ -31,6 +31,7 @@ import traceback
 from collections.abc import Iterator
 
 from absl import app, flags
+from absl import logging as absl_logging
 
 from rlver_jax.cli import program
 
@@ -96,6 +97,7 @@ def _restored(env: dict[str, str] | None, err: io.StringIO) -> Iterator[None]:
     saved_stdin = sys.stdin
     root = logging.getLogger()
     root_level, root_handlers = root.level, list(root.handlers)
+    absl_formatter = absl_logging.get_absl_handler().formatter  # program.quiet_logs replaces it
     names = [*program.QUIET_LOGGERS, "rlver_jax"]
     levels = {name: logging.getLogger(name).level for name in names}
     sigint = signal.getsignal(signal.SIGINT)
@@ -114,6 +116,7 @@ def _restored(env: dict[str, str] | None, err: io.StringIO) -> Iterator[None]:
     finally:
         root.setLevel(root_level)
         root.handlers[:] = root_handlers
+        absl_logging.get_absl_handler().setFormatter(absl_formatter)
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
         os.chdir(saved_cwd)

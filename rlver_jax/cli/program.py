@@ -287,13 +287,26 @@ def is_expected(e: BaseException) -> bool:
     return False
 
 
+class _PlainFormatter(logging.Formatter):
+    """A log line as a user reads it, `train.py: MESSAGE` (`train.py: warning: MESSAGE` above INFO),
+    without absl's prefix of level, date, thread and source line (those come back with --verbosity=1)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
+        return f"{prog()}: {level}{record.getMessage()}"
+
+
 def quiet_logs() -> None:
-    """Library INFO logs off (QUIET_LOGGERS, unless --logger_levels names the logger); ours on."""
+    """Library INFO logs off (QUIET_LOGGERS, unless --logger_levels names the logger); ours on, as
+    plain lines (the engine's chatter is at DEBUG)."""
+    from absl import logging as absl_logging
+
     named = set(FLAGS["logger_levels"].value or {}) if "logger_levels" in FLAGS else set()
     for name, level in QUIET_LOGGERS.items():
         if name not in named:
             logging.getLogger(name).setLevel(level)
     logging.getLogger("rlver_jax").setLevel(logging.INFO)
+    absl_logging.get_absl_handler().setFormatter(_PlainFormatter())
 
 
 def _print_configs() -> None:

@@ -109,7 +109,7 @@ class KVSessions:
         others = [row for row in range(len(sess.owners)) if row not in new]
         self._reset(sess, others)
         if self._make_room(sess, width + max_new_tokens):
-            log.info("KV cache of session %d: rows %s of no dialogue of this call gave their slots back (%d cached "
+            log.debug("KV cache of session %d: rows %s of no dialogue of this call gave their slots back (%d cached "
                      "tokens plus %d slots for this turn were beyond cache_slots=%d)", session, others, cached,
                      width + max_new_tokens, self.cache_slots)
             return new, width, False

@@ -263,8 +263,9 @@ def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
     mesh, prog = abstract.mesh, abstract.update
     owner = dialogue_processes(spec.loop.profiles_per_step, spec.loop.n, mesh)
     own = np.flatnonzero(owner == jax.process_index())
-    log.info("process %d of %d: %d local devices (%s), dialogues %s of the %d per step", jax.process_index(),
-             jax.process_count(), jax.local_device_count(), jax.local_devices()[0].platform, _ranges(own), len(owner))
+    (log.info if jax.process_count() > 1 else log.debug)(  # one process: nothing a user needs to read
+        "process %d of %d: %d local devices (%s), dialogues %s of the %d per step", jax.process_index(),
+        jax.process_count(), jax.local_device_count(), jax.local_devices()[0].platform, _ranges(own), len(owner))
     if jax.process_index() == 0:  # what the run runs and changes, before the weights load
         changed = ablation.changed_fields(spec.record, spec.preset) if spec.preset is not None else {}
         noop = ablation.no_ops(spec, changed)
