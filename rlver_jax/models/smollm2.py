@@ -49,8 +49,11 @@ def build(out: str | os.PathLike = DEFAULT_DIR) -> pathlib.Path:
         if importlib.util.find_spec(module) is None:
             raise FileNotFoundError(f"transformers reads GGUF files with the {module!r} package: {_INSTALL}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
     from rlver_jax.text.tokenizer_files import save_tokenizer
+
+    transformers_logging.disable_progress_bar()  # three bars of the GGUF reader: launch/fetch_smollm2.py says what it does
 
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
     quantized = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name)
