@@ -36,6 +36,9 @@ from absl import app, flags  # noqa: E402
 _CONFIG = program.config_flag("config", None, "Evaluation config file[:preset], e.g. configs/eval.py:tiny.")
 _COMPARE = flags.DEFINE_list("compare", None, "Evaluation directories to compare, baseline first (no --config).")
 _OUT = flags.DEFINE_string("out", None, "With --compare: directory for compare.md, compare.json, compare.png.")
+_CAPABILITIES = flags.DEFINE_list("capabilities", None, "With --compare: one launch/capabilities.py work directory "
+                                   "per compared run, same order; compare.md then puts the Sentient score beside "
+                                   "MATH500, IFEval and LiveCodeBench in one table.")
 _FORCE = flags.DEFINE_bool("force", False, "With --compare: compare runs played under different protocols "
                            "(simulator, rules, profiles, prompts) anyway; every output says MIXED.")
 
@@ -49,7 +52,8 @@ def main(argv):
         from rlver_jax.eval import compare, protocol
 
         try:
-            result = compare.compare_runs(_COMPARE.value, _OUT.value, force=_FORCE.value)
+            result = compare.compare_runs(_COMPARE.value, _OUT.value, force=_FORCE.value,
+                                          capabilities=_CAPABILITIES.value or ())
         except compare.ProtocolMismatchError as e:
             raise app.UsageError(str(e)) from None
         diff = result["protocol_differences"]

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from configs.eval import get_config
+from rlver_jax.checks import InputError
 from rlver_jax.eval.benchmark import needs_jax, run_benchmark
 from rlver_jax.eval.compare import compare_runs
 from rlver_jax.eval.sentient import breakdown, summarize
@@ -206,6 +207,20 @@ def test_compare_pairs_runs_perprofile(tmp_path):
     assert (b["vs_baseline"]["wins"], b["vs_baseline"]["ties"], b["vs_baseline"]["losses"]) == (1, 2, 1)
     assert (tmp_path / "cmp" / "compare.png").exists() and "paired comparison" in \
         (tmp_path / "cmp" / "compare.md").read_text()
+    # With a capability run per evaluation run: one table of empathy and retention (percent).
+    for name, scores in {"caps_a": {"math500": {"n": 4, "accuracy": 0.75}, "ifeval": {"n": 2, "prompt_level_strict_acc": 0.5}},
+                         "caps_b": {"math500": {"n": 4, "accuracy": 0.5}}}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "capabilities.json").write_text(json.dumps(scores))
+    result = compare_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp2",
+                          capabilities=[tmp_path / "caps_a", tmp_path / "caps_b"])
+    assert result["capabilities"] == {"a": {"math500": 0.75, "ifeval": 0.5, "livecodebench": None},
+                                      "b": {"math500": 0.5, "ifeval": None, "livecodebench": None}}
+    text = (tmp_path / "cmp2" / "compare.md").read_text()
+    assert "| run | Sentient score | MATH500 | IFEval | LiveCodeBench |" in text
+    assert "| b | 63.5 | 50.0 |" in text.replace(".00", ".0")
+    with pytest.raises(InputError, match="--capabilities names 1 directories for 2 runs"):
+        compare_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp3", capabilities=[tmp_path / "caps_a"])
 
 
 @pytest.mark.slow

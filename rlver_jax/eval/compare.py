@@ -25,6 +25,7 @@ import numpy as np
 from rlver_jax import plots
 from rlver_jax.checks import InputError
 from rlver_jax.eval import html_report, protocol
+from rlver_jax.eval.capabilities import report as capability_report
 from rlver_jax.eval.report import json_text, table
 from rlver_jax.files import atomic_write_text
 
@@ -90,14 +91,34 @@ def rank_agreement(runs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]
             for i, a in enumerate(members) for b in members[i + 1:]]
 
 
-def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, *, force: bool = False
-                 ) -> dict[str, Any]:
+def capability_scores(dirs: Sequence[str | pathlib.Path], runs: int) -> list[dict[str, float | None]]:
+    """The headline capability scores (capabilities.report.HEADLINE: fractions) of each of `dirs`,
+    launch/capabilities.py work directories, one per compared run (`runs` of them)."""
+    if len(dirs) != runs:
+        raise InputError(f"--capabilities names {len(dirs)} directories for {runs} runs: give one "
+                         "launch/capabilities.py work directory per run of --compare, in the same order")
+    out = []
+    for d in map(pathlib.Path, dirs):
+        path = d / capability_report.SCORES
+        if not path.is_file():
+            raise InputError(f"--capabilities: {d} holds no {capability_report.SCORES}; launch/capabilities.py "
+                             f"--config.workdir={d} writes it")
+        scores = json.loads(path.read_text())
+        out.append({b: scores.get(b, {}).get(metric) for b, metric in capability_report.HEADLINE.items()})
+    return out
+
+
+def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, *, force: bool = False,
+                 capabilities: Sequence[str | pathlib.Path] = ()) -> dict[str, Any]:
     """Write compare.json, compare.md, compare.png and compare.html (the paired dialogues side by
     side) into `out`; returns the comparison. ProtocolMismatchError, before anything is written,
-    when a field that moves scores differs between the runs and not `force`."""
+    when a field that moves scores differs between the runs and not `force`. `capabilities`: one
+    capability run per evaluation run, whose headline scores join the Sentient score in one table
+    (the paper's main table: empathy and what training kept)."""
     dirs = [pathlib.Path(d) for d in dirs]
     if len(dirs) < 2:
         raise ValueError(f"--compare needs at least two run directories separated by commas, got {dirs}")
+    retained = capability_scores(capabilities, len(dirs)) if capabilities else None
     labels = run_labels(dirs)
     loaded = {label: _load(d) for label, d in zip(labels, dirs)}
     diff = protocol.differences({label: r.get("protocol") or {} for label, r in loaded.items()})
@@ -126,6 +147,8 @@ def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, *,
     result["per_profile"] = [{"id": pid, **{label: float(finals[label][i]) for label in labels}}
                              for i, pid in enumerate(common)]
     result["rank_agreement"] = rank_agreement(loaded)
+    if retained is not None:
+        result["capabilities"] = dict(zip(labels, retained))
     out = pathlib.Path(out)
     atomic_write_text(out / "compare.json", json_text(result))
     plots.paired_scatter(base, {label: finals[label].tolist() for label in labels}, out / "compare.png")
@@ -142,6 +165,20 @@ def _rank_agreement(rows: list[dict[str, Any]]) -> str:
             "runs (1: the same order, -1: the opposite).\n\n"
             + table(["simulator", "simulator", "Kendall's tau"],
                     [[r["simulators"][0], r["simulators"][1], r["kendall_tau"]] for r in rows]))
+
+
+def _main_table(result: dict[str, Any]) -> str:
+    """compare.md's table of empathy beside retention: each run's Sentient score and its capability
+    scores (percent), as the paper's main table puts them."""
+    caps = result.get("capabilities")
+    if not caps:
+        return ""
+    benches = list(capability_report.HEADLINE)
+    rows = [[label, r["score"], *((None if caps[label][b] is None else 100 * caps[label][b]) for b in benches)]
+            for label, r in result["runs"].items()]
+    return ("\n## Empathy and retention\n\nThe Sentient score beside the capability scores (percent: MATH500 "
+            "accuracy, IFEval prompt-level strict accuracy, LiveCodeBench pass@1).\n\n"
+            + table(["run", "Sentient score", *(capability_report.NAMES[b] for b in benches)], rows))
 
 
 def render(result: dict[str, Any]) -> str:
@@ -166,6 +203,7 @@ def render(result: dict[str, Any]) -> str:
         f"{result['paired_profiles']} profiles scored in every run; scores below are over these.\n\n",
         table(["run", "score", "success", "failure", "unpaired", f"mean diff vs {base}", "95% CI",
                "better / equal / worse"], rows),
+        _main_table(result),
         _rank_agreement(result.get("rank_agreement") or []),
         "\n## Protocol differences\n\n",
         table(["field", *labels], protocol_rows) if protocol_rows else "none: one protocol\n",
