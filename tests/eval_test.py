@@ -223,6 +223,23 @@ def test_compare_pairs_runs_perprofile(tmp_path):
         compare_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "cmp3", capabilities=[tmp_path / "caps_a"])
 
 
+def test_the_profiles_a_run_trained_on_are_its_file_less_its_holdout(tmp_path):
+    """A tiny run trains on the first 12 of the 16 shipped profiles (data.eval_holdout 4); with
+    eval_profiles of its own it trains on the whole file."""
+    from configs.grpo_think import get_config as train_config
+    from rlver_jax.eval.run_checkpoint import RunCheckpoint
+    from rlver_jax.simulator.profiles import DEFAULT_PROFILES
+
+    ids = [json.loads(line)["id"] for line in DEFAULT_PROFILES.read_text().splitlines() if line.strip()]
+    config = train_config("tiny")
+    (tmp_path / "config.json").write_text(config.to_json_best_effort())
+    run = RunCheckpoint(tmp_path, tmp_path / "checkpoints", None)
+    assert len(ids) == 16 and run.trained_profile_ids() == set(ids[:12])
+    config.data.eval_profiles = str(DEFAULT_PROFILES)
+    (tmp_path / "config.json").write_text(config.to_json_best_effort())
+    assert run.trained_profile_ids() == set(ids)
+
+
 @pytest.mark.slow
 def test_checkpoint_and_fresh_policies_on_the_cpu(tmp_path, tiny_tokenizer_dir):
     make_run(tmp_path / "run", tiny_tokenizer_dir, think=False)
@@ -234,6 +251,7 @@ def test_checkpoint_and_fresh_policies_on_the_cpu(tmp_path, tiny_tokenizer_dir):
     config.simulator.max_turns = 2
     summary = run_benchmark(EvalSpec.from_config(config), progress=False)
     assert summary["n"] == 1 and summary["run"]["policy"] == "run step 3" and summary["run"]["think"] is False
+    assert "trained_on" not in summary["per_profile"][0]  # the tiny evaluation plays the run's held-out profiles
     [dialogue] = read_jsonl(tmp_path / "eval" / "transcripts.jsonl")
     assert len(dialogue["turns"]) == 2 and dialogue["turns"][0]["raw"]  # the sampler wrote both replies
 

@@ -106,6 +106,13 @@ class _PolicySpec:
         return policy_source.build(c.policy, self.source, c.mesh, c.seed, workdir, sampling,
                                    first_process=process_index() == 0)
 
+    def trained_on(self, profile_ids: list[str]) -> list[str]:
+        """Those of `profile_ids` the policy's training run trained on (a checkpoint's run only)."""
+        if self.source.checkpoint is None:
+            return []
+        trained = self.source.checkpoint.trained_profile_ids()
+        return [pid for pid in profile_ids if pid in trained]
+
     def protocol_fields(self) -> dict[str, Any]:
         """The policy.* fields of the protocol card (eval/protocol.py): what was evaluated, and the
         ids an endpoint's server lists."""
@@ -166,8 +173,8 @@ def run_benchmark(spec: EvalSpec, *, progress: bool = True) -> dict[str, Any]:
                                  policy=policy.protocol_fields(), sampling=settings.sampling,
                                  rollout=dataclasses.replace(settings.rollout, think=policy.source.think),
                                  seed=spec.seed)
-            scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles},
-                                          policy.run_info(),
+            run = {**policy.run_info(), "trained_on": policy.trained_on([p.id for p in profiles])}
+            scores = report.write_outputs(workdir, [done[p.id] for p in profiles], {p.id: p for p in profiles}, run,
                                           levels=(rules.floor, rules.band_b, rules.band_a, rules.ceiling),
                                           card=card, probes=probes)
         return allgather_json(scores)[0]

@@ -60,6 +60,10 @@ def write_outputs(workdir: pathlib.Path, transcripts: Sequence[dict[str, Any]],
                "probes": probe_scores(probes or {}, run["rules"]["initial_emotion"])}
     summary["degenerate_judgements"] = degenerate_judgements((d.simulator_state for d in dialogues),
                                                              run["rules"]["max_change"])
+    trained = set(run.get("trained_on") or ())
+    for row in summary["per_profile"]:
+        if row["id"] in trained:
+            row["trained_on"] = True  # the policy's own run trained on this profile: not held out
     atomic_write_text(workdir / "sentient.json", json_text(summary))
     plots.emotion_trajectories(transcripts, workdir / TRAJECTORIES_PNG, title=f"emotion per dialogue: {run['policy']}",
                                levels=levels)
@@ -127,6 +131,10 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
                    "comparable with published Sentient scores; see their transcripts, fix the simulator "
                    "and rerun (finished dialogues are kept; remove the failed ones from transcripts.jsonl "
                    "to replay them).\n\n")
+    if trained := [p["id"] for p in summary["per_profile"] if p.get("trained_on")]:
+        out.append(f"> **Warning: the policy's training run trained on {len(trained)} of these {len(dialogues)} "
+                   f"profiles** ({', '.join(trained[:8])}{', ...' if len(trained) > 8 else ''}; `trained_on` in "
+                   "sentient.json): their scores are not held out.\n\n")
     if summary.get("degenerate_judgements"):
         out.append("> **Warning: the simulator's judgements look degenerate "
                    f"({summary['degenerate_judgements']}).** "

@@ -8,6 +8,7 @@ rlver_jax.eval.policy_loading loads its actor.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 
 import ml_collections
@@ -26,6 +27,18 @@ class RunCheckpoint:
     def config(self) -> ml_collections.ConfigDict:
         """The run's config.json, brought up to the fields read today (rlver_jax.train.spec.saved_config)."""
         return saved_config(self.run_dir)
+
+    def trained_profile_ids(self) -> set[str]:
+        """The ids of the profiles the run trained on: its data.train_profiles, less the last
+        data.eval_holdout when it held those out (an empty set when the file is gone)."""
+        data = self.config().data
+        path = pathlib.Path(data.train_profiles)
+        if not path.is_file():
+            return set()
+        ids = [json.loads(line)["id"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not data.eval_profiles and data.eval_holdout:
+            ids = ids[:-data.eval_holdout]
+        return set(ids)
 
     def resolved_step(self) -> int:
         """The step to load (the latest one when none was named); lists the directory only."""
