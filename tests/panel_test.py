@@ -76,10 +76,11 @@ def test_a_members_dead_server_is_named_by_the_panel(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/v1"
     with Servers() as servers:
         config = config_urls(tmp_path / "panel", servers.policy.base_url, servers.simulator.base_url, profiles,
-                             **{"eval.simulators": f"simulator@{dead}"})
-        with pytest.raises(SimulatorUnavailableError, match=rf"config.eval.simulators: member 1 of 1, "
+                             **{"eval.simulators": f"simulator@{servers.simulator.base_url},simulator@{dead}"})
+        with pytest.raises(SimulatorUnavailableError, match=rf"config.eval.simulators: member 2 of 2, "
                                                             rf"'simulator@{dead}': simulator: no server answers"):
             run_benchmark(EvalSpec.from_config(config), progress=False)
+    assert not (tmp_path / "panel").exists()  # the live first member did not start: nothing written
 
 
 def test_a_panel_of_two_simulators_scores_under_each(tmp_path):

@@ -187,19 +187,21 @@ def _run_panel(spec: EvalSpec, members: tuple[panel.Member, ...], progress: bool
     """The evaluation of `spec` under each simulator of the panel, one after another, each in
     its own directory under WORKDIR; then (process 0) the panel's sentient.json and report.md."""
     workdir = pathlib.Path(spec.workdir)
-    results = []
-    for k, member in enumerate(members):
+    ones = []
+    for k, member in enumerate(members):  # every member checked (its server asked) before anything is written
         # Its errors name the member, beside the config.simulator fields it set.
         named = f"config.eval.simulators: member {k + 1} of {len(members)}, {member.label!r}"
         try:
-            one = spec.panel_member(k, member)  # `spec` is already under the run's settings
-        except ValueError as e:
-            raise ValueError(f"{named}: {e}") from e
-        log.info("panel: simulator %d of %d, %s, into %s", k + 1, len(members), member.label, one.workdir)
-        try:
-            results.append(run_benchmark(one, progress=progress))
+            ones.append(spec.panel_member(k, member))  # `spec` is already under the run's settings
+            check_endpoint(ones[-1].settings.simulator)
         except SimulatorUnavailableError as e:
             raise SimulatorUnavailableError(f"{named}: {e}") from e
+        except ValueError as e:
+            raise ValueError(f"{named}: {e}") from e
+    results = []
+    for k, (member, one) in enumerate(zip(members, ones)):
+        log.info("panel: simulator %d of %d, %s, into %s", k + 1, len(members), member.label, one.workdir)
+        results.append(run_benchmark(one, progress=progress))
     summary = None
     if process_index() == 0:
         summary = panel.summarize_panel(members, results)
