@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import pathlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -111,11 +112,7 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
                           config=run.spec.record, table_every=s.eval_every)
         if jax.process_index() == 0:
             discard_transcripts(run.workdir / "transcripts", start)  # steps >= start run again
-        for version, actor in versions.items():  # this process's sampling copies (LoRA: merged into the base)
-            buffer.publish(version, run.sampling_layout.copy(run.update.actor_params(state.replace(actor=actor),
-                                                                                      run.frozen)))
-        sampler = run.sampling_layout.copy(run.update.actor_params(state, run.frozen))
-        buffer.publish(start, sampler)
+        sampler = _publish_start(run, buffer, state, versions, start)
         for step in range(start, s.steps):
             t0 = time.perf_counter()
             batch = buffer.get(until=lambda: guard.stopping)
@@ -131,14 +128,14 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
                 jax.tree.map(lambda x: x.delete(), sampler)
             state, dialogues, advantages, metrics = _update(run, step, state, batch, wait_s)
             norms = alarms.check_growth(step, norms, metrics, s, manager)
-            sampler = run.sampling_layout.copy(run.update.actor_params(state, run.frozen))
+            sampler = _sampling_copy(run, state)
             buffer.publish(step + 1, sampler)
             if s.transcripts and jax.process_index() == 0:
                 write_transcripts(run.workdir / "transcripts", step, dialogues, advantages=advantages)
             if s.eval_every and run.eval_profiles and (step + 1) % s.eval_every == 0:
                 with writers.evaluating(step, len(run.eval_profiles[:s.eval_max_profiles or None])) as timing:
-                    evaluated = _evaluate_unless_stopping(run, sampler, step, train_state.step_keys(rng, step).eval,
-                                                          guard)
+                    evaluated = _evaluate_unless_stopping(
+                        lambda: evaluate(run, sampler, step, train_state.step_keys(rng, step).eval), step, guard)
                 metrics.update(evaluated, **(timing if evaluated else {}))
             writers.write(step, metrics, dialogues)
             lowest_degenerate = alarms.check_degeneration(step, lowest_degenerate, metrics, s)
@@ -148,10 +145,9 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
                 run.storage.push()
             guard.end_step()
     except KeyboardInterrupt:
-        raise shutdown.interrupted(manager, state, guard.step, {**record, "param_norms": norms,
-                                                               **({"sampling_versions": sorted(versions)} if versions else {})},
-                                   s.workdir, sampling=resume.sampling_item(versions), exit_status=guard.exit_status,
-                                   signal=guard.signal) from None
+        kept = {**record, "param_norms": norms, **({"sampling_versions": sorted(versions)} if versions else {})}
+        raise shutdown.interrupted(manager, state, guard.step, kept, s.workdir, sampling=resume.sampling_item(versions),
+                                   exit_status=guard.exit_status, signal=guard.signal) from None
     finally:
         guard.close()
         shutdown.shut_down(buffer, manager, writers)
@@ -162,18 +158,35 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
     return metrics
 
 
-def _evaluate_unless_stopping(run: Run, sampler: Any, step: int, key: jax.Array, guard: StepGuard) -> dict[str, float]:
-    """The in-loop evaluation of `step`, unless a signal came (it is skipped: the checkpoint must be
-    written in bounded time); a signal during it abandons it (one process: the update is complete,
-    so the step is saved without its evaluation)."""
+def _publish_start(run: Run, buffer: RolloutBuffer, state: train_state.TrainState, versions: dict[int, Any],
+                   start: int) -> Any:
+    """Publish to `buffer` the sampling copies the batches from `start` on begin with: the older
+    actor `versions` a resume restored, and the state's own as version `start` (returned)."""
+    for version, actor in versions.items():
+        buffer.publish(version, _sampling_copy(run, state.replace(actor=actor)))
+    sampler = _sampling_copy(run, state)
+    buffer.publish(start, sampler)
+    return sampler
+
+
+def _sampling_copy(run: Run, state: train_state.TrainState) -> Any:
+    """This process's sampling copy of the actor of `state` (LoRA: merged into the base)."""
+    return run.sampling_layout.copy(run.update.actor_params(state, run.frozen))
+
+
+def _evaluate_unless_stopping(evaluation: Callable[[], dict[str, float]], step: int, guard: StepGuard
+                              ) -> dict[str, float]:
+    """The in-loop evaluation of `step` (`evaluation()`), unless a signal came (it is skipped: the
+    checkpoint must be written in bounded time); a signal during it abandons it (one process: the
+    update is complete, so the step is saved without its evaluation)."""
     if guard.stopping:
         log.warning("step %d: the in-loop evaluation is skipped (stopping)", step)
         return {}
     if guard.processes > 1:  # every process must stop at the same point: it cannot be cut short
-        return evaluate(run, sampler, step, key)
+        return evaluation()
     try:
         with guard.interruptible():
-            return evaluate(run, sampler, step, key)
+            return evaluation()
     except KeyboardInterrupt:
         if not guard.stopping:
             raise
