@@ -11,7 +11,7 @@ simulator code path, so reward hacking shows up as a gap between the two.
 
 On many hosts every process runs this same loop. Rollouts are per process: each runs its own
 dialogues of the step (`Run.own_dialogues`, whole GRPO groups) with its own simulator client, on
-its own sampling copy of the policy (sharding.SamplingLayout). The finished dialogues are then
+its own sampling copy of the policy (sampling_copy.SamplingLayout). The finished dialogues are then
 all-gathered (rlver_jax.parallel.hosts), so every process computes the same metrics and agrees on the
 batch shapes, and each contributes only its own rows to the one global update. Process 0 writes
 metrics, TensorBoard, transcripts and plots; every process saves its shards of the checkpoint.

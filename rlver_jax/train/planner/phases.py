@@ -13,7 +13,7 @@ compiled for a TPU chip, its cost (rlver_jax.train.planner.hlo_cost). The phases
                  generation (prefill + decode loop) at a prompt of max_total_tokens when
                  rollout.cache_slots is 0, else the multi-turn program on a cache of
                  cache_slots, fed `feed_tokens` new tokens. It runs on one host's sampling copy
-                 of the actor (sharding.SamplingLayout: replicated across hosts, split over the
+                 of the actor (SamplingLayout: replicated across hosts, split over the
                  host's `host_devices` devices, in the compute dtype) on that host's share of
                  the dialogues, beside the train state.
 
@@ -50,6 +50,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rlver_jax.models import qwen2
 from rlver_jax.parallel import sharding
+from rlver_jax.parallel.sampling_copy import SamplingLayout
 from rlver_jax.rl import offload
 from rlver_jax.rollout.cache_bound import session_slots
 from rlver_jax.sampling import generation
@@ -268,8 +269,8 @@ def describe_rollout(shapes: RolloutShapes) -> str:
     return f"{per_call}, prompt {shapes.prompt} + {shapes.new_tokens} new tokens, KV cache off (re-encode)"
 
 
-def sampling_layout(s: Setup, host_devices: int | None = None) -> sharding.SamplingLayout:
-    """The host-local sampling layout of the run (sharding.SamplingLayout) on one host of
+def sampling_layout(s: Setup, host_devices: int | None = None) -> SamplingLayout:
+    """The host-local sampling layout of the run (rlver_jax.parallel.sampling_copy) on one host of
     `host_devices` devices (default: every device is one host's), beside the training mesh; on a
     TPU topology, its first host's devices."""
     n = host_devices or s.mesh.size
@@ -279,7 +280,7 @@ def sampling_layout(s: Setup, host_devices: int | None = None) -> sharding.Sampl
     # On a TPU topology of several hosts: a one-host topology's devices (Target.host_target).
     devices = list(s.mesh.devices.flat)[:n] if s.target is None else list(s.target.host_target().devices)
     host = sharding.make_mesh((1, n // tensor, tensor), devices)
-    return sharding.SamplingLayout.create(s.update.actor_cfg, host, s.spec.mesh.rules)
+    return SamplingLayout.create(s.update.actor_cfg, host, s.spec.mesh.rules)
 
 
 def _cache_sharding(mesh: Mesh, cache) -> Any:
