@@ -1,12 +1,12 @@
 r"""Learning run of the real SmolLM2-135M-Instruct (issues 25, 42): does RL against the embedded
 simulator raise the Sentient score on held-out English profiles? Never in CI.
 
-  python benchmarks/learning_smol.py --out=/tmp/learning_smol                # the README's commands
-  python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo,drgrpo
-  python benchmarks/learning_smol.py --out=/tmp/split --protocol=split --algos=grpo,ppo --steps=10
+  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/learning_smol                # docs/smol.md's commands
+  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo,drgrpo
+  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/split --protocol=split --algos=grpo,ppo --steps=10
 
 Everything goes through the project's own commands, so the numbers are what a user would get.
---protocol=preset (the default) runs the README's smol commands as written:
+--protocol=preset (the default) runs docs/smol.md's commands as written:
   1. `launch/eval.py --config=configs/eval.py:smol` of the untrained model (the 16 English profiles
      the smol training presets hold out, SAGE's rules: initial emotion 40, 10 rounds, the last
      reply unjudged): OUT/eval_base;
@@ -50,7 +50,7 @@ from rlver_jax.rl.algorithms import ALGORITHMS  # noqa: E402
 _OUT = flags.DEFINE_string("out", "/tmp/learning_smol", "Directory for everything (reruns resume each command).")
 _ALGOS = flags.DEFINE_list("algos", ["grpo"], "Recipes (config.rl.algo) to train, each from its no-think smol preset.")
 _PROTOCOL = flags.DEFINE_enum("protocol", "preset", ["preset", "split"],
-                              "preset: the README's commands as written; split: the profiles of --train_profiles "
+                              "preset: docs/smol.md's commands as written; split: the profiles of --train_profiles "
                               "and --eval_profiles, each eval profile --eval_repeats times.")
 _STEPS = flags.DEFINE_integer("steps", 0, "Training steps per run; 0 = the preset's own.")
 _TRAIN = flags.DEFINE_list("train_profiles", [f"rlverjax-en-0{i}" for i in range(1, 5)],

@@ -2,8 +2,8 @@ r"""Each RL recipe of the algorithm table (rlver_jax.rl.algorithms) on the tiny 
 default 40 steps (issue 40): what each does on our problem, side by side. Never in CI: about 4
 minutes a recipe on an idle core, 9 recipes.
 
-  python benchmarks/recipes_tiny.py --out=/tmp/recipes_tiny                 # every recipe
-  python benchmarks/recipes_tiny.py --out=/tmp/recipes_tiny --algos=grpo,rloo
+  .venv/bin/python benchmarks/recipes_tiny.py --out=/tmp/recipes_tiny                 # every recipe
+  .venv/bin/python benchmarks/recipes_tiny.py --out=/tmp/recipes_tiny --algos=grpo,rloo
 
 Every run is the project's own command, `launch/train.py --config=configs/{ppo,grpo}_think.py:tiny
 --config.rl.algo=ALGO` (ppo from the PPO preset, every other recipe from the GRPO one, whose rows
@@ -15,7 +15,7 @@ the run took; then, per in-loop evaluation, what the held-out score is made of (
 dialogue, the mean emotion change of a turn, the share of replies sent raw for want of `</think>`,
 the shares the rules judged curt or garbage, the mean length of what the user read, how the
 dialogues ended): why the score falls while the training reward rises (docs/benchmarks.md).
-With --figures=DIR each run's reward.png is copied to DIR/ALGO_think_tiny_reward.png (the README's figures:
+With --figures=DIR each run's reward.png is copied to DIR/ALGO_think_tiny_reward.png (docs/training.md's figures:
 --algos=grpo,ppo --figures=docs/img).
 """
 

@@ -2,10 +2,10 @@ r"""Stale rollouts with and without truncated importance sampling on the tiny th
 default 40 steps (issue 41): learning curves side by side. Never in CI: a few minutes a run on an
 idle core, 3 runs by default.
 
-  python benchmarks/staleness_tiny.py --out=/tmp/staleness_tiny
-  python benchmarks/staleness_tiny.py --out=/tmp/staleness_tiny --variants=on_policy,stale2_tis
+  .venv/bin/python benchmarks/staleness_tiny.py --out=/tmp/staleness_tiny
+  .venv/bin/python benchmarks/staleness_tiny.py --out=/tmp/staleness_tiny --variants=on_policy,stale2_tis
   # partial rollouts on and off, on dialogues of three policy turns:
-  python benchmarks/staleness_tiny.py --out=/tmp/partial_tiny --variants=stale2_tis_3turns,stale2_tis_3turns_whole
+  .venv/bin/python benchmarks/staleness_tiny.py --out=/tmp/partial_tiny --variants=stale2_tis_3turns,stale2_tis_3turns_whole
 
 Every run is the project's own command, `launch/train.py --config=configs/grpo_think.py:tiny` and
 the variant's flags (VARIANTS below), in OUT/VARIANT, through benchmarks/recipes_tiny.py's `run`

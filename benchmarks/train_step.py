@@ -3,12 +3,12 @@ r"""Train-step benchmark (issue 7): our jitted policy update vs a PyTorch step o
   .venv/bin/python benchmarks/train_step.py                               # tiny and 0.5B
   .venv/bin/python benchmarks/train_step.py --runs=tiny:16x512 --steps=3  # seconds
   .venv/bin/python benchmarks/train_step.py --runs=smol:8x256 --scan_layers  # the real SmolLM2 (issue 25)
-  python benchmarks/train_step.py --dtype=bfloat16 --peak_tflops=989 \
+  .venv/bin/python benchmarks/train_step.py --dtype=bfloat16 --peak_tflops=989 \
       --runs=qwen2.5-0.5b:8x2048,qwen2.5-1.5b:8x2048                     # an H200 (torch on CUDA)
 
 For each run (preset:BATCHxTOKENS), random weights are drawn once (our init), written as a
 Hugging Face directory and loaded by transformers, so both sides train the same model on the same
-batch; the preset `smol` is the real SmolLM2-135M-Instruct of `python launch/fetch_smollm2.py`
+batch; the preset `smol` is the real SmolLM2-135M-Instruct of `.venv/bin/python launch/fetch_smollm2.py`
 (rlver_jax.models.smollm2.DEFAULT_DIR), its directory read by both sides: B rows of T random tokens, every row full length, alternating 64-token user and policy
 segments (the policy mask covers half the tokens), a GRPO reward on each row's last policy token.
 

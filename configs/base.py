@@ -4,7 +4,7 @@ The paper configs (ppo_think.py, grpo_think.py, ...) call `base.get_base_config(
 think)`. Presets:
   tiny: CPU, random-init tiny Qwen2, the locally built tiny tokenizer, the embedded simulator and
         the project's own profiles; a few minutes.
-  smol: CPU, the real SmolLM2-135M-Instruct (a Llama) built offline by `python launch/fetch_smollm2.py`,
+  smol: CPU, the real SmolLM2-135M-Instruct (a Llama) built offline by `.venv/bin/python launch/fetch_smollm2.py`,
         the embedded simulator and the project's own English profiles; short turns that fit a CPU.
   0.5b: Qwen2.5-0.5B-Instruct from --config.model.path, a served simulator.
   7b:   Qwen2.5-7B-Instruct, the paper's setting (default).
@@ -13,7 +13,7 @@ think)`. Presets:
 
 import ml_collections
 
-from configs.eval import ENGLISH_PROFILES, SHIPPED_PROFILES, SMOL_HOLDOUT, get_policy_sampling_config
+from configs.eval import ENGLISH_PROFILES, SHIPPED_PROFILES, SMOL_HOLDOUT, TINY_HOLDOUT, get_policy_sampling_config
 from configs.mesh import get_mesh_config
 from configs.simulator import get_emotion_rules_config, get_simulator_config
 from rlver_jax.models import smollm2
@@ -119,7 +119,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.data.eval_profiles = ""  # held-out profiles for in-loop evaluation; "" = hold out from train
     # with eval_profiles "": the last N train profiles, never trained on. smol: SMOL_HOLDOUT (16), two of each
     # hidden goal, the very profiles configs/eval.py:smol plays (a held-out base-vs-trained comparison)
-    c.data.eval_holdout = 4 if tiny else SMOL_HOLDOUT if smol else 0
+    c.data.eval_holdout = TINY_HOLDOUT if tiny else SMOL_HOLDOUT if smol else 0
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.think = think  # think-then-say: reason in <think>...</think> before replying

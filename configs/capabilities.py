@@ -1,18 +1,18 @@
 """Capability retention (MATH500, IFEval, LiveCodeBench):
-`python launch/capabilities.py --config=configs/capabilities.py`.
+`.venv/bin/python launch/capabilities.py --config=configs/capabilities.py`.
 
 The policy section is configs/eval.py's (the same fields, defaults and meaning), but greedy and
 with room for worked answers; the data are local files in the published formats (fetch them once
-with `python launch/capabilities.py --fetch_data=DIR`); any subset of the three may be given.
+with `.venv/bin/python launch/capabilities.py --fetch_data=DIR`); any subset of the three may be given.
 
 A 7B export served by SGLang (docs/capabilities.md), then the base model, then the comparison:
-  python launch/capabilities.py --config=configs/capabilities.py --config.workdir=runs/caps_ppo \\
+  .venv/bin/python launch/capabilities.py --config=configs/capabilities.py --config.workdir=runs/caps_ppo \\
       --config.policy.backend=openai --config.policy.base_url=http://policyhost:30000/v1 \\
       --config.policy.model=policy --config.policy.think=True \\
       --config.data.math500=data/caps/math500/test.jsonl \\
       --config.data.ifeval=data/caps/ifeval/ifeval_input_data.jsonl \\
       --config.data.livecodebench=data/caps/livecodebench
-  python launch/capabilities.py --config=configs/capabilities.py --config.workdir=runs/caps_ppo \\
+  .venv/bin/python launch/capabilities.py --config=configs/capabilities.py --config.workdir=runs/caps_ppo \\
       ... --config.compare_to=runs/caps_base
 Presets:
   default: the settings above; policy and data are yours to point at.

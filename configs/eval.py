@@ -1,16 +1,16 @@
-"""The Sentient benchmark under the SAGE protocol: `python launch/eval.py --config=configs/eval.py[:tiny|smol]`.
+"""The Sentient benchmark under the SAGE protocol: `.venv/bin/python launch/eval.py --config=configs/eval.py[:tiny|smol]`.
 
 The simulated user opens with each profile's `first_talk`, starts at emotion 40, and the dialogue
 ends on a goodbye, at 100 (success), below 10 (failure) or after 10 rounds, the 10th reply not
 judged (configs/simulator.py with eval_mode=True).
 
 A checkpoint of ours, on a served simulator, with the 100 SAGE test profiles:
-  python launch/eval.py --config=configs/eval.py --config.workdir=runs/eval_ppo_think \\
+  .venv/bin/python launch/eval.py --config=configs/eval.py --config.workdir=runs/eval_ppo_think \\
       --config.policy.checkpoint=runs/ppo_think_7b \\
       --config.eval.profiles=../shared/data/rlver/test_profile.jsonl \\
       --config.simulator.base_url=http://simhost:30000/v1 --config.simulator.model=simulator
 A served or API model (the key, if any, in the environment variable policy.api_key_env names):
-  python launch/eval.py --config=configs/eval.py --config.workdir=runs/eval_qwen7b \\
+  .venv/bin/python launch/eval.py --config=configs/eval.py --config.workdir=runs/eval_qwen7b \\
       --config.eval.profiles=../shared/data/rlver/test_profile.jsonl \\
       --config.policy.backend=openai --config.policy.base_url=http://policyhost:8000/v1 \\
       --config.policy.model=Qwen2.5-7B-Instruct \\
@@ -25,7 +25,7 @@ Presets:
         mode, 48-token turns, initial emotion 30); to score a run under its own rules add
         --config.eval.like_training=RUN (docs/cli.md).
   smol: CPU, the tiny preset's lengths and simulator with the real SmolLM2-135M-Instruct of
-        `python launch/fetch_smollm2.py` (policy.path), or a smol training run's --config.policy.checkpoint;
+        `.venv/bin/python launch/fetch_smollm2.py` (policy.path), or a smol training run's --config.policy.checkpoint;
         English profiles only: the SMOL_HOLDOUT profiles the smol training presets hold out
         (configs/base.py), so base against trained is a held-out comparison.
 """
@@ -52,6 +52,9 @@ ENGLISH_PROFILES = SHIPPED_PROFILES.with_name("profiles_en.jsonl")
 # and the smol evaluation's profiles. 16 (two of each hidden goal, all three personality types), so
 # a difference between base and trained can show; the rest (24) are trained on.
 SMOL_HOLDOUT = 16
+# The last TINY_HOLDOUT of SHIPPED_PROFILES: held out of tiny training (configs/base.py, data.eval_holdout)
+# and the tiny evaluation's profiles, so a tiny run is scored on profiles it never trained on.
+TINY_HOLDOUT = 4
 
 
 def get_policy_sampling_config(*, tiny: bool = False) -> ml_collections.ConfigDict:
@@ -94,8 +97,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # smol: our English ones only (an English model), of which it plays the held-out ones (eval.holdout)
     c.eval.profiles = str(ENGLISH_PROFILES) if smol else str(SHIPPED_PROFILES) if tiny else ""
     # Only the last N profiles of the file (0 = all): those a training run on the same file with
-    # data.eval_holdout=N held out. smol: the smol training presets' SMOL_HOLDOUT (0 with another file)
-    c.eval.holdout = SMOL_HOLDOUT if smol else 0
+    # data.eval_holdout=N held out. tiny and smol: their training presets' TINY_HOLDOUT and SMOL_HOLDOUT
+    # (set 0 to play every profile of another file)
+    c.eval.holdout = SMOL_HOLDOUT if smol else TINY_HOLDOUT if tiny else 0
     c.eval.max_profiles = 0  # 0 = every profile (of the holdout); else the first N
     # Dialogues in flight at once (simulator.max_concurrency bounds the simulator's requests); an
     # openai policy also has at most this many requests in flight.

@@ -31,5 +31,9 @@ def get_mesh_config(
         "coordinator_address": config_dict.placeholder(str),
         "num_processes": config_dict.placeholder(int),
         "process_id": config_dict.placeholder(int),
+        # Seconds without a heartbeat after which a process counts as lost (killed, frozen,
+        # partitioned): every survivor then stops with one line naming it and exit status 75,
+        # "restart the job" (rlver_jax/parallel/peers.py; JAX's own timeout is set 60 s above it)
+        "peer_timeout_s": 60.0,
     })
     return cfg

@@ -2,7 +2,7 @@
 (empathy depth, insight, solution crafting, dialogue guidance, style adaptability; 1 to 5) and
 counts the response strategies of every policy reply; a table and charts per model.
 
-  python launch/analyze.py --runs=runs/eval_base,runs/eval_ppo_think --out=runs/analysis \\
+  .venv/bin/python launch/analyze.py --runs=runs/eval_base,runs/eval_ppo_think --out=runs/analysis \\
       --base_url=http://simhost:30000/v1 --model=simulator
 
 By default the judge is the simulator's server (configs/simulator.py). Writes OUT/analysis.md,
@@ -14,10 +14,11 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
+
 from absl import app, flags  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
-from rlver_jax.cli import program  # noqa: E402
 
 _SIMULATOR = get_simulator_config(eval_mode=True)
 _RUNS = flags.DEFINE_list("runs", None, "Evaluation directories (launch/eval.py work directories), one model each.")

@@ -2,18 +2,18 @@
 own libraries (the `capabilities` extra: pip install -e '.[capabilities]').
 
   # the data, once, on a machine with a model hub (huggingface_hub); nothing reads a hub at run time
-  python launch/capabilities.py --fetch_data=data/caps
+  .venv/bin/python launch/capabilities.py --fetch_data=data/caps
   # a served model (SGLang, vLLM, any OpenAI-compatible endpoint); see configs/capabilities.py
-  python launch/capabilities.py --config=configs/capabilities.py --config.workdir=runs/caps_base \\
+  .venv/bin/python launch/capabilities.py --config=configs/capabilities.py --config.workdir=runs/caps_base \\
       --config.policy.backend=openai --config.policy.base_url=URL --config.policy.model=NAME \\
       --config.data.math500=data/caps/math500/test.jsonl \\
       --config.data.ifeval=data/caps/ifeval/ifeval_input_data.jsonl \\
       --config.data.livecodebench=data/caps/livecodebench
   # a checkpoint of ours, side by side with its base
-  python launch/capabilities.py --config=configs/capabilities.py --config.workdir=runs/caps_ppo \\
+  .venv/bin/python launch/capabilities.py --config=configs/capabilities.py --config.workdir=runs/caps_ppo \\
       --config.policy.checkpoint=runs/ppo_think_7b --config.data.math500=... --config.compare_to=runs/caps_base
   # tiny, on a CPU: the pipeline end to end
-  python launch/capabilities.py --config=configs/capabilities.py:tiny --config.workdir=/tmp/caps_tiny \\
+  .venv/bin/python launch/capabilities.py --config=configs/capabilities.py:tiny --config.workdir=/tmp/caps_tiny \\
       --config.data.math500=FILE
 
 Writes WORKDIR/capabilities.json, items.jsonl, report.md, capabilities.html (and with
@@ -26,9 +26,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
-from absl import app, flags  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from rlver_jax.cli import program  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 _CONFIG = program.config_flag("config", None, "Capabilities config file[:preset], e.g. configs/capabilities.py.")
 _FETCH = flags.DEFINE_string("fetch_data", None, "Download MATH-500, IFEval and LiveCodeBench into this directory "

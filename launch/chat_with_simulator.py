@@ -2,11 +2,11 @@ r"""Play the policy yourself against a simulated user and watch the emotion move
 
 Useful to sanity-check a simulator model before training against it:
 
-  python launch/chat_with_simulator.py --list
-  python launch/chat_with_simulator.py --profile=rlverjax-en-03 \
+  .venv/bin/python launch/chat_with_simulator.py --list
+  .venv/bin/python launch/chat_with_simulator.py --profile=rlverjax-en-03 \
       --config.base_url=http://127.0.0.1:30000/v1 --config.model=simulator
-  python launch/chat_with_simulator.py --profile=0 --config.backend=embedded
-  python launch/chat_with_simulator.py --config=configs/simulator.py:eval \
+  .venv/bin/python launch/chat_with_simulator.py --profile=0 --config.backend=embedded
+  .venv/bin/python launch/chat_with_simulator.py --config=configs/simulator.py:eval \
       --profiles=../shared/data/rlver/test_profile.jsonl --profile=5
 
 Type your reply at `you>`; an empty line or Ctrl-D ends the session.
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs from a checkout
 
-from absl import app, flags  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from rlver_jax.cli import program  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 if TYPE_CHECKING:
     from rlver_jax import simulator

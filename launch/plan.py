@@ -1,10 +1,10 @@
 r"""Per-device memory of a training run's programs, compiled ahead of time from the training config.
 
-  python launch/plan.py --config=configs/ppo_think.py:tiny
-  python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4
-  python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4 --slices=2 --config.mesh.shape='(2,-1,4)'
+  .venv/bin/python launch/plan.py --config=configs/ppo_think.py:tiny
+  .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4
+  .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4 --slices=2 --config.mesh.shape='(2,-1,4)'
   XLA_FLAGS=--xla_force_host_platform_device_count=16 JAX_PLATFORMS=cpu \
-    python launch/plan.py --config=configs/ppo_think.py:7b --config.mesh.shape='(1,16,1)' --memory_gb=16
+    .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --config.mesh.shape='(1,16,1)' --memory_gb=16
 
 Takes the config and overrides of launch/train.py and compiles, from abstract shapes (no weights
 are allocated or read), the programs of the train step the run executes (prepare, the actor's and
@@ -28,9 +28,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
-from absl import app, flags  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from rlver_jax.cli import program  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 _CONFIG = program.config_flag("config", None, "Training config file[:preset], as for launch/train.py.")
 _MEMORY = flags.DEFINE_float("memory_gb", None, "Per-device memory budget in GB (1e9 bytes); default: the "

@@ -1,7 +1,7 @@
 r"""Train an empathetic dialogue policy with RLVER (PPO or GRPO).
 
-  python launch/train.py --config=configs/grpo_think.py:tiny --config.workdir=/tmp/rlver_tiny
-  python launch/train.py --config=configs/ppo_think.py --config.model.path=/models/Qwen2.5-7B-Instruct \
+  .venv/bin/python launch/train.py --config=configs/grpo_think.py:tiny --config.workdir=/tmp/rlver_tiny
+  .venv/bin/python launch/train.py --config=configs/ppo_think.py --config.model.path=/models/Qwen2.5-7B-Instruct \
       --config.data.train_profiles=/data/rlver/train_profile.jsonl \
       --config.simulator.base_url=http://simhost:30000/v1
 
@@ -9,12 +9,9 @@ Ablations are config overrides (--config.rl.algo=grpo --config.rollout.n=4,
 --config.simulator.difficulty=challenging, --config.rollout.max_staleness=1). A typo in an
 override is an error: the config is locked. --print_config shows every field with its comment.
 
-Exit status: 0 done (the last line says where the outputs are); 1 an error of the data, the
-simulator or the disk (one line saying what to fix; rerunning resumes); 2 bad flags, a bad config
-field or a missing path (one line naming the field, before JAX is imported and before anything is
-written);
-130 Ctrl-C, 143 SIGTERM (a preemption): the running step is finished and saved first, within
-config.checkpoint.stop_within_s; the line says where the checkpoint is; rerunning resumes.
+On Ctrl-C (exit 130) or SIGTERM (143, a preemption) the running step is finished and saved
+first, within config.checkpoint.stop_within_s; the line says where the checkpoint is; rerunning
+the same command resumes. A bad field stops it before JAX is imported and anything is written.
 """
 
 import os
@@ -25,9 +22,9 @@ import traceback
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
-from absl import app  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from rlver_jax.cli import program  # noqa: E402
+from absl import app  # noqa: E402
 
 _CONFIG = program.config_flag("config", None, "Training config file[:preset], e.g. configs/grpo_think.py:tiny.")
 

@@ -2,9 +2,9 @@
 
   # a training run of launch/train.py: RUN_DIR/view/index.html (curves, one row per step) and
   # one page per step's batch (GRPO groups side by side, rewards, advantages) and evaluation
-  python launch/view.py runs/grpo_think_tiny
+  .venv/bin/python launch/view.py runs/grpo_think_tiny
   # an evaluation of launch/eval.py: WORKDIR/report.html again (eval.py writes it too)
-  python launch/view.py runs/eval_tiny
+  .venv/bin/python launch/view.py runs/eval_tiny
 
 Rerunning it during a training run writes the pages of the new steps only. --out puts a training
 run's pages elsewhere.
@@ -15,16 +15,16 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # rlver_jax/
 
-from absl import app, flags  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from rlver_jax.cli import program  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", None, "Training runs: directory for the pages (default RUN_DIR/view).")
 
 
 def main(argv):
     if len(argv) != 2:
-        raise app.UsageError("give one directory: python launch/view.py RUN_DIR")
+        raise app.UsageError("give one directory: .venv/bin/python launch/view.py RUN_DIR")
     from rlver_jax.eval import html_report, run_view
 
     run_dir = pathlib.Path(argv[1])

@@ -9,6 +9,12 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 
+class InputError(ValueError):
+    """Bad input a user gave: a config field, a path it names or a file's contents (profiles, a
+    checkpoint of another run, results of another protocol). The launch/ scripts exit with status 2
+    for it (rlver_jax/cli/program.py), as for a bad flag: rerunning the same command cannot help."""
+
+
 def check_ranges(values: Mapping[str, Any], *, lowest: Mapping[str, float] | None = None,
                  positive: Collection[str] = (), fraction: Collection[str] = ()) -> None:
     """One ValueError naming every value of `values` (its key: the field's name, e.g.

@@ -2,7 +2,7 @@
 process with 8 devices: the same step-0 dialogues, reward, emotion and losses; the two-process run
 resumes from its checkpoint; metrics and transcripts hold each step and dialogue exactly once.
 
-The processes run the README's multi-host commands (the block after "two processes on one
+The processes run the multi-host commands of docs/pods.md (the block after "two processes on one
 machine") on the PPO preset in place of the GRPO one, with a free port for the coordinator, a
 temporary work directory and overrides that shrink the run to seconds. (No persistent compilation
 cache: it stays off on virtual CPU devices, rlver_jax.cli.program.compilation_cache_dir.)
@@ -37,8 +37,8 @@ SMALL = ["--config.rollout.max_new_tokens=16", "--config.rollout.format_failure=
 
 
 def readme_commands() -> tuple[dict[str, str], list[list[str]]]:
-    """The README's two-process example: (environment, one argv per process)."""
-    text = (REPO / "README.md").read_text()
+    """The two-process example of docs/pods.md: (environment, one argv per process)."""
+    text = (REPO / "docs" / "pods.md").read_text()
     block = re.search(r"two processes on one machine.*?```bash\n(.*?)```", text, re.S).group(1)
     env, argvs = {}, []
     for line in block.splitlines():
@@ -59,7 +59,7 @@ def _free_port() -> int:
 
 def start(config: str, workdir: pathlib.Path, overrides: list[str], *,
           processes: int = 2) -> list[subprocess.Popen]:
-    """Start the README's commands for `config` (`processes`=1: one process with all 8 devices)."""
+    """Start the docs/pods.md commands for `config` (`processes`=1: one process with all 8 devices)."""
     env_block, argvs = readme_commands()
     env = dict(os.environ, **env_block, PYTHONPATH=str(REPO))
     env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{_free_port()}"

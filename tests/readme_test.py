@@ -1,9 +1,11 @@
-"""The README's commands as written, so they cannot drift: every command of a ```bash block that
-runs a launch/ script runs it with the venv's python, names a script that exists and flags it
-defines, a config file, preset and fields the config has; the ones with a config resolve it for
-real (`--print_config` added: no JAX, no run); the quick start's training command runs as written
-(slow)."""
+"""The README's and docs/' commands and links as written, so they cannot drift: every command of a
+```bash block that runs a launch/ or benchmarks/ script runs it with the venv's python and names a
+script that exists; a launch/ command uses flags the script defines and a config file, preset and
+fields the config has; the README's commands with a config resolve it for real (`--print_config`
+added: no JAX, no run); every relative link and anchor points at something that exists; the README
+stays a front page; the quick start's training command runs as written (slow)."""
 
+import functools
 import importlib.util
 import os
 import re
@@ -18,9 +20,10 @@ from tests.conftest import REPO
 from tests.fixtures_cli import run_script
 
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 PYTHON = ".venv/bin/python"
 _SEPARATORS = {"&&", "&", ";", "|", "||"}
-_SCRIPT = re.compile(r"launch/\w+\.py")
+_SCRIPT = re.compile(r"(launch|benchmarks)/\w+\.py")
 
 
 def readme_commands(text: str) -> list[tuple[str, list[str], str]]:
@@ -31,7 +34,10 @@ def readme_commands(text: str) -> list[tuple[str, list[str], str]]:
     found = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in re.sub(r" *\\\n\s*", " ", block).splitlines():
-            tokens = shlex.split(line, comments=True)
+            try:
+                tokens = shlex.split(line, comments=True)
+            except ValueError:  # a line of a multi-line `python -c "..."` program: no launch/ command
+                continue
             if tokens and tokens[0].startswith("--config."):
                 found.append((PYTHON, ["launch/train.py", "--config=configs/ppo_think.py", *tokens], line))
                 continue
@@ -43,7 +49,10 @@ def readme_commands(text: str) -> list[tuple[str, list[str], str]]:
     return found
 
 
-COMMANDS = readme_commands(README.read_text())
+README_COMMANDS = readme_commands(README.read_text())
+COMMANDS = [(python, args, f"{page.relative_to(REPO)}: {line}")
+            for page in PAGES for python, args, line in readme_commands(page.read_text())]
+LAUNCH_COMMANDS = [c for c in COMMANDS if c[1][0].startswith("launch/")]
 
 
 def test_the_parser_reads_continuations_comments_and_background_jobs():
@@ -57,12 +66,50 @@ def test_the_parser_reads_continuations_comments_and_background_jobs():
          "--config.rl.algo=grpo   # ablation")]
 
 
-def test_the_readme_has_commands_of_every_kind():
+def test_the_docs_have_commands_of_every_kind():
     scripts = {args[0] for _, args, _ in COMMANDS}
     assert {"launch/train.py", "launch/eval.py", "launch/plan.py", "launch/view.py", "launch/fetch_smollm2.py",
             "launch/chat_with_simulator.py", "launch/export_hf.py", "launch/analyze.py",
             "launch/capabilities.py"} <= scripts
-    assert len(COMMANDS) >= 35  # 38 on 2026-12-04
+    assert len(COMMANDS) >= 100  # 154 on 2026-12-07
+
+
+def test_the_readme_is_a_front_page():
+    """At most 250 lines; the four everyday commands (train, eval, plan for a TPU slice, compare); no
+    prose sentence over 40 words."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    lines = [" ".join(args) for _, args, _ in README_COMMANDS]
+    for needle in ("launch/train.py", "launch/eval.py --config=", "launch/plan.py --config=", "--topology=",
+                   "launch/eval.py --compare="):
+        assert any(needle in line for line in lines), needle
+    prose = re.sub(r"```.*?```", ".", text, flags=re.S)
+    prose = "\n".join("." if line.startswith(("|", "#", "[", "!")) else line for line in prose.splitlines())
+    for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z`(])", " ".join(prose.split())):
+        assert len(sentence.split()) <= 40, sentence
+
+
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(page) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    heads = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_link_resolves(page):
+    """Every relative link (and image) points at a file that exists, and every #anchor at a heading."""
+    for match in _LINK.finditer(page.read_text()):
+        target = match.group(1) or match.group(2)
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        assert resolved.exists(), f"{page.name}: {target}"
+        if anchor and resolved.suffix == ".md":
+            assert anchor in _anchors(resolved), f"{page.name}: {target}"
 
 
 @pytest.mark.parametrize("python, args, line", COMMANDS, ids=[c[2][:60] for c in COMMANDS])
@@ -80,6 +127,7 @@ def _help(script: str) -> str:
 _HELP: dict[str, str] = {}
 
 
+@functools.cache
 def _config(value: str):
     """The ConfigDict of `--config=FILE[:PRESET]`, from the config file's own get_config."""
     path, _, preset = value.partition(":")
@@ -96,7 +144,7 @@ def _config(value: str):
 _DEFAULT_CONFIG = {"launch/chat_with_simulator.py": "configs/simulator.py"}
 
 
-@pytest.mark.parametrize("python, args, line", COMMANDS, ids=[c[2][:60] for c in COMMANDS])
+@pytest.mark.parametrize("python, args, line", LAUNCH_COMMANDS, ids=[c[2][:60] for c in LAUNCH_COMMANDS])
 def test_every_flag_and_config_field_exists(python, args, line):
     """Each flag is one the script defines (its --help lists it); each --config.FIELD is a field of
     the config the command names."""
@@ -105,19 +153,25 @@ def test_every_flag_and_config_field_exists(python, args, line):
         _HELP[script] = _help(script.removeprefix("launch/"))
     config_file = next((a.split("=", 1)[1] for a in flags_given if a.startswith("--config=")),
                        _DEFAULT_CONFIG.get(script))
-    config = _config(config_file) if config_file else None
+    # A config elided in the text (`--config=...`, `$ARGS`) leaves its fields unchecked.
+    concrete = config_file and "..." not in config_file and "..." not in args and not any("$" in a for a in args)
+    config = _config(config_file) if concrete else None
     for flag in flags_given:
         name = flag[2:].split("=", 1)[0]
+        if name.startswith("config.") and config is None:
+            continue
         if name.startswith("config."):
             node = config
             for part in name.split(".")[1:]:
                 assert part in node, f"{flag}: no such field in {config_file}: {line}"
                 node = node[part]
         else:
-            assert re.search(rf"--(\[no\])?{re.escape(name)}:", _HELP[script]), f"{flag} is not a flag of {script}"
+            bare = name.removeprefix("no")  # --noFLAG of a boolean flag
+            assert (re.search(rf"--(\[no\])?{re.escape(name)}:", _HELP[script])
+                    or re.search(rf"--\[no\]{re.escape(bare)}:", _HELP[script])), f"{flag} is not a flag of {script}"
 
 
-_CONFIGURED = [c for c in COMMANDS if any(a.startswith("--config=") for a in c[1])]
+_CONFIGURED = [c for c in README_COMMANDS if any(a.startswith("--config=") for a in c[1])]
 
 
 @pytest.mark.parametrize("python, args, line", _CONFIGURED, ids=[c[2][:60] for c in _CONFIGURED])
@@ -136,7 +190,7 @@ def test_the_quick_start_trains_as_written(tmp_path):
     make it twice as slow), no JAX_PLATFORMS, its compilation cache in the test's directory. Where
     libtpu is installed (the test extra) and no TPU is, it prints no libtpu warning about
     TPU_ACCELERATOR_TYPE or worker hostnames (JAX's probe of libtpu also took 6 s)."""
-    [(_, args, line)] = [c for c in COMMANDS if "--config.workdir=runs/tiny " in c[2] + " "]
+    [(_, args, line)] = [c for c in README_COMMANDS if "--config.workdir=runs/tiny " in c[2] + " "]
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", program.TRACEBACK_ENV)}
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "cache")
     env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))

@@ -13,8 +13,9 @@ without a traceback, `--print_config`, quiet library logs, the persistent compil
 
 This module imports neither JAX nor the library, so `--help`, `--print_config` and a bad flag
 answer in well under two seconds. `--help` (and absl's --helpshort, --helpfull, --helpxml) exits 0.
-An expected error prints `PROG: error: MESSAGE` and exits 1 (2 for a bad flag, override or config
-file, or a config `checked_config` reads before the heavy imports); Ctrl-C exits 130. `--verbosity=1` (absl's flag) or
+An expected error prints `PROG: error: MESSAGE` and exits with one of the statuses below (EXIT_*: 1 a
+run failed; 2 a bad flag, override, config file, field, path or input); Ctrl-C exits 130. Run by an
+interpreter without the project's packages, a script says so in one line (exit 2). `--verbosity=1` (absl's flag) or
 RLVER_TRACEBACK=1 shows every traceback and the libraries' INFO logs (docs/cli.md). Off a TPU
 machine, JAX's probe of libtpu (its warnings about TPU_ACCELERATOR_TYPE and worker hostnames) is
 skipped: `skip_tpu_probe`.
@@ -34,8 +35,39 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from absl import app, flags
-from ml_collections import config_flags
+# The exit statuses of every launch/ script, one table (each script's --help ends with it; docs/cli.md
+# has it with examples; tests/cli_exit_test.py holds both).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+EXIT_STATUSES = {
+    EXIT_OK: "done (or --help)",
+    EXIT_FAILED: "a run failed: the simulator, the disk, a divergence; the line says what to fix",
+    EXIT_BAD_INPUT: ("a bad flag, config field or input file, a path that does not exist, or an interpreter "
+                     "without the project's packages: nothing was started"),
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_TERMINATED: "stopped by SIGTERM (a preemption)",
+}
+
+
+def _not_installed(error: ModuleNotFoundError) -> str:
+    """The one line for a launch/ script started by an interpreter that lacks the project's
+    packages (a bare `python` outside the venv): which interpreter, and the one to use."""
+    script = pathlib.Path(sys.argv[0]).name
+    return (f"{script}: error: the package {error.name!r} is not installed for {sys.executable}; run the "
+            f"script with the project's venv, .venv/bin/python launch/{script} (the README's Install makes it)")
+
+
+try:
+    from absl import app, flags
+    from ml_collections import config_flags
+except ModuleNotFoundError as _missing:
+    print(_not_installed(_missing), file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+from rlver_jax.checks import InputError  # noqa: E402 - after the packages' check
 
 FLAGS = flags.FLAGS
 flags.disclaim_key_flags()  # flags defined here belong to the entry point calling us: its --help lists them
@@ -69,7 +101,7 @@ def checked_config(read: Callable[[], T]) -> T:
     except Exception as e:  # noqa: BLE001 - sorted into messages and bugs
         if verbose() or not is_expected(e):
             raise
-        _exit(str(e), 2)
+        _exit(str(e), EXIT_BAD_INPUT)
 
 
 def given_fields(name: str = "config") -> tuple[str, ...]:
@@ -93,15 +125,16 @@ def config_flag(name: str, default: str | None, help_text: str) -> flags.FlagHol
     except (AttributeError, KeyError) as e:  # an override of a field the default config lacks
         if verbose():
             raise
-        _exit(_unknown_field_message(e, sys.argv), 2)
+        _exit(_unknown_field_message(e, sys.argv), EXIT_BAD_INPUT)
 
 
 def run(main: Callable[[list[str]], Any], *, required: Sequence[str] = ()) -> None:
     """absl's app.run with this module's flag parsing, --print_config and error reporting."""
     main_module = sys.modules["__main__"]
+    statuses = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_STATUSES.items())
     main_module.__doc__ = (main_module.__doc__ or "").rstrip() + (
         f"\n\nAn expected error prints one line; --verbosity=1 or {TRACEBACK_ENV}=1 adds its traceback and "
-        "the libraries' INFO logs.\n")
+        f"the libraries' INFO logs.\n\nExit status:\n{statuses}\n")
     for name in required:
         flags.mark_flag_as_required(name)
     app.run(functools.partial(_main, main), flags_parser=_parse_flags)
@@ -166,15 +199,15 @@ def _parse_flags(argv: list[str]) -> list[str]:
     except flags.Error as e:  # a bad value, an unknown flag, a config file whose get_config raised
         if verbose():
             raise
-        _exit(f"{_flag_message(str(e))} (see --help)", 2)
+        _exit(f"{_flag_message(str(e))} (see --help)", EXIT_BAD_INPUT)
     except (AttributeError, KeyError) as e:  # an override of a field the config does not have
         if verbose():
             raise
-        _exit(_unknown_field_message(e, argv), 2)
+        _exit(_unknown_field_message(e, argv), EXIT_BAD_INPUT)
     except OSError as e:  # a config file that cannot be read
         if verbose():
             raise
-        _exit(_config_file_message(argv, e), 2)
+        _exit(_config_file_message(argv, e), EXIT_BAD_INPUT)
 
 
 def _check_loaded(name: str) -> None:
@@ -280,16 +313,16 @@ def _main(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
     except app.UsageError as e:
         if loud:
             raise
-        _exit(f"{e} (see --help)", 2)
+        _exit(f"{e} (see --help)", EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         if loud:
             raise
         print(f"{prog()}: interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception as e:  # noqa: BLE001 - sorted into messages and bugs
         if loud or not is_expected(e):
             raise
-        _exit(str(e), 1)
+        _exit(str(e), EXIT_BAD_INPUT if isinstance(e, (InputError, FileNotFoundError)) else EXIT_FAILED)
 
 
 def compilation_cache_dir(setting: str) -> str | None:

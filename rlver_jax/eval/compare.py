@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from rlver_jax import plots
+from rlver_jax.checks import InputError
 from rlver_jax.eval import html_report, protocol
 from rlver_jax.eval.report import json_text, table
 from rlver_jax.files import atomic_write_text
@@ -38,7 +39,7 @@ def _load(directory: pathlib.Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-class ProtocolMismatchError(ValueError):
+class ProtocolMismatchError(InputError):
     """Runs played under protocols whose scores are not comparable, and no `force`."""
 
 

@@ -7,6 +7,7 @@ import json
 import pathlib
 from typing import Any
 
+from rlver_jax.checks import InputError
 from rlver_jax.files import atomic_write_jsonl, atomic_write_text, is_torn, read_jsonl
 
 
@@ -32,14 +33,14 @@ def check_setup(path: pathlib.Path, setup: dict[str, Any], results: pathlib.Path
 
 
 def setup_conflict(path: pathlib.Path, setup: dict[str, Any], results: pathlib.Path) -> None:
-    """Raise ValueError when `results` holds records of a set-up (recorded in `path`) other than `setup`."""
+    """Raise InputError when `results` holds records of a set-up (recorded in `path`) other than `setup`."""
     setup = json.loads(json.dumps(setup))  # as it reads back from JSON
     if path.exists() and load_records(results):
         before = json.loads(path.read_text(encoding="utf-8"))
         changed = sorted(k for k in before.keys() | setup.keys() if before.get(k) != setup.get(k))
         if changed:
             detail = "; ".join(f"{k}: {before.get(k)!r} -> {setup.get(k)!r}" for k in changed)
-            raise ValueError(
+            raise InputError(
                 f"{path.parent} holds results of a different set-up ({detail}). Use a new work "
                 f"directory, or delete {results} and {path} to start over")
 

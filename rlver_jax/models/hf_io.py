@@ -23,6 +23,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from rlver_jax.checks import InputError
 from rlver_jax.files import atomic_directory
 from rlver_jax.models.config import ARCHITECTURES, Llama3RopeScaling, Qwen2Config
 from rlver_jax.models.qwen2 import abstract_params
@@ -33,7 +34,7 @@ _INDEX = "model.safetensors.index.json"
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A Hugging Face checkpoint that cannot be loaded as a Qwen2 or Llama model."""
 
 

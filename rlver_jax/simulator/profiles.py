@@ -30,6 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from rlver_jax.checks import InputError
 from rlver_jax.files import raw_lines
 from rlver_jax.simulator.patterns import CJK
 
@@ -101,7 +102,7 @@ _NON_WORD = re.compile(r"[\W_]+")
 SHOWN_PROBLEMS = 5  # a file's problems in the error message; the rest are counted
 
 
-class ProfileError(ValueError):
+class ProfileError(InputError):
     """A profile file or record is invalid; the message names file, line and field.
     `problems`: every problem found, one line each (the message may show only the first few)."""
 

@@ -36,6 +36,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from rlver_jax.checks import InputError
 from rlver_jax.parallel import sharding
 from rlver_jax.train.workdir import is_url
 
@@ -97,7 +98,7 @@ def make_manager(directory: str | os.PathLike, *, save_every: int, keep: int,
     return ocp.CheckpointManager(_location(directory), options=options)
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(InputError):
     """A checkpoint holds arrays of other shapes than the state it is restored into."""
 
 

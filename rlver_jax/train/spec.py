@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import ml_collections
 
-from rlver_jax.checks import build_all, check_ranges
+from rlver_jax.checks import InputError, build_all, check_ranges
 from rlver_jax.models import smollm2
 from rlver_jax.models.lora_settings import LoraSettings
 from rlver_jax.rl.batch import minibatch_unit
@@ -232,12 +232,12 @@ class RunSpec:
         if not self.model.path:
             if not self.model.random_init:
                 problems.append(f"config.model.path is empty for preset {self.model.preset!r}: set --config.model.path "
-                                "to a local Hugging Face directory (README, \"Real weights and data\"), or use a "
+                                "to a local Hugging Face directory (docs/training.md, \"Real weights and data\"), or use a "
                                 ":tiny config")
         elif not (pathlib.Path(self.model.path) / "config.json").is_file():
             what = "holds no config.json" if pathlib.Path(self.model.path).is_dir() else "does not exist"
             problems.append(f"config.model.path={self.model.path!r} {what}: point it at a Hugging Face model directory"
-                            + (smollm2.missing_hint(self.model.path) or " (README, \"Real weights and data\": "
+                            + (smollm2.missing_hint(self.model.path) or " (docs/training.md, \"Real weights and data\": "
                                "`hf download Qwen/Qwen2.5-7B-Instruct --local-dir DIR`)"))
         for field, path in (("config.model.tokenizer_path", self.model.tokenizer_path),
                             ("config.critic.path", self.critic.path)):
@@ -251,7 +251,7 @@ class RunSpec:
             if path and pathlib.Path(path).is_dir():
                 problems.append(f"{field}={path!r} is a directory: give a JSON Lines profile file")
             elif path and not pathlib.Path(path).is_file():
-                problems.append(f"{field}={path!r}: no such file (the reference profiles: README, \"Real weights "
+                problems.append(f"{field}={path!r}: no such file (the reference profiles: docs/training.md, \"Real weights "
                                 "and data\")")
         if problems:
             raise ValueError("; ".join(problems))
@@ -357,7 +357,7 @@ def _names_a_field(name: str, fields: dict[str, Any]) -> bool:
     return name in fields or any(k.startswith(name.rstrip(".") + ".") for k in fields)
 
 
-class RunChangedError(ValueError):
+class RunChangedError(InputError):
     """A resume whose config differs from its checkpoint's in fields it may not change."""
 
 

@@ -25,6 +25,8 @@ import pickle
 import zlib
 from typing import Any
 
+from rlver_jax.checks import InputError
+
 BENCHMARKS = ("math500", "ifeval", "livecodebench")
 _SUFFIXES = (".jsonl", ".parquet")
 
@@ -41,7 +43,7 @@ class Item:
         return f"{self.benchmark}/{self.id}"
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """A data file that is missing or not in its benchmark's published format."""
 
 
