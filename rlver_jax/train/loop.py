@@ -7,7 +7,10 @@ the next batch of dialogues from the async rollout buffer, updates the policy (a
 publishes the new parameters to the sampler, and writes metrics (rlver_jax.train.metrics),
 transcripts and checkpoints.
 Every `eval_every` steps the current policy is scored on held-out profiles with the same
-simulator code path, so reward hacking shows up as a gap between the two.
+simulator code path, so reward hacking shows up as a gap between the two. What a checkpoint
+records and a resume reads back is rlver_jax.train.resume; how the loop stops after a signal or an
+error, rlver_jax.train.shutdown; the checks that stop a step before it is saved,
+rlver_jax.train.alarms.
 
 On many hosts every process runs this same loop. Rollouts are per process: each runs its own
 dialogues of the step (`Run.own_dialogues`, whole GRPO groups) with its own simulator client, on

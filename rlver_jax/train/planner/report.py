@@ -16,6 +16,7 @@ from rlver_jax.train.planner.roofline import format_roofline
 
 
 def format_plan(plan: Plan, label: str = "") -> str:
+    """The plan as text (`label`: the config it is of, else the model preset), as launch/plan.py prints it."""
     s = plan.setup
     p, rl, mesh = s.update, s.rl, s.mesh
     actor = p.actor_cfg
