@@ -9,7 +9,7 @@ r"""Per-device memory of a training run's programs, compiled ahead of time from 
 Takes the config and overrides of launch/train.py and compiles, from abstract shapes (no weights
 are allocated or read), the programs of the train step the run executes (prepare, the actor's and
 the critic's updates), the sampler's programs and the in-loop evaluation's
-(rlver_jax/train/memory_plan.py). Prints per-device arguments, temporaries and totals per phase,
+(rlver_jax/train/planner/). Prints per-device arguments, temporaries and totals per phase,
 the peak against --memory_gb, and, where a phase does not fit, the largest micro-batch or dialogue
 length that does.
 
@@ -17,8 +17,9 @@ length that does.
 with the TPU compiler, on this host, without a TPU and without XLA_FLAGS: device kind and chip
 count, the attention kernel the TPU gets (splash), the TPU compiler's memory per device against
 the chip's HBM, the offload's transfers and a roofline estimate of the step
-(rlver_jax/parallel/topology.py). Without it the plan is for this host's devices: on a CPU, fake
-the target's device count with XLA_FLAGS=--xla_force_host_platform_device_count=N.
+(rlver_jax/parallel/topology.py, rlver_jax/train/planner/roofline.py). Without it the plan is for
+this host's devices: on a CPU, fake the target's device count with
+XLA_FLAGS=--xla_force_host_platform_device_count=N.
 docs/sharding.md has the figures.
 """
 
@@ -62,7 +63,7 @@ def main(argv):
     spec = program.checked_config(lambda: RunSpec.from_config(config, given=program.given_fields()))
     import jax
 
-    from rlver_jax.train import memory_plan
+    from rlver_jax.train.planner import plan, report
     from rlver_jax.parallel import sharding, topology
     from rlver_jax.parallel.distributed import DistributedSettings
 
@@ -74,11 +75,11 @@ def main(argv):
         raise ValueError("--slices needs --topology (the slices' TPU topology, e.g. --topology=v5e:4x4)")
     else:
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-    result = memory_plan.plan(spec, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
-                              log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value,
-                              host_devices=_HOST.value, target=target)
+    result = plan.plan(spec, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
+                       log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value,
+                       host_devices=_HOST.value, target=target)
     label = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
-    print(memory_plan.format_plan(result, label), flush=True)
+    print(report.format_plan(result, label), flush=True)
 
 
 if __name__ == "__main__":

@@ -47,19 +47,19 @@ def test_the_alarm_compares_with_the_runs_lowest_rate(caplog):
     import dataclasses
 
     from configs.grpo_think import get_config
-    from rlver_jax.train import loop
+    from rlver_jax.train import alarms
     from rlver_jax.train.spec import LoopSettings
 
     s = dataclasses.replace(LoopSettings.from_config(get_config("tiny")), degenerate_alarm=0.3)
     step = {"degenerate_rate": 0.9, "degenerate_empty_rate": 0.9, "degenerate_garbled_rate": 0.0}
-    lowest = loop._check_degeneration(0, None, step, s)  # a random model: high, but nothing to rise from
-    lowest = loop._check_degeneration(1, lowest, {**step, "degenerate_rate": 0.1}, s)
+    lowest = alarms.check_degeneration(0, None, step, s)  # a random model: high, but nothing to rise from
+    lowest = alarms.check_degeneration(1, lowest, {**step, "degenerate_rate": 0.1}, s)
     assert lowest == 0.1 and not caplog.records
     rise = {"degenerate_rate": 0.45, "degenerate_garbled_rate": 0.45, "degenerate_empty_rate": 0.0}
-    assert loop._check_degeneration(2, lowest, rise, s) == 0.1  # 0.35 above 0.1: warned
+    assert alarms.check_degeneration(2, lowest, rise, s) == 0.1  # 0.35 above 0.1: warned
     assert "step 2: 45% (garbled 45%) of the policy's replies are degenerate, up from 10%" in caplog.text
-    with pytest.raises(loop.DegenerateRepliesError, match="step 2: .*degenerate_alarm=0.3.*not saved"):
-        loop._check_degeneration(2, lowest, rise, dataclasses.replace(s, degenerate_alarm_action="stop"))
-    assert loop._check_degeneration(2, lowest, {**rise, "degenerate_rate": 0.39}, s) == 0.1
+    with pytest.raises(alarms.DegenerateRepliesError, match="step 2: .*degenerate_alarm=0.3.*not saved"):
+        alarms.check_degeneration(2, lowest, rise, dataclasses.replace(s, degenerate_alarm_action="stop"))
+    assert alarms.check_degeneration(2, lowest, {**rise, "degenerate_rate": 0.39}, s) == 0.1
     with pytest.raises(ValueError, match="degenerate_alarm_action='halt'"):
         dataclasses.replace(s, degenerate_alarm_action="halt")

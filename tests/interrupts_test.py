@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from rlver_jax.rollout.transcripts import discard_from
-from rlver_jax.train import checkpoint, loop
+from rlver_jax.train import checkpoint, shutdown
 from rlver_jax.train.interrupts import StepGuard, TrainingInterrupted
 from tests.conftest import REPO
 
@@ -146,7 +146,7 @@ def test_the_handlers_are_installed_until_close_and_only_from_the_main_thread():
 
 @flax.struct.dataclass
 class _State:
-    """The part of a TrainState `loop._interrupted` reads (`step`), and an array to save."""
+    """The part of a TrainState `shutdown.interrupted` reads (`step`), and an array to save."""
     step: jnp.ndarray
     w: jnp.ndarray
 
@@ -178,14 +178,14 @@ def _state(step):
 
 def test_after_a_complete_step_its_checkpoint_is_saved_once(tmp_path, manager, saves):
     checkpoint.save(manager, 2, _state(2), {"step": 2, "seed": 0}, force=True)  # what the loop wrote at step 1's end
-    error = loop._interrupted(manager, _state(2), torn_step=None, record={"seed": 0}, workdir=str(tmp_path))
+    error = shutdown.interrupted(manager, _state(2), torn_step=None, record={"seed": 0}, workdir=str(tmp_path))
     assert saves == [2]  # not written twice
     assert isinstance(error, TrainingInterrupted) and isinstance(error, KeyboardInterrupt)
     assert str(error) == (f"interrupted: the checkpoint of step 2 is in {tmp_path / 'checkpoints'}. Rerun the same "
                           f"command to resume (config.workdir={tmp_path}).")
 
     # step 3 off the interval
-    error = loop._interrupted(manager, _state(3), torn_step=None, record={"seed": 0}, workdir=str(tmp_path))
+    error = shutdown.interrupted(manager, _state(3), torn_step=None, record={"seed": 0}, workdir=str(tmp_path))
     assert saves == [2, 3] and checkpoint.saved_steps(tmp_path / "checkpoints") == [2, 3]
     assert f"the checkpoint of step 3 is in {tmp_path / 'checkpoints'}" in str(error)
     restored, meta = checkpoint.restore(manager, 3, _state(0))
@@ -196,22 +196,22 @@ def test_after_a_complete_step_its_checkpoint_is_saved_once(tmp_path, manager, s
 def test_a_torn_step_keeps_the_last_checkpoint(tmp_path, manager, saves):
     checkpoint.save(manager, 2, _state(2), {"step": 2, "seed": 0}, force=True)
     # The state's buffers of a torn step may be donated: the loop must not touch them.
-    error = loop._interrupted(manager, state=None, torn_step=4, record={"seed": 0}, workdir=str(tmp_path))
+    error = shutdown.interrupted(manager, state=None, torn_step=4, record={"seed": 0}, workdir=str(tmp_path))
     assert saves == [2] and checkpoint.saved_steps(tmp_path / "checkpoints") == [2]
     assert str(error).startswith(f"interrupted: step 4 was cut short and is not kept; the checkpoint of step 2 "
                                  f"is in {tmp_path / 'checkpoints'}. Rerun the same command")
 
 
 def test_after_sigterm_the_message_and_status_say_so(tmp_path, manager, saves):
-    error = loop._interrupted(manager, _state(2), torn_step=None, record={"seed": 0}, workdir=str(tmp_path),
+    error = shutdown.interrupted(manager, _state(2), torn_step=None, record={"seed": 0}, workdir=str(tmp_path),
                               exit_status=143, signal=signal.SIGTERM)
     assert saves == [2] and error.exit_status == 143
     assert str(error).startswith(f"stopped by SIGTERM: the checkpoint of step 2 is in {tmp_path / 'checkpoints'}")
-    assert loop._interrupted(manager, None, None, {}, str(tmp_path)).exit_status == 130  # no state yet: nothing saved
+    assert shutdown.interrupted(manager, None, None, {}, str(tmp_path)).exit_status == 130  # no state yet: nothing saved
 
 
 def test_before_the_first_step_nothing_is_saved(tmp_path, manager, saves):
-    error = loop._interrupted(manager, _state(0), torn_step=None, record={"seed": 0}, workdir=str(tmp_path))
+    error = shutdown.interrupted(manager, _state(0), torn_step=None, record={"seed": 0}, workdir=str(tmp_path))
     assert saves == [] and checkpoint.saved_steps(tmp_path / "checkpoints") == []
     assert str(error).startswith("interrupted: no step was completed, nothing is saved. Rerun the same command")
 
@@ -244,7 +244,7 @@ def test_stopping_closes_every_part_and_keeps_the_loops_error(caplog):
             raise OSError("No space left on device")
         except OSError:
             with caplog.at_level(logging.WARNING):
-                loop._shut_down(*parts)  # what the loop's `finally` does
+                shutdown.shut_down(*parts)  # what the loop's `finally` does
             raise
     assert closed == order
     assert "while stopping after an error: a checkpoint could not be written" in caplog.text
@@ -252,7 +252,7 @@ def test_stopping_closes_every_part_and_keeps_the_loops_error(caplog):
 
     closed.clear()  # without an error before it, the first failure to stop is the error
     with pytest.raises(checkpoint.CheckpointWriteError, match="manager.wait failed"):
-        loop._shut_down(*parts)
+        shutdown.shut_down(*parts)
     assert closed == order
 
 

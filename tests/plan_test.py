@@ -16,7 +16,10 @@ import numpy as np
 import pytest
 
 from configs import grpo_think, ppo_think
-from rlver_jax.train import memory_plan, run
+from rlver_jax.train import run
+from rlver_jax.train.planner import hlo_cost, plan, report, search
+from rlver_jax.train.planner.phases import Phase, rollout_phase, rollout_shapes, run_phases, sampling_layout
+from rlver_jax.train.planner.setup import abstract_setup, crossing_bytes, device_bytes, resident
 from rlver_jax.parallel import sharding, topology
 from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.train.spec import RunSpec
@@ -55,7 +58,7 @@ def test_planner_lowers_the_trainers_programs(module, tmp_path):
     lowers from shapes: the same HLO."""
     config = _tiny(module, tmp_path)
     r = run.build_run(RunSpec.from_config(config))
-    s = memory_plan.abstract_setup(RunSpec.from_config(config))
+    s = abstract_setup(RunSpec.from_config(config))
     host = TrainBatch(**{k: np.zeros(v.shape, v.dtype) for k, v in s.batch.items() if k != "policy_positions"})
     host.policy_mask[:] = 1.0
     placed = sharding.shard_host_batch(r.mesh, host.arrays())
@@ -86,30 +89,30 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     mini-batch rows, its state updated in place; resident is the rest of the state on the devices."""
     config = _tiny(ppo_think, tmp_path)
     config.train.eval_policy.cache_slots = 0
-    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
+    result = plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
     # The KV cache's own programs follow the rollout's; the evaluation re-encodes (its cache off here).
     assert [p.name for p in result.phases] == ["prepare", "actor update", "critic update", "rollout",
                                                "rollout compact", "rollout grow", "evaluation"]
     s = result.setup
     prepare, actor, critic, rollout = result.phases[:4]
-    opt_states = memory_plan.device_bytes((s.state.actor_opt, s.state.critic_opt))
+    opt_states = device_bytes((s.state.actor_opt, s.state.critic_opt))
     # PPO (GAE) reads no groups and none of the turn-level arrays.
-    assert prepare.arguments == memory_plan.device_bytes((s.models, _read(s.batch, _PPO_UNREAD)))
+    assert prepare.arguments == device_bytes((s.models, _read(s.batch, _PPO_UNREAD)))
     assert prepare.resident == opt_states
     # The actor reads no values or returns, the critic no old log-probs, advantages or policy
     # positions (it values every token): hand lists.
     own = {"actor": (actor, ("values", "returns")), "critic": (critic, ("old_logprobs", "advantages", "policy_positions"))}
     for model, (phase, unread) in own.items():
         other = "critic" if model == "actor" else "actor"
-        assert phase.arguments == memory_plan.device_bytes((s.state.step, s.state.model(model),
-                                                            _read(s.inputs, unread), s.rows))
-        assert phase.resident == memory_plan.device_bytes((s.state.rng, s.batch, s.state.model(other)))
+        assert phase.arguments == device_bytes((s.state.step, s.state.model(model),
+                                                _read(s.inputs, unread), s.rows))
+        assert phase.resident == device_bytes((s.state.rng, s.batch, s.state.model(other)))
         assert phase.temporaries > 0 and phase.outputs < 0.01 * phase.arguments
     # Each phase's total counts the whole train state once: as arguments, or resident.
     for p in result.phases:
-        assert p.resident + p.arguments >= memory_plan.device_bytes(s.state)
+        assert p.resident + p.arguments >= device_bytes(s.state)
     assert result.fits and result.peak.total == max(p.total for p in result.phases)
-    text = memory_plan.format_plan(result, "configs/ppo_think.py:tiny")
+    text = report.format_plan(result, "configs/ppo_think.py:tiny")
     assert "{'data': 1, 'fsdp': 4, 'tensor': 2}" in text and "fits in 16 GB" in text
     assert "no LM head" in text and "KV cache of 256 slots" in text
     assert "evaluation 4 profiles per sampler call" in text and "4 held-out profiles" in text
@@ -126,25 +129,25 @@ def test_offload_takes_the_parts_in_host_memory_off_each_phase(tmp_path):
     out. "idle": the updates' residents as "state", prepare's and the rollout's as "none"."""
     config = _tiny(ppo_think, tmp_path)
     config.train.offload = "state"
-    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False,
-                              phases=("prepare", "actor update", "critic update", "rollout"))
+    result = plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False,
+                       phases=("prepare", "actor update", "critic update", "rollout"))
     s = result.setup
     by_name = {p.name: p for p in result.phases}
-    key_and_batch = memory_plan.device_bytes((s.state.rng, s.batch))
-    actor, actor_opt, critic, critic_opt = (memory_plan.device_bytes(x) for x in (s.state.actor, s.state.actor_opt,
-                                                                                  s.state.critic, s.state.critic_opt))
+    key_and_batch = device_bytes((s.state.rng, s.batch))
+    actor, actor_opt, critic, critic_opt = (device_bytes(x) for x in (s.state.actor, s.state.actor_opt,
+                                                                      s.state.critic, s.state.critic_opt))
     for name in ("actor update", "critic update"):
-        assert by_name[name].resident == key_and_batch == memory_plan.resident(s, name, "idle")
+        assert by_name[name].resident == key_and_batch == resident(s, name, "idle")
         assert "in host memory" in by_name[name].note
-    assert by_name["prepare"].arguments == memory_plan.device_bytes((s.models, _read(s.batch, _PPO_UNREAD)))
-    assert by_name["prepare"].resident == 0 and memory_plan.resident(s, "prepare", "idle") == actor_opt + critic_opt
-    step_and_key = memory_plan.device_bytes((s.state.step, s.state.rng))
+    assert by_name["prepare"].arguments == device_bytes((s.models, _read(s.batch, _PPO_UNREAD)))
+    assert by_name["prepare"].resident == 0 and resident(s, "prepare", "idle") == actor_opt + critic_opt
+    step_and_key = device_bytes((s.state.step, s.state.rng))
     assert by_name["rollout"].resident == step_and_key
-    assert memory_plan.resident(s, "rollout", "idle") == step_and_key + actor + actor_opt + critic + critic_opt
-    assert memory_plan.crossing_bytes(s) == (actor + critic) + critic + actor_opt + (actor + actor_opt) + (critic + critic_opt) * 2
-    assert memory_plan.crossing_bytes(s, "idle") == (critic + critic_opt) * 2 + (actor + actor_opt) * 2
-    assert memory_plan.crossing_bytes(s, "none") == 0
-    text = memory_plan.format_plan(result)
+    assert resident(s, "rollout", "idle") == step_and_key + actor + actor_opt + critic + critic_opt
+    assert crossing_bytes(s) == (actor + critic) + critic + actor_opt + (actor + actor_opt) + (critic + critic_opt) * 2
+    assert crossing_bytes(s, "idle") == (critic + critic_opt) * 2 + (actor + actor_opt) * 2
+    assert crossing_bytes(s, "none") == 0
+    text = report.format_plan(result)
     assert "offload    state: in host memory (prepare: actor_opt, critic_opt;" in text and "update     peak" in text
     assert "between steps: actor, actor_opt, critic, critic_opt)" in text
 
@@ -156,13 +159,13 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     arguments are that copy and the host's token ids, mask and row keys (replicated), by hand."""
     config = _config(ppo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 128, "rollout.cache_slots": 0,
                                                     "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2)})
-    s = memory_plan.abstract_setup(RunSpec.from_config(config), host_devices=4)
-    shapes = memory_plan.rollout_shapes(RunSpec.from_config(config), 512, s.hosts)
+    s = abstract_setup(RunSpec.from_config(config), host_devices=4)
+    shapes = rollout_shapes(RunSpec.from_config(config), 512, s.hosts)
     assert s.hosts == 2 and (shapes.rows, shapes.prompt) == (4, 128)
-    layout = memory_plan.sampling_layout(s, 4)
+    layout = sampling_layout(s, 4)
     assert dict(layout.local.shape) == {"data": 1, "fsdp": 2, "tensor": 2}
-    phase = memory_plan.rollout_phase(s, shapes, 4)
-    assert phase.resident == memory_plan.device_bytes(s.state)
+    phase = rollout_phase(s, shapes, 4)
+    assert phase.resident == device_bytes(s.state)
     b, e = shapes.rows, shapes.prompt
     assert phase.arguments == layout.device_bytes(s.update.actor_cfg) + b * e * (4 + 1) + b * 2 * 4
 
@@ -176,27 +179,27 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
 
     def fake(s, phases, feed_tokens):
         if phases == ["rollout"]:  # rows per sampler call x cache slots
-            shapes = memory_plan.rollout_shapes(s.spec, feed_tokens)
-            return [memory_plan.Phase("rollout", 0, 0, shapes.rows * shapes.cache_slots, 0, 0.0)]
+            shapes = rollout_shapes(s.spec, feed_tokens)
+            return [Phase("rollout", 0, 0, shapes.rows * shapes.cache_slots, 0, 0.0)]
         # The update's programs: the actor's at micro-batch x tokens, prepare's at half of that.
         cost = {"actor update": s.rl.micro_batch_size * s.seq_len, "prepare": s.rl.micro_batch_size * s.seq_len // 2}
-        return [memory_plan.Phase(name, 0, 0, cost[name], 0, 0.0) for name in phases]
+        return [Phase(name, 0, 0, cost[name], 0, 0.0) for name in phases]
 
-    monkeypatch.setattr(memory_plan, "run_phases", fake)
+    monkeypatch.setattr(search, "run_phases", fake)
     update = ["prepare", "actor update"]
     # micro-batch 8 of 32 at 1024 tokens: 8192 "bytes"; 4 x 1024 fits 4096, 2 x 1024 = 2048 fits 2100.
-    assert memory_plan._search(RunSpec.from_config(config), 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
-    assert memory_plan._search(RunSpec.from_config(config), 2100, update, 512, print) == ["--config.rl.micro_batch_size=2"]
-    assert memory_plan._search(RunSpec.from_config(config), 2100, ["prepare"], 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert search.fitting_shapes(RunSpec.from_config(config), 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert search.fitting_shapes(RunSpec.from_config(config), 2100, update, 512, print) == ["--config.rl.micro_batch_size=2"]
+    assert search.fitting_shapes(RunSpec.from_config(config), 2100, ["prepare"], 512, print) == ["--config.rl.micro_batch_size=4"]
     # Below the smallest micro-batch (2, one per batch shard): the longest 64-multiple dialogue.
-    assert memory_plan._search(RunSpec.from_config(config), 1000, update, 512, print) == [
+    assert search.fitting_shapes(RunSpec.from_config(config), 1000, update, 512, print) == [
         "--config.rl.micro_batch_size=2", "--config.rollout.max_total_tokens=448"]
-    assert memory_plan._search(RunSpec.from_config(config), 100, update, 512, print)[-1].startswith("nothing")
+    assert search.fitting_shapes(RunSpec.from_config(config), 100, update, 512, print)[-1].startswith("nothing")
     # The rollout: 32 dialogues x 2048 slots; more pipeline groups first, then fewer cache slots,
     # at least a turn of 8 new tokens plus the smallest feed (16): 32 x 32 fits 1100, not 1000.
-    assert memory_plan._search(RunSpec.from_config(config), 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
-    assert memory_plan._search(RunSpec.from_config(config), 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
-    assert memory_plan._search(RunSpec.from_config(config), 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
+    assert search.fitting_shapes(RunSpec.from_config(config), 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
+    assert search.fitting_shapes(RunSpec.from_config(config), 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
+    assert search.fitting_shapes(RunSpec.from_config(config), 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
 
 
 def test_largest_bisects_a_monotone_predicate():
@@ -206,8 +209,8 @@ def test_largest_bisects_a_monotone_predicate():
         calls.append(n)
         return n <= 37
 
-    assert memory_plan._largest(list(range(1, 101)), fits) == 37 and len(calls) <= 7
-    assert memory_plan._largest([5, 6], lambda n: False) is None
+    assert search._largest(list(range(1, 101)), fits) == 37 and len(calls) <= 7
+    assert search._largest([5, 6], lambda n: False) is None
 
 
 class _Unreadable:
@@ -227,9 +230,9 @@ def test_hlo_text_holds_back_the_cxx_log_of_a_module_it_cannot_read(capfd):
     """jaxlib's log of a libtpu module it cannot read back (a C++ stack trace on stderr) is dropped:
     the planner reports the error in its table ("no roofline"); after a success it is printed."""
     with pytest.raises(RuntimeError, match="RET_CHECK"):
-        topology.hlo_text(_Unreadable(fails=True))
+        hlo_cost.hlo_text(_Unreadable(fails=True))
     assert capfd.readouterr().err == ""
-    assert topology.hlo_text(_Unreadable(fails=False)) == "HloModule m"
+    assert hlo_cost.hlo_text(_Unreadable(fails=False)) == "HloModule m"
     assert "RET_CHECK failure" in capfd.readouterr().err
 
 
@@ -245,15 +248,15 @@ def test_planner_at_half_a_billion_parameters(tmp_path):
     """The 0.5B preset (24 scanned layers, the real shapes) at 1024-token dialogues, the actor's
     update alone: the per-device state is the exact shard arithmetic and XLA agrees."""
     config = _config(ppo_think, "0.5b", tmp_path, **{"rollout.max_total_tokens": 1024, "rl.micro_batch_size": 8})
-    s = memory_plan.abstract_setup(RunSpec.from_config(config))
+    s = abstract_setup(RunSpec.from_config(config))
     assert s.mesh.shape["fsdp"] == 8 and s.state.critic is not None
     # fsdp splits every model width D by 8; biases and norms stay whole (hand count, fp32).
     v, d, layers, n, k, h, f = 151936, 896, 24, 14, 2, 64, 4864
     layer = d // 8 * (n + 2 * k) * h + (n + 2 * k) * h + n * h * d // 8 + 3 * d * f // 8 + 2 * d
-    assert memory_plan.device_bytes(s.state.actor) == 4 * (v * d // 8 + layers * layer + d) == 247_266_816
-    (phase,) = memory_plan.run_phases(s, ["actor update"], 512)
+    assert device_bytes(s.state.actor) == 4 * (v * d // 8 + layers * layer + d) == 247_266_816
+    (phase,) = run_phases(s, ["actor update"], 512)
     args = (s.state.step, s.state.actor, s.state.actor_opt, _read(s.inputs, ("values", "returns")), s.rows)
-    assert phase.arguments == memory_plan.device_bytes(args)
+    assert phase.arguments == device_bytes(args)
     assert 0 < phase.temporaries < 16e9
 
 
@@ -281,7 +284,7 @@ def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
     config = _tiny(ppo_think, tmp_path)
     config.lora.rank, config.lora.targets = 4, "q,o,down"
     r = run.build_run(RunSpec.from_config(config))
-    s = memory_plan.abstract_setup(RunSpec.from_config(config))
+    s = abstract_setup(RunSpec.from_config(config))
     host = TrainBatch(**{k: np.zeros(v.shape, v.dtype) for k, v in s.batch.items() if k != "policy_positions"})
     host.policy_mask[:] = 1.0  # every token scored, as the planner's batch
     placed = sharding.shard_host_batch(r.mesh, host.arrays())
@@ -304,11 +307,11 @@ def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
 
     assert total(s.state.actor) == adapter_bytes and total(s.state.actor_opt) >= 2 * adapter_bytes
     assert total(s.state.critic) == adapter_bytes + 4 * (d + 1)  # + the value head, [D, 1] and [1]
-    result = memory_plan.plan(RunSpec.from_config(config), memory_gb=16.0, phases=("actor update",), search=False)
-    assert result.sizes["frozen base"] == memory_plan.device_bytes(s.ref) and "reference params" not in result.sizes
+    result = plan.plan(RunSpec.from_config(config), memory_gb=16.0, phases=("actor update",), search=False)
+    assert result.sizes["frozen base"] == device_bytes(s.ref) and "reference params" not in result.sizes
     (actor,) = result.phases
-    assert actor.arguments == memory_plan.device_bytes((s.state.step, s.state.model("actor"), s.ref,
-                                                        _read(s.inputs, ("values", "returns")), s.rows))
-    assert actor.resident == memory_plan.device_bytes((s.state.rng, s.batch, s.state.model("critic")))
-    text = memory_plan.format_plan(result, "lora")
+    assert actor.arguments == device_bytes((s.state.step, s.state.model("actor"), s.ref,
+                                            _read(s.inputs, ("values", "returns")), s.rows))
+    assert actor.resident == device_bytes((s.state.rng, s.batch, s.state.model("critic")))
+    text = report.format_plan(result, "lora")
     assert "LoRA rank 4 (alpha 16) on q,o,down of one frozen base in float32, also the reference" in text

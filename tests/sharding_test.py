@@ -18,6 +18,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from configs import mesh as mesh_config
 from rlver_jax.parallel import sharding
+from rlver_jax.parallel.sampling_copy import SamplingLayout
 from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
@@ -366,7 +367,7 @@ def test_sampling_copy_is_cast_split_over_the_local_devices_and_its_own(referenc
     mesh = sharding.make_mesh((1, 4, 2))
     placed = jax.device_put(params, sharding.param_shardings(CONFIG, mesh, RULES))
     model = CONFIG.replace(dtype=dtype)
-    layout = sharding.SamplingLayout.create(model, mesh, RULES)
+    layout = SamplingLayout.create(model, mesh, RULES)
     copy = layout.copy(placed)
     gate = copy["layer_0"]["mlp"]["gate_kernel"]
     assert gate.dtype == jnp.dtype(dtype) and dict(gate.sharding.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}

@@ -1,5 +1,6 @@
 """Programs compiled for a TPU slice on this CPU host: libtpu's compile-only devices of a v5e:2x2
-(rlver_jax/parallel/topology.py), the TPU compiler's own memory figures, no TPU and no XLA_FLAGS.
+(rlver_jax/parallel/topology.py), the TPU compiler's own memory figures, no TPU and no XLA_FLAGS;
+the roofline's cost model of the compiled programs (rlver_jax/train/planner/hlo_cost.py).
 
 Splash attention (the kernel a TPU target gets) compiles inside its shard_map over a 2x2 mesh for
 head_dim 64 and 128, forward and backward; the tiny preset's update and sampler programs compile
@@ -24,7 +25,7 @@ from configs import grpo_think
 from rlver_jax.cli import program
 from rlver_jax.models import attention
 from rlver_jax.parallel import sharding, topology
-from rlver_jax.train import memory_plan
+from rlver_jax.train.planner import hlo_cost, plan, report, roofline
 from rlver_jax.train.spec import RunSpec
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -72,17 +73,17 @@ def test_splash_attention_compiles_in_its_shard_map_on_a_2x2_mesh(v5e, head_dim)
     kv = jax.ShapeDtypeStruct((b, t, k, head_dim), jnp.bfloat16, sharding=rows)
     mask = jax.ShapeDtypeStruct((b, t), jnp.bool_, sharding=rows)
     compiled = grad.lower(q, kv, kv, mask).compile()
-    comps, _ = topology._computations(compiled.as_text())
+    comps, _ = hlo_cost._computations(compiled.as_text())
     calls = [i for ins in comps.values() for i in ins if i.op == "custom-call" and i.name.startswith("splash_mha")]
     assert {re.match(r"splash_mha_(fwd|dq|dkv)", i.name).group(1) for i in calls} == {"fwd", "dq", "dkv"}
     # Each device's kernels: its one row (a vmap over one row leaves no row axis) and its tensor
     # shard's query heads (n / 2) at full T and head_dim.
-    assert {topology.kernel_q_shape(i)[-3:] for i in calls} == {(n // 2, t, head_dim)}
-    assert {math.prod(topology.kernel_q_shape(i)[:-3]) for i in calls} == {1}
+    assert {hlo_cost.kernel_q_shape(i)[-3:] for i in calls} == {(n // 2, t, head_dim)}
+    assert {math.prod(hlo_cost.kernel_q_shape(i)[:-3]) for i in calls} == {1}
     mem = compiled.memory_analysis()
     total = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
     assert 0 < total < v5e.chip.hbm_gb * 1e9
-    cost = topology.program_cost(compiled)
+    cost = hlo_cost.program_cost(compiled)
     # Splash's matmuls by formula: forward 2, dq 3, dkv 4 per head and causal half of T x T.
     assert cost.kernel_flops == pytest.approx(2 * 1 * (n // 2) * t * t / 2 * head_dim * (2 + 3 + 4), rel=0.01)
 
@@ -96,18 +97,18 @@ def test_tiny_presets_update_and_sampler_compile_for_v5e(v5e):
     config.workdir = "/tmp/unused"
     config.rollout.max_total_tokens, config.train.length_multiple = 128, 128
     config.rollout.profiles_per_step, config.rollout.max_new_tokens, config.rollout.cache_slots = 4, 16, 0
-    result = memory_plan.plan(RunSpec.from_config(config), None, ("prepare", "actor update", "rollout"), search=False,
-                              target=v5e)
+    result = plan.plan(RunSpec.from_config(config), None, ("prepare", "actor update", "rollout"), search=False,
+                       target=v5e)
     assert result.memory_gb == 16.0  # the chip's HBM
     assert [p.name for p in result.phases] == ["prepare", "actor update", "rollout"]
     for p in result.phases:
         assert 0 < p.total < 16e9 and p.temporaries > 0, p
         assert p.cost is not None and p.cost.flops > 0 and p.cost.bytes > 0
-    text = memory_plan.format_plan(result, "tiny")
+    text = report.format_plan(result, "tiny")
     assert "attention=auto (splash on TPU v5 lite)" in text
     assert "target     v5e:2x2: 4 x TPU v5 lite (v5e), 1 host of 4" in text and "= 4 tpu devices" in text
     assert "roofline   an ESTIMATE" in text and "step       estimate" in text
-    est = memory_plan.step_estimate(result)
+    est = roofline.step_estimate(result)
     assert est is not None and est.step > 0 and 0 < est.mfu <= 1
     assert np.isfinite([p.cost.seconds(v5e.chip) for p in result.phases]).all()
 
@@ -123,7 +124,7 @@ def test_roofline_counts_loops_by_their_trip_counts(v5e):
 
     a = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("x")))
     w = jax.ShapeDtypeStruct((10, 1024, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
-    cost = topology.program_cost(jax.jit(layers).lower(a, w).compile())
+    cost = hlo_cost.program_cost(jax.jit(layers).lower(a, w).compile())
     flops = 10 * 2 * 256 * 1024 * 1024
     assert cost.flops == flops and cost.xla_flops == pytest.approx(flops / 10, rel=0.01) and not cost.unknown_loops
     # Each step reads its 2 MB layer, not the whole 20 MB stack.

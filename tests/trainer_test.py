@@ -11,6 +11,7 @@ import pytest
 
 from rlver_jax.train import model_loading
 from rlver_jax.parallel import sharding
+from rlver_jax.parallel.sampling_copy import SamplingLayout
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl import offload, program as rl_program, train_state, update
@@ -222,7 +223,7 @@ def test_offload_moves_parts_and_changes_nothing(monkeypatch):
         jax.tree.map(np.testing.assert_array_equal, results["none"][0], results[mode][0])
         assert results["none"][1] == results[mode][1]
     # `state` is the last mode run: its state rests in host memory, and the sampler copies from there.
-    layout = sharding.SamplingLayout.create(get_preset("tiny"), mesh, "fsdp_tensor")
+    layout = SamplingLayout.create(get_preset("tiny"), mesh, "fsdp_tensor")
     copy = layout.copy(state.actor)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(copy), results["none"][0].actor)
     with pytest.raises(ValueError, match="config.train.offload"):

@@ -14,7 +14,7 @@ from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.simulator import get_simulator_config
 from rlver_jax.eval import run_view
-from rlver_jax.train import checkpoint, metrics, run as run_lib, loop
+from rlver_jax.train import alarms, checkpoint, metrics, resume, run as run_lib, loop
 from rlver_jax import files
 from rlver_jax.parallel import sharding
 from rlver_jax.files import read_jsonl
@@ -243,9 +243,9 @@ def test_a_step_whose_dialogues_all_failed_writes_them_before_it_stops(tmp_path)
                                emotions=[30.0], end_reason="simulator_error", simulator_error=True,
                                simulator_state={"error": "simulator refused the request with HTTP 400"})
               for i in range(2)]
-    with pytest.raises(loop.AllDialoguesFailedError,
+    with pytest.raises(alarms.AllDialoguesFailedError,
                        match=r"step 5: .*2 of 2 ended as simulator_error \(last: .*HTTP 400\).*train_000005.jsonl"):
-        loop._check_trainable(5, failed, tmp_path / "transcripts")
+        alarms.check_trainable(5, failed, tmp_path / "transcripts")
     assert [r["profile_id"] for r in read_jsonl(tmp_path / "transcripts" / "train_000005.jsonl")] == ["p0", "p1"]
 
 
@@ -362,7 +362,7 @@ def test_lora_ppo_trains_only_the_adapters_and_resumes_exactly(tmp_path):
     resumed.train.steps, resumed.train.offload = 3, "state"
     resumed.checkpoint.allow_changes = "train.steps"  # a change within a run: logged at the step
     loop.train(RunSpec.from_config(resumed), progress=False)
-    assert read_jsonl(tmp_path / "resumed" / loop.CHANGES) == [{"step": 2, "field": "train.steps", "before": 2,
+    assert read_jsonl(tmp_path / "resumed" / resume.CHANGES) == [{"step": 2, "field": "train.steps", "before": 2,
                                                                  "after": 3}]
     for model in ("actor", "critic"):
         a, b = _state(tmp_path / "straight")[model], _state(tmp_path / "resumed")[model]
@@ -433,7 +433,7 @@ def test_a_diverging_update_or_a_failed_save_leaves_no_bad_checkpoint(tmp_path, 
     config = small(grpo_think.get_config("tiny"), workdir, steps=3)
     config.train.eval_every, config.checkpoint.save_every = 0, 1
     config.optim.actor.lr = 1e12
-    with pytest.raises(loop.DivergedError, match=r"^step 0: the update diverged: it grew the parameter norm the "
+    with pytest.raises(alarms.DivergedError, match=r"^step 0: the update diverged: it grew the parameter norm the "
                                                  r"actor's from .* \(x.*e\+1\d\), more than "
                                                  r"config.train.max_param_norm_growth=2 allows; the step is not saved"):
         loop.train(RunSpec.from_config(config), progress=False)

@@ -78,6 +78,7 @@ def _build_ours(p: PolicySpec, spec: PolicySource, mesh_spec: MeshSpec, seed: in
 
     from rlver_jax.eval import policy_loading  # transformers, Flax
     from rlver_jax.parallel import sharding
+    from rlver_jax.parallel.sampling_copy import SamplingLayout
     from rlver_jax.rollout.jax_policy import JaxPolicy
 
     rules = mesh_spec.rules
@@ -91,7 +92,7 @@ def _build_ours(p: PolicySpec, spec: PolicySource, mesh_spec: MeshSpec, seed: in
     else:
         with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
             loaded = policy_loading.fresh_tiny_policy(pathlib.Path(tmp), seed, mesh, rules)
-    params = sharding.SamplingLayout.create(loaded.model, mesh, rules).copy(loaded.params)
+    params = SamplingLayout.create(loaded.model, mesh, rules).copy(loaded.params)
     return JaxPolicy(loaded.model, loaded.chat, sampling, params, jax.random.PRNGKey(seed)), loaded.chat
 
 

@@ -4,7 +4,7 @@ A train step is a program per stage (rlver_jax.rl.program.train_step): `prepare`
 update, the `critic`'s update; `rest` is between steps (the rollout, the evaluation,
 checkpoints). Per mode, OFFLOAD names the state's parts on the devices at each stage; the others
 are in host memory. Each program reads only parts its stage has on the devices; the run key and
-the step counter never move. The planner (rlver_jax.train.memory_plan) reads the same table.
+the step counter never move. The planner (rlver_jax.train.planner) reads the same table.
 """
 
 from __future__ import annotations

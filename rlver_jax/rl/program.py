@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from rlver_jax.models import lora as lora_lib
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.parallel import sharding
+from rlver_jax.parallel.sampling_copy import on_device
 from rlver_jax.rl import offload as offload_lib
 from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.rl.optimizer import Optimizer
@@ -66,7 +67,7 @@ class UpdateProgram:
         config.train.offload "state", come to the devices for it), else the state's actor itself."""
         if self.merge is None:
             return state.actor
-        return self.merge(sharding.on_device(state.actor), self.frozen(frozen))
+        return self.merge(on_device(state.actor), self.frozen(frozen))
 
     def model_programs(self) -> list[tuple[str, Callable]]:
         """(model, its update program) in the order a train step runs them."""

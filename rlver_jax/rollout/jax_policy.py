@@ -1,5 +1,5 @@
 """`JaxPolicy`: samples with rlver_jax.sampling.generation on the trainer's parameters, in the host-local copy
-each process keeps for sampling (rlver_jax.parallel.sharding.SamplingLayout; token ids and log-probs out,
+each process keeps for sampling (rlver_jax.parallel.sampling_copy.SamplingLayout; token ids and log-probs out,
 for training). Apart from rollout.policy so that served policies never import JAX.
 """
 

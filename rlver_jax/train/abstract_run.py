@@ -3,7 +3,7 @@ the train state and frozen weights as abstract values carrying their shardings.
 
 Built once from a `RunSpec` (`abstract_run`) and shared by the three that need it: `build_run`
 loads weights into it (rlver_jax.train.run), the planner compiles its programs from shapes
-(rlver_jax.train.memory_plan), and evaluation restores a run's actor into its trainable shapes
+(rlver_jax.train.planner), and evaluation restores a run's actor into its trainable shapes
 (`trainable_shapes`, rlver_jax.eval.policy_loading). A new part of the state is added here once.
 """
 

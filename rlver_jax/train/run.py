@@ -33,6 +33,7 @@ from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.files import atomic_write_text
 from rlver_jax.parallel import hosts, sharding
+from rlver_jax.parallel.sampling_copy import SamplingLayout
 from rlver_jax.rl import offload, program as rl_program, train_state
 from rlver_jax.rl.batch import StepCollation
 from rlver_jax.rollout.openings import check_openings
@@ -65,7 +66,7 @@ class Run:
     # and puts its training rows in its own rows of the global batch; this process runs `own_dialogues`.
     own_dialogues: np.ndarray
     collation: StepCollation  # how a step's dialogues become this process's rows of the train batch
-    sampling_layout: sharding.SamplingLayout  # each process's sampling copy of the actor
+    sampling_layout: SamplingLayout  # each process's sampling copy of the actor
     update: rl_program.UpdateProgram  # models, optimizers, the state's shardings, the jitted train step
     state: train_state.TrainState  # before step 0; the first update donates it
     frozen: Any | None  # the frozen weights the programs may read: a KL term's reference, or LoRA's base
@@ -285,7 +286,7 @@ def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
                collation=StepCollation(spec.rl.batch_size, spec.rl.mini_batch_size,
                                        spec.loop.length_multiple, chat_tokens.end_of_text, owner,
                                        jax.process_index(), jax.process_count()),
-               sampling_layout=sharding.SamplingLayout.create(actor_cfg, mesh, spec.mesh.rules),
+               sampling_layout=SamplingLayout.create(actor_cfg, mesh, spec.mesh.rules),
                update=prog, state=state, frozen=frozen, lora_base=lora_base(spec), lock=lock)
 
 

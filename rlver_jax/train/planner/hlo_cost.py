@@ -1,0 +1,287 @@
+"""The cost model of the planner's roofline: FLOPs and HBM bytes of a compiled program per device,
+read from its optimized HLO text, each operation weighted by how often it runs (a while loop's body
+by its trip count), and `Cost.seconds`, the roofline of those figures against a chip's published
+peak (rlver_jax.parallel.topology.Chip). An estimate, not a measurement: `program_cost` says what
+it counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from rlver_jax.parallel.topology import Chip
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """Per-device work of one compiled program, loops counted by their trip counts."""
+
+    flops: float  # matmuls (dot, convolution) and the attention kernels' matmuls
+    bytes: float  # HBM bytes read and written by the program's top-level operations
+    xla_flops: float  # XLA's cost_analysis(): every loop body counted once
+    xla_bytes: float
+    unknown_loops: int = 0  # while loops whose trip count could not be read: counted once
+    kernel_flops: float = 0.0  # of `flops`, the custom kernels' (splash attention), by formula
+
+    def seconds(self, chip: Chip) -> float:
+        """Roofline: the larger of compute time at the bf16 peak and HBM time at full bandwidth."""
+        return max(self.flops / (chip.bf16_tflops * 1e12), self.bytes / (chip.hbm_gb_s * 1e9))
+
+
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
+_COMP = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\))?\s*->.*\{\s*$")
+_ARRAY = re.compile(r"\b(pred|s4|u4|s8|u8|s16|u16|s32|u32|s64|u64|f8\w*|bf16|f16|f32|f64|c64|c128)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8,
+          "u64": 8, "bf16": 2, "f16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16}
+# Operations that move no HBM bytes of their own (views, tuples, control).
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call",
+         "after-all", "partition-id", "replica-id", "opt-barrier", "copy-done", "all-reduce-done",
+         "all-gather-done", "collective-permute-done", "async-done", "send-done", "recv-done"}
+
+
+def _arrays(shape_text: str) -> list[tuple[str, tuple[int, ...]]]:
+    return [(t, tuple(int(x) for x in dims.split(",") if x)) for t, dims in _ARRAY.findall(shape_text)]
+
+
+def _nbytes(shape_text: str) -> float:
+    return sum(_BYTES.get(t, 4 if not t.startswith("f8") else 1) * math.prod(d) for t, d in _arrays(shape_text))
+
+
+@dataclasses.dataclass
+class _Instr:
+    name: str
+    shape: str
+    op: str
+    rest: str  # operands and attributes
+    root: bool = False
+
+
+def _computations(hlo: str) -> tuple[dict[str, list[_Instr]], str]:
+    comps: dict[str, list[_Instr]] = {}
+    entry, current = "", None
+    for line in hlo.splitlines():
+        if current is None:
+            m = _COMP.match(line)
+            if m and "=" not in line.split("(")[0]:
+                current = m.group(2)
+                comps[current] = []
+                if m.group(1):
+                    entry = current
+            continue
+        if line.strip() == "}":
+            current = None
+            continue
+        m = _INSTR.match(line)
+        if m:
+            root, *fields = m.groups()
+            comps[current].append(_Instr(*fields, root=bool(root)))
+    return comps, entry
+
+
+def _called(rest: str, key: str) -> list[str]:
+    m = re.search(r"\b" + key + r"=(\{[^}]*\}|%?[\w.\-]+)", rest)
+    return [c.strip().lstrip("%") for c in m.group(1).strip("{}").split(",") if c.strip()] if m else []
+
+
+def _trip_count(cond: list[_Instr], comps: dict[str, list[_Instr]] | None = None, depth: int = 0) -> int | None:
+    """N of a loop whose condition compares its counter against constant(N) (jax's scan and
+    fori_loop with static bounds, a decode loop's step < max_new_tokens), in the condition or in a
+    fusion it calls; None for a bound computed at run time."""
+    consts = {i.name: int(m.group(1)) for i in cond if i.op == "constant" and (m := re.match(r"(-?\d+)\)", i.rest))}
+    for i in cond:
+        if i.op == "compare" and re.search(r"direction=(LT|GT)", i.rest):
+            bound = [consts[o] for o in _operands(i) if o in consts]
+            if bound:
+                return max(bound[0], 0)
+    for i in cond if comps is not None and depth < 4 else ():
+        if i.op == "fusion":
+            for c in _called(i.rest, "calls"):
+                if (n := _trip_count(comps.get(c, []), comps, depth + 1)) is not None:
+                    return n
+    return None
+
+
+def _dot_flops(instr: _Instr, shapes: dict[str, str]) -> float:
+    out = _arrays(instr.shape)
+    operands = re.findall(r"%([\w.\-]+)", instr.rest.split(")")[0])
+    if not out or not operands:
+        return 0.0
+    out_elems = math.prod(out[0][1])
+    if instr.op == "dot":
+        lhs = _arrays(shapes.get(operands[0], ""))
+        dims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instr.rest)
+        if not lhs or not dims:
+            return 0.0
+        contract = math.prod(lhs[0][1][int(d)] for d in dims.group(1).split(",") if d)
+        return 2.0 * out_elems * contract
+    # convolution (TPU's form of most matmuls): 2 x output x (input features x kernel window)
+    rhs = _arrays(shapes.get(operands[1], "")) if len(operands) > 1 else []
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", instr.rest)
+    if not rhs or not labels:
+        return 0.0
+    kernel = labels.group(2)
+    contract = math.prod(size for size, c in zip(rhs[0][1], kernel) if c != "o")
+    groups = re.search(r"feature_group_count=(\d+)", instr.rest)
+    return 2.0 * out_elems * contract / (int(groups.group(1)) if groups else 1)
+
+
+def _operands(instr: _Instr) -> list[str]:
+    return re.findall(r"%([\w.\-]+)", instr.rest.split("), ")[0])
+
+
+def _param_reads(comp: list[_Instr], index: int, comps: dict[str, list[_Instr]], full: float) -> float:
+    """Bytes a fused computation reads of its parameter `index`: the slices it takes when every use
+    is a (dynamic-)slice, as in a loop body's layer of a stacked array, else all of it."""
+    params = [i for i in comp if i.op == "parameter" and re.match(rf"{index}\)", i.rest)]
+    if not params:
+        return full
+    name, total = params[0].name, 0.0
+    for i in comp:
+        ops = _operands(i)
+        if name not in ops:
+            continue
+        if i.op in ("dynamic-slice", "slice") and ops[0] == name:
+            total += _nbytes(i.shape)
+        elif i.op == "dynamic-update-slice" and ops[0] == name:
+            continue  # updated in place
+        elif i.op == "fusion" and (called := _called(i.rest, "calls")):
+            total += _param_reads(comps.get(called[0], []), ops.index(name), comps, full)
+        else:
+            return full
+    return min(total, full)
+
+
+def _traffic(instr: _Instr, shapes: dict[str, str], comps: dict[str, list[_Instr]]) -> float:
+    """HBM bytes one top-level operation reads and writes. A fusion reads the slices it takes of a
+    sliced operand; a dynamic-update-slice (alone or as a fusion's root) writes its update in place."""
+    operands = _operands(instr)
+    sizes = [_nbytes(shapes.get(o, "")) for o in operands]
+    written = _nbytes(instr.shape)
+    if instr.op == "dynamic-update-slice" and len(sizes) > 1:
+        return 2 * sizes[1] + sum(sizes[2:])
+    if instr.op == "fusion" and (called := _called(instr.rest, "calls")):
+        comp = comps.get(called[0], [])
+        sizes = [_param_reads(comp, k, comps, size) for k, size in enumerate(sizes)]
+        root = next((i for i in comp if i.root), None)
+        if root is not None and root.op == "dynamic-update-slice":
+            update = _operands(root)[1:2]
+            inner = {i.name: i.shape for i in comp}
+            written = _nbytes(inner.get(update[0], "")) if update else written
+    return written + sum(sizes)
+
+
+def _kernel_flops(instr: _Instr) -> float:
+    """A Pallas (Mosaic) kernel's matmul FLOPs, which XLA does not see: splash attention's forward
+    (q k^T and p v), dq (three matmuls) and dkv (four) kernels, causal (half of the T x T scores),
+    from q's shape (`kernel_q_shape`)."""
+    q = kernel_q_shape(instr)
+    if q is None:
+        return 0.0
+    *lead, t, h = q
+    matmuls = 3 if "_dq" in instr.name else 4 if "_dkv" in instr.name else 2
+    return 2.0 * math.prod(lead) * (t * t / 2) * h * matmuls
+
+
+def kernel_q_shape(instr: _Instr) -> tuple[int, ...] | None:
+    """The query operand's shape of an attention kernel's custom call: the first floating-point
+    operand of rank 3 or 4, ([rows,] heads, T, H) (a vmap over one row leaves no row dimension)."""
+    if "splash" not in instr.name and "flash" not in instr.name:
+        return None
+    at = instr.rest.find("operand_layout_constraints=")
+    arrays = _arrays(instr.rest[at:] if at >= 0 else instr.rest)
+    return next((d for t, d in arrays if t.startswith(("f", "bf")) and len(d) in (3, 4)), None)
+
+
+def hlo_text(compiled: Any) -> str:
+    """`compiled.as_text()`, without the C++ log lines of a module it cannot read back. jaxlib
+    0.10.2 rejects some modules libtpu 0.0.52 builds (an async-update of 3 operands, jaxlib's XLA
+    expects 1: a version skew of the two XLAs): its parser logs "RET_CHECK failure
+    (.../hlo_instruction.cc:390) ... async-update" with an empty C++ stack trace on stderr before
+    the JaxRuntimeError that the caller reports (no env var quiets it: TF_CPP_MIN_LOG_LEVEL,
+    TPU_STDERR_LOG_LEVEL, TPU_MIN_LOG_LEVEL do not). What the C++ prints meanwhile is held back
+    and printed after a success, dropped after that error."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to hold back
+        return compiled.as_text()
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            text = compiled.as_text()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        printed = held.read()
+    while printed:
+        printed = printed[os.write(2, printed):]
+    return text
+
+
+def program_cost(compiled: Any) -> Cost:
+    """FLOPs and HBM bytes of a compiled program per device, from its optimized HLO, each operation
+    weighted by how often it runs: a while loop's body by its trip count (XLA's own
+    `cost_analysis()`, also returned, counts every loop body once, so a scan over 28 layers looks
+    like one layer). FLOPs: dots and convolutions (2 x output x contracted size), and for Pallas
+    kernels, which XLA does not see into, splash attention's matmuls by formula; elementwise work is
+    left out (it is bandwidth, below). Bytes: what each top-level operation (a fusion, a
+    matmul, a copy, a collective, a kernel) reads and writes, as XLA's cost model counts a fusion,
+    so on-chip reuse inside a fusion is free and every fusion boundary is an HBM round trip."""
+    comps, entry = _computations(hlo_text(compiled))
+    weight: dict[str, float] = collections.defaultdict(float)
+    fused: set[str] = set()
+    unknown = 0
+
+    def visit(name: str, w: float, depth: int = 0):
+        nonlocal unknown
+        if name not in comps or depth > 64:
+            return
+        weight[name] += w
+        for i in comps[name]:
+            if i.op == "while":
+                (body,), (cond,) = _called(i.rest, "body"), _called(i.rest, "condition")
+                n = _trip_count(comps.get(cond, []), comps)
+                if n is None:
+                    unknown += 1
+                    n = 1
+                visit(body, w * n, depth + 1)
+                visit(cond, w * (n + 1), depth + 1)
+            elif i.op == "fusion":
+                for c in _called(i.rest, "calls"):
+                    fused.add(c)
+                    visit(c, w, depth + 1)
+            elif i.op in ("call", "async-start", "custom-call"):
+                for c in _called(i.rest, "calls") + _called(i.rest, "to_apply"):
+                    visit(c, w, depth + 1)
+            elif i.op == "conditional":
+                branches = _called(i.rest, "branch_computations") or (
+                    _called(i.rest, "true_computation") + _called(i.rest, "false_computation"))
+                for c in branches:  # the most expensive branch is not known: each at 1 / branches
+                    visit(c, w / max(len(branches), 1), depth + 1)
+
+    visit(entry, 1.0)
+    flops = kernel = hbm = 0.0
+    for name, w in weight.items():
+        shapes = {i.name: i.shape for i in comps[name]}
+        for i in comps[name]:
+            if i.op in ("dot", "convolution"):
+                flops += w * _dot_flops(i, shapes)
+            elif i.op == "custom-call":
+                k = w * _kernel_flops(i)
+                flops, kernel = flops + k, kernel + k
+            if name in fused or i.op in _FREE:
+                continue
+            hbm += w * _traffic(i, shapes, comps)
+    xla = compiled.cost_analysis() or {}
+    if isinstance(xla, Sequence):
+        xla = xla[0] if xla else {}
+    return Cost(flops, hbm, float(xla.get("flops", 0.0)), float(xla.get("bytes accessed", 0.0)), unknown, kernel)

@@ -1,0 +1,133 @@
+"""How the training loop stops: after Ctrl-C or SIGTERM (the checkpoint of the last complete
+step, the error saying where it is), when the signal's clock runs out, and the closing of the
+producer, the checkpoint manager and the writers after the loop, with or without an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import sys
+import threading
+from collections.abc import Callable
+from signal import SIGINT
+from typing import Any
+
+from rlver_jax.parallel import hosts
+from rlver_jax.rl import train_state
+from rlver_jax.rollout.buffer import RolloutBuffer
+from rlver_jax.train import checkpoint
+from rlver_jax.train.interrupts import TrainingInterrupted, signal_name
+from rlver_jax.train.metrics import Writers
+from rlver_jax.train.spec import LoopSettings
+from rlver_jax.train.workdir import WorkDirLock
+
+log = logging.getLogger(__name__)
+
+
+def any_process(flag: bool) -> bool:
+    """Whether any process's `flag` is set (a collective of every process)."""
+    return any(hosts.allgather_json(bool(flag)))
+
+
+def expired(signum: int, manager, s: LoopSettings, lock: WorkDirLock | None) -> None:
+    """The clock after a signal ran out (interrupts.StepGuard): say what is kept and free the lock;
+    the process then exits with the signal's status."""
+    try:
+        steps = checkpoint.steps_in(manager.directory)
+    except Exception:  # noqa: BLE001 - the message must come out whatever the disk does
+        steps = []
+    kept = f"the checkpoint of step {steps[-1]} is in {manager.directory}" if steps else "no checkpoint was saved"
+    print(f"{pathlib.Path(sys.argv[0]).name}: {signal_name(signum)}: stopped {s.stop_within_s:g} s after the signal "
+          f"(config.checkpoint.stop_within_s) before the running step could be finished and saved; {kept}. Rerun "
+          f"the same command to resume (config.workdir={s.workdir}).", file=sys.stderr, flush=True)
+    if lock is not None:
+        lock.release()
+
+
+def interrupted(manager, state: train_state.TrainState | None, torn_step: int | None, record: dict,
+                workdir: str, *, sampling: Any = None, exit_status: int = 130,
+                signal: int | None = None) -> TrainingInterrupted:
+    """After Ctrl-C or SIGTERM (`signal`): save the state of the last complete step (with the run's
+    checkpoint `record`, rlver_jax.train.resume, and the actor versions of `sampling`) unless a checkpoint of it
+    exists (or it is torn, or there is no state yet: then the last checkpoint is kept); the error
+    that says so (`workdir`: config.workdir, to resume; `exit_status`: the process's)."""
+    if torn_step is None and state is not None:
+        step = int(state.step)  # every step up to here is complete, its metrics written
+        if step > 0 and checkpoint.latest_step(manager) != step:
+            log.warning("%s: saving the checkpoint of step %d", signal_name(signal), step)
+            checkpoint.save(manager, step, state, {"step": step, **record}, force=True, sampling=sampling)
+        checkpoint.wait(manager)
+    saved = checkpoint.latest_step(manager)
+    lost = f"step {torn_step} was cut short and is not kept; " if torn_step is not None else ""
+    where = (f"the checkpoint of step {saved} is in {manager.directory}" if saved is not None
+             else "no step was completed, nothing is saved")
+    what = "interrupted" if signal in (None, SIGINT) else f"stopped by {signal_name(signal)}"
+    return TrainingInterrupted(f"{what}: {lost}{where}. Rerun the same command to resume "
+                               f"(config.workdir={workdir}).", exit_status)
+
+
+def shut_down(buffer: RolloutBuffer | None, manager, writers: Writers | None) -> None:
+    """Stop the producer, finish pending checkpoint writes, close the writers. Every part runs; when
+    the loop failed (a full disk, say), a failure here is logged so that the loop's error is the
+    one raised, and the checkpoint manager gets `_CLOSE_AFTER_ERROR_S` to finish (a failed save can
+    leave orbax waiting minutes for a signal that never comes)."""
+    failing = sys.exc_info()[0] is not None
+    save_failed = isinstance(sys.exc_info()[1], checkpoint.CheckpointWriteError)  # said once: not waited for again
+    first: BaseException | None = None
+    parts = [buffer.close if buffer is not None else None,
+             lambda: _bounded(lambda: _close_manager(manager, wait=not save_failed),
+                              _CLOSE_AFTER_ERROR_S if failing else None),
+             writers.close if writers is not None else None]
+    for close in parts:
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception as e:  # noqa: BLE001 - each part must get its turn
+            if failing:
+                log.warning("while stopping after an error: %s", e)
+            first = first or e
+    if first is not None and not failing:
+        raise first
+
+
+_CLOSE_AFTER_ERROR_S = 30.0
+
+
+def _close_manager(manager, wait: bool = True) -> None:
+    """Wait for pending saves, then close the manager, even when the wait fails (its error is
+    raised). Without `wait` (a save failed and was reported) the manager is closed and the same
+    failure, which closing raises again, is not reported twice."""
+    if not wait:
+        try:
+            manager.close()
+        except Exception as e:  # noqa: BLE001 - the failed save, once more
+            log.debug("closing the checkpoint manager after a failed save: %s", e)
+        return
+    try:
+        checkpoint.wait(manager)
+    finally:
+        manager.close()
+
+
+def _bounded(work: Callable[[], Any], timeout_s: float | None) -> None:
+    """Run `work`; with `timeout_s`, in a daemon thread given that long (then left behind, logged)."""
+    if timeout_s is None:
+        work()
+        return
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            errors.append(e)
+
+    thread = threading.Thread(target=run, name="close-checkpoints", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        log.warning("the checkpoint manager did not close within %g s; left behind", timeout_s)
+    elif errors:
+        raise errors[0]
