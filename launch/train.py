@@ -76,6 +76,7 @@ def main(argv):
     from rlver_jax.parallel import sharding
     from rlver_jax.parallel.distributed import DistributedSettings
     from rlver_jax.rollout.buffer import RolloutError
+    from rlver_jax.train.pod import PodWatch
 
     workdir = pathlib.Path(config.workdir)
     signal.signal(signal.SIGTERM, _on_sigterm(workdir))
@@ -85,15 +86,24 @@ def main(argv):
     # Launch-time guards, before anything touches a device: random draws split over the mesh
     # give the same numbers on any mesh, and every process joins the multi-host run.
     jax.config.update("jax_threefry_partitionable", True)
+    pod = None
     try:
-        sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-        loop.train(spec)
+        distributed = DistributedSettings.from_config(config.mesh.distributed)
+        if sharding.maybe_initialize_distributed(distributed) and jax.process_count() > 1:
+            pod = PodWatch(workdir, distributed.peer_timeout_s).start()  # a lost process: one line, exit 75
+        loop.train(spec, on_step=pod.on_step if pod else None)
+        if pod is not None:
+            pod.stop()
     except KeyboardInterrupt as e:  # TrainingInterrupted says what was saved
+        if pod is not None:
+            pod.stop()
         print(f"train.py: {e}" if str(e) else
               f"train.py: interrupted; rerun the same command to resume from the newest checkpoint in "
               f"{workdir / 'checkpoints'} (if any)", file=sys.stderr)
         sys.exit(getattr(e, "exit_status", 130))
     except checkpoint.CheckpointWriteError as e:
+        if pod is not None:
+            pod.explain(e)  # a save that failed because a peer was lost: said as the lost peer
         # Everything of ours is closed; orbax may keep a thread waiting minutes for a signal of the
         # failed save (a read-only disk: 300 s) before the interpreter may exit: leave at once.
         if program.verbose():
@@ -102,6 +112,8 @@ def main(argv):
         sys.stdout.flush()
         os._exit(1)
     except Exception as e:  # noqa: BLE001 - the producer's cause and disk faults as one line; cli sorts the rest
+        if pod is not None:
+            pod.explain(e)  # a collective that failed because a peer was lost
         cause = e.__cause__ if isinstance(e, RolloutError) and e.__cause__ is not None else e
         if isinstance(cause, OSError):
             raise program.UserError(_disk_message(cause, workdir)) from e

@@ -22,7 +22,7 @@ import pytest
 
 from rlver_jax.rollout.transcripts import discard_from
 from rlver_jax.train import checkpoint, shutdown
-from rlver_jax.train.interrupts import StepGuard, TrainingInterrupted
+from rlver_jax.train.interrupts import EXIT_RESTART, StepGuard, TrainingInterrupted
 from tests.conftest import REPO
 
 
@@ -75,17 +75,25 @@ def test_a_signal_in_an_interruptible_part_abandons_it_and_still_stops_at_the_st
 
 def test_several_processes_stop_together_at_an_agreed_point():
     """A signal is never raised where it lands: each process asks at the same points whether any
-    process was signalled (here the collective is a list of the flags sent)."""
+    process was signalled, and by what (here the collective puts process 1's SIGTERM beside what is sent).
+    The process that was not signalled learns which peer was and exits with the restart status."""
     sent = []
-    guard = StepGuard(processes=2, agree=lambda flag: sent.append(flag) or True)
+
+    def agree(signum):
+        sent.append(signum)
+        return [signum, int(signal.SIGTERM)]  # process 0 sends `signum`; process 1 was sent SIGTERM
+
+    guard = StepGuard(processes=2, agree=lambda signum: sent.append(signum) or [0, signum], process_index=1)
     try:
         signal.raise_signal(signal.SIGTERM)  # between steps: no KeyboardInterrupt here
-        assert guard.stopping and guard.stop_agreed() and sent == [True]
-        quiet = StepGuard(processes=2, agree=lambda flag: sent.append(flag) or True)  # another process's view
+        assert guard.stopping and guard.stop_agreed() and sent == [signal.SIGTERM]
+        assert guard.peer_signals == {} and guard.exit_status == 143
+        quiet = StepGuard(processes=2, agree=agree, process_index=0)  # process 0's view
         quiet.begin_step(3)
         with pytest.raises(KeyboardInterrupt):  # not signalled itself, it stops when the others agree
             quiet.end_step()
-        assert sent == [True, False]
+        assert sent == [signal.SIGTERM, 0]
+        assert quiet.peer_signals == {1: signal.SIGTERM} and quiet.exit_status == EXIT_RESTART == 75
         quiet.close()
     finally:
         guard.close()

@@ -173,7 +173,7 @@ def _transcripts(workdir):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("training_grpo")
-def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypatch, grpo_straight):
+def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypatch, capsys, grpo_straight):
     """A run stopped by SIGTERM, by a kill and by a full disk, each time rerun, keeps every step's
     metrics and transcripts once and ends exactly where the run without stops ends (resume is exact:
     the data order and the sampling keys are functions of the step)."""
@@ -233,7 +233,9 @@ def test_interrupts_kills_and_a_full_disk_keep_each_step_once(tmp_path, monkeypa
     assert _transcripts(workdir) == ["eval_000003.jsonl", "train_000000.jsonl",
                                      "train_000001.jsonl", "train_000002.jsonl", "train_000003.jsonl"]
     assert checkpoint.saved_steps(workdir / "checkpoints")[-1] == 4
-    assert loop.train(RunSpec.from_config(config), progress=False) == {}  # nothing left to do
+    capsys.readouterr()
+    assert loop.train(RunSpec.from_config(config), progress=False) == {}  # nothing left to do, said on stdout
+    assert "nothing left to train" in capsys.readouterr().out
     # Every model and optimizer number equals the run's without a stop.
     jax.tree.map(np.testing.assert_array_equal, _state(workdir), _state(pathlib.Path(grpo_straight.workdir)))
 

@@ -31,22 +31,27 @@ import os
 import pathlib
 import pkgutil
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
+
+from rlver_jax.train.interrupts import EXIT_RESTART, EXIT_STATUS  # standard library only
 
 # The exit statuses of every launch/ script, one table (each script's --help ends with it; docs/cli.md
 # has it with examples; tests/cli_exit_test.py holds both).
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
+EXIT_INTERRUPTED = EXIT_STATUS[signal.SIGINT]  # 130
+EXIT_TERMINATED = EXIT_STATUS[signal.SIGTERM]  # 143
 EXIT_STATUSES = {
     EXIT_OK: "done (or --help)",
     EXIT_FAILED: "a run failed: the simulator, the disk, a divergence; the line says what to fix",
     EXIT_BAD_INPUT: ("a bad flag, config field or input file, a path that does not exist, or an interpreter "
                      "without the project's packages: nothing was started"),
+    EXIT_RESTART: ("restart the job: another process of a multi-process run was lost or preempted; rerun the "
+                   "same command on every host to resume"),
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     EXIT_TERMINATED: "stopped by SIGTERM (a preemption)",
 }

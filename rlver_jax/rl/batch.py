@@ -259,7 +259,7 @@ class StepCollation:
         mine = [(int(d), dialogues[d]) for d in np.flatnonzero(owner == self.process) if dialogues[d].trainable]
         if self.processes > 1:
             alone = row_extent([s for _, s in mine])
-            log.debug("step %d: batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues "
+            log.info("step %d: batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues "
                      "alone: T=%d, %d)", step, length, policy_tokens, rows, bucket(alone[0], multiple=self.length_multiple),
                      alone[1])
         return collate([s for _, s in mine], batch_size=share, rows=rows, length=length,

@@ -18,8 +18,9 @@ checkpoint, rather than being killed mid-write by the platform.
 On several processes (`processes > 1`) a signal is never raised where it lands: every process must
 stop at the same step and save its shards together. The loop asks `stop_agreed()` at two points of
 every step, which every process reaches in the same order (after the batch arrives, when the step
-ends); the processes exchange whether any of them was signalled, and all stop together. A process
-signalled while waiting for rollouts stops waiting (`stopping`) and goes to that point at once.
+ends); the processes exchange which of them was signalled by what, and all stop together. A process
+signalled while waiting for rollouts stops waiting (`stopping`) and goes to that point at once. A
+process that stops for a peer's signal (`peer_signals`) exits with EXIT_RESTART, the job's restart.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # The exit status of a run stopped by each signal (the shell's 128 + the signal's number).
 EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# The exit status of a process whose peer was lost or preempted: rerun the same command on every
+# host (sysexits.h's EX_TEMPFAIL; rlver_jax.train.pod).
+EXIT_RESTART = 75
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -57,11 +61,12 @@ class StepGuard:
     count), until `close()`. `begin_step(step)` ... `end_step()` bracket a step.
 
     `stop_within_s`: the bound from the first signal to the end of the process (see the module
-    docstring); `on_expiry(signum)` runs when it passes, before the exit. `agree(flag)`: with several
-    processes, the collective that returns whether any process's flag is set."""
+    docstring); `on_expiry(signum)` runs when it passes, before the exit. `agree(signum)`: with several
+    processes, the collective that returns every process's signal number (0: none), in process
+    order; `process_index`: this process's place in it."""
 
     def __init__(self, stop_within_s: float | None = None, on_expiry: Callable[[int], None] | None = None,
-                 processes: int = 1, agree: Callable[[bool], bool] | None = None):
+                 processes: int = 1, agree: Callable[[int], list[int]] | None = None, process_index: int = 0):
         self.step: int | None = None  # the step running, None between steps
         self.signal: int | None = None  # the first signal received
         self._pending = False
@@ -69,7 +74,9 @@ class StepGuard:
         self.stop_within_s = stop_within_s
         self.on_expiry = on_expiry
         self.processes = processes
-        self._agree = agree or (lambda flag: flag)
+        self.process_index = process_index
+        self.peer_signals: dict[int, int] = {}  # the other processes' signals, as last agreed
+        self._agree = agree or (lambda signum: [signum])
         self._timer: threading.Timer | None = None
         self._interruptible = False
         if threading.current_thread() is threading.main_thread():
@@ -88,6 +95,9 @@ class StepGuard:
 
     @property
     def exit_status(self) -> int:
+        """The signal's status; stopped for a peer's signal alone, EXIT_RESTART."""
+        if self.signal is None and self.peer_signals:
+            return EXIT_RESTART
         return EXIT_STATUS.get(self.signal, 130)
 
     def begin_step(self, step: int) -> None:
@@ -113,7 +123,11 @@ class StepGuard:
     def stop_agreed(self) -> bool:
         """Whether to stop here: this process was signalled, or (several processes; a collective)
         any was."""
-        return self._agree(self._pending) if self.processes > 1 else self._pending
+        if self.processes <= 1:
+            return self._pending
+        signals = self._agree(self.signal or 0 if self._pending else 0)
+        self.peer_signals = {i: s for i, s in enumerate(signals) if s and i != self.process_index}
+        return any(signals)
 
     def close(self) -> None:
         """Give the previous handlers back. The clock keeps running: the saving after a signal

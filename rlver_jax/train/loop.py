@@ -60,12 +60,12 @@ from rlver_jax.simulator.profiles import Profile
 log = logging.getLogger(__name__)
 
 
-def train(spec: RunSpec, *, progress: bool = True) -> dict[str, float]:
+def train(spec: RunSpec, *, progress: bool = True, on_step: Callable[[int], None] | None = None) -> dict[str, float]:
     """Build the run of `spec` (rlver_jax.train.run.build_run) and train it (`train_run`)."""
-    return train_run(build_run(spec), progress=progress)
+    return train_run(build_run(spec), progress=progress, on_step=on_step)
 
 
-def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
+def train_run(run: Run, *, progress: bool = True, on_step: Callable[[int], None] | None = None) -> dict[str, float]:
     """Run (or resume) the training of `run`; returns the last step's metrics. Releases the work
     directory's lock (`run.lock`) when it ends.
 
@@ -73,21 +73,23 @@ def train_run(run: Run, *, progress: bool = True) -> dict[str, float]:
     skipped, or abandoned when the signal comes during it), saves its checkpoint and raises
     interrupts.TrainingInterrupted, whose message says where the checkpoint is and how to resume; a
     failed checkpoint or transcript write stops the run at once; any other error leaves the last
-    complete checkpoint and the finished steps' files as they are.
+    complete checkpoint and the finished steps' files as they are. `on_step(step)`: told as each
+    step begins (rlver_jax.train.pod names the step when a process is lost).
     """
     try:
-        return _train(run, progress)
+        return _train(run, progress, on_step or (lambda step: None))
     finally:
         if run.lock is not None:
             run.lock.release()
 
 
-def _train(run: Run, progress: bool) -> dict[str, float]:
+def _train(run: Run, progress: bool, on_step: Callable[[int], None]) -> dict[str, float]:
     s = run.spec.loop
     manager = checkpoint.make_manager(run.storage.checkpoints, save_every=s.save_every, keep=s.keep,
                                       async_save=s.async_save)
     guard = StepGuard(s.stop_within_s, on_expiry=lambda signum: shutdown.expired(signum, manager, s, run.lock),
-                      processes=jax.process_count(), agree=shutdown.any_process)
+                      processes=jax.process_count(), agree=shutdown.process_signals,
+                      process_index=jax.process_index())
     state, start, metrics = None, 0, {}
     buffer = writers = None
     norms: dict[str, float] = {}
@@ -99,10 +101,11 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
         versions = resume.sampling_versions(s.max_staleness, start, previous)
         if meta is not None:
             resume.log_changes(run.spec, run.storage, meta, start)
-        if start >= s.steps:
-            log.info("nothing left to train: %s holds step %d of config.train.steps=%d; to train further raise "
-                     "--config.train.steps and add --config.checkpoint.allow_changes=train.steps", manager.directory,
-                     start, s.steps)
+        if start >= s.steps:  # said on stdout: a rerun of a finished run is not an error, and not chatter
+            if jax.process_index() == 0:
+                print(f"nothing left to train: {manager.directory} holds step {start} of config.train.steps={s.steps}; "
+                      f"to train further rerun with a larger --config.train.steps (e.g. {2 * s.steps}): it extends "
+                      "this run", flush=True)
             return {}
         norms = resume.param_norms(state)  # the baseline of the first step's growth check (parts on the devices)
         lowest_degenerate = None  # the run's lowest degenerate_rate so far (alarms.check_degeneration)
@@ -124,6 +127,7 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
             if (batch is None or guard.processes > 1) and guard.stop_agreed():  # signalled while waiting
                 raise KeyboardInterrupt
             guard.begin_step(step)  # from here to the checkpoint, a signal waits for the step to end
+            on_step(step)
             if s.max_staleness:  # the actor of this version, for the batches sampled with it after a resume
                 versions = {**{v: a for v, a in versions.items() if v > step - s.max_staleness},
                             step: jax.tree.map(jnp.copy, state.actor)}
@@ -150,7 +154,8 @@ def _train(run: Run, progress: bool) -> dict[str, float]:
     except KeyboardInterrupt:
         kept = {**record, "param_norms": norms, **({"sampling_versions": sorted(versions)} if versions else {})}
         raise shutdown.interrupted(manager, state, guard.step, kept, s.workdir, sampling=resume.sampling_item(versions),
-                                   exit_status=guard.exit_status, signal=guard.signal) from None
+                                   exit_status=guard.exit_status, signal=guard.signal,
+                                   peer_signals=guard.peer_signals if guard.processes > 1 else None) from None
     finally:
         guard.close()
         shutdown.shut_down(buffer, manager, writers)

@@ -25,9 +25,9 @@ from rlver_jax.train.workdir import WorkDirLock
 log = logging.getLogger(__name__)
 
 
-def any_process(flag: bool) -> bool:
-    """Whether any process's `flag` is set (a collective of every process)."""
-    return any(hosts.allgather_json(bool(flag)))
+def process_signals(signum: int) -> list[int]:
+    """Every process's signal number (0: none), in process order (a collective of every process)."""
+    return [int(s) for s in hosts.allgather_json(int(signum))]
 
 
 def expired(signum: int, manager, s: LoopSettings, lock: WorkDirLock | None) -> None:
@@ -47,11 +47,12 @@ def expired(signum: int, manager, s: LoopSettings, lock: WorkDirLock | None) -> 
 
 def interrupted(manager, state: train_state.TrainState | None, torn_step: int | None, record: dict,
                 workdir: str, *, sampling: Any = None, exit_status: int = 130,
-                signal: int | None = None) -> TrainingInterrupted:
-    """After Ctrl-C or SIGTERM (`signal`): save the state of the last complete step (with the run's
-    checkpoint `record`, rlver_jax.train.resume, and the actor versions of `sampling`) unless a checkpoint of it
-    exists (or it is torn, or there is no state yet: then the last checkpoint is kept); the error
-    that says so (`workdir`: config.workdir, to resume; `exit_status`: the process's)."""
+                signal: int | None = None, peer_signals: dict[int, int] | None = None) -> TrainingInterrupted:
+    """After Ctrl-C or SIGTERM (`signal`; or, none here, the other processes' `peer_signals`): save
+    the state of the last complete step (with the run's checkpoint `record`, rlver_jax.train.resume,
+    and the actor versions of `sampling`) unless a checkpoint of it exists (or it is torn, or there
+    is no state yet: then the last checkpoint is kept); the error that says so (`workdir`:
+    config.workdir, to resume; `exit_status`: the process's)."""
     if torn_step is None and state is not None:
         step = int(state.step)  # every step up to here is complete, its metrics written
         if step > 0 and checkpoint.latest_step(manager) != step:
@@ -62,9 +63,14 @@ def interrupted(manager, state: train_state.TrainState | None, torn_step: int | 
     lost = f"step {torn_step} was cut short and is not kept; " if torn_step is not None else ""
     where = (f"the checkpoint of step {saved} is in {manager.directory}" if saved is not None
              else "no step was completed, nothing is saved")
-    what = "interrupted" if signal in (None, SIGINT) else f"stopped by {signal_name(signal)}"
-    return TrainingInterrupted(f"{what}: {lost}{where}. Rerun the same command to resume "
-                               f"(config.workdir={workdir}).", exit_status)
+    if signal is None and peer_signals:
+        what = "; ".join(f"process {i} was {'preempted' if s != SIGINT else 'interrupted'} ({signal_name(s)})"
+                         for i, s in sorted(peer_signals.items()))
+        rerun = "Rerun the same command on every host"
+    else:
+        what = "interrupted" if signal in (None, SIGINT) else f"stopped by {signal_name(signal)}"
+        rerun = "Rerun the same command" + (" on every host" if peer_signals is not None else "")
+    return TrainingInterrupted(f"{what}: {lost}{where}. {rerun} to resume (config.workdir={workdir}).", exit_status)
 
 
 def shut_down(buffer: RolloutBuffer | None, manager, writers: Writers | None) -> None:
