@@ -1,0 +1,91 @@
+r"""Whether a refactor changed any number: the tiny presets trained from this checkout and from
+another commit, their metrics (timings left out) and transcripts compared exactly.
+
+  .venv/bin/python benchmarks/same_numbers.py --base=db91297 --out=/tmp/same_numbers
+  .venv/bin/python benchmarks/same_numbers.py --base=HEAD~3 --presets=grpo_think,ppo_nothink --steps=6
+
+Each preset runs `--steps` steps with an in-loop evaluation every `--eval_every`, once from a
+temporary worktree of `--base` and once from this checkout, with the same interpreter (this
+venv's). Prints IDENTICAL, or the first differences; exit status 0 when identical, 1 otherwise.
+Transcript keys that only one side writes (a field added on purpose) are listed, not compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from absl import app, flags
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+_BASE = flags.DEFINE_string("base", None, "The commit to compare with (a hash, HEAD~1, a branch).")
+_PRESETS = flags.DEFINE_list("presets", ["grpo_think", "ppo_think"], "Config files of configs/, their tiny preset.")
+_STEPS = flags.DEFINE_integer("steps", 4, "Training steps of each run.")
+_EVAL_EVERY = flags.DEFINE_integer("eval_every", 2, "In-loop evaluation every N steps (0: none).")
+_OUT = flags.DEFINE_string("out", None, "Directory for the runs (default: a temporary one).")
+_TIMING = ("seconds", "per_second")  # metrics that measure the machine, not the run
+
+
+def train(tree: pathlib.Path, preset: str, workdir: pathlib.Path) -> None:
+    """launch/train.py of `tree` on configs/PRESET.py:tiny, into `workdir`."""
+    done = subprocess.run([sys.executable, "launch/train.py", f"--config=configs/{preset}.py:tiny",
+                           f"--config.workdir={workdir}", f"--config.train.steps={_STEPS.value}",
+                           f"--config.train.eval_every={_EVAL_EVERY.value}"],
+                          cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{tree}: {preset} failed:\n{done.stderr[-3000:]}")
+
+
+def differences(a: pathlib.Path, b: pathlib.Path) -> tuple[list[str], set[str]]:
+    """(what differs between two runs' metrics and transcripts, transcript keys one side lacks)."""
+    out, extra = [], set()
+    rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (a, b)]
+    if len(rows[0]) != len(rows[1]):
+        out.append(f"{len(rows[0])} vs {len(rows[1])} metric lines")
+    for x, y in zip(*rows):
+        out += [f"step {x.get('step')}: {k} {x.get(k)} vs {y.get(k)}" for k in sorted(x.keys() | y.keys())
+                if not any(t in k for t in _TIMING) and x.get(k, "<missing>") != y.get(k, "<missing>")]
+    names = [sorted(p.name for p in (d / "transcripts").iterdir()) for d in (a, b)]
+    if names[0] != names[1]:
+        out.append(f"transcript files {names[0]} vs {names[1]}")
+    for name in set(names[0]) & set(names[1]):
+        records = [(d / "transcripts" / name).read_text().splitlines() for d in (a, b)]
+        if len(records[0]) != len(records[1]):
+            out.append(f"{name}: {len(records[0])} vs {len(records[1])} records")
+        for i, (x, y) in enumerate(zip(*records)):
+            x, y = json.loads(x), json.loads(y)
+            extra |= x.keys() ^ y.keys()
+            out += [f"{name} record {i}: {k} differs" for k in sorted(x.keys() & y.keys()) if x[k] != y[k]]
+    return out, extra
+
+
+def main(argv):
+    del argv
+    out = pathlib.Path(_OUT.value or tempfile.mkdtemp(prefix="same_numbers_"))
+    base_tree = out / "base_tree"
+    subprocess.run(["git", "worktree", "add", "--detach", "--force", str(base_tree), _BASE.value], cwd=REPO,
+                   check=True, capture_output=True)
+    try:
+        found = {}
+        for preset in _PRESETS.value:
+            for side, tree in (("base", base_tree), ("head", REPO)):
+                train(tree, preset, out / side / preset)
+            found[preset] = differences(out / "base" / preset, out / "head" / preset)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPO, capture_output=True)
+    same = True
+    for preset, (diffs, extra) in found.items():
+        if extra:
+            print(f"{preset}: transcript keys only one side writes (not compared): {sorted(extra)}")
+        print(f"{preset}: " + ("IDENTICAL" if not diffs else "DIFFERENT\n  " + "\n  ".join(diffs[:20])))
+        same = same and not diffs
+    sys.exit(0 if same else 1)
+
+
+if __name__ == "__main__":
+    flags.mark_flag_as_required("base")
+    app.run(main)
