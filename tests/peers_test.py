@@ -50,8 +50,8 @@ def test_a_peer_that_stops_beating_is_lost_after_the_timeout_and_not_before():
         watch.beat()
         lost = watch.check()
         assert (lost is None) == (t - 10 <= 10), t  # silent 10 s is still alive; 12 s is lost
-    assert lost == peers.Lost((2,), "stopped answering", 18.0)
-    assert peers.describe(lost) == "process 2 stopped answering (no heartbeat for 18 s)"
+    assert lost == peers.Lost((2,), "was lost: it stopped answering", 18.0)
+    assert peers.describe(lost) == "process 2 was lost: it stopped answering (no heartbeat for 18 s)"
     assert service.values["rlver_jax/alive/0"] == str(15)  # its own counter, once a round
     assert watch.silent_now(within_s=5.0) == (2,)
 
@@ -62,7 +62,7 @@ def test_a_peer_that_never_published_counts_from_the_start():
     watch.beat()
     clock.now += 10.5
     watch.beat()
-    assert watch.check() == peers.Lost((0,), "stopped answering", 10.5)
+    assert watch.check() == peers.Lost((0,), "was lost: it stopped answering", 10.5)
 
 
 def test_an_unreachable_coordinator_is_named_as_such():

@@ -35,8 +35,9 @@ class KeyValueClient(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Lost:
-    """Which processes were lost and how: "stopped answering" (no heartbeat for the timeout) or
-    "the coordinator stopped answering" (the service itself is gone)."""
+    """Which processes were lost and how: "was lost: it stopped answering" (no heartbeat for the
+    timeout), "was lost: its connection closed" (a collective failed) or "the coordinator stopped
+    answering" (the service itself is gone)."""
 
     processes: tuple[int, ...]
     why: str
@@ -101,7 +102,7 @@ class PeerWatch:
         if self._me != 0 and now - self._service_ok > self.timeout_s:
             return Lost((0,), "the coordinator stopped answering", now - self._service_ok)
         if silent := silent_peers(self._last_change, now, self.timeout_s):
-            return Lost(silent, "stopped answering", max(now - self._last_change[p] for p in silent))
+            return Lost(silent, "was lost: it stopped answering", max(now - self._last_change[p] for p in silent))
         return None
 
     def silent_now(self, within_s: float) -> tuple[int, ...]:
@@ -131,7 +132,7 @@ def _try_get(client: KeyValueClient, key: str) -> str | None:
 
 
 def describe(lost: Lost) -> str:
-    """"process 1 stopped answering (no heartbeat for 31 s)", for the launch script's line."""
+    """"process 1 was lost: it stopped answering (no heartbeat for 31 s)", for the launch script's line."""
     who = ", ".join(map(str, lost.processes))
     noun = "process" if len(lost.processes) == 1 else "processes"
     if lost.why.startswith("the coordinator"):

@@ -29,8 +29,8 @@ from rlver_jax.eval.capabilities import compare, data, prompts, report
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.eval.spec import CapabilitiesSpec
 from rlver_jax.files import append_jsonl
-from rlver_jax.llm_client import (EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, served_models,
-                                  show_requests)
+from rlver_jax.inflight import show_requests
+from rlver_jax.llm_client import EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, served_models
 from rlver_jax.text.chat import THINK_CLOSE
 
 log = logging.getLogger(__name__)
