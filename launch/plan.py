@@ -3,7 +3,6 @@ r"""Per-device memory of a training run's programs, compiled ahead of time from 
   .venv/bin/python launch/plan.py --config=configs/ppo_think.py:tiny
   .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4
   .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4 --slices=2 --config.mesh.shape='(2,-1,4)'
-  ../gpu-venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --gpu=h100:8
   XLA_FLAGS=--xla_force_host_platform_device_count=16 JAX_PLATFORMS=cpu \
     .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --config.mesh.shape='(1,16,1)' --memory_gb=16
 
@@ -21,7 +20,8 @@ the chip's HBM, the offload's transfers and a roofline estimate of the step
 (rlver_jax/parallel/topology.py, rlver_jax/train/planner/roofline.py). --gpu=CARD[:GPUS] or
 CARD:GPUSxNODES (h100:1, h100:8, h200:8, a100:8, h100:8x2) does the same for GPUs with the CUDA
 compiler of jax's CUDA plugin, run from a venv of its own (pip install -e '.[gpu-plan]': never the
-project's venv, where every process would probe for CUDA): attention as the GPU gets it (cudnn), the
+project's venv, where every process would probe for CUDA; e.g. `../gpu-venv/bin/python
+launch/plan.py --config=configs/ppo_think.py:7b --gpu=h100:8`): attention as the GPU gets it (cudnn), the
 card's memory as the budget, what the run must set for it, the card's published peaks for the
 roofline (rlver_jax/parallel/gpu_topology.py). Without either the plan is for this host's devices:
 on a CPU, fake the target's device count with XLA_FLAGS=--xla_force_host_platform_device_count=N.
