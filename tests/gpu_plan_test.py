@@ -39,6 +39,15 @@ def test_a_bad_gpu_name_is_one_line_naming_the_valid_forms(name):
     assert "\n" not in str(e.value) and "h100:8" in str(e.value) and "h100:8x2" in str(e.value)
 
 
+def test_a_peak_above_jaxs_default_share_of_the_card_names_the_fraction_to_set():
+    """A JAX process holds 75% of an H100's 84.94e9 bytes by default (63.7 GB): a 55 GB peak needs
+    nothing, a 70 GB one XLA_PYTHON_CLIENT_MEM_FRACTION of 70 / 84.94 = 0.82, 0.84 with the margin."""
+    h100 = gpu_topology.GpuTarget("h100:1", 1, (), card="h100", memory_bytes=H100_BYTES)
+    assert h100.runtime_notes(55e9) == []
+    [note] = h100.runtime_notes(70e9)
+    assert "(63.7 GB)" in note and "XLA_PYTHON_CLIENT_MEM_FRACTION=0.84 " in note
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(gpu_topology.plugin_available(), reason="jax's CUDA plugin is installed here")
 def test_launch_plan_says_what_to_install_without_the_cuda_plugin(tmp_path):
