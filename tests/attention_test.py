@@ -89,6 +89,16 @@ def test_bf16_within_bf16_precision(path):
     assert all(e <= 2 * d + 4e-3 for e, d in zip(errs, dense_errs)), (errs, dense_errs)
 
 
+def test_cudnn_call_in_a_mesh_context_matches_reference_in_its_shard_map():
+    """The cuDNN call's layout (through jax's XLA version of it) inside a mesh context, where it
+    runs in a shard_map as splash does: 8 rows over data x fsdp, 4 query and 2 kv heads over
+    tensor; values and gradients are the reference's."""
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    with jax.set_mesh(mesh):
+        errs = max_errors(_PATHS["cudnn_layout"], *make_inputs(37, 4, 2, 8))
+    assert max(errs) < 1e-5, errs
+
+
 @pytest.mark.slow
 def test_splash_kernel_matches_reference_in_interpret_mode():
     """The Pallas kernel (interpreted on CPU) with its segment ids, padding to the 128 tile and,

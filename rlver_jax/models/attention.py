@@ -294,22 +294,36 @@ def cudnn_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mas
     or right padding, as the trainer and sampler build them. Rows are rotated so their real tokens
     come first, attended with a causal padding mask, and rotated back; rotary positions were
     applied before, so the rotation changes no score.
+
+    Inside a mesh context (the trainer's and the sampler's programs) it runs in a `shard_map`, as
+    splash does (`kernel_partition`): jax's partitioning rule of the cuDNN call fails on shardings
+    that XLA gives its per-row lengths and that no mesh axis expresses (the tiny preset in bf16 on
+    8 GPUs, `launch/plan.py --gpu=h100:8`), and each row and head attends on its own anyway.
     """
-    t = q_BTNH.shape[1]
-    mask_BT = mask_BT.astype(bool)
-    start_B = jnp.argmax(mask_BT, axis=1)  # first real slot (0 for an all-padding row)
-    length_B = jnp.maximum(mask_BT.sum(axis=1), 1).astype(jnp.int32)  # >= 1: no empty softmax
-    front = (jnp.arange(t)[None, :] + start_B[:, None]) % t  # rotated slot -> original slot
-    back = (jnp.arange(t)[None, :] - start_B[:, None]) % t
+    def run(q, k, v, mask):  # one shard: [b, T, n, H], [b, T, kh, H], [b, T]
+        t = q.shape[1]
+        mask = mask.astype(bool)
+        start_B = jnp.argmax(mask, axis=1)  # first real slot (0 for an all-padding row)
+        length_B = jnp.maximum(mask.sum(axis=1), 1).astype(jnp.int32)  # >= 1: no empty softmax
+        front = (jnp.arange(t)[None, :] + start_B[:, None]) % t  # rotated slot -> original slot
+        back = (jnp.arange(t)[None, :] - start_B[:, None]) % t
 
-    def rotate(x, index):
-        return jnp.take_along_axis(x, index[:, :, None, None], axis=1)
+        def rotate(x, index):
+            return jnp.take_along_axis(x, index[:, :, None, None], axis=1)
 
-    out = jax.nn.dot_product_attention(
-        rotate(q_BTNH, front), rotate(k_BTKH, front), rotate(v_BTKH, front), is_causal=True,
-        query_seq_lengths=length_B, key_value_seq_lengths=length_B, implementation=implementation)
-    # Padding rows are zeroed: a NaN there would reach later layers' keys through 0 * NaN.
-    return jnp.where(mask_BT[:, :, None, None], rotate(out, back), 0).astype(q_BTNH.dtype)
+        out = jax.nn.dot_product_attention(
+            rotate(q, front), rotate(k, front), rotate(v, front), is_causal=True,
+            query_seq_lengths=length_B, key_value_seq_lengths=length_B, implementation=implementation)
+        # Padding rows are zeroed: a NaN there would reach later layers' keys through 0 * NaN.
+        return jnp.where(mask[:, :, None, None], rotate(out, back), 0).astype(q.dtype)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        rows, heads = kernel_partition(dict(zip(mesh.axis_names, mesh.axis_sizes)), q_BTNH.shape[0],
+                                       q_BTNH.shape[2], k_BTKH.shape[2])
+        spec = P(rows, None, heads)
+        run = jax.shard_map(run, in_specs=(spec, spec, spec, P(rows)), out_specs=spec, check_vma=False)
+    return run(q_BTNH, k_BTKH, v_BTKH, mask_BT)
 
 
 def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
@@ -321,8 +335,9 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, ma
     they are (N query heads on K kv heads). The kernel takes one sequence; it is vmapped over the
     batch. A Pallas kernel is not partitioned by XLA ("Mosaic kernels cannot be automatically
     partitioned"), so inside a mesh context (the trainer's programs: sharding.jit_sharded) it runs
-    in a `shard_map`: rows over the batch axes ('data', 'fsdp'), as many of them as divide B, and
-    heads over 'tensor' where it divides both N and K (else each tensor device runs every head).
+    in a `shard_map` (`kernel_partition`): rows over the batch axes ('data', 'fsdp'), as many of
+    them as divide B, and heads over 'tensor' where it divides both N and K (else each tensor device
+    runs every head).
     T is padded to the kernel's tile: 512 where that adds nothing, else 128.
     """
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
@@ -345,17 +360,19 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, ma
 
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
-        spec, row_spec = splash_partition(dict(zip(mesh.axis_names, mesh.axis_sizes)), b, n, kh)
-        run = jax.shard_map(run, in_specs=(spec, spec, spec, row_spec), out_specs=spec, check_vma=False)
+        rows, heads = kernel_partition(dict(zip(mesh.axis_names, mesh.axis_sizes)), b, n, kh)
+        spec = P(rows, heads)  # [B, heads, Tp, H]
+        run = jax.shard_map(run, in_specs=(spec, spec, spec, P(rows)), out_specs=spec, check_vma=False)
     seg = jnp.pad(mask_BT.astype(jnp.int32), ((0, 0), (0, tp - t)))
     out = run(heads_first(q_BTNH * (h ** -0.5)), heads_first(k_BTKH), heads_first(v_BTKH), seg)
     return out.transpose(0, 2, 1, 3)[:, :t].astype(q_BTNH.dtype)
 
 
-def splash_partition(sizes: dict[str, int], b: int, n: int, kh: int) -> tuple[P, P]:
-    """The shard_map specs of splash attention's [B, heads, T, H] operands and [B, T] segment ids
-    on a mesh of axis `sizes`: rows over the longest prefix of ('data', 'fsdp') whose product
-    divides B, heads over 'tensor' when it divides N and K; what is not split is replicated."""
+def kernel_partition(sizes: dict[str, int], b: int, n: int, kh: int) -> tuple[tuple[str, ...] | None, str | None]:
+    """How an attention kernel's shard_map (splash's, cuDNN's) splits B rows of N query and K kv
+    heads on a mesh of axis `sizes`: (the rows' axes, the heads' axis), rows over the longest
+    prefix of ('data', 'fsdp') whose product divides B, heads over 'tensor' when it divides N and
+    K; None where not split (replicated)."""
     batch: tuple[str, ...] = ()
     for axis in ("data", "fsdp"):
         if axis in sizes and b % (math.prod(sizes[a] for a in batch) * sizes[axis]) == 0:
@@ -364,5 +381,4 @@ def splash_partition(sizes: dict[str, int], b: int, n: int, kh: int) -> tuple[P,
             break
     tensor = sizes.get("tensor", 1)
     heads = "tensor" if tensor > 1 and n % tensor == 0 and kh % tensor == 0 else None
-    rows = batch or None
-    return P(rows, heads), P(rows)
+    return batch or None, heads

@@ -12,50 +12,29 @@ runtime presents them, one device per chip (megacore). Cloud's slice names count
 v4 and v5p (v4-32 = v4:2x2x4, 16 chips; v5p-8 = v5p:2x2x1, 4 chips) and chips for v5e and v6e
 (v5e-16 = v5e:4x4).
 
-The planner's roofline weighs a compiled program's FLOPs and HBM bytes against a `Chip`'s figures
-(rlver_jax.train.planner.hlo_cost).
+The chips' published figures are rlver_jax.parallel.chips'; GPU targets, the same `Target` compiled
+by the CUDA compiler, are rlver_jax.parallel.gpu_topology's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import importlib.metadata
 import importlib.util
 import math
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+
+from rlver_jax.parallel.chips import CHIPS, Chip
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """A TPU generation's published per-chip figures."""
-
-    name: str  # "v5e"
-    device_kind: str  # what jax's devices report: "TPU v5 lite"
-    bf16_tflops: float  # peak dense bf16 matmul, TFLOP/s
-    hbm_gb_s: float  # HBM bandwidth, GB/s
-    hbm_gb: float  # HBM per chip as published (GiB): the planner's default budget, in GB of 1e9 bytes
-
-
-CHIPS = {c.device_kind: c for c in (
-    Chip("v4", "TPU v4", 275.0, 1228.0, 32.0),
-    Chip("v5e", "TPU v5 lite", 197.0, 819.0, 16.0),
-    Chip("v5p", "TPU v5", 459.0, 2765.0, 95.0),
-    Chip("v6e", "TPU v6 lite", 918.0, 1640.0, 32.0),
-)}
-_BY_NAME = {c.name: c for c in CHIPS.values()}
 _DIMS = {"v4": 3, "v5p": 3, "v5e": 2, "v6e": 2}  # ICI dimensions in a topology name
 _CHIP_CONFIG = {"v4": "megacore"}  # one device per chip, as a v4 runtime presents them
 _EXAMPLES = "v5e:2x2, v5e:4x4, v5e:8x8, v6e:4x4, v5p:2x2x1, v5p:2x2x2, v4:2x2x1, v4:2x2x4"
 VALID_FORMS = (f"GENERATION:AxB for v5e and v6e, GENERATION:AxBxC for v4 and v5p (chips per ICI dimension; "
                f"a multi-host slice's dimensions are multiples of its hosts' 2x2), e.g. {_EXAMPLES}")
-
-
-def chip_of(device: Any) -> Chip | None:
-    """The published figures of a device's chip, or None (a CPU, a GPU, an unknown TPU)."""
-    return CHIPS.get(getattr(device, "device_kind", ""))
 
 
 def libtpu_available() -> bool:
@@ -109,6 +88,16 @@ class Target:
         hosts = f"{self.hosts} host{'s' if self.hosts > 1 else ''} of {self.devices_per_host}"
         return (f"{slices}{self.name}: {len(self.devices)} x {self.device_kind} ({self.chip.name}), {hosts}, "
                 f"{self.chip.hbm_gb:g} GB HBM per chip")
+
+    @property
+    def compiler(self) -> str:
+        """The compiler its programs are compiled by, with its version (the plan's `target` line)."""
+        return f"the TPU compiler (libtpu {package_version('libtpu')})"
+
+    def runtime_notes(self, peak: int) -> list[str]:
+        """What a run of a plan with this per-device `peak` (bytes) must set on the target: nothing
+        on a TPU (gpu_topology.GpuTarget's say more)."""
+        return []
 
 
 def parse_name(name: str) -> tuple[str, tuple[int, ...]]:
@@ -165,3 +154,11 @@ def _hide_cpu_flags_from_libtpu() -> None:
 
         jax.devices("cpu")
         os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f not in cpu)
+
+
+def package_version(name: str) -> str:
+    """An installed package's version, or "?" (informational only)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"

@@ -50,7 +50,9 @@ def check_mode(mode: str, mesh: Any) -> None:
     if mesh is None:
         raise ValueError(f"config.train.offload={mode!r} needs the run's mesh (the state's shardings)")
     kinds = {m.kind for m in mesh.devices.flat[0].addressable_memories()}
-    if HOST_MEMORY not in kinds:
+    # A GPU target's compile-only devices (the planner's, rlver_jax.parallel.gpu_topology) report no
+    # memories at all, where the GPUs they describe have pinned host memory: the run on them checks.
+    if kinds and HOST_MEMORY not in kinds:
         raise ValueError(f"config.train.offload={mode!r} needs {HOST_MEMORY!r} memory; the "
                          f"{mesh.devices.flat[0].platform} devices have {sorted(kinds)}: use offload='none'")
 

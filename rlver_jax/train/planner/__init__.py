@@ -4,7 +4,7 @@ executes, compiled ahead of time from abstract shapes, without allocating a weig
 `setup` (the abstract run compiled for, and what of the train state rests on the devices),
 `phases` (each program compiled: the update's, the offload's moves, the sampler's), `search` (the
 largest shapes that fit), `plan` (the plan of a spec), `report` (the plan as text), `roofline`
-(a train step's time estimated from the programs' costs on a TPU chip) over `hlo_cost` (FLOPs
+(a train step's time estimated from the programs' costs on a TPU chip or GPU card) over `hlo_cost` (FLOPs
 and HBM bytes read from a compiled program's HLO).
 
 Empty on purpose: importing one module does not import the others."""

@@ -1,14 +1,14 @@
 """The cost model of the planner's roofline: FLOPs and HBM bytes of a compiled program per device,
 read from its optimized HLO text, each operation weighted by how often it runs (a while loop's body
 by its trip count), and `Cost.seconds`, the roofline of those figures against a chip's published
-peak (rlver_jax.parallel.topology.Chip). An estimate, not a measurement: `program_cost` says what
+peak (rlver_jax.parallel.chips.Chip). An estimate, not a measurement: `program_cost` says what
 it counts.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from rlver_jax.parallel.topology import Chip
+from rlver_jax.parallel.chips import Chip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Cost:
     xla_flops: float  # XLA's cost_analysis(): every loop body counted once
     xla_bytes: float
     unknown_loops: int = 0  # while loops whose trip count could not be read: counted once
-    kernel_flops: float = 0.0  # of `flops`, the custom kernels' (splash attention), by formula
+    kernel_flops: float = 0.0  # of `flops`, the attention kernels' (splash, cuDNN), by formula
 
     def seconds(self, chip: Chip) -> float:
         """Roofline: the larger of compute time at the bf16 peak and HBM time at full bandwidth."""
@@ -141,17 +141,23 @@ def _param_reads(comp: list[_Instr], index: int, comps: dict[str, list[_Instr]],
     """Bytes a fused computation reads of its parameter `index`: the slices it takes when every use
     is a (dynamic-)slice, as in a loop body's layer of a stacked array, else all of it."""
     params = [i for i in comp if i.op == "parameter" and re.match(rf"{index}\)", i.rest)]
-    if not params:
-        return full
-    name, total = params[0].name, 0.0
+    return _value_reads(comp, params[0].name, comps, full) if params else full
+
+
+def _value_reads(comp: list[_Instr], name: str, comps: dict[str, list[_Instr]], full: float) -> float:
+    """Bytes the uses of value `name` in `comp` read of it (`_param_reads`). A bitcast is a view
+    and an in-place dynamic-update-slice leaves the buffer where it was: their uses are the value's
+    (the CUDA compiler writes a decode step's KV-cache row through a bitcast to u16, then slices
+    the layer it attends)."""
+    total = 0.0
     for i in comp:
         ops = _operands(i)
         if name not in ops:
             continue
         if i.op in ("dynamic-slice", "slice") and ops[0] == name:
             total += _nbytes(i.shape)
-        elif i.op == "dynamic-update-slice" and ops[0] == name:
-            continue  # updated in place
+        elif i.op == "bitcast" or (i.op == "dynamic-update-slice" and ops[0] == name):
+            total += _value_reads(comp, i.name, comps, full)
         elif i.op == "fusion" and (called := _called(i.rest, "calls")):
             total += _param_reads(comps.get(called[0], []), ops.index(name), comps, full)
         else:
@@ -178,13 +184,22 @@ def _traffic(instr: _Instr, shapes: dict[str, str], comps: dict[str, list[_Instr
     return written + sum(sizes)
 
 
+_CUDNN_ATTENTION = re.compile(r'custom_call_target="__cudnn\$fmha(\w*)"')
+
+
 def _kernel_flops(instr: _Instr) -> float:
-    """A Pallas (Mosaic) kernel's matmul FLOPs, which XLA does not see: splash attention's forward
-    (q k^T and p v), dq (three matmuls) and dkv (four) kernels, causal (half of the T x T scores),
-    from q's shape (`kernel_q_shape`)."""
+    """An attention kernel's matmul FLOPs, which XLA does not see, causal (half of the T x T
+    scores), from q's shape (`kernel_q_shape`): splash's Pallas (Mosaic) kernels, forward (q k^T
+    and p v), dq (three matmuls) and dkv (four); cuDNN's fused attention (custom calls
+    `__cudnn$fmha...`), forward (two) and backward (five: the scores again, dp, dv, dq, dk)."""
     q = kernel_q_shape(instr)
     if q is None:
         return 0.0
+    if cudnn := _CUDNN_ATTENTION.search(instr.rest):
+        b, t, n, h = q  # cuDNN takes [B, T, N, H]
+        mask = re.search(r'"mask_type":\s*"(\w+)"', instr.rest)
+        keys = t / 2 if mask and "CAUSAL" in mask.group(1) else t
+        return 2.0 * b * n * t * keys * h * (5 if "Backward" in cudnn.group(1) else 2)
     *lead, t, h = q
     matmuls = 3 if "_dq" in instr.name else 4 if "_dkv" in instr.name else 2
     return 2.0 * math.prod(lead) * (t * t / 2) * h * matmuls
@@ -192,8 +207,9 @@ def _kernel_flops(instr: _Instr) -> float:
 
 def kernel_q_shape(instr: _Instr) -> tuple[int, ...] | None:
     """The query operand's shape of an attention kernel's custom call: the first floating-point
-    operand of rank 3 or 4, ([rows,] heads, T, H) (a vmap over one row leaves no row dimension)."""
-    if "splash" not in instr.name and "flash" not in instr.name:
+    operand of rank 3 or 4, splash's ([rows,] heads, T, H) (a vmap over one row leaves no row
+    dimension), cuDNN's [B, T, N, H]."""
+    if "splash" not in instr.name and "flash" not in instr.name and not _CUDNN_ATTENTION.search(instr.rest):
         return None
     at = instr.rest.find("operand_layout_constraints=")
     arrays = _arrays(instr.rest[at:] if at >= 0 else instr.rest)
@@ -227,61 +243,67 @@ def hlo_text(compiled: Any) -> str:
     return text
 
 
+@dataclasses.dataclass(frozen=True)
+class _Work:
+    """What a computation does each time it runs (program_cost)."""
+
+    flops: float = 0.0
+    kernel: float = 0.0
+    bytes: float = 0.0
+    unknown_loops: int = 0
+
+    def __add__(self, other: _Work) -> _Work:
+        return _Work(self.flops + other.flops, self.kernel + other.kernel, self.bytes + other.bytes,
+                     self.unknown_loops + other.unknown_loops)
+
+    def times(self, n: float) -> _Work:
+        return dataclasses.replace(self, flops=n * self.flops, kernel=n * self.kernel, bytes=n * self.bytes)
+
+
 def program_cost(compiled: Any) -> Cost:
     """FLOPs and HBM bytes of a compiled program per device, from its optimized HLO, each operation
     weighted by how often it runs: a while loop's body by its trip count (XLA's own
     `cost_analysis()`, also returned, counts every loop body once, so a scan over 28 layers looks
-    like one layer). FLOPs: dots and convolutions (2 x output x contracted size), and for Pallas
-    kernels, which XLA does not see into, splash attention's matmuls by formula; elementwise work is
-    left out (it is bandwidth, below). Bytes: what each top-level operation (a fusion, a
-    matmul, a copy, a collective, a kernel) reads and writes, as XLA's cost model counts a fusion,
-    so on-chip reuse inside a fusion is free and every fusion boundary is an HBM round trip."""
+    like one layer), a conditional by its most expensive branch (by FLOPs, then bytes: the worst
+    case, as the planner's shapes are; the update's mini-batch loop is a conditional that skips
+    padding rows). FLOPs: dots and convolutions (2 x output x contracted size), and for the attention
+    kernels, which XLA does not see into (splash's Pallas kernels, cuDNN's fused attention), their
+    matmuls by formula; elementwise work is left out (it is bandwidth, below). Bytes: what each
+    top-level operation (a fusion, a matmul, a copy, a collective, a kernel) reads and writes, as
+    XLA's cost model counts a fusion, so on-chip reuse inside a fusion is free and every fusion
+    boundary is an HBM round trip."""
     comps, entry = _computations(hlo_text(compiled))
-    weight: dict[str, float] = collections.defaultdict(float)
-    fused: set[str] = set()
-    unknown = 0
+    fused = {c for ins in comps.values() for i in ins if i.op == "fusion" for c in _called(i.rest, "calls")}
 
-    def visit(name: str, w: float, depth: int = 0):
-        nonlocal unknown
-        if name not in comps or depth > 64:
-            return
-        weight[name] += w
-        for i in comps[name]:
+    @functools.cache
+    def work(name: str) -> _Work:  # HLO's computations call each other without cycles
+        shapes = {i.name: i.shape for i in comps.get(name, [])}
+        total = _Work()
+        for i in comps.get(name, []):
+            if i.op in ("dot", "convolution"):
+                total += _Work(flops=_dot_flops(i, shapes))
+            elif i.op == "custom-call":
+                k = _kernel_flops(i)
+                total += _Work(flops=k, kernel=k)
+            if name not in fused and i.op not in _FREE:
+                total += _Work(bytes=_traffic(i, shapes, comps))
             if i.op == "while":
                 (body,), (cond,) = _called(i.rest, "body"), _called(i.rest, "condition")
                 n = _trip_count(comps.get(cond, []), comps)
-                if n is None:
-                    unknown += 1
-                    n = 1
-                visit(body, w * n, depth + 1)
-                visit(cond, w * (n + 1), depth + 1)
+                total += work(body).times(n or 1) + work(cond).times((n or 1) + 1) + _Work(unknown_loops=int(n is None))
             elif i.op == "fusion":
-                for c in _called(i.rest, "calls"):
-                    fused.add(c)
-                    visit(c, w, depth + 1)
+                total = sum((work(c) for c in _called(i.rest, "calls")), total)
             elif i.op in ("call", "async-start", "custom-call"):
-                for c in _called(i.rest, "calls") + _called(i.rest, "to_apply"):
-                    visit(c, w, depth + 1)
+                total = sum((work(c) for c in _called(i.rest, "calls") + _called(i.rest, "to_apply")), total)
             elif i.op == "conditional":
                 branches = _called(i.rest, "branch_computations") or (
                     _called(i.rest, "true_computation") + _called(i.rest, "false_computation"))
-                for c in branches:  # the most expensive branch is not known: each at 1 / branches
-                    visit(c, w / max(len(branches), 1), depth + 1)
+                total += max((work(c) for c in branches), key=lambda w: (w.flops, w.bytes), default=_Work())
+        return total
 
-    visit(entry, 1.0)
-    flops = kernel = hbm = 0.0
-    for name, w in weight.items():
-        shapes = {i.name: i.shape for i in comps[name]}
-        for i in comps[name]:
-            if i.op in ("dot", "convolution"):
-                flops += w * _dot_flops(i, shapes)
-            elif i.op == "custom-call":
-                k = w * _kernel_flops(i)
-                flops, kernel = flops + k, kernel + k
-            if name in fused or i.op in _FREE:
-                continue
-            hbm += w * _traffic(i, shapes, comps)
+    program = work(entry)
     xla = compiled.cost_analysis() or {}
     if isinstance(xla, Sequence):
         xla = xla[0] if xla else {}
-    return Cost(flops, hbm, float(xla.get("flops", 0.0)), float(xla.get("bytes accessed", 0.0)), unknown, kernel)
+    return Cost(program.flops, program.bytes, float(xla.get("flops", 0.0)), float(xla.get("bytes accessed", 0.0)),
+                program.unknown_loops, program.kernel)

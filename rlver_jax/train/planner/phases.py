@@ -1,6 +1,6 @@
 """The programs a training run executes, each compiled from abstract shapes (every input a
 `jax.ShapeDtypeStruct` carrying the run's sharding) into a `Phase`: its per-device memory and,
-compiled for a TPU chip, its cost (rlver_jax.train.planner.hlo_cost). The phases:
+compiled for a target's chip or card, its cost (rlver_jax.train.planner.hlo_cost). The phases:
 
   prepare        the train step's first program (`update.prepare_step`): old (and reference)
                  log-probs, values, advantages; it reads the models, not their AdamW states.
@@ -24,7 +24,8 @@ bucket (`... compact`, `... grow`).
 
 Compiled for a TPU topology, every figure is the TPU compiler's: the memory of each program, the
 offload's transfers (`transfer_plan`: programs between HBM and pinned host memory, memory kinds as
-the TPU compiler takes them), and each program's cost for the roofline.
+the TPU compiler takes them), and each program's cost for the roofline; for a GPU target the CUDA
+compiler's, the offload's moves by the shard arithmetic (`transfer_plan`).
 
 A phase's per-device total = resident + arguments + temporaries + outputs not aliased to donated
 arguments; `resident` is what stays on the device through the phase without being an argument of
@@ -71,7 +72,7 @@ class Phase:
     outputs: int  # not aliased to donated arguments
     seconds: float  # lowering + compilation
     note: str = ""
-    cost: hlo_cost.Cost | None = None  # FLOPs and HBM bytes per device (compiled for a TPU chip)
+    cost: hlo_cost.Cost | None = None  # FLOPs and HBM bytes per device (compiled for a target's chip or card)
 
     @property
     def total(self) -> int:
@@ -164,8 +165,9 @@ def transfer_plan(s: Setup) -> tuple[list[Transfer], tuple[int, int]] | None:
     stage's parts leaving the devices (outputs in pinned host memory), then those arriving. Per
     device, from the compiler's memory analysis: what each stage writes to host memory and to the
     devices, and the moves' own temporaries; and (device, host) bytes of the state between steps.
-    None off TPU (XLA:CPU has no host memory space: crossing_bytes counts the shards instead) or
-    without offload."""
+    None off TPU (XLA:CPU has no host memory space, and jax lowers a `pinned_host` output for the
+    CUDA compiler's compile-only devices, which have no memories, as a device one: crossing_bytes
+    counts the shards instead) or without offload."""
     if s.offload == "none" or s.platform != "tpu":
         return None
     present = tuple(p for p in offload.PARTS if getattr(s.state, p) is not None)
@@ -272,12 +274,12 @@ def describe_rollout(shapes: RolloutShapes) -> str:
 def sampling_layout(s: Setup, host_devices: int | None = None) -> SamplingLayout:
     """The host-local sampling layout of the run (rlver_jax.parallel.sampling_copy) on one host of
     `host_devices` devices (default: every device is one host's), beside the training mesh; on a
-    TPU topology, its first host's devices."""
+    target of several hosts, one host's devices."""
     n = host_devices or s.mesh.size
     if s.mesh.size % n:
         raise ValueError(f"--host_devices={n} does not divide the {s.mesh.size} devices of the mesh")
     tensor = math.gcd(s.mesh.shape["tensor"], n)
-    # On a TPU topology of several hosts: a one-host topology's devices (Target.host_target).
+    # On a target of several hosts: a one-host target's devices (Target.host_target).
     devices = list(s.mesh.devices.flat)[:n] if s.target is None else list(s.target.host_target().devices)
     host = sharding.make_mesh((1, n // tensor, tensor), devices)
     return SamplingLayout.create(s.update.actor_cfg, host, s.spec.mesh.rules)

@@ -54,8 +54,9 @@ def plan(spec: RunSpec, memory_gb: float | None = 16.0, phases: Sequence[str] = 
          target: topology.Target | None = None) -> Plan:
     """Compile the phases of `spec`'s run and, with `search`, find the largest shapes that fit
     wherever the update (any of its programs), the rollout or the evaluation does not. `target`:
-    compile for a TPU topology's devices (rlver_jax.parallel.topology) instead of this host's;
-    `memory_gb` None: the target chip's HBM (16 off TPU)."""
+    compile for a TPU topology's or GPU target's devices (rlver_jax.parallel.topology,
+    gpu_topology) instead of this host's; `memory_gb` None: the target's memory per device (16 on
+    this host's)."""
     s = abstract_setup(spec, hoist_converts, host_devices, target)
     if memory_gb is None:
         memory_gb = s.chip.hbm_gb if s.chip is not None else 16.0

@@ -39,8 +39,8 @@ def format_plan(plan: Plan, label: str = "") -> str:
         f"plan       {label or s.spec.model.preset}: {rl.algo}, {models} parameters; "
         f"param_dtype={actor.param_dtype} dtype={actor.dtype} remat={actor.remat} scan_layers={actor.scan_layers} "
         f"attention={actor.attention} ({impl} {where})",
-        *([f"target     {s.target.describe()}; compiled by the TPU compiler (libtpu {_libtpu_version()}), "
-           "compile-only devices on this host"] if s.target is not None else []),
+        *([f"target     {s.target.describe()}; compiled by {s.target.compiler}, compile-only devices on this host"]
+          if s.target is not None else []),
         f"mesh       {dict(mesh.shape)} = {mesh.size} {mesh.devices.flat[0].platform} devices; rules={s.spec.mesh.rules}",
         f"update     {b} dialogues x {t} tokens, every token scored; mini-batch {rl.mini_batch_size} "
         f"{'dialogues' if rl.batch_size else 'rows'}, micro-batch "
@@ -72,7 +72,7 @@ def format_plan(plan: Plan, label: str = "") -> str:
             to_host, to_device = (sum(getattr(x, f) for x in plan.transfers) for f in ("to_host", "to_device"))
             temps = max(x.temporaries for x in plan.transfers)
             device, host = plan.at_rest
-            lines.append(f"offload    the moves compiled by the TPU compiler (memory kinds device / {offload.HOST_MEMORY}): "
+            lines.append(f"offload    the moves as the target's compiler compiles them (memory kinds device / {offload.HOST_MEMORY}): "
                          f"{to_host / scale:.3f} {unit}/device to host memory and {to_device / scale:.3f} back per step, "
                          f"moves' temporaries up to {temps / scale:.3f}; between steps {host / scale:.3f} {unit}/device "
                          f"in host memory, {device / scale:.3f} on the device")
@@ -90,14 +90,8 @@ def format_plan(plan: Plan, label: str = "") -> str:
     lines.append(f"peak       {peak.total / scale:.3f} {unit} ({peak.name}): {verdict} in {plan.memory_gb:g} GB per device")
     lines += [f"           {ph.name}: {ph.total / GB:.3f} GB does not fit" for ph in plan.phases
               if ph.total > plan.memory_gb * GB]
+    if s.target is not None:
+        lines += [f"runtime    {note}" for note in s.target.runtime_notes(peak.total)]
     lines += [f"fits with  {x}" for x in plan.suggestions]
     lines += format_roofline(plan)
     return "\n".join(lines)
-
-
-def _libtpu_version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("libtpu")
-    except Exception:  # noqa: BLE001 - informational only
-        return "?"

@@ -1,5 +1,5 @@
-"""A roofline estimate of a train step on a TPU target's chips: the compiled programs' FLOPs and HBM
-bytes (rlver_jax.train.planner.hlo_cost) against the chip's published peak, and the MFU it implies.
+"""A roofline estimate of a train step on a target's chips or cards (TPU, GPU): the compiled programs'
+FLOPs and HBM bytes (rlver_jax.train.planner.hlo_cost) against their published peaks, and the MFU it implies.
 An estimate, not a measurement.
 """
 
@@ -74,7 +74,7 @@ def step_estimate(plan: Plan) -> StepEstimate | None:
 
 
 def format_roofline(plan: Plan) -> list[str]:
-    """The roofline lines of a plan compiled for a TPU chip (none otherwise)."""
+    """The roofline lines of a plan compiled for a target's chip or card (none otherwise)."""
     s, chip = plan.setup, plan.setup.chip
     costed = [p for p in plan.phases if p.cost is not None]
     if chip is None or not costed:

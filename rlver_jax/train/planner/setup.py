@@ -1,6 +1,7 @@
 """What the planner compiles for: a training spec's abstract run (rlver_jax.train.abstract_run, what
 build_run loads weights into) with the step's abstract batch and update inputs, on this host's
-devices or a TPU topology's compile-only devices (`target`: rlver_jax.parallel.topology); and the
+devices or a TPU topology's or GPU target's compile-only devices (`target`: rlver_jax.parallel.topology,
+gpu_topology); and the
 bytes of the train state that stay on the devices through each phase (`resident`) or cross
 between host and device memory in a step (`crossing_bytes`) under config.train.offload.
 
@@ -20,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rlver_jax.models import attention
-from rlver_jax.parallel import sharding, topology
+from rlver_jax.parallel import chips, sharding, topology
 from rlver_jax.rl import offload, train_state
 from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.rl.settings import RLSettings
@@ -45,7 +46,7 @@ class Setup:
     rows: Any  # ... and mini-batch rows
     compiler_options: dict | None = None  # see abstract_setup(hoist_converts=...)
     host_devices: int | None = None  # devices per host for the rollout's layout; None: all of them
-    target: topology.Target | None = None  # a TPU topology compiled for, or None: this host's devices
+    target: topology.Target | None = None  # a TPU or GPU target compiled for, or None: this host's devices
 
     @property
     def spec(self) -> RunSpec:
@@ -78,13 +79,13 @@ class Setup:
 
     @property
     def platform(self) -> str:
-        """What the programs are compiled for: "tpu" for a topology's devices, else this host's."""
+        """What the programs are compiled for: "tpu" or "gpu" for a target's devices, else this host's."""
         return sharding.mesh_platform(self.mesh)
 
     @property
-    def chip(self) -> topology.Chip | None:
-        """The published figures of the devices' chip (TPUs), or None."""
-        return topology.chip_of(self.mesh.devices.flat[0])
+    def chip(self) -> chips.Chip | None:
+        """The published figures of the devices' chip or card (a target's), or None."""
+        return chips.chip_of(self.mesh.devices.flat[0])
 
     @property
     def seq_len(self) -> int:
@@ -146,7 +147,7 @@ _NO_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
 def abstract_setup(spec: RunSpec, hoist_converts: bool = True, host_devices: int | None = None,
                    target: topology.Target | None = None) -> Setup:
     """The abstract run of `spec` (rlver_jax.train.abstract_run, as build_run makes it) and the
-    step's abstract batch and update inputs, on this host's devices or a TPU topology's (`target`:
+    step's abstract batch and update inputs, on this host's devices or a target's (`target`:
     compile-only devices; `host_devices` then defaults to its hosts' and must equal them).
 
     hoist_converts=False on CPU compiles without XLA's loop-invariant code motion (_NO_HOISTING),
@@ -154,7 +155,7 @@ def abstract_setup(spec: RunSpec, hoist_converts: bool = True, host_devices: int
     if target is not None:
         if host_devices not in (None, target.devices_per_host):
             raise ValueError(f"--host_devices={host_devices}: the hosts of {target.name} have "
-                             f"{target.devices_per_host} devices; leave it out with --topology")
+                             f"{target.devices_per_host} devices; leave it out with --topology or --gpu")
         host_devices = target.devices_per_host
     run = abstract_run(spec, any_preset=True, devices=None if target is None else target.devices)
     # A model the target cannot run (cudnn attention on a TPU, splash on a CPU) is one line, here.
