@@ -21,6 +21,15 @@ from rlver_jax.text import degeneration as dg
     ("I understand how you feel.", "zh", (), ["wrong_language"]),
     ("I understand how you feel.", "", (), []),  # no profile language: nothing to be wrong about
     ("I understand.", "en", ("Hmm.", "i  UNDERSTAND."), ["repeat_turn"]),
+    ("ПРИВЕТ друг ああ 가나 好 þð word", "en", (), ["garbled"]),  # 8 Cyrillic of 18 letters; 10 outside it
+    # "the of", "and but", "we the", "an way": 4 ungrammatical pairs of 10
+    ("time the of people and but we the an way feel", "en", (), ["word_salad"]),
+    # one pair ("to is") in a clause of 20 words
+    ("when you go out to see how people feel to is what we all want from our life after work most days",
+     "en", (), ["word_salad"]),
+    ("I think that is a fair point, and to be honest an hour is not much for all of us.", "en", (), []),
+    ("我们时候工作因为所以但是已经可以自己朋友家里事情觉得一个没有什么这样那么非常还是今天生活知道喜欢", "zh", (), ["word_salad"]),  # 48 Han
+    ("我们时候工作因为所以但是已经可以自己朋友家里事情觉得一个没有什么这样那么非常还是今天生活知道喜", "zh", (), []),  # 47
 ])
 def test_reasons(reply, language, earlier, want):
     assert dg.reasons(reply, language, earlier) == want
@@ -37,7 +46,8 @@ def test_rates_count_replies_by_hand():
              ("zh", ["Okay then.", "okay  then."])]
     got = dg.rates(batch)
     assert got == pytest.approx({"degenerate_rate": 4 / 5, "degenerate_empty_rate": 1 / 5,
-                                 "degenerate_garbled_rate": 0.0, "degenerate_repetition_rate": 1 / 5,
+                                 "degenerate_garbled_rate": 0.0, "degenerate_word_salad_rate": 0.0,
+                                 "degenerate_repetition_rate": 1 / 5,
                                  "degenerate_wrong_language_rate": 2 / 5, "degenerate_repeat_turn_rate": 1 / 5})
     assert set(dg.rates([])) == set(got) and not any(dg.rates([]).values())
     assert dg.describe(got) == "80% (empty 20%, repetition 20%, wrong_language 40%, repeat_turn 20%)"
