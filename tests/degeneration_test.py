@@ -1,9 +1,13 @@
 """Degenerate replies (rlver_jax.text.degeneration): each reason on hand-made replies, and the rates
 of a batch counted by hand."""
 
+import pathlib
+
 import pytest
 
 from rlver_jax.text import degeneration as dg
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("reply, language, earlier, want", [
@@ -73,3 +77,32 @@ def test_the_alarm_compares_with_the_runs_lowest_rate(caplog):
     assert loop._check_degeneration(2, lowest, {**rise, "degenerate_rate": 0.39}, s) == 0.1
     with pytest.raises(ValueError, match="degenerate_alarm_action='halt'"):
         dataclasses.replace(s, degenerate_alarm_action="halt")
+
+
+SAGE_RESULTS = sorted((REPO.parent / "shared" / "data" / "sage" / "dialogues").glob("*.jsonl.xz"))
+
+
+@pytest.mark.skipif(not SAGE_RESULTS, reason="SAGE's released results (../shared/data/sage) are not here")
+def test_few_of_sages_released_replies_are_degenerate():
+    """Real models' answers (8 models' Sentient-benchmark dialogues): at most 5% flagged."""
+    import json
+    import lzma
+
+    dialogues = []
+    for path in SAGE_RESULTS:
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            dialogues += [("zh", [m["content"] for m in json.loads(line)["history"] if m["role"] == "assistant"])
+                          for line in f]
+    assert sum(len(replies) for _, replies in dialogues) == 6645  # every reply, judged or not
+    assert dg.rates(dialogues)["degenerate_rate"] <= 0.05
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_noise_and_word_salad_are_flagged(language):
+    """The robustness probes' random bytes and mixed scripts, and their 25-40 common words in random
+    order: at least 90% of each flagged, 200 draws."""
+    from rlver_jax.eval.probes import probe_reply
+
+    for probe, reason in (("garbled", "garbled"), ("word_salad", "word_salad")):
+        replies = [probe_reply(probe, [{"role": "user", "content": f"dialogue {k}"}]) for k in range(200)]
+        assert sum(reason in dg.reasons(r, language) for r in replies) >= 0.9 * len(replies), probe

@@ -18,6 +18,7 @@ as the thoughts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 from rlver_jax.simulator import judge_features
@@ -57,6 +58,7 @@ class Score:
         return "; ".join(shown) + f" => {self.change:+d}"
 
 
+@functools.lru_cache(maxsize=None)
 def _group(name: str) -> str:
     return next(group for group, keys in _GROUPS if any(name.startswith(k) for k in keys))
 

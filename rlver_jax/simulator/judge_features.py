@@ -32,6 +32,7 @@ _LIST_ITEM = re.compile(r"^\s*(?:\d+[.、)）]|[-*•·]\s|#+\s|[（(]?[一二�
 _BOLD = re.compile(r"\*\*[^*\n]+\*\*")
 
 
+@functools.lru_cache(maxsize=4096)  # the dialogue's earlier lines, read at every turn
 def normalise(text: str) -> str:
     """Lower case, straight apostrophes, single spaces."""
     return re.sub(r"\s+", " ", text.replace("’", "'").replace("‘", "'").lower()).strip()

@@ -5,7 +5,9 @@
 A reply is degenerate for any of these reasons (`REASONS`):
   empty: nothing but whitespace;
   garbled: most of its visible characters are not letters, or its letters mix scripts (Latin,
-    Han, Cyrillic, ...), those outside its main script at least MIXED_SHARE of them;
+    Han, Cyrillic, ...), those outside its main script at least MIXED_SHARE of them, or it holds
+    BROKEN_CHARS or more broken characters (U+FFFD, control characters but tab and newlines: bytes
+    that are no text; one may be a multi-byte character cut at the token budget);
   word_salad: real words in no order: English whose clauses join function words no grammar joins
     ("the of", "and but", "is will", "an way") at least SALAD_PAIRS times and in at least SALAD_SHARE of its
     word pairs or once in a clause of SALAD_CLAUSE words, or a run of at least SALAD_HAN Han
@@ -19,6 +21,7 @@ A reply is degenerate for any of these reasons (`REASONS`):
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 REASONS = ("empty", "garbled", "word_salad", "repetition", "wrong_language", "repeat_turn")
 LETTER_SHARE = 0.5  # garbled: fewer than this share of visible characters are letters
 MIXED_SHARE = 0.2  # garbled: the scripts other than the main one hold at least this share of the letters
+BROKEN_CHARS = 2  # garbled: at least this many broken characters
 MAX_NGRAM = 4  # repetition: phrases of 1..MAX_NGRAM words
 REPEATS = 3  # repetition: said this many times in a row
 HAN_SHARE_EN = 0.5  # wrong_language: an "en" reply whose letters are at least this share Han
@@ -68,6 +72,7 @@ _HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]{%d,}" % SALAD_HAN)
 _WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*|\d+")  # a run of letters (hyphenated or with an apostrophe), or digits
 
 
+@functools.lru_cache(maxsize=65536)
 def _script(ch: str) -> str:
     """The Unicode script of a letter by its name's first word (LATIN, CJK, CYRILLIC, HANGUL, ...)."""
     name = unicodedata.name(ch, "")
@@ -83,11 +88,14 @@ def _han_share(letters: Sequence[str]) -> float:
 
 
 def garbled(text: str) -> bool:
-    """Mostly non-letters, or letters of two scripts mixed (see the module docstring)."""
+    """Mostly non-letters, letters of several scripts mixed, or broken characters (see the module
+    docstring)."""
     visible = [ch for ch in text if not ch.isspace()]
     letters = _letters(text)
     if not visible or len(letters) < LETTER_SHARE * len(visible):
         return bool(visible)
+    if sum(ch == "\ufffd" or (unicodedata.category(ch) == "Cc" and ch not in "\t\n\r") for ch in text) >= BROKEN_CHARS:
+        return True
     counts: dict[str, int] = {}
     for ch in letters:
         counts[_script(ch)] = counts.get(_script(ch), 0) + 1
