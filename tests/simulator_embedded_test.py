@@ -12,6 +12,7 @@ from rlver_jax import simulator
 from rlver_jax.simulator import judge_features
 from rlver_jax.simulator.judge import score_reply
 from rlver_jax.simulator.judge_weights import DenseModel, JudgeWeights, NgramModel
+from rlver_jax.simulator.lexicon import STOPWORDS_EN
 
 PROFILES = simulator.load_profiles()
 EN = next(p for p in PROFILES if p.language == "en" and p.goal == "empathy")  # rlverjax-en-01
@@ -133,12 +134,12 @@ def test_dialogues_are_deterministic_and_show_the_judgement():
         assert record.raw_emotion.endswith(f"Change: {record.change_proposed:+d}") and record.utterance
 
 
-def test_dismissive_users_leave_in_their_language():
+def test_users_who_feel_unheard_leave_in_their_language():
     generic = "听起来真的很辛苦，我很心疼你。"
-    state = _dialogue(ZH, ["@@@###", generic, generic, "随便你"])
-    # 30 -> 20 (garbage) -> 12 (warm, but nothing of what the user said) -> 2 (the same again): band
-    # F, the user says goodbye (in Chinese) before the floor.
-    assert state.emotions == (30, 20, 12, 2) and state.end_reason == "goodbye"
+    state = _dialogue(ZH, [generic] * 4)
+    # Warm, but nothing of what the user said, again and again: 30 -> 24 -> 14 -> 4, band F: the
+    # user says goodbye (in Chinese) before the floor.
+    assert state.emotions == (30, 24, 14, 4) and state.end_reason == "goodbye"
     assert simulator.is_goodbye(state.history[-1]["content"])
     assert simulator.detect_language(state.history[-1]["content"]) == "zh"
     assert all(simulator.detect_language(r.utterance) == "zh" for r in state.records[1:])
@@ -149,8 +150,7 @@ def test_dismissive_users_leave_in_their_language():
 def test_every_english_profile_plays_a_first_turn(profile):
     """The smol presets' profiles: each opens with its first_talk; a reply that takes up the
     user's words warms the user, a dismissive one cools them, and the user answers in English."""
-    topic = max(profile.first_talk.rstrip(".?!").split(), key=len).strip(",.'\"")
-    warm = f"That sounds really hard. I'm here for you. What happened with the {topic}?"
+    warm = f"That sounds really hard. I'm here for you. What happened with the {_topic(profile)}?"
     cold = "Just calm down. It's not a big deal."
     for reply, sign in ((warm, 1), (cold, -1)):
         state = _dialogue(profile, [reply])
@@ -166,6 +166,12 @@ def test_opening_line_without_first_talk():
     assert not simulator.is_goodbye(state.history[0]["content"])
 
 
+def _topic(profile):
+    """The longest content word of the user's first line."""
+    words = [w.strip(",.'\"?!") for w in profile.first_talk.split()]
+    return max((w for w in words if w.lower() not in STOPWORDS_EN), key=len)
+
+
 def _script(profile):
     """Replies of every quality for scripted dialogues whose changes go both ways at every level:
     about the user's first words or not, warm, curt, dismissive, repeated."""
@@ -174,7 +180,7 @@ def _script(profile):
         return [f"“{said[:6]}”……换作是我也会特别难受。你现在心里一定很不是滋味吧？愿意跟我说说吗？", "你想多了吧。",
                 "嗯，我知道了。", f"{said[2:8]}这件事，你一定憋了很久了。当时发生了什么？", "随便你",
                 "不是你的错，你已经做得很好了。", "别想了。", f"我在听，{said[:4]}的事你慢慢说。"]
-    topic = max(said.rstrip(".?!").split(), key=len).strip(",.'\"")
+    topic = _topic(profile)
     return [f"I'm so sorry about the {topic}. That must feel heavy. What happened?",
             "Just calm down. It's not a big deal.", "Okay. I see.",
             f"The {topic} sounds like a lot to carry. I'm here. How are you holding up?", "ok",

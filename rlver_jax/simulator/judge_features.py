@@ -90,7 +90,8 @@ def features(reply: str, *, history: Sequence[dict[str, str]], profile: Profile,
     background = _background(profile.player + "\n" + profile.scene) - said
     shingles = _shingles(text)
     used = frozenset().union(*(topic_keys(e) for e in earlier))
-    per_sentence = {k: min(v / sentences, 1.0) for k, v in judge_lexicon.counts(text, language).items()}
+    # Phrase counts, not shares: a short reply with one stock phrase is not a long one full of them.
+    found = judge_lexicon.counts(text, language)
     goal_fit, blame = judge_lexicon.goal_counts(text, language, profile.goal)
     previous = emotions[-1] - emotions[-2] if len(emotions) >= 2 else 0
     repeats = max((_contained(shingles, _shingles(e)) for e in earlier), default=0.0)
@@ -114,9 +115,9 @@ def features(reply: str, *, history: Sequence[dict[str, str]], profile: Profile,
         "near_repeat": float(repeats >= REPEAT_SHARE),
         "new_keys_share": 1.0 - _contained(mine, used) if earlier else 1.0,
         "turn": min(len(earlier), 9) / 9,
-        **{f"lex_{k}": v for k, v in sorted(per_sentence.items())},
-        "lex_goal_fit": min(goal_fit / sentences, 1.0),
-        "lex_blame": min(blame / sentences, 1.0),
+        **{f"lex_{k}": math.log1p(v) for k, v in sorted(found.items())},
+        "lex_goal_fit": math.log1p(goal_fit),
+        "lex_blame": math.log1p(blame),
         "negative_user": float(profile.personality == "negative"),
         "passive_user": float(profile.personality == "passive"),
         **{f"goal_{g}": float(profile.goal == g) for g in tuple(GOALS)[1:]},  # the first goal: none of them
