@@ -5,11 +5,13 @@ values, and the launch script against a scripted served simulator whose changes 
 import json
 import lzma
 import math
+import pathlib
 import re
 
 import pytest
 
 from rlver_jax.simulator import agreement
+from rlver_jax.simulator.judge_weights import DEFAULT_WEIGHTS
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES
 from rlver_jax.simulator.sage_results import read_results, stem
 from rlver_jax.testing.scripted_server import ScriptedServer, route
@@ -94,3 +96,42 @@ def test_the_script_names_a_dialogue_without_a_profile(tmp_path):
     done = run_script("simulator_agreement.py", "--config.backend=embedded", f"--results={a}",
                       f"--profiles={DEFAULT_PROFILES}")
     assert done.returncode == 1 and "'no-such-profile'" in done.stderr and "test_profile.jsonl" in done.stderr
+
+
+SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SAGE_RESULTS = sorted((SHARED / "sage" / "dialogues").glob("*.jsonl.xz"))
+TEST_PROFILES = SHARED / "rlver" / "test_profile.jsonl"
+needs_sage = pytest.mark.skipif(not (SAGE_RESULTS and TEST_PROFILES.exists()),
+                                reason="SAGE's released results and RLVER's test profiles (../shared/data) are not here")
+
+
+@needs_sage
+@pytest.mark.slow
+def test_the_fit_reproduces_the_shipped_weights_and_its_lomo_figures(tmp_path):
+    """launch/fit_judge.py on the 8 shipped result files writes the shipped weights byte for byte,
+    and leaving each model out, the whole judge agrees with SAGE's simulator at a pooled per-turn r
+    of at least 0.5 and orders the 8 models' mean changes at a Spearman of at least 0.9."""
+    weights, lomo = tmp_path / "weights.json", tmp_path / "lomo.json"
+    done = run_script("fit_judge.py", f"--results={','.join(map(str, SAGE_RESULTS))}", f"--profiles={TEST_PROFILES}",
+                      f"--out={weights}", "--lomo", f"--lomo_out={lomo}")
+    assert done.returncode == 0, done.stderr
+    assert weights.read_bytes() == DEFAULT_WEIGHTS.read_bytes()
+    figures = json.loads(lomo.read_text())["judge"]
+    assert figures["pooled_r"] >= 0.5 and figures["spearman"] >= 0.9
+    assert sum(m["turns"] for m in figures["models"].values()) == 6259
+
+
+@needs_sage
+@pytest.mark.slow
+def test_the_embedded_simulator_replays_sages_results(tmp_path):
+    """launch/simulator_agreement.py with the embedded simulator on the 8 files writes the figures;
+    the shipped judge, fitted on them, orders the models as SAGE's simulator did (Spearman >= 0.9)."""
+    out = tmp_path / "agreement.json"
+    done = run_script("simulator_agreement.py", "--config.backend=embedded", f"--results={','.join(map(str, SAGE_RESULTS))}",
+                      f"--profiles={TEST_PROFILES}", f"--out={out}")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert set(result["models"]) == {stem(p) for p in SAGE_RESULTS}
+    gpt = result["models"]["deepseek-v3-1227_simulator__gpt-4.1"]
+    assert (gpt["turns"], round(gpt["llm_mean_change"], 2)) == (848, 3.32)  # the data's own figures
+    assert result["pooled_r"] >= 0.5 and result["spearman"] >= 0.9

@@ -37,8 +37,10 @@ Modules: profiles (loading, validation, language), templates + prompts/ (the LLM
 vanilla/challenging), parsing (tolerant answer parsing, label neutralising), patterns (regexes
 shared by several modules), state (DialogueState, TurnRecord, EmotionRules), settings
 (SimulatorSettings), agent (the emotion state machine and Simulator), backend (the backend
-interface), openai_backend, embedded + lexicon (a deterministic stand-in for demos and tests, not
-a benchmark), cache (record/replay), factory.
+interface), openai_backend, embedded (a deterministic stand-in for demos and tests, not a
+benchmark) with its judge calibrated on SAGE's released results (judge, judge_features,
+judge_lexicon + lexicon, judge_weights, judge_fit), sage_results and agreement (how closely a
+simulator judges like SAGE's), cache (record/replay), factory.
 
 The names above are imported lazily (PEP 562), each from its module on first use, so importing
 one module (rlver_jax.simulator.profiles, say) does not pull in the openai client and httpx.
