@@ -20,8 +20,8 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["rlver_jax", "rlver_jax.*"]),
-    package_data={"rlver_jax": ["simulator/data/*.jsonl", "simulator/prompts/*.txt", "eval/templates/*",
-                               "parallel/gpu_targets/*.txtpb"]},
+    package_data={"rlver_jax": ["simulator/data/*.jsonl", "simulator/data/*.json", "simulator/prompts/*.txt",
+                               "eval/templates/*", "parallel/gpu_targets/*.txtpb"]},
     install_requires=_requirements(),
     extras_require={
         # torch is only for the parity tests against transformers' PyTorch Qwen2 and the

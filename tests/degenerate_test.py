@@ -22,3 +22,13 @@ def test_repeated_reasoning_is_named_beside_changes_at_the_bounds():
 def test_real_judgements_and_too_few_turns_pass():
     assert degenerate_judgements([_state((3, "a"), (-2, "b"), (10, "c"), (1, "d"))], 10) == ""
     assert degenerate_judgements([_state((10, ""), (10, ""))], 10) == ""
+
+
+def test_judgements_of_degenerate_replies_are_no_sign():
+    """-10 for noise is what a sound simulator says (the embedded one's outright verdict): only the
+    judgements of real replies count, here 1 of them, too few to say anything."""
+    noise = {"scored": True, "change_proposed": -10, "thoughts": "degenerate: garbled", "policy_reply": "#@%&∆∑ Щя 好"}
+    real = {"scored": True, "change_proposed": 3, "thoughts": "fine", "policy_reply": "That sounds hard."}
+    state = {"language": "en", "records": [noise] * 6 + [real]}
+    assert degenerate_judgements([state], 10) == ""
+    assert degenerate_judgements([{**state, "records": [{**noise, "policy_reply": "Okay then."}] * 6}], 10) != ""

@@ -1,9 +1,13 @@
 """Degenerate replies (rlver_jax.text.degeneration): each reason on hand-made replies, and the rates
 of a batch counted by hand."""
 
+import pathlib
+
 import pytest
 
 from rlver_jax.text import degeneration as dg
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("reply, language, earlier, want", [
@@ -21,6 +25,15 @@ from rlver_jax.text import degeneration as dg
     ("I understand how you feel.", "zh", (), ["wrong_language"]),
     ("I understand how you feel.", "", (), []),  # no profile language: nothing to be wrong about
     ("I understand.", "en", ("Hmm.", "i  UNDERSTAND."), ["repeat_turn"]),
+    ("ПРИВЕТ друг ああ 가나 好 þð word", "en", (), ["garbled"]),  # 8 Cyrillic of 18 letters; 10 outside it
+    # "the of", "and but", "we the", "an way": 4 ungrammatical pairs of 10
+    ("time the of people and but we the an way feel", "en", (), ["word_salad"]),
+    # one pair ("to is") in a clause of 20 words
+    ("when you go out to see how people feel to is what we all want from our life after work most days",
+     "en", (), ["word_salad"]),
+    ("I think that is a fair point, and to be honest an hour is not much for all of us.", "en", (), []),
+    ("我们时候工作因为所以但是已经可以自己朋友家里事情觉得一个没有什么这样那么非常还是今天生活知道喜欢", "zh", (), ["word_salad"]),  # 48 Han
+    ("我们时候工作因为所以但是已经可以自己朋友家里事情觉得一个没有什么这样那么非常还是今天生活知道喜", "zh", (), []),  # 47
 ])
 def test_reasons(reply, language, earlier, want):
     assert dg.reasons(reply, language, earlier) == want
@@ -37,7 +50,8 @@ def test_rates_count_replies_by_hand():
              ("zh", ["Okay then.", "okay  then."])]
     got = dg.rates(batch)
     assert got == pytest.approx({"degenerate_rate": 4 / 5, "degenerate_empty_rate": 1 / 5,
-                                 "degenerate_garbled_rate": 0.0, "degenerate_repetition_rate": 1 / 5,
+                                 "degenerate_garbled_rate": 0.0, "degenerate_word_salad_rate": 0.0,
+                                 "degenerate_repetition_rate": 1 / 5,
                                  "degenerate_wrong_language_rate": 2 / 5, "degenerate_repeat_turn_rate": 1 / 5})
     assert set(dg.rates([])) == set(got) and not any(dg.rates([]).values())
     assert dg.describe(got) == "80% (empty 20%, repetition 20%, wrong_language 40%, repeat_turn 20%)"
@@ -63,3 +77,32 @@ def test_the_alarm_compares_with_the_runs_lowest_rate(caplog):
     assert alarms.check_degeneration(2, lowest, {**rise, "degenerate_rate": 0.39}, s) == 0.1
     with pytest.raises(ValueError, match="degenerate_alarm_action='halt'"):
         dataclasses.replace(s, degenerate_alarm_action="halt")
+
+
+SAGE_RESULTS = sorted((REPO.parent / "shared" / "data" / "sage" / "dialogues").glob("*.jsonl.xz"))
+
+
+@pytest.mark.skipif(not SAGE_RESULTS, reason="SAGE's released results (../shared/data/sage) are not here")
+def test_few_of_sages_released_replies_are_degenerate():
+    """Real models' answers (8 models' Sentient-benchmark dialogues): at most 5% flagged."""
+    import json
+    import lzma
+
+    dialogues = []
+    for path in SAGE_RESULTS:
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            dialogues += [("zh", [m["content"] for m in json.loads(line)["history"] if m["role"] == "assistant"])
+                          for line in f]
+    assert sum(len(replies) for _, replies in dialogues) == 6645  # every reply, judged or not
+    assert dg.rates(dialogues)["degenerate_rate"] <= 0.05
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_noise_and_word_salad_are_flagged(language):
+    """The robustness probes' random bytes and mixed scripts, and their 25-40 common words in random
+    order: at least 90% of each flagged, 200 draws."""
+    from rlver_jax.eval.probes import probe_reply
+
+    for probe, reason in (("garbled", "garbled"), ("word_salad", "word_salad")):
+        replies = [probe_reply(probe, [{"role": "user", "content": f"dialogue {k}"}]) for k in range(200)]
+        assert sum(reason in dg.reasons(r, language) for r in replies) >= 0.9 * len(replies), probe

@@ -1,32 +1,47 @@
-"""Robustness probes (rlver_jax.eval.probes): canned replies, and their scores in the report under a
-simulator that rewards anything (a hackable one) and under the embedded simulator."""
+"""Robustness probes (rlver_jax.eval.probes): scripted replies that ignore the user, and their scores
+in the report under a simulator that rewards anything (a hackable one) and under the embedded
+simulator on the tiny and smol evaluation presets."""
 
 import asyncio
 import json
 
 import pytest
 
-from configs.eval import SHIPPED_PROFILES
+from configs.eval import get_config
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.eval.probes import PROBES, ProbePolicy, parse_probes
 from rlver_jax.rollout.policy import TurnRequest
+from rlver_jax.text import degeneration as dg
 from rlver_jax.testing.scripted_server import ScriptedServer, route
 from tests.fixtures_eval import config_urls, profiles_file
 
 WARM = "That sounds really hard, and it makes sense you feel worn out. What weighs on you most?"
 
 
-def _turn(probe, opening):
-    request = TurnRequest(prompt_ids=None, messages=[{"role": "system", "content": "Be kind."},
-                                                     {"role": "user", "content": opening}], max_new_tokens=64)
+def _turn(probe, *lines):
+    """The probe's reply after the user's `lines`, each answered by "ok" but the last."""
+    messages = [{"role": "system", "content": "Be kind."}]
+    for k, line in enumerate(lines):
+        messages += [{"role": "user", "content": line}] + ([{"role": "assistant", "content": "ok"}] if k < len(lines) - 1
+                                                         else [])
+    request = TurnRequest(prompt_ids=None, messages=messages, max_new_tokens=64)
     return asyncio.run(ProbePolicy(probe).act([request]))[0].text
 
 
 def test_probes_answer_in_their_way():
     assert _turn("wrong_language", "Long week, honestly.") == "听起来你这段时间真的很辛苦，我很想听你多说一说。"
     assert _turn("wrong_language", "这周好累。").startswith("That sounds really hard")
-    assert _turn("formulaic", "Long week.") == _turn("formulaic", "Another thing.")  # the same every turn
+    assert _turn("apology", "Long week.") == _turn("apology", "Long week.", "Another thing.")  # the same every turn
+    five = [_turn("formulaic", *["Long week."] * k) for k in range(1, 7)]
+    assert len(set(five[:5])) == 5 and five[5] == five[0]  # five lines in rotation
+    assert _turn("echo", "Long week.", "My boss again.") == "I hear you: My boss again."
+    assert _turn("echo", "这周好累。") == "我听到了：这周好累。"
+    for probe in ("word_salad", "garbled"):  # random, but the same for the same dialogue and turn
+        assert _turn(probe, "Long week.") == _turn(probe, "Long week.") != _turn(probe, "Long week.", "Hm.")
+    salad = _turn("word_salad", "Long week.").split()
+    assert 25 <= len(salad) <= 40 and dg.reasons(" ".join(salad), "en") == ["word_salad"]
+    assert "garbled" in dg.reasons(_turn("garbled", "这周好累。"), "zh")
     assert parse_probes("all") == PROBES and parse_probes("") == ()
     with pytest.raises(ValueError, match=r"config.eval.probes='garbled,rude': unknown probe \['rude'\]"):
         parse_probes("garbled,rude")
@@ -49,17 +64,22 @@ def test_a_simulator_that_rewards_anything_is_flagged(tmp_path):
     assert "| garbled | 100.0 | 1 | 0 | 1 | 0 | YES |" in report
     assert "robustness probes" in (tmp_path / "eval" / "report.html").read_text()
     [record] = [json.loads(line) for line in (tmp_path / "eval" / "probes" / "garbled.jsonl").read_text().splitlines()]
-    assert record["turns"][0]["reply"].startswith("#qz@@")
+    assert dg.reasons(record["turns"][0]["reply"], "en") == ["garbled"]
 
 
-def test_the_embedded_simulator_rewards_no_probe(tmp_path):
+@pytest.mark.parametrize("preset", ["tiny", "smol"])
+def test_no_probe_scores_20_on_the_embedded_simulator(tmp_path, preset):
+    """Every script that ignores the user scores below 20 (SAGE's lowest published score, 19.1, is
+    a model that at least answers) under SAGE's rules on the preset's profiles, as launch/eval.py
+    --config=configs/eval.py:PRESET plays them; the policy here is a scripted endpoint."""
+    config = get_config(preset)
+    config.workdir, config.eval.probes = str(tmp_path / "eval"), "all"
     with ScriptedServer(lambda r: WARM, model="policy") as policy:
-        config = config_urls(tmp_path / "eval", policy.base_url, "http://127.0.0.1:9/v1", SHIPPED_PROFILES,
-                             **{"simulator.backend": "embedded", "eval.probes": "all", "eval.max_profiles": 4,
-                                "eval.group_size": 4})
+        config.policy.backend, config.policy.base_url = "openai", policy.base_url
         summary = run_benchmark(EvalSpec.from_config(config), progress=False)
     probes = summary["probes"]
-    assert set(probes) == set(PROBES) and all(p["n"] == 4 for p in probes.values())
-    assert not any(p["rewarded"] for p in probes.values())
-    assert probes["garbled"]["score"] < 40 and probes["garbled"]["degenerate_replies"]["degenerate_garbled_rate"] == 1
+    assert set(probes) == set(PROBES) and all(p["n"] == 16 for p in probes.values())
+    assert {name: p["score"] for name, p in probes.items() if p["score"] >= 20} == {}
+    assert probes["garbled"]["degenerate_replies"]["degenerate_garbled_rate"] == 1
+    assert probes["word_salad"]["degenerate_replies"]["degenerate_word_salad_rate"] >= 0.9
     assert "## Robustness probes" in (tmp_path / "eval" / "report.md").read_text()

@@ -1,4 +1,6 @@
-"""The embedded simulator: graded, deterministic, in the profile's language."""
+"""The embedded simulator and its calibrated judge (rlver_jax.simulator.judge): outright verdicts,
+penalties and the fitted sum by hand on a model of known weights; graded, deterministic, in the
+profile's language with the shipped weights; the user's words follow the judgement."""
 
 import asyncio
 import dataclasses
@@ -7,109 +9,103 @@ import pytest
 
 from configs.simulator import get_simulator_config
 from rlver_jax import simulator
-from rlver_jax.simulator.embedded import score_reply
+from rlver_jax.simulator import judge_features
+from rlver_jax.simulator.judge import score_reply
+from rlver_jax.simulator.judge_weights import DenseModel, JudgeWeights, NgramModel
+from rlver_jax.simulator.lexicon import STOPWORDS_EN
 
 PROFILES = simulator.load_profiles()
-EN = next(p for p in PROFILES if p.language == "en" and p.goal == "empathy")
-ZH = next(p for p in PROFILES if p.language == "zh" and p.goal == "empathy")
-
-# From worst to best; each language's list must score in strictly increasing order.
-LADDERS = {
-    "en": (EN, [
-        "!!!! $$$ ### @@@ :-) 123 456 ???",
-        "Just get over it, it's not a big deal.",
-        "Okay. I see what you mean.",
-        "I'm so sorry. That sounds really exhausting.",
-        "I'm so sorry you're going through this. That sounds really exhausting, and it makes "
-        "sense you feel this way. What happened?",
-        "I'm so sorry about your father. It must feel so heavy, carrying it alone while everyone "
-        "says you're fine. I'm here for you. How have you been sleeping since that call?",
-    ]),
-    "zh": (ZH, [
-        "！！！￥￥￥###@@@……",
-        "你想多了吧。",
-        "嗯，我知道了，你说的这个事情。",
-        "听起来真的很辛苦，我很心疼你。",
-        "三个月的心血一句话就没了，换作是我也会特别委屈、特别难受。你现在心里一定很不是滋味吧？"
-        "愿意跟我说说吗？",
-    ]),
-}
-
-
-def _change(profile, reply, *, history=None, difficulty="vanilla"):
-    history = history or [{"role": "user", "content": profile.first_talk}]
-    return score_reply(reply, profile=profile, language=profile.language,
-                       difficulty=difficulty, history=history).change
-
-
-@pytest.mark.parametrize("language", ["en", "zh"])
-def test_warmer_replies_score_higher(language):
-    profile, ladder = LADDERS[language]
-    changes = [_change(profile, reply) for reply in ladder]
-    assert changes == sorted(set(changes)), changes  # strictly increasing: a graded signal
-    assert changes[0] <= -8  # garbage
-    assert changes[1] < 0  # dismissive
-    assert changes[-2] > 0  # warm
-
-
+EN = next(p for p in PROFILES if p.language == "en" and p.goal == "empathy")  # rlverjax-en-01
+ZH = next(p for p in PROFILES if p.language == "zh" and p.goal == "empathy")  # rlverjax-zh-01
 BY_ID = {p.id: p for p in PROFILES}
 
 
-@pytest.mark.parametrize("profile_id,difficulty,previous,reply,parts,change", [
-    # Empathy goal, avoidant: "sorry" and "must feel" (2 x 1.5); one "?" plus "what happened"
-    # (1 + 1); "heavy" is a topic word of the scene, not of the first line (0.5); "it must" and
-    # "heavy" meet the goal (2 x 1.5); 9 words is neither curt (< 4) nor comfortable (12 to 120).
-    # -2 + 3 + 2 + 0.5 + 3 = 6.5, rounded half to even: 6.
-    ("rlverjax-en-01", "vanilla", None, "I'm so sorry. It must feel heavy. What happened?",
-     {"baseline": -2.0, "empathy": 3.0, "curiosity": 2.0, "on topic": 0.5, "goal empathy": 3.0}, 6),
-    # Negative personality: "calm down" and "not a big deal" (2 x -3) felt 1.25 times: -7.5.
-    # -2 - 7.5 = -9.5, rounded half to even: -10.
-    ("rlverjax-en-02", "vanilla", None, "Just calm down. It's not a big deal.",
-     {"baseline": -2.0, "dismissive": -7.5}, -10),
-    # Challenging, advice goal, the previous reply repeated word for word: "pension" and "numbers"
-    # are scene words (2 x 0.5, halved: 0.5); "you could" and "try" meet the goal (2 x 1.5, goal
-    # fit is not halved); the repetition (-4) weighs 1.25 times: -5. -2 + 0.5 + 3 - 5 = -3.5: -4.
-    ("rlverjax-en-03", "challenging", "You could try asking HR about the pension numbers first.",
-     "You could try asking HR about the pension numbers first.",
-     {"baseline": -2.0, "on topic": 0.5, "goal advice": 3.0, "repeats the previous reply": -5.0}, -4),
+def _known(**weights):
+    """A judge whose only fitted parts are `weights` (feature: weight, on the raw value, unclipped)
+    and an intercept of 0.5; no n-grams."""
+    names = tuple(judge_features.features("x", history=[{"role": "user", "content": "y"}], profile=EN,
+                                          language="en", emotions=(40,)))
+    n = len(names)
+    return JudgeWeights(DenseModel(names, (-1e9,) * n, (1e9,) * n, (0.0,) * n, (1.0,) * n,
+                                   tuple(float(weights.get(k, 0.0)) for k in names), 0.5),
+                        NgramModel({}, 0.0, 1), ())
+
+
+def _score(reply, profile=EN, *, history=None, emotions=(40,), difficulty="vanilla", weights=None, language=None):
+    history = history or [{"role": "user", "content": profile.first_talk}]
+    return score_reply(reply, profile=profile, language=language or profile.language, difficulty=difficulty,
+                       history=history, emotions=emotions, weights=weights)
+
+
+def test_a_score_is_the_fitted_sum_by_hand():
+    # Two questions (weight 2 each) and the mood: emotion 46 after a start at 40 is (46 - 40) / 30 =
+    # 0.2 (weight 3); intercept 0.5. The reply takes up "work" of the user's line: no penalty.
+    # 0.5 + 4 + 0.6 = 5.1, rounded: 5.
+    known = _known(questions=2.0, mood=3.0)
+    score = _score("What happened at work? How long has it been?", emotions=(40, 46), weights=known)
+    assert score.change == 5
+    assert {name: round(points, 6) for name, points, _ in score.parts if points} == {
+        "baseline": 0.5, "questions": 4.0, "your mood so far": 0.6}
+    # A challenging user feels positives half: 5.1 - 2.55 = 2.55, rounded: 3.
+    assert _score("What happened at work? How long has it been?", emotions=(40, 46), weights=known,
+                  difficulty="challenging").change == 3
+
+
+@pytest.mark.parametrize("reply, penalties", [
+    # 0.5 + each penalty; a challenging user is not asked here
+    ("I hear you: I'm fine, mostly. Work keeps me busy. Just been sleeping badly lately.", {"echoes your words": -6}),
+    ("That sounds so hard, I am here for you.", {"takes up nothing you said": -4}),
+    ("Okay.", {"a word or two": -5, "takes up nothing you said": 0}),
+    ("Calm down, your work is not a big deal.", {"brushes you off": -5}),
 ])
-def test_scores_equal_hand_computed_values(profile_id, difficulty, previous, reply, parts, change):
-    profile = BY_ID[profile_id]
-    history = [{"role": "user", "content": profile.first_talk}]
-    if previous is not None:
-        history += [{"role": "assistant", "content": previous}, {"role": "user", "content": "Maybe."}]
-    score = score_reply(reply, profile=profile, language="en", difficulty=difficulty, history=history)
-    assert {name: points for name, points, _ in score.parts if points} == parts
-    assert score.change == change
+def test_replies_that_ignore_the_user_are_penalised(reply, penalties):
+    score = _score(reply, weights=_known())
+    found = {name: points for name, points, _ in score.parts if name != "baseline" and points}
+    assert found == {k: v for k, v in penalties.items() if v}
+    assert score.change == round(0.5 + sum(penalties.values()))
 
 
-def test_hidden_goal_and_blame_matter():
+def test_blame_hurts_a_user_who_wants_to_hear_it_was_not_their_fault():
     teacher = next(p for p in PROFILES if p.language == "en" and p.goal == "not_at_fault")
-    cleared = "I'm sorry, that sounds unfair. It's not your fault; you did nothing wrong."
-    blamed = "I'm sorry, that sounds unfair. But honestly it's partly your fault."
-    assert _change(teacher, cleared) > _change(teacher, blamed) + 3
-    shop = next(p for p in PROFILES if p.language == "zh" and p.goal == "advice")
-    advice = "可以试试先跟房东谈谈，争取一个折中的涨幅，也不妨先算算搬店的成本。"
-    comfort = "别担心，一切都会好起来的，加油。"
-    assert _change(shop, advice) > _change(shop, comfort)
+    said = teacher.first_talk
+    cleared = _score(f"About {said.split()[-1]} - it's not your fault; you did nothing wrong.", teacher, weights=_known())
+    blamed = _score(f"About {said.split()[-1]} - honestly it's partly your fault.", teacher, weights=_known())
+    assert "blames you" not in [n for n, _, _ in cleared.parts]
+    assert [p for n, p, _ in blamed.parts if n == "blames you"] == [-3.0]
 
 
-def test_penalties_for_repetition_length_and_language():
-    reply = "I'm so sorry. That sounds really exhausting. What happened after that?"
-    history = [{"role": "user", "content": EN.first_talk}, {"role": "assistant", "content": reply},
-               {"role": "user", "content": "It's complicated."}]
-    assert _change(EN, reply, history=history) < _change(EN, reply)
-    assert _change(EN, "ok") < 0
-    rambling = " ".join(["I'm sorry, that sounds hard, and I keep thinking about it."] * 5 + [
-        f"Another thought number {i} about work, sleep, family and everything else." for i in
-        range(30)])
-    assert _change(EN, rambling) < _change(EN, reply)
-    assert _change(ZH, "I'm so sorry, that sounds exhausting. What happened?") < 0
+@pytest.mark.parametrize("reply, language, change, reason", [
+    ("!!!! $$$ ### @@@ :-) 123 456 ???", "en", -10, "garbled"),
+    ("time the of people and but we the an way feel", "en", -10, "word salad"),
+    ("sorry sorry sorry sorry", "en", -8, "repetition"),
+    ("听起来你真的很累，我在这里陪着你。", "en", -6, "wrong language"),
+    ("   ", "zh", -10, "empty"),
+])
+def test_degenerate_replies_get_outright_changes(reply, language, change, reason):
+    score = _score(reply, language=language)
+    assert score.change == change and score.parts[0][0] == f"degenerate: {reason}"
 
 
-def test_challenging_users_are_harder_to_please():
-    reply = LADDERS["en"][1][4]
-    assert 0 < _change(EN, reply, difficulty="challenging") < _change(EN, reply)
+# From worst to best with the shipped weights: garbage (-10, the worst there is), dismissive, warm
+# but generic, warm and about what the user said; after the garbage strictly increasing.
+LADDERS = {
+    "en": (EN, ["!!!! $$$ ### @@@ :-) 123 456 ???",
+                "Just get over it, it's not a big deal.",
+                "I'm so sorry. That sounds really exhausting. What happened?",
+                "Sleeping badly while work keeps you that busy sounds exhausting. What keeps you up at night?"]),
+    "zh": (ZH, ["！！！￥￥￥###@@@……",
+                "你想多了吧，这有什么大不了的。",
+                "听起来真的很辛苦，我很心疼你。",
+                "三个月的心血一句话就没了，换作是我也会特别委屈、特别难受。你现在心里一定很不是滋味吧？愿意跟我说说吗？"]),
+}
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_warmer_replies_about_the_user_score_higher(language):
+    profile, ladder = LADDERS[language]
+    changes = [_score(reply, profile).change for reply in ladder]
+    assert changes[0] == -10 and changes[1:] == sorted(set(changes[1:])), changes  # a graded signal
+    assert changes[1] < 0 < changes[-1]
 
 
 def _dialogue(profile, replies, **overrides):
@@ -127,20 +123,23 @@ def _dialogue(profile, replies, **overrides):
     return asyncio.run(run())
 
 
-def test_dialogues_are_deterministic_and_move_the_emotion():
-    warm = [LADDERS["en"][1][4], "That must have been so lonely. I'm here. What was he like?",
-            "It makes sense you can't sleep. How are you holding up at work?"]
+def test_dialogues_are_deterministic_and_show_the_judgement():
+    warm = [LADDERS["en"][1][3], "Work keeping you busy can hide a lot. How have the nights been?",
+            "Not sleeping for weeks wears anyone down. What is on your mind when you lie awake?"]
     first, second = _dialogue(EN, warm), _dialogue(EN, warm)
     assert first.to_dict() == second.to_dict()
-    assert first.emotion > 30 and all(c > 0 for c in (r.change for r in first.records[1:]))
-    assert all(r.utterance and r.raw_emotion.endswith(f"Change: {r.change_proposed:+d}")
-               for r in first.records[1:])
+    for record in first.records[1:]:
+        # the chat tool and the transcripts show the judgement's parts and its change
+        assert "baseline" in record.thoughts and record.thoughts.endswith(f"=> {record.change_proposed:+d}")
+        assert record.raw_emotion.endswith(f"Change: {record.change_proposed:+d}") and record.utterance
 
 
-def test_dismissive_users_leave_in_their_language():
-    state = _dialogue(ZH, ["@@@###", "！！！", "你想多了吧。", "随便你"])
-    # 30 -> 20 -> 10 -> 4, band F: the user says goodbye (in Chinese) before the floor.
-    assert state.end_reason == "goodbye" and state.emotion < 10
+def test_users_who_feel_unheard_leave_in_their_language():
+    generic = "听起来真的很辛苦，我很心疼你。"
+    state = _dialogue(ZH, [generic] * 4)
+    # Warm, but nothing of what the user said, again and again: 30 -> 24 -> 14 -> 4, band F: the
+    # user says goodbye (in Chinese) before the floor.
+    assert state.emotions == (30, 24, 14, 4) and state.end_reason == "goodbye"
     assert simulator.is_goodbye(state.history[-1]["content"])
     assert simulator.detect_language(state.history[-1]["content"]) == "zh"
     assert all(simulator.detect_language(r.utterance) == "zh" for r in state.records[1:])
@@ -149,10 +148,10 @@ def test_dismissive_users_leave_in_their_language():
 @pytest.mark.parametrize("profile", simulator.load_profiles(simulator.profiles.ENGLISH_PROFILES),
                          ids=lambda p: p.id)
 def test_every_english_profile_plays_a_first_turn(profile):
-    """The smol presets' profiles: each opens with its first_talk, a warm on-topic reply warms the
-    user, a dismissive one cools them, and the user answers in English."""
-    warm, cold = ("I'm so sorry, that sounds really hard. I'm here for you. What happened?",
-                  "Just calm down. It's not a big deal.")
+    """The smol presets' profiles: each opens with its first_talk; a reply that takes up the
+    user's words warms the user, a dismissive one cools them, and the user answers in English."""
+    warm = f"That sounds really hard. I'm here for you. What happened with the {_topic(profile)}?"
+    cold = "Just calm down. It's not a big deal."
     for reply, sign in ((warm, 1), (cold, -1)):
         state = _dialogue(profile, [reply])
         assert state.history[0] == {"role": "user", "content": profile.first_talk}
@@ -167,16 +166,26 @@ def test_opening_line_without_first_talk():
     assert not simulator.is_goodbye(state.history[0]["content"])
 
 
-# Replies of every quality, for scripted dialogues whose changes go both ways at every level.
-_SCRIPT = {
-    "en": ["I'm so sorry. It must feel heavy. What happened?", "Just calm down. It's not a big deal.",
-           "Okay. I see what you mean.", "That must have been so lonely. I'm here. What was he like?",
-           "ok", "It makes sense you feel this way; you did nothing wrong. How are you holding up?",
-           "Whatever, get over it.", "I hear you. Tell me more about it?"],
-    "zh": ["听起来真的很辛苦，我很心疼你。愿意跟我说说吗？", "你想多了吧。", "嗯，我知道了，你说的这个事情。",
-           "换作是我也会特别委屈、特别难受。你现在心里一定很不是滋味吧？", "随便你", "不是你的错，你已经做得很好了。",
-           "别想了。", "我在听，你慢慢说。"],
-}
+def _topic(profile):
+    """The longest content word of the user's first line."""
+    words = [w.strip(",.'\"?!") for w in profile.first_talk.split()]
+    return max((w for w in words if w.lower() not in STOPWORDS_EN), key=len)
+
+
+def _script(profile):
+    """Replies of every quality for scripted dialogues whose changes go both ways at every level:
+    about the user's first words or not, warm, curt, dismissive, repeated."""
+    said = profile.first_talk
+    if profile.language == "zh":
+        return [f"“{said[:6]}”……换作是我也会特别难受。你现在心里一定很不是滋味吧？愿意跟我说说吗？", "你想多了吧。",
+                "嗯，我知道了。", f"{said[2:8]}这件事，你一定憋了很久了。当时发生了什么？", "随便你",
+                "不是你的错，你已经做得很好了。", "别想了。", f"我在听，{said[:4]}的事你慢慢说。"]
+    topic = _topic(profile)
+    return [f"I'm so sorry about the {topic}. That must feel heavy. What happened?",
+            "Just calm down. It's not a big deal.", "Okay. I see.",
+            f"The {topic} sounds like a lot to carry. I'm here. How are you holding up?", "ok",
+            "It makes sense you feel this way; you did nothing wrong.", "Whatever, get over it.",
+            f"I hear you. Tell me more about the {topic}?"]
 
 
 def test_the_users_words_agree_with_the_change_just_judged():
@@ -188,7 +197,7 @@ def test_the_users_words_agree_with_the_change_just_judged():
     group_of = {line: kind for language in REPLIES for kind, lines in REPLIES[language].items() for line in lines}
     seen, warm_at_low_mood = set(), 0
     for profile in PROFILES:
-        script = _SCRIPT[profile.language]
+        script = _script(profile)
         for difficulty in ("vanilla", "challenging"):
             for shift in range(len(script)):
                 replies = script[shift:] + script[:shift]

@@ -31,7 +31,7 @@ def test_chat_lists_profiles_and_plays_a_dialogue(tmp_path):
     transcript = tmp_path / "t.json"
     run = _chat("--config.backend=embedded", "--profile=rlverjax-en-01",
                 f"--transcript={transcript}",
-                stdin="I'm so sorry, that sounds exhausting. What happened?\n\n")
+                stdin="I'm so sorry, sleeping badly with that much work sounds exhausting. What happened?\n\n")
     assert run.returncode == 0, run.stderr
     assert re.search(r"emotion 30 -> (\d+) \(change \+\d+", run.stdout), run.stdout
     assert "user> I'm fine, mostly." in run.stdout and "-- end: stopped by you" in run.stdout

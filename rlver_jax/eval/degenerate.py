@@ -8,15 +8,26 @@ import collections
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rlver_jax.text import degeneration
+
 _MOST = 0.5  # "most": more than this share of the judged turns
 _MIN_JUDGED = 4  # fewer judged turns say nothing either way
 
 
+def _of_a_real_reply(record: Mapping[str, Any], language: str) -> bool:
+    reply = record.get("policy_reply")
+    return reply is None or not degeneration.reasons(reply, language)
+
+
 def degenerate_judgements(states: Iterable[Mapping[str, Any]], max_change: int) -> str:
-    """"" when the judged turns of `states` (DialogueState.to_dict() form) look like judgements,
+    """"" when the judged turns of `states` (DialogueState.to_dict() form) of replies that are not
+    degenerate themselves (text/degeneration.py) look like judgements,
     else what is wrong with them, e.g. "21 of 25 changes at +-10; 21 of 25 reasonings empty": most
     changes at the bounds or most reasonings empty (most repeated is named beside either)."""
-    records = [r for state in states for r in state.get("records", ()) if r["scored"]]
+    # A judgement at the bound of a degenerate reply (noise, word salad) is what a sound simulator
+    # gives: only the judgements of real replies can show a degenerate simulator.
+    records = [r for state in states for r in state.get("records", ())
+               if r["scored"] and _of_a_real_reply(r, state.get("language", ""))]
     n = len(records)
     if n < _MIN_JUDGED:
         return ""

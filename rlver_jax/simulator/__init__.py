@@ -39,8 +39,10 @@ shared by several modules), state (DialogueState, TurnRecord, EmotionRules), set
 (SimulatorSettings), agent (the emotion state machine and Simulator), backend (the backend and
 transport interfaces), backends (the backend table: one row per config.simulator.backend),
 llm_user (an LLM plays the user: prompts, parsing, retries, cache, probe) over openai_transport
-(an OpenAI-compatible server), embedded + lexicon (a deterministic stand-in for demos and tests,
-not a benchmark), cache (record/replay), factory.
+(an OpenAI-compatible server), embedded (a deterministic stand-in for demos and tests, not a
+benchmark) with its judge calibrated on SAGE's released results (judge, judge_features,
+judge_lexicon + lexicon, judge_weights, judge_fit), sage_results and agreement (how closely a
+simulator judges like SAGE's), cache (record/replay), factory.
 
 The names above are imported lazily (PEP 562), each from its module on first use, so importing
 one module (rlver_jax.simulator.profiles, say) does not pull in the openai client and httpx.

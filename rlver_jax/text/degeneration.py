@@ -5,7 +5,14 @@
 A reply is degenerate for any of these reasons (`REASONS`):
   empty: nothing but whitespace;
   garbled: most of its visible characters are not letters, or its letters mix scripts (Latin,
-    Han, Cyrillic, ...) with the second script at least MIXED_SHARE of them;
+    Han, Cyrillic, ...), those outside its main script at least MIXED_SHARE of them, or it holds
+    BROKEN_CHARS or more broken characters (U+FFFD, control characters but tab and newlines: bytes
+    that are no text; one may be a multi-byte character cut at the token budget);
+  word_salad: real words in no order: English whose clauses join function words no grammar joins
+    ("the of", "and but", "is will", "an way") at least SALAD_PAIRS times and in at least SALAD_SHARE of its
+    word pairs or once in a clause of SALAD_CLAUSE words, or a run of at least SALAD_HAN Han
+    characters without a punctuation mark (SAGE's
+    released replies, real models' Chinese, never run past 42);
   repetition: a word, or a phrase of up to MAX_NGRAM words, said REPEATS times or more in a row
     (Han characters count as words);
   wrong_language: an "en" dialogue answered mostly in Han characters, a "zh" one with almost none;
@@ -14,21 +21,58 @@ A reply is degenerate for any of these reasons (`REASONS`):
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Sequence
 
-REASONS = ("empty", "garbled", "repetition", "wrong_language", "repeat_turn")
+REASONS = ("empty", "garbled", "word_salad", "repetition", "wrong_language", "repeat_turn")
 LETTER_SHARE = 0.5  # garbled: fewer than this share of visible characters are letters
-MIXED_SHARE = 0.2  # garbled: the second script holds at least this share of the letters
+MIXED_SHARE = 0.2  # garbled: the scripts other than the main one hold at least this share of the letters
+BROKEN_CHARS = 2  # garbled: at least this many broken characters
 MAX_NGRAM = 4  # repetition: phrases of 1..MAX_NGRAM words
 REPEATS = 3  # repetition: said this many times in a row
 HAN_SHARE_EN = 0.5  # wrong_language: an "en" reply whose letters are at least this share Han
 HAN_SHARE_ZH = 0.1  # wrong_language: a "zh" reply whose letters are under this share Han
+SALAD_PAIRS = 2  # word_salad: at least this many ungrammatical function-word pairs
+SALAD_SHARE = 0.08  # ... in at least this share of the English word pairs within clauses,
+SALAD_CLAUSE = 20  # or one such pair in a clause of this many words or more (no punctuation)
+SALAD_HAN = 48  # word_salad: a run of this many Han characters without punctuation
+
+# English function words by class, and the words that cannot follow each class within a clause
+# (words of more than one class are left out: "that", "this", "his", "her", "each", "so", ...).
+_DETERMINER = frozenset("the a an my your its our their every".split())
+_PREPOSITION = frozenset("of in on at for with from by about into onto".split())
+_CONJUNCTION = frozenset("and or but".split())
+_SUBJECT = frozenset("i he she we they".split())
+_OBJECT = frozenset("him them me us it".split())
+_COPULA = frozenset("is are was were am".split())
+_MODAL = frozenset("will would can could should may might must does did".split())
+_BASE = frozenset("have has had be been".split())
+_WH = frozenset("what when how who which where why".split())
+_FINITE = _COPULA | _MODAL
+_NOT_AFTER = {  # first word's class: the words the next one may not be
+    "determiner": _DETERMINER | _PREPOSITION | _CONJUNCTION | _SUBJECT | _OBJECT | _FINITE | _BASE | _WH
+    | frozenset("not there than all if then some any each this these those his her that".split()),
+    "preposition": _PREPOSITION | _CONJUNCTION | _SUBJECT | _FINITE | _BASE | {"to"},
+    "to": _PREPOSITION | _CONJUNCTION | _SUBJECT | _FINITE | {"to"},
+    "conjunction": _CONJUNCTION,
+    "subject": _DETERMINER | _SUBJECT | _OBJECT | _PREPOSITION | {"to", "not", "be", "been"},
+    "wh": _WH,
+    "copula": _FINITE | _BASE,
+    "modal": _FINITE | {"been", "has", "had"},
+}
+_CLASS_OF = {w: c for c, words_ in (("determiner", _DETERMINER), ("preposition", _PREPOSITION), ("to", {"to"}),
+                                    ("conjunction", _CONJUNCTION), ("subject", _SUBJECT), ("copula", _COPULA),
+                                    ("modal", _MODAL), ("wh", _WH)) for w in words_}
+_CLAUSE = re.compile(r"[^,.;:!?()\[\]\"“”\n]+")
+_EN_TOKEN = re.compile(r"[a-z]+(?:'[a-z]+)?")
+_HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]{%d,}" % SALAD_HAN)
 
 _WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*|\d+")  # a run of letters (hyphenated or with an apostrophe), or digits
 
 
+@functools.lru_cache(maxsize=65536)
 def _script(ch: str) -> str:
     """The Unicode script of a letter by its name's first word (LATIN, CJK, CYRILLIC, HANGUL, ...)."""
     name = unicodedata.name(ch, "")
@@ -44,16 +88,47 @@ def _han_share(letters: Sequence[str]) -> float:
 
 
 def garbled(text: str) -> bool:
-    """Mostly non-letters, or letters of two scripts mixed (see the module docstring)."""
+    """Mostly non-letters, letters of several scripts mixed, or broken characters (see the module
+    docstring)."""
     visible = [ch for ch in text if not ch.isspace()]
     letters = _letters(text)
     if not visible or len(letters) < LETTER_SHARE * len(visible):
         return bool(visible)
+    if sum(ch == "\ufffd" or (unicodedata.category(ch) == "Cc" and ch not in "\t\n\r") for ch in text) >= BROKEN_CHARS:
+        return True
     counts: dict[str, int] = {}
     for ch in letters:
         counts[_script(ch)] = counts.get(_script(ch), 0) + 1
-    ranked = sorted(counts.values(), reverse=True)
-    return len(ranked) > 1 and ranked[1] >= MIXED_SHARE * len(letters)
+    return len(letters) - max(counts.values()) >= MIXED_SHARE * len(letters)
+
+
+def _ungrammatical(a: str, b: str) -> bool:
+    """Whether English words `a` `b` cannot follow each other: function words no grammar joins,
+    or an article before the wrong sound ("an way", "a it")."""
+    if a == "an" and b[0] not in "aeiouh":
+        return True
+    if a == "a" and b[0] in "ai":
+        return True
+    return a in _CLASS_OF and b in _NOT_AFTER[_CLASS_OF[a]]
+
+
+def _ungrammatical_pairs(text: str) -> list[tuple[int, int]]:
+    """Per clause of English `text`: (function-word pairs no grammar joins, words)."""
+    out = []
+    for clause in _CLAUSE.findall(text.lower()):
+        tokens = _EN_TOKEN.findall(clause)
+        bad = sum(_ungrammatical(a, b) for a, b in zip(tokens, tokens[1:]))
+        out.append((bad, len(tokens)))
+    return out
+
+
+def word_salad(text: str) -> bool:
+    """Real words in no order (see the module docstring)."""
+    if _HAN_RUN.search(text):
+        return True
+    clauses = _ungrammatical_pairs(text)
+    bad, pairs = sum(b for b, _ in clauses), sum(max(n - 1, 0) for _, n in clauses)
+    return (bad >= SALAD_PAIRS and bad >= SALAD_SHARE * pairs) or any(b and n >= SALAD_CLAUSE for b, n in clauses)
 
 
 def words(text: str) -> list[str]:
@@ -96,7 +171,7 @@ def reasons(reply: str, language: str, earlier: Sequence[str] = ()) -> list[str]
     degenerate, in the order of REASONS; [] when it is not."""
     if not reply.strip():
         return ["empty"]
-    found = {"garbled": garbled(reply), "repetition": repetition(reply),
+    found = {"garbled": garbled(reply), "word_salad": word_salad(reply), "repetition": repetition(reply),
              "wrong_language": wrong_language(reply, language),
              "repeat_turn": _normal(reply) in {_normal(e) for e in earlier}}
     return [r for r in REASONS if found.get(r)]
