@@ -1,7 +1,7 @@
 r"""Fit the embedded simulator's calibrated judge on SAGE's released results, and measure it
 leaving one model out (rlver_jax/simulator/judge_fit.py, docs/simulator.md).
 
-  python launch/fit_judge.py --results=../shared/data/sage/dialogues/*.jsonl.xz (comma-separated) \
+  .venv/bin/python launch/fit_judge.py --results=../shared/data/sage/dialogues/*.jsonl.xz (comma-separated) \
       --profiles=../shared/data/rlver/test_profile.jsonl --out=rlver_jax/simulator/data/judge_weights.json
 
 fits on every file given and writes the weights (the shipped file comes from the 8 files of
@@ -18,9 +18,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs from a checkout
 
-from absl import flags  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from rlver_jax.cli import program  # noqa: E402
+from absl import flags  # noqa: E402
 
 _RESULTS = flags.DEFINE_list("results", None, "SAGE result files (.jsonl or .jsonl.xz), comma-separated.")
 _PROFILES = flags.DEFINE_string("profiles", None, "The profiles of the results by id: RLVER's test_profile.jsonl.")

@@ -5,10 +5,10 @@ recorded dialogue before it as its context and the recorded emotion as its state
 from --profiles, RLVER's test_profile.jsonl); the printout and --out compare the changes
 (rlver_jax/simulator/agreement.py, docs/simulator.md):
 
-  python launch/simulator_agreement.py --config.backend=embedded \
+  .venv/bin/python launch/simulator_agreement.py --config.backend=embedded \
       --results=../shared/data/sage/dialogues/deepseek-v3-1227_simulator__gpt-4.1.jsonl.xz,... \
       --profiles=../shared/data/rlver/test_profile.jsonl --out=agreement.json
-  python launch/simulator_agreement.py --config=configs/simulator.py:eval \
+  .venv/bin/python launch/simulator_agreement.py --config=configs/simulator.py:eval \
       --config.base_url=http://simhost:30000/v1 --config.model=simulator --results=... --profiles=...
 
 The config is the simulator section itself (--config.backend, --config.base_url, ...), SAGE's
@@ -25,9 +25,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs from a checkout
 
-from absl import flags  # noqa: E402
+from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from rlver_jax.cli import program  # noqa: E402
+from absl import flags  # noqa: E402
 
 _CONFIG = program.config_flag(
     "config", str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "simulator.py") + ":eval",

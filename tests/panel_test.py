@@ -37,6 +37,11 @@ def test_parse_panel_names_the_field_and_the_member():
         parse_panel("a@http://h/v1,openai:a@http://h/v1")
     with pytest.raises(ValueError, match="names a simulator twice"):
         parse_panel("embedded,embedded")
+    # /DIFFICULTY sets a member's user: the same simulator, a harsher user (a URL's slashes stay its own)
+    assert parse_panel("embedded,embedded/challenging,q@http://h/v1/challenging") == (
+        Member("embedded"), Member("embedded", difficulty="challenging"),
+        Member("openai", "q", "http://h/v1", "challenging"))
+    assert Member("embedded", difficulty="challenging").directory(1) == "simulators/1-embedded-challenging"
 
 
 class _Kinder(EmbeddedBackend):
@@ -67,8 +72,28 @@ def test_a_panel_plays_on_a_cpu_under_any_backends_of_the_table(tmp_path, monkey
     assert alone["kinder"] > alone["embedded"] and summary["score"] == pytest.approx(sum(alone.values()) / 2)
     card = summary["protocol"]
     assert card["simulator.backend"] == ["embedded", "kinder"]
-    assert card["simulator.model"] == ["embedded rules", "kinder rules"] and card["run.simulator_url"] is None
+    assert card["simulator.model"] == ["embedded judge fitted on SAGE's results", "kinder rules"]
+    assert card["run.simulator_url"] is None
     assert (tmp_path / "panel" / "simulators" / "1-kinder" / "transcripts.jsonl").exists()
+
+
+def test_a_panel_of_two_embedded_members_runs_on_a_cpu(tmp_path):
+    """The embedded simulator with its vanilla and its challenging user, no server asked: each
+    member's score is its user's alone, and the two differ (the challenging judge feels positives
+    half and negatives 1.25 times)."""
+    profiles = profiles_file(tmp_path)
+    with Servers() as servers:
+        def evaluate(name, **overrides):
+            config = config_urls(tmp_path / name, servers.policy.base_url, servers.simulator.base_url, profiles,
+                                 **overrides)
+            return run_benchmark(EvalSpec.from_config(config), progress=False)
+
+        summary = evaluate("panel", **{"eval.simulators": "embedded,embedded/challenging"})
+        alone = [evaluate(f"alone_{d}", **{"simulator.backend": "embedded", "simulator.difficulty": d})["score"]
+                 for d in ("vanilla", "challenging")]
+        assert not servers.simulator.requests
+    assert [s["score"] for s in summary["panel"].values()] == alone and alone[1] != alone[0]
+    assert summary["protocol"]["simulator.difficulty"] == ["vanilla", "challenging"]
 
 
 def test_a_members_dead_server_is_named_by_the_panel(tmp_path):

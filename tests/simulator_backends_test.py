@@ -89,7 +89,7 @@ def test_the_banner_and_the_protocol_card_describe_a_backend_by_its_row(in_proce
     assert card["run.simulator_url"] is None and card["simulator.served_models"] is None
     embedded = protocol.simulator_fields(RunSpec.from_config(grpo_think.get_config("tiny")).simulator, None)
     assert (embedded["simulator.model"], embedded["simulator.temperature"], embedded["run.simulator_url"]) == \
-        ("embedded rules", None, None)
+        ("embedded judge fitted on SAGE's results", None, None)
 
 
 def test_the_transport_fields_are_read_by_the_served_backend_alone():

@@ -23,6 +23,7 @@ import numpy as np
 from rlver_jax.eval.compare import mean_interval
 from rlver_jax.eval.report import table
 from rlver_jax.simulator import backends
+from rlver_jax.simulator.templates import DIFFICULTIES
 
 SUBDIR = "simulators"
 DISAGREEMENTS_SHOWN = 10  # profiles listed by how far the members' final emotions spread
@@ -36,22 +37,27 @@ class Member:
     backend: str
     model: str = ""
     base_url: str = ""
+    difficulty: str = ""  # the user's (templates.DIFFICULTIES); "" = config.simulator.difficulty
     label: str = dataclasses.field(default="", compare=False)  # as config.eval.simulators gives it
 
     def directory(self, index: int) -> str:
-        """Its evaluation directory under WORKDIR/SUBDIR: its place in the panel and its model's (or backend's) name."""
-        return f"{SUBDIR}/{index}-{re.sub(r'[^A-Za-z0-9._-]+', '_', self.model or self.backend)}"
+        """Its evaluation directory under WORKDIR/SUBDIR: its place in the panel, its model's (or
+        backend's) name and its user's difficulty when it sets one."""
+        name = "-".join(filter(None, (self.model or self.backend, self.difficulty)))
+        return f"{SUBDIR}/{index}-{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}"
 
     def overrides(self) -> dict[str, str]:
         """The fields of config.simulator it sets."""
-        return {k: v for k, v in (("backend", self.backend), ("model", self.model), ("base_url", self.base_url)) if v}
+        return {k: v for k, v in (("backend", self.backend), ("model", self.model), ("base_url", self.base_url),
+                                  ("difficulty", self.difficulty)) if v}
 
 
 def parse_panel(value: str, field: str = "config.eval.simulators") -> tuple[Member, ...]:
     """"MEMBER,MEMBER" -> its members ("" = no panel); one ValueError names the field and the member.
     A member is MODEL@URL (a model served under the table's first served backend, openai), BACKEND
     (that backend under config.simulator's other settings: `embedded` plays on a CPU), BACKEND:MODEL
-    or BACKEND:MODEL@URL."""
+    or BACKEND:MODEL@URL; each may end in /DIFFICULTY, its user's (`embedded/challenging`: a
+    harsher user of the same simulator, so a CPU panel has two members)."""
     members = [_member(item, f"{field}={value!r}") for item in (i.strip() for i in value.split(",")) if item]
     if len(set(members)) != len(members):
         raise ValueError(f"{field}={value!r} names a simulator twice; give each once")
@@ -60,6 +66,7 @@ def parse_panel(value: str, field: str = "config.eval.simulators") -> tuple[Memb
 
 def _member(item: str, where: str) -> Member:
     """The member `item` of the panel `where` names, checked against its backend's row."""
+    item, difficulty = _difficulty(item)
     head, at, url = item.partition("@")
     if ":" in head:
         backend, _, model = head.partition(":")
@@ -76,7 +83,13 @@ def _member(item: str, where: str) -> Member:
     if unread:
         raise ValueError(f"{where}: {item!r} gives a {' and a '.join(unread)}, which backend {backend!r} does not "
                          f"read; give it as {backend!r} alone")
-    return Member(backend, model, url, label=item)
+    return Member(backend, model, url, difficulty, label=item + (f"/{difficulty}" if difficulty else ""))
+
+
+def _difficulty(item: str) -> tuple[str, str]:
+    """`item` without its /DIFFICULTY suffix, and that difficulty ("" when it names none)."""
+    rest, slash, last = item.rpartition("/")
+    return (rest, last) if slash and last in DIFFICULTIES else (item, "")
 
 
 def _merged_card(cards: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

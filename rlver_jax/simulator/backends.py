@@ -58,8 +58,9 @@ BACKENDS: dict[str, BackendRow] = {
                          summary="served (openai backend)"),
     # Deterministic rules, no network: a stand-in for demos and tests, not a benchmark
     "embedded": BackendRow(build=lambda llm, client: EmbeddedBackend(), reads=frozenset(), served=False,
-                           summary="embedded (the rule-based stand-in, rlver_jax/simulator/embedded.py; no server)",
-                           card_model="embedded rules"),
+                           summary="embedded (a stand-in whose judge is fitted on SAGE's results, "
+                                   "rlver_jax/simulator/embedded.py; no server)",
+                           card_model="embedded judge fitted on SAGE's results"),
 }
 
 
