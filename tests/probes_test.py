@@ -78,7 +78,8 @@ def test_no_probe_scores_20_on_the_embedded_simulator(tmp_path, preset):
         config.policy.backend, config.policy.base_url = "openai", policy.base_url
         summary = run_benchmark(EvalSpec.from_config(config), progress=False)
     probes = summary["probes"]
-    assert set(probes) == set(PROBES) and all(p["n"] == 16 for p in probes.values())
+    held_out = {"tiny": 4, "smol": 16}[preset]  # the profiles the preset's training holds out
+    assert summary["n"] == held_out and set(probes) == set(PROBES) and all(p["n"] == held_out for p in probes.values())
     assert {name: p["score"] for name, p in probes.items() if p["score"] >= 20} == {}
     assert probes["garbled"]["degenerate_replies"]["degenerate_garbled_rate"] == 1
     assert probes["word_salad"]["degenerate_replies"]["degenerate_word_salad_rate"] >= 0.9

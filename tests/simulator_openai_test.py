@@ -318,7 +318,7 @@ def test_an_utterance_echoing_the_reply_is_resampled():
 def test_a_server_taking_only_json_object_gets_that_spelling_after_one_refusal(caplog):
     """As llama-cpp-python's server: `json_schema` refused with HTTP 500, `json_object` + schema taken."""
     with ScriptedServer(route(emotion=_json_judge(), reply=_json_speak), response_format="json_object") as server:
-        with caplog.at_level(logging.DEBUG, logger="rlver_jax.simulator.llm_user"):
+        with caplog.at_level(logging.INFO, logger="rlver_jax.simulator.llm_user"):
             states = _one_turn(_config(server.base_url, structured_output="json_schema", max_retries=0),
                                PROFILES[:6])
         assert server.rejected == 1  # probed once, while the other dialogues waited

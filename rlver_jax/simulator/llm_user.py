@@ -148,7 +148,7 @@ class LLMUser:
             except ResponseFormatRejectedError as e:
                 self._refused(spelling, e)
                 continue
-            log.debug("the simulator server takes response_format type %r (start-up probe); kept for this run",
+            log.info("the simulator server takes response_format type %r (start-up probe); kept for this run",
                      spelling)
             break
         self._settled = True
