@@ -26,6 +26,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 COMPARED = ("reward_mean", "emotion_mean", "format_failure_rate", "sequence_tokens_mean", "policy_loss",
             "entropy", "actor_grad_norm", "actor_update_norm", "actor_param_norm", "logprob_diff_sampler")
 PPO_COMPARED = ("value_loss", "critic_grad_norm", "critic_param_norm")
+# What the actor's update makes of its advantages (noise when every reward is the same).
+ACTOR_FROM_SIGNAL = ("policy_loss", "entropy", "actor_grad_norm", "actor_update_norm", "actor_param_norm")
 # Shrink the tiny preset to seconds: 8 dialogues of one 16-token turn, raw replies shown to the
 # user (a random model rarely writes </think>, so emotions would not move otherwise), no KV
 # cache kept between turns (one turn), an in-loop evaluation of 8 held-out profiles (one turn
@@ -149,7 +151,12 @@ def test_ppo_two_processes_train_as_one_and_resume(tmp_path):
     pair = start("configs/ppo_think.py:tiny", two, overrides + ["--config.train.steps=2"])
     finish(reference)
     logs = [log for _, log in finish(pair)]
-    compare_step0(one, two, COMPARED + PPO_COMPARED)
+    # Under the SAGE-fitted judge a random tiny model's replies all get its verdict for degenerate
+    # text, so every dialogue of step 0 may end with one reward: then the actor's gradient is float
+    # noise that Adam scales up, and only what does not follow from it can be compared.
+    rewards = {r["reward"] for r in transcripts(one, "train_000000.jsonl")}
+    compare_step0(one, two, COMPARED + PPO_COMPARED if len(rewards) > 1 else
+                  tuple(k for k in COMPARED + PPO_COMPARED if k not in ACTOR_FROM_SIGNAL))
     assert [m["optimizer_steps"] for m in metrics(one) + metrics(two)] == [2, 2, 2]
     # The processes' longest dialogues differ, so they had to agree on the batch shapes.
     lengths = [alone_lengths(log) for log in logs]
