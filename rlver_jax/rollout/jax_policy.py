@@ -6,8 +6,6 @@ for training). Apart from rollout.policy so that served policies never import JA
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
 import threading
 from typing import Any
 
@@ -16,9 +14,9 @@ import numpy as np
 
 from rlver_jax.sampling import generation
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS
-from rlver_jax.text import chat
 from rlver_jax.text.chat import ChatTokens
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.rollout.jax_turns import policy_turn, raw_key, sampler_settings, stop_ids, turn_keys
 from rlver_jax.rollout.kv_sessions import KVSessions
 from rlver_jax.rollout.policy import PolicyTurn, TurnRequest
 from rlver_jax.rollout.versions import Resolve
@@ -45,13 +43,11 @@ class JaxPolicy:
                  params: Any, rng: jax.Array):
         self.model_cfg = model_cfg
         self.chat = chat_tokens
-        self.stop_ids = (chat_tokens.im_end, chat_tokens.end_of_text)
-        # vocab_limit: never sample the embedding's rows past the tokenizer (Qwen2.5 pads 151,665 to 151,936).
-        self.settings = dataclasses.replace(settings, stop_ids=self.stop_ids, pad_id=chat_tokens.end_of_text,
-                                            vocab_limit=len(chat_tokens.tokenizer))
+        self.stop_ids = stop_ids(chat_tokens)
+        self.settings = sampler_settings(settings, chat_tokens)
         self._params = params  # the fixed parameters (None while following a buffer's versions)
         self._resolve: Resolve | None = None
-        self._rng = _raw_key(rng)
+        self._rng = raw_key(rng)
         self._device_lock = threading.Lock()
         self._sessions = KVSessions(model_cfg, settings.cache_slots, chat_tokens.end_of_text)
 
@@ -61,7 +57,7 @@ class JaxPolicy:
         it runs in the worker thread), with key `rng` (a training batch's). The caches of earlier
         batches are dropped."""
         with self._device_lock:
-            self._params, self._resolve, self._rng = None, resolve, _raw_key(rng)
+            self._params, self._resolve, self._rng = None, resolve, raw_key(rng)
             self._sessions.clear()
 
     def _generate(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
@@ -73,22 +69,15 @@ class JaxPolicy:
         with self._device_lock:
             # Each request's turn key, raw [len(requests), 2]; host arrays, so generation places
             # them with the parameters, on whatever devices hold those.
-            key = np.asarray(_turn_keys(self._rng, np.array([r.dialogue for r in requests], np.int32),
+            key = np.asarray(turn_keys(self._rng, np.array([r.dialogue for r in requests], np.int32),
                                         np.array([r.turn for r in requests], np.int32)))
             if not self.settings.cache_slots:
                 out, reencoded = self._generate_afresh(requests, key, params), False
             else:  # a call beyond any cache of cache_slots is encoded afresh
                 cached = self._generate_with_sessions(requests, key, params, version)
                 out, reencoded = cached if cached is not None else (self._generate_afresh(requests, key, params), True)
-        turns = []
-        for req, (ids, lps) in zip(requests, out):
-            ids, lps = ids[:req.max_new_tokens], lps[:req.max_new_tokens]
-            stopped = bool(ids) and ids[-1] in self.stop_ids
-            text_ids = ids[:-1] if stopped else ids
-            text = chat.decode_turn(self.chat, text_ids, cut=not stopped)
-            turns.append(PolicyTurn(text=text, token_ids=ids, logprobs=lps, stopped=stopped,
-                                    reencoded=reencoded, version=version))
-        return turns
+        return [policy_turn(self.chat, ids[:req.max_new_tokens], lps[:req.max_new_tokens], reencoded=reencoded,
+                            version=version) for req, (ids, lps) in zip(requests, out)]
 
     def _generate_afresh(self, requests: list[TurnRequest], key: np.ndarray, params: Any
                          ) -> list[tuple[list[int], list[float]]]:
@@ -132,15 +121,3 @@ class JaxPolicy:
         with self._device_lock:
             self._sessions.release(session)
 
-
-def _raw_key(rng: jax.Array) -> np.ndarray:
-    """A host copy of a key (typed or raw), as raw uint32 data."""
-    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        rng = jax.random.key_data(rng)
-    return np.asarray(rng)
-
-
-@jax.jit
-@functools.partial(jax.vmap, in_axes=(None, 0, 0))
-def _turn_keys(rng: jax.Array, dialogue: jax.Array, turn: jax.Array) -> jax.Array:
-    return jax.random.fold_in(jax.random.fold_in(rng, dialogue), turn)

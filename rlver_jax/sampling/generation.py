@@ -251,7 +251,7 @@ def _nucleus_threshold(e_BV: jax.Array, top_p: float) -> jax.Array:
     return jax.lax.bitcast_convert_type(lo_B, jnp.float32)[:, None]
 
 
-def _choose(settings: SamplingSettings, logits_BV: jax.Array, key: jax.Array):
+def choose(settings: SamplingSettings, logits_BV: jax.Array, key: jax.Array):
     """Next tokens, their sampling log-probs and their log-probs under the unmodified model.
 
     Ids from settings.vocab_limit on are removed before sampling, like top-k's cut; the model's
@@ -277,7 +277,7 @@ class _Carry(NamedTuple):
 
 def _emit(settings: SamplingSettings, rng: jax.Array, step, logits_BV, out: Generation, done_B):
     """Choose column `step` of every row still running; finished rows get padding."""
-    tokens_B, logp_B, model_logp_B = _choose(settings, logits_BV, _fold_in(rng, step))
+    tokens_B, logp_B, model_logp_B = choose(settings, logits_BV, _fold_in(rng, step))
     live_B = ~done_B
     tokens_B = jnp.where(live_B, tokens_B, settings.pad_id).astype(jnp.int32)
     zero = jnp.zeros((), jnp.float32)
@@ -343,7 +343,7 @@ def params_mesh(params: Params) -> jax.sharding.Mesh | None:
     return None
 
 
-def _activations_split(mesh: jax.sharding.Mesh | None):
+def activations_split(mesh: jax.sharding.Mesh | None):
     """Trace a sampler program with its activations' rows split over the batch axes of the
     parameters' mesh (sharding.split_activations), as the update's are; none on one device."""
     return contextlib.nullcontext() if mesh is None else sharding.split_activations(mesh)
@@ -352,7 +352,7 @@ def _activations_split(mesh: jax.sharding.Mesh | None):
 def _generate_program(config: Qwen2Config, settings: SamplingSettings, mesh: jax.sharding.Mesh | None,
                       params: Params, ids_BP: jax.Array, mask_BP: jax.Array, rng: jax.Array) -> Generation:
     b, p = ids_BP.shape
-    with _activations_split(mesh):
+    with activations_split(mesh):
         cache = qwen2.init_cache(config, b, p + settings.max_new_tokens)
         out, _, _ = _extend_and_decode(config, settings, params, cache, ids_BP, mask_BP,
                                        jnp.zeros((b,), jnp.int32), rng)
@@ -362,7 +362,7 @@ def _generate_program(config: Qwen2Config, settings: SamplingSettings, mesh: jax
 def _continue_program(config: Qwen2Config, settings: SamplingSettings, mesh: jax.sharding.Mesh | None,
                       params: Params, cache: qwen2.KVCache, ids_BE: jax.Array, mask_BE: jax.Array,
                       start_pos_B: jax.Array, rng: jax.Array):
-    with _activations_split(mesh):
+    with activations_split(mesh):
         return _extend_and_decode(config, settings, params, cache, ids_BE, mask_BE, start_pos_B, rng)
 
 

@@ -1,0 +1,174 @@
+"""The rollout engine's device programs (continuous batching): a fixed set of KV-cache rows, each
+holding one dialogue's tokens at its own fill level, fed and decoded apart from the others.
+
+A row holds its dialogue's tokens contiguously from slot 0, so a token's slot is its position id
+and the row's fill is its next position. `prefill` writes a chunk of new tokens into some rows
+(the rows entering a turn; a row whose prompt no longer extends what it holds starts writing at
+the first slot that differs, the slots after it cleared) and draws each row's first token from
+the chunk's last real position; `decode` runs up to `steps` decode steps over every row, the rows
+that are not live masked out (they write nothing real), and stops early when no row is live.
+Between calls the host (rlver_jax.rollout.engine) decides which rows enter and leave.
+
+Tokens are drawn as `generation.generate` draws them (`generation.choose`): column c of a reply
+from fold_in(its turn key, c), so a dialogue's tokens do not depend on the rows it shares a call
+with, on the chunking or on when it entered. Shapes: R rows and S slots of the cache (grown by the
+host in buckets), P fed rows and C tokens a prefill chunk (bucketed), `steps` static: a mix of
+rows never recompiles.
+
+Shape letters as in rlver_jax.sampling.generation, plus R cache rows, P fed rows, C chunk tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rlver_jax.models import qwen2
+from rlver_jax.models.config import Qwen2Config
+from rlver_jax.sampling.generation import activations_split, choose, params_mesh
+from rlver_jax.sampling.settings import SamplingSettings
+
+Params = qwen2.Params
+
+
+class Draw(NamedTuple):
+    """One token per fed row: id, sampling log-prob, model log-prob (as generation.Generation)."""
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    model_logprobs: jax.Array
+
+
+class Chunk(NamedTuple):
+    """A decode chunk's output: row r's new tokens are columns [0, emitted[r]) of [R, steps]."""
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    model_logprobs: jax.Array
+    emitted: jax.Array
+
+
+_traces = 0
+
+
+def trace_count() -> int:
+    """How often an engine program has been traced; each trace is one compilation."""
+    return _traces
+
+
+def _count_trace() -> None:
+    global _traces
+    _traces += 1  # runs only while tracing
+
+
+def _column_keys(keys: jax.Array, columns: jax.Array) -> jax.Array:
+    """Each row's key of the column it draws: fold_in(turn key, column), as generation draws column c."""
+    return jax.vmap(jax.random.fold_in)(keys, columns)
+
+
+def _prefill_program(config: Qwen2Config, settings: SamplingSettings, mesh, params: Params, cache: qwen2.KVCache,
+                     rows_P: jax.Array, starts_P: jax.Array, ids_PC: jax.Array, counts_P: jax.Array,
+                     keys_P: jax.Array) -> tuple[qwen2.KVCache, Draw]:
+    _count_trace()
+    c, s = ids_PC.shape[1], cache.mask.shape[1]
+    with activations_split(mesh):
+        # Slots from the chunk's start on hold nothing of the row any more (a rewound history).
+        kept_PS = cache.mask[rows_P] & (jnp.arange(s) < starts_P[:, None])
+        cache = cache._replace(mask=cache.mask.at[rows_P].set(kept_PS, mode="drop"))
+        real_PC = jnp.arange(c) < counts_P[:, None]
+        positions_PC = starts_P[:, None] + jnp.arange(c, dtype=jnp.int32)
+        h_PCD, cache = qwen2.hidden_states(config, params, ids_PC, real_PC, positions_PC, cache,
+                                           qwen2.RowSlots(rows_P, starts_P))
+        last_P = jnp.maximum(counts_P - 1, 0)
+        h_P1D = jnp.take_along_axis(h_PCD, last_P[:, None, None], axis=1)
+        logits_PV = qwen2.logits_from_hidden(config, params, h_P1D)[:, 0]
+        draw = Draw(*choose(settings, logits_PV, _column_keys(keys_P, jnp.zeros_like(counts_P))))
+    return cache, draw
+
+
+class _Carry(NamedTuple):
+    step: jax.Array
+    cache: qwen2.KVCache
+    out: Chunk
+    last: jax.Array  # [R] the token each row feeds next
+    lengths: jax.Array  # [R] its slot (and position id)
+    columns: jax.Array  # [R] the reply column it draws next
+    live: jax.Array  # [R] bool
+
+
+def _decode_program(config: Qwen2Config, settings: SamplingSettings, mesh, steps: int, params: Params,
+                    cache: qwen2.KVCache, last_R: jax.Array, lengths_R: jax.Array, columns_R: jax.Array,
+                    live_R: jax.Array, limits_R: jax.Array, keys_R: jax.Array
+                    ) -> tuple[qwen2.KVCache, Chunk, jax.Array]:
+    _count_trace()
+    r = last_R.shape[0]
+    stop_ids = jnp.asarray(settings.stop_ids, jnp.int32)
+
+    def body(c: _Carry) -> _Carry:
+        live = c.live
+        h_R1D, cache = qwen2.hidden_states(config, params, c.last[:, None], live[:, None], c.lengths[:, None],
+                                           c.cache, qwen2.RowSlots(None, c.lengths))
+        logits_RV = qwen2.logits_from_hidden(config, params, h_R1D)[:, 0]
+        tokens, logp, model_logp = choose(settings, logits_RV, _column_keys(keys_R, c.columns))
+        tokens = jnp.where(live, tokens, settings.pad_id).astype(jnp.int32)
+        zero = jnp.zeros((), jnp.float32)
+
+        def put(col_RN, val_R):
+            return jax.lax.dynamic_update_slice(col_RN, val_R[:, None], (0, c.step))
+
+        out = Chunk(put(c.out.tokens, tokens), put(c.out.logprobs, jnp.where(live, logp, zero)),
+                    put(c.out.model_logprobs, jnp.where(live, model_logp, zero)),
+                    c.out.emitted + live.astype(jnp.int32))
+        columns = c.columns + live.astype(jnp.int32)
+        stopped = jnp.any(tokens[:, None] == stop_ids, axis=-1) if settings.stop_ids else jnp.zeros_like(live)
+        return _Carry(c.step + 1, cache, out, jnp.where(live, tokens, c.last), c.lengths + live.astype(jnp.int32),
+                      columns, live & ~stopped & (columns < limits_R))
+
+    empty = Chunk(jnp.full((r, steps), settings.pad_id, jnp.int32), jnp.zeros((r, steps), jnp.float32),
+                  jnp.zeros((r, steps), jnp.float32), jnp.zeros((r,), jnp.int32))
+    with activations_split(mesh):
+        final = jax.lax.while_loop(lambda c: (c.step < steps) & jnp.any(c.live), body,
+                                   _Carry(jnp.zeros((), jnp.int32), cache, empty, last_R, lengths_R, columns_R,
+                                          live_R))
+    return final.cache, final.out, final.step
+
+
+_prefill_jit = jax.jit(_prefill_program, static_argnums=(0, 1, 2), donate_argnums=(4,))
+_decode_jit = jax.jit(_decode_program, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+
+
+def prefill(config: Qwen2Config, settings: SamplingSettings, params: Params, cache: qwen2.KVCache, rows, starts, ids,
+            counts, keys) -> tuple[qwen2.KVCache, Draw]:
+    """Feed a chunk of new tokens into some rows of `cache` (donated) and draw each fed row's first
+    reply token (column 0) from its last real position.
+
+    rows, starts, counts [P] int32: the fed rows (an index past the cache's rows: padding, dropped),
+    the slot of each one's first new token (its slots from there on are cleared first) and how
+    many of its C tokens are real; ids [P, C] int32: the tokens, real ones first. keys [P, 2] uint32:
+    each fed row's turn key. The draw is meaningful for the rows whose prompt this chunk ends.
+    """
+    return _prefill_jit(config, settings, params_mesh(params), params, cache, jnp.asarray(rows, jnp.int32),
+                        jnp.asarray(starts, jnp.int32), jnp.asarray(ids, jnp.int32), jnp.asarray(counts, jnp.int32),
+                        jnp.asarray(keys))
+
+
+def decode(config: Qwen2Config, settings: SamplingSettings, params: Params, cache: qwen2.KVCache, *, last, lengths,
+           columns, live, limits, keys, steps: int) -> tuple[qwen2.KVCache, Chunk, jax.Array]:
+    """Up to `steps` decode steps over every row of `cache` (donated): each live row feeds its `last`
+    token at slot `lengths` and draws reply column `columns` from fold_in(its key, column); a row stops
+    being live at a stop token or at `limits` columns; the loop ends early when no row is live.
+    All [R] (keys [R, 2] uint32). Returns the cache, the Chunk and the steps run."""
+    return _decode_jit(config, settings, params_mesh(params), steps, params, cache, jnp.asarray(last, jnp.int32),
+                       jnp.asarray(lengths, jnp.int32), jnp.asarray(columns, jnp.int32), jnp.asarray(live, bool),
+                       jnp.asarray(limits, jnp.int32), jnp.asarray(keys))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))  # a new shape: nothing to donate into
+def resize(cache: qwen2.KVCache, rows: int, slots: int) -> qwen2.KVCache:
+    """The same cache with `rows` rows and `slots` slots (the new ones empty)."""
+    extra_r, extra_s = rows - cache.mask.shape[0], slots - cache.mask.shape[1]
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, extra_r), (0, extra_s), (0, 0), (0, 0)))  # noqa: E731
+    return cache._replace(k=pad(cache.k), v=pad(cache.v), mask=jnp.pad(cache.mask, ((0, extra_r), (0, extra_s))))
