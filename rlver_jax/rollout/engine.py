@@ -7,8 +7,8 @@ first slot that differs) or a free one; its new tokens are prefilled in chunks o
 `prefill_chunk` tokens, one chunk call between decode chunks, so a long prompt never stalls the
 rows that are decoding; decode runs `decode_chunk` steps at a time over the live rows, and a reply
 goes back to its dialogue at the end of the chunk it stopped in, while the others keep decoding.
-A row that waits for its simulator is masked out of the decode chunks (its cost is bounded: the
-chunks are as wide as the rows).
+A decode chunk runs over the rows with a reply in progress only (padded to a power of two), so a
+row that waits for its simulator costs nothing.
 
 Versions: a turn samples with the parameters `publish` gave its version (rollout.versions:
 `Published.resolve`); the rows in flight share one version, so a turn of another version waits
@@ -277,28 +277,25 @@ class JaxEngine:
                 self._emit(t, [int(tokens[i])], [float(logprobs[i])], lag=0)
 
     def _decode(self, params: Any, flight: list[_Turn]) -> None:
-        r = len(self._rows)
-        # A row that is not live writes (masked out) at its first free slot, past what it holds.
-        lengths = np.array([len(row.tokens) for row in self._rows], np.int32)
-        last, columns, limits = (np.zeros(r, np.int32) for _ in range(3))
-        live, keys = np.zeros(r, bool), np.zeros((r, 2), np.uint32)
-        for t in flight:
-            if t.live:
-                i = t.row
-                last[i], columns[i], live[i], limits[i], keys[i] = t.tokens[-1], len(t.tokens), True, t.limit, t.key
-        steps = self.engine.decode_chunk
-        self._cache, chunk, ran = programs.decode(self.model_cfg, self.settings, params, self._cache, last=last,
-                                                  lengths=lengths, columns=columns, live=live, limits=limits,
-                                                  keys=keys, steps=steps)
+        live = [t for t in flight if t.live]
+        b = bucket(len(live))
+        rows = np.full(b, len(self._rows), np.int32)  # padding: past the rows, never live
+        last, lengths, columns, limits = (np.zeros(b, np.int32) for _ in range(4))
+        keys = np.zeros((b, 2), np.uint32)
+        for i, t in enumerate(live):
+            rows[i], last[i], lengths[i] = t.row, t.tokens[-1], len(self._rows[t.row].tokens)
+            columns[i], limits[i], keys[i] = len(t.tokens), t.limit, t.key
+        self._cache, chunk, ran = programs.decode(self.model_cfg, self.settings, params, self._cache, rows=rows,
+                                                  last=last, lengths=lengths, columns=columns, limits=limits,
+                                                  keys=keys, steps=self.engine.decode_chunk)
         tokens, logprobs, emitted, ran = jax.device_get((chunk.tokens, chunk.model_logprobs, chunk.emitted, ran))
         self.stats.decode_steps += int(ran)
-        for t in flight:
-            if t.live:
-                n = int(emitted[t.row])
-                new = tokens[t.row, :n].tolist()
-                # Fed this chunk: the last token before it and every new one but the last.
-                self._rows[t.row].tokens += [t.tokens[-1]] + new[:-1]
-                self._emit(t, new, logprobs[t.row, :n].tolist(), lag=int(ran) - n)
+        for i, t in enumerate(live):
+            n = int(emitted[i])
+            new = tokens[i, :n].tolist()
+            # Fed this chunk: the last token before it and every new one but the last.
+            self._rows[t.row].tokens += [t.tokens[-1]] + new[:-1]
+            self._emit(t, new, logprobs[i, :n].tolist(), lag=int(ran) - n)
 
     def _emit(self, turn: _Turn, tokens: list[int], logprobs: list[float], lag: int) -> None:
         """Append a call's tokens to the turn; a turn that stopped leaves its row and goes back."""

@@ -70,6 +70,12 @@ class EngineSettings:
         check_ranges(named(self, self.where, ("engine_rows", "decode_chunk", "prefill_chunk")),
                      lowest={"engine_rows": 0, "decode_chunk": 1, "prefill_chunk": 1})
 
+    @classmethod
+    def from_config(cls, section: Any, where: str) -> EngineSettings:
+        """The engine fields of a config section (config.rollout, config.policy)."""
+        return cls(engine=section.engine, engine_rows=section.engine_rows, decode_chunk=section.decode_chunk,
+                   prefill_chunk=section.prefill_chunk, where=where)
+
     def build(self, model_cfg: Any, chat_tokens: Any, sampling: Any, rng: Any) -> Sampler:
         """The sampler of this engine (no weights yet: `publish` them)."""
         return SAMPLERS[self.engine].load()(model_cfg, chat_tokens, sampling, self, rng)

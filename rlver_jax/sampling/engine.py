@@ -5,15 +5,16 @@ A row holds its dialogue's tokens contiguously from slot 0, so a token's slot is
 and the row's fill is its next position. `prefill` writes a chunk of new tokens into some rows
 (the rows entering a turn; a row whose prompt no longer extends what it holds starts writing at
 the first slot that differs, the slots after it cleared) and draws each row's first token from
-the chunk's last real position; `decode` runs up to `steps` decode steps over every row, the rows
-that are not live masked out (they write nothing real), and stops early when no row is live.
+the chunk's last real position; `decode` runs up to `steps` decode steps over the rows with a
+reply in progress (gathered by index, so a row waiting for its simulator costs nothing), a row
+masked out once it stops, and stops early when no row is live.
 Between calls the host (rlver_jax.rollout.engine) decides which rows enter and leave.
 
 Tokens are drawn as `generation.generate` draws them (`generation.choose`): column c of a reply
 from fold_in(its turn key, c), so a dialogue's tokens do not depend on the rows it shares a call
 with, on the chunking or on when it entered. Shapes: R rows and S slots of the cache (grown by the
-host in buckets), P fed rows and C tokens a prefill chunk (bucketed), `steps` static: a mix of
-rows never recompiles.
+host in buckets), P fed and B decoded rows (powers of two) and C tokens a prefill chunk
+(bucketed), `steps` static: a mix of rows never recompiles.
 
 Shape letters as in rlver_jax.sampling.generation, plus R cache rows, P fed rows, C chunk tokens.
 """
@@ -93,31 +94,31 @@ class _Carry(NamedTuple):
     step: jax.Array
     cache: qwen2.KVCache
     out: Chunk
-    last: jax.Array  # [R] the token each row feeds next
-    lengths: jax.Array  # [R] its slot (and position id)
-    columns: jax.Array  # [R] the reply column it draws next
-    live: jax.Array  # [R] bool
+    last: jax.Array  # [B] the token each decoded row feeds next
+    lengths: jax.Array  # [B] its slot (and position id)
+    columns: jax.Array  # [B] the reply column it draws next
+    live: jax.Array  # [B] bool
 
 
 def _decode_program(config: Qwen2Config, settings: SamplingSettings, mesh, steps: int, params: Params,
-                    cache: qwen2.KVCache, last_R: jax.Array, lengths_R: jax.Array, columns_R: jax.Array,
-                    live_R: jax.Array, limits_R: jax.Array, keys_R: jax.Array
+                    cache: qwen2.KVCache, rows_B: jax.Array, last_B: jax.Array, lengths_B: jax.Array,
+                    columns_B: jax.Array, limits_B: jax.Array, keys_B: jax.Array
                     ) -> tuple[qwen2.KVCache, Chunk, jax.Array]:
     _count_trace()
-    r = last_R.shape[0]
+    b = rows_B.shape[0]
     stop_ids = jnp.asarray(settings.stop_ids, jnp.int32)
 
     def body(c: _Carry) -> _Carry:
         live = c.live
-        h_R1D, cache = qwen2.hidden_states(config, params, c.last[:, None], live[:, None], c.lengths[:, None],
-                                           c.cache, qwen2.RowSlots(None, c.lengths))
-        logits_RV = qwen2.logits_from_hidden(config, params, h_R1D)[:, 0]
-        tokens, logp, model_logp = choose(settings, logits_RV, _column_keys(keys_R, c.columns))
+        h_B1D, cache = qwen2.hidden_states(config, params, c.last[:, None], live[:, None], c.lengths[:, None],
+                                           c.cache, qwen2.RowSlots(rows_B, c.lengths))
+        logits_BV = qwen2.logits_from_hidden(config, params, h_B1D)[:, 0]
+        tokens, logp, model_logp = choose(settings, logits_BV, _column_keys(keys_B, c.columns))
         tokens = jnp.where(live, tokens, settings.pad_id).astype(jnp.int32)
         zero = jnp.zeros((), jnp.float32)
 
-        def put(col_RN, val_R):
-            return jax.lax.dynamic_update_slice(col_RN, val_R[:, None], (0, c.step))
+        def put(col_BN, val_B):
+            return jax.lax.dynamic_update_slice(col_BN, val_B[:, None], (0, c.step))
 
         out = Chunk(put(c.out.tokens, tokens), put(c.out.logprobs, jnp.where(live, logp, zero)),
                     put(c.out.model_logprobs, jnp.where(live, model_logp, zero)),
@@ -125,14 +126,15 @@ def _decode_program(config: Qwen2Config, settings: SamplingSettings, mesh, steps
         columns = c.columns + live.astype(jnp.int32)
         stopped = jnp.any(tokens[:, None] == stop_ids, axis=-1) if settings.stop_ids else jnp.zeros_like(live)
         return _Carry(c.step + 1, cache, out, jnp.where(live, tokens, c.last), c.lengths + live.astype(jnp.int32),
-                      columns, live & ~stopped & (columns < limits_R))
+                      columns, live & ~stopped & (columns < limits_B))
 
-    empty = Chunk(jnp.full((r, steps), settings.pad_id, jnp.int32), jnp.zeros((r, steps), jnp.float32),
-                  jnp.zeros((r, steps), jnp.float32), jnp.zeros((r,), jnp.int32))
+    empty = Chunk(jnp.full((b, steps), settings.pad_id, jnp.int32), jnp.zeros((b, steps), jnp.float32),
+                  jnp.zeros((b, steps), jnp.float32), jnp.zeros((b,), jnp.int32))
+    live_B = (rows_B < cache.mask.shape[0]) & (columns_B < limits_B)
     with activations_split(mesh):
         final = jax.lax.while_loop(lambda c: (c.step < steps) & jnp.any(c.live), body,
-                                   _Carry(jnp.zeros((), jnp.int32), cache, empty, last_R, lengths_R, columns_R,
-                                          live_R))
+                                   _Carry(jnp.zeros((), jnp.int32), cache, empty, last_B, lengths_B, columns_B,
+                                          live_B))
     return final.cache, final.out, final.step
 
 
@@ -155,14 +157,16 @@ def prefill(config: Qwen2Config, settings: SamplingSettings, params: Params, cac
                         jnp.asarray(keys))
 
 
-def decode(config: Qwen2Config, settings: SamplingSettings, params: Params, cache: qwen2.KVCache, *, last, lengths,
-           columns, live, limits, keys, steps: int) -> tuple[qwen2.KVCache, Chunk, jax.Array]:
-    """Up to `steps` decode steps over every row of `cache` (donated): each live row feeds its `last`
-    token at slot `lengths` and draws reply column `columns` from fold_in(its key, column); a row stops
-    being live at a stop token or at `limits` columns; the loop ends early when no row is live.
-    All [R] (keys [R, 2] uint32). Returns the cache, the Chunk and the steps run."""
-    return _decode_jit(config, settings, params_mesh(params), steps, params, cache, jnp.asarray(last, jnp.int32),
-                       jnp.asarray(lengths, jnp.int32), jnp.asarray(columns, jnp.int32), jnp.asarray(live, bool),
+def decode(config: Qwen2Config, settings: SamplingSettings, params: Params, cache: qwen2.KVCache, *, rows, last,
+           lengths, columns, limits, keys, steps: int) -> tuple[qwen2.KVCache, Chunk, jax.Array]:
+    """Up to `steps` decode steps over the decoded rows of `cache` (donated), the rows of no reply
+    in progress left out: decoded row b is cache row rows[b] (an index past the cache's rows:
+    padding); it feeds its `last` token at slot `lengths` and draws reply column `columns` from
+    fold_in(its key, column); it stops at a stop token or at `limits` columns; the loop ends early
+    when no row is live. All [B] int32 (keys [B, 2] uint32). Returns the cache, the Chunk (decoded
+    row b's tokens) and the steps run."""
+    return _decode_jit(config, settings, params_mesh(params), steps, params, cache, jnp.asarray(rows, jnp.int32),
+                       jnp.asarray(last, jnp.int32), jnp.asarray(lengths, jnp.int32), jnp.asarray(columns, jnp.int32),
                        jnp.asarray(limits, jnp.int32), jnp.asarray(keys))
 
 

@@ -330,11 +330,11 @@ def sampler_phases(s: Setup, shapes: RolloutShapes, host_devices: int | None = N
     if not shapes.cache_slots:
         # generation.generate's settings: the run's, without cache slots.
         compiled, secs = _compile(s, generation._generate_jit, cfg, dataclasses.replace(settings, cache_slots=0), host,
-                                  params, ids, mask, rng)
+                                  params, ids, mask, rng, sds((b,), jnp.int32))
         return [_phase(s, name, compiled, held, secs, f"prefill + decode loop, no cache; {copy}")]
     cache = _cache_sharding(host, jax.eval_shape(lambda: qwen2.init_cache(cfg, b, shapes.cache_slots)))
     compiled, secs = _compile(s, generation._continue_jit, cfg, settings, host, params, cache, ids, mask,
-                              sds((b,), jnp.int32), rng)
+                              sds((b,), jnp.int32), rng, sds((b,), jnp.int32))
     # The cache stays on the devices between turns in the layout the program gives it (as it was
     # given, where the TPU compiler built no program).
     cache_out = cache if isinstance(compiled, _OutOfHbm) else jax.tree.map(
