@@ -31,12 +31,13 @@ The critical-path bound of a run is what no schedule on one device can beat by m
 dialogue's own simulator steps (timed per dialogue) plus its turns' generation, each turn at the
 run's median device-call time.
 
-Reply lengths: "budget", each reply runs to a stop token or max_new_tokens; "lognormal", each reply
-is ended at a length drawn from a lognormal of mean max_new_tokens / 4 and log-sd
---reply_length_log_sd (at most max_new_tokens), a function of (dialogue, turn), so both samplers
-write the same replies (their request's token budget; a static call stops once each row has
-reached its own). Useful tokens: the replies' tokens; per busy second (the device's rate while it
-works) and per wall second. A reply's wait: from its last token to its return, in decode steps
+Reply lengths: "budget", each reply runs to a stop token or max_new_tokens; "constant", each reply
+is ended at max_new_tokens / 4 tokens; "lognormal", at a length drawn from a lognormal of that mean
+and log-sd --reply_length_log_sd (at most max_new_tokens), a function of (dialogue, turn), so both
+samplers write the same replies (their request's token budget; a static call stops once each row
+has reached its own). Useful tokens: the replies' tokens; per busy second (the device's rate while
+it works) and per wall second; `vs constant`, the busy rate over the same sampler's with constant
+lengths (the same tokens in all). A reply's wait: from its last token to its return, in decode steps
 converted to seconds at its call's rate (static: the call's longest row minus its own length; the
 engine: the rest of its decode chunk).
 
@@ -72,7 +73,7 @@ from rlver_jax.sampling import generation  # noqa: E402
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
-from rlver_jax.rollout.engine import JaxEngine  # noqa: E402
+from rlver_jax.rollout.engine import JaxEngine, call_size, chunk_width  # noqa: E402
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings  # noqa: E402
 from rlver_jax.rollout.jax_policy import JaxPolicy  # noqa: E402
 from rlver_jax.rollout.policy import PolicyTurn, TurnRequest  # noqa: E402
@@ -101,8 +102,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Parameter and sampling seed.")
 _CACHE_SLOTS = flags.DEFINE_integer(
     "cache_slots", 16384, "Static: KV-cache slots kept per dialogue between turns (0: re-encode every turn).")
 _ENGINES = flags.DEFINE_list("engines", ["static"], "Samplers (config.rollout.engine): static, jax.")
-_LENGTHS = flags.DEFINE_list("reply_lengths", ["budget"], "budget: replies to a stop or max_new_tokens; "
-                             "lognormal: each ended at a lognormal length of mean max_new_tokens / 4.")
+_LENGTHS = flags.DEFINE_list("reply_lengths", ["budget"], "budget: replies to a stop or max_new_tokens; constant: "
+                             "each ended at max_new_tokens / 4; lognormal: at a lognormal length of that mean.")
 _LENGTH_LOG_SD = flags.DEFINE_float("reply_length_log_sd", 1.0, "Log-sd of the lognormal reply lengths.")
 _DECODE_CHUNK = flags.DEFINE_integer("decode_chunk", 8, "jax: config.rollout.decode_chunk.")
 
@@ -198,19 +199,22 @@ class TimedEngine(JaxEngine):
 
 
 class VariedLengths(EpisodeRunner):
-    """Ends each reply at a length drawn from a lognormal of mean max_new_tokens / 4 (its token
-    budget), a function of (dialogue, turn): every sampler writes the same replies."""
+    """Ends each reply at max_new_tokens / 4 tokens ("constant") or at a length drawn from a
+    lognormal of that mean ("lognormal"), its token budget, a function of (dialogue, turn): every
+    sampler writes the same replies. "budget": replies run to a stop token or max_new_tokens."""
 
-    log_sd = 0.0  # 0: replies run to their budget (a stop token or max_new_tokens)
+    lengths = "budget"
 
     def _turn_request(self, episode, versions):
         request = super()._turn_request(episode, versions)
-        if not self.log_sd:
+        if self.lengths == "budget":
             return request
-        rng = np.random.default_rng([request.dialogue, request.turn, 53])
         mean = self.settings.max_new_tokens / 4
-        drawn = int(round(rng.lognormal(math.log(mean) - self.log_sd ** 2 / 2, self.log_sd)))
-        return dataclasses.replace(request, max_new_tokens=max(1, min(drawn, request.max_new_tokens)))
+        drawn = mean
+        if self.lengths == "lognormal":
+            rng = np.random.default_rng([request.dialogue, request.turn, 53])
+            drawn = rng.lognormal(math.log(mean) - _LENGTH_LOG_SD.value ** 2 / 2, _LENGTH_LOG_SD.value)
+        return dataclasses.replace(request, max_new_tokens=max(1, min(int(round(drawn)), request.max_new_tokens)))
 
 
 class Latency:
@@ -352,6 +356,27 @@ async def precompile(policy: JaxPolicy, batch_sizes: set[int], lengths: Sequence
             await policy.act([TurnRequest([pad_id] * length, [], policy.settings.max_new_tokens)] * b)
 
 
+def precompile_engine(engine: JaxEngine, rows: int, slots: Sequence[int]) -> None:
+    """Traces the rollout engine's programs at every call size, prefill width and row length
+    (`slots`) the timed runs can reach (rollout.engine grows rows and slots as it goes)."""
+    cfg, settings, params = engine.model_cfg, engine.settings, engine.published.resolve(0)[1]
+    sizes = sorted({call_size(n, rows) for n in range(1, rows + 1)})
+    widths = sorted({chunk_width(n, engine.engine.prefill_chunk) for n in range(1, engine.engine.prefill_chunk + 1)})
+    for s in slots:
+        cache = qwen2.init_cache(cfg, rows, s)
+        for b in sizes:
+            whole = b >= rows
+            ids = None if whole else np.full(b, rows, np.int32)
+            ints = np.zeros(b, np.int32)
+            keys = np.zeros((b, 2), np.uint32)
+            cache, _, _ = engine_programs.decode(cfg, settings, params, cache, rows=ids, last=ints, lengths=ints,
+                                                 columns=ints, limits=ints, keys=keys, steps=engine.engine.decode_chunk)
+            for w in widths:
+                cache, _ = engine_programs.prefill(cfg, settings, params, cache, rows=ids, starts=ints,
+                                                   ids=np.zeros((b, w), np.int32), counts=ints, keys=keys)
+        jax.block_until_ready(cache)
+
+
 def _settings(engines: list[str], groups: list[int], waits: list[float]) -> list[tuple[str, int, float]]:
     """(engine, pipeline groups, batch wait) of each run: the engine takes each turn as it comes."""
     return [(e, g, w) for e in engines for g, w in ([(1, 0.0)] if e == "jax" else
@@ -377,6 +402,10 @@ async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner
     start = time.perf_counter()
     if _SEQUENTIAL.value >= 0:
         await precompile(seq_runner.policy, {1}, lengths, chat_tokens.im_start)
+    if "jax" in runners:  # every row length from the first prompt to the last with a whole reply
+        top = bucket(lengths[-1] + _MAX_NEW_TOKENS.value, LENGTH_BUCKETS)
+        precompile_engine(runners["jax"].policy, bucket(len(requests)),
+                          [b for b in LENGTH_BUCKETS if lengths[0] <= b <= top])
     # Zero-latency rollouts, one per sampler setting and reply lengths, compile ours' programs and
     # warm the HTTP client, the simulator path and the host code.
     latency.mean_s = 0.0
@@ -384,7 +413,7 @@ async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner
     for reply_lengths in _LENGTHS.value:
         for engine, g, _ in settings:
             runner = runners[engine]
-            runner.log_sd = _LENGTH_LOG_SD.value if reply_lengths == "lognormal" else 0.0
+            runner.lengths = reply_lengths
             runner.settings = dataclasses.replace(runner.settings, pipeline_groups=g)
             await runner.run(requests)
     print(f"warm-up (sequential: prompt lengths {lengths}; ours: a zero-latency rollout per setting): "
@@ -398,7 +427,7 @@ async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner
             shape = f"lognormal {log_sd:g}" if log_sd else "constant"
             for engine, g, wait in settings:
                 runner = runners[engine]
-                runner.log_sd = _LENGTH_LOG_SD.value if reply_lengths == "lognormal" else 0.0
+                runner.lengths = reply_lengths
                 runner.settings = dataclasses.replace(runner.settings, pipeline_groups=g, batch_wait_s=wait)
                 name = f"{shape}, {reply_lengths}, {_run_name(engine, g, wait)}"
                 ours.append(await timed(name, lambda: runner.run(requests), runner.policy, server, turns,
@@ -415,7 +444,7 @@ async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner
 
 def report(ours: list[Timing], seq: Timing | None, dialogues: int) -> None:
     latency_table(ours, dialogues)
-    if len(_LENGTHS.value) > 1 or "jax" in _ENGINES.value:
+    if _LENGTHS.value != ["budget"] or "jax" in _ENGINES.value:
         lengths_table(ours)
     if seq is None:
         return
@@ -466,25 +495,26 @@ def latency_table(ours: list[Timing], dialogues: int) -> None:
 
 def lengths_table(ours: list[Timing]) -> None:
     """Useful tokens per device-busy second and per wall second, the device's busy share, and each
-    reply's wait after its last token; `vs budget`: the busy rate over that of the same run with
-    every reply to its budget."""
-    def budget_key(t: Timing) -> str:
+    reply's wait after its last token; `vs constant`: the busy rate over that of the same run with
+    constant reply lengths (the same tokens in all)."""
+    def constant_key(t: Timing) -> str:
         shape, lengths, schedule = t.name.split(", ", 2)
-        return f"{shape}, budget, {schedule}"
+        return f"{shape}, constant, {schedule}"
 
     rate = {t.name: t.tokens / t.generation_s for t in ours}
-    print(f"\nreplies: budget (to a stop token or max_new_tokens {_MAX_NEW_TOKENS.value}) or lognormal (mean "
-          f"{_MAX_NEW_TOKENS.value / 4:g}, log-sd {_LENGTH_LOG_SD.value:g}); decode_chunk {_DECODE_CHUNK.value}")
+    print(f"\nreplies: budget (to a stop token or max_new_tokens {_MAX_NEW_TOKENS.value}), constant "
+          f"({_MAX_NEW_TOKENS.value / 4:g} tokens) or lognormal (mean {_MAX_NEW_TOKENS.value / 4:g}, log-sd "
+          f"{_LENGTH_LOG_SD.value:g}); decode_chunk {_DECODE_CHUNK.value}")
     header = (f"{'run':<52} {'tokens':>7} {'busy s':>7} {'tok/busy s':>10} {'tok/wall s':>10} {'busy':>6} "
-              f"{'wait ms mean':>12} {'p95':>6} {'max':>6} {'vs budget':>9}")
+              f"{'wait ms mean':>12} {'p95':>6} {'max':>6} {'vs constant':>11}")
     print(header)
     print("-" * len(header))
     for t in ours:
         waits = np.asarray(t.waits) * 1e3
-        base = rate.get(budget_key(t))
+        base = rate.get(constant_key(t))
         print(f"{t.name:<52} {t.tokens:>7} {t.generation_s:>7.2f} {rate[t.name]:>10.0f} {t.tokens / t.wall_s:>10.0f} "
               f"{1 - t.idle:>6.1%} {waits.mean():>12.1f} {np.percentile(waits, 95):>6.1f} {waits.max():>6.1f} "
-              f"{rate[t.name] / base if base else math.nan:>9.2f}")
+              f"{rate[t.name] / base if base else math.nan:>11.2f}")
     print("wait: from a reply's last token to its return (static: its call's longest row; engine: the rest of "
           "its decode chunk), at its call's rate.")
 

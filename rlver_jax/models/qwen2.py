@@ -63,19 +63,24 @@ def _from_cache(x: jax.Array, dtype) -> jax.Array:
 
 class RowSlots(NamedTuple):
     """Where T new tokens go when every row has its own fill level: fed row b is cache row
-    `rows[b]` (None: fed row b is cache row b, every row fed) and its tokens take the slots
-    [starts[b], starts[b] + T). A write past the cache's end, or to a row index past its rows
+    `rows[b]` (None: row b, every row of the cache fed, nothing gathered) and its tokens take the
+    slots [starts[b], starts[b] + T). A write past the cache's end, or to a row index past its rows
     (padding of a bucketed batch), is dropped."""
 
-    rows: jax.Array | None  # int32 [B]
     starts: jax.Array  # int32 [B]
+    rows: jax.Array | None = None  # int32 [B]
 
     def slots(self, t: int) -> jax.Array:
         """[B, T] the slot of each new token."""
         return self.starts[:, None] + jnp.arange(t, dtype=jnp.int32)
 
     def cache_rows(self, b: int) -> jax.Array:
-        return jnp.arange(b, dtype=jnp.int32) if self.rows is None else self.rows
+        """[B, 1] the cache row of each fed row."""
+        return (jnp.arange(b, dtype=jnp.int32) if self.rows is None else self.rows)[:, None]
+
+    def fed(self, x: jax.Array) -> jax.Array:
+        """The fed rows of a per-row array of the cache (leading axis: its rows)."""
+        return x if self.rows is None else x[self.rows]
 
 
 class _StackCache(NamedTuple):
@@ -193,15 +198,13 @@ class Attention(nn.Module):
         if cache is None:  # no cache: the keys are exactly the new tokens, slot = index
             out = attention.attend(q, kk, vv, kv_mask_BS, cfg.attention)
         elif isinstance(index, RowSlots):  # each row at its own slots (scatter; few queries: dense)
-            slots_BT, rows_B = index.slots(t), index.cache_rows(b)
+            slots_BT, rows_B1 = index.slots(t), index.cache_rows(b)
 
             def write(stack, new_BTKH):
-                return stack.at[cache.layer, rows_B[:, None], slots_BT].set(_to_cache(new_BTKH), mode="drop")
+                return stack.at[cache.layer, rows_B1, slots_BT].set(_to_cache(new_BTKH), mode="drop")
 
             cache = cache._replace(k=write(cache.k, kk), v=write(cache.v, vv))
-            keys, values = cache.k[cache.layer], cache.v[cache.layer]
-            if index.rows is not None:
-                keys, values = keys[index.rows], values[index.rows]
+            keys, values = index.fed(cache.k[cache.layer]), index.fed(cache.v[cache.layer])
             out = attention.dense_attention(q, _from_cache(keys, dt), _from_cache(values, dt),
                                             attention.slot_bias(slots_BT, kv_mask_BS), dt)
         else:
@@ -397,10 +400,9 @@ def hidden_states(
         h, _ = model.apply({"params": params}, input_ids, position_ids, attention_mask, None, 0)
         return h, None
     if row_slots is not None:
-        rows_B = row_slots.cache_rows(b)
-        kv_mask = cache.mask.at[rows_B[:, None], row_slots.slots(t)].set(attention_mask, mode="drop")
-        fed_mask = kv_mask if row_slots.rows is None else kv_mask[row_slots.rows]
-        h, (k, v) = model.apply({"params": params}, input_ids, position_ids, fed_mask, (cache.k, cache.v), row_slots)
+        kv_mask = cache.mask.at[row_slots.cache_rows(b), row_slots.slots(t)].set(attention_mask, mode="drop")
+        h, (k, v) = model.apply({"params": params}, input_ids, position_ids, row_slots.fed(kv_mask),
+                                (cache.k, cache.v), row_slots)
         return h, KVCache(k=k, v=v, mask=kv_mask, index=cache.index)
     kv_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
     h, (k, v) = model.apply({"params": params}, input_ids, position_ids, kv_mask, (cache.k, cache.v), cache.index)

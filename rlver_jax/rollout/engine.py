@@ -7,8 +7,10 @@ first slot that differs) or a free one; its new tokens are prefilled in chunks o
 `prefill_chunk` tokens, one chunk call between decode chunks, so a long prompt never stalls the
 rows that are decoding; decode runs `decode_chunk` steps at a time over the live rows, and a reply
 goes back to its dialogue at the end of the chunk it stopped in, while the others keep decoding.
-A decode chunk runs over the rows with a reply in progress only (padded to a power of two), so a
-row that waits for its simulator costs nothing.
+A call runs over the rows with something to do, padded to a power of four (every row, gathering
+nothing, once that is all of them), so a row that waits for its simulator costs nothing. Rows are
+powers of two, calls and prefill chunks powers of four (`call_size`, `chunk_width`), the rows'
+slots grow by the length buckets (buckets.LENGTH_BUCKETS): few programs.
 
 Versions: a turn samples with the parameters `publish` gave its version (rollout.versions:
 `Published.resolve`); the rows in flight share one version, so a turn of another version waits
@@ -241,11 +243,11 @@ class JaxEngine:
         turn.row, turn.pending = index, list(prompt[shared:])
         needed = len(prompt) + turn.limit
         if self._cache is None or needed > self._cache.mask.shape[1]:
-            self._grow(slots=bucket(needed, LENGTH_BUCKETS, MIN_PROMPT_BUCKET))
+            self._grow(slots=bucket(needed, LENGTH_BUCKETS))
 
     def _grow(self, rows: int = 0, slots: int = 0) -> None:
         rows, slots = max(rows, len(self._rows)), max(slots, 0 if self._cache is None else self._cache.mask.shape[1])
-        slots = slots or LENGTH_BUCKETS[0]
+        slots = slots or MIN_PROMPT_BUCKET
         self._rows += [_Row() for _ in range(rows - len(self._rows))]
         if self._cache is None:
             self._cache = qwen2.init_cache(self.model_cfg, rows, slots)
@@ -254,43 +256,57 @@ class JaxEngine:
 
     # ------------------------------------------------------------------ device calls (worker thread)
 
+    def _call_rows(self, turns: list[_Turn]) -> tuple[np.ndarray | None, list[int]]:
+        """The rows a call runs over, and each turn's place among them: the turns' rows padded to
+        `call_size` (padding: past the rows), or None (every row, in order)."""
+        r = len(self._rows)
+        b = call_size(len(turns), r)
+        if b >= r:
+            return None, [t.row for t in turns]
+        rows = np.full(b, r, np.int32)
+        rows[:len(turns)] = [t.row for t in turns]
+        return rows, list(range(len(turns)))
+
     def _prefill(self, params: Any, flight: list[_Turn]) -> None:
         fed = [t for t in flight if t.pending]
-        width = bucket(min(max(len(t.pending) for t in fed), self.engine.prefill_chunk), LENGTH_BUCKETS)
-        p = bucket(len(fed))
-        rows = np.full(p, len(self._rows), np.int32)  # padding: past the rows, dropped
-        starts, counts = np.zeros(p, np.int32), np.zeros(p, np.int32)
-        ids = np.full((p, width), self.settings.pad_id, np.int32)
-        keys = np.zeros((p, 2), np.uint32)
-        for i, t in enumerate(fed):
-            piece = t.pending[:width]
-            rows[i], starts[i], counts[i], keys[i] = t.row, len(self._rows[t.row].tokens), len(piece), t.key
-            ids[i, :len(piece)] = piece
-        self._cache, draw = programs.prefill(self.model_cfg, self.settings, params, self._cache, rows, starts, ids,
-                                             counts, keys)
+        rows, place = self._call_rows(fed)
+        b = len(self._rows) if rows is None else len(rows)
+        width = chunk_width(max(len(t.pending) for t in fed), self.engine.prefill_chunk)
+        # Rows with nothing to feed start at their fill: nothing cleared, nothing real written.
+        starts = np.array([len(row.tokens) for row in self._rows] if rows is None else [0] * b, np.int32)
+        counts, ids = np.zeros(b, np.int32), np.full((b, width), self.settings.pad_id, np.int32)
+        keys = np.zeros((b, 2), np.uint32)
+        for t, i in zip(fed, place):
+            piece = t.pending[:min(width, self.engine.prefill_chunk)]
+            starts[i], counts[i], keys[i], ids[i, :len(piece)] = len(self._rows[t.row].tokens), len(piece), t.key, piece
+        self._cache, draw = programs.prefill(self.model_cfg, self.settings, params, self._cache, rows=rows,
+                                             starts=starts, ids=ids, counts=counts, keys=keys)
         tokens, logprobs = jax.device_get((draw.tokens, draw.model_logprobs))
         self.stats.prefilled_tokens += int(counts.sum())
-        for i, t in enumerate(fed):
-            self._rows[t.row].tokens += t.pending[:counts[i]]
-            t.pending = t.pending[counts[i]:]
+        for t, i in zip(fed, place):
+            n = int(counts[i])
+            self._rows[t.row].tokens += t.pending[:n]
+            t.pending = t.pending[n:]
             if not t.pending:  # the prompt is in: column 0 is drawn
                 self._emit(t, [int(tokens[i])], [float(logprobs[i])], lag=0)
 
     def _decode(self, params: Any, flight: list[_Turn]) -> None:
         live = [t for t in flight if t.live]
-        b = bucket(len(live))
-        rows = np.full(b, len(self._rows), np.int32)  # padding: past the rows, never live
-        last, lengths, columns, limits = (np.zeros(b, np.int32) for _ in range(4))
+        rows, place = self._call_rows(live)
+        b = len(self._rows) if rows is None else len(rows)
+        # A row with no reply in progress (limit 0) writes, masked out, at its first free slot.
+        lengths = np.array([len(row.tokens) for row in self._rows] if rows is None else [0] * b, np.int32)
+        last, columns, limits = (np.zeros(b, np.int32) for _ in range(3))
         keys = np.zeros((b, 2), np.uint32)
-        for i, t in enumerate(live):
-            rows[i], last[i], lengths[i] = t.row, t.tokens[-1], len(self._rows[t.row].tokens)
-            columns[i], limits[i], keys[i] = len(t.tokens), t.limit, t.key
+        for t, i in zip(live, place):
+            lengths[i], last[i], columns[i] = len(self._rows[t.row].tokens), t.tokens[-1], len(t.tokens)
+            limits[i], keys[i] = t.limit, t.key
         self._cache, chunk, ran = programs.decode(self.model_cfg, self.settings, params, self._cache, rows=rows,
                                                   last=last, lengths=lengths, columns=columns, limits=limits,
                                                   keys=keys, steps=self.engine.decode_chunk)
         tokens, logprobs, emitted, ran = jax.device_get((chunk.tokens, chunk.model_logprobs, chunk.emitted, ran))
         self.stats.decode_steps += int(ran)
-        for i, t in enumerate(live):
+        for t, i in zip(live, place):
             n = int(emitted[i])
             new = tokens[i, :n].tolist()
             # Fed this chunk: the last token before it and every new one but the last.
@@ -311,6 +327,23 @@ class JaxEngine:
         self.stats.reply_lag_steps.append(lag)
         result = policy_turn(self.chat, turn.tokens, turn.logprobs, reencoded=False, version=turn.version)
         turn.future.get_loop().call_soon_threadsafe(_settle, turn.future, result)
+
+
+def call_size(turns: int, rows: int) -> int:
+    """The rows of a call for `turns` turns among `rows`: the next power of four, at most every row."""
+    size = 1
+    while size < turns:
+        size *= 4
+    return min(size, rows)
+
+
+def chunk_width(tokens: int, prefill_chunk: int) -> int:
+    """The width of a prefill call whose longest feed is `tokens` (at most `prefill_chunk` of them
+    per call): a power of four from MIN_PROMPT_BUCKET."""
+    width = MIN_PROMPT_BUCKET
+    while width < min(tokens, prefill_chunk):
+        width *= 4
+    return width
 
 
 def _settle(future: asyncio.Future, result: PolicyTurn) -> None:
