@@ -131,3 +131,16 @@ def test_rows_kept_rewound_and_rewritten_between_turns(versions, chat_tokens):
     _check([third], _reference(cfg, params1, chat_tokens, [newer], jax.random.key(7)))
     assert engine.stats.prefilled_tokens == 30 + 9 + (1 + 7) + 5 + (30 + 11)  # another version: afresh
     assert third.version == 1 and second[0].version == 0
+
+
+def test_rows_grow_by_buckets_up_to_what_a_dialogue_can_need():
+    """A row's slots: the length bucket of what a turn needs, at most the longest prompt plus a
+    reply rounded up to 128 (config.rollout: 1024 - 2 + 48 = 1070 -> 1152, under the 1536 bucket);
+    a turn beyond that bound still gets its bucket."""
+    import ml_collections
+
+    section = ml_collections.ConfigDict(dict(engine="jax", engine_rows=0, decode_chunk=8, prefill_chunk=256,
+                                             max_total_tokens=1024, max_new_tokens=48))
+    settings = EngineSettings.from_config(section, "config.rollout.")
+    assert settings.row_slots == 1152
+    assert [settings.slots_for(n) for n in (100, 700, 1070, 1200)] == [128, 768, 1152, 1536]

@@ -10,7 +10,8 @@ goes back to its dialogue at the end of the chunk it stopped in, while the other
 A call runs over the rows with something to do, padded to a power of four (every row, gathering
 nothing, once that is all of them), so a row that waits for its simulator costs nothing. Rows are
 powers of two, calls and prefill chunks powers of four (`call_size`, `chunk_width`), the rows'
-slots grow by the length buckets (buckets.LENGTH_BUCKETS): few programs.
+slots grow by the length buckets up to what a dialogue can need (EngineSettings.slots_for): few
+programs.
 
 Versions: a turn samples with the parameters `publish` gave its version (rollout.versions:
 `Published.resolve`); the rows in flight share one version, so a turn of another version waits
@@ -44,7 +45,7 @@ from rlver_jax.rollout.policy import PolicyTurn, TurnRequest
 from rlver_jax.rollout.samplers import EngineSettings
 from rlver_jax.rollout.versions import Published
 from rlver_jax.sampling import engine as programs
-from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
+from rlver_jax.sampling.buckets import MIN_PROMPT_BUCKET, bucket
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.text.chat import ChatTokens
 
@@ -243,7 +244,7 @@ class JaxEngine:
         turn.row, turn.pending = index, list(prompt[shared:])
         needed = len(prompt) + turn.limit
         if self._cache is None or needed > self._cache.mask.shape[1]:
-            self._grow(slots=bucket(needed, LENGTH_BUCKETS))
+            self._grow(slots=self.engine.slots_for(needed))
 
     def _grow(self, rows: int = 0, slots: int = 0) -> None:
         rows, slots = max(rows, len(self._rows)), max(slots, 0 if self._cache is None else self._cache.mask.shape[1])

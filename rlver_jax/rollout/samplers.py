@@ -16,8 +16,10 @@ import importlib
 from typing import Any, Protocol
 
 from rlver_jax.checks import check_ranges, named
+from rlver_jax.rollout.cache_bound import longest_prompt
 from rlver_jax.rollout.policy import Policy
 from rlver_jax.rollout.versions import Published
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
 
 
 class Sampler(Policy, Protocol):
@@ -61,20 +63,30 @@ class EngineSettings:
     engine_rows: int = 0
     decode_chunk: int = 8  # decode steps between two chances for turns to enter and replies to leave
     prefill_chunk: int = 256  # most new tokens a row writes in one prefill call (a long prompt stalls no one)
+    # The most slots a row can need (the longest prompt and a whole reply, rollout.cache_bound), a
+    # multiple of 128: the rows' slots grow by the length buckets up to it (0: no bound).
+    row_slots: int = 0
 
     where: str = dataclasses.field(default="config.rollout.", compare=False)  # the config section, for errors
 
     def __post_init__(self):
         if self.engine not in SAMPLERS:
             raise ValueError(f"{self.where}engine={self.engine!r}; use one of {tuple(SAMPLERS)}")
-        check_ranges(named(self, self.where, ("engine_rows", "decode_chunk", "prefill_chunk")),
-                     lowest={"engine_rows": 0, "decode_chunk": 1, "prefill_chunk": 1})
+        check_ranges(named(self, self.where, ("engine_rows", "decode_chunk", "prefill_chunk", "row_slots")),
+                     lowest={"engine_rows": 0, "decode_chunk": 1, "prefill_chunk": 1, "row_slots": 0})
 
     @classmethod
     def from_config(cls, section: Any, where: str) -> EngineSettings:
         """The engine fields of a config section (config.rollout, config.policy)."""
+        most = longest_prompt(section.max_total_tokens) + section.max_new_tokens
         return cls(engine=section.engine, engine_rows=section.engine_rows, decode_chunk=section.decode_chunk,
-                   prefill_chunk=section.prefill_chunk, where=where)
+                   prefill_chunk=section.prefill_chunk, row_slots=bucket(most, multiple=128), where=where)
+
+    def slots_for(self, needed: int) -> int:
+        """The slots rows grow to for a turn that needs `needed`: its length bucket, at most row_slots
+        (where the turn fits them)."""
+        slots = bucket(needed, LENGTH_BUCKETS)
+        return min(slots, self.row_slots) if needed <= self.row_slots else slots
 
     def build(self, model_cfg: Any, chat_tokens: Any, sampling: Any, rng: Any) -> Sampler:
         """The sampler of this engine (no weights yet: `publish` them)."""
