@@ -3,6 +3,7 @@ simulator raise the Sentient score on held-out English profiles? Never in CI.
 
   .venv/bin/python benchmarks/learning_smol.py --out=/tmp/learning_smol                # docs/smol.md's commands
   .venv/bin/python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo,drgrpo
+  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/smol_seeds --seeds=0,1,2                  # docs/smol.md's table
   .venv/bin/python benchmarks/learning_smol.py --out=/tmp/split --protocol=split --algos=grpo,ppo --steps=10
 
 Everything goes through the project's own commands, so the numbers are what a user would get.
@@ -10,9 +11,10 @@ Everything goes through the project's own commands, so the numbers are what a us
   1. `launch/eval.py --config=configs/eval.py:smol` of the untrained model (the 16 English profiles
      the smol training presets hold out, SAGE's rules: initial emotion 40, 10 rounds, the last
      reply unjudged): OUT/eval_base;
-  2. per algorithm `launch/train.py --config=configs/grpo_nothink.py:smol` (PPO: ppo_nothink; any
+  2. per algorithm and --seeds entry `launch/train.py --config=configs/grpo_nothink.py:smol` (PPO: ppo_nothink; any
      other recipe: grpo_nothink with --config.rl.algo=ALGO) with the preset's defaults (--steps
-     and --train_flags change them): OUT/ALGO; then the same evaluation of its checkpoint: OUT/eval_ALGO;
+     and --train_flags change them; a seed but 0 is --config.seed=SEED): OUT/RUN, RUN = ALGO (seed 0)
+     or ALGO_seedSEED; then the same evaluation of its checkpoint: OUT/eval_RUN;
 --protocol=split keeps a split of its own (--train_profiles, --eval_profiles, each eval profile
 played --eval_repeats times under ids PROFILE~r, one mean each; no in-loop evaluation, one
 checkpoint at the end). Then, either way:
@@ -23,7 +25,8 @@ checkpoint at the end). Then, either way:
      to the base with its interval (rlver_jax.eval.compare.paired_difference on the per-profile
      means), the shares of degenerate replies (repetition within a reply, a reply repeating the
      previous one), the reward curve of each run's metrics.jsonl with the means of its first and
-     last 5 steps, minutes per command, and the first judged reply per eval profile.
+     last 5 steps, minutes per command, the spread over seeds, the robustness probes' scores (the
+     base evaluation's scripted policies, eval/probes.py) and the first judged reply per eval profile.
 """
 
 import collections
@@ -52,6 +55,7 @@ _ALGOS = flags.DEFINE_list("algos", ["grpo"], "Recipes (config.rl.algo) to train
 _PROTOCOL = flags.DEFINE_enum("protocol", "preset", ["preset", "split"],
                               "preset: docs/smol.md's commands as written; split: the profiles of --train_profiles "
                               "and --eval_profiles, each eval profile --eval_repeats times.")
+_SEEDS = flags.DEFINE_list("seeds", ["0"], "config.seed of each training run per recipe (one run per seed).")
 _STEPS = flags.DEFINE_integer("steps", 0, "Training steps per run; 0 = the preset's own.")
 _TRAIN = flags.DEFINE_list("train_profiles", [f"rlverjax-en-0{i}" for i in range(1, 5)],
                            "Profile ids (of the English profiles) trained on.")
@@ -104,19 +108,28 @@ def evaluate(name: str, eval_file: pathlib.Path | None, out: pathlib.Path, minut
                *_EVAL_FLAGS.value], out, minutes)
 
 
-def train(algo: str, train_file: pathlib.Path | None, out: pathlib.Path, minutes: dict[str, float]) -> None:
+def run_name(algo: str, seed: int) -> str:
+    """A run's directory name: the recipe, with its seed unless 0 (the preset's, and older runs' names)."""
+    return algo if seed == 0 else f"{algo}_seed{seed}"
+
+
+def train(algo: str, seed: int, train_file: pathlib.Path | None, out: pathlib.Path, minutes: dict[str, float]
+          ) -> None:
     """The recipe's smol run: the preset's defaults (with --steps and --train_flags); with a split of
     our own, on TRAIN_FILE only, without in-loop evaluation (launch/eval.py's is the held-out one)
     and with one checkpoint at the end."""
     preset = "ppo_nothink" if algo == "ppo" else "grpo_nothink"
-    args = ["launch/train.py", f"--config=configs/{preset}.py:smol", f"--config.workdir={out / algo}",
+    name = run_name(algo, seed)
+    args = ["launch/train.py", f"--config=configs/{preset}.py:smol", f"--config.workdir={out / name}",
             f"--config.rl.algo={algo}"]
+    if seed:
+        args.append(f"--config.seed={seed}")
     if _STEPS.value:
         args.append(f"--config.train.steps={_STEPS.value}")
     if train_file is not None:
         args += [f"--config.data.train_profiles={train_file}", "--config.data.eval_holdout=0",
                  "--config.train.eval_every=0", f"--config.checkpoint.save_every={_STEPS.value}"]
-    run(algo, args + _TRAIN_FLAGS.value, out, minutes)
+    run(name, args + _TRAIN_FLAGS.value, out, minutes)
 
 
 def profile_means(eval_dir: pathlib.Path) -> dict[str, float]:
@@ -231,9 +244,41 @@ def variety_table(out: pathlib.Path, names: Sequence[str]) -> list[str]:
     return lines
 
 
+def seed_spread(out: pathlib.Path, runs: Sequence[str]) -> list[str]:
+    """Per recipe with several seeds: the mean and standard deviation over seeds of the held-out score
+    and of the paired difference to the base (each seed's interval is in the table above)."""
+    by_algo: dict[str, list[str]] = {}
+    for name in runs:
+        by_algo.setdefault(name.split("_seed")[0], []).append(name)
+    base = profile_means(out / "eval_base")
+    lines = []
+    for algo, names in by_algo.items():
+        if len(names) < 2:
+            continue
+        scores, diffs = [], []
+        for name in names:
+            means = profile_means(out / f"eval_{name}")
+            common = sorted(set(means) & set(base))
+            scores.append(np.mean([means[p] for p in common]))
+            diffs.append(np.mean([means[p] - base[p] for p in common]))
+        lines.append(f"- {algo} over {len(names)} seeds: score {np.mean(scores):.1f} (sd {np.std(scores, ddof=1):.1f}, "
+                     f"{min(scores):.1f} to {max(scores):.1f}); vs base {np.mean(diffs):+.1f} "
+                     f"(sd {np.std(diffs, ddof=1):.1f}, {min(diffs):+.1f} to {max(diffs):+.1f})")
+    return lines
+
+
+def probe_table(eval_dir: pathlib.Path) -> list[str]:
+    """The robustness probes' scores from an evaluation's sentient.json (scripts that never read the
+    user, played on the same profiles under the same rules)."""
+    probes = json.loads((eval_dir / "sentient.json").read_text()).get("probes") or {}
+    return ["| script (ignores the user) | score | rewarded |", "|---|---:|---|"] + [
+        f"| {name} | {p['score']:.1f} | {'yes' if p['rewarded'] else 'no'} |" for name, p in probes.items()]
+
+
 def summary(out: pathlib.Path, runs: Sequence[str], minutes: dict[str, float]) -> str:
     names = ["base", *runs]
-    lines = ["# SmolLM2 learning run\n", *score_table(out, names, minutes),
+    lines = ["# SmolLM2 learning run\n", *score_table(out, names, minutes), "", *seed_spread(out, runs),
+             "\n## The robustness probes on the same profiles (eval_base)\n", *probe_table(out / "eval_base"),
              "\n## How alike the replies are (held-out evaluations, judged replies)\n", *variety_table(out, names)]
     for name in runs:
         lines += [f"\n## {name}: reward per step (metrics.jsonl)\n", *reward_table(out / name)]
@@ -276,17 +321,24 @@ def main(argv):
     out.mkdir(parents=True, exist_ok=True)
     minutes: dict[str, float] = {}
     evaluate("eval_base", eval_file, out, minutes)
+    try:
+        seeds = [int(s) for s in _SEEDS.value]
+    except ValueError:
+        raise app.UsageError(f"--seeds: {_SEEDS.value} are not integers, e.g. --seeds=0,1,2") from None
+    runs = [run_name(algo, seed) for algo in _ALGOS.value for seed in seeds]
     for algo in _ALGOS.value:
-        train(algo, train_file, out, minutes)
-        evaluate(f"eval_{algo}", eval_file, out, minutes, checkpoint=out / algo)
-        run(f"view_{algo}", ["launch/view.py", str(out / algo)], out, minutes)
-    evals = ",".join(str(out / f"eval_{name}") for name in ["base", *_ALGOS.value])
+        for seed in seeds:
+            name = run_name(algo, seed)
+            train(algo, seed, train_file, out, minutes)
+            evaluate(f"eval_{name}", eval_file, out, minutes, checkpoint=out / name)
+            run(f"view_{name}", ["launch/view.py", str(out / name)], out, minutes)
+    evals = ",".join(str(out / f"eval_{name}") for name in ["base", *runs])
     run("compare", ["launch/eval.py", f"--compare={evals}", f"--out={out / 'compare'}"], out, minutes)
     picture = screenshot(out / "compare" / "compare.html", out / "compare" / "compare_page.png")
-    text = summary(out, _ALGOS.value, minutes) + f"\ncompare page: {picture}\n"
+    text = summary(out, runs, minutes) + f"\ncompare page: {picture}\n"
     (out / "summary.md").write_text(text, encoding="utf-8")
     print(text + f"\npages: {out / 'compare' / 'compare.html'}, "
-          + ", ".join(str(out / a / "view" / "index.html") for a in _ALGOS.value))
+          + ", ".join(str(out / name / "view" / "index.html") for name in runs))
 
 
 if __name__ == "__main__":
