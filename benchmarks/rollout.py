@@ -1,10 +1,13 @@
-r"""Rollout benchmark (issues 6 and 41): batched, pipelined dialogues vs a sequential per-dialogue loop;
-lockstep rounds vs per-dialogue progress under heavy-tailed simulator latency.
+r"""Rollout benchmark (issues 6, 41 and 53): batched, pipelined dialogues vs a sequential per-dialogue loop;
+lockstep rounds vs per-dialogue progress under heavy-tailed simulator latency; the rollout engine
+(continuous batching) vs static calls with replies of varied length.
 
-  .venv/bin/python benchmarks/rollout.py
-  .venv/bin/python benchmarks/rollout.py --sequential_dialogues=0   # time the whole baseline
-  .venv/bin/python benchmarks/rollout.py --latency_s=2.5 --latency_log_sd=0,0.75,1.0 \
+  .venv/bin/python benchmarks/rollout.py --engines=static
+  .venv/bin/python benchmarks/rollout.py --engines=static --sequential_dialogues=0   # time the whole baseline
+  .venv/bin/python benchmarks/rollout.py --engines=static --latency_s=2.5 --latency_log_sd=0,0.75,1.0 \
       --batch_wait_s=inf,0.05,0.25 --pipeline_groups=1 --max_new_tokens=48 --sequential_dialogues=-1   # issue 41
+  .venv/bin/python benchmarks/rollout.py --engines=jax,static --reply_lengths=budget,lognormal \
+      --pipeline_groups=1 --batch_wait_s=0.25 --sequential_dialogues=-1   # issue 53
 
 32 dialogues x 8 policy turns of the tiny random Qwen2 (JaxPolicy, think=False) against the scripted
 OpenAI-compatible test server (rlver_jax/testing/scripted_server.py) through the real openai
@@ -12,8 +15,11 @@ simulator backend; the server sleeps `latency_s` per request. The simulator answ
 a neutral line without farewells, and format failures (an empty random reply) continue, so every
 dialogue runs all turns: the emotion step every turn, the reply step on all but the last.
 
-  ours: EpisodeRunner.run, once per --latency_log_sd, --pipeline_groups and --batch_wait_s value
-    (rollout.batch_wait_s: inf is lockstep rounds, a finite wait per-dialogue progress).
+  ours: EpisodeRunner.run on each sampler of --engines (rollout.samplers): "static" once per
+    --latency_log_sd, --pipeline_groups and --batch_wait_s value (rollout.batch_wait_s: inf is
+    lockstep rounds, a finite wait per-dialogue progress); "jax", the rollout engine, once per
+    --latency_log_sd (it takes each dialogue's turn as it comes: no groups, no wait); each once per
+    --reply_lengths value.
   sequential: the reference RLVER loop, for each turn, for each dialogue, a batch-of-one policy
     generation and then that dialogue's blocking simulator calls. It takes dialogues x turns x 2 x
     latency (~150 s) plus generation, so by default it runs on --sequential_dialogues dialogues
@@ -24,6 +30,16 @@ constant), drawn from a hash of the request's messages, so every schedule meets 
 The critical-path bound of a run is what no schedule on one device can beat by much: the slowest
 dialogue's own simulator steps (timed per dialogue) plus its turns' generation, each turn at the
 run's median device-call time.
+
+Reply lengths: "budget", each reply runs to a stop token or max_new_tokens; "constant", each reply
+is ended at max_new_tokens / 4 tokens; "lognormal", at a length drawn from a lognormal of that mean
+and log-sd --reply_length_log_sd (at most max_new_tokens), a function of (dialogue, turn), so both
+samplers write the same replies (their request's token budget; a static call stops once each row
+has reached its own). Useful tokens: the replies' tokens; per busy second (the device's rate while
+it works) and per wall second; `vs constant`, the busy rate over the same sampler's with constant
+lengths (the same tokens in all). A reply's wait: from its last token to its return, in decode steps
+converted to seconds at its call's rate (static: the call's longest row minus its own length; the
+engine: the rest of its decode chunk).
 
 Generation time is the union of the intervals spent in the policy's device calls (concurrent
 pipeline groups queue on the policy's device lock, inside the running call's interval). Every
@@ -53,15 +69,19 @@ from absl import app, flags  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
 from rlver_jax.text import chat  # noqa: E402
-from rlver_jax.sampling import generation
+from rlver_jax.sampling import generation  # noqa: E402
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
+from rlver_jax.rollout.engine import JaxEngine, call_size, chunk_width  # noqa: E402
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings  # noqa: E402
 from rlver_jax.rollout.jax_policy import JaxPolicy  # noqa: E402
 from rlver_jax.rollout.policy import PolicyTurn, TurnRequest  # noqa: E402
+from rlver_jax.rollout.samplers import EngineSettings  # noqa: E402
+from rlver_jax.sampling import engine as engine_programs  # noqa: E402
 from rlver_jax.rollout.prompts import system_prompt  # noqa: E402
 from rlver_jax.rollout.sequence import DialogueSequence  # noqa: E402
+from rlver_jax.rollout.versions import VersionSchedule  # noqa: E402
 from rlver_jax.sampling.settings import SamplingSettings  # noqa: E402
 from rlver_jax.simulator import SimulatorSettings, build_simulator  # noqa: E402
 from rlver_jax.simulator.profiles import load_profiles  # noqa: E402
@@ -80,7 +100,12 @@ _LOG_SD = flags.DEFINE_list("latency_log_sd", ["0"], "Log-sd of the lognormal re
 _WAITS = flags.DEFINE_list("batch_wait_s", ["inf", "0.25"], "rollout.batch_wait_s values (inf: lockstep rounds).")
 _SEED = flags.DEFINE_integer("seed", 0, "Parameter and sampling seed.")
 _CACHE_SLOTS = flags.DEFINE_integer(
-    "cache_slots", 16384, "Ours: KV-cache slots kept per dialogue between turns (0: re-encode every turn).")
+    "cache_slots", 16384, "Static: KV-cache slots kept per dialogue between turns (0: re-encode every turn).")
+_ENGINES = flags.DEFINE_list("engines", ["static"], "Samplers (config.rollout.engine): static, jax.")
+_LENGTHS = flags.DEFINE_list("reply_lengths", ["budget"], "budget: replies to a stop or max_new_tokens; constant: "
+                             "each ended at max_new_tokens / 4; lognormal: at a lognormal length of that mean.")
+_LENGTH_LOG_SD = flags.DEFINE_float("reply_length_log_sd", 1.0, "Log-sd of the lognormal reply lengths.")
+_DECODE_CHUNK = flags.DEFINE_integer("decode_chunk", 8, "jax: config.rollout.decode_chunk.")
 
 # Scripted simulator answers: no emotion change and no farewell, so no dialogue ends early.
 _EMOTION_ANSWER = "Analysis: the reply is neither helpful nor hurtful.\nChange: 0"
@@ -88,28 +113,108 @@ _REPLY_ANSWER = "Plan: keep talking.\nResponse: I see. Tell me more about it."
 _USER_LINE = "I see. Tell me more about it."
 
 
+def _union(intervals: Sequence[tuple[float, float]]) -> float:
+    """Length of the union of the intervals (calls waiting on a lock overlap the running one)."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+class Recorded:
+    """What a sampler did: its device calls' (start, end), each reply's wait after its last token
+    (seconds) and its tokens, each turn's (start, end) from its request to its reply."""
+
+    def __init__(self):
+        self.intervals: list[tuple[float, float]] = []
+        self.waits: list[float] = []
+        self.turns: list[tuple[float, float]] = []
+        self.tokens = 0
+
+    def clear(self) -> None:
+        self.__init__()
+
+    def busy_seconds(self) -> float:
+        return _union(self.intervals)
+
+
+def _record_turns(policy) -> None:
+    """Time each act() of `policy` (per request) and count its replies' tokens."""
+    act = policy.act
+
+    async def timed_act(requests: list[TurnRequest]) -> list[PolicyTurn]:
+        start = time.perf_counter()
+        turns = await act(requests)
+        end = time.perf_counter()
+        policy.recorded.turns += [(start, end)] * len(turns)
+        policy.recorded.tokens += sum(len(t.token_ids) for t in turns)
+        return turns
+
+    policy.act = timed_act
+
+
 class TimedPolicy(JaxPolicy):
-    """JaxPolicy that records the (start, end) of every device call."""
+    """The static sampler, recording its device calls and each reply's wait for its call's longest row."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.intervals: list[tuple[float, float]] = []
+        self.recorded = Recorded()
+        _record_turns(self)
 
     def _generate(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
         start = time.perf_counter()
         try:
-            return super()._generate(requests)
+            turns = super()._generate(requests)
         finally:
-            self.intervals.append((start, time.perf_counter()))
+            end = time.perf_counter()
+            self.recorded.intervals.append((start, end))
+        steps = max(len(t.token_ids) for t in turns)
+        self.recorded.waits += [(steps - len(t.token_ids)) / steps * (end - start) for t in turns]
+        return turns
 
-    def busy_seconds(self) -> float:
-        """Length of the union of the recorded intervals (calls waiting on the lock overlap)."""
-        total, reach = 0.0, -math.inf
-        for start, end in sorted(self.intervals):
-            if end > reach:
-                total += end - max(start, reach)
-                reach = end
-        return total
+
+class TimedEngine(JaxEngine):
+    """The rollout engine, recording its device calls and each reply's wait for the end of its chunk."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recorded = Recorded()
+        _record_turns(self)
+
+    def _prefill(self, params, flight) -> None:
+        start, lags = time.perf_counter(), len(self.stats.reply_lag_steps)
+        super()._prefill(params, flight)
+        self.recorded.intervals.append((start, time.perf_counter()))
+        self.recorded.waits += [0.0] * (len(self.stats.reply_lag_steps) - lags)  # its only token ends the call
+
+    def _decode(self, params, flight) -> None:
+        start, lags, steps = time.perf_counter(), len(self.stats.reply_lag_steps), self.stats.decode_steps
+        super()._decode(params, flight)
+        end = time.perf_counter()
+        self.recorded.intervals.append((start, end))
+        ran = self.stats.decode_steps - steps
+        self.recorded.waits += [lag / ran * (end - start) for lag in self.stats.reply_lag_steps[lags:]]
+
+
+class VariedLengths(EpisodeRunner):
+    """Ends each reply at max_new_tokens / 4 tokens ("constant") or at a length drawn from a
+    lognormal of that mean ("lognormal"), its token budget, a function of (dialogue, turn): every
+    sampler writes the same replies. "budget": replies run to a stop token or max_new_tokens."""
+
+    lengths = "budget"
+
+    def _turn_request(self, episode, versions):
+        request = super()._turn_request(episode, versions)
+        if self.lengths == "budget":
+            return request
+        mean = self.settings.max_new_tokens / 4
+        drawn = mean
+        if self.lengths == "lognormal":
+            rng = np.random.default_rng([request.dialogue, request.turn, 53])
+            drawn = rng.lognormal(math.log(mean) - _LENGTH_LOG_SD.value ** 2 / 2, _LENGTH_LOG_SD.value)
+        return dataclasses.replace(request, max_new_tokens=max(1, min(int(round(drawn)), request.max_new_tokens)))
 
 
 class Latency:
@@ -164,11 +269,14 @@ class Timing:
     calls: int = 0  # policy device calls
     call_s: float = 0.0  # their median seconds
     slowest_user_s: float = 0.0  # the most simulator seconds of one dialogue
+    turn_s: float = 0.0  # a turn's generation on the critical path: static, the median call; jax, the median turn
+    tokens: int = 0  # the replies' tokens
+    waits: list[float] = dataclasses.field(default_factory=list)  # each reply's wait after its last token
 
     @property
     def critical_path(self) -> float:
-        """The slowest dialogue's own simulator steps plus its turns at the median call time."""
-        return self.slowest_user_s + _TURNS.value * self.call_s
+        """The slowest dialogue's own simulator steps plus its turns' generation."""
+        return self.slowest_user_s + _TURNS.value * self.turn_s
 
     @property
     def idle(self) -> float:
@@ -187,34 +295,42 @@ async def sequential(runner: EpisodeRunner, requests: Sequence[EpisodeRequest]) 
 
     It uses the runner's own per-dialogue bookkeeping, so only the scheduling differs from ours.
     """
+    versions = VersionSchedule.fixed(0)
     states = [await runner.simulator.start(r.profile) for r in requests]
     episodes = [runner._open(r, s) for r, s in zip(requests, states)]
     while live := [e for e in episodes if not e.done]:
         for e in live:
-            (turn,) = await runner.policy.act([runner._turn_request(e)])
-            reply = runner._record_policy_turn(e, turn)
+            request = runner._turn_request(e, versions)
+            (turn,) = await runner.policy.act([request])
+            reply = runner._record_policy_turn(e, request, turn)
             if reply is not None:
                 runner._record_user_turn(e, await runner.simulator.respond(e.state, reply))
-    return [runner._finish(e, 0) for e in episodes]
+    return [runner._finish(e, versions) for e in episodes]
 
 
-async def timed(name: str, rollout: Callable[[], Awaitable[list[DialogueSequence]]], policy: TimedPolicy,
+def _compiles() -> int:
+    return generation.trace_count() + engine_programs.trace_count()
+
+
+async def timed(name: str, rollout: Callable[[], Awaitable[list[DialogueSequence]]], policy,
                 server: ScriptedServer, turns: int, simulator: TimedSimulator) -> Timing:
     """Runs one rollout, checks that every dialogue ran all turns, and times it."""
-    policy.intervals.clear()
+    rec = policy.recorded
+    rec.clear()
     simulator.clear()
     server.peak_in_flight = 0
-    requests, traces = len(server.requests), generation.trace_count()
+    requests, traces = len(server.requests), _compiles()
     start = time.perf_counter()
     seqs = await rollout()
     wall = time.perf_counter() - start
     short = [s.profile_id for s in seqs if s.end_reason != "turn_limit" or len(s.turn_ends) != turns]
     if short or server.errors:
         raise RuntimeError(f"{name}: dialogues ended early {short} or server errors {server.errors}")
-    return Timing(name, len(seqs), wall, policy.busy_seconds(), generation.trace_count() - traces,
-                  len(server.requests) - requests, server.peak_in_flight, len(policy.intervals),
-                  float(np.median([end - start for start, end in policy.intervals])),
-                  max(sum(steps) for steps in simulator.steps))
+    call_s = float(np.median([end - start for start, end in rec.intervals]))
+    turn_s = float(np.median([end - start for start, end in rec.turns])) if policy.continuous else call_s
+    return Timing(name, len(seqs), wall, rec.busy_seconds(), _compiles() - traces,
+                  len(server.requests) - requests, server.peak_in_flight, len(rec.intervals), call_s,
+                  max(sum(steps) for steps in simulator.steps), turn_s, rec.tokens, list(rec.waits))
 
 
 def length_buckets(chat_tokens: chat.ChatTokens, requests: Sequence[EpisodeRequest], turns: int,
@@ -240,10 +356,45 @@ async def precompile(policy: JaxPolicy, batch_sizes: set[int], lengths: Sequence
             await policy.act([TurnRequest([pad_id] * length, [], policy.settings.max_new_tokens)] * b)
 
 
-async def benchmark(runner: EpisodeRunner, seq_runner: EpisodeRunner, requests: list[EpisodeRequest],
+def precompile_engine(engine: JaxEngine, rows: int, slots: Sequence[int]) -> None:
+    """Traces the rollout engine's programs at every call size, prefill width and row length
+    (`slots`) the timed runs can reach (rollout.engine grows rows and slots as it goes)."""
+    cfg, settings, params = engine.model_cfg, engine.settings, engine.published.resolve(0)[1]
+    sizes = sorted({call_size(n, rows) for n in range(1, rows + 1)})
+    widths = sorted({chunk_width(n, engine.engine.prefill_chunk) for n in range(1, engine.engine.prefill_chunk + 1)})
+    for s in slots:
+        cache = qwen2.init_cache(cfg, rows, s)
+        for b in sizes:
+            whole = b >= rows
+            ids = None if whole else np.full(b, rows, np.int32)
+            ints = np.zeros(b, np.int32)
+            keys = np.zeros((b, 2), np.uint32)
+            cache, _, _ = engine_programs.decode(cfg, settings, params, cache, rows=ids, last=ints, lengths=ints,
+                                                 columns=ints, limits=ints, keys=keys, steps=engine.engine.decode_chunk)
+            for w in widths:
+                cache, _ = engine_programs.prefill(cfg, settings, params, cache, rows=ids, starts=ints,
+                                                   ids=np.zeros((b, w), np.int32), counts=ints, keys=keys)
+        jax.block_until_ready(cache)
+
+
+def _settings(engines: list[str], groups: list[int], waits: list[float]) -> list[tuple[str, int, float]]:
+    """(engine, pipeline groups, batch wait) of each run: the engine takes each turn as it comes."""
+    return [(e, g, w) for e in engines for g, w in ([(1, 0.0)] if e == "jax" else
+                                                     [(g, w) for g in groups for w in waits])]
+
+
+def _run_name(engine: str, groups: int, wait: float) -> str:
+    if engine == "jax":
+        return "engine"
+    progress = "lockstep" if math.isinf(wait) else f"wait {wait:g} s"
+    return f"static, groups={groups}, {progress}"
+
+
+async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner, requests: list[EpisodeRequest],
                     groups: list[int], waits: list[float], server: ScriptedServer, latency: Latency
                     ) -> tuple[list[Timing], Timing | None]:
-    policy, chat_tokens, turns = runner.policy, runner.policy.chat, _TURNS.value
+    any_runner = next(iter(runners.values()))
+    chat_tokens, turns = any_runner.policy.chat, _TURNS.value
     # Spread over the whole list, so that the subset mixes profiles (languages, prompt lengths).
     n_seq = max(0, min(_SEQUENTIAL.value or len(requests), len(requests)))
     seq_requests = [requests[i] for i in np.linspace(0, len(requests) - 1, n_seq).round().astype(int)]
@@ -251,26 +402,36 @@ async def benchmark(runner: EpisodeRunner, seq_runner: EpisodeRunner, requests: 
     start = time.perf_counter()
     if _SEQUENTIAL.value >= 0:
         await precompile(seq_runner.policy, {1}, lengths, chat_tokens.im_start)
-    # Zero-latency rollouts, one per pipeline setting, compile ours' programs and warm the HTTP
-    # client, the simulator path and the host code.
+    if "jax" in runners:  # every row length from the first prompt to the last with a whole reply
+        top = bucket(lengths[-1] + _MAX_NEW_TOKENS.value, LENGTH_BUCKETS)
+        precompile_engine(runners["jax"].policy, bucket(len(requests)),
+                          [b for b in LENGTH_BUCKETS if lengths[0] <= b <= top])
+    # Zero-latency rollouts, one per sampler setting and reply lengths, compile ours' programs and
+    # warm the HTTP client, the simulator path and the host code.
     latency.mean_s = 0.0
-    for g in groups:
-        runner.settings = dataclasses.replace(runner.settings, pipeline_groups=g)
-        await runner.run(requests)
+    settings = _settings(list(runners), groups, waits)
+    for reply_lengths in _LENGTHS.value:
+        for engine, g, _ in settings:
+            runner = runners[engine]
+            runner.lengths = reply_lengths
+            runner.settings = dataclasses.replace(runner.settings, pipeline_groups=g)
+            await runner.run(requests)
     print(f"warm-up (sequential: prompt lengths {lengths}; ours: a zero-latency rollout per setting): "
           f"{time.perf_counter() - start:.1f} s", flush=True)
 
     latency.mean_s = _LATENCY.value
     ours = []
-    for log_sd in [float(v) for v in _LOG_SD.value]:
-        latency.log_sd = log_sd
-        shape = f"lognormal {log_sd:g}" if log_sd else "constant"
-        for g in groups:
-            for wait in waits:
+    for reply_lengths in _LENGTHS.value:
+        for log_sd in [float(v) for v in _LOG_SD.value]:
+            latency.log_sd = log_sd
+            shape = f"lognormal {log_sd:g}" if log_sd else "constant"
+            for engine, g, wait in settings:
+                runner = runners[engine]
+                runner.lengths = reply_lengths
                 runner.settings = dataclasses.replace(runner.settings, pipeline_groups=g, batch_wait_s=wait)
-                progress = "lockstep" if math.isinf(wait) else f"wait {wait:g} s"
-                ours.append(await timed(f"{shape}, groups={g}, {progress}", lambda: runner.run(requests), policy,
-                                        server, turns, runner.simulator))
+                name = f"{shape}, {reply_lengths}, {_run_name(engine, g, wait)}"
+                ours.append(await timed(name, lambda: runner.run(requests), runner.policy, server, turns,
+                                        runner.simulator))
                 print(f"  {ours[-1].name}: {ours[-1].wall_s:.2f} s", flush=True)
     if _SEQUENTIAL.value < 0:
         return ours, None
@@ -283,6 +444,8 @@ async def benchmark(runner: EpisodeRunner, seq_runner: EpisodeRunner, requests: 
 
 def report(ours: list[Timing], seq: Timing | None, dialogues: int) -> None:
     latency_table(ours, dialogues)
+    if _LENGTHS.value != ["budget"] or "jax" in _ENGINES.value:
+        lengths_table(ours)
     if seq is None:
         return
     turns, latency = _TURNS.value, _LATENCY.value
@@ -325,8 +488,35 @@ def latency_table(ours: list[Timing], dialogues: int) -> None:
         print(f"{t.name:<44} {t.wall_s:>8.2f} {t.generation_s:>7.2f} {t.calls:>6} {t.call_s:>7.3f} "
               f"{t.slowest_user_s:>14.2f} {t.critical_path:>8.2f} {t.wall_s / t.critical_path:>10.2f} "
               f"{t.wall_s / base if base else math.nan:>11.2f} {t.compiles:>8}")
-    print("bound: the slowest dialogue's simulator seconds + turns x the median call. vs constant: wall over "
-          "the constant-latency run of the same schedule.")
+    print("bound: the slowest dialogue's simulator seconds + turns x a turn's generation (static: the median "
+          "call; engine: the median turn, request to reply). vs constant: wall over the constant-latency run of "
+          "the same schedule.")
+
+
+def lengths_table(ours: list[Timing]) -> None:
+    """Useful tokens per device-busy second and per wall second, the device's busy share, and each
+    reply's wait after its last token; `vs constant`: the busy rate over that of the same run with
+    constant reply lengths (the same tokens in all)."""
+    def constant_key(t: Timing) -> str:
+        shape, lengths, schedule = t.name.split(", ", 2)
+        return f"{shape}, constant, {schedule}"
+
+    rate = {t.name: t.tokens / t.generation_s for t in ours}
+    print(f"\nreplies: budget (to a stop token or max_new_tokens {_MAX_NEW_TOKENS.value}), constant "
+          f"({_MAX_NEW_TOKENS.value / 4:g} tokens) or lognormal (mean {_MAX_NEW_TOKENS.value / 4:g}, log-sd "
+          f"{_LENGTH_LOG_SD.value:g}); decode_chunk {_DECODE_CHUNK.value}")
+    header = (f"{'run':<52} {'tokens':>7} {'busy s':>7} {'tok/busy s':>10} {'tok/wall s':>10} {'busy':>6} "
+              f"{'wait ms mean':>12} {'p95':>6} {'max':>6} {'vs constant':>11}")
+    print(header)
+    print("-" * len(header))
+    for t in ours:
+        waits = np.asarray(t.waits) * 1e3
+        base = rate.get(constant_key(t))
+        print(f"{t.name:<52} {t.tokens:>7} {t.generation_s:>7.2f} {rate[t.name]:>10.0f} {t.tokens / t.wall_s:>10.0f} "
+              f"{1 - t.idle:>6.1%} {waits.mean():>12.1f} {np.percentile(waits, 95):>6.1f} {waits.max():>6.1f} "
+              f"{rate[t.name] / base if base else math.nan:>11.2f}")
+    print("wait: from a reply's last token to its return (static: its call's longest row; engine: the rest of "
+          "its decode chunk), at its call's rate.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -345,11 +535,15 @@ def main(argv: Sequence[str]) -> None:
     model_cfg = get_preset("tiny")
     key_params, key_sampling = jax.random.split(jax.random.key(_SEED.value))
     params = qwen2.init_params(model_cfg, key_params)
-    policy = TimedPolicy(model_cfg, chat_tokens, SamplingSettings(
-        max_new_tokens=_MAX_NEW_TOKENS.value, cache_slots=_CACHE_SLOTS.value), params, key_sampling)
+    engine = EngineSettings(decode_chunk=_DECODE_CHUNK.value)
+    sampling = SamplingSettings(max_new_tokens=_MAX_NEW_TOKENS.value, cache_slots=_CACHE_SLOTS.value)
+    samplers = {"static": TimedPolicy, "jax": TimedEngine}
+    policies = {e: samplers[e](model_cfg, chat_tokens, sampling, engine, key_sampling) for e in _ENGINES.value}
     # The reference loop re-encodes each dialogue's history every turn.
     seq_policy = TimedPolicy(model_cfg, chat_tokens, SamplingSettings(max_new_tokens=_MAX_NEW_TOKENS.value),
-                             params, key_sampling)
+                             engine, key_sampling)
+    for p in [*policies.values(), seq_policy]:
+        p.publish(0, params)
     latency = Latency()
     script = route(emotion=lambda r: Reply(_EMOTION_ANSWER, delay_s=latency(r)),
                    reply=lambda r: Reply(_REPLY_ANSWER, delay_s=latency(r)))
@@ -360,12 +554,12 @@ def main(argv: Sequence[str]) -> None:
         # format_failure=continue: an empty random reply must not end a dialogue early.
         settings = RolloutSettings(think=False, max_new_tokens=_MAX_NEW_TOKENS.value, max_total_tokens=8192,
                                    format_failure="continue")
-        runner = EpisodeRunner(policy, simulator, chat_tokens, settings)
+        runners = {e: VariedLengths(p, simulator, chat_tokens, settings) for e, p in policies.items()}
         seq_runner = EpisodeRunner(seq_policy, simulator, chat_tokens, settings)
 
         async def run() -> tuple[list[Timing], Timing]:
             try:
-                return await benchmark(runner, seq_runner, requests, groups, waits, server, latency)
+                return await benchmark(runners, seq_runner, requests, groups, waits, server, latency)
             finally:
                 await simulator.simulator.aclose()
 

@@ -135,6 +135,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # jax with policy.path: one scanned decoder layer (a run keeps its own). smol: a first training
     # rollout took 72 s with its 30 layers unrolled, 27 s scanned, mostly compiling (docs/benchmarks.md)
     c.policy.scan_layers = smol
+    # jax: the sampler (rlver_jax.rollout.samplers), as training's config.rollout.engine: "jax" the
+    # rollout engine (continuous batching), "static" calls of the dialogues then waiting.
+    c.policy.engine = "jax"
+    c.policy.engine_rows = 0  # jax engine: KV rows (dialogues held at once); 0 = as many as are in flight
+    c.policy.decode_chunk = 8  # jax engine: decode steps between turns entering and replies leaving
+    c.policy.prefill_chunk = 256  # jax engine: most prompt tokens a row writes per prefill call
     c.policy.base_path = ""  # jax: HF dir for the run's architecture and tokenizer if its model.path moved
     # Think-then-say; None = the run's own setting for a checkpoint, else no-think.
     c.policy.think = config_dict.placeholder(bool)

@@ -58,8 +58,11 @@ _HOIST = flags.DEFINE_bool("hoist_converts", True, "On CPU: False compiles witho
 _HOST = flags.DEFINE_integer("host_devices", None, "Devices per host of the target, for the rollout's host-local "
                              "sampling layout (v5e/v4/v5p hosts: 4, GPU nodes: 8); default: the --topology's hosts or "
                              "the --gpu's nodes, else one host of every device.")
-_FEED = flags.DEFINE_integer("feed_tokens", 512, "With rollout.cache_slots > 0: tokens a turn feeds into the "
-                             "cache (the user's reply and the template), bucketed.")
+_FEED = flags.DEFINE_integer("feed_tokens", 512, "With rollout.cache_slots > 0 or the rollout engine: tokens a turn "
+                             "feeds into the cache (the user's reply and the template), bucketed.")
+_REPLY = flags.DEFINE_integer("expected_reply_tokens", 0, "The roofline's second rollout figure: replies of this "
+                              "many tokens on average (0: a quarter of rollout.max_new_tokens); the first has every "
+                              "reply at max_new_tokens.")
 
 
 def main(argv):
@@ -93,7 +96,7 @@ def main(argv):
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
     result = plan.plan(spec, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
                        log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value,
-                       host_devices=_HOST.value, target=target)
+                       host_devices=_HOST.value, target=target, expected_reply_tokens=_REPLY.value)
     label = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
     print(report.format_plan(result, label), flush=True)
 

@@ -10,7 +10,26 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlver_jax.rollout.buffer import RolloutBuffer, RolloutClosed
+from rlver_jax.rollout.buffer import RolloutBuffer
+from rlver_jax.rollout.versions import Published, RolloutClosed
+
+
+class Store:
+    """A sampler that only keeps what is published (its turns are the tests' own)."""
+
+    continuous = False
+
+    def __init__(self):
+        self.published = Published()
+
+    def publish(self, version, params):
+        self.published.put(version, params)
+
+
+def _buffer(make_batch, **kwargs):
+    """A buffer over a Store; make_batch(index, versions, resolve) resolves with the store's."""
+    store = Store()
+    return RolloutBuffer(lambda i, v: make_batch(i, v, store.published.resolve), store, **kwargs)
 
 
 def _fake_batches(delay=0.0, fail_at=None):
@@ -25,7 +44,7 @@ def _fake_batches(delay=0.0, fail_at=None):
 
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_buffer_respects_max_staleness(staleness):
-    buf = RolloutBuffer(_fake_batches(0.01), max_staleness=staleness)
+    buf = _buffer(_fake_batches(0.01), max_staleness=staleness)
     buf.publish(0, "v0")
     seen = []
     for step in range(5):
@@ -41,7 +60,7 @@ def test_buffer_respects_max_staleness(staleness):
 
 
 def test_buffer_surfaces_producer_failure():
-    buf = RolloutBuffer(_fake_batches(fail_at=1), max_staleness=1)
+    buf = _buffer(_fake_batches(fail_at=1), max_staleness=1)
     buf.publish(0, "v0")
     buf.get(timeout=10)
     with pytest.raises(RuntimeError, match="simulator exploded"):
@@ -59,7 +78,7 @@ def test_publish_copies_parameters_only_when_sampling_overlaps_the_update(stalen
         seen.append(resolve(versions.first)[1])
         return []
 
-    buf = RolloutBuffer(make_batch, max_staleness=staleness)
+    buf = _buffer(make_batch, max_staleness=staleness)
     params = {"w": jnp.arange(4.0), "step": "v0"}  # non-array leaves pass through
     buf.publish(0, params)
     buf.get(timeout=10)
@@ -87,7 +106,7 @@ def test_partial_rollouts_follow_the_schedule_whatever_the_timing():
             got[index, turn] = (await asyncio.to_thread(resolve, versions.version(turn)))[0]
         return []
 
-    buf = RolloutBuffer(make_batch, max_staleness=2)
+    buf = _buffer(make_batch, max_staleness=2)
     buf.publish(0, "v0")
     firsts = []
     for step in range(5):
@@ -120,7 +139,7 @@ def test_close_wakes_a_turn_waiting_for_its_version():
         await asyncio.to_thread(wait_for_version_5, resolve)
         return []
 
-    buf = RolloutBuffer(make_batch, max_staleness=2)
+    buf = _buffer(make_batch, max_staleness=2)
     buf.publish(0, "v0")
     assert waiting.wait(10)
     t0 = time.perf_counter()

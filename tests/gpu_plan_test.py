@@ -195,6 +195,48 @@ def test_roofline_reads_a_decode_steps_cache_row_and_layer_not_the_stack():
     assert cost.bytes == 10 * (write + read) + 11 * condition and not cost.unknown_loops
 
 
+_HEAD_HLO = """HloModule m
+
+%fused_lookup (t: bf16[1000,64], ids: s32[8]) -> bf16[8,64] {
+  %t = bf16[1000,64]{1,0} parameter(0)
+  %ids = s32[8]{0} parameter(1)
+  ROOT %g = bf16[8,64]{1,0} gather(%t, %ids), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
+}
+
+%fused_view (v: bf16[64,1000]) -> bf16[64,1000] {
+  %v = bf16[64,1000]{1,0} parameter(0)
+  ROOT %b = bf16[64,1000]{1,0} bitcast(%v)
+}
+
+%fused_head (w: bf16[64,1000], h: bf16[8,64]) -> f32[8,1000] {
+  %w = bf16[64,1000]{1,0} parameter(0)
+  %view = bf16[64,1000]{1,0} fusion(%w), kind=kLoop, calls=%fused_view
+  %h = bf16[8,64]{1,0} parameter(1)
+  ROOT %d = f32[8,1000]{1,0} dot(%h, %view), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (table: bf16[1000,64], ids: s32[8], head: bf16[64,1000]) -> f32[8,1000] {
+  %table = bf16[1000,64]{1,0} parameter(0)
+  %ids = s32[8]{0} parameter(1)
+  %head = bf16[64,1000]{1,0} parameter(2)
+  %rows = bf16[8,64]{1,0} fusion(%table, %ids), kind=kLoop, calls=%fused_lookup
+  ROOT %logits = f32[8,1000]{1,0} fusion(%head, %rows), kind=kOutput, calls=%fused_head
+}
+"""
+
+
+def test_roofline_reads_the_embedding_rows_a_step_takes_and_the_whole_lm_head():
+    """A decode step's embedding lookup gathers 8 rows of the table (1 KB), not the table (128 KB);
+    the LM head is read whole even when the compiler reaches it through a nested fusion whose root
+    is a bitcast (the view's readers are outside that fusion)."""
+    rows, ids, table = 8 * 64 * 2, 8 * 4, 1000 * 64 * 2
+    lookup = rows + (rows + ids)  # writes the rows; reads them and the ids
+    head = 8 * 1000 * 4 + (table + rows)  # writes the logits; reads the head and the rows
+    cost = hlo_cost.program_cost(_Compiled(_HEAD_HLO))
+    assert cost.bytes == lookup + head
+    assert cost.flops == 2 * 8 * 1000 * 64
+
+
 def test_roofline_counts_a_conditional_by_its_most_expensive_branch():
     """The update's mini-batch loop skips a mini-batch of padding rows in a conditional (lax.cond):
     the roofline, of the worst case, counts the branch that runs the 10 matmuls, not half of it

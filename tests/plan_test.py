@@ -89,6 +89,7 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     mini-batch rows, its state updated in place; resident is the rest of the state on the devices."""
     config = _tiny(ppo_think, tmp_path)
     config.train.eval_policy.cache_slots = 0
+    config.rollout.engine = "static"  # the rollout engine's phases: test_the_rollout_engine_is_planned_...
     result = plan.plan(RunSpec.from_config(config), memory_gb=16.0, search=False)
     # The KV cache's own programs follow the rollout's; the evaluation re-encodes (its cache off here).
     assert [p.name for p in result.phases] == ["prepare", "actor update", "critic update", "rollout",
@@ -158,7 +159,8 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     actor (SamplingLayout over its devices) beside the whole train state; the program's
     arguments are that copy and the host's token ids, mask and row keys (replicated), by hand."""
     config = _config(ppo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 128, "rollout.cache_slots": 0,
-                                                    "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2)})
+                                                    "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2),
+                                                    "rollout.engine": "static"})
     s = abstract_setup(RunSpec.from_config(config), host_devices=4)
     shapes = rollout_shapes(RunSpec.from_config(config), 512, s.hosts)
     assert s.hosts == 2 and (shapes.rows, shapes.prompt) == (4, 128)
@@ -167,7 +169,32 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     phase = rollout_phase(s, shapes, 4)
     assert phase.resident == device_bytes(s.state)
     b, e = shapes.rows, shapes.prompt
-    assert phase.arguments == layout.device_bytes(s.update.actor_cfg) + b * e * (4 + 1) + b * 2 * 4
+    assert phase.arguments == layout.device_bytes(s.update.actor_cfg) + b * e * (4 + 1) + b * 2 * 4 + b * 4
+
+
+@pytest.mark.slow
+def test_the_rollout_engine_is_planned_on_its_kv_rows(tmp_path):
+    """The rollout engine (the default): every dialogue of a host in one engine, its KV rows holding
+    a dialogue's whole history (the longest prompt and a turn: 126 + 16 tokens -> 192 slots). The
+    decode chunk's arguments are the host's copy of the actor, the cache (rows split over the host
+    mesh's batch axes, kv heads over tensor) and five replicated per-row arrays (keys: two words),
+    by hand; then the prefill chunk, at most a turn's feed, over every row."""
+    config = _config(ppo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 128, "rollout.max_new_tokens": 16,
+                                                    "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2)})
+    spec = RunSpec.from_config(config)
+    s = abstract_setup(spec, host_devices=4)
+    shapes = rollout_shapes(spec, 40, s.hosts)
+    assert shapes.engine and (shapes.rows, shapes.cache_slots, shapes.prompt, shapes.groups) == (4, 192, 64, 1)
+    decode, prefill = run_phases(s, ["rollout"], 40)
+    assert (decode.name, prefill.name) == ("rollout", "rollout prefill")
+    cfg, layout = s.update.actor_cfg, sampling_layout(s, 4)
+    r = shapes.rows
+    per_device_cache = 2 * cfg.num_layers * r * 192 * cfg.num_kv_heads * cfg.head_dim * 4 // 4  # f32, over 4 devices
+    mask = r * 192 // 2 + 4  # bools, rows over the 2 batch shards; the cache's shared index (unused)
+    assert decode.arguments == layout.device_bytes(cfg) + per_device_cache + mask + 4 * r * 4 + r * 2 * 4
+    assert prefill.arguments == layout.device_bytes(cfg) + per_device_cache + mask + 2 * r * 4 + r * 64 * 4 + r * 2 * 4
+    assert decode.resident == device_bytes(s.state)
+    assert "rollout engine on each of 2 hosts: 4 KV rows of 192 slots" in plan.describe_rollout(shapes)
 
 
 @pytest.mark.slow  # recompiles the programs at each shape the search tries
@@ -175,7 +202,8 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     """The search against a hand-made cost (bytes = micro-batch x tokens): it recompiles (here:
     re-plans) with each override and returns the largest shape under the budget."""
     config = _config(grpo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 1024, "mesh.shape": (1, 2, 4),
-                                                      "rollout.max_new_tokens": 8, "rollout.cache_slots": 2048})
+                                                      "rollout.max_new_tokens": 8, "rollout.cache_slots": 2048,
+                                                      "rollout.engine": "static"})
 
     def fake(s, phases, feed_tokens):
         if phases == ["rollout"]:  # rows per sampler call x cache slots
@@ -200,6 +228,14 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     assert search.fitting_shapes(RunSpec.from_config(config), 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
     assert search.fitting_shapes(RunSpec.from_config(config), 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
     assert search.fitting_shapes(RunSpec.from_config(config), 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
+    # The rollout engine: 32 KV rows of a longest prompt 1022 + 8 tokens -> 1152 slots (the 1536 bucket,
+    # at most 1030 rounded up to 128); fewer rows first, then shorter dialogues: one row of
+    # max_total_tokens 496 (494 + 8 -> 512 slots) fits 600, 512 (510 + 8 -> 640 slots) does not.
+    config.rollout.engine = "jax"
+    engine = RunSpec.from_config(config)
+    assert search.fitting_shapes(engine, 8 * 1152, ["rollout"], 512, print) == ["--config.rollout.engine_rows=8"]
+    assert search.fitting_shapes(engine, 600, ["rollout"], 512, print) == [
+        "--config.rollout.engine_rows=1", "--config.rollout.max_total_tokens=496"]
 
 
 def test_largest_bisects_a_monotone_predicate():

@@ -19,6 +19,7 @@ from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
 from rlver_jax.rollout.jax_policy import JaxPolicy
+from rlver_jax.rollout.samplers import EngineSettings
 from rlver_jax.rollout.policy import PolicyTurn
 from rlver_jax.rollout.summary import reencoded_turns
 from rlver_jax.rollout.versions import VersionSchedule
@@ -65,18 +66,25 @@ class ScriptedTokenPolicy:
         pass
 
 
+def jax_sampler(cfg, chat_tokens, settings, params, rng, engine="static"):
+    """The sampler of `engine` (rollout.samplers) with `params` published as version 0."""
+    sampler = EngineSettings(engine=engine).build(cfg, chat_tokens, settings, rng)
+    sampler.publish(0, params)
+    return sampler
+
+
 def _requests(n_profiles=2, n=2):
     profiles = [p for p in load_profiles() if p.language == "en"][:n_profiles]
     return [EpisodeRequest(p, g) for g, p in enumerate(profiles) for _ in range(n)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cache_slots", [0, 2048])
-def test_random_policy_sequences_are_exact(chat_tokens, cache_slots):
+@pytest.mark.parametrize("engine, cache_slots", [("static", 0), ("static", 2048), ("jax", 0)])
+def test_random_policy_sequences_are_exact(chat_tokens, engine, cache_slots):
     cfg = get_preset("tiny")
     params = qwen2.init_params(cfg, jax.random.key(0))
-    policy = JaxPolicy(cfg, chat_tokens, SamplingSettings(max_new_tokens=12, cache_slots=cache_slots), params,
-                       jax.random.key(1))
+    policy = jax_sampler(cfg, chat_tokens, SamplingSettings(max_new_tokens=12, cache_slots=cache_slots), params,
+                         jax.random.key(1), engine)
     runner = EpisodeRunner(policy, embedded_simulator(max_turns=3), chat_tokens,
                            RolloutSettings(think=False, max_new_tokens=12, max_total_tokens=1024,
                                            pipeline_groups=2))
@@ -120,7 +128,7 @@ def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
 
     def rollout(cache_slots):
         sampling_settings = SamplingSettings(temperature=0.0, max_new_tokens=10, cache_slots=cache_slots)
-        policy = JaxPolicy(cfg, chat_tokens, sampling_settings, params, jax.random.key(1))
+        policy = jax_sampler(cfg, chat_tokens, sampling_settings, params, jax.random.key(1))
         # Greedy on random weights says nothing ("continue" keeps such dialogues going).
         runner = EpisodeRunner(policy, embedded_simulator(max_turns=4), chat_tokens,
                                RolloutSettings(think=False, max_new_tokens=10, max_total_tokens=1024,
@@ -374,8 +382,8 @@ def test_turns_beyond_the_kv_cache_are_encoded_afresh(chat_tokens):
     params = qwen2.init_params(cfg, jax.random.key(0))
 
     def rollout(slots):
-        policy = JaxPolicy(cfg, chat_tokens, SamplingSettings(temperature=0.0, max_new_tokens=10, cache_slots=slots),
-                           params, jax.random.key(1))
+        policy = jax_sampler(cfg, chat_tokens, SamplingSettings(temperature=0.0, max_new_tokens=10, cache_slots=slots),
+                             params, jax.random.key(1))
         runner = EpisodeRunner(policy, embedded_simulator(max_turns=4), chat_tokens,
                                RolloutSettings(think=False, max_new_tokens=10, max_total_tokens=1024,
                                                format_failure="continue"))
@@ -406,13 +414,14 @@ class SlowUsers:
 def test_dialogues_that_move_on_alone_are_those_of_lockstep_rounds(chat_tokens):
     """Per-dialogue progress (rollout.ready_batches) under varied latencies gives each dialogue the
     tokens and log-probs it has under lockstep rounds (batch_wait_s=inf), though the calls hold
-    other sets of dialogues: each row samples from its own (dialogue, turn) key."""
+    other sets of dialogues: each row samples from its own (dialogue, turn) key; so does the
+    rollout engine (rollout.engine), whose turns enter one by one."""
     cfg = get_preset("tiny")
     params = qwen2.init_params(cfg, jax.random.key(0))
 
-    def rollout(batch_wait_s):
-        policy = JaxPolicy(cfg, chat_tokens, SamplingSettings(max_new_tokens=8, cache_slots=1024), params,
-                           jax.random.key(1))
+    def rollout(batch_wait_s, engine="static"):
+        policy = jax_sampler(cfg, chat_tokens, SamplingSettings(max_new_tokens=8, cache_slots=1024), params,
+                             jax.random.key(1), engine)
         calls = []
         act = policy.act
         policy.act = lambda requests: calls.append(sorted(r.dialogue for r in requests)) or act(requests)
@@ -424,14 +433,18 @@ def test_dialogues_that_move_on_alone_are_those_of_lockstep_rounds(chat_tokens):
     (lockstep, rounds), (alone, calls) = rollout(float("inf")), rollout(0.0)
     assert rounds == [list(range(6))] * 3  # every dialogue runs 3 turns: a round is all of them
     assert len(calls) > len(rounds) and sorted(d for c in calls for d in c) == sorted(d for c in rounds for d in c)
-    assert [s.tokens for s in alone] == [s.tokens for s in lockstep]
-    assert [s.messages for s in alone] == [s.messages for s in lockstep]
-    np.testing.assert_allclose(np.concatenate([s.logprobs for s in alone]),
-                               np.concatenate([s.logprobs for s in lockstep]), atol=1e-5)
+    # The rollout engine: each dialogue's turn enters alone, the moment its user has answered.
+    engine, turns = rollout(0.0, "jax")
+    assert all(len(c) == 1 for c in turns) and len(turns) == sum(len(c) for c in rounds)
+    for other in (alone, engine):
+        assert [s.tokens for s in other] == [s.tokens for s in lockstep]
+        assert [s.messages for s in other] == [s.messages for s in lockstep]
+        np.testing.assert_allclose(np.concatenate([s.logprobs for s in other]),
+                                   np.concatenate([s.logprobs for s in lockstep]), atol=1e-5)
 
 
-@pytest.mark.parametrize("cache_slots", [0, 1024])
-def test_switching_versions_mid_dialogue_is_exact(chat_tokens, cache_slots):
+@pytest.mark.parametrize("engine, cache_slots", [("static", 0), ("static", 1024), ("jax", 0)])
+def test_switching_versions_mid_dialogue_is_exact(chat_tokens, engine, cache_slots):
     """Partial rollouts on a real JaxPolicy: with versions 0 and 1 published (two parameter sets)
     and the schedule 0..1, each dialogue's first turn is sampled by version 0 and the later ones by
     version 1, each turn exactly (tokens, log-probs) as a policy holding only that version's
@@ -440,8 +453,10 @@ def test_switching_versions_mid_dialogue_is_exact(chat_tokens, cache_slots):
     cfg = get_preset("tiny")
     published = {0: qwen2.init_params(cfg, jax.random.key(0)), 1: qwen2.init_params(cfg, jax.random.key(2))}
     settings = SamplingSettings(max_new_tokens=8, cache_slots=cache_slots)
-    policy = JaxPolicy(cfg, chat_tokens, settings, None, jax.random.key(9))
-    policy.follow(lambda version: (version, published[version]), rng=jax.random.key(1))
+    policy = EngineSettings(engine=engine).build(cfg, chat_tokens, settings, jax.random.key(9))
+    for version, params in published.items():
+        policy.publish(version, params)
+    policy.reseed(jax.random.key(1))
     played = []
     act = policy.act
 
@@ -457,7 +472,9 @@ def test_switching_versions_mid_dialogue_is_exact(chat_tokens, cache_slots):
     seqs = asyncio.run(runner.run(_requests(1, 2), VersionSchedule(0, 1)))
     assert [s.turn_versions() for s in seqs] == [[0, 1, 1]] * 2 and [s.policy_version for s in seqs] == [0, 0]
     assert sorted((r.turn, r.version, t.version) for r, t in played) == [(0, 0, 0)] * 2 + [(1, 1, 1)] * 2 + [(2, 1, 1)] * 2
-    alone = {v: JaxPolicy(cfg, chat_tokens, settings, p, jax.random.key(1)) for v, p in published.items()}
+    alone = {v: jax_sampler(cfg, chat_tokens, settings, p, jax.random.key(1)) for v, p in published.items()}
+    for v, p in published.items():
+        alone[v].publish(1, p)  # one parameter set whichever version a turn asks for
     for request, turn in played:
         (same,), (other,) = (asyncio.run(alone[v].act([request])) for v in (request.version, 1 - request.version))
         assert same.token_ids == turn.token_ids

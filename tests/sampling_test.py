@@ -286,20 +286,21 @@ def test_ids_past_the_vocab_limit_are_never_sampled(hf_tiny):
     np.testing.assert_array_equal(np.asarray(greedy.tokens), logits[..., :limit].argmax(-1))
 
 
-@pytest.mark.parametrize("cache_slots", [0, 512])
-def test_policy_samples_only_ids_its_tokenizer_has(tiny_tokenizer_dir, cache_slots):
-    """JaxPolicy limits the sampler to len(tokenizer): a tiny model with 1024 embedding rows and the
-    512-entry tiny tokenizer, where half of a random model's draws would have no entry."""
+@pytest.mark.parametrize("engine, cache_slots", [("static", 0), ("static", 512), ("jax", 0)])
+def test_policy_samples_only_ids_its_tokenizer_has(tiny_tokenizer_dir, engine, cache_slots):
+    """The JAX samplers limit the draws to len(tokenizer): a tiny model with 1024 embedding rows and
+    the 512-entry tiny tokenizer, where half of a random model's draws would have no entry."""
     from rlver_jax.text import chat
     from rlver_jax.models.config import get_preset
-    from rlver_jax.rollout.jax_policy import JaxPolicy
     from rlver_jax.rollout.policy import TurnRequest
+    from rlver_jax.rollout.samplers import EngineSettings
     from rlver_jax.sampling.settings import SamplingSettings
 
     chat_tokens = chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tiny_tokenizer_dir))
     config = get_preset("tiny").replace(vocab_size=1024)
-    policy = JaxPolicy(config, chat_tokens, SamplingSettings(max_new_tokens=24, cache_slots=cache_slots),
-                       qwen2.init_params(config, jax.random.key(0)), jax.random.key(1))
+    policy = EngineSettings(engine=engine).build(config, chat_tokens, SamplingSettings(max_new_tokens=24,
+                                                 cache_slots=cache_slots), jax.random.key(1))
+    policy.publish(0, qwen2.init_params(config, jax.random.key(0)))
     assert policy.settings.vocab_limit == len(chat_tokens.tokenizer) == 512
     prompt = chat_tokens.tokenizer.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
     requests = [TurnRequest(prompt_ids=prompt, messages=[], max_new_tokens=24, slot=i, episode=i) for i in range(8)]
@@ -324,3 +325,21 @@ def test_row_keys_make_each_row_independent_of_its_batch(hf_tiny):
     reversed_ = run(ids[::-1], mask[::-1], keys[::-1])
     np.testing.assert_array_equal(np.asarray(reversed_.tokens)[::-1], toks)
     assert len({tuple(t) for t in toks}) == 3  # different keys, different draws
+
+
+def test_a_rows_own_budget_ends_it_without_changing_its_tokens(hf_tiny):
+    """limits: each row stops at its own budget (a call costs its longest budget, not
+    max_new_tokens); the tokens it has are the first of those it samples without one."""
+    _, _, config, params = hf_tiny
+    ids, mask = left_padded(config.vocab_size, [5, 9, 7], seed=4)
+    keys = jax.random.split(jax.random.key(2), 3)
+    run = lambda limits: generation.generate(config, params, ids, mask, rng=keys, max_new_tokens=12,  # noqa: E731
+                                             limits=limits)
+    free, capped = run(None), run([3, 12, 1])
+    n_free, n_capped = np.asarray(free.lengths), np.asarray(capped.lengths)
+    np.testing.assert_array_equal(n_capped, np.minimum(n_free, [3, 12, 1]))
+    for b, n in enumerate(n_capped):
+        np.testing.assert_array_equal(np.asarray(capped.tokens)[b, :n], np.asarray(free.tokens)[b, :n])
+        np.testing.assert_allclose(np.asarray(capped.model_logprobs)[b, :n], np.asarray(free.model_logprobs)[b, :n],
+                                   atol=1e-6)
+        assert (np.asarray(capped.tokens)[b, n:] == PAD).all()

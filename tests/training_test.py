@@ -128,13 +128,15 @@ def test_config_errors_name_the_fix(tmp_path):
 
 
 @pytest.mark.slow
-def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
+def test_pipeline_groups_and_the_engine_do_not_change_the_dialogues(tmp_path):
     """A dialogue's sampling key is a function of (seed, step, its index), so running the step's
-    8 two-turn dialogues in one group or in two concurrent groups (other batch rows, other KV
-    cache rows, another call order) samples the same dialogues."""
-    def step0(groups):
-        config = small(grpo_think.get_config("tiny"), tmp_path / str(groups), steps=1)
+    8 two-turn dialogues in one group or in two concurrent groups of static calls (other batch rows,
+    other KV cache rows, another call order), or through the rollout engine, samples the same
+    dialogues."""
+    def step0(groups, engine="static"):
+        config = small(grpo_think.get_config("tiny"), tmp_path / f"{engine}{groups}", steps=1)
         config.rollout.pipeline_groups = groups
+        config.rollout.engine = engine
         config.rollout.format_failure = "continue"  # raw replies reach the user: two turns each
         run = run_lib.build_run(RunSpec.from_config(config))
         buffer = loop._rollout_buffer(run, sharding.replicated_value(run.state.rng), 0)
@@ -144,13 +146,14 @@ def test_pipeline_groups_do_not_change_the_dialogues(tmp_path):
         finally:
             buffer.close()
 
-    one, two = step0(1), step0(2)
+    one = step0(1)
     assert [len(s.turn_ends) for s in one] == [2] * 8
-    assert [s.tokens for s in two] == [s.tokens for s in one]
-    assert [s.messages for s in two] == [s.messages for s in one]
     assert len({tuple(s.tokens) for s in one}) == 8  # the n dialogues of a profile differ
-    np.testing.assert_allclose(np.concatenate([s.logprobs for s in two]), np.concatenate([s.logprobs for s in one]),
-                               rtol=0, atol=1e-5)
+    for other in (step0(2), step0(1, "jax")):
+        assert [s.tokens for s in other] == [s.tokens for s in one]
+        assert [s.messages for s in other] == [s.messages for s in one]
+        np.testing.assert_allclose(np.concatenate([s.logprobs for s in other]),
+                                   np.concatenate([s.logprobs for s in one]), rtol=0, atol=1e-5)
 
 
 def test_profiles_for_step_is_a_pure_function_of_step():

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from rlver_jax.rollout.buffer import RolloutBuffer, RolloutClosed
-from rlver_jax.rollout.versions import VersionSchedule
+from rlver_jax.rollout.versions import RolloutClosed, VersionSchedule
+from tests.buffer_test import _buffer
 
 
 @pytest.mark.parametrize("staleness, partial, expected", [
@@ -42,7 +42,7 @@ def _idle_buffer():
     `resolve` is exercised."""
     async def make_batch(index, versions, resolve):
         raise AssertionError("no batch starts")
-    return RolloutBuffer(make_batch, max_staleness=0, start_index=100)
+    return _buffer(make_batch, max_staleness=0, start_index=100)
 
 
 def test_resolve_at_the_start_of_a_run_and_on_resume():

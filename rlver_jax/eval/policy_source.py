@@ -79,7 +79,6 @@ def _build_ours(p: PolicySpec, spec: PolicySource, mesh_spec: MeshSpec, seed: in
     from rlver_jax.eval import policy_loading  # transformers, Flax
     from rlver_jax.parallel import sharding
     from rlver_jax.parallel.sampling_copy import SamplingLayout
-    from rlver_jax.rollout.jax_policy import JaxPolicy
 
     rules = mesh_spec.rules
     mesh = sharding.make_mesh(mesh_spec.shape)
@@ -93,7 +92,9 @@ def _build_ours(p: PolicySpec, spec: PolicySource, mesh_spec: MeshSpec, seed: in
         with tempfile.TemporaryDirectory(prefix="rlver_tokenizer_") as tmp:
             loaded = policy_loading.fresh_tiny_policy(pathlib.Path(tmp), seed, mesh, rules)
     params = SamplingLayout.create(loaded.model, mesh, rules).copy(loaded.params)
-    return JaxPolicy(loaded.model, loaded.chat, sampling, params, jax.random.PRNGKey(seed)), loaded.chat
+    sampler = p.engine.build(loaded.model, loaded.chat, sampling, jax.random.PRNGKey(seed))
+    sampler.publish(0, params)  # the turns of an evaluation ask for version 0
+    return sampler, loaded.chat
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,7 @@ from rlver_jax.eval.probes import parse_probes
 from rlver_jax.eval.run_checkpoint import locate_checkpoint
 from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.rollout.episodes import RolloutSettings
+from rlver_jax.rollout.samplers import EngineSettings
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator.backends import TRANSPORT  # the fields of how answers are fetched, also the policy's
 from rlver_jax.simulator.settings import SimulatorSettings
@@ -53,10 +54,12 @@ class PolicySpec:
     max_retries: int
     backoff_initial_s: float
     backoff_max_s: float
+    engine: EngineSettings  # jax: the sampler (rollout.samplers; config.policy.engine*, decode_chunk, prefill_chunk)
 
     @classmethod
     def from_config(cls, section: ml_collections.ConfigDict) -> PolicySpec:
-        return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})
+        plain = {f.name: section[f.name] for f in dataclasses.fields(cls) if f.name != "engine"}
+        return cls(**plain, engine=EngineSettings.from_config(section, "config.policy."))
 
 
 def policy_system_prompt(policy: ml_collections.ConfigDict) -> str:

@@ -37,10 +37,12 @@ _PLATFORM = {"cudnn": "gpu", "splash": "tpu"}
 NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives no NaN
 
 
-def slot_bias(q_slots_T: jax.Array, kv_mask_BS: jax.Array) -> jax.Array:
-    """Additive attention bias [B, T, S]: causal by slot, and only slots holding real tokens."""
+def slot_bias(q_slots: jax.Array, kv_mask_BS: jax.Array) -> jax.Array:
+    """Additive attention bias [B, T, S]: causal by slot, and only slots holding real tokens.
+    q_slots: [T] the queries' slots, shared by the rows, or [B, T] each row's own."""
     s = kv_mask_BS.shape[-1]
-    allowed = (jnp.arange(s)[None, None, :] <= q_slots_T[None, :, None]) & kv_mask_BS[:, None, :]
+    q_slots_BT = q_slots if q_slots.ndim == 2 else q_slots[None]
+    allowed = (jnp.arange(s)[None, None, :] <= q_slots_BT[:, :, None]) & kv_mask_BS[:, None, :]
     return jnp.where(allowed, 0.0, NEG_INF).astype(jnp.float32)
 
 

@@ -35,6 +35,8 @@ class KVCache(NamedTuple):
     to fp32 and back in every layer of every decode step, where on the bits it updates in place.
     mask: [B, S] bool, slots that hold real tokens;
     index: int32 scalar, the next slot to write (shared by all rows: batches are left-padded).
+    A caller that fills each row on its own (`RowSlots`: the rollout engine) tracks the rows' fill
+    itself; `index` is then left as it is.
     """
 
     k: jax.Array
@@ -57,6 +59,28 @@ def _to_cache(x: jax.Array) -> jax.Array:
 
 def _from_cache(x: jax.Array, dtype) -> jax.Array:
     return jax.lax.bitcast_convert_type(x, dtype) if x.dtype == jnp.uint16 else x.astype(dtype)
+
+
+class RowSlots(NamedTuple):
+    """Where T new tokens go when every row has its own fill level: fed row b is cache row
+    `rows[b]` (None: row b, every row of the cache fed, nothing gathered) and its tokens take the
+    slots [starts[b], starts[b] + T). A write past the cache's end, or to a row index past its rows
+    (padding of a bucketed batch), is dropped."""
+
+    starts: jax.Array  # int32 [B]
+    rows: jax.Array | None = None  # int32 [B]
+
+    def slots(self, t: int) -> jax.Array:
+        """[B, T] the slot of each new token."""
+        return self.starts[:, None] + jnp.arange(t, dtype=jnp.int32)
+
+    def cache_rows(self, b: int) -> jax.Array:
+        """[B, 1] the cache row of each fed row."""
+        return (jnp.arange(b, dtype=jnp.int32) if self.rows is None else self.rows)[:, None]
+
+    def fed(self, x: jax.Array) -> jax.Array:
+        """The fed rows of a per-row array of the cache (leading axis: its rows)."""
+        return x if self.rows is None else x[self.rows]
 
 
 class _StackCache(NamedTuple):
@@ -173,6 +197,16 @@ class Attention(nn.Module):
 
         if cache is None:  # no cache: the keys are exactly the new tokens, slot = index
             out = attention.attend(q, kk, vv, kv_mask_BS, cfg.attention)
+        elif isinstance(index, RowSlots):  # each row at its own slots (scatter; few queries: dense)
+            slots_BT, rows_B1 = index.slots(t), index.cache_rows(b)
+
+            def write(stack, new_BTKH):
+                return stack.at[cache.layer, rows_B1, slots_BT].set(_to_cache(new_BTKH), mode="drop")
+
+            cache = cache._replace(k=write(cache.k, kk), v=write(cache.v, vv))
+            keys, values = index.fed(cache.k[cache.layer]), index.fed(cache.v[cache.layer])
+            out = attention.dense_attention(q, _from_cache(keys, dt), _from_cache(values, dt),
+                                            attention.slot_bias(slots_BT, kv_mask_BS), dt)
         else:
             def write(stack, new_BTKH):  # in place, in the whole stack's cache
                 return jax.lax.dynamic_update_slice(stack, _to_cache(new_BTKH[None]), (cache.layer, 0, index, 0, 0))
@@ -343,13 +377,15 @@ def hidden_states(
     attention_mask: jax.Array | None = None,
     position_ids: jax.Array | None = None,
     cache: KVCache | None = None,
+    row_slots: RowSlots | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
     """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
 
     attention_mask [B, T]: 1 for real tokens, 0 for padding (default all ones). position_ids
     default to `positions_from_mask(attention_mask)` without a cache; with a cache the caller
     passes them (they continue each row's own count). With a cache the T new tokens are written
-    at slots [cache.index, cache.index + T).
+    at slots [cache.index, cache.index + T), or, given `row_slots`, each fed row's at its own
+    slots (cache.index unchanged; the new tokens' mask replaces the mask at those slots).
     """
     b, t = input_ids.shape
     if attention_mask is None:
@@ -363,6 +399,11 @@ def hidden_states(
     if cache is None:
         h, _ = model.apply({"params": params}, input_ids, position_ids, attention_mask, None, 0)
         return h, None
+    if row_slots is not None:
+        kv_mask = cache.mask.at[row_slots.cache_rows(b), row_slots.slots(t)].set(attention_mask, mode="drop")
+        h, (k, v) = model.apply({"params": params}, input_ids, position_ids, row_slots.fed(kv_mask),
+                                (cache.k, cache.v), row_slots)
+        return h, KVCache(k=k, v=v, mask=kv_mask, index=cache.index)
     kv_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
     h, (k, v) = model.apply({"params": params}, input_ids, position_ids, kv_mask, (cache.k, cache.v), cache.index)
     return h, KVCache(k=k, v=v, mask=kv_mask, index=cache.index + t)

@@ -8,9 +8,10 @@ rollout.versions.VersionSchedule.for_batch(i, max_staleness, partial) gives it:
   max_staleness >= 2 with partial rollouts: a dialogue of batch i starts on version
     i - max_staleness and each later turn takes the next version, up to i - 1: dialogues in
     flight when the weights change continue under the new weights.
-A batch starts once its first version is published (the oldest one when that one never was: the
-first batches of a run); a turn whose version is not published yet waits for it in the policy's
-worker thread (`resolve`). The versions are a function of (batch index, turn), not of timing, so
+The buffer publishes each version into the sampler (rollout.samplers: `publish`, its weight
+sync), which keeps them (rollout.versions.Published). A batch starts once its first version is
+published (the oldest one when that one never was: the first batches of a run); a turn whose
+version is not published yet waits for it in the sampler (`Published.resolve`). The versions are a function of (batch index, turn), not of timing, so
 a run resumed at step S that publishes the versions S - max_staleness .. S (the checkpoint holds
 them) samples what the uninterrupted run sampled. Queues are bounded, and an exception in the
 producer is raised in the consumer (as RolloutError, caused by it). `close()` cancels the batch
@@ -31,11 +32,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rlver_jax.rollout.samplers import Sampler
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.rollout.versions import Resolve, VersionSchedule
+from rlver_jax.rollout.versions import VersionSchedule
 
-# (batch index, its version schedule, resolve) -> the batch's dialogues.
-MakeBatch = Callable[[int, VersionSchedule, Resolve], Awaitable[list[DialogueSequence]]]
+
+# (batch index, its version schedule) -> the batch's dialogues.
+MakeBatch = Callable[[int, VersionSchedule], Awaitable[list[DialogueSequence]]]
 
 
 @dataclasses.dataclass
@@ -50,38 +53,34 @@ class RolloutError(RuntimeError):
     """The rollout producer failed; the producer's exception is the __cause__."""
 
 
-class RolloutClosed(RuntimeError):
-    """The buffer closed while a turn waited for its parameter version."""
-
-
 class _Failure:
     def __init__(self, exc: BaseException):
         self.exc = exc
 
 
 class RolloutBuffer:
-    """Produces batch after batch with `make_batch(index, schedule, resolve)` in its own thread
-    and event loop; `get()` returns them in order. `partial`: dialogues move to newer versions
-    while in flight (rollout.versions; config.rollout.partial_rollouts)."""
+    """Produces batch after batch with `make_batch(index, schedule)` in its own thread and event
+    loop, its turns sampled by `sampler`; `get()` returns them in order. `partial`: dialogues move
+    to newer versions while in flight (rollout.versions; config.rollout.partial_rollouts)."""
 
-    def __init__(self, make_batch: MakeBatch, *, max_staleness: int, partial: bool = True, start_index: int = 0,
-                 finalize: Callable[[], Awaitable[None]] | None = None):
+    def __init__(self, make_batch: MakeBatch, sampler: Sampler, *, max_staleness: int, partial: bool = True,
+                 start_index: int = 0, finalize: Callable[[], Awaitable[None]] | None = None):
         if max_staleness < 0:
             raise ValueError(f"config.rollout.max_staleness={max_staleness} must be >= 0")
         self._make_batch = make_batch
+        self._sampler = sampler
         self._finalize = finalize  # run in the producer's event loop when it stops (close clients)
         self.max_staleness, self.partial = max_staleness, partial
         self._next_index = start_index
         self._queue: queue.Queue = queue.Queue(maxsize=max(max_staleness, 1))
         self._cond = threading.Condition()
-        self._published: dict[int, Any] = {}  # version -> parameters, from the one in use on
         self._stop = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None  # the batch in progress
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
     def publish(self, version: int, params: Any) -> None:
-        """Make `params` (version `version`) available to the turns that want it (`resolve`).
+        """Publish `params` (version `version`) into the sampler, for the turns that want it.
 
         The trainer's update donates its parameters. With max_staleness = 0 the producer has
         finished sampling before the next update starts, so it samples on them directly; with
@@ -89,23 +88,13 @@ class RolloutBuffer:
         of every array in `params`."""
         if self.max_staleness > 0:
             params = jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, params)
-        with self._cond:
-            self._published[version] = params
-            self._cond.notify_all()
+        self._sampler.publish(version, params)
         if not self._thread.is_alive() and not self._stop:
             self._thread.start()
 
     def resolve(self, wanted: int) -> tuple[int, Any]:
-        """(version, parameters) a turn wanting version `wanted` samples with: once the newest
-        published version is >= `wanted`, the smallest published one >= `wanted` (`wanted` itself,
-        but for versions never published: those before a run's first, or a resume's checkpoint
-        lacks). Blocks the calling thread until then; raises RolloutClosed when the buffer closes."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._stop or (self._published and max(self._published) >= wanted))
-            if self._stop:
-                raise RolloutClosed(f"the rollout buffer closed while a turn waited for version {wanted}")
-            version = min(v for v in self._published if v >= wanted)
-            return version, self._published[version]
+        """The sampler's (version, parameters) for a turn wanting `wanted` (versions.Published.resolve)."""
+        return self._sampler.published.resolve(wanted)
 
     def get(self, timeout: float | None = None, until: Callable[[], bool] | None = None) -> RolloutBatch | None:
         """The next batch; re-raises the producer's exception if it failed. None when `until()`
@@ -128,8 +117,8 @@ class RolloutBuffer:
     def close(self) -> None:
         with self._cond:
             self._stop = True
-            self._cond.notify_all()
             loop, task = self._loop, self._task
+        self._sampler.published.close()  # wakes the turns waiting for a version
         if task is not None:
             try:
                 loop.call_soon_threadsafe(task.cancel)
@@ -150,14 +139,12 @@ class RolloutBuffer:
                 index = self._next_index
                 schedule = VersionSchedule.for_batch(index, self.max_staleness, self.partial)
                 version, _ = self.resolve(schedule.first)  # the batch starts once its first turns can
-                with self._cond:
-                    for old in [v for v in self._published if v < schedule.first]:  # no later turn needs them
-                        del self._published[old]
+                self._sampler.published.retire_below(schedule.first)  # no later turn needs them
                 start = time.perf_counter()
                 with self._cond:
                     if self._stop:
                         return
-                    task = self._task = loop.create_task(self._make_batch(index, schedule, self.resolve))
+                    task = self._task = loop.create_task(self._make_batch(index, schedule))
                 seqs = loop.run_until_complete(task)
                 with self._cond:
                     self._task = None

@@ -1,11 +1,13 @@
 """Multi-turn dialogues between the policy and simulated users, many at once.
 
 Each dialogue moves on its own: its next policy turn as soon as its simulator step returns.
-The policy generates in one batched call for the dialogues of a group that are ready
+A policy that schedules turns itself (`continuous`: the rollout engine, rollout.engine) takes
+each dialogue's turn the moment it is asked for, every dialogue of the batch in one session.
+Otherwise the policy generates in one batched call for the dialogues of a group that are ready
 (rollout.ready_batches: with a short bounded wait for others to join; an infinite one is
-lockstep rounds). A batch may be split into pipeline groups, each with its own KV-cache session,
-whose calls share the policy's device: while one group's dialogues wait on the simulator, the
-policy generates for another.
+lockstep rounds), and a batch may be split into pipeline groups, each with its own KV-cache
+session, whose calls share the policy's device: while one group's dialogues wait on the
+simulator, the policy generates for another.
 
 Every dialogue becomes one DialogueSequence: its messages and turn records, plus, for a token
 policy, the training rows its history assembled (rollout.history), scored by the run's reward
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from rlver_jax.checks import check_ranges, named
@@ -49,7 +51,9 @@ class RolloutSettings:
     max_new_tokens: int = 512  # per policy turn
     max_total_tokens: int = 4096  # per training row; the dialogue ends as truncated beyond it
     format_failure: str = "end"  # end: the dialogue ends with reward 0; continue: send the raw text
-    pipeline_groups: int = 1  # concurrent groups of dialogues (overlap generation with the simulator)
+    # Static sampler only (config.rollout.engine="static"): concurrent groups of dialogues (overlap
+    # generation with the simulator); the rollout engine overlaps them by itself.
+    pipeline_groups: int = 1
     # Per-dialogue progress (rollout.ready_batches): how long a dialogue ready for its next policy
     # turn waits for others of its group to join the call; inf: for all of them (lockstep rounds).
     batch_wait_s: float = 0.25
@@ -137,6 +141,8 @@ class EpisodeRunner:
         else:
             self._history = lambda: TokenHistory(chat_tokens, self.settings.max_new_tokens,
                                                  self.settings.max_total_tokens, drop)
+        # The policy takes each dialogue's turn as it comes (rollout.policy.Policy.continuous).
+        self._continuous = getattr(policy, "continuous", False)
         self._episode_ids = itertools.count()
         self._session_ids = itertools.count()
 
@@ -145,7 +151,8 @@ class EpisodeRunner:
         """All dialogues of `requests` to the end, in the order given, each turn asking for the
         version `versions` gives it. `on_finish` is called with each dialogue as soon as it ends
         (evaluation saves it then, so a crash loses no result)."""
-        n_groups = min(self.settings.pipeline_groups, max(len(requests), 1))
+        groups = 1 if self._continuous else self.settings.pipeline_groups
+        n_groups = min(groups, max(len(requests), 1))
         chunks = [list(range(i, len(requests), n_groups)) for i in range(n_groups)]
         results: list[DialogueSequence | None] = [None] * len(requests)
         requests = [r if r.index is not None else dataclasses.replace(r, index=i) for i, r in enumerate(requests)]
@@ -194,15 +201,17 @@ class EpisodeRunner:
             if i not in live:  # the simulator failed to open it
                 finish(i)
         calls = ReadyBatches(self.policy, self.settings.batch_wait_s, len(live))
+        act = self._act if self._continuous else calls.act
 
         async def play(i: int) -> None:
             try:
-                await self._play(episodes[i], calls, versions)
+                await self._play(episodes[i], act, versions)
             finally:
                 calls.leave()
             finish(i)
 
-        tasks = [asyncio.ensure_future(calls.serve())] + [asyncio.ensure_future(play(i)) for i in live]
+        serve = [] if self._continuous else [asyncio.ensure_future(calls.serve())]
+        tasks = serve + [asyncio.ensure_future(play(i)) for i in live]
         try:
             await asyncio.gather(*tasks)
         finally:  # one failed: the others stop with it
@@ -212,11 +221,16 @@ class EpisodeRunner:
         self.policy.release(session)
         return [finished[i] for i in range(len(episodes))]
 
-    async def _play(self, episode: _Episode, calls: ReadyBatches, versions: VersionSchedule) -> None:
+    async def _act(self, request: TurnRequest) -> PolicyTurn:
+        (turn,) = await self.policy.act([request])
+        return turn
+
+    async def _play(self, episode: _Episode, act: Callable[[TurnRequest], Awaitable[PolicyTurn]],
+                    versions: VersionSchedule) -> None:
         """One dialogue to its end: a policy turn as soon as its user has answered."""
         while not episode.done:
             request = self._turn_request(episode, versions)
-            reply = self._record_policy_turn(episode, request, await calls.act(request))
+            reply = self._record_policy_turn(episode, request, await act(request))
             if reply is not None:
                 self._record_user_turn(episode, await self.simulator.respond(episode.state, reply))
 

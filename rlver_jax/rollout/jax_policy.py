@@ -1,13 +1,15 @@
-"""`JaxPolicy`: samples with rlver_jax.sampling.generation on the trainer's parameters, in the host-local copy
-each process keeps for sampling (rlver_jax.parallel.sampling_copy.SamplingLayout; token ids and log-probs out,
-for training). Apart from rollout.policy so that served policies never import JAX.
+"""`JaxPolicy`: the static sampler (config.rollout.engine="static"): each call, the turns of the
+dialogues then waiting (rollout.ready_batches), prefilled and decoded with
+rlver_jax.sampling.generation until its longest reply stops, on the trainer's parameters in the
+host-local copy each process keeps for sampling (rlver_jax.parallel.sampling_copy.SamplingLayout;
+token ids and log-probs out, for training). The rollout engine (rollout.engine) is the default;
+this is its comparison (benchmarks/rollout.py). Apart from rollout.policy so that served policies
+never import JAX.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
 import threading
 from typing import Any
 
@@ -16,21 +18,23 @@ import numpy as np
 
 from rlver_jax.sampling import generation
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS
-from rlver_jax.text import chat
 from rlver_jax.text.chat import ChatTokens
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.rollout.jax_turns import policy_turn, raw_key, sampler_settings, stop_ids, turn_keys
 from rlver_jax.rollout.kv_sessions import KVSessions
 from rlver_jax.rollout.policy import PolicyTurn, TurnRequest
-from rlver_jax.rollout.versions import Resolve
+from rlver_jax.rollout.samplers import EngineSettings
+from rlver_jax.rollout.versions import Published
 from rlver_jax.sampling.settings import SamplingSettings
 
 
 class JaxPolicy:
-    """Samples on parameters the trainer publishes; one device call at a time.
+    """Samples on parameters the trainer publishes (rollout.samplers.Sampler); one device call at a time.
 
-    Either on one fixed parameter set (`params`: an evaluation), or, after `follow`, each turn on
-    the parameters of its version (TurnRequest.version; rollout.versions), which may change within
-    a dialogue: a cache row written under another version is encoded afresh.
+    Each turn samples on the parameters `publish` gave its version (TurnRequest.version;
+    rollout.versions), which may change within a dialogue: a cache row written under another
+    version is encoded afresh. Waiting for a version happens in the worker thread, outside the
+    device lock.
 
     The parameters are this process's sampling copy (on its own devices), so generation never
     waits on another host. Generation runs in a worker thread so the asyncio loop keeps serving
@@ -41,27 +45,26 @@ class JaxPolicy:
     each dialogue's KV cache is kept between turns (kv_sessions).
     """
 
+    continuous = False  # calls are formed from the dialogues then waiting (rollout.ready_batches)
+
     def __init__(self, model_cfg: Qwen2Config, chat_tokens: ChatTokens, settings: SamplingSettings,
-                 params: Any, rng: jax.Array):
+                 engine: EngineSettings, rng: jax.Array):
+        del engine  # the engine's rows and chunks: static calls have none
         self.model_cfg = model_cfg
         self.chat = chat_tokens
-        self.stop_ids = (chat_tokens.im_end, chat_tokens.end_of_text)
-        # vocab_limit: never sample the embedding's rows past the tokenizer (Qwen2.5 pads 151,665 to 151,936).
-        self.settings = dataclasses.replace(settings, stop_ids=self.stop_ids, pad_id=chat_tokens.end_of_text,
-                                            vocab_limit=len(chat_tokens.tokenizer))
-        self._params = params  # the fixed parameters (None while following a buffer's versions)
-        self._resolve: Resolve | None = None
-        self._rng = _raw_key(rng)
+        self.stop_ids = stop_ids(chat_tokens)
+        self.settings = sampler_settings(settings, chat_tokens)
+        self.published = Published()
+        self._rng = raw_key(rng)
         self._device_lock = threading.Lock()
         self._sessions = KVSessions(model_cfg, settings.cache_slots, chat_tokens.end_of_text)
 
-    def follow(self, resolve: Resolve, rng: jax.Array) -> None:
-        """Sample each turn on `resolve(request.version)`, (the version used, its parameters; no
-        copy), which may block until that version is published (rollout.buffer.RolloutBuffer.resolve;
-        it runs in the worker thread), with key `rng` (a training batch's). The caches of earlier
-        batches are dropped."""
+    def publish(self, version: int, params: Any) -> None:
+        self.published.put(version, params)
+
+    def reseed(self, rng: jax.Array) -> None:
         with self._device_lock:
-            self._params, self._resolve, self._rng = None, resolve, _raw_key(rng)
+            self._rng = raw_key(rng)
             self._sessions.clear()
 
     def _generate(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
@@ -69,26 +72,19 @@ class JaxPolicy:
         if any(r.version != wanted for r in requests):
             raise ValueError("one act() call must hold the turns of one version")
         # Outside the device lock: waiting for a version must not hold up other sessions' calls.
-        version, params = self._resolve(wanted) if self._resolve is not None else (None, self._params)
+        version, params = self.published.resolve(wanted)
         with self._device_lock:
             # Each request's turn key, raw [len(requests), 2]; host arrays, so generation places
             # them with the parameters, on whatever devices hold those.
-            key = np.asarray(_turn_keys(self._rng, np.array([r.dialogue for r in requests], np.int32),
+            key = np.asarray(turn_keys(self._rng, np.array([r.dialogue for r in requests], np.int32),
                                         np.array([r.turn for r in requests], np.int32)))
             if not self.settings.cache_slots:
                 out, reencoded = self._generate_afresh(requests, key, params), False
             else:  # a call beyond any cache of cache_slots is encoded afresh
                 cached = self._generate_with_sessions(requests, key, params, version)
                 out, reencoded = cached if cached is not None else (self._generate_afresh(requests, key, params), True)
-        turns = []
-        for req, (ids, lps) in zip(requests, out):
-            ids, lps = ids[:req.max_new_tokens], lps[:req.max_new_tokens]
-            stopped = bool(ids) and ids[-1] in self.stop_ids
-            text_ids = ids[:-1] if stopped else ids
-            text = chat.decode_turn(self.chat, text_ids, cut=not stopped)
-            turns.append(PolicyTurn(text=text, token_ids=ids, logprobs=lps, stopped=stopped,
-                                    reencoded=reencoded, version=version))
-        return turns
+        return [policy_turn(self.chat, ids[:req.max_new_tokens], lps[:req.max_new_tokens], reencoded=reencoded,
+                            version=version) for req, (ids, lps) in zip(requests, out)]
 
     def _generate_afresh(self, requests: list[TurnRequest], key: np.ndarray, params: Any
                          ) -> list[tuple[list[int], list[float]]]:
@@ -99,7 +95,8 @@ class JaxPolicy:
         gen = generation.generate(
             self.model_cfg, params, ids, mask, rng=key, length_buckets=LENGTH_BUCKETS,
             max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_p=st.top_p,
-            top_k=st.top_k, stop_ids=st.stop_ids, pad_id=st.pad_id, vocab_limit=st.vocab_limit)
+            top_k=st.top_k, stop_ids=st.stop_ids, pad_id=st.pad_id, vocab_limit=st.vocab_limit,
+            limits=[r.max_new_tokens for r in requests])
         tokens, lps, lengths = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths))
         return [(tokens[b, :n].tolist(), lps[b, :n].tolist()) for b, n in enumerate(lengths)]
 
@@ -117,9 +114,11 @@ class JaxPolicy:
             return None
         row_keys = np.zeros((feed.ids.shape[0],) + key.shape[1:], key.dtype)
         row_keys[[r.slot for r in requests]] = key
+        limits = np.zeros(feed.ids.shape[0], np.int32)  # rows of no request: nothing to write
+        limits[[r.slot for r in requests]] = [r.max_new_tokens for r in requests]
         gen, cache, fed = generation.continue_generation(
             self.model_cfg, params, feed.session.cache, feed.ids, feed.mask, feed.start_positions,
-            settings=self.settings, rng=row_keys)
+            settings=self.settings, rng=row_keys, limits=limits)
         tokens, lps, lengths, fed = jax.device_get((gen.tokens, gen.model_logprobs, gen.lengths, fed))
         self._sessions.commit(feed, cache, tokens, fed)
         return [(tokens[r.slot, :lengths[r.slot]].tolist(), lps[r.slot, :lengths[r.slot]].tolist())
@@ -132,15 +131,3 @@ class JaxPolicy:
         with self._device_lock:
             self._sessions.release(session)
 
-
-def _raw_key(rng: jax.Array) -> np.ndarray:
-    """A host copy of a key (typed or raw), as raw uint32 data."""
-    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        rng = jax.random.key_data(rng)
-    return np.asarray(rng)
-
-
-@jax.jit
-@functools.partial(jax.vmap, in_axes=(None, 0, 0))
-def _turn_keys(rng: jax.Array, dialogue: jax.Array, turn: jax.Array) -> jax.Array:
-    return jax.random.fold_in(jax.random.fold_in(rng, dialogue), turn)

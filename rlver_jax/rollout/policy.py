@@ -45,6 +45,10 @@ class PolicyTurn:
 
 
 class Policy(Protocol):
+    """A policy may also say `continuous = True`: it schedules turns itself, so each dialogue's turn
+    goes straight to `act` (rollout.episodes; without the attribute, calls are formed from the
+    dialogues then waiting, rollout.ready_batches)."""
+
     async def act(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
         """One turn for each request (all of one session and one version)."""
 

@@ -99,6 +99,7 @@ def generate(
     length_buckets: Sequence[int] | None = None,
     batch_buckets: Sequence[int] | None = None,
     vocab_limit: int = 0,
+    limits: Sequence[int] | None = None,
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens for each row of a LEFT-padded batch of prompts.
 
@@ -108,6 +109,8 @@ def generate(
     sizes, default powers of two), so calls whose shapes share a bucket share one compiled program;
     the sampling settings are static (one program per setting). The KV cache holds bucketed prompt
     length + max_new_tokens slots. Params keep their placement: sharded params run sharded.
+    limits [B]: each row's own budget, at most max_new_tokens (default: max_new_tokens), so a call
+    ends once each row has stopped or reached its own budget.
     """
     settings = SamplingSettings(
         max_new_tokens=max_new_tokens, temperature=float(temperature), top_p=float(top_p),
@@ -122,8 +125,16 @@ def generate(
     bb = bucket(b, batch_buckets)
     ids_BP, mask_BP = pad_left([row[m] for row, m in zip(ids, mask)], bucket(t, length_buckets, MIN_PROMPT_BUCKET),
                                settings.pad_id, bb)
-    out = _generate_jit(config, settings, params_mesh(params), params, ids_BP, mask_BP, _pad_row_keys(rng, b, bb))
+    out = _generate_jit(config, settings, params_mesh(params), params, ids_BP, mask_BP, _pad_row_keys(rng, b, bb),
+                        _row_limits(limits, settings.max_new_tokens, b, bb))
     return out if bb == b else jax.tree.map(lambda x: x[:b], out)
+
+
+def _row_limits(limits: Sequence[int] | None, max_new_tokens: int, b: int, rows: int) -> np.ndarray:
+    """Each of `rows` rows' budget: `limits` (default max_new_tokens) for the first b, 0 for padding."""
+    out = np.zeros(rows, np.int32)
+    out[:b] = max_new_tokens if limits is None else np.minimum(np.asarray(limits, np.int32), max_new_tokens)
+    return out
 
 
 def sample_logits(
@@ -251,7 +262,7 @@ def _nucleus_threshold(e_BV: jax.Array, top_p: float) -> jax.Array:
     return jax.lax.bitcast_convert_type(lo_B, jnp.float32)[:, None]
 
 
-def _choose(settings: SamplingSettings, logits_BV: jax.Array, key: jax.Array):
+def choose(settings: SamplingSettings, logits_BV: jax.Array, key: jax.Array):
     """Next tokens, their sampling log-probs and their log-probs under the unmodified model.
 
     Ids from settings.vocab_limit on are removed before sampling, like top-k's cut; the model's
@@ -275,9 +286,10 @@ class _Carry(NamedTuple):
     cache: qwen2.KVCache
 
 
-def _emit(settings: SamplingSettings, rng: jax.Array, step, logits_BV, out: Generation, done_B):
-    """Choose column `step` of every row still running; finished rows get padding."""
-    tokens_B, logp_B, model_logp_B = _choose(settings, logits_BV, _fold_in(rng, step))
+def _emit(settings: SamplingSettings, rng: jax.Array, step, logits_BV, out: Generation, done_B, limits_B):
+    """Choose column `step` of every row still running; finished rows get padding. A row is done
+    at a stop token or at its budget (`limits_B`)."""
+    tokens_B, logp_B, model_logp_B = choose(settings, logits_BV, _fold_in(rng, step))
     live_B = ~done_B
     tokens_B = jnp.where(live_B, tokens_B, settings.pad_id).astype(jnp.int32)
     zero = jnp.zeros((), jnp.float32)
@@ -293,11 +305,12 @@ def _emit(settings: SamplingSettings, rng: jax.Array, step, logits_BV, out: Gene
     if settings.stop_ids:
         stopped_B = jnp.any(tokens_B[:, None] == jnp.asarray(settings.stop_ids, jnp.int32), axis=-1)
         done_B = done_B | (live_B & stopped_B)
-    return out, done_B
+    return out, done_B | (out.lengths >= limits_B)
 
 
 def _extend_and_decode(config: Qwen2Config, settings: SamplingSettings, params: Params, cache: qwen2.KVCache,
-                       ids_BE: jax.Array, mask_BE: jax.Array, start_pos_B: jax.Array, rng: jax.Array):
+                       ids_BE: jax.Array, mask_BE: jax.Array, start_pos_B: jax.Array, rng: jax.Array,
+                       limits_B: jax.Array):
     """Feed each row's new (left-padded) tokens into `cache`, then decode.
 
     Returns the Generation, the cache, and per row how many of the generated tokens were fed
@@ -316,7 +329,7 @@ def _extend_and_decode(config: Qwen2Config, settings: SamplingSettings, params: 
     empty = Generation(
         tokens=jnp.full((b, n), settings.pad_id, jnp.int32), logprobs=jnp.zeros((b, n), jnp.float32),
         model_logprobs=jnp.zeros((b, n), jnp.float32), lengths=jnp.zeros((b,), jnp.int32))
-    out, done_B = _emit(settings, rng, 0, logits_BV, empty, new_len_B == 0)  # rows with no input: done
+    out, done_B = _emit(settings, rng, 0, logits_BV, empty, new_len_B == 0, limits_B)  # rows with no input: done
 
     def cond(c: _Carry):
         return (c.step < n) & ~jnp.all(c.done_B)
@@ -327,7 +340,7 @@ def _extend_and_decode(config: Qwen2Config, settings: SamplingSettings, params: 
         pos_B1 = (gen_pos_B + c.step - 1)[:, None]
         h_B1D, cache = qwen2.hidden_states(config, params, last_B1, real_B1, pos_B1, c.cache)
         logits_BV = qwen2.logits_from_hidden(config, params, h_B1D)[:, 0]
-        out, done_B = _emit(settings, rng, c.step, logits_BV, c.out, c.done_B)
+        out, done_B = _emit(settings, rng, c.step, logits_BV, c.out, c.done_B, limits_B)
         return _Carry(c.step + 1, out, done_B, cache)
 
     final = jax.lax.while_loop(cond, body, _Carry(jnp.ones((), jnp.int32), out, done_B, cache))
@@ -343,27 +356,28 @@ def params_mesh(params: Params) -> jax.sharding.Mesh | None:
     return None
 
 
-def _activations_split(mesh: jax.sharding.Mesh | None):
+def activations_split(mesh: jax.sharding.Mesh | None):
     """Trace a sampler program with its activations' rows split over the batch axes of the
     parameters' mesh (sharding.split_activations), as the update's are; none on one device."""
     return contextlib.nullcontext() if mesh is None else sharding.split_activations(mesh)
 
 
 def _generate_program(config: Qwen2Config, settings: SamplingSettings, mesh: jax.sharding.Mesh | None,
-                      params: Params, ids_BP: jax.Array, mask_BP: jax.Array, rng: jax.Array) -> Generation:
+                      params: Params, ids_BP: jax.Array, mask_BP: jax.Array, rng: jax.Array,
+                      limits_B: jax.Array) -> Generation:
     b, p = ids_BP.shape
-    with _activations_split(mesh):
+    with activations_split(mesh):
         cache = qwen2.init_cache(config, b, p + settings.max_new_tokens)
         out, _, _ = _extend_and_decode(config, settings, params, cache, ids_BP, mask_BP,
-                                       jnp.zeros((b,), jnp.int32), rng)
+                                       jnp.zeros((b,), jnp.int32), rng, limits_B)
     return out
 
 
 def _continue_program(config: Qwen2Config, settings: SamplingSettings, mesh: jax.sharding.Mesh | None,
                       params: Params, cache: qwen2.KVCache, ids_BE: jax.Array, mask_BE: jax.Array,
-                      start_pos_B: jax.Array, rng: jax.Array):
-    with _activations_split(mesh):
-        return _extend_and_decode(config, settings, params, cache, ids_BE, mask_BE, start_pos_B, rng)
+                      start_pos_B: jax.Array, rng: jax.Array, limits_B: jax.Array):
+    with activations_split(mesh):
+        return _extend_and_decode(config, settings, params, cache, ids_BE, mask_BE, start_pos_B, rng, limits_B)
 
 
 # The mesh is static: the split is fixed at trace time.
@@ -382,6 +396,7 @@ def continue_generation(
     *,
     settings: SamplingSettings,
     rng: jax.Array,
+    limits: Sequence[int] | None = None,
 ) -> tuple[Generation, qwen2.KVCache, jax.Array]:
     """Multi-turn generation that keeps each row's KV cache from call to call.
 
@@ -391,10 +406,12 @@ def continue_generation(
     (donated) needs room for E + max_new_tokens more slots: see `compact_cache`. Returns the
     Generation, the cache, and per row the number of generated tokens now in the cache (the
     rest, at most the last one, start the next call's new tokens). rng: a key, or one per row of
-    the cache (`row_keys`).
+    the cache (`row_keys`). limits [B]: each row's budget, as `generate`'s.
     """
+    b = np.shape(new_ids)[0]
     return _continue_jit(config, settings, params_mesh(params), params, cache, jnp.asarray(new_ids, jnp.int32),
-                         jnp.asarray(new_mask, bool), jnp.asarray(start_positions, jnp.int32), rng)
+                         jnp.asarray(new_mask, bool), jnp.asarray(start_positions, jnp.int32), rng,
+                         _row_limits(limits, settings.max_new_tokens, b, b))
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))

@@ -44,9 +44,8 @@ from rlver_jax.rl import dynamic_sampling, program as rl_program, train_state
 from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.evaluation import play_profiles
-from rlver_jax.rollout.jax_policy import JaxPolicy
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.rollout.versions import Resolve, VersionSchedule
+from rlver_jax.rollout.versions import VersionSchedule
 from rlver_jax.rollout.summary import (degenerate_replies, reencoded_turns, reference_metrics, rollout_metrics,
                                        summarize)
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
@@ -101,11 +100,8 @@ def _train(run: Run, progress: bool, on_step: Callable[[int], None]) -> dict[str
         versions = resume.sampling_versions(s.max_staleness, start, previous)
         if meta is not None:
             resume.log_changes(run.spec, run.storage, meta, start)
-        if start >= s.steps:  # said on stdout: a rerun of a finished run is not an error, and not chatter
-            if jax.process_index() == 0:
-                print(f"nothing left to train: {manager.directory} holds step {start} of config.train.steps={s.steps}; "
-                      f"to train further rerun with a larger --config.train.steps (e.g. {2 * s.steps}): it extends "
-                      "this run", flush=True)
+        if start >= s.steps:
+            resume.say_finished(manager.directory, start, s.steps)
             return {}
         norms = resume.param_norms(state)  # the baseline of the first step's growth check (parts on the devices)
         lowest_degenerate = None  # the run's lowest degenerate_rate so far (alarms.check_degeneration)
@@ -260,19 +256,20 @@ def _rollout_buffer(run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
     dialogue d sampled from fold_in(rollout key of step i, d), each turn by the version of the
     batch's schedule (rollout.versions), dynamic sampling's refills too."""
     simulator = build_simulator(run.spec.simulator)
-    policy = JaxPolicy(run.update.actor_cfg, run.chat, run.spec.sampling, None, train_state.step_keys(rng, start).rollout)
-    runner = EpisodeRunner(policy, simulator, run.chat, run.spec.rollout, run.spec.rl.reward_mode)
+    sampler = run.spec.engine.build(run.update.actor_cfg, run.chat, run.spec.sampling,
+                                    train_state.step_keys(rng, start).rollout)
+    runner = EpisodeRunner(sampler, simulator, run.chat, run.spec.rollout, run.spec.rl.reward_mode)
     k, n = run.spec.loop.profiles_per_step, run.spec.loop.n
 
-    async def make_batch(index: int, versions: VersionSchedule, resolve: Resolve) -> list[DialogueSequence]:
-        policy.follow(resolve, rng=train_state.step_keys(rng, index).rollout)
+    async def make_batch(index: int, versions: VersionSchedule) -> list[DialogueSequence]:
+        sampler.reseed(train_state.step_keys(rng, index).rollout)
         profiles = profiles_for_step(run.train_profiles, index, k, run.spec.loop.seed)
         requests = [EpisodeRequest(profiles[d // n], int(d // n), index=int(d)) for d in run.own_dialogues]
         dialogues = await runner.run(requests, versions)  # DAPO: groups without signal sampled again (rl.dynamic_sampling)
         return await dynamic_sampling.refill_step(run.spec.rl, lambda again: runner.run(again, versions), requests,
                                                   dialogues, run.train_profiles, run.spec.loop.seed, index, k * n)
 
-    return RolloutBuffer(make_batch, max_staleness=run.spec.loop.max_staleness,
+    return RolloutBuffer(make_batch, sampler, max_staleness=run.spec.loop.max_staleness,
                          partial=run.spec.loop.partial_rollouts, start_index=start, finalize=simulator.aclose)
 
 
@@ -297,7 +294,8 @@ def evaluate(run: Run, params: Any, step: int, key: jax.Array) -> dict[str, floa
     profiles = run.eval_profiles
     if run.spec.loop.eval_max_profiles:
         profiles = profiles[:run.spec.loop.eval_max_profiles]
-    policy = JaxPolicy(run.update.actor_cfg, run.chat, run.spec.eval.sampling, params, key)
+    policy = run.spec.engine.build(run.update.actor_cfg, run.chat, run.spec.eval.sampling, key)
+    policy.publish(step, params)
     seqs = play_profiles(policy, run.chat, run.spec.eval.simulator, run.spec.eval.rollout, list(enumerate(profiles)),
                          version=step, transcripts_dir=run.workdir / "transcripts")
     s = summarize(seqs)

@@ -134,3 +134,11 @@ def log_changes(spec: RunSpec, storage: WorkDir, meta: dict, start: int) -> None
 
 
 CHANGES = "changes.jsonl"
+
+
+def say_finished(directory: Any, start: int, steps: int) -> None:
+    """A rerun of a finished run, said on stdout (process 0): not an error, and not chatter."""
+    if jax.process_index() == 0:
+        print(f"nothing left to train: {directory} holds step {start} of config.train.steps={steps}; "
+              f"to train further rerun with a larger --config.train.steps (e.g. {2 * steps}): it extends "
+              "this run", flush=True)

@@ -26,6 +26,7 @@ from rlver_jax.rl import algorithms
 from rlver_jax.rl.batch import minibatch_unit
 from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rollout.episodes import RolloutSettings
+from rlver_jax.rollout.samplers import EngineSettings
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator.backends import TRANSPORT
 from rlver_jax.simulator.settings import SimulatorSettings
@@ -167,6 +168,7 @@ class RunSpec:
     loop: LoopSettings
     rollout: RolloutSettings
     sampling: SamplingSettings
+    engine: EngineSettings  # the sampler of the rollouts and the in-loop evaluation (rollout.samplers)
     simulator: SimulatorSettings
     eval: EvalSettings
     tracking: TrackingSettings
@@ -198,9 +200,10 @@ class RunSpec:
         checks a config before importing it."""
         r = config.rollout
         given_simulator = {f.split(".", 1)[1] for f in given if f.startswith("simulator.")}
-        loop, sampling, rollout, simulator, model, critic, lora, actor_optim, critic_optim = build_all(
+        loop, sampling, engine, rollout, simulator, model, critic, lora, actor_optim, critic_optim = build_all(
             lambda: LoopSettings.from_config(config),
             lambda: SamplingSettings.from_config(r, "config.rollout."),
+            lambda: EngineSettings.from_config(r, "config.rollout."),
             lambda: RolloutSettings.from_config(r, "config.rollout.", think=r.think, pipeline_groups=r.pipeline_groups,
                                                 batch_wait_s=r.batch_wait_s),
             lambda: SimulatorSettings.from_config(config.simulator, given=given_simulator),
@@ -226,7 +229,7 @@ class RunSpec:
         d = config.data
         return cls(model=model, critic=critic, lora=lora, mesh=MeshSpec(tuple(config.mesh.shape), config.mesh.rules),
                    rl=rl, actor_optim=actor_optim, critic_optim=critic_optim, loop=loop, rollout=rollout,
-                   sampling=sampling, simulator=simulator, eval=eval_settings, tracking=tracking,
+                   sampling=sampling, engine=engine, simulator=simulator, eval=eval_settings, tracking=tracking,
                    data=DataSpec(d.train_profiles, d.eval_profiles, d.eval_holdout), offload=config.train.offload,
                    record=config.to_dict(), config_json=config.to_json_best_effort(indent=2),
                    preset=preset.to_dict() if preset is not None else None)
@@ -317,6 +320,7 @@ def lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
 # Fields added to the training config since the first runs, with the values those runs trained with
 # (the Qwen2Config defaults of the time), by config section.
 _ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0},
+                 "rollout": {"engine": "jax", "engine_rows": 0, "decode_chunk": 8, "prefill_chunk": 256},
                  "lora": {"rank": 0, "alpha": 16.0, "targets": ",".join(TARGETS), "base_dtype": "float32",
                           "lr_multiplier": 10.0, "modules_to_save": ""}}
 
@@ -346,7 +350,8 @@ FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
         "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
         "train.degenerate_alarm_action", "model.remat", "model.attention",
-        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots", "rl.micro_batch_size",
+        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots", "rollout.engine",
+        "rollout.engine_rows", "rollout.decode_chunk", "rollout.prefill_chunk", "rl.micro_batch_size",
         "rl.logprob_chunk", *(f"simulator.{f}" for f in sorted(TRANSPORT)))
 
 

@@ -145,8 +145,9 @@ def _param_reads(comp: list[_Instr], index: int, comps: dict[str, list[_Instr]],
 
 
 def _value_reads(comp: list[_Instr], name: str, comps: dict[str, list[_Instr]], full: float) -> float:
-    """Bytes the uses of value `name` in `comp` read of it (`_param_reads`). A bitcast is a view
-    and an in-place dynamic-update-slice leaves the buffer where it was: their uses are the value's
+    """Bytes the uses of value `name` in `comp` read of it (`_param_reads`): a slice or a gather
+    reads what it takes (a decode step's embedding rows, not the table). A bitcast is a view
+    and an in-place dynamic-update-slice or scatter leaves the buffer where it was: their uses are the value's
     (the CUDA compiler writes a decode step's KV-cache row through a bitcast to u16, then slices
     the layer it attends)."""
     total = 0.0
@@ -154,10 +155,12 @@ def _value_reads(comp: list[_Instr], name: str, comps: dict[str, list[_Instr]], 
         ops = _operands(i)
         if name not in ops:
             continue
-        if i.op in ("dynamic-slice", "slice") and ops[0] == name:
+        if i.op in ("dynamic-slice", "slice", "gather") and ops[0] == name:
             total += _nbytes(i.shape)
-        elif i.op == "bitcast" or (i.op == "dynamic-update-slice" and ops[0] == name):
-            total += _value_reads(comp, i.name, comps, full)
+        elif i.op == "bitcast" and i.root:  # the view leaves the computation: its readers are unseen here
+            return full
+        elif i.op == "bitcast" or (i.op in ("dynamic-update-slice", "scatter") and ops[0] == name):
+            total += 0 if i.root else _value_reads(comp, i.name, comps, full)  # a root update: in place
         elif i.op == "fusion" and (called := _called(i.rest, "calls")):
             total += _param_reads(comps.get(called[0], []), ops.index(name), comps, full)
         else:
@@ -167,18 +170,22 @@ def _value_reads(comp: list[_Instr], name: str, comps: dict[str, list[_Instr]], 
 
 def _traffic(instr: _Instr, shapes: dict[str, str], comps: dict[str, list[_Instr]]) -> float:
     """HBM bytes one top-level operation reads and writes. A fusion reads the slices it takes of a
-    sliced operand; a dynamic-update-slice (alone or as a fusion's root) writes its update in place."""
+    sliced operand; a dynamic-update-slice or a scatter (alone or as a fusion's root) writes its
+    update in place (XLA shares the operand's buffer with either: the rollout engine's rows, each
+    written at its own slot, are a scatter)."""
     operands = _operands(instr)
     sizes = [_nbytes(shapes.get(o, "")) for o in operands]
     written = _nbytes(instr.shape)
     if instr.op == "dynamic-update-slice" and len(sizes) > 1:
         return 2 * sizes[1] + sum(sizes[2:])
+    if instr.op == "scatter" and len(sizes) > 2:  # (operand, indices, updates)
+        return 2 * sizes[2] + sizes[1]
     if instr.op == "fusion" and (called := _called(instr.rest, "calls")):
         comp = comps.get(called[0], [])
         sizes = [_param_reads(comp, k, comps, size) for k, size in enumerate(sizes)]
         root = next((i for i in comp if i.root), None)
-        if root is not None and root.op == "dynamic-update-slice":
-            update = _operands(root)[1:2]
+        if root is not None and root.op in ("dynamic-update-slice", "scatter"):
+            update = _operands(root)[1:2] if root.op == "dynamic-update-slice" else _operands(root)[2:3]
             inner = {i.name: i.shape for i in comp}
             written = _nbytes(inner.get(update[0], "")) if update else written
     return written + sum(sizes)

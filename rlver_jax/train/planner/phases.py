@@ -9,13 +9,18 @@ compiled for a target's chip or card, its cost (rlver_jax.train.planner.hlo_cost
   critic update  the same for the critic (PPO). config.train.offload says which of the state's
                  parts wait in host memory in each (rlver_jax.rl.offload).
                  A run's update phase is these three programs, one after another: its peak is theirs.
-  rollout        the sampler's jitted program for one pipeline group at the longest prompt:
-                 generation (prefill + decode loop) at a prompt of max_total_tokens when
-                 rollout.cache_slots is 0, else the multi-turn program on a cache of
-                 cache_slots, fed `feed_tokens` new tokens. It runs on one host's sampling copy
-                 of the actor (SamplingLayout: replicated across hosts, split over the
-                 host's `host_devices` devices, in the compute dtype) on that host's share of
-                 the dialogues, beside the train state.
+  rollout        the sampler's jitted programs. The rollout engine (config.rollout.engine="jax",
+                 rlver_jax.sampling.engine): one decode chunk (rollout.decode_chunk steps) over
+                 every KV row at once (rollout.engine_rows, else every dialogue of the host),
+                 each row holding a dialogue's whole history (the longest prompt plus a turn's
+                 tokens), then `rollout prefill`, a prefill chunk (rollout.prefill_chunk tokens,
+                 at most the `feed_tokens` of a turn) into every row. Static calls ("static"):
+                 one pipeline group's call at the longest prompt: generation (prefill + decode
+                 loop) at a prompt of max_total_tokens when rollout.cache_slots is 0, else the
+                 multi-turn program on a cache of cache_slots, fed `feed_tokens` new tokens.
+                 Either runs on one host's sampling copy of the actor (SamplingLayout:
+                 replicated across hosts, split over the host's `host_devices` devices, in the
+                 compute dtype) on that host's share of the dialogues, beside the train state.
 
   evaluation     the in-loop evaluation's sampler program (config.train.eval_policy) on the same
                  copy, one host's share of the held-out profiles per call.
@@ -53,7 +58,9 @@ from rlver_jax.models import qwen2
 from rlver_jax.parallel import sharding
 from rlver_jax.parallel.sampling_copy import SamplingLayout
 from rlver_jax.rl import offload
-from rlver_jax.rollout.cache_bound import session_slots
+from rlver_jax.rollout.cache_bound import longest_prompt, session_slots
+from rlver_jax.rollout.engine import chunk_width
+from rlver_jax.sampling import engine as engine_programs
 from rlver_jax.sampling import generation
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
 from rlver_jax.train.spec import RunSpec
@@ -209,13 +216,18 @@ def transfer_plan(s: Setup) -> tuple[list[Transfer], tuple[int, int]] | None:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutShapes:
-    rows: int  # dialogues per sampler call (one pipeline group, bucketed as the sampler does)
-    groups: int  # pipeline groups: sessions whose caches are held at once
-    prompt: int  # no cache: the bucketed prompt; with a cache: the bucketed feed
+    rows: int  # dialogues per sampler call (one pipeline group, bucketed as the sampler does); engine: its KV rows
+    groups: int  # pipeline groups: sessions whose caches are held at once (the engine: 1)
+    prompt: int  # no cache: the bucketed prompt; with a cache: the bucketed feed; engine: the prefill chunk
     new_tokens: int
-    cache_slots: int  # 0: re-encode every turn
+    cache_slots: int  # 0: re-encode every turn; engine: each row's slots
     hosts: int = 1  # processes, each sampling its share of the dialogues on its own devices
     evaluation: bool = False  # the in-loop evaluation's sampler (config.train.eval_policy)
+    decode_chunk: int = 0  # the rollout engine's decode steps per call; 0: static calls
+
+    @property
+    def engine(self) -> bool:
+        return self.decode_chunk > 0
 
 
 def eval_profiles(spec: RunSpec) -> int | None:
@@ -244,6 +256,13 @@ def rollout_shapes(spec: RunSpec, feed_tokens: int, hosts: int = 1, evaluation: 
     else:
         r, sampling = spec.rollout, spec.sampling
         dialogues = max(1, spec.loop.dialogues // hosts)  # one host's share (Run.own_dialogues)
+    if spec.engine.engine == "jax":  # every dialogue of the host in one engine (rollout.engine)
+        e = spec.engine
+        rows = e.engine_rows or bucket(dialogues)
+        # A row holds a dialogue's whole history: the longest prompt and a turn's tokens (rollout.engine._enter).
+        slots = e.slots_for(longest_prompt(r.max_total_tokens) + sampling.max_new_tokens)
+        chunk = chunk_width(feed_tokens, e.prefill_chunk)
+        return RolloutShapes(rows, 1, chunk, sampling.max_new_tokens, slots, hosts, evaluation, e.decode_chunk)
     groups = min(r.pipeline_groups, dialogues)
     rows = bucket(-(-dialogues // groups))
     cache_slots = sampling.cache_slots
@@ -263,6 +282,12 @@ def rollout_shapes(spec: RunSpec, feed_tokens: int, hosts: int = 1, evaluation: 
 
 def describe_rollout(shapes: RolloutShapes) -> str:
     what = "profiles" if shapes.evaluation else "dialogues"
+    if shapes.engine:
+        hosts = f" on each of {shapes.hosts} hosts" if shapes.hosts > 1 else ""
+        return (f"rollout engine{hosts}: {shapes.rows} KV rows of {shapes.cache_slots} slots (one per {what[:-1]}, "
+                f"its whole history kept between turns), decode chunks of {shapes.decode_chunk} steps over the rows "
+                f"with a reply in progress, prefill chunks of {shapes.prompt} tokens, up to {shapes.new_tokens} "
+                f"tokens a reply")
     per_call = f"{shapes.rows} {what} per sampler call ({shapes.groups} pipeline group(s)"
     per_call += f" on each of {shapes.hosts} hosts)" if shapes.hosts > 1 else ")"
     if shapes.cache_slots:
@@ -329,14 +354,16 @@ def sampler_phases(s: Setup, shapes: RolloutShapes, host_devices: int | None = N
     held = resident(s, "rollout")  # what of the train state rests on the devices
     copy = (f"sampling copy {device_bytes(params) / GB:.2f} GB/device ({layout.dtype.__name__}, "
             f"{host.size} devices per host)")
+    if shapes.engine:
+        return _engine_phases(s, shapes, name, settings, host, params, held, copy)
     if not shapes.cache_slots:
         # generation.generate's settings: the run's, without cache slots.
         compiled, secs = _compile(s, generation._generate_jit, cfg, dataclasses.replace(settings, cache_slots=0), host,
-                                  params, ids, mask, rng)
+                                  params, ids, mask, rng, sds((b,), jnp.int32))
         return [_phase(s, name, compiled, held, secs, f"prefill + decode loop, no cache; {copy}")]
     cache = _cache_sharding(host, jax.eval_shape(lambda: qwen2.init_cache(cfg, b, shapes.cache_slots)))
     compiled, secs = _compile(s, generation._continue_jit, cfg, settings, host, params, cache, ids, mask,
-                              sds((b,), jnp.int32), rng)
+                              sds((b,), jnp.int32), rng, sds((b,), jnp.int32))
     # The cache stays on the devices between turns in the layout the program gives it (as it was
     # given, where the TPU compiler built no program).
     cache_out = cache if isinstance(compiled, _OutOfHbm) else jax.tree.map(
@@ -355,6 +382,27 @@ def sampler_phases(s: Setup, shapes: RolloutShapes, host_devices: int | None = N
         compiled, secs = _compile(s, generation.grow_cache, small, shapes.cache_slots)
         phases.append(_phase(s, f"{name} grow", compiled, others, secs,
                              f"KV cache growth {smaller[-1]} -> {shapes.cache_slots} slots"))
+    return phases
+
+
+def _engine_phases(s: Setup, shapes: RolloutShapes, name: str, settings, host: Mesh, params, held: int,
+                   copy: str) -> list[Phase]:
+    """The rollout engine's programs (rlver_jax.sampling.engine) on its KV rows: a decode chunk, then
+    a prefill chunk, each over every row (the most a call runs over; nothing gathered)."""
+    cfg = s.update.actor_cfg
+    r, c = shapes.rows, shapes.prompt
+    cache = _cache_sharding(host, jax.eval_shape(lambda: qwen2.init_cache(cfg, r, shapes.cache_slots)))
+    sds = functools.partial(jax.ShapeDtypeStruct, sharding=NamedSharding(host, P()))
+    per_row = sds((r,), jnp.int32)
+    keys = sds((r, 2), jnp.uint32)
+    compiled, secs = _compile(s, engine_programs._decode_jit, cfg, settings, host, shapes.decode_chunk, params, cache,
+                              None, per_row, per_row, per_row, per_row, keys)
+    rows = (f"{r} KV rows x {shapes.cache_slots} slots, {device_bytes(cache) / GB:.2f} GB/device (donated, "
+            f"held between turns)")
+    phases = [_phase(s, name, compiled, held, secs, f"decode chunk of {shapes.decode_chunk} steps; {rows}; {copy}")]
+    compiled, secs = _compile(s, engine_programs._prefill_jit, cfg, settings, host, params, cache, None, per_row,
+                              sds((r, c), jnp.int32), per_row, keys)
+    phases.append(_phase(s, f"{name} prefill", compiled, held, secs, f"prefill chunk of {c} tokens into {r} rows"))
     return phases
 
 

@@ -33,6 +33,8 @@ class Plan:
     transfers: list[Transfer] | None = None  # the offload's moves as compiled (TPU), else None
     at_rest: tuple[int, int] | None = None  # (device, host) bytes of the state between steps, compiled
     evaluation: str = ""  # the evaluation phase's shapes, in words ("": none)
+    expected_reply_tokens: int = 0  # the roofline's second rollout figure: replies this long on average
+    feed_tokens: int = 512  # tokens a turn feeds into a KV cache kept between turns
 
     @property
     def peak(self) -> Phase:
@@ -51,12 +53,13 @@ def _kind(name: str) -> str:
 def plan(spec: RunSpec, memory_gb: float | None = 16.0, phases: Sequence[str] = PHASES,
          feed_tokens: int = 512, search: bool = True, log: Callable[[str], None] = lambda _: None,
          hoist_converts: bool = True, host_devices: int | None = None,
-         target: topology.Target | None = None) -> Plan:
+         target: topology.Target | None = None, expected_reply_tokens: int = 0) -> Plan:
     """Compile the phases of `spec`'s run and, with `search`, find the largest shapes that fit
     wherever the update (any of its programs), the rollout or the evaluation does not. `target`:
     compile for a TPU topology's or GPU target's devices (rlver_jax.parallel.topology,
     gpu_topology) instead of this host's; `memory_gb` None: the target's memory per device (16 on
-    this host's)."""
+    this host's). `expected_reply_tokens`: the roofline's mean reply length besides every reply at
+    max_new_tokens (0: a quarter of max_new_tokens)."""
     s = abstract_setup(spec, hoist_converts, host_devices, target)
     if memory_gb is None:
         memory_gb = s.chip.hbm_gb if s.chip is not None else 16.0
@@ -85,7 +88,9 @@ def plan(spec: RunSpec, memory_gb: float | None = 16.0, phases: Sequence[str] = 
                       + f"; {n} held-out profiles")
     moved = transfer_plan(s)
     result = Plan(s, done, memory_gb, sizes, describe_rollout(rollout_shapes(spec, feed_tokens, s.hosts)),
-                  transfers=moved and moved[0], at_rest=moved and moved[1], evaluation=evaluation)
+                  transfers=moved and moved[0], at_rest=moved and moved[1], evaluation=evaluation,
+                  expected_reply_tokens=expected_reply_tokens or max(1, spec.sampling.max_new_tokens // 4),
+                  feed_tokens=feed_tokens)
     if search:
         over = [p.name for p in done if p.total > memory_gb * GB]
         for label, names in (("update", [n for n in over if n in UPDATE]),

@@ -17,8 +17,9 @@ class StepEstimate:
     """A roofline estimate of a train step on the target's chips (not a measurement)."""
 
     update: float  # seconds: prepare + each model's update program, once each
-    rollout_call: float  # seconds of one sampler call at the longest prompt, every row to max_new_tokens
-    calls: int  # sampler calls per step on each host: pipeline groups x policy turns
+    rollout: float  # seconds of the step's rollout (every host at once), every reply to max_new_tokens
+    expected: float  # the same with replies of the plan's expected length
+    how: str  # the rollout's arithmetic, in words
     model_flops: float  # the step's model FLOPs, all devices (6N per trained token, 2N per scored or sampled one)
     update_flops: float  # of which the update's
     devices: int
@@ -26,7 +27,11 @@ class StepEstimate:
 
     @property
     def step(self) -> float:
-        return self.update + self.calls * self.rollout_call
+        return self.update + self.rollout
+
+    @property
+    def step_expected(self) -> float:
+        return self.update + self.expected
 
     @property
     def mfu(self) -> float:
@@ -37,16 +42,48 @@ class StepEstimate:
         return self.update_flops / (self.devices * self.peak * self.update) if self.update else 0.0
 
 
+def _rollout(plan: Plan, by_name: dict, shapes, chip) -> tuple[float, float, str, float]:
+    """(seconds with every reply at max_new_tokens, seconds at the expected length, the arithmetic
+    in words, tokens each host samples or feeds) of a step's rollout on every host at once.
+
+    The rollout engine: each turn, every dialogue of the host decodes in one batch of its rows
+    (the chunks' steps: the reply's tokens, times dialogues / rows), a reply costing its own
+    tokens, then its feed is prefilled in chunks. Static calls: each pipeline group's call per turn
+    at the longest prompt, each call costing its longest row: max_new_tokens either way."""
+    s = plan.setup
+    turns, new = s.spec.simulator.rules.max_turns, shapes.new_tokens
+    dialogues = max(1, s.spec.loop.dialogues // s.hosts)
+    if shapes.engine:
+        step = by_name["rollout"].cost.seconds(chip) / shapes.decode_chunk
+        prefill = by_name["rollout prefill"].cost.seconds(chip) * -(-plan.feed_tokens // shapes.prompt)
+        waves = max(1.0, dialogues / shapes.rows)
+
+        def seconds(reply: int) -> float:
+            return turns * (reply * waves * step + prefill)
+
+        how = (f"{turns} turns x ({new} tokens x {waves:g} wave(s) of {shapes.rows} rows x {step * 1e3:.1f} ms "
+               f"a decode step + prefill {prefill:.2f} s)")
+        return (seconds(new), seconds(plan.expected_reply_tokens), how,
+                turns * dialogues * (plan.feed_tokens + new))
+    calls = shapes.groups * turns
+    call = by_name["rollout"].cost.seconds(chip)
+    how = (f"{calls} calls x {call:.2f} s (pipeline groups x {turns} turns, each at the longest prompt, a call "
+           f"costing its longest row: every reply's length gives max_new_tokens)")
+    return calls * call, calls * call, how, calls * shapes.rows * (shapes.prompt + new)
+
+
 def step_estimate(plan: Plan) -> StepEstimate | None:
     """The roofline of a train step from the compiled programs' costs (hlo_cost.program_cost): the
-    update's programs once each, and the rollout's sampler program once per pipeline group and
-    policy turn (config.simulator.max_turns) on every host at once, each call at the longest prompt
-    with every row generating max_new_tokens: an upper bound of the rollout. MFU counts model FLOPs
-    (6 x parameters per trained token, 4 x with LoRA, whose base takes no gradient; 2 x per token
-    a program only reads or samples; attention left out) against the step's estimate."""
+    update's programs once each, and the rollout's sampler programs (`_rollout`) on every host at
+    once: with every reply at max_new_tokens, an upper bound, and at the plan's expected reply
+    length. MFU counts model FLOPs (6 x parameters per trained token, 4 x with LoRA, whose base
+    takes no gradient; 2 x per token a program only reads or samples; attention left out) against
+    the step's estimate with every reply at max_new_tokens."""
     s, chip = plan.setup, plan.setup.chip
     by_name = {p.name: p for p in plan.phases}
-    needed = [by_name[n] for n in (*UPDATE, "rollout") if n in by_name]
+    shapes = rollout_shapes(s.spec, plan.feed_tokens, s.hosts)
+    sampler = ("rollout", "rollout prefill") if shapes.engine else ("rollout",)
+    needed = [by_name[n] for n in UPDATE if n in by_name] + [by_name[n] for n in sampler if n in by_name]
     if chip is None or not needed or not all(p.cost is not None for p in needed):
         return None
     update = sum(by_name[n].cost.seconds(chip) for n in UPDATE if n in by_name)
@@ -64,13 +101,12 @@ def step_estimate(plan: Plan) -> StepEstimate | None:
         update_flops += train * actor_n * tokens * epochs
     if "critic update" in by_name:
         update_flops += train * critic_n * tokens * epochs
-    rollout = by_name.get("rollout")
-    shapes = rollout_shapes(s.spec, 512, s.hosts)
-    calls = shapes.groups * s.spec.simulator.rules.max_turns if rollout is not None else 0
-    call = rollout.cost.seconds(chip) if rollout is not None else 0.0
-    sampled = s.hosts * calls * 2 * actor_n * shapes.rows * (shapes.prompt + shapes.new_tokens)
-    return StepEstimate(update, call, calls, update_flops + (sampled if rollout is not None else 0.0), update_flops,
-                        s.mesh.size, chip.bf16_tflops * 1e12)
+    rollout, expected, how, sampled = 0.0, 0.0, "", 0.0
+    if all(n in by_name for n in sampler):
+        rollout, expected, how, host_tokens = _rollout(plan, by_name, shapes, chip)
+        sampled = s.hosts * 2 * actor_n * host_tokens
+    return StepEstimate(update, rollout, expected, how, update_flops + sampled, update_flops, s.mesh.size,
+                        chip.bf16_tflops * 1e12)
 
 
 def format_roofline(plan: Plan) -> list[str]:
@@ -91,10 +127,12 @@ def format_roofline(plan: Plan) -> list[str]:
                      f"{c.seconds(chip):9.3f}{extra}")
     est = step_estimate(plan)
     if est is not None:
-        rollout = (f" + rollout {est.calls} calls x {est.rollout_call:.2f} s (pipeline groups x "
-                   f"{s.spec.simulator.rules.max_turns} turns, each at the longest prompt and every row to "
-                   f"max_new_tokens: an upper bound)" if est.calls else "")
-        lines.append(f"step       estimate {est.step:.1f} s = update {est.update:.2f} s{rollout}; "
-                     f"implied MFU {100 * est.mfu:.1f}% of the step, {100 * est.update_mfu:.1f}% of the update "
-                     f"(model FLOPs: 6N per trained token, 2N per read or sampled one)")
+        rollout = f" + rollout {est.rollout:.1f} s = {est.how}" if est.how else ""
+        lines.append(f"step       estimate {est.step:.1f} s = update {est.update:.2f} s{rollout}, every reply at "
+                     f"max_new_tokens (an upper bound); implied MFU {100 * est.mfu:.1f}% of the step, "
+                     f"{100 * est.update_mfu:.1f}% of the update (model FLOPs: 6N per trained token, 2N per read or "
+                     f"sampled one)")
+        if est.how:
+            lines.append(f"step       estimate {est.step_expected:.1f} s with replies of {plan.expected_reply_tokens} "
+                         f"tokens on average (--expected_reply_tokens): rollout {est.expected:.1f} s")
     return lines

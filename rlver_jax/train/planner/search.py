@@ -1,5 +1,5 @@
 """Where a phase of the plan does not fit its budget: the largest shapes with which it does (a
-micro-batch, a dialogue length, pipeline groups, cache slots, held-out profiles), each candidate
+micro-batch, a dialogue length, the engine's KV rows, pipeline groups, cache slots, held-out profiles), each candidate
 compiled as the plan compiles it.
 """
 
@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from rlver_jax.parallel import sharding, topology
-from rlver_jax.sampling.buckets import LENGTH_BUCKETS
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
 from rlver_jax.train.spec import RunSpec
 from rlver_jax.train.planner.setup import GB, abstract_setup
 from rlver_jax.train.planner.phases import eval_profiles, run_phases
@@ -32,8 +32,9 @@ def fitting_shapes(spec: RunSpec, budget: float, phases: Sequence[str], feed_tok
                    log: Callable[[str], None], hoist_converts: bool = True, host_devices: int | None = None,
                    target: topology.Target | None = None) -> list[str]:
     """Update phases (some of UPDATE): the largest micro-batch, else the longest dialogue, with
-    which each of them fits `budget` bytes. ["rollout"]: the fewest pipeline groups (most
-    dialogues per sampler call), else the longest dialogue (no cache) or the most cache slots.
+    which each of them fits `budget` bytes. ["rollout"]: the rollout engine's most KV rows, else
+    the longest dialogue; static calls: the fewest pipeline groups (most dialogues per sampler
+    call), else the longest dialogue (no cache) or the most cache slots.
     ["evaluation"]: the most held-out profiles per evaluation. Each candidate is compiled as the
     plan is (for `target`: by the TPU compiler)."""
     s0 = abstract_setup(spec, hoist_converts, host_devices, target)
@@ -60,6 +61,17 @@ def fitting_shapes(spec: RunSpec, budget: float, phases: Sequence[str], feed_tok
             spec = spec.override(**{"rl.micro_batch_size": micro[0]})
             out.append(f"--config.rl.micro_batch_size={micro[0]}")
         field, step, limit = "rollout.max_total_tokens", spec.loop.length_multiple, s0.seq_len
+        start = step
+    elif spec.engine.engine == "jax":  # fewer KV rows (dialogues held at once), else shorter dialogues
+        out, rows = [], (spec.engine.engine_rows or bucket(spec.loop.dialogues // s0.hosts)) // 2
+        while rows >= 1:
+            log(f"  search: engine_rows={rows}")
+            if total(spec.override(**{"rollout.engine_rows": rows})) <= budget:
+                return [f"--config.rollout.engine_rows={rows}"]
+            rows //= 2
+        spec = spec.override(**{"rollout.engine_rows": 1})
+        out.append("--config.rollout.engine_rows=1")
+        field, step, limit = "rollout.max_total_tokens", LENGTH_BUCKETS[0], spec.rollout.max_total_tokens
         start = step
     else:
         r, cache_slots, out = spec.rollout, spec.sampling.cache_slots, []

@@ -1,0 +1,146 @@
+"""The rollout engine (continuous batching, issue 53): its replies are today's generation's, row by
+row, whatever the schedule (turns entering at different times, into too few rows, long prompts
+prefilled in chunks, rows reused and rewound between turns, versions changing), and a reply goes
+back within one decode chunk of its last token."""
+
+import asyncio
+
+import jax
+import numpy as np
+import pytest
+
+from rlver_jax.models import qwen2
+from rlver_jax.models.config import get_preset
+from rlver_jax.rollout.engine import JaxEngine
+from rlver_jax.rollout.policy import TurnRequest
+from rlver_jax.rollout.samplers import EngineSettings
+from rlver_jax.sampling import generation
+from rlver_jax.sampling.settings import SamplingSettings
+from rlver_jax.text import chat
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def chat_tokens(tiny_tokenizer_dir):
+    return chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tiny_tokenizer_dir))
+
+
+@pytest.fixture(scope="module")
+def versions(chat_tokens):
+    """Two parameter sets of the tiny model whose <|im_end|> is likely enough for replies of varied length."""
+    cfg = get_preset("tiny")
+    out = []
+    for seed in (0, 1):
+        params = qwen2.init_params(cfg, jax.random.key(seed))
+        params["embed"]["embedding"] = params["embed"]["embedding"].at[chat_tokens.im_end].multiply(6.0)
+        out.append(params)
+    return cfg, out
+
+
+def _reference(cfg, params, chat_tokens, requests, rng):
+    """Today's generation of each request alone: `generate` on its whole prompt, from its turn key
+    fold_in(fold_in(rng, dialogue), turn), cut at the request's budget (as JaxPolicy does)."""
+    base = np.asarray(jax.random.key_data(rng))
+    out = []
+    for r in requests:
+        key = jax.random.fold_in(jax.random.fold_in(base, r.dialogue), r.turn)
+        ids, mask = generation.pad_left([r.prompt_ids], len(r.prompt_ids), chat_tokens.end_of_text)
+        g = generation.generate(cfg, params, ids, mask, max_new_tokens=MAX_NEW, rng=key[None],
+                                stop_ids=(chat_tokens.im_end, chat_tokens.end_of_text),
+                                pad_id=chat_tokens.end_of_text, vocab_limit=len(chat_tokens.tokenizer))
+        n = min(int(g.lengths[0]), r.max_new_tokens)
+        out.append((g.tokens[0, :n].tolist(), np.asarray(g.model_logprobs[0, :n])))
+    return out
+
+
+def _check(turns, expected):
+    for k, (turn, (tokens, logprobs)) in enumerate(zip(turns, expected)):
+        assert turn.token_ids == tokens, f"request {k}"
+        np.testing.assert_allclose(turn.logprobs, logprobs, atol=2e-5, err_msg=f"request {k}")
+
+
+def _prompts(seed, lengths):
+    rng = np.random.default_rng(seed)
+    return [[int(x) for x in rng.integers(10, 500, n)] for n in lengths]
+
+
+def _engine(cfg, chat_tokens, rows, chunk=4, prefill=16):
+    return JaxEngine(cfg, chat_tokens, SamplingSettings(max_new_tokens=MAX_NEW),
+                     EngineSettings(engine_rows=rows, decode_chunk=chunk, prefill_chunk=prefill), jax.random.key(7))
+
+
+async def _enter_after(engine, steps, request):
+    """`request`'s turn once the engine has run `steps` decode steps."""
+    while engine.stats.decode_steps < steps:
+        await asyncio.sleep(0.005)
+    (turn,) = await engine.act([request])
+    return turn
+
+
+def test_replies_equal_generation_whatever_the_schedule(versions, chat_tokens):
+    """One long and several short replies; prompts longer than a prefill chunk; more turns than
+    rows (turns wait for a row); turns entering while others decode: each reply, tokens and
+    log-probs, is the one `generate` gives its request alone."""
+    cfg, (params, _) = versions
+    lengths, limits = [5, 40, 70, 23, 12, 33], [MAX_NEW, 6, MAX_NEW, 3, MAX_NEW, 9]
+    requests = [TurnRequest(p, [], lim, episode=i, dialogue=i, turn=0)
+                for i, (p, lim) in enumerate(zip(_prompts(0, lengths), limits))]
+    expected = _reference(cfg, params, chat_tokens, requests, jax.random.key(7))
+
+    at_once = _engine(cfg, chat_tokens, rows=4)
+    at_once.publish(0, params)
+    _check(asyncio.run(at_once.act(requests)), expected)
+
+    async def staggered(engine):
+        return await asyncio.gather(*(_enter_after(engine, steps, r) for steps, r in zip([0, 3, 1, 9, 4, 14], requests)))
+
+    later = _engine(cfg, chat_tokens, rows=0, chunk=2, prefill=32)
+    later.publish(0, params)
+    _check(asyncio.run(staggered(later)), expected)
+    for engine in (at_once, later):  # a reply leaves at the end of the chunk it stopped in
+        assert len(engine.stats.reply_lag_steps) == len(requests)
+        assert 0 <= max(engine.stats.reply_lag_steps) < engine.engine.decode_chunk
+        assert engine.stats.useful_tokens == sum(len(t) for t, _ in expected)
+
+
+def test_rows_kept_rewound_and_rewritten_between_turns(versions, chat_tokens):
+    """A dialogue's next turn extends its row (only the new tokens are fed), a prompt that no longer
+    extends the row rewinds it to what they share, and a turn of another version writes the row
+    afresh with that version's parameters: every reply is still `generate`'s."""
+    cfg, (params0, params1) = versions
+    engine = _engine(cfg, chat_tokens, rows=2)
+    engine.publish(0, params0)
+    engine.publish(1, params1)
+    first = [TurnRequest(p, [], MAX_NEW, episode=i, dialogue=i, turn=0, version=0)
+             for i, p in enumerate(_prompts(1, [30, 9]))]
+    replies = asyncio.run(engine.act(first))
+    _check(replies, _reference(cfg, params0, chat_tokens, first, jax.random.key(7)))
+    extra = _prompts(2, [7, 5, 11])
+    grown = TurnRequest(first[0].prompt_ids + replies[0].token_ids + extra[0], [], MAX_NEW, episode=0, dialogue=0,
+                        turn=1, version=0)
+    rewound = TurnRequest(first[1].prompt_ids[:4] + extra[1], [], MAX_NEW, episode=1, dialogue=1, turn=1, version=0)
+    newer = TurnRequest(first[0].prompt_ids + extra[2], [], MAX_NEW, episode=0, dialogue=0, turn=2, version=1)
+    assert engine.stats.prefilled_tokens == 30 + 9
+    second = asyncio.run(engine.act([grown, rewound]))
+    _check(second, _reference(cfg, params0, chat_tokens, [grown, rewound], jax.random.key(7)))
+    # The row holds the reply but its last token (drawn, never fed): that token, then the new ones;
+    # the rewound row keeps the 4 tokens its prompt shares.
+    assert engine.stats.prefilled_tokens == 30 + 9 + (1 + 7) + 5
+    (third,) = asyncio.run(engine.act([newer]))
+    _check([third], _reference(cfg, params1, chat_tokens, [newer], jax.random.key(7)))
+    assert engine.stats.prefilled_tokens == 30 + 9 + (1 + 7) + 5 + (30 + 11)  # another version: afresh
+    assert third.version == 1 and second[0].version == 0
+
+
+def test_rows_grow_by_buckets_up_to_what_a_dialogue_can_need():
+    """A row's slots: the length bucket of what a turn needs, at most the longest prompt plus a
+    reply rounded up to 128 (config.rollout: 1024 - 2 + 48 = 1070 -> 1152, under the 1536 bucket);
+    a turn beyond that bound still gets its bucket."""
+    import ml_collections
+
+    section = ml_collections.ConfigDict(dict(engine="jax", engine_rows=0, decode_chunk=8, prefill_chunk=256,
+                                             max_total_tokens=1024, max_new_tokens=48))
+    settings = EngineSettings.from_config(section, "config.rollout.")
+    assert settings.row_slots == 1152
+    assert [settings.slots_for(n) for n in (100, 700, 1070, 1200)] == [128, 768, 1152, 1536]
