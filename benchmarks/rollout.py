@@ -455,23 +455,30 @@ def report(ours: list[Timing], seq: Timing | None, dialogues: int) -> None:
           f"max_new_tokens {_MAX_NEW_TOKENS.value}, tiny random Qwen2 on {jax.devices()[0].platform}")
     header = (f"{'run':<36} {'wall s':>8} {'gen s':>7} {'gen ms/turn':>11} {'idle':>6} {'bound s':>8} "
               f"{'wall/bound':>10} {'speed-up':>8} {'requests':>8} {'peak':>5} {'compiles':>8}")
-    print(header)
-    print("-" * len(header))
+    rows = []
     for t in ours + [seq_all]:
         bound = turns * 2 * latency + t.generation_s
-        print(f"{t.name:<36} {t.wall_s:>8.2f} {t.generation_s:>7.2f} "
-              f"{t.generation_s / (t.dialogues * turns) * 1e3:>11.1f} {t.idle:>6.1%} {bound:>8.2f} "
-              f"{t.wall_s / bound:>10.2f} {seq_all.wall_s / t.wall_s:>8.1f} {t.requests:>8} "
-              f"{t.peak_in_flight:>5} {t.compiles:>8}")
-    print(f"\ngen ms/turn: generation time per dialogue turn. idle: 1 - gen / wall. bound: turns x 2 x "
-          f"latency + gen = {turns * 2 * latency:.1f} s + gen (the last turn has no reply step: "
-          f"{2 * turns - 1} requests per dialogue). peak: simulator requests in flight at once.")
+        rows.append(f"{t.name:<36} {t.wall_s:>8.2f} {t.generation_s:>7.2f} "
+                    f"{t.generation_s / (t.dialogues * turns) * 1e3:>11.1f} {t.idle:>6.1%} {bound:>8.2f} "
+                    f"{t.wall_s / bound:>10.2f} {seq_all.wall_s / t.wall_s:>8.1f} {t.requests:>8} "
+                    f"{t.peak_in_flight:>5} {t.compiles:>8}")
+    print_table(header, rows, f"\ngen ms/turn: generation time per dialogue turn. idle: 1 - gen / wall. bound: turns "
+                f"x 2 x latency + gen = {turns * 2 * latency:.1f} s + gen (the last turn has no reply step: "
+                f"{2 * turns - 1} requests per dialogue). peak: simulator requests in flight at once.")
     if seq.dialogues != dialogues:
         print(f"sequential: timed on {seq.dialogues} of {dialogues} dialogues, extrapolated linearly.")
     for t in ours:
         speedup, ratio = seq_all.wall_s / t.wall_s, t.wall_s / (turns * 2 * latency + t.generation_s)
         print(f"{t.name}: speed-up {speedup:.1f}x (target >= 10x: {'PASS' if speedup >= 10 else 'FAIL'}), "
               f"wall/bound {ratio:.2f} (target <= 1.5: {'PASS' if ratio <= 1.5 else 'FAIL'})")
+
+
+def print_table(header: str, rows: list[str], note: str) -> None:
+    """A table: its header, a rule, its rows, then what its columns mean."""
+    print(header)
+    print("-" * len(header))
+    print("\n".join(rows))
+    print(note)
 
 
 def latency_table(ours: list[Timing], dialogues: int) -> None:
@@ -481,16 +488,15 @@ def latency_table(ours: list[Timing], dialogues: int) -> None:
           f"{_MAX_NEW_TOKENS.value}, tiny random Qwen2 on {jax.devices()[0].platform}")
     header = (f"{'run':<44} {'wall s':>8} {'gen s':>7} {'calls':>6} {'call s':>7} {'slowest user s':>14} "
               f"{'bound s':>8} {'wall/bound':>10} {'vs constant':>11} {'compiles':>8}")
-    print(header)
-    print("-" * len(header))
+    rows = []
     for t in ours:
         base = constant.get(t.name.split(", ", 1)[1])
-        print(f"{t.name:<44} {t.wall_s:>8.2f} {t.generation_s:>7.2f} {t.calls:>6} {t.call_s:>7.3f} "
-              f"{t.slowest_user_s:>14.2f} {t.critical_path:>8.2f} {t.wall_s / t.critical_path:>10.2f} "
-              f"{t.wall_s / base if base else math.nan:>11.2f} {t.compiles:>8}")
-    print("bound: the slowest dialogue's simulator seconds + turns x a turn's generation (static: the median "
-          "call; engine: the median turn, request to reply). vs constant: wall over the constant-latency run of "
-          "the same schedule.")
+        rows.append(f"{t.name:<44} {t.wall_s:>8.2f} {t.generation_s:>7.2f} {t.calls:>6} {t.call_s:>7.3f} "
+                    f"{t.slowest_user_s:>14.2f} {t.critical_path:>8.2f} {t.wall_s / t.critical_path:>10.2f} "
+                    f"{t.wall_s / base if base else math.nan:>11.2f} {t.compiles:>8}")
+    print_table(header, rows, "bound: the slowest dialogue's simulator seconds + turns x a turn's generation (static: "
+                "the median call; engine: the median turn, request to reply). vs constant: wall over the "
+                "constant-latency run of the same schedule.")
 
 
 def lengths_table(ours: list[Timing]) -> None:
@@ -507,16 +513,16 @@ def lengths_table(ours: list[Timing]) -> None:
           f"{_LENGTH_LOG_SD.value:g}); decode_chunk {_DECODE_CHUNK.value}")
     header = (f"{'run':<52} {'tokens':>7} {'busy s':>7} {'tok/busy s':>10} {'tok/wall s':>10} {'busy':>6} "
               f"{'wait ms mean':>12} {'p95':>6} {'max':>6} {'vs constant':>11}")
-    print(header)
-    print("-" * len(header))
+    rows = []
     for t in ours:
         waits = np.asarray(t.waits) * 1e3
         base = rate.get(constant_key(t))
-        print(f"{t.name:<52} {t.tokens:>7} {t.generation_s:>7.2f} {rate[t.name]:>10.0f} {t.tokens / t.wall_s:>10.0f} "
-              f"{1 - t.idle:>6.1%} {waits.mean():>12.1f} {np.percentile(waits, 95):>6.1f} {waits.max():>6.1f} "
-              f"{rate[t.name] / base if base else math.nan:>11.2f}")
-    print("wait: from a reply's last token to its return (static: its call's longest row; engine: the rest of "
-          "its decode chunk), at its call's rate.")
+        rows.append(f"{t.name:<52} {t.tokens:>7} {t.generation_s:>7.2f} {rate[t.name]:>10.0f} "
+                    f"{t.tokens / t.wall_s:>10.0f} {1 - t.idle:>6.1%} {waits.mean():>12.1f} "
+                    f"{np.percentile(waits, 95):>6.1f} {waits.max():>6.1f} "
+                    f"{rate[t.name] / base if base else math.nan:>11.2f}")
+    print_table(header, rows, "wait: from a reply's last token to its return (static: its call's longest row; "
+                "engine: the rest of its decode chunk), at its call's rate.")
 
 
 def main(argv: Sequence[str]) -> None:
