@@ -1,5 +1,6 @@
 """Parity of the Flax Qwen2 with transformers' PyTorch Qwen2ForCausalLM, and KV-cache decoding."""
 
+import dataclasses
 import json
 
 import jax
@@ -29,6 +30,21 @@ def test_logits_match_transformers(tmp_path, tied, scan):
     assert config.tie_word_embeddings == tied
     ids, mask, positions = left_padded_batch(config.vocab_size)
     ours = np.asarray(_forward(config, params, jnp.asarray(ids), jnp.asarray(mask)))
+    ref = torch_logits(model, ids, mask, positions)
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(ours[valid], ref[valid], atol=1e-4, rtol=0)
+
+
+def test_the_accelerators_matmul_form_matches_transformers(tmp_path, monkeypatch):
+    """On TPU and GPU the projections contract the weights as they are (a dot_general over
+    [D, N, H] and [N, H, D]), not reshaped to 2-D as on CPU (qwen2._dense): traced as for a TPU
+    target here and run on CPU, the model's logits are still transformers'."""
+    monkeypatch.setattr(qwen2.attention, "target_platform", lambda: "tpu")
+    model, path = make_hf_model(tmp_path, tied=False)
+    config, params = hf_io.load_pretrained(path, scan_layers=True)
+    config = dataclasses.replace(config, attention="xla")  # "auto" on a TPU target is the splash kernel
+    ids, mask, positions = left_padded_batch(config.vocab_size)
+    ours = np.asarray(jax.jit(qwen2.forward, static_argnums=0)(config, params, jnp.asarray(ids), jnp.asarray(mask)))
     ref = torch_logits(model, ids, mask, positions)
     valid = mask.astype(bool)
     np.testing.assert_allclose(ours[valid], ref[valid], atol=1e-4, rtol=0)

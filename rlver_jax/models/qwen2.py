@@ -103,15 +103,24 @@ def _normal(config: Qwen2Config):
 
 
 def _dense(x: jax.Array, w: jax.Array, in_dims: int = 1, out_dtype=None) -> jax.Array:
-    """x [M, *in] @ w [*in, *out] -> [M, *out] as one 2-D matmul over a flat token axis M.
+    """x [M, *in] @ w [*in, *out] -> [M, *out] over a flat token axis M.
 
     Accumulates in fp32 and casts to `out_dtype` (default: x's dtype): XLA:CPU runs a matmul
     with bf16 outputs on a slow path (several times slower than fp32 out plus a cast; see
     docs/benchmarks.md, Generation). Not an einsum over [B, T, ...]: XLA's CPU backend lays out
     the backward pass of a matmul with two token axes with extra transposes (flat is faster; see
-    benchmarks/train_step.py). On accelerators both forms compile to the same matmuls.
+    benchmarks/train_step.py). On CPU one 2-D matmul of `w` reshaped; on TPU and GPU a
+    dot_general on `w` as it is: a head axis of 7 (Qwen2.5-7B's 28 heads over 4 devices) does not
+    fill the TPU's (8, 128) tiles, so reshaping [D, 7, H] to [D, 7H] is a relayout, which the TPU
+    compiler does once per decode call for the stacked layers and then copies each layer's slice
+    every step (0.7 GB per decode step of the 7B plan; docs/sharding.md).
     """
     m, out_shape = x.shape[0], w.shape[in_dims:]
+    if attention.target_platform() != "cpu":
+        contract = (tuple(range(1, in_dims + 1)), tuple(range(in_dims)))
+        y = jax.lax.dot_general(x.reshape((m,) + w.shape[:in_dims]), w, (contract, ((), ())),
+                                preferred_element_type=jnp.float32)
+        return y.astype(out_dtype or x.dtype)
     w_2d = w.reshape(math.prod(w.shape[:in_dims]), math.prod(out_shape))
     y = jnp.dot(x.reshape(m, -1), w_2d, preferred_element_type=jnp.float32)
     return y.astype(out_dtype or x.dtype).reshape((m,) + out_shape)
