@@ -128,7 +128,16 @@ def _dot_flops(instr: _Instr, shapes: dict[str, str]) -> float:
     if not rhs or not labels:
         return 0.0
     kernel = labels.group(2)
-    contract = math.prod(size for size, c in zip(rhs[0][1], kernel) if c != "o")
+    contract = math.prod(size for size, c in zip(rhs[0][1], kernel) if c not in "o0123456789")
+    # A window position lands on an input element only every lhs_dilate positions: the TPU
+    # compiler writes some batched matmuls (attention's scores) as a base-dilated convolution
+    # whose window is mostly holes.
+    window = re.search(r"window=\{size=([\dx]+)(.*?)\}", instr.rest)
+    if window:
+        dilate = re.search(r"lhs_dilate=([\dx]+)", window.group(2))
+        sizes = [int(n) for n in window.group(1).split("x")]
+        dilations = [int(n) for n in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
+        contract *= math.prod(-(-n // d) for n, d in zip(sizes, dilations))
     groups = re.search(r"feature_group_count=(\d+)", instr.rest)
     return 2.0 * out_elems * contract / (int(groups.group(1)) if groups else 1)
 
