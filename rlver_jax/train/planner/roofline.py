@@ -54,15 +54,24 @@ def _rollout(plan: Plan, by_name: dict, shapes, chip) -> tuple[float, float, str
     turns, new = s.spec.simulator.rules.max_turns, shapes.new_tokens
     dialogues = max(1, s.spec.loop.dialogues // s.hosts)
     if shapes.engine:
-        step = by_name["rollout"].cost.seconds(chip) / shapes.decode_chunk
-        prefill = by_name["rollout prefill"].cost.seconds(chip) * -(-plan.feed_tokens // shapes.prompt)
+        decode, slots = by_name["rollout"].cost, shapes.cache_slots
+
+        def step(reply: int) -> float:  # a decode step at the rows' mean fill over a reply of `reply` tokens
+            return decode.at_fill((shapes.fill + reply / 2) / slots).seconds(chip) / shapes.decode_chunk
+
+        chunks = -(-plan.feed_tokens // shapes.prompt)
+        prefill = by_name["rollout prefill"].cost.at_fill(shapes.fill / slots).seconds(chip) * chunks
         waves = max(1.0, dialogues / shapes.rows)
 
         def seconds(reply: int) -> float:
-            return turns * (reply * waves * step + prefill)
+            return turns * (reply * waves * step(reply) + prefill)
 
-        how = (f"{turns} turns x ({new} tokens x {waves:g} wave(s) of {shapes.rows} rows x {step * 1e3:.1f} ms "
-               f"a decode step + prefill {prefill:.2f} s)")
+        whole = decode.seconds(chip) / shapes.decode_chunk
+        how = (f"{turns} turns x ({new} tokens x {waves:g} wave(s) of {shapes.rows} rows x {step(new) * 1e3:.1f} ms "
+               f"a decode step + prefill {prefill:.2f} s); the cached attention reads each row to its fill, "
+               f"assumed the longest prompt ({shapes.fill} tokens) every turn plus the reply's mean position, "
+               f"{(shapes.fill + new / 2) / slots:.0%} of its {slots} slots (every row whole: {whole * 1e3:.1f} ms "
+               f"a decode step)")
         return (seconds(new), seconds(plan.expected_reply_tokens), how,
                 turns * dialogues * (plan.feed_tokens + new))
     calls = shapes.groups * turns
