@@ -151,5 +151,9 @@ def test_the_decode_program_compiles_for_v5e_with_the_kernel_and_no_scores():
     cost = hlo_cost.program_cost(compiled)
     # Per device: 4 rows x 1 kv head x S x H uint16, keys and values, each layer of each step.
     assert cost.ragged_bytes == 2 * cfg.num_layers * steps * (4 * 1 * s * 128 * 2)
-    assert cost.at_fill(0.25).bytes == pytest.approx(cost.bytes - 0.75 * cost.ragged_bytes)
-    assert cost.at_fill(1.0).bytes == cost.bytes
+    # Two matmuls of 2 x q's rows (1 token x 2 groups) x S x H per row, kv head, layer and step.
+    assert cost.ragged_flops == 2 * 2 * (4 * 1 * 2 * s * 128) * cfg.num_layers * steps
+    quarter = cost.at_fill(0.25)
+    assert quarter.bytes == pytest.approx(cost.bytes - 0.75 * cost.ragged_bytes)
+    assert quarter.flops == pytest.approx(cost.flops - 0.75 * cost.ragged_flops)
+    assert cost.at_fill(1.0) == cost

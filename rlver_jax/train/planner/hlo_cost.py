@@ -32,6 +32,7 @@ class Cost:
     unknown_loops: int = 0  # while loops whose trip count could not be read: counted once
     kernel_flops: float = 0.0  # of `flops`, the attention kernels' (splash, cuDNN, ragged), by formula
     ragged_bytes: float = 0.0  # of `bytes`, the ragged kernel's key/value reads, every cache row whole
+    ragged_flops: float = 0.0  # of `kernel_flops`, the ragged kernel's, every cache row whole
 
     def seconds(self, chip: Chip) -> float:
         """Roofline: the larger of compute time at the bf16 peak and HBM time at full bandwidth."""
@@ -40,9 +41,11 @@ class Cost:
     def at_fill(self, fraction: float) -> Cost:
         """The same program with the ragged kernel (models.ragged_attention) reading `fraction` of
         each cache row, as it does at a mean fill of that fraction of the slots (it fetches no key
-        block past a row's fill). Its FLOPs stay at whole rows (a decode step is bandwidth-bound)."""
-        f = min(max(fraction, 0.0), 1.0)
-        return dataclasses.replace(self, bytes=self.bytes - (1 - f) * self.ragged_bytes)
+        block past a row's fill, and computes none)."""
+        cut = 1 - min(max(fraction, 0.0), 1.0)
+        return dataclasses.replace(self, bytes=self.bytes - cut * self.ragged_bytes,
+                                   flops=self.flops - cut * self.ragged_flops,
+                                   kernel_flops=self.kernel_flops - cut * self.ragged_flops)
 
 
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
@@ -296,14 +299,16 @@ class _Work:
     bytes: float = 0.0
     unknown_loops: int = 0
     ragged: float = 0.0  # of bytes, the ragged kernel's cache rows
+    ragged_flops: float = 0.0  # of kernel, the ragged kernel's
 
     def __add__(self, other: _Work) -> _Work:
         return _Work(self.flops + other.flops, self.kernel + other.kernel, self.bytes + other.bytes,
-                     self.unknown_loops + other.unknown_loops, self.ragged + other.ragged)
+                     self.unknown_loops + other.unknown_loops, self.ragged + other.ragged,
+                     self.ragged_flops + other.ragged_flops)
 
     def times(self, n: float) -> _Work:
         return dataclasses.replace(self, flops=n * self.flops, kernel=n * self.kernel, bytes=n * self.bytes,
-                                   ragged=n * self.ragged)
+                                   ragged=n * self.ragged, ragged_flops=n * self.ragged_flops)
 
 
 def program_cost(compiled: Any) -> Cost:
@@ -317,7 +322,7 @@ def program_cost(compiled: Any) -> Cost:
     ragged cached-attention kernel over whole rows), their matmuls by formula; elementwise work is left out (it is bandwidth, below). Bytes: what each
     top-level operation (a fusion, a matmul, a copy, a collective, a kernel) reads and writes (the
     ragged kernel: one layer of the key/value stacks it is given, every row whole, also counted
-    apart as `Cost.ragged_bytes` for `Cost.at_fill`), as XLA's cost model counts a fusion, so on-chip reuse inside a fusion is free and every fusion
+    apart as `Cost.ragged_bytes` and its FLOPs as `Cost.ragged_flops`, for `Cost.at_fill`), as XLA's cost model counts a fusion, so on-chip reuse inside a fusion is free and every fusion
     boundary is an HBM round trip."""
     comps, entry = _computations(hlo_text(compiled))
     fused = {c for ins in comps.values() for i in ins if i.op == "fusion" for c in _called(i.rest, "calls")}
@@ -331,7 +336,7 @@ def program_cost(compiled: Any) -> Cost:
                 total += _Work(flops=_dot_flops(i, shapes))
             elif i.op == "custom-call" and _is_ragged(i):
                 k = _ragged_flops(i, shapes)
-                total += _Work(flops=k, kernel=k, ragged=_ragged_rows(i, shapes))
+                total += _Work(flops=k, kernel=k, ragged=_ragged_rows(i, shapes), ragged_flops=k)
             elif i.op == "custom-call":
                 k = _kernel_flops(i)
                 total += _Work(flops=k, kernel=k)
@@ -356,4 +361,4 @@ def program_cost(compiled: Any) -> Cost:
     if isinstance(xla, Sequence):
         xla = xla[0] if xla else {}
     return Cost(program.flops, program.bytes, float(xla.get("flops", 0.0)), float(xla.get("bytes accessed", 0.0)),
-                program.unknown_loops, program.kernel, program.ragged)
+                program.unknown_loops, program.kernel, program.ragged, program.ragged_flops)
