@@ -50,8 +50,9 @@ def _rollout(plan: Plan, by_name: dict, shapes, chip) -> tuple[float, float, str
     (the chunks' steps: the reply's tokens, times dialogues / rows), a reply costing its own
     tokens, then its feed is prefilled in chunks; the rows' attention kernel reads each row to its
     fill (hlo_cost.Cost.at_fill), assumed the longest prompt every turn (RolloutShapes.fill) plus
-    the reply's mean position while decoding, the longest prompt while prefilling. Static calls: each pipeline group's call per turn
-    at the longest prompt, each call costing its longest row: max_new_tokens either way."""
+    the reply's mean position while decoding, the longest prompt while prefilling. Static calls:
+    each pipeline group's call per turn at the longest prompt, each call costing its longest row:
+    max_new_tokens either way."""
     s = plan.setup
     turns, new = s.spec.simulator.rules.max_turns, shapes.new_tokens
     dialogues = max(1, s.spec.loop.dialogues // s.hosts)
