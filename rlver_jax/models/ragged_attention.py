@@ -132,27 +132,30 @@ def ragged_attention(q_BTNH: jax.Array, k_stack: jax.Array, v_stack: jax.Array, 
 def partitioned(q_BTNH: jax.Array, k_stack: jax.Array, v_stack: jax.Array, layer: jax.Array,
                 rows_B: jax.Array | None, starts_B: jax.Array, ends_B: jax.Array, interpret: bool = False) -> jax.Array:
     """`ragged_attention` in a shard_map over the mesh in context, as attention.splash_attention runs
-    its kernel (`kernel_partition`): rows over the batch axes, kv heads over 'tensor'. With rows_B
-    None, fed row b is cache row b (each device reads its own rows); with rows_B, the fed rows are
-    gathered from the layer first (a fed row's cache row may lie on another device)."""
+    its kernel (`kernel_partition`): rows over the batch axes, kv heads over 'tensor'. rows_B None:
+    fed row b is cache row b (each device reads its own rows). Given rows_B (a fed row past the
+    cache's rows reads its last, for an output nobody reads), the kernel reads them where they lie,
+    unless the rows are split over devices: a fed row's cache row may lie on another device, so
+    the layer's fed rows are gathered first."""
     b, n, kh = q_BTNH.shape[0], q_BTNH.shape[2], k_stack.shape[3]
-    if rows_B is not None:
-        k_stack, v_stack = (x[layer][rows_B][None] for x in (k_stack, v_stack))
-        layer = jnp.zeros((), jnp.int32)
-    run = functools.partial(_local, interpret=interpret)
     mesh = jax.sharding.get_abstract_mesh()
+    rows, heads = kernel_partition({} if mesh.empty else dict(zip(mesh.axis_names, mesh.axis_sizes)), b, n, kh)
+    if rows_B is not None and rows is not None:
+        k_stack, v_stack = (x[layer][rows_B][None] for x in (k_stack, v_stack))
+        layer, rows_B = jnp.zeros((), jnp.int32), None
+    if rows_B is None:
+        def run(q, k, v, layer, starts, ends):  # one device's rows are its cache rows in order
+            return ragged_attention(q, k, v, layer, jnp.arange(q.shape[0]), starts, ends, interpret)
+        args, row_spec = (), ()
+    else:
+        def run(q, k, v, layer, starts, ends, fed):
+            return ragged_attention(q, k, v, layer, jnp.minimum(fed, k.shape[1] - 1), starts, ends, interpret)
+        args, row_spec = (rows_B,), (P(),)
     if not mesh.empty:
-        rows, heads = kernel_partition(dict(zip(mesh.axis_names, mesh.axis_sizes)), b, n, kh)
         stack = P(None, rows, None, heads)
-        run = jax.shard_map(run, in_specs=(P(rows, None, heads), stack, stack, P(), P(rows), P(rows)),
+        run = jax.shard_map(run, in_specs=(P(rows, None, heads), stack, stack, P(), P(rows), P(rows)) + row_spec,
                             out_specs=P(rows, None, heads), check_vma=False)
-    return run(q_BTNH, k_stack, v_stack, layer, starts_B, ends_B)
-
-
-def _local(q_BTNH, k_stack, v_stack, layer, starts_B, ends_B, interpret: bool):
-    """One device's share: its rows are its cache rows in order."""
-    rows_B = jnp.arange(q_BTNH.shape[0], dtype=jnp.int32)
-    return ragged_attention(q_BTNH, k_stack, v_stack, layer, rows_B, starts_B, ends_B, interpret)
+    return run(q_BTNH, k_stack, v_stack, layer, starts_B, ends_B, *args)
 
 
 def kernel_heads(mesh_sizes: dict[str, int], b: int, n: int, kh: int) -> int:
