@@ -42,11 +42,11 @@ def _numpy_attention(q, keys, values, starts, ends):
     return out
 
 
-@pytest.mark.parametrize("t, s", [(1, 384), (3, 384), (130, 256)])
+@pytest.mark.parametrize("t, s", [(1, 2100), (3, 2100), (130, 600)])
 def test_kernel_matches_masked_softmax_attention(t, s):
     """bf16 stacks held as uint16 bits, a permutation of the cache's rows, layer 1 of 2, 3 query
     heads per kv head; rows of 1 key, of every slot (S), and in between; T=130 spans two query
-    blocks; S=384 three key blocks."""
+    blocks; both S span two key blocks, the last running past S."""
     rng = np.random.default_rng(t)
     layers, r, k, g, h = 2, 4, 2, 3, 32
     keys, values = (rng.standard_normal((layers, r, s, k, h)) for _ in "kv")
@@ -113,8 +113,8 @@ def test_the_kernel_runs_on_tpu_targets_only():
     """On this CPU the rows' attention stays dense (the CPU runs' numbers do not move)."""
     assert not qwen2._ragged_kernel(get_preset("tiny"), 4)
     assert ragged_attention.supported(1) and not ragged_attention.supported(2)
-    assert ragged_attention.key_block(20096) == 128 and ragged_attention.key_block(2048) == 512
-    assert ragged_attention.key_block(40) == 40
+    assert ragged_attention.key_block(20096, 7) == 2048 and ragged_attention.key_block(20096, 256 * 7) == 512
+    assert ragged_attention.key_block(40, 7) == 40
 
 
 @pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu is not installed: no TPU compiler here")

@@ -28,14 +28,20 @@ from jax.sharding import PartitionSpec as P
 
 from rlver_jax.models.attention import NEG_INF, kernel_partition
 
-KEY_BLOCKS = (512, 256, 128)  # key block lengths tried in order (one that divides S; else S whole)
+# Key block lengths: long for a decode step's few query rows (each grid step costs a fixed
+# overhead, ~0.35 us on a TPU, as much as a 512-slot block's DMA), shorter for a prefill chunk's
+# many, whose fp32 scores [query rows, block] live in VMEM. A row's last block reads up to a block
+# past its fill (half a block on average).
+DECODE_KEY_BLOCK, PREFILL_KEY_BLOCK = 2048, 512
 QUERY_BLOCK = 128  # new tokens per query block when T is longer (a prefill chunk)
 NAME = "ragged_decode_attention"  # the kernel's custom call (the planner's cost model reads it)
 
 
-def key_block(s: int) -> int:
-    """The key block length for S slots: no partial block, so no slot past S is ever read."""
-    return next((b for b in KEY_BLOCKS if s % b == 0), s)
+def key_block(s: int, query_rows: int) -> int:
+    """The key block length over S slots for a query block of `query_rows` rows (tokens x groups):
+    S whole where it is shorter; else the last block may run past S (masked in the kernel)."""
+    block = DECODE_KEY_BLOCK if query_rows <= 128 else PREFILL_KEY_BLOCK
+    return min(block, s)
 
 
 def supported(k_local: int) -> bool:
@@ -69,6 +75,8 @@ def _kernel(layer_ref, rows_ref, starts_ref, ends_ref, q_ref, k_ref, v_ref, o_re
         slot = j * bs + slots
         q_slot = start + i * tq + rows // groups  # query rows are (token, group) pairs, token-major
         s = jnp.where((slot < end) & (slot <= q_slot), s, NEG_INF)
+        # A block running past S holds unspecified values there, maybe NaN bits: 0 x NaN is NaN.
+        v = jnp.where(j * bs + jax.lax.broadcasted_iota(jnp.int32, (bs, 1), 0) < end, v, 0)
         m = m_ref[...]
         m_new = jnp.maximum(m, s.max(axis=-1, keepdims=True))
         p = jnp.exp(s - m_new)
@@ -99,11 +107,11 @@ def ragged_attention(q_BTNH: jax.Array, k_stack: jax.Array, v_stack: jax.Array, 
     dt = q_BTNH.dtype
     tq = t if t <= QUERY_BLOCK else QUERY_BLOCK
     nq = -(-t // tq)
-    bs = key_block(s)
-    ns = s // bs
+    mb = tq * g
+    bs = key_block(s, mb)
+    ns = -(-s // bs)
     q = jnp.pad(q_BTNH, ((0, 0), (0, nq * tq - t), (0, 0), (0, 0)))
     q = q.reshape(b, nq * tq, kh, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kh, nq * tq * g, h)
-    mb = tq * g
 
     def q_map(bi, ki, i, j, layer_ref, rows_ref, starts_ref, ends_ref):
         return bi, ki, i, 0
