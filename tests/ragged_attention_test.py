@@ -112,7 +112,9 @@ def test_engine_programs_with_the_kernel_match_their_dense_form(monkeypatch):
 def test_the_kernel_runs_on_tpu_targets_only():
     """On this CPU the rows' attention stays dense (the CPU runs' numbers do not move)."""
     assert not qwen2._ragged_kernel(get_preset("tiny"), 4)
-    assert ragged_attention.supported(1) and not ragged_attention.supported(2)
+    # One kv head per device: the 7B plan's 4 over 'tensor' of 4 (rows unsplit); not 2 over 1.
+    assert ragged_attention.reads_in_place({"data": 1, "fsdp": 1, "tensor": 4}, 8, 28, 4)
+    assert not ragged_attention.reads_in_place({"data": 1, "fsdp": 2, "tensor": 1}, 8, 4, 2)
     assert ragged_attention.key_block(20096, 7) == 2048 and ragged_attention.key_block(20096, 256 * 7) == 512
     assert ragged_attention.key_block(40, 7) == 40
 

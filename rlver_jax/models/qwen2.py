@@ -226,13 +226,12 @@ class Attention(nn.Module):
 def _ragged_kernel(config: Qwen2Config, b: int) -> bool:
     """Whether the rows' cached attention runs the Pallas kernel (models.ragged_attention): where
     config.model.attention resolves to a TPU kernel ("auto" or "splash" on a TPU target) and the
-    kernel tiles this cache; the dense form elsewhere."""
+    kernel reads this cache where it lies (one kv head per device); the dense form elsewhere."""
     if attention.resolve(config.attention, 1, config.jnp_dtype) != "splash":
         return False
     mesh = jax.sharding.get_abstract_mesh()
     sizes = {} if mesh.empty else dict(zip(mesh.axis_names, mesh.axis_sizes))
-    k_local = ragged_attention.kernel_heads(sizes, b, config.num_heads, config.num_kv_heads)
-    return ragged_attention.supported(k_local)
+    return ragged_attention.reads_in_place(sizes, b, config.num_heads, config.num_kv_heads)
 
 
 class MLP(nn.Module):

@@ -44,12 +44,14 @@ def key_block(s: int, query_rows: int) -> int:
     return min(block, s)
 
 
-def supported(k_local: int) -> bool:
-    """Whether the kernel reads a cache of k_local kv heads per device where it lies. A block's last
-    two dims must be whole or (8, 128)-aligned, so the kernel reads keys [L, R, K, S, H] (a view
-    with the slots second-minor); with one kv head per device that view is the TPU layout of the
-    cache itself, with several the TPU compiler would copy the whole stack for it in every layer."""
-    return k_local == 1
+def reads_in_place(mesh_sizes: dict[str, int], b: int, n: int, kh: int) -> bool:
+    """Whether the kernel reads the cache where it lies on a mesh of axis `mesh_sizes` (B rows of N
+    query and K kv heads): with one kv head per device (`kernel_partition`). A block's last two
+    dims must be whole or (8, 128)-aligned, so the kernel reads keys [L, R, K, S, H] (a view with
+    the slots second-minor); with one kv head per device that view is the TPU layout of the cache
+    itself, with several the TPU compiler would copy the whole stack for it in every layer."""
+    heads = kernel_partition(mesh_sizes, b, n, kh)[1]
+    return kh // (mesh_sizes[heads] if heads else 1) == 1
 
 
 def _kernel(layer_ref, rows_ref, starts_ref, ends_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *,
@@ -164,10 +166,3 @@ def partitioned(q_BTNH: jax.Array, k_stack: jax.Array, v_stack: jax.Array, layer
         run = jax.shard_map(run, in_specs=(P(rows, None, heads), stack, stack, P(), P(rows), P(rows)) + row_spec,
                             out_specs=P(rows, None, heads), check_vma=False)
     return run(q_BTNH, k_stack, v_stack, layer, starts_B, ends_B, *args)
-
-
-def kernel_heads(mesh_sizes: dict[str, int], b: int, n: int, kh: int) -> int:
-    """kv heads per device of the kernel's shard_map (`supported` needs them)."""
-    heads = kernel_partition(mesh_sizes, b, n, kh)[1]
-    return kh // (mesh_sizes[heads] if heads else 1)
-

@@ -319,11 +319,12 @@ def program_cost(compiled: Any) -> Cost:
     case, as the planner's shapes are; the update's mini-batch loop is a conditional that skips
     padding rows). FLOPs: dots and convolutions (2 x output x contracted size), and for the attention
     kernels, which XLA does not see into (splash's Pallas kernels, cuDNN's fused attention, the
-    ragged cached-attention kernel over whole rows), their matmuls by formula; elementwise work is left out (it is bandwidth, below). Bytes: what each
-    top-level operation (a fusion, a matmul, a copy, a collective, a kernel) reads and writes (the
-    ragged kernel: one layer of the key/value stacks it is given, every row whole, also counted
-    apart as `Cost.ragged_bytes` and its FLOPs as `Cost.ragged_flops`, for `Cost.at_fill`), as XLA's cost model counts a fusion, so on-chip reuse inside a fusion is free and every fusion
-    boundary is an HBM round trip."""
+    ragged cached-attention kernel over whole rows), their matmuls by formula; elementwise work is
+    left out (it is bandwidth, below). Bytes: what each top-level operation (a fusion, a matmul, a
+    copy, a collective, a kernel) reads and writes (the ragged kernel: one layer of the key/value
+    stacks it is given, every row whole, also counted apart as `Cost.ragged_bytes` and its FLOPs as
+    `Cost.ragged_flops`, for `Cost.at_fill`), as XLA's cost model counts a fusion, so on-chip reuse
+    inside a fusion is free and every fusion boundary is an HBM round trip."""
     comps, entry = _computations(hlo_text(compiled))
     fused = {c for ins in comps.values() for i in ins if i.op == "fusion" for c in _called(i.rest, "calls")}
 
