@@ -42,10 +42,10 @@ def _numpy_attention(q, keys, values, starts, ends):
     return out
 
 
-@pytest.mark.parametrize("t, s", [(1, 2100), (3, 2100), (130, 600)])
+@pytest.mark.parametrize("t, s", [(1, 2100), (3, 2100), (260, 600)])
 def test_kernel_matches_masked_softmax_attention(t, s):
     """bf16 stacks held as uint16 bits, a permutation of the cache's rows, layer 1 of 2, 3 query
-    heads per kv head; rows of 1 key, of every slot (S), and in between; T=130 spans two query
+    heads per kv head; rows of 1 key, of every slot (S), and in between; T=260 spans two query
     blocks; both S span two key blocks, the last running past S."""
     rng = np.random.default_rng(t)
     layers, r, k, g, h = 2, 4, 2, 3, 32
@@ -53,7 +53,7 @@ def test_kernel_matches_masked_softmax_attention(t, s):
     stack = [jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.bfloat16), jnp.uint16) for x in (keys, values)]
     q = jnp.asarray(rng.standard_normal((r, t, k * g, h)), jnp.bfloat16)
     rows = np.array([2, 0, 3, 1])
-    ends = np.array([1, s, 200, s - 60])  # row 0: one key; row 1: every slot
+    ends = np.array([1, s, 300, s - 60])  # row 0: one key; row 1: every slot
     starts = np.maximum(ends - t, 0)  # the last query at the row's last key, T=1 as a decode step does
     starts[2] -= 5  # queries past the fill (a prefill chunk's padding) attend only the fill
     out = ragged_attention.ragged_attention(q, *stack, jnp.int32(1), jnp.asarray(rows), jnp.asarray(starts),

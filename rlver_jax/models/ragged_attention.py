@@ -33,7 +33,7 @@ from rlver_jax.models.attention import NEG_INF, kernel_partition
 # many, whose fp32 scores [query rows, block] live in VMEM. A row's last block reads up to a block
 # past its fill (half a block on average).
 DECODE_KEY_BLOCK, PREFILL_KEY_BLOCK = 2048, 512
-QUERY_BLOCK = 128  # new tokens per query block when T is longer (a prefill chunk)
+QUERY_BLOCK = 256  # new tokens per query block when T is longer (a prefill chunk: one block each)
 NAME = "ragged_decode_attention"  # the kernel's custom call (the planner's cost model reads it)
 
 

@@ -220,7 +220,9 @@ def _dims(shapes: dict[str, str], name: str) -> tuple[int, ...]:
 
 def _ragged_rows(instr: _Instr, shapes: dict[str, str]) -> float:
     """Bytes of the cache rows the ragged kernel reads, every row whole: of each key/value stack
-    operand [L, R, K, S, H] (the whole stack, one layer read), one layer."""
+    operand [L, R, K, S, H] (the whole stack, one layer read), one layer. Once per call: exact
+    where the new tokens fit one query block (ragged_attention.QUERY_BLOCK: a decode step, a
+    prefill chunk of up to 256 tokens, as the 7B preset's); a longer T reads them once per block."""
     stacks = [o for o in _operands(instr) if len(_dims(shapes, o)) == 5]
     return sum(_nbytes(shapes[o]) / _dims(shapes, o)[0] for o in stacks)
 
