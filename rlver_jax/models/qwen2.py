@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rlver_jax.models import attention
+from rlver_jax.models import attention, ragged_attention
 from rlver_jax.models.config import Qwen2Config
 
 Params = Any  # nested dict of arrays
@@ -206,16 +206,22 @@ class Attention(nn.Module):
 
         if cache is None:  # no cache: the keys are exactly the new tokens, slot = index
             out = attention.attend(q, kk, vv, kv_mask_BS, cfg.attention)
-        elif isinstance(index, RowSlots):  # each row at its own slots (scatter; few queries: dense)
+        elif isinstance(index, RowSlots):  # each row at its own slots (scatter; a TPU kernel, or dense)
             slots_BT, rows_B1 = index.slots(t), index.cache_rows(b)
 
             def write(stack, new_BTKH):
                 return stack.at[cache.layer, rows_B1, slots_BT].set(_to_cache(new_BTKH), mode="drop")
 
             cache = cache._replace(k=write(cache.k, kk), v=write(cache.v, vv))
-            keys, values = index.fed(cache.k[cache.layer]), index.fed(cache.v[cache.layer])
-            out = attention.dense_attention(q, _from_cache(keys, dt), _from_cache(values, dt),
-                                            attention.slot_bias(slots_BT, kv_mask_BS), dt)
+            if _ragged_kernel(cfg, b):
+                # A row holds its tokens contiguously from slot 0 (sampling.engine), so its valid
+                # keys are the slots before its last real one: [0, ends).
+                ends_B = jnp.max(jnp.where(kv_mask_BS, jnp.arange(kv_mask_BS.shape[1]) + 1, 0), axis=1)
+                out = ragged_attention.partitioned(q, cache.k, cache.v, cache.layer, index.rows, index.starts, ends_B)
+            else:
+                keys, values = index.fed(cache.k[cache.layer]), index.fed(cache.v[cache.layer])
+                out = attention.dense_attention(q, _from_cache(keys, dt), _from_cache(values, dt),
+                                                attention.slot_bias(slots_BT, kv_mask_BS), dt)
         else:
             def write(stack, new_BTKH):  # in place, in the whole stack's cache
                 return jax.lax.dynamic_update_slice(stack, _to_cache(new_BTKH[None]), (cache.layer, 0, index, 0, 0))
@@ -224,6 +230,17 @@ class Attention(nn.Module):
             keys, values = _from_cache(cache.k[cache.layer], dt), _from_cache(cache.v[cache.layer], dt)
             out = attention.cached_attention(q, keys, values, index, kv_mask_BS, dt)
         return _add(_dense(out.reshape(b * t, n, h), wo.astype(dt), in_dims=2), bo).reshape(b, t, d), cache
+
+
+def _ragged_kernel(config: Qwen2Config, b: int) -> bool:
+    """Whether the rows' cached attention runs the Pallas kernel (models.ragged_attention): where
+    config.model.attention resolves to a TPU kernel ("auto" or "splash" on a TPU target) and the
+    kernel reads this cache where it lies (one kv head per device); the dense form elsewhere."""
+    if attention.resolve(config.attention, 1, config.jnp_dtype) != "splash":
+        return False
+    mesh = jax.sharding.get_abstract_mesh()
+    sizes = {} if mesh.empty else dict(zip(mesh.axis_names, mesh.axis_sizes))
+    return ragged_attention.reads_in_place(sizes, b, config.num_heads, config.num_kv_heads)
 
 
 class MLP(nn.Module):

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from rlver_jax.models import ragged_attention
 from rlver_jax.parallel.chips import Chip
 
 
@@ -29,11 +30,22 @@ class Cost:
     xla_flops: float  # XLA's cost_analysis(): every loop body counted once
     xla_bytes: float
     unknown_loops: int = 0  # while loops whose trip count could not be read: counted once
-    kernel_flops: float = 0.0  # of `flops`, the attention kernels' (splash, cuDNN), by formula
+    kernel_flops: float = 0.0  # of `flops`, the attention kernels' (splash, cuDNN, ragged), by formula
+    ragged_bytes: float = 0.0  # of `bytes`, the ragged kernel's key/value reads, every cache row whole
+    ragged_flops: float = 0.0  # of `kernel_flops`, the ragged kernel's, every cache row whole
 
     def seconds(self, chip: Chip) -> float:
         """Roofline: the larger of compute time at the bf16 peak and HBM time at full bandwidth."""
         return max(self.flops / (chip.bf16_tflops * 1e12), self.bytes / (chip.hbm_gb_s * 1e9))
+
+    def at_fill(self, fraction: float) -> Cost:
+        """The same program with the ragged kernel (models.ragged_attention) reading `fraction` of
+        each cache row, as it does at a mean fill of that fraction of the slots (it fetches no key
+        block past a row's fill, and computes none)."""
+        cut = 1 - min(max(fraction, 0.0), 1.0)
+        return dataclasses.replace(self, bytes=self.bytes - cut * self.ragged_bytes,
+                                   flops=self.flops - cut * self.ragged_flops,
+                                   kernel_flops=self.kernel_flops - cut * self.ragged_flops)
 
 
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
@@ -189,6 +201,9 @@ def _traffic(instr: _Instr, shapes: dict[str, str], comps: dict[str, list[_Instr
         return 2 * sizes[1] + sum(sizes[2:])
     if instr.op == "scatter" and len(sizes) > 2:  # (operand, indices, updates)
         return 2 * sizes[2] + sizes[1]
+    if instr.op == "custom-call" and _is_ragged(instr):  # the layer it reads of each stack, not the stack
+        return written + sum(size for o, size in zip(operands, sizes) if len(_dims(shapes, o)) != 5) + \
+            _ragged_rows(instr, shapes)
     if instr.op == "fusion" and (called := _called(instr.rest, "calls")):
         comp = comps.get(called[0], [])
         sizes = [_param_reads(comp, k, comps, size) for k, size in enumerate(sizes)]
@@ -201,6 +216,33 @@ def _traffic(instr: _Instr, shapes: dict[str, str], comps: dict[str, list[_Instr
 
 
 _CUDNN_ATTENTION = re.compile(r'custom_call_target="__cudnn\$fmha(\w*)"')
+
+
+def _is_ragged(instr: _Instr) -> bool:
+    return instr.name.startswith(ragged_attention.NAME)
+
+
+def _dims(shapes: dict[str, str], name: str) -> tuple[int, ...]:
+    arrays = _arrays(shapes.get(name, ""))
+    return arrays[0][1] if len(arrays) == 1 else ()
+
+
+def _ragged_rows(instr: _Instr, shapes: dict[str, str]) -> float:
+    """Bytes of the cache rows the ragged kernel reads, every row whole: of each key/value stack
+    operand [L, R, K, S, H] (the whole stack, one layer read), one layer. Once per call: exact
+    where the new tokens fit one query block (ragged_attention.QUERY_BLOCK: a decode step, a
+    prefill chunk of up to 256 tokens, as the 7B preset's); a longer T reads them once per block."""
+    stacks = [o for o in _operands(instr) if len(_dims(shapes, o)) == 5]
+    return sum(_nbytes(shapes[o]) / _dims(shapes, o)[0] for o in stacks)
+
+
+def _ragged_flops(instr: _Instr, shapes: dict[str, str]) -> float:
+    """The ragged kernel's two matmuls (q k^T, p v) over whole rows, from q [B, K, M, H] (M: its
+    query rows, tokens x groups) and a stack's S."""
+    ops = [_dims(shapes, o) for o in _operands(instr)]
+    q = next((d for d in ops if len(d) == 4), None)
+    stack = next((d for d in ops if len(d) == 5), None)
+    return 2.0 * 2 * math.prod(q) * stack[3] if q and stack else 0.0
 
 
 def _kernel_flops(instr: _Instr) -> float:
@@ -267,13 +309,17 @@ class _Work:
     kernel: float = 0.0
     bytes: float = 0.0
     unknown_loops: int = 0
+    ragged: float = 0.0  # of bytes, the ragged kernel's cache rows
+    ragged_flops: float = 0.0  # of kernel, the ragged kernel's
 
     def __add__(self, other: _Work) -> _Work:
         return _Work(self.flops + other.flops, self.kernel + other.kernel, self.bytes + other.bytes,
-                     self.unknown_loops + other.unknown_loops)
+                     self.unknown_loops + other.unknown_loops, self.ragged + other.ragged,
+                     self.ragged_flops + other.ragged_flops)
 
     def times(self, n: float) -> _Work:
-        return dataclasses.replace(self, flops=n * self.flops, kernel=n * self.kernel, bytes=n * self.bytes)
+        return dataclasses.replace(self, flops=n * self.flops, kernel=n * self.kernel, bytes=n * self.bytes,
+                                   ragged=n * self.ragged, ragged_flops=n * self.ragged_flops)
 
 
 def program_cost(compiled: Any) -> Cost:
@@ -283,11 +329,13 @@ def program_cost(compiled: Any) -> Cost:
     like one layer), a conditional by its most expensive branch (by FLOPs, then bytes: the worst
     case, as the planner's shapes are; the update's mini-batch loop is a conditional that skips
     padding rows). FLOPs: dots and convolutions (2 x output x contracted size), and for the attention
-    kernels, which XLA does not see into (splash's Pallas kernels, cuDNN's fused attention), their
-    matmuls by formula; elementwise work is left out (it is bandwidth, below). Bytes: what each
-    top-level operation (a fusion, a matmul, a copy, a collective, a kernel) reads and writes, as
-    XLA's cost model counts a fusion, so on-chip reuse inside a fusion is free and every fusion
-    boundary is an HBM round trip."""
+    kernels, which XLA does not see into (splash's Pallas kernels, cuDNN's fused attention, the
+    ragged cached-attention kernel over whole rows), their matmuls by formula; elementwise work is
+    left out (it is bandwidth, below). Bytes: what each top-level operation (a fusion, a matmul, a
+    copy, a collective, a kernel) reads and writes (the ragged kernel: one layer of the key/value
+    stacks it is given, every row whole, also counted apart as `Cost.ragged_bytes` and its FLOPs as
+    `Cost.ragged_flops`, for `Cost.at_fill`), as XLA's cost model counts a fusion, so on-chip reuse
+    inside a fusion is free and every fusion boundary is an HBM round trip."""
     comps, entry = _computations(hlo_text(compiled))
     fused = {c for ins in comps.values() for i in ins if i.op == "fusion" for c in _called(i.rest, "calls")}
 
@@ -298,6 +346,9 @@ def program_cost(compiled: Any) -> Cost:
         for i in comps.get(name, []):
             if i.op in ("dot", "convolution"):
                 total += _Work(flops=_dot_flops(i, shapes))
+            elif i.op == "custom-call" and _is_ragged(i):
+                k = _ragged_flops(i, shapes)
+                total += _Work(flops=k, kernel=k, ragged=_ragged_rows(i, shapes), ragged_flops=k)
             elif i.op == "custom-call":
                 k = _kernel_flops(i)
                 total += _Work(flops=k, kernel=k)
@@ -322,4 +373,4 @@ def program_cost(compiled: Any) -> Cost:
     if isinstance(xla, Sequence):
         xla = xla[0] if xla else {}
     return Cost(program.flops, program.bytes, float(xla.get("flops", 0.0)), float(xla.get("bytes accessed", 0.0)),
-                program.unknown_loops, program.kernel)
+                program.unknown_loops, program.kernel, program.ragged, program.ragged_flops)

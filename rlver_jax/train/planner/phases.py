@@ -224,6 +224,7 @@ class RolloutShapes:
     hosts: int = 1  # processes, each sampling its share of the dialogues on its own devices
     evaluation: bool = False  # the in-loop evaluation's sampler (config.train.eval_policy)
     decode_chunk: int = 0  # the rollout engine's decode steps per call; 0: static calls
+    fill: int = 0  # engine: a row's fill as its reply starts, every turn at the longest prompt
 
     @property
     def engine(self) -> bool:
@@ -260,9 +261,10 @@ def rollout_shapes(spec: RunSpec, feed_tokens: int, hosts: int = 1, evaluation: 
         e = spec.engine
         rows = e.engine_rows or bucket(dialogues)
         # A row holds a dialogue's whole history: the longest prompt and a turn's tokens (rollout.engine._enter).
-        slots = e.slots_for(longest_prompt(r.max_total_tokens) + sampling.max_new_tokens)
+        prompt = longest_prompt(r.max_total_tokens)
+        slots = e.slots_for(prompt + sampling.max_new_tokens)
         chunk = chunk_width(feed_tokens, e.prefill_chunk)
-        return RolloutShapes(rows, 1, chunk, sampling.max_new_tokens, slots, hosts, evaluation, e.decode_chunk)
+        return RolloutShapes(rows, 1, chunk, sampling.max_new_tokens, slots, hosts, evaluation, e.decode_chunk, prompt)
     groups = min(r.pipeline_groups, dialogues)
     rows = bucket(-(-dialogues // groups))
     cache_slots = sampling.cache_slots

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from rlver_jax.models import ragged_attention
 from rlver_jax.train.planner.setup import UPDATE
 from rlver_jax.train.planner.phases import rollout_shapes
 from rlver_jax.train.planner.plan import Plan
@@ -48,21 +49,38 @@ def _rollout(plan: Plan, by_name: dict, shapes, chip) -> tuple[float, float, str
 
     The rollout engine: each turn, every dialogue of the host decodes in one batch of its rows
     (the chunks' steps: the reply's tokens, times dialogues / rows), a reply costing its own
-    tokens, then its feed is prefilled in chunks. Static calls: each pipeline group's call per turn
-    at the longest prompt, each call costing its longest row: max_new_tokens either way."""
+    tokens, then its feed is prefilled in chunks; the rows' attention kernel reads each row to its
+    fill (hlo_cost.Cost.at_fill), assumed the longest prompt every turn (RolloutShapes.fill) plus
+    the reply's mean position while decoding, the longest prompt while prefilling, each to the
+    end of its key block (half a block past the fill on average). Static calls:
+    each pipeline group's call per turn at the longest prompt, each call costing its longest row:
+    max_new_tokens either way."""
     s = plan.setup
     turns, new = s.spec.simulator.rules.max_turns, shapes.new_tokens
     dialogues = max(1, s.spec.loop.dialogues // s.hosts)
     if shapes.engine:
-        step = by_name["rollout"].cost.seconds(chip) / shapes.decode_chunk
-        prefill = by_name["rollout prefill"].cost.seconds(chip) * -(-plan.feed_tokens // shapes.prompt)
+        decode, slots = by_name["rollout"].cost, shapes.cache_slots
+
+        def read(reply: float) -> float:  # slots a decode step reads of a row, to the end of its last key block
+            return shapes.fill + reply / 2 + ragged_attention.DECODE_KEY_BLOCK / 2
+
+        def step(reply: int) -> float:  # a decode step at the rows' mean fill over a reply of `reply` tokens
+            return decode.at_fill(read(reply) / slots).seconds(chip) / shapes.decode_chunk
+
+        chunks = -(-plan.feed_tokens // shapes.prompt)
+        prefill = by_name["rollout prefill"].cost.at_fill(
+            (shapes.fill + ragged_attention.PREFILL_KEY_BLOCK / 2) / slots).seconds(chip) * chunks
         waves = max(1.0, dialogues / shapes.rows)
 
         def seconds(reply: int) -> float:
-            return turns * (reply * waves * step + prefill)
+            return turns * (reply * waves * step(reply) + prefill)
 
-        how = (f"{turns} turns x ({new} tokens x {waves:g} wave(s) of {shapes.rows} rows x {step * 1e3:.1f} ms "
-               f"a decode step + prefill {prefill:.2f} s)")
+        whole = decode.seconds(chip) / shapes.decode_chunk
+        how = (f"{turns} turns x ({new} tokens x {waves:g} wave(s) of {shapes.rows} rows x {step(new) * 1e3:.1f} ms "
+               f"a decode step + prefill {prefill:.2f} s); the cached attention reads each row to its fill, "
+               f"assumed the longest prompt ({shapes.fill} tokens) every turn plus the reply's mean position, "
+               f"to the end of its key block: {read(new) / slots:.0%} of its {slots} slots (every row whole: "
+               f"{whole * 1e3:.1f} ms a decode step)")
         return (seconds(new), seconds(plan.expected_reply_tokens), how,
                 turns * dialogues * (plan.feed_tokens + new))
     calls = shapes.groups * turns
