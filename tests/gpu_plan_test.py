@@ -239,20 +239,27 @@ def test_roofline_reads_the_embedding_rows_a_step_takes_and_the_whole_lm_head():
 
 _SCORES_HLO = """HloModule m
 
-ENTRY %main (q: bf16[4,7,128], k: bf16[4,64,128]) -> f32[4,7,64] {
+ENTRY %main (q: bf16[4,7,128], k: bf16[4,64,128], x: bf16[16,64,1], w: bf16[64,4,32]) -> (f32[4,7,64], f32[16,4,32]) {
   %q = bf16[4,7,128]{2,1,0} parameter(0)
   %k = bf16[4,64,128]{2,1,0} parameter(1)
-  ROOT %s = f32[4,7,64]{2,1,0} convolution(%q, %k), window={size=4 stride=3 lhs_dilate=4}, dim_labels=0bf_0oi->0bf
+  %s = f32[4,7,64]{2,1,0} convolution(%q, %k), window={size=4 stride=3 lhs_dilate=4}, dim_labels=0bf_0oi->0bf
+  %x = bf16[16,64,1]{2,1,0} parameter(2)
+  %w = bf16[64,4,32]{2,1,0} parameter(3)
+  %p = f32[16,4,32]{2,1,0} convolution(%x, %w), window={size=4 pad=3_3 rhs_reversal=1}, dim_labels=bf0_i0o->b0f
+  ROOT %t = (f32[4,7,64]{2,1,0}, f32[16,4,32]{2,1,0}) tuple(%s, %p)
 }
 """
 
 
-def test_roofline_counts_a_base_dilated_convolutions_real_products():
-    """The TPU compiler writes a decode step's attention scores (per row: [7, 128] @ [128, 64]) as a
-    convolution over the rows dilated by the window's size: one window position in 4 meets a row,
-    so it is 2 x 4 x 7 x 64 x 128 FLOPs, not 4 times that."""
+def test_roofline_counts_the_products_of_convolutions_that_are_matmuls():
+    """The TPU compiler writes some matmuls as convolutions whose window mostly misses the input:
+    a decode step's attention scores (per row: [7, 128] @ [128, 64]) over the rows dilated by the
+    window's size (one tap in 4 meets a row), and a projection onto 4 heads of 32 ([16, 64] @
+    [64, 4 x 32]) as an input of 1 padded by 3 each side under a window of 4 (one tap meets it).
+    Each output element is one row's dot product: 2 x 4 x 7 x 64 x 128 and 2 x 16 x 4 x 32 x 64
+    FLOPs, not 4 times those."""
     cost = hlo_cost.program_cost(_Compiled(_SCORES_HLO))
-    assert cost.flops == 2 * 4 * 7 * 64 * 128
+    assert cost.flops == 2 * 4 * 7 * 64 * 128 + 2 * 16 * 4 * 32 * 64
 
 
 def test_roofline_counts_a_conditional_by_its_most_expensive_branch():

@@ -141,15 +141,18 @@ def _dot_flops(instr: _Instr, shapes: dict[str, str]) -> float:
         return 0.0
     kernel = labels.group(2)
     contract = math.prod(size for size, c in zip(rhs[0][1], kernel) if c not in "o0123456789")
-    # A window position lands on an input element only every lhs_dilate positions: the TPU
-    # compiler writes some batched matmuls (attention's scores) as a base-dilated convolution
-    # whose window is mostly holes.
+    # The window's taps that can meet an input element: the TPU compiler writes some matmuls as
+    # convolutions whose window is mostly padding (a projection onto 28 heads: an input of 1
+    # padded by 27 each side under a window of 28) or holes (attention's scores: a window of 8
+    # over rows dilated by 8), where each output reads one element per spatial dim.
     window = re.search(r"window=\{size=([\dx]+)(.*?)\}", instr.rest)
-    if window:
+    lhs = _arrays(shapes.get(operands[0], ""))
+    if window and lhs:
         dilate = re.search(r"lhs_dilate=([\dx]+)", window.group(2))
         sizes = [int(n) for n in window.group(1).split("x")]
         dilations = [int(n) for n in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
-        contract *= math.prod(-(-n // d) for n, d in zip(sizes, dilations))
+        spatial = [n for _, n in sorted((c, n) for n, c in zip(lhs[0][1], labels.group(1)) if c.isdigit())]
+        contract *= math.prod(min(-(-n // d), x) for n, d, x in zip(sizes, dilations, spatial))
     groups = re.search(r"feature_group_count=(\d+)", instr.rest)
     return 2.0 * out_elems * contract / (int(groups.group(1)) if groups else 1)
 
