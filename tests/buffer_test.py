@@ -145,3 +145,28 @@ def test_close_wakes_a_turn_waiting_for_its_version():
     t0 = time.perf_counter()
     buf.close()
     assert time.perf_counter() - t0 < 10 and woken.wait(10)
+
+
+def test_close_unwinds_the_tasks_a_batch_left_running():
+    """A sampler may serve its turns from a task of its own (the rollout engine's serving task),
+    which outlives the batch that is cancelled on close: the buffer cancels it and lets it unwind
+    before closing its loop, so nothing is left pending (asyncio would report it on stderr)."""
+    started, unwound = threading.Event(), threading.Event()
+
+    async def serve():
+        try:
+            started.set()
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            unwound.set()
+            raise
+
+    async def make_batch(index, versions, resolve):
+        asyncio.get_running_loop().create_task(serve())
+        await asyncio.sleep(3600)
+
+    buf = _buffer(make_batch, max_staleness=0)
+    buf.publish(0, "v0")
+    assert started.wait(10)
+    buf.close()
+    assert unwound.is_set() and not buf._thread.is_alive()

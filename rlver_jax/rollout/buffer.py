@@ -162,4 +162,17 @@ class RolloutBuffer:
         finally:
             if self._finalize is not None:
                 loop.run_until_complete(self._finalize())
+            _cancel_pending(loop)
             loop.close()
+
+
+def _cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what still runs on `loop` and let it unwind (as asyncio.run does before closing a
+    loop): the rollout engine's serving task outlives a cancelled batch, and a task left pending
+    when its loop closes is reported on stderr after the trainer's last line."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
