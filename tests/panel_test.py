@@ -2,6 +2,7 @@
 differently; the panel's report gives each one's scores, their mean and where they disagree."""
 
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -52,6 +53,12 @@ class _Kinder(EmbeddedBackend):
         return dataclasses.replace(judged, change=judged.change + 8)
 
 
+def _evaluate(tmp_path, servers, profiles, name, **overrides):
+    """The benchmark's summary for WORKDIR tmp_path/name against the test servers, with `overrides`."""
+    config = config_urls(tmp_path / name, servers.policy.base_url, servers.simulator.base_url, profiles, **overrides)
+    return run_benchmark(EvalSpec.from_config(config), progress=False)
+
+
 def test_a_panel_plays_on_a_cpu_under_any_backends_of_the_table(tmp_path, monkeypatch):
     """Two members that need no server: the embedded rules and a kinder row registered in the
     table. Each member's score is the one its backend gets alone (config.simulator.backend)."""
@@ -60,11 +67,7 @@ def test_a_panel_plays_on_a_cpu_under_any_backends_of_the_table(tmp_path, monkey
         card_model="kinder rules"))
     profiles = profiles_file(tmp_path)
     with Servers() as servers:
-        def evaluate(name, **overrides):
-            config = config_urls(tmp_path / name, servers.policy.base_url, servers.simulator.base_url, profiles,
-                                 **overrides)
-            return run_benchmark(EvalSpec.from_config(config), progress=False)
-
+        evaluate = functools.partial(_evaluate, tmp_path, servers, profiles)
         summary = evaluate("panel", **{"eval.simulators": "embedded,kinder"})
         alone = {b: evaluate(b, **{"simulator.backend": b})["score"] for b in ("embedded", "kinder")}
         assert not servers.simulator.requests  # config.simulator's served simulator was never asked
@@ -83,11 +86,7 @@ def test_a_panel_of_two_embedded_members_runs_on_a_cpu(tmp_path):
     half and negatives 1.25 times)."""
     profiles = profiles_file(tmp_path)
     with Servers() as servers:
-        def evaluate(name, **overrides):
-            config = config_urls(tmp_path / name, servers.policy.base_url, servers.simulator.base_url, profiles,
-                                 **overrides)
-            return run_benchmark(EvalSpec.from_config(config), progress=False)
-
+        evaluate = functools.partial(_evaluate, tmp_path, servers, profiles)
         summary = evaluate("panel", **{"eval.simulators": "embedded,embedded/challenging"})
         alone = [evaluate(f"alone_{d}", **{"simulator.backend": "embedded", "simulator.difficulty": d})["score"]
                  for d in ("vanilla", "challenging")]
