@@ -39,11 +39,18 @@ import transformers  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks.measure import (  # noqa: E402
-    best_of, generation_flops, matmul_params, matmul_peak, random_prompts, stream_bandwidth, time_ours,
-    time_transformers)
-from rlver_jax.sampling import generation  # noqa: E402
+    best_of,
+    generation_flops,
+    matmul_params,
+    matmul_peak,
+    random_prompts,
+    stream_bandwidth,
+    time_ours,
+    time_transformers,
+)
 from rlver_jax.models import hf_io, qwen2, smollm2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
+from rlver_jax.sampling import generation  # noqa: E402
 
 _ARCH = {"smol": "smollm2-135m"}  # --presets names with real weights: their architecture
 

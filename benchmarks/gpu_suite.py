@@ -51,8 +51,15 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import train_step  # noqa: E402  (defines --runs, --steps, --dtype, ... ; see above)
 from benchmarks.measure import (  # noqa: E402
-    best_of, kv_bytes_per_token, matmul_params, matmul_peak, random_prompts, stream_bandwidth, time_ours,
-    time_transformers)
+    best_of,
+    kv_bytes_per_token,
+    matmul_params,
+    matmul_peak,
+    random_prompts,
+    stream_bandwidth,
+    time_ours,
+    time_transformers,
+)
 from rlver_jax.models import hf_io, qwen2  # noqa: E402
 from rlver_jax.models.config import Qwen2Config, get_preset  # noqa: E402
 

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlver_jax.sampling import generation
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.sampling import generation
 
 
 def best_of(fn: Callable[[], None], repeats: int) -> float:

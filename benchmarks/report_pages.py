@@ -18,11 +18,11 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs.simulator import get_simulator_config  # noqa: E402
+from rlver_jax.engines.seam import PolicyTurn  # noqa: E402
 from rlver_jax.eval import html_report, run_view  # noqa: E402
 from rlver_jax.eval.sentient import summarize  # noqa: E402
 from rlver_jax.files import atomic_write_jsonl, atomic_write_text  # noqa: E402
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings  # noqa: E402
-from rlver_jax.rollout.policy import PolicyTurn  # noqa: E402
 from rlver_jax.rollout.sequence import DialogueSequence  # noqa: E402
 from rlver_jax.simulator import SimulatorSettings, build_simulator  # noqa: E402
 from rlver_jax.simulator.profiles import load_profiles  # noqa: E402

@@ -9,13 +9,13 @@ lockstep rounds vs per-dialogue progress under heavy-tailed simulator latency; t
   .venv/bin/python benchmarks/rollout.py --engines=jax,static --reply_lengths=budget,lognormal \
       --pipeline_groups=1 --batch_wait_s=0.25 --sequential_dialogues=-1   # issue 53
 
-32 dialogues x 8 policy turns of the tiny random Qwen2 (JaxPolicy, think=False) against the scripted
+32 dialogues x 8 policy turns of the tiny random Qwen2 (StaticEngine, think=False) against the scripted
 OpenAI-compatible test server (rlver_jax/testing/scripted_server.py) through the real openai
 simulator backend; the server sleeps `latency_s` per request. The simulator answers "Change: 0" and
 a neutral line without farewells, and format failures (an empty random reply) continue, so every
 dialogue runs all turns: the emotion step every turn, the reply step on all but the last.
 
-  ours: EpisodeRunner.run on each sampler of --engines (rollout.samplers): "static" once per
+  ours: EpisodeRunner.run on each sampler of --engines (engines.table): "static" once per
     --latency_log_sd, --pipeline_groups and --batch_wait_s value (rollout.batch_wait_s: inf is
     lockstep rounds, a finite wait per-dialogue progress); "jax", the rollout engine, once per
     --latency_log_sd (it takes each dialogue's turn as it comes: no groups, no wait); each once per
@@ -68,26 +68,26 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
-from rlver_jax.text import chat  # noqa: E402
-from rlver_jax.sampling import generation  # noqa: E402
-from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket  # noqa: E402
+from rlver_jax.engines.continuous import ContinuousEngine, call_size, chunk_width  # noqa: E402
+from rlver_jax.engines.seam import PolicyTurn, TurnRequest  # noqa: E402
+from rlver_jax.engines.static import StaticEngine  # noqa: E402
+from rlver_jax.engines.table import EngineSettings  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
-from rlver_jax.rollout.engine import JaxEngine, call_size, chunk_width  # noqa: E402
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings  # noqa: E402
-from rlver_jax.rollout.jax_policy import JaxPolicy  # noqa: E402
-from rlver_jax.rollout.policy import PolicyTurn, TurnRequest  # noqa: E402
-from rlver_jax.rollout.samplers import EngineSettings  # noqa: E402
-from rlver_jax.sampling import engine as engine_programs  # noqa: E402
 from rlver_jax.rollout.prompts import system_prompt  # noqa: E402
 from rlver_jax.rollout.sequence import DialogueSequence  # noqa: E402
 from rlver_jax.rollout.versions import VersionSchedule  # noqa: E402
+from rlver_jax.sampling import generation  # noqa: E402
+from rlver_jax.sampling import kv_rows as engine_programs  # noqa: E402
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket  # noqa: E402
 from rlver_jax.sampling.settings import SamplingSettings  # noqa: E402
 from rlver_jax.simulator import SimulatorSettings, build_simulator  # noqa: E402
-from rlver_jax.simulator.profiles import load_profiles  # noqa: E402
-from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 from rlver_jax.simulator.agent import DialogueState  # noqa: E402
+from rlver_jax.simulator.profiles import load_profiles  # noqa: E402
 from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route  # noqa: E402
+from rlver_jax.text import chat  # noqa: E402
+from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 
 _DIALOGUES = flags.DEFINE_integer("dialogues", 32, "Dialogues per rollout.")
 _TURNS = flags.DEFINE_integer("turns", 8, "Policy turns per dialogue (config.simulator.max_turns).")
@@ -155,7 +155,7 @@ def _record_turns(policy) -> None:
     policy.act = timed_act
 
 
-class TimedPolicy(JaxPolicy):
+class TimedPolicy(StaticEngine):
     """The static sampler, recording its device calls and each reply's wait for its call's longest row."""
 
     def __init__(self, *args, **kwargs):
@@ -175,7 +175,7 @@ class TimedPolicy(JaxPolicy):
         return turns
 
 
-class TimedEngine(JaxEngine):
+class TimedEngine(ContinuousEngine):
     """The rollout engine, recording its device calls and each reply's wait for the end of its chunk."""
 
     def __init__(self, *args, **kwargs):
@@ -348,17 +348,17 @@ def length_buckets(chat_tokens: chat.ChatTokens, requests: Sequence[EpisodeReque
     return [b for b in LENGTH_BUCKETS if first <= b <= last]
 
 
-async def precompile(policy: JaxPolicy, batch_sizes: set[int], lengths: Sequence[int], pad_id: int) -> None:
+async def precompile(policy: StaticEngine, batch_sizes: set[int], lengths: Sequence[int], pad_id: int) -> None:
     """Traces the generation program of every (batch, prompt length) bucket the timed runs can hit
-    (JaxPolicy pads prompts to buckets.LENGTH_BUCKETS)."""
+    (StaticEngine pads prompts to buckets.LENGTH_BUCKETS)."""
     for b in sorted({bucket(n, None) for n in batch_sizes}):
         for length in lengths:
             await policy.act([TurnRequest([pad_id] * length, [], policy.settings.max_new_tokens)] * b)
 
 
-def precompile_engine(engine: JaxEngine, rows: int, slots: Sequence[int]) -> None:
+def precompile_engine(engine: ContinuousEngine, rows: int, slots: Sequence[int]) -> None:
     """Traces the rollout engine's programs at every call size, prefill width and row length
-    (`slots`) the timed runs can reach (rollout.engine grows rows and slots as it goes)."""
+    (`slots`) the timed runs can reach (engines.continuous grows rows and slots as it goes)."""
     cfg, settings, params = engine.model_cfg, engine.settings, engine.published.resolve(0)[1]
     sizes = sorted({call_size(n, rows) for n in range(1, rows + 1)})
     widths = sorted({chunk_width(n, engine.engine.prefill_chunk) for n in range(1, engine.engine.prefill_chunk + 1)})

@@ -32,8 +32,14 @@ from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
 from configs.simulator import get_simulator_config  # noqa: E402
-from rlver_jax.simulator import (SimulatorOutputError, SimulatorSettings,  # noqa: E402
-                                 SimulatorUnavailableError, build_simulator, check_endpoint, load_profiles)
+from rlver_jax.simulator import (  # noqa: E402
+    SimulatorOutputError,
+    SimulatorSettings,
+    SimulatorUnavailableError,
+    build_simulator,
+    check_endpoint,
+    load_profiles,
+)
 from rlver_jax.simulator.llm_user import STRUCTURED_OUTPUTS  # noqa: E402
 from rlver_jax.simulator.state import DialogueState  # noqa: E402
 

@@ -36,17 +36,18 @@ import jax  # noqa: E402
 import optax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from rlver_jax.text import chat  # noqa: E402
+from rlver_jax.engines.seam import PolicyTurn  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
-from rlver_jax.rl import program as rl_program, train_state  # noqa: E402
+from rlver_jax.rl import program as rl_program  # noqa: E402
+from rlver_jax.rl import train_state
+from rlver_jax.rl.batch import collate  # noqa: E402
 from rlver_jax.rl.optimizer import Optimizer, make_optimizer  # noqa: E402
 from rlver_jax.rl.settings import OptimSettings, RLSettings  # noqa: E402
-from rlver_jax.rl.batch import collate  # noqa: E402
 from rlver_jax.rollout.history import TokenHistory  # noqa: E402
-from rlver_jax.rollout.policy import PolicyTurn  # noqa: E402
 from rlver_jax.rollout.prompts import system_prompt  # noqa: E402
 from rlver_jax.rollout.sequence import DialogueSequence  # noqa: E402
+from rlver_jax.text import chat  # noqa: E402
 from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 
 _RUNS = flags.DEFINE_list("runs", ["tiny:8x4", "qwen2.5-0.5b:2x2"], "preset:DIALOGUESxTURNS per run.")

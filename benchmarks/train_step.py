@@ -62,10 +62,11 @@ from absl import app, flags  # noqa: E402
 from benchmarks.measure import matmul_params, matmul_peak  # noqa: E402
 from rlver_jax.models import hf_io, qwen2, smollm2  # noqa: E402
 from rlver_jax.models.config import Qwen2Config, get_preset  # noqa: E402
-from rlver_jax.rl import program as rl_program, train_state  # noqa: E402
+from rlver_jax.rl import program as rl_program  # noqa: E402
+from rlver_jax.rl import train_state
+from rlver_jax.rl.batch import TrainBatch  # noqa: E402
 from rlver_jax.rl.optimizer import make_optimizer  # noqa: E402
 from rlver_jax.rl.settings import OptimSettings, RLSettings  # noqa: E402
-from rlver_jax.rl.batch import TrainBatch  # noqa: E402
 
 _RUNS = flags.DEFINE_list("runs", ["tiny:16x512", "qwen2.5-0.5b:2x512"], "preset:BATCHxTOKENS per run.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps per side (the median is reported).")

@@ -18,7 +18,7 @@ from configs.mesh import get_mesh_config
 from configs.simulator import get_emotion_rules_config, get_simulator_config
 from rlver_jax.models import smollm2
 from rlver_jax.rl.algorithms import algorithm
-from rlver_jax.rollout.cache_bound import session_slots
+from rlver_jax.sampling.cache_bound import session_slots
 
 PRESETS = ("tiny", "smol", "0.5b", "7b", "7b_lora")
 
@@ -136,7 +136,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # without thinking (its memory per device, measured with launch/plan.py: docs/sharding.md, "The KV
     # cache between turns"); off at 0.5B.
     # The size: the most a session can need (a full row plus another row's fresh prompt plus the
-    # new tokens: rlver_jax.rollout.cache_bound); a turn beyond it is encoded afresh, with a warning.
+    # new tokens: rlver_jax.sampling.cache_bound); a turn beyond it is encoded afresh, with a warning.
     cached = cpu or (seven_b and not think)
     c.rollout.cache_slots = session_slots(c.rollout.max_total_tokens, c.rollout.max_new_tokens) if cached else 0
     c.rollout.temperature = 1.0  # paper: 1.0
@@ -149,8 +149,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # static: concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
     c.rollout.pipeline_groups = 1 if cpu else (
         c.rollout.profiles_per_step * c.rollout.n // _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 4)
-    # The sampler (rlver_jax.rollout.samplers.SAMPLERS): "jax", the rollout engine (continuous batching:
-    # each turn enters a KV row between decode chunks, each reply leaves as it stops; rollout/engine.py);
+    # The sampler (rlver_jax.engines.table.SAMPLERS): "jax", the rollout engine (continuous batching:
+    # each turn enters a KV row between decode chunks, each reply leaves as it stops; engines/continuous.py);
     # "static", calls of the dialogues then waiting, each decoded until its longest reply stops (the
     # comparison: docs/benchmarks.md "Rollout with replies of varied length"). Same tokens either way.
     c.rollout.engine = "jax"

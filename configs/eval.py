@@ -38,7 +38,7 @@ from ml_collections import config_dict
 from configs.mesh import get_mesh_config
 from configs.simulator import get_simulator_config
 from rlver_jax.models import smollm2
-from rlver_jax.rollout.cache_bound import session_slots
+from rlver_jax.sampling.cache_bound import session_slots
 
 PRESETS = ("sage", "tiny", "smol")
 # The project's own profiles (rlver_jax.simulator.profiles.DEFAULT_PROFILES, which
@@ -67,7 +67,7 @@ def get_policy_sampling_config(*, tiny: bool = False) -> ml_collections.ConfigDi
     c.max_new_tokens = 32 if tiny else 2048  # per policy turn
     c.max_total_tokens = 1024 if tiny else 16384  # jax: per training row (think_history), then "truncated"
     # jax: KV-cache slots kept per dialogue between turns (0: re-encode the history every turn).
-    # The most a session can need (rlver_jax.rollout.cache_bound); a turn beyond it is encoded afresh.
+    # The most a session can need (rlver_jax.sampling.cache_bound); a turn beyond it is encoded afresh.
     c.cache_slots = session_slots(c.max_total_tokens, c.max_new_tokens) if tiny else 0
     # A think-mode reply without </think>: "continue" lets the simulated user judge the raw text
     # (as an API model's output would be); "end" would freeze the emotion at its last value.
@@ -135,7 +135,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # jax with policy.path: one scanned decoder layer (a run keeps its own). smol: a first training
     # rollout took 72 s with its 30 layers unrolled, 27 s scanned, mostly compiling (docs/benchmarks.md)
     c.policy.scan_layers = smol
-    # jax: the sampler (rlver_jax.rollout.samplers), as training's config.rollout.engine: "jax" the
+    # jax: the sampler (rlver_jax.engines.table), as training's config.rollout.engine: "jax" the
     # rollout engine (continuous batching), "static" calls of the dialogues then waiting.
     c.policy.engine = "jax"
     c.policy.engine_rows = 0  # jax engine: KV rows (dialogues held at once); 0 = as many as are in flight

@@ -41,7 +41,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     from rlver_jax.eval.analysis import analyze
-    from rlver_jax.eval.judge import JudgeSettings
+    from rlver_jax.eval.llm_judge import JudgeSettings
 
     settings = JudgeSettings(base_url=_BASE_URL.value, model=_MODEL.value, api_key_env=_API_KEY_ENV.value,
                              temperature=_TEMPERATURE.value, max_tokens=_MAX_TOKENS.value,

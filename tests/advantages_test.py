@@ -12,8 +12,6 @@ from tests import verl_reference as ref
 from tests.rl_helpers import random_policy_mask, strict_ranks  # noqa: F401 (autouse fixture)
 
 
-
-
 def numpy_gae(rewards, values, mask, gamma, lam):
     """Reference: gather each row's policy tokens, run textbook GAE on them, scatter back."""
     advantages = np.zeros_like(rewards, dtype=np.float64)

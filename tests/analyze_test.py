@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rlver_jax.eval.analysis import analyze
-from rlver_jax.eval.judge import JudgeOutputError, JudgeSettings, judge_messages, parse_judgement
+from rlver_jax.eval.llm_judge import JudgeOutputError, JudgeSettings, judge_messages, parse_judgement
 from rlver_jax.files import read_jsonl
 from rlver_jax.testing.scripted_server import Reply, ScriptedServer
 

@@ -11,8 +11,17 @@ import tempfile
 import pytest
 
 from rlver_jax.eval import compare, run_view
-from tests.fixtures_report import (COLD, GARBAGE, HOSTILE, WARM, eval_dir, eval_fixture, fixture_profiles,
-                                   make_transcripts, training_run)
+from tests.fixtures_report import (
+    COLD,
+    GARBAGE,
+    HOSTILE,
+    WARM,
+    eval_dir,
+    eval_fixture,
+    fixture_profiles,
+    make_transcripts,
+    training_run,
+)
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed: pip install -e '.[test]'")
 from selenium.webdriver.common.by import By  # noqa: E402

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlver_jax.engines.published import Published, RolloutClosed
 from rlver_jax.rollout.buffer import RolloutBuffer
-from rlver_jax.rollout.versions import Published, RolloutClosed
 
 
 class Store:
@@ -98,7 +98,7 @@ def test_publish_copies_parameters_only_when_sampling_overlaps_the_update(stalen
 def test_partial_rollouts_follow_the_schedule_whatever_the_timing():
     """max_staleness=2 with partial rollouts: turn k of batch i is written by version
     min(i - 2 + k, i - 1) (version 0 for those before the run), by hand below, though the trainer
-    publishes late (a turn waits for its version in a worker thread, as JaxPolicy's does)."""
+    publishes late (a turn waits for its version in a worker thread, as StaticEngine's does)."""
     got = {}
 
     async def make_batch(index, versions, resolve):

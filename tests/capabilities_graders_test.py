@@ -2,10 +2,10 @@
 the sandbox with a hanging and hostile programs."""
 
 import asyncio
+import base64
 import json
 import pathlib
 import pickle
-import base64
 import zlib
 
 import pytest
@@ -14,8 +14,7 @@ from tests import capabilities_fixtures as fx
 
 fx.require_extra()
 
-from rlver_jax.eval.capabilities import (data, extra, grade_code, grade_ifeval, grade_math,  # noqa: E402
-                                         prompts, sandbox)
+from rlver_jax.eval.capabilities import data, extra, grade_code, grade_ifeval, grade_math, prompts, sandbox  # noqa: E402
 
 FAST = sandbox.Limits(test_timeout_s=1)
 

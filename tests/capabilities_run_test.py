@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests import capabilities_fixtures as fx
 from rlver_jax.testing.scripted_server import ScriptedServer
+from tests import capabilities_fixtures as fx
 
 fx.require_extra()
 

@@ -13,10 +13,10 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from rlver_jax.text import chat
-from rlver_jax.sampling import generation
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
+from rlver_jax.sampling import generation
+from rlver_jax.text import chat
 
 CONVERSATIONS = {
     "english_with_system": [

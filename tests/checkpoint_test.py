@@ -7,11 +7,12 @@ import jax
 import numpy as np
 import optax
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from rlver_jax.train import checkpoint
 from rlver_jax.parallel import sharding
 from rlver_jax.rl import train_state
+from rlver_jax.train import checkpoint
 
 
 def _state(mesh, seed):

@@ -18,10 +18,10 @@ from rlver_jax.eval.spec import EvalSpec, like_training
 from rlver_jax.files import read_jsonl
 from rlver_jax.llm_client import EndpointUnavailableError
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 from tests.conftest import REPO
 from tests.export_test import make_run
-from tests.fixtures_eval import CHANGES, Servers, config_urls, profiles_file, _emotion, _policy, _reply
-from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
+from tests.fixtures_eval import CHANGES, Servers, _emotion, _policy, _reply, config_urls, profiles_file
 from tests.summary_test import DIALOGUES
 
 # The scripted profiles (tests/fixtures_eval.py) end under the SAGE rules as:

@@ -6,9 +6,9 @@ training run's)."""
 import json
 
 from configs.simulator import get_simulator_config
+from rlver_jax.engines.seam import PolicyTurn
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.rollout.evaluation import play_profiles
-from rlver_jax.rollout.policy import PolicyTurn
 from rlver_jax.simulator import SimulatorSettings
 from rlver_jax.simulator.profiles import load_profiles
 

@@ -18,15 +18,15 @@ import torch
 import transformers
 
 from configs.grpo_think import get_config as train_config
-from rlver_jax.text import chat
-from rlver_jax.train import checkpoint
-from rlver_jax.parallel import sharding
 from rlver_jax.eval.export import export_hf
 from rlver_jax.eval.policy_loading import LoadedPolicy, load_checkpoint_policy
 from rlver_jax.eval.run_checkpoint import locate_checkpoint
 from rlver_jax.models import hf_io, lora, qwen2
 from rlver_jax.models.config import get_preset
+from rlver_jax.parallel import sharding
 from rlver_jax.rl import train_state
+from rlver_jax.text import chat
+from rlver_jax.train import checkpoint
 from tests.conftest import REPO
 
 

@@ -19,10 +19,10 @@ from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.files import read_jsonl
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES
+from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 from tests.conftest import REPO
 from tests.fixtures_cli import run_script
 from tests.fixtures_eval import config_urls, profiles_file
-from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 
 # The tiny GRPO preset cut down to the least that trains (tests/training_test.py `small`).
 SMALL = ["--config=configs/grpo_think.py:tiny", "--config.rollout.profiles_per_step=2",

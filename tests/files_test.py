@@ -13,8 +13,7 @@ import pytest
 
 from rlver_jax import files
 from rlver_jax.eval.resume import load_records
-from rlver_jax.files import (append_jsonl, atomic_directory, atomic_write_jsonl, atomic_write_text, is_torn,
-                             read_jsonl)
+from rlver_jax.files import append_jsonl, atomic_directory, atomic_write_jsonl, atomic_write_text, is_torn, read_jsonl
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.transcripts import write_transcripts
 from tests.conftest import REPO

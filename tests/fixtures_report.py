@@ -8,11 +8,11 @@ import json
 import numpy as np
 
 from configs.simulator import get_simulator_config
+from rlver_jax.engines.seam import PolicyTurn
 from rlver_jax.eval import report
 from rlver_jax.eval.sentient import summarize
 from rlver_jax.files import atomic_write_jsonl, atomic_write_text
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
-from rlver_jax.rollout.policy import PolicyTurn
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator import SimulatorSettings, build_simulator
 from rlver_jax.simulator.profiles import load_profiles

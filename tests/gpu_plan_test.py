@@ -17,7 +17,8 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from configs import grpo_think
 from rlver_jax.checks import InputError

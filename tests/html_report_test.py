@@ -16,8 +16,22 @@ from rlver_jax.eval import compare, html_report, run_view
 from rlver_jax.files import atomic_write_jsonl, read_jsonl
 from rlver_jax.simulator.profiles import load_profiles
 from tests.fixtures_cli import run_script
-from tests.fixtures_report import (BROKEN_ID, COLD, GARBAGE, HOSTILE, WARM, eval_dir, eval_fixture, fixture_profiles,
-                                   long_dialogues, make_transcripts, summary_of, training_run)
+from tests.fixtures_report import (
+    BROKEN_ID,
+    COLD,
+    GARBAGE,
+    HOSTILE,
+    WARM,
+    eval_dir,
+    eval_fixture,
+    fixture_profiles,
+    long_dialogues,
+    make_transcripts,
+    summary_of,
+    training_run,
+)
+
+
 class _Page(html.parser.HTMLParser):
     """Text per element id (the text inside an element with that id), every start tag, the
     rows of the table with id `table`, and script contents."""

@@ -15,12 +15,13 @@ PACKAGE = REPO / "rlver_jax"
 # The layering, from the bottom: a module may import modules of its own layer or of a layer below.
 # "" is the package's top-level modules; every other entry is a subpackage of rlver_jax.
 LAYERS = (
-    ("", "checks, files, llm_client, plots: shared by all, import nothing of ours above them"),
+    ("", "checks, files, llm_client, plots, table: shared by all, import nothing of ours above them"),
     ("text", "ChatML token assembly, tokenizers"),
     ("testing", "offline stand-ins the tests and benchmarks share: a scripted server, Qwen2.5's tokenizer"),
     ("models", "the decoder, its configs, Hugging Face I/O"),
     ("parallel", "mesh, shardings, what processes exchange"),
     ("sampling", "batched generation, its settings"),
+    ("engines", "the rollout engines: the seam, the engine table, the continuous and the static engine"),
     ("simulator", "simulated users"),
     ("rollout", "policies, dialogues, their records and evaluation"),
     ("rl", "advantages, losses, the train step"),

@@ -5,9 +5,9 @@ import logging
 import jax.numpy as jnp
 import numpy as np
 
+from rlver_jax.engines.kv_sessions import KVSessions
 from rlver_jax.models.config import get_preset
-from rlver_jax.rollout.cache_bound import session_slots
-from rlver_jax.rollout.kv_sessions import KVSessions
+from rlver_jax.sampling.cache_bound import session_slots
 
 PAD = 0
 

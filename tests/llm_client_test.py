@@ -16,11 +16,17 @@ import pytest
 
 from configs.simulator import get_simulator_config
 from rlver_jax import simulator
-from rlver_jax.eval.judge import Judge, JudgeSettings
+from rlver_jax.engines.seam import TurnRequest
+from rlver_jax.eval.llm_judge import Judge, JudgeSettings
 from rlver_jax.inflight import EndpointBound, activity, aimd
-from rlver_jax.llm_client import (ChatClient, ClientSettings, EndpointUnavailableError, RequestRejectedError,
-                                  check_chat_endpoint)
-from rlver_jax.rollout.policy import OpenAIPolicy, TurnRequest
+from rlver_jax.llm_client import (
+    ChatClient,
+    ClientSettings,
+    EndpointUnavailableError,
+    RequestRejectedError,
+    check_chat_endpoint,
+)
+from rlver_jax.rollout.served_policy import OpenAIPolicy
 from rlver_jax.testing.scripted_server import Reply, ScriptedServer, route
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -2,21 +2,21 @@
 
 import functools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 import torch
 import transformers
 
-import jax
-import jax.numpy as jnp
-
 from rlver_jax.models import hf_io, lora, qwen2
-from rlver_jax.train import model_loading
 from rlver_jax.models.config import get_preset
-from rlver_jax.rl import program as rl_program, train_state, update
+from rlver_jax.rl import program as rl_program
+from rlver_jax.rl import train_state, update
 from rlver_jax.rl.optimizer import Optimizer
 from rlver_jax.rl.settings import RLSettings
+from rlver_jax.train import model_loading
 from tests.fixtures_cli import run_script
 from tests.rl_helpers import training_batch
 

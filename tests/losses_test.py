@@ -12,8 +12,6 @@ from tests import verl_reference as ref
 from tests.rl_helpers import random_policy_mask, strict_ranks  # noqa: F401 (autouse fixture)
 
 
-
-
 def _random_policy_inputs(seed: int, batch: int = 5, length: int = 40):
     rng = np.random.default_rng(seed)
     mask = random_policy_mask(rng, batch, length)

@@ -7,9 +7,9 @@ import struct
 
 from tensorboardX.proto import event_pb2
 
-from rlver_jax.train import metrics
 from rlver_jax.files import read_jsonl
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.train import metrics
 from rlver_jax.train.metrics import keep_steps_before
 
 

@@ -18,12 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from rlver_jax.parallel import sharding
-from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
+from rlver_jax.parallel import sharding
+from rlver_jax.parallel.distributed import DistributedSettings
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MESH_SHAPE = (1, 2, 2)

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from rlver_jax.eval.benchmark import run_benchmark
-from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.eval.compare import compare_runs, kendall_tau, rank_agreement
 from rlver_jax.eval.panel import Member, parse_panel
+from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.simulator import SimulatorUnavailableError, backends
 from rlver_jax.simulator.embedded import EmbeddedBackend
 from rlver_jax.testing.scripted_server import ScriptedServer, route

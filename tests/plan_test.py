@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from configs import grpo_think, ppo_think
+from rlver_jax.parallel import sharding, topology
+from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.train import run
 from rlver_jax.train.planner import hlo_cost, plan, report, search
 from rlver_jax.train.planner.phases import Phase, rollout_phase, rollout_shapes, run_phases, sampling_layout
 from rlver_jax.train.planner.setup import abstract_setup, crossing_bytes, device_bytes, resident
-from rlver_jax.parallel import sharding, topology
-from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.train.spec import RunSpec
 from tests.fixtures_eval import profile
 
@@ -160,7 +160,7 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     arguments are that copy and the host's token ids, mask and row keys (replicated), by hand."""
     config = _config(ppo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 128, "rollout.cache_slots": 0,
                                                     "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2),
-                                                    "rollout.engine": "static"})
+                                                    "engines.continuous": "static"})
     s = abstract_setup(RunSpec.from_config(config), host_devices=4)
     shapes = rollout_shapes(RunSpec.from_config(config), 512, s.hosts)
     assert s.hosts == 2 and (shapes.rows, shapes.prompt) == (4, 128)
@@ -203,7 +203,7 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     re-plans) with each override and returns the largest shape under the budget."""
     config = _config(grpo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 1024, "mesh.shape": (1, 2, 4),
                                                       "rollout.max_new_tokens": 8, "rollout.cache_slots": 2048,
-                                                      "rollout.engine": "static"})
+                                                      "engines.continuous": "static"})
 
     def fake(s, phases, feed_tokens):
         if phases == ["rollout"]:  # rows per sampler call x cache slots

@@ -1,5 +1,5 @@
 """Every shipped preset's settings agree with each other: its KV caches hold what a session can
-need (worked out here by hand, not with rlver_jax.rollout.cache_bound, which the presets use), its
+need (worked out here by hand, not with rlver_jax.sampling.cache_bound, which the presets use), its
 turns fit its rows, its dialogues split into mini-batches of micro-batches; the tiny presets also
 run their whole default length (slow, on request)."""
 
@@ -34,7 +34,7 @@ def _padded(n: int) -> int:
 
 
 def _worst_call(max_total_tokens: int, max_new_tokens: int) -> int:
-    """The KV-cache slots the worst call of a session needs (rlver_jax.rollout.cache_bound's
+    """The KV-cache slots the worst call of a session needs (rlver_jax.sampling.cache_bound's
     docstring, written out): one row holds the longest prompt a turn can send (its row less one
     sampled token and <|im_end|>), another row starts a prompt as long afresh, left-padded to its
     bucket, then the call decodes max_new_tokens. Neither the turns nor the rows of a session

@@ -8,12 +8,12 @@ import json
 import pytest
 
 from configs.eval import get_config
+from rlver_jax.engines.seam import TurnRequest
 from rlver_jax.eval.benchmark import run_benchmark
-from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.eval.probes import PROBES, ProbePolicy, parse_probes
-from rlver_jax.rollout.policy import TurnRequest
-from rlver_jax.text import degeneration as dg
+from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.testing.scripted_server import ScriptedServer, route
+from rlver_jax.text import degeneration as dg
 from tests.fixtures_eval import config_urls, profiles_file
 
 WARM = "That sounds really hard, and it makes sense you feel worn out. What weighs on you most?"

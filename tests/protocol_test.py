@@ -8,8 +8,8 @@ import pytest
 
 from rlver_jax.eval import protocol
 from rlver_jax.eval.benchmark import run_benchmark
-from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.eval.compare import ProtocolMismatchError, compare_runs
+from rlver_jax.eval.spec import EvalSpec
 from tests.fixtures_cli import run_script
 from tests.fixtures_eval import Servers, config_urls, profiles_file
 

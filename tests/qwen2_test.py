@@ -11,9 +11,9 @@ import safetensors
 import torch
 import transformers
 
-from rlver_jax.train import model_loading
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
+from rlver_jax.train import model_loading
 from tests.fixtures_hf import HF_TINY, left_padded_batch, make_hf_model, torch_logits
 
 # The model's functions as programs: one compile each, instead of one per operation run eagerly.

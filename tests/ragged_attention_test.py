@@ -11,12 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from rlver_jax.models import qwen2, ragged_attention
 from rlver_jax.models.config import Qwen2Config, get_preset
 from rlver_jax.parallel import sharding, topology
-from rlver_jax.sampling import engine
+from rlver_jax.sampling import kv_rows
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.train.planner import hlo_cost
 
@@ -71,11 +72,11 @@ def _engine_run(cfg, params):
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(1, cfg.vocab_size, (4, 8)), jnp.int32)
     keys = jax.random.key_data(jax.random.split(jax.random.key(3), 4))
-    cache, first = engine.prefill(cfg, settings, params, cache, rows=None, starts=[0, 0, 0, 0], ids=ids,
+    cache, first = kv_rows.prefill(cfg, settings, params, cache, rows=None, starts=[0, 0, 0, 0], ids=ids,
                                   counts=[8, 0, 5, 1], keys=keys)
-    cache, second = engine.prefill(cfg, settings, params, cache, rows=[1, 9], starts=[0, 0], ids=ids[:2],
+    cache, second = kv_rows.prefill(cfg, settings, params, cache, rows=[1, 9], starts=[0, 0], ids=ids[:2],
                                    counts=[7, 0], keys=keys[:2])
-    cache, chunk, steps = engine.decode(cfg, settings, params, cache, rows=None, last=[5, 6, 7, 8],
+    cache, chunk, steps = kv_rows.decode(cfg, settings, params, cache, rows=None, last=[5, 6, 7, 8],
                                         lengths=[8, 7, 5, 1], columns=[1, 1, 1, 1], limits=[6, 6, 6, 0],
                                         keys=keys, steps=6)
     # A row fed no real token (row 1 at first, the padding row 9) draws from no key: unspecified.
@@ -142,7 +143,7 @@ def test_the_decode_program_compiles_for_v5e_with_the_kernel_and_no_scores():
     per_row = jax.ShapeDtypeStruct((r,), jnp.int32, sharding=rep)
     keys = jax.ShapeDtypeStruct((r, 2), jnp.uint32, sharding=rep)
     settings = SamplingSettings(max_new_tokens=64, stop_ids=(0, 1), pad_id=0)
-    compiled = engine._decode_jit.lower(cfg, settings, mesh, steps, params, cache, None, per_row, per_row, per_row,
+    compiled = kv_rows._decode_jit.lower(cfg, settings, mesh, steps, params, cache, None, per_row, per_row, per_row,
                                         per_row, keys).compile()
     text = compiled.as_text()
     comps, _ = hlo_cost._computations(text)

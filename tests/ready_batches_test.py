@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlver_jax.rollout.policy import PolicyTurn, TurnRequest
+from rlver_jax.engines.seam import PolicyTurn, TurnRequest
 from rlver_jax.rollout.ready_batches import ReadyBatches
 
 

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from configs import grpo_nothink, grpo_think, ppo_think
-from rlver_jax.train import checkpoint, loop, run as run_lib
+from rlver_jax.train import checkpoint, loop
+from rlver_jax.train import run as run_lib
 from rlver_jax.train.spec import RunChangedError, RunSpec, change_kind, resume_changes
 from rlver_jax.train.workdir import LOCK, WorkDir, WorkDirBusyError
 from tests.training_test import small

@@ -11,26 +11,26 @@ import numpy as np
 import pytest
 
 from configs.simulator import get_simulator_config
-from rlver_jax.text import chat
-from rlver_jax.sampling import generation
+from rlver_jax.engines.seam import PolicyTurn
+from rlver_jax.engines.static import StaticEngine
+from rlver_jax.engines.table import EngineSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
-from rlver_jax.rollout.jax_policy import JaxPolicy
-from rlver_jax.rollout.samplers import EngineSettings
-from rlver_jax.rollout.policy import PolicyTurn
 from rlver_jax.rollout.summary import reencoded_turns
 from rlver_jax.rollout.versions import VersionSchedule
+from rlver_jax.sampling import generation
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator import SimulatorSettings, build_simulator
 from rlver_jax.simulator.agent import Simulator
-from rlver_jax.simulator.backend import Utterance
 from rlver_jax.simulator.embedded import EmbeddedBackend
+from rlver_jax.simulator.interface import Utterance
 from rlver_jax.simulator.profiles import load_profiles
 from rlver_jax.simulator.state import EmotionRules
 from rlver_jax.testing.scripted_server import ScriptedServer, route
+from rlver_jax.text import chat
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ class ScriptedTokenPolicy:
 
 
 def jax_sampler(cfg, chat_tokens, settings, params, rng, engine="static"):
-    """The sampler of `engine` (rollout.samplers) with `params` published as version 0."""
+    """The sampler of `engine` (engines.table) with `params` published as version 0."""
     sampler = EngineSettings(engine=engine).build(cfg, chat_tokens, settings, rng)
     sampler.publish(0, params)
     return sampler
@@ -139,7 +139,7 @@ def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
     compact = generation.compact_cache
     monkeypatch.setattr(generation, "compact_cache", lambda c: compactions.append(1) or compact(c))
     fed = []  # each row's cached tokens at the end of every call
-    generate = JaxPolicy._generate_with_sessions
+    generate = StaticEngine._generate_with_sessions
 
     def spy(self, requests, key, *params_and_version):
         out = generate(self, requests, key, *params_and_version)
@@ -148,7 +148,7 @@ def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
         fed.append([(r.prompt_ids, list(sess.fed[r.slot])) for r in requests])
         return out
 
-    monkeypatch.setattr(JaxPolicy, "_generate_with_sessions", spy)
+    monkeypatch.setattr(StaticEngine, "_generate_with_sessions", spy)
     fresh, _ = rollout(0)
     reused, policy = rollout(460)
     assert compactions
@@ -415,7 +415,7 @@ def test_dialogues_that_move_on_alone_are_those_of_lockstep_rounds(chat_tokens):
     """Per-dialogue progress (rollout.ready_batches) under varied latencies gives each dialogue the
     tokens and log-probs it has under lockstep rounds (batch_wait_s=inf), though the calls hold
     other sets of dialogues: each row samples from its own (dialogue, turn) key; so does the
-    rollout engine (rollout.engine), whose turns enter one by one."""
+    rollout engine (engines.continuous), whose turns enter one by one."""
     cfg = get_preset("tiny")
     params = qwen2.init_params(cfg, jax.random.key(0))
 
@@ -445,7 +445,7 @@ def test_dialogues_that_move_on_alone_are_those_of_lockstep_rounds(chat_tokens):
 
 @pytest.mark.parametrize("engine, cache_slots", [("static", 0), ("static", 1024), ("jax", 0)])
 def test_switching_versions_mid_dialogue_is_exact(chat_tokens, engine, cache_slots):
-    """Partial rollouts on a real JaxPolicy: with versions 0 and 1 published (two parameter sets)
+    """Partial rollouts on a real StaticEngine: with versions 0 and 1 published (two parameter sets)
     and the schedule 0..1, each dialogue's first turn is sampled by version 0 and the later ones by
     version 1, each turn exactly (tokens, log-probs) as a policy holding only that version's
     parameters samples it from the same prompt and key; with a KV cache, rows cached under version 0

@@ -10,8 +10,8 @@ import pytest
 import torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rlver_jax.sampling import generation
 from rlver_jax.models import attention, hf_io, qwen2
+from rlver_jax.sampling import generation
 from tests.fixtures_hf import make_hf_model
 
 PAD = 0
@@ -290,11 +290,11 @@ def test_ids_past_the_vocab_limit_are_never_sampled(hf_tiny):
 def test_policy_samples_only_ids_its_tokenizer_has(tiny_tokenizer_dir, engine, cache_slots):
     """The JAX samplers limit the draws to len(tokenizer): a tiny model with 1024 embedding rows and
     the 512-entry tiny tokenizer, where half of a random model's draws would have no entry."""
-    from rlver_jax.text import chat
+    from rlver_jax.engines.seam import TurnRequest
+    from rlver_jax.engines.table import EngineSettings
     from rlver_jax.models.config import get_preset
-    from rlver_jax.rollout.policy import TurnRequest
-    from rlver_jax.rollout.samplers import EngineSettings
     from rlver_jax.sampling.settings import SamplingSettings
+    from rlver_jax.text import chat
 
     chat_tokens = chat.ChatTokens.from_tokenizer(chat.load_tokenizer(tiny_tokenizer_dir))
     config = get_preset("tiny").replace(vocab_size=1024)

@@ -14,14 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from configs import mesh as mesh_config
-from rlver_jax.parallel import sharding
-from rlver_jax.parallel.sampling_copy import SamplingLayout
-from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
+from rlver_jax.parallel import sharding
+from rlver_jax.parallel.distributed import DistributedSettings
+from rlver_jax.parallel.sampling_copy import SamplingLayout
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = get_preset("tiny")  # vocab 512, width 64, 4 heads / 2 kv heads of 16, mlp 128, 2 layers

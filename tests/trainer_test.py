@@ -9,18 +9,19 @@ import numpy as np
 import optax
 import pytest
 
-from rlver_jax.train import model_loading
-from rlver_jax.parallel import sharding
-from rlver_jax.parallel.sampling_copy import SamplingLayout
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
-from rlver_jax.rl import offload, program as rl_program, train_state, update
-from rlver_jax.rl.optimizer import Optimizer, make_optimizer
-from rlver_jax.rl.settings import OptimSettings, RLSettings
+from rlver_jax.parallel import sharding
+from rlver_jax.parallel.sampling_copy import SamplingLayout
+from rlver_jax.rl import offload, train_state, update
+from rlver_jax.rl import program as rl_program
 from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs, token_values
+from rlver_jax.rl.optimizer import Optimizer, make_optimizer
+from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.train import model_loading
 from tests import verl_reference
 from tests.rl_helpers import dialogue
 

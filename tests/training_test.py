@@ -13,16 +13,17 @@ import pytest
 from configs import eval as eval_config
 from configs import grpo_nothink, grpo_think, ppo_nothink, ppo_think
 from configs.simulator import get_simulator_config
-from rlver_jax.eval import run_view
-from rlver_jax.train import alarms, checkpoint, metrics, resume, run as run_lib, loop
 from rlver_jax import files
-from rlver_jax.parallel import sharding
+from rlver_jax.eval import run_view
 from rlver_jax.files import read_jsonl
-from rlver_jax.train.interrupts import TrainingInterrupted
+from rlver_jax.parallel import sharding
 from rlver_jax.rl import program as rl_program
-from rlver_jax.train.spec import RunSpec
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.simulator.profiles import DEFAULT_PROFILES, load_profiles
+from rlver_jax.train import alarms, checkpoint, loop, metrics, resume
+from rlver_jax.train import run as run_lib
+from rlver_jax.train.interrupts import TrainingInterrupted
+from rlver_jax.train.spec import RunSpec
 
 REQUIRED_METRICS = {"step", "reward_mean", "emotion_mean", "success_rate", "user_left_rate", "policy_loss",
                     "entropy", "tokens_per_second"}

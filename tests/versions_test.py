@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from rlver_jax.rollout.versions import RolloutClosed, VersionSchedule
+from rlver_jax.engines.published import RolloutClosed
+from rlver_jax.rollout.versions import VersionSchedule
 from tests.buffer_test import _buffer
 
 

@@ -3,10 +3,10 @@ file once; a resumed run fetches what it needs. The bucket is fsspec's in-memory
 registered for gs:// (etils.epath reaches gs:// through fsspec)."""
 
 import fsspec
-from fsspec.registry import _registry as fsspec_registry
 import pytest
 from etils import epath
 from fsspec.implementations.memory import MemoryFileSystem
+from fsspec.registry import _registry as fsspec_registry
 
 from rlver_jax.train import checkpoint
 from rlver_jax.train.workdir import WorkDir, is_url

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from rlver_jax import plots
 from rlver_jax.eval.compare import run_labels
-from rlver_jax.eval.judge import CAPABILITIES, OTHER, STRATEGIES, Judge, JudgeSettings
+from rlver_jax.eval.llm_judge import CAPABILITIES, OTHER, STRATEGIES, Judge, JudgeSettings
 from rlver_jax.eval.report import json_text, table
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl, atomic_write_text, read_jsonl

@@ -32,11 +32,12 @@ import pathlib
 import threading
 from typing import Any
 
-from rlver_jax.files import atomic_write_text
 from rlver_jax.eval import panel, policy_source, protocol, report
 from rlver_jax.eval.probes import ProbePolicy
 from rlver_jax.eval.resume import load_records, record_setup, setup_conflict
-from rlver_jax.eval.spec import TRANSPORT as _TRANSPORT, BenchmarkSettings, EvalSpec
+from rlver_jax.eval.spec import TRANSPORT as _TRANSPORT
+from rlver_jax.eval.spec import BenchmarkSettings, EvalSpec
+from rlver_jax.files import atomic_write_text
 from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
 from rlver_jax.parallel.hosts import allgather_json, process_index
 from rlver_jax.rollout.evaluation import play_profiles

@@ -24,8 +24,8 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from rlver_jax.plots import end_color
 from rlver_jax.files import atomic_write_text, read_jsonl
+from rlver_jax.plots import end_color
 from rlver_jax.simulator.profiles import goal_kind
 
 REPORT_HTML = "report.html"

@@ -41,7 +41,7 @@ def _resolve_served(p: PolicySpec, seed: int, max_in_flight: int) -> PolicySourc
 def _build_served(p: PolicySpec, spec: PolicySource, mesh_spec: MeshSpec, seed: int, workdir: pathlib.Path,
                   sampling: SamplingSettings, first_process: bool) -> tuple[Any, None]:
     del p, mesh_spec, seed, workdir, first_process
-    from rlver_jax.rollout.policy import OpenAIPolicy
+    from rlver_jax.rollout.served_policy import OpenAIPolicy
 
     return OpenAIPolicy(spec.client, temperature=sampling.temperature, max_tokens=sampling.max_new_tokens), None
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 
-from rlver_jax.rollout.policy import PolicyTurn, TurnRequest
+from rlver_jax.engines.seam import PolicyTurn, TurnRequest
 
 _FORMULAIC = {
     "en": ("I'm so sorry you're going through this. How long has it been?",
@@ -171,7 +171,7 @@ def probe_reply(probe: str, messages: list[dict[str, str]]) -> str:
 
 
 class ProbePolicy:
-    """A text policy (rollout.policy.Policy) that answers every turn with its probe's scripted reply."""
+    """A text policy (engines.seam.Policy) that answers every turn with its probe's scripted reply."""
 
     def __init__(self, probe: str):
         self.probe = probe

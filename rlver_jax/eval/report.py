@@ -13,8 +13,8 @@ from rlver_jax.eval import html_report, protocol
 from rlver_jax.eval.degenerate import degenerate_judgements
 from rlver_jax.eval.sentient import breakdown, summarize
 from rlver_jax.files import atomic_write_text
-from rlver_jax.rollout.summary import reencoded_turns
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.rollout.summary import reencoded_turns
 from rlver_jax.simulator.agent import clipped_changes
 from rlver_jax.simulator.profiles import Profile
 from rlver_jax.text import degeneration

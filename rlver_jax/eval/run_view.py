@@ -19,9 +19,9 @@ from typing import Any
 
 from rlver_jax.eval import html_report
 from rlver_jax.eval.sentient import summarize
+from rlver_jax.files import atomic_write_text, read_jsonl
 from rlver_jax.rl.algorithms import ALGORITHMS, ESTIMATORS
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.files import atomic_write_text, read_jsonl
 
 VIEW_DIR = "view"
 _TEMPLATES = pathlib.Path(html_report.__file__).parent / "templates"

@@ -21,13 +21,13 @@ from typing import Any
 import ml_collections
 
 from rlver_jax.checks import build_all, check_ranges, named
+from rlver_jax.engines.table import EngineSettings
 from rlver_jax.eval import panel
 from rlver_jax.eval.capabilities import data, sandbox
 from rlver_jax.eval.probes import parse_probes
 from rlver_jax.eval.run_checkpoint import locate_checkpoint
 from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.rollout.episodes import RolloutSettings
-from rlver_jax.rollout.samplers import EngineSettings
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator.backends import TRANSPORT  # the fields of how answers are fetched, also the policy's
 from rlver_jax.simulator.settings import SimulatorSettings
@@ -54,7 +54,7 @@ class PolicySpec:
     max_retries: int
     backoff_initial_s: float
     backoff_max_s: float
-    engine: EngineSettings  # jax: the sampler (rollout.samplers; config.policy.engine*, decode_chunk, prefill_chunk)
+    engine: EngineSettings  # jax: the sampler (engines.table; config.policy.engine*, decode_chunk, prefill_chunk)
 
     @classmethod
     def from_config(cls, section: ml_collections.ConfigDict) -> PolicySpec:

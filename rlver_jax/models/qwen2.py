@@ -214,7 +214,7 @@ class Attention(nn.Module):
 
             cache = cache._replace(k=write(cache.k, kk), v=write(cache.v, vv))
             if _ragged_kernel(cfg, b):
-                # A row holds its tokens contiguously from slot 0 (sampling.engine), so its valid
+                # A row holds its tokens contiguously from slot 0 (sampling.kv_rows), so its valid
                 # keys are the slots before its last real one: [0, ends).
                 ends_B = jnp.max(jnp.where(kv_mask_BS, jnp.arange(kv_mask_BS.shape[1]) + 1, 0), axis=1)
                 out = ragged_attention.partitioned(q, cache.k, cache.v, cache.layer, index.rows, index.starts, ends_B)

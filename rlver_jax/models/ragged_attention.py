@@ -4,7 +4,7 @@ Pallas TPU kernel (the rollout engine's decode and prefill steps on a TPU, qwen2
 Shape letters as in qwen2.py (B rows, T new tokens, S slots, N = K x G heads, H head dim), plus
 L layers and R rows of the cache. Row b's T queries sit at slots starts[b] + 0..T-1 and its valid
 keys are the slots [0, ends[b]): the rollout engine holds a row's tokens contiguously from slot 0
-(rlver_jax.sampling.engine), so its fill is the one number that masks it. Query t attends slot s
+(rlver_jax.sampling.kv_rows), so its fill is the one number that masks it. Query t attends slot s
 when s < ends[b] and s <= starts[b] + t: the same maths as `attention.dense_attention` with
 `attention.slot_bias`'s mask (fp32 scores, probabilities in the compute dtype for the PV matmul),
 without [B, N, T, S] scores in HBM: an online softmax (running max, sum and accumulator in VMEM,

@@ -27,11 +27,12 @@ import jax
 import numpy as np
 import optax
 from jax.experimental import mesh_utils
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.parallel.distributed import DistributedSettings
 
 Params = Any
 # A preset name, (logical_name, mesh axes) pairs, or a table from `resolve_rules`.

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 
 from rlver_jax.parallel.chips import CHIPS, Chip
 
-
 _DIMS = {"v4": 3, "v5p": 3, "v5e": 2, "v6e": 2}  # ICI dimensions in a topology name
 _CHIP_CONFIG = {"v4": "megacore"}  # one device per chip, as a v4 runtime presents them
 _EXAMPLES = "v5e:2x2, v5e:4x4, v5e:8x8, v6e:4x4, v5p:2x2x1, v5p:2x2x2, v4:2x2x1, v4:2x2x4"

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlver_jax.sampling.buckets import bucket
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.sampling.buckets import bucket
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from rlver_jax.models import lora as lora_lib
 from rlver_jax.models.config import Qwen2Config

@@ -8,8 +8,8 @@ rollout.versions.VersionSchedule.for_batch(i, max_staleness, partial) gives it:
   max_staleness >= 2 with partial rollouts: a dialogue of batch i starts on version
     i - max_staleness and each later turn takes the next version, up to i - 1: dialogues in
     flight when the weights change continue under the new weights.
-The buffer publishes each version into the sampler (rollout.samplers: `publish`, its weight
-sync), which keeps them (rollout.versions.Published). A batch starts once its first version is
+The buffer publishes each version into the sampler (engines.table: `publish`, its weight
+sync), which keeps them (engines.published.Published). A batch starts once its first version is
 published (the oldest one when that one never was: the first batches of a run); a turn whose
 version is not published yet waits for it in the sampler (`Published.resolve`). The versions are a function of (batch index, turn), not of timing, so
 a run resumed at step S that publishes the versions S - max_staleness .. S (the checkpoint holds
@@ -32,10 +32,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlver_jax.rollout.samplers import Sampler
+from rlver_jax.engines.seam import Engine
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.versions import VersionSchedule
-
 
 # (batch index, its version schedule) -> the batch's dialogues.
 MakeBatch = Callable[[int, VersionSchedule], Awaitable[list[DialogueSequence]]]
@@ -63,7 +62,7 @@ class RolloutBuffer:
     loop, its turns sampled by `sampler`; `get()` returns them in order. `partial`: dialogues move
     to newer versions while in flight (rollout.versions; config.rollout.partial_rollouts)."""
 
-    def __init__(self, make_batch: MakeBatch, sampler: Sampler, *, max_staleness: int, partial: bool = True,
+    def __init__(self, make_batch: MakeBatch, sampler: Engine, *, max_staleness: int, partial: bool = True,
                  start_index: int = 0, finalize: Callable[[], Awaitable[None]] | None = None):
         if max_staleness < 0:
             raise ValueError(f"config.rollout.max_staleness={max_staleness} must be >= 0")
@@ -93,7 +92,7 @@ class RolloutBuffer:
             self._thread.start()
 
     def resolve(self, wanted: int) -> tuple[int, Any]:
-        """The sampler's (version, parameters) for a turn wanting `wanted` (versions.Published.resolve)."""
+        """The sampler's (version, parameters) for a turn wanting `wanted` (engines.published.Published.resolve)."""
         return self._sampler.published.resolve(wanted)
 
     def get(self, timeout: float | None = None, until: Callable[[], bool] | None = None) -> RolloutBatch | None:

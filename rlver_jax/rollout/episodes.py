@@ -1,7 +1,7 @@
 """Multi-turn dialogues between the policy and simulated users, many at once.
 
 Each dialogue moves on its own: its next policy turn as soon as its simulator step returns.
-A policy that schedules turns itself (`continuous`: the rollout engine, rollout.engine) takes
+A policy that schedules turns itself (`continuous`: the rollout engine, engines.continuous) takes
 each dialogue's turn the moment it is asked for, every dialogue of the batch in one session.
 Otherwise the policy generates in one batched call for the dialogues of a group that are ready
 (rollout.ready_batches: with a short bounded wait for others to join; an infinite one is
@@ -29,16 +29,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from rlver_jax.checks import check_ranges, named
-from rlver_jax.text import chat
+from rlver_jax.engines.seam import Policy, PolicyTurn, TurnRequest
 from rlver_jax.rollout import rewards
 from rlver_jax.rollout.history import THINK_HISTORIES, TextHistory, TokenHistory
-from rlver_jax.rollout.policy import Policy, PolicyTurn, TurnRequest
 from rlver_jax.rollout.prompts import system_prompt
 from rlver_jax.rollout.ready_batches import ReadyBatches
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.versions import VersionSchedule
 from rlver_jax.simulator.agent import DialogueState, Simulator
 from rlver_jax.simulator.profiles import Profile
+from rlver_jax.text import chat
 
 FORMAT_FAILURE_OUTCOMES = ("end", "continue")
 
@@ -141,7 +141,7 @@ class EpisodeRunner:
         else:
             self._history = lambda: TokenHistory(chat_tokens, self.settings.max_new_tokens,
                                                  self.settings.max_total_tokens, drop)
-        # The policy takes each dialogue's turn as it comes (rollout.policy.Policy.continuous).
+        # The policy takes each dialogue's turn as it comes (engines.seam.Policy.continuous).
         self._continuous = getattr(policy, "continuous", False)
         self._episode_ids = itertools.count()
         self._session_ids = itertools.count()
@@ -265,7 +265,7 @@ class EpisodeRunner:
         record = {"turn": len(episode.turns) + 1, "raw": turn.text, "thinking": split.thinking,
                   "reply": split.reply, "stopped": turn.stopped, "format_ok": split.ok,
                   "policy_version": request.version if turn.version is None else turn.version}
-        if turn.reencoded:  # the KV cache could not hold it (rollout.kv_sessions): counted, see turns_reencoded
+        if turn.reencoded:  # the KV cache could not hold it (engines.kv_sessions): counted, see turns_reencoded
             record["reencoded"] = True
         episode.turns.append(record)
         episode.messages.append({"role": "assistant", "content": shown})

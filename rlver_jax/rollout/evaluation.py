@@ -5,7 +5,7 @@ The one driver of the Sentient benchmark (rlver_jax.eval.benchmark, behind launc
 the training run's in-loop evaluation (rlver_jax.train.loop.evaluate). Each process plays a
 contiguous share of the profiles (parallel.hosts.share) with its own policy; the dialogues then
 travel as their records (DialogueSequence.to_record) to every process. Profile i is the
-dialogue's sampling index (a JaxPolicy samples it from fold_in(key, i)), so its dialogue is the
+dialogue's sampling index (a StaticEngine samples it from fold_in(key, i)), so its dialogue is the
 same under any split over processes and any resume. No JAX is imported here: an evaluation of
 served models runs without it.
 """
@@ -18,12 +18,13 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
+from rlver_jax.engines.seam import Policy
 from rlver_jax.files import append_jsonl
 from rlver_jax.inflight import show_requests
 from rlver_jax.parallel import hosts
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings
-from rlver_jax.rollout.policy import OpenAIPolicy, Policy
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.rollout.served_policy import OpenAIPolicy
 from rlver_jax.rollout.transcripts import write_transcripts
 from rlver_jax.rollout.versions import VersionSchedule
 from rlver_jax.simulator.factory import build_simulator

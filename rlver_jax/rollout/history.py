@@ -1,7 +1,7 @@
 """What the policy sees of one running dialogue, and the turn request it builds from it.
 
 EpisodeRunner keeps each dialogue's transcript; a history keeps the policy's context, in the
-policy's own form. `TokenHistory` (token policies, e.g. JaxPolicy) assembles the context and the
+policy's own form. `TokenHistory` (token policies, e.g. StaticEngine) assembles the context and the
 training rows from the exact sampled ids plus the chat template's ids (rlver_jax.text.chat), never by
 decoding a sequence and re-encoding it, with the rows' policy mask, log-probs, turn ends and the
 token budget. `TextHistory` (text policies behind a chat API) needs only the messages.
@@ -22,8 +22,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from rlver_jax.engines.seam import PolicyTurn, TurnRequest
 from rlver_jax.text import chat
-from rlver_jax.rollout.policy import PolicyTurn, TurnRequest
 
 THINK_HISTORIES = ("drop", "keep")
 

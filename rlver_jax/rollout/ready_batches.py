@@ -10,8 +10,8 @@ together share one call. wait_s = inf waits for every live dialogue: lockstep ro
 the turns of one parameter version (TurnRequest.version; rollout.versions): the earliest waiter's;
 dialogues waiting for another version keep waiting for the next call.
 
-Which dialogues share a call changes no dialogue's tokens: a JaxPolicy draws each row from its
-own (dialogue, turn) key (rollout.jax_policy), so a batch's content stays a function of the
+Which dialogues share a call changes no dialogue's tokens: a StaticEngine draws each row from its
+own (dialogue, turn) key (engines.static), so a batch's content stays a function of the
 policy's key alone, whatever the latencies.
 """
 
@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import math
 
-from rlver_jax.rollout.policy import Policy, PolicyTurn, TurnRequest
+from rlver_jax.engines.seam import Policy, PolicyTurn, TurnRequest
 
 
 class ReadyBatches:

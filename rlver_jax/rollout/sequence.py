@@ -6,7 +6,6 @@ import bisect
 import dataclasses
 from typing import Any
 
-
 # The keys of a dialogue's record (its transcript line), in the order they are written.
 RECORD_KEYS = ("profile_id", "group", "language", "end_reason", "final_emotion", "emotions", "turns", "messages",
                "format_failure", "truncated", "simulator_error", "simulator_state", "policy_version")

@@ -127,6 +127,6 @@ def reference_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]
 
 
 def reencoded_turns(dialogues: Sequence[DialogueSequence]) -> int:
-    """Policy turns whose history did not fit the KV cache kept between turns (rollout.kv_sessions),
+    """Policy turns whose history did not fit the KV cache kept between turns (engines.kv_sessions),
     so it was encoded afresh: `kv_cache_reencodes` in the training metrics, a row of report.md."""
     return sum(bool(t.get("reencoded")) for d in dialogues for t in d.turns)

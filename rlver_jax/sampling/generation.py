@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlver_jax.parallel import sharding
-from rlver_jax.sampling.buckets import MIN_PROMPT_BUCKET, bucket
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.parallel import sharding
+from rlver_jax.sampling.buckets import MIN_PROMPT_BUCKET, bucket
 from rlver_jax.sampling.settings import SamplingSettings
 
 Params = qwen2.Params

@@ -14,7 +14,7 @@ from rlver_jax.checks import check_ranges, named
 class SamplingSettings:
     """How a policy samples its turns; hashable, the static settings of a compiled generation program.
 
-    stop_ids, pad_id and vocab_limit come from the tokenizer: rollout.jax_policy.JaxPolicy fills them in.
+    stop_ids, pad_id and vocab_limit come from the tokenizer: engines.static.StaticEngine fills them in.
     """
 
     max_new_tokens: int = 512  # static per compile; requests may ask for fewer
@@ -24,9 +24,9 @@ class SamplingSettings:
     stop_ids: tuple[int, ...] = ()
     pad_id: int = 0
     # Multi-turn rollouts: at most this many KV-cache slots kept per dialogue between turns (0:
-    # re-encode the whole history every turn; see rollout.kv_sessions). Reuse makes a turn's prefill
+    # re-encode the whole history every turn; see engines.kv_sessions). Reuse makes a turn's prefill
     # cost its new tokens only; the cache grows with the dialogue up to this bound: what a session
-    # can need is rollout.cache_bound.session_slots (a turn beyond it is encoded afresh).
+    # can need is sampling.cache_bound.session_slots (a turn beyond it is encoded afresh).
     cache_slots: int = 0
     # Ids >= vocab_limit are never sampled (0: no limit): Qwen2.5's embedding has 151,936 rows for
     # 151,665 tokenizer entries, and an id without an entry would vanish from the decoded reply

@@ -36,7 +36,7 @@ llm_client.EndpointUnavailableError), ProfileError (bad profile file: names file
 Modules: profiles (loading, validation, language), templates + prompts/ (the LLM prompts, zh/en,
 vanilla/challenging), parsing (tolerant answer parsing, label neutralising), patterns (regexes
 shared by several modules), state (DialogueState, TurnRecord, EmotionRules), settings
-(SimulatorSettings), agent (the emotion state machine and Simulator), backend (the backend and
+(SimulatorSettings), agent (the emotion state machine and Simulator), interface (the backend and
 transport interfaces), backends (the backend table: one row per config.simulator.backend),
 llm_user (an LLM plays the user: prompts, parsing, retries, cache, probe) over openai_transport
 (an OpenAI-compatible server), embedded (a deterministic stand-in for demos and tests, not a
@@ -56,8 +56,8 @@ from typing import Any
 
 _MODULE_OF = {  # public name -> the module that defines it
     "Simulator": "agent", "is_goodbye": "agent",
-    "Backend": "backend", "EmotionJudgement": "backend", "SimulatorOutputError": "backend",
-    "SimulatorUnavailableError": "backend", "Utterance": "backend",
+    "Backend": "interface", "EmotionJudgement": "interface", "SimulatorOutputError": "interface",
+    "SimulatorUnavailableError": "interface", "Utterance": "interface",
     "CacheMissError": "cache",
     "build_simulator": "factory", "check_endpoint": "factory",
     "DEFAULT_PROFILES": "profiles", "Profile": "profiles", "ProfileError": "profiles",

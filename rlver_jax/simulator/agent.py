@@ -20,8 +20,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rlver_jax.simulator.backend import Backend, EmotionJudgement, SimulatorOutputError
+from rlver_jax.simulator.interface import Backend, EmotionJudgement, SimulatorOutputError
 from rlver_jax.simulator.profiles import Profile
+
 # DialogueState, EmotionRules and TurnRecord live in state.py; imported here for the machine and
 # for callers that import them from agent.
 from rlver_jax.simulator.state import DialogueState, EmotionRules, TurnRecord

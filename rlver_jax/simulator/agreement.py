@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from rlver_jax.simulator.backend import Backend, SimulatorOutputError
+from rlver_jax.simulator.interface import Backend, SimulatorOutputError
 from rlver_jax.simulator.profiles import Profile
 from rlver_jax.simulator.sage_results import JudgedReply
 from rlver_jax.simulator.state import DialogueState, EmotionRules, TurnRecord

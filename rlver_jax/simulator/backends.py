@@ -9,7 +9,7 @@ the banner, the protocol card, the evaluation's run line and panels of simulator
 never the name: adding a backend is its module plus one row here.
 
 Most backends are an LLM user (llm_user.LLMUser: prompts, parsing, retries, cache, the
-structured-output probe) over a transport (backend.Transport: `complete(messages,
+structured-output probe) over a transport (interface.Transport: `complete(messages,
 response_format)`); such a backend is its transport's module plus a row whose `build` is
 `llm_user(ItsTransport)`. A JAX simulator on the trainer's mesh or a served judge is one of those.
 """
@@ -20,8 +20,8 @@ import dataclasses
 from collections.abc import Callable
 
 from rlver_jax.llm_client import ClientSettings
-from rlver_jax.simulator.backend import Backend, Transport
 from rlver_jax.simulator.embedded import EmbeddedBackend
+from rlver_jax.simulator.interface import Backend, Transport
 from rlver_jax.simulator.llm_user import LLMUser, LLMUserSettings
 from rlver_jax.simulator.openai_transport import OpenAITransport
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlver_jax.files import atomic_write_text
-from rlver_jax.simulator.backend import SimulatorUnavailableError
+from rlver_jax.simulator.interface import SimulatorUnavailableError
 
 
 class CacheMissError(SimulatorUnavailableError):

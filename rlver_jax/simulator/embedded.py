@@ -19,10 +19,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from rlver_jax.simulator.backend import EmotionJudgement, Utterance
+from rlver_jax.simulator.interface import EmotionJudgement, Utterance
 from rlver_jax.simulator.judge import score_reply
 from rlver_jax.simulator.state import DialogueState
-
 
 # The user's lines by the kind of the change just judged (reply_kind). "leave": a colder turn in
 # band F, a goodbye that ends the dialogue. Band S (the ceiling) ends the dialogue before any reply.

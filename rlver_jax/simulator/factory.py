@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint
 from rlver_jax.simulator.agent import Simulator
-from rlver_jax.simulator.backend import SimulatorUnavailableError
+from rlver_jax.simulator.interface import SimulatorUnavailableError
 from rlver_jax.simulator.settings import SimulatorSettings
 
 _START_HINT = ("Start one with `bash launch/serve_simulator.sh --model-path <model dir> --port <port>` "

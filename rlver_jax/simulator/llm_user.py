@@ -1,4 +1,4 @@
-"""The LLM user: a simulated user played by an LLM, whatever answers it (a backend.Transport: a
+"""The LLM user: a simulated user played by an LLM, whatever answers it (a interface.Transport: a
 served model, openai_transport.OpenAITransport, or one in this process).
 
 It renders the prompts (templates: older turns left out, long texts cut, to keep within
@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 from rlver_jax.checks import check_ranges, named
 from rlver_jax.llm_client import ResponseFormatRejectedError
 from rlver_jax.simulator import parsing, templates
-from rlver_jax.simulator.backend import EmotionJudgement, SimulatorOutputError, Transport, Utterance
 from rlver_jax.simulator.cache import CacheMissError, RequestCache
+from rlver_jax.simulator.interface import EmotionJudgement, SimulatorOutputError, Transport, Utterance
 from rlver_jax.simulator.state import DialogueState
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class LLMUserSettings:
 
 
 class LLMUser:
-    """A simulated user played by the LLM behind `transport`: a backend.Backend."""
+    """A simulated user played by the LLM behind `transport`: a interface.Backend."""
 
     def __init__(self, settings: LLMUserSettings, transport: Transport):
         self.settings = settings

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlver_jax.llm_client import (ChatClient, ClientSettings, EndpointUnavailableError, RequestRejectedError,
-                                  ResponseFormatRejectedError)
-from rlver_jax.simulator.backend import SimulatorRequestError, SimulatorUnavailableError
+from rlver_jax.llm_client import (
+    ChatClient,
+    ClientSettings,
+    EndpointUnavailableError,
+    RequestRejectedError,
+    ResponseFormatRejectedError,
+)
+from rlver_jax.simulator.interface import SimulatorRequestError, SimulatorUnavailableError
 
 
 class OpenAITransport:
-    """backend.Transport to the chat endpoint `client` describes (config.simulator's base_url, model, ...)."""
+    """interface.Transport to the chat endpoint `client` describes (config.simulator's base_url, model, ...)."""
 
     def __init__(self, client: ClientSettings):
         self.model = client.model

@@ -32,8 +32,8 @@ import tempfile
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from rlver_jax.text.tokenizer_files import QWEN2_SPLIT, save_tokenizer
 from rlver_jax.text.tiny_tokenizer import CHAT_TEMPLATE
+from rlver_jax.text.tokenizer_files import QWEN2_SPLIT, save_tokenizer
 
 # Qwen2.5's added tokens from id 151643 on, with their `special` flags (its tokenizer_config.json).
 ADDED_TOKENS = (

@@ -35,26 +35,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlver_jax.train import alarms, checkpoint, resume, shutdown
 from rlver_jax.parallel import hosts, sharding
-from rlver_jax.train.interrupts import StepGuard, signal_name
-from rlver_jax.train.metrics import Writers, check_finite, staleness_metrics, throughput_metrics
 from rlver_jax.plots import training_curves
-from rlver_jax.rl import dynamic_sampling, program as rl_program, train_state
+from rlver_jax.rl import dynamic_sampling, train_state
+from rlver_jax.rl import program as rl_program
 from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.rollout.versions import VersionSchedule
-from rlver_jax.rollout.summary import (degenerate_replies, reencoded_turns, reference_metrics, rollout_metrics,
-                                       summarize)
+from rlver_jax.rollout.summary import degenerate_replies, reencoded_turns, reference_metrics, rollout_metrics, summarize
 from rlver_jax.rollout.transcripts import discard_from as discard_transcripts
 from rlver_jax.rollout.transcripts import write_transcripts
-from rlver_jax.train.run import Run, build_run
-from rlver_jax.train.spec import RunSpec
+from rlver_jax.rollout.versions import VersionSchedule
 from rlver_jax.simulator.agent import clipped_changes
 from rlver_jax.simulator.factory import build_simulator
 from rlver_jax.simulator.profiles import Profile
+from rlver_jax.train import alarms, checkpoint, resume, shutdown
+from rlver_jax.train.interrupts import StepGuard, signal_name
+from rlver_jax.train.metrics import Writers, check_finite, staleness_metrics, throughput_metrics
+from rlver_jax.train.run import Run, build_run
+from rlver_jax.train.spec import RunSpec
 
 log = logging.getLogger(__name__)
 

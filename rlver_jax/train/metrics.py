@@ -21,16 +21,15 @@ import math
 import pathlib
 import threading
 import time
-
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 
 from rlver_jax import inflight
-from rlver_jax.train import tracking
 from rlver_jax.files import append_jsonl, atomic_write_jsonl, is_torn, raw_lines
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.train import tracking
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 
 from rlver_jax.files import atomic_directory
-from rlver_jax.text import chat
-from rlver_jax.parallel import sharding
 from rlver_jax.models import hf_io, qwen2, smollm2
 from rlver_jax.models.config import Qwen2Config, get_preset
+from rlver_jax.parallel import sharding
+from rlver_jax.text import chat
 from rlver_jax.text.tiny_tokenizer import build_tiny_tokenizer
 from rlver_jax.train.model_source import VALUE_HEAD_INITS, CriticSource, ModelSource
 

@@ -28,13 +28,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from rlver_jax.files import atomic_write_text
 from rlver_jax.models import lora as lora_lib
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
-from rlver_jax.files import atomic_write_text
 from rlver_jax.parallel import hosts, sharding
 from rlver_jax.parallel.sampling_copy import SamplingLayout
-from rlver_jax.rl import offload, program as rl_program, train_state
+from rlver_jax.rl import offload, train_state
+from rlver_jax.rl import program as rl_program
 from rlver_jax.rl.batch import StepCollation
 from rlver_jax.rollout.openings import check_openings
 from rlver_jax.simulator.factory import check_endpoint

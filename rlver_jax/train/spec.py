@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 import ml_collections
 
 from rlver_jax.checks import InputError, build_all, check_ranges
+from rlver_jax.engines.table import EngineSettings
 from rlver_jax.models import smollm2
 from rlver_jax.models.lora_settings import TARGETS, LoraSettings
 from rlver_jax.rl import algorithms
 from rlver_jax.rl.batch import minibatch_unit
 from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rollout.episodes import RolloutSettings
-from rlver_jax.rollout.samplers import EngineSettings
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.simulator.backends import TRANSPORT
 from rlver_jax.simulator.settings import SimulatorSettings
@@ -168,7 +168,7 @@ class RunSpec:
     loop: LoopSettings
     rollout: RolloutSettings
     sampling: SamplingSettings
-    engine: EngineSettings  # the sampler of the rollouts and the in-loop evaluation (rollout.samplers)
+    engine: EngineSettings  # the sampler of the rollouts and the in-loop evaluation (engines.table)
     simulator: SimulatorSettings
     eval: EvalSettings
     tracking: TrackingSettings
@@ -350,7 +350,7 @@ FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
         "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
         "train.degenerate_alarm_action", "model.remat", "model.attention",
-        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots", "rollout.engine",
+        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots", "engines.continuous",
         "rollout.engine_rows", "rollout.decode_chunk", "rollout.prefill_chunk", "rl.micro_batch_size",
         "rl.logprob_chunk", *(f"simulator.{f}" for f in sorted(TRANSPORT)))
 

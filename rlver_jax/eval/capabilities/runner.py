@@ -189,7 +189,7 @@ def _ask_and_grade(spec: CapabilitiesSpec, source: policy_source.PolicySource, w
         tasks: list[asyncio.Task] = []
 
         async def ask(chunk: list[data.Item]) -> None:
-            from rlver_jax.rollout.policy import TurnRequest
+            from rlver_jax.engines.seam import TurnRequest
             from rlver_jax.text import chat
 
             requests = []

@@ -10,7 +10,7 @@ compiled for a target's chip or card, its cost (rlver_jax.train.planner.hlo_cost
                  parts wait in host memory in each (rlver_jax.rl.offload).
                  A run's update phase is these three programs, one after another: its peak is theirs.
   rollout        the sampler's jitted programs. The rollout engine (config.rollout.engine="jax",
-                 rlver_jax.sampling.engine): one decode chunk (rollout.decode_chunk steps) over
+                 rlver_jax.sampling.kv_rows): one decode chunk (rollout.decode_chunk steps) over
                  every KV row at once (rollout.engine_rows, else every dialogue of the host),
                  each row holding a dialogue's whole history (the longest prompt plus a turn's
                  tokens), then `rollout prefill`, a prefill chunk (rollout.prefill_chunk tokens,
@@ -52,20 +52,21 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from rlver_jax.engines.continuous import chunk_width
 from rlver_jax.models import qwen2
 from rlver_jax.parallel import sharding
 from rlver_jax.parallel.sampling_copy import SamplingLayout
 from rlver_jax.rl import offload
-from rlver_jax.rollout.cache_bound import longest_prompt, session_slots
-from rlver_jax.rollout.engine import chunk_width
-from rlver_jax.sampling import engine as engine_programs
 from rlver_jax.sampling import generation
+from rlver_jax.sampling import kv_rows as engine_programs
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
-from rlver_jax.train.spec import RunSpec
+from rlver_jax.sampling.cache_bound import longest_prompt, session_slots
 from rlver_jax.train.planner import hlo_cost
 from rlver_jax.train.planner.setup import GB, PHASES, Setup, device_bytes, resident
+from rlver_jax.train.spec import RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,10 +258,10 @@ def rollout_shapes(spec: RunSpec, feed_tokens: int, hosts: int = 1, evaluation: 
     else:
         r, sampling = spec.rollout, spec.sampling
         dialogues = max(1, spec.loop.dialogues // hosts)  # one host's share (Run.own_dialogues)
-    if spec.engine.engine == "jax":  # every dialogue of the host in one engine (rollout.engine)
+    if spec.engine.engine == "jax":  # every dialogue of the host in one engine (engines.continuous)
         e = spec.engine
         rows = e.engine_rows or bucket(dialogues)
-        # A row holds a dialogue's whole history: the longest prompt and a turn's tokens (rollout.engine._enter).
+        # A row holds a dialogue's whole history: the longest prompt and a turn's tokens (engines.continuous._enter).
         prompt = longest_prompt(r.max_total_tokens)
         slots = e.slots_for(prompt + sampling.max_new_tokens)
         chunk = chunk_width(feed_tokens, e.prefill_chunk)
@@ -268,14 +269,14 @@ def rollout_shapes(spec: RunSpec, feed_tokens: int, hosts: int = 1, evaluation: 
     groups = min(r.pipeline_groups, dialogues)
     rows = bucket(-(-dialogues // groups))
     cache_slots = sampling.cache_slots
-    if cache_slots:  # a turn's feed and generation must fit the cache (rollout.kv_sessions)
+    if cache_slots:  # a turn's feed and generation must fit the cache (engines.kv_sessions)
         if r.think and r.think_history == "drop":  # each turn's row is encoded afresh: the whole prompt
             feed_tokens = max(feed_tokens, r.max_total_tokens)
         room = [b for b in LENGTH_BUCKETS if b <= cache_slots - sampling.max_new_tokens]
         if not room:
             raise ValueError(f"config.rollout.cache_slots={cache_slots} leaves no room for a turn of "
                              f"config.rollout.max_new_tokens={sampling.max_new_tokens}; raise it to "
-                             f"{session_slots(r.max_total_tokens, sampling.max_new_tokens)} (rollout.cache_bound)")
+                             f"{session_slots(r.max_total_tokens, sampling.max_new_tokens)} (sampling.cache_bound)")
         prompt = min(bucket(feed_tokens, LENGTH_BUCKETS), room[-1])
     else:  # the last turn re-encodes a history of up to max_total_tokens
         prompt = bucket(r.max_total_tokens, LENGTH_BUCKETS, MIN_PROMPT_BUCKET)
@@ -342,7 +343,7 @@ def sampler_phases(s: Setup, shapes: RolloutShapes, host_devices: int | None = N
     bucket: compaction (generation.compact_cache) and growth into it (generation.grow_cache)."""
     cfg = s.update.actor_cfg
     name = "evaluation" if shapes.evaluation else "rollout"
-    # JaxPolicy fills stop and pad ids from the tokenizer; their values do not change the program.
+    # StaticEngine fills stop and pad ids from the tokenizer; their values do not change the program.
     settings = dataclasses.replace(s.spec.eval.sampling if shapes.evaluation else s.spec.sampling,
                                    stop_ids=(0, 1), pad_id=0)
     layout = sampling_layout(s, host_devices)
@@ -375,7 +376,7 @@ def sampler_phases(s: Setup, shapes: RolloutShapes, host_devices: int | None = N
     phases = [_phase(s, name, compiled, others, secs,
                      f"cache {per_group / GB:.2f} GB/device per group of {b}, {shapes.groups} groups held; {copy}")]
     # The cache's own programs, beside the other groups' caches: compaction at cache_slots, and
-    # growth from the next smaller bucket into cache_slots (rollout.kv_sessions._make_room).
+    # growth from the next smaller bucket into cache_slots (engines.kv_sessions._make_room).
     compiled, secs = _compile(s, generation.compact_cache, cache_out)
     phases.append(_phase(s, f"{name} compact", compiled, others, secs, "KV cache compaction (donated)"))
     smaller = [x for x in LENGTH_BUCKETS if x < shapes.cache_slots]
@@ -389,7 +390,7 @@ def sampler_phases(s: Setup, shapes: RolloutShapes, host_devices: int | None = N
 
 def _engine_phases(s: Setup, shapes: RolloutShapes, name: str, settings, host: Mesh, params, held: int,
                    copy: str) -> list[Phase]:
-    """The rollout engine's programs (rlver_jax.sampling.engine) on its KV rows: a decode chunk, then
+    """The rollout engine's programs (rlver_jax.sampling.kv_rows) on its KV rows: a decode chunk, then
     a prefill chunk, each over every row (the most a call runs over; nothing gathered)."""
     cfg = s.update.actor_cfg
     r, c = shapes.rows, shapes.prompt

@@ -13,11 +13,18 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from rlver_jax.parallel import topology
-from rlver_jax.train.spec import RunSpec
-from rlver_jax.train.planner.setup import GB, PHASES, SAMPLERS, UPDATE, Setup, abstract_setup, device_bytes
-from rlver_jax.train.planner.phases import (Phase, Transfer, describe_rollout, eval_profiles, rollout_shapes, run_phases,
-                                            transfer_plan)
+from rlver_jax.train.planner.phases import (
+    Phase,
+    Transfer,
+    describe_rollout,
+    eval_profiles,
+    rollout_shapes,
+    run_phases,
+    transfer_plan,
+)
 from rlver_jax.train.planner.search import fitting_shapes
+from rlver_jax.train.planner.setup import GB, PHASES, SAMPLERS, UPDATE, Setup, abstract_setup, device_bytes
+from rlver_jax.train.spec import RunSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 from rlver_jax.models import ragged_attention
-from rlver_jax.train.planner.setup import UPDATE
 from rlver_jax.train.planner.phases import rollout_shapes
 from rlver_jax.train.planner.plan import Plan
+from rlver_jax.train.planner.setup import UPDATE
 
 
 @dataclasses.dataclass(frozen=True)

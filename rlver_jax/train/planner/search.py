@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 
 from rlver_jax.parallel import sharding, topology
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
-from rlver_jax.train.spec import RunSpec
-from rlver_jax.train.planner.setup import GB, abstract_setup
 from rlver_jax.train.planner.phases import eval_profiles, run_phases
+from rlver_jax.train.planner.setup import GB, abstract_setup
+from rlver_jax.train.spec import RunSpec
 
 
 def _largest(candidates: Sequence[int], fits: Callable[[int], bool]) -> int | None:

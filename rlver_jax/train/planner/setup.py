@@ -18,7 +18,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from rlver_jax.models import attention
 from rlver_jax.parallel import chips, sharding, topology
@@ -28,7 +29,6 @@ from rlver_jax.rl.settings import RLSettings
 from rlver_jax.sampling.buckets import bucket
 from rlver_jax.train.abstract_run import AbstractRun, abstract_run
 from rlver_jax.train.spec import RunSpec
-
 
 PHASES = ("prepare", "actor update", "critic update", "rollout", "evaluation")
 SAMPLERS = PHASES[3:]  # the sampler's phases (each with its KV cache's programs)

@@ -1,4 +1,4 @@
-"""What the JAX samplers (rollout.jax_policy, rollout.engine) share: their settings completed from
+"""What the JAX samplers (engines.static, engines.continuous) share: their settings completed from
 the tokenizer, each turn's key, and the turn made of its sampled ids."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import functools
 import jax
 import numpy as np
 
-from rlver_jax.rollout.policy import PolicyTurn
+from rlver_jax.engines.seam import PolicyTurn
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.text import chat
 from rlver_jax.text.chat import ChatTokens

@@ -1,17 +1,15 @@
-"""Policies that write one dialogue turn for a batch of dialogues: the `Policy` protocol, its
-requests and turns, and `OpenAIPolicy`, which asks any OpenAI-compatible chat endpoint (text out,
-for scoring served or API models on the same footing). The JAX policy on the trainer's
-parameters is rollout.jax_policy.JaxPolicy; nothing here imports JAX, so an evaluation of served
-models starts without it.
+"""The seam between the dialogues and what writes their policy turns: a turn's request, the turn,
+the `Policy` protocol every turn writer keeps (a rollout engine, a served policy under evaluation),
+and the `Engine` protocol of the rollout engines (rlver_jax.engines.table: one row each), which
+also take the trainer's weights. No JAX: the served policy and the config checks import it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-from typing import Protocol
+from typing import Any, Protocol
 
-from rlver_jax.llm_client import ChatClient, ClientSettings
+from rlver_jax.engines.published import Published
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,25 +54,16 @@ class Policy(Protocol):
         """The dialogues of `session` are over: drop anything kept for them."""
 
 
-class OpenAIPolicy:
-    """A policy served behind an OpenAI-compatible chat API (vLLM, SGLang, a provider), called
-    through rlver_jax.llm_client: its timeout, retries and bound on requests in flight."""
+class Engine(Policy, Protocol):
+    """A rollout engine: a `Policy` on the trainer's weights. `continuous`: it schedules turns
+    itself (each dialogue's turn goes straight in), else it wants calls formed from the dialogues
+    then waiting (rollout.ready_batches)."""
 
-    def __init__(self, client: ClientSettings, *, temperature: float = 0.7, max_tokens: int = 1024):
-        self.client = ChatClient(client)
-        self.temperature, self.max_tokens = temperature, max_tokens
+    continuous: bool
+    published: Published
 
-    async def _one(self, req: TurnRequest) -> PolicyTurn:
-        answer = await self.client.complete(req.messages, temperature=self.temperature,
-                                            max_tokens=min(self.max_tokens, req.max_new_tokens))
-        return PolicyTurn(text=answer.text, stopped=answer.finish_reason != "length")
+    def publish(self, version: int, params: Any) -> None:
+        """The parameters of `version` (this process's sampling copy) for the turns that want it."""
 
-    async def act(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
-        return list(await asyncio.gather(*(self._one(r) for r in requests)))
-
-    def release(self, session: int) -> None:
-        """Nothing is kept between turns."""
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
-
+    def reseed(self, rng: Any) -> None:
+        """Turns from now on draw from `rng` (a training batch's key); caches kept so far are dropped."""

@@ -1,5 +1,5 @@
 """KV caches kept between the turns of multi-turn dialogues, so a turn's prefill costs only its new
-tokens (JaxPolicy with SamplingSettings.cache_slots > 0).
+tokens (StaticEngine with SamplingSettings.cache_slots > 0).
 
 A session is a group of dialogues generated together (a pipeline group of EpisodeRunner), one
 cache row per dialogue; a call feeds the rows of the dialogues ready for a turn
@@ -13,7 +13,7 @@ padding and finished rows. The rows share one fill level, so a call takes its wi
 max_new_tokens slots of every row: per-dialogue progress, with more and smaller calls, compacts
 more often.
 
-A turn that would still not fit (cache_slots below rollout.cache_bound.session_slots) does not end
+A turn that would still not fit (cache_slots below sampling.cache_bound.session_slots) does not end
 the run: the rows of no dialogue of the call give their slots back, and if that is not enough the
 session is rebuilt with every dialogue of the call encoded afresh (`Feed.reencoded`, a warning);
 when not even that fits, `feed` returns None and the policy encodes the call without a cache.
@@ -27,10 +27,10 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from rlver_jax.sampling import generation
-from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.sampling import generation
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Session:
     """One group of dialogues whose caches persist between turns (host bookkeeping + the cache)."""
 
     cache: qwen2.KVCache  # [L, B, S, K, H]
-    owners: list[Hashable | None]  # who each row belongs to (JaxPolicy: the episode and parameter version)
+    owners: list[Hashable | None]  # who each row belongs to (StaticEngine: the episode and parameter version)
     fed: list[list[int]]  # the tokens each row has in the cache, in order
     next_pos: list[int]  # each row's next position id
 
@@ -121,7 +121,7 @@ class KVSessions:
         fits = self._make_room(sess, wide + max_new_tokens)
         log.warning(
             "KV cache of session %d: %d cached tokens plus this turn's %d slots are beyond cache_slots=%d; %s "
-            "(counted in kv_cache_reencodes). Configs size cache_slots with rlver_jax.rollout.cache_bound",
+            "(counted in kv_cache_reencodes). Configs size cache_slots with rlver_jax.sampling.cache_bound",
             session, cached, width + max_new_tokens, self.cache_slots,
             f"its {len(afresh)} dialogue(s) are encoded afresh" if fits else
             f"not even the {wide} slots of the prompts afresh fit: this turn is encoded without the cache")

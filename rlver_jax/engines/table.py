@@ -1,8 +1,8 @@
 """The sampler seam: what rolls out a policy's turns on the trainer's weights, one row per
 `config.rollout.engine`; free of JAX, so the config checks read the table first.
 
-A sampler is a `Policy` (rollout.policy: `act`, `release`) that also takes the trainer's weights,
-`publish(version, params)` (rollout.versions.Published: a turn samples with the version its
+A sampler is a `Policy` (engines.seam: `act`, `release`) that also takes the trainer's weights,
+`publish(version, params)` (engines.published.Published: a turn samples with the version its
 request wants), and each training batch's key, `reseed(rng)`. Its `continuous` says whether it
 schedules turns itself (each dialogue's turn goes straight in) or wants calls formed from the
 dialogues then waiting (rollout.ready_batches). A new engine (SGLang, vLLM, sglang-jax behind a
@@ -13,24 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Protocol
+from typing import Any
 
 from rlver_jax.checks import check_ranges, named
-from rlver_jax.rollout.cache_bound import longest_prompt
-from rlver_jax.rollout.policy import Policy
-from rlver_jax.rollout.versions import Published
+from rlver_jax.engines.seam import Engine
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
-
-
-class Sampler(Policy, Protocol):
-    continuous: bool
-    published: Published
-
-    def publish(self, version: int, params: Any) -> None:
-        """The parameters of `version` (this process's sampling copy) for the turns that want it."""
-
-    def reseed(self, rng: Any) -> None:
-        """Turns from now on draw from `rng` (a training batch's key); caches kept so far are dropped."""
+from rlver_jax.sampling.cache_bound import longest_prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +35,9 @@ class SamplerRow:
 
 
 SAMPLERS: dict[str, SamplerRow] = {
-    "jax": SamplerRow("rlver_jax.rollout.engine.JaxEngine",
+    "jax": SamplerRow("rlver_jax.engines.continuous.ContinuousEngine",
                       "continuous batching on the trainer's weights: KV slots, chunked prefill, replies leave as they stop"),
-    "static": SamplerRow("rlver_jax.rollout.jax_policy.JaxPolicy",
+    "static": SamplerRow("rlver_jax.engines.static.StaticEngine",
                          "static calls of the dialogues then waiting, each decoded until its longest reply stops"),
 }
 
@@ -63,7 +51,7 @@ class EngineSettings:
     engine_rows: int = 0
     decode_chunk: int = 8  # decode steps between two chances for turns to enter and replies to leave
     prefill_chunk: int = 256  # most new tokens a row writes in one prefill call (a long prompt stalls no one)
-    # The most slots a row can need (the longest prompt and a whole reply, rollout.cache_bound), a
+    # The most slots a row can need (the longest prompt and a whole reply, sampling.cache_bound), a
     # multiple of 128: the rows' slots grow by the length buckets up to it (0: no bound).
     row_slots: int = 0
 
@@ -88,6 +76,6 @@ class EngineSettings:
         slots = bucket(needed, LENGTH_BUCKETS)
         return min(slots, self.row_slots) if needed <= self.row_slots else slots
 
-    def build(self, model_cfg: Any, chat_tokens: Any, sampling: Any, rng: Any) -> Sampler:
+    def build(self, model_cfg: Any, chat_tokens: Any, sampling: Any, rng: Any) -> Engine:
         """The sampler of this engine (no weights yet: `publish` them)."""
         return SAMPLERS[self.engine].load()(model_cfg, chat_tokens, sampling, self, rng)

@@ -1,4 +1,4 @@
-"""How many KV-cache slots a multi-turn session can need (rollout.kv_sessions), from what the
+"""How many KV-cache slots a multi-turn session can need (engines.kv_sessions), from what the
 sampler can place; free of JAX so that configs compute their `cache_slots` from it.
 
 A session's rows share one fill level (the cache's index). When a call does not fit, the cache

@@ -1,6 +1,6 @@
-"""`JaxEngine`: the rollout engine on the trainer's parameters (continuous batching, issue 53).
+"""`ContinuousEngine`: the rollout engine on the trainer's parameters (continuous batching, issue 53).
 
-A fixed set of KV-cache rows (rlver_jax.sampling.engine), each holding one dialogue's history
+A fixed set of KV-cache rows (rlver_jax.sampling.kv_rows), each holding one dialogue's history
 between its turns. A turn enters the moment its dialogue asks for it (`act`), into its own row
 (the tokens its prompt shares with what the row holds are kept; the rest is written from the
 first slot that differs) or a free one; its new tokens are prefilled in chunks of at most
@@ -19,7 +19,7 @@ until they have stopped (first come, first served: a waiting turn of another ver
 further turns of the current one from entering). A row is owned by (episode, version): a row
 written with other parameters is written afresh.
 
-Tokens: a turn's key is fold_in(fold_in(rng, dialogue), turn) (rollout.jax_policy's) and reply
+Tokens: a turn's key is fold_in(fold_in(rng, dialogue), turn) (engines.static's) and reply
 column c is drawn from fold_in(key, c), so a dialogue's tokens are those of
 `generation.generate` on its prompt, whatever it shares the device with and whenever it enters.
 Every device call runs in a worker thread, one at a time, so the event loop keeps serving the
@@ -38,13 +38,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from rlver_jax.engines.published import Published
+from rlver_jax.engines.seam import PolicyTurn, TurnRequest
+from rlver_jax.engines.table import EngineSettings
+from rlver_jax.engines.turns import policy_turn, raw_key, sampler_settings, turn_keys
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
-from rlver_jax.rollout.jax_turns import policy_turn, raw_key, sampler_settings, turn_keys
-from rlver_jax.rollout.policy import PolicyTurn, TurnRequest
-from rlver_jax.rollout.samplers import EngineSettings
-from rlver_jax.rollout.versions import Published
-from rlver_jax.sampling import engine as programs
+from rlver_jax.sampling import kv_rows as programs
 from rlver_jax.sampling.buckets import MIN_PROMPT_BUCKET, bucket
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.text.chat import ChatTokens
@@ -92,7 +92,7 @@ class EngineStats:
     reply_lag_steps: list[int] = dataclasses.field(default_factory=list)
 
 
-class JaxEngine:
+class ContinuousEngine:
     """Samples turns on published parameters with continuous batching (the module docstring)."""
 
     continuous = True  # each dialogue's turn goes straight in: no ready batches (rollout.ready_batches)

@@ -1,9 +1,9 @@
-"""`JaxPolicy`: the static sampler (config.rollout.engine="static"): each call, the turns of the
+"""`StaticEngine`: the static sampler (config.rollout.engine="static"): each call, the turns of the
 dialogues then waiting (rollout.ready_batches), prefilled and decoded with
 rlver_jax.sampling.generation until its longest reply stops, on the trainer's parameters in the
 host-local copy each process keeps for sampling (rlver_jax.parallel.sampling_copy.SamplingLayout;
-token ids and log-probs out, for training). The rollout engine (rollout.engine) is the default;
-this is its comparison (benchmarks/rollout.py). Apart from rollout.policy so that served policies
+token ids and log-probs out, for training). The rollout engine (engines.continuous) is the default;
+this is its comparison (benchmarks/rollout.py). Apart from engines.seam so that served policies
 never import JAX.
 """
 
@@ -16,20 +16,20 @@ from typing import Any
 import jax
 import numpy as np
 
+from rlver_jax.engines.kv_sessions import KVSessions
+from rlver_jax.engines.published import Published
+from rlver_jax.engines.seam import PolicyTurn, TurnRequest
+from rlver_jax.engines.table import EngineSettings
+from rlver_jax.engines.turns import policy_turn, raw_key, sampler_settings, stop_ids, turn_keys
+from rlver_jax.models.config import Qwen2Config
 from rlver_jax.sampling import generation
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS
-from rlver_jax.text.chat import ChatTokens
-from rlver_jax.models.config import Qwen2Config
-from rlver_jax.rollout.jax_turns import policy_turn, raw_key, sampler_settings, stop_ids, turn_keys
-from rlver_jax.rollout.kv_sessions import KVSessions
-from rlver_jax.rollout.policy import PolicyTurn, TurnRequest
-from rlver_jax.rollout.samplers import EngineSettings
-from rlver_jax.rollout.versions import Published
 from rlver_jax.sampling.settings import SamplingSettings
+from rlver_jax.text.chat import ChatTokens
 
 
-class JaxPolicy:
-    """Samples on parameters the trainer publishes (rollout.samplers.Sampler); one device call at a time.
+class StaticEngine:
+    """Samples on parameters the trainer publishes (engines.seam.Engine); one device call at a time.
 
     Each turn samples on the parameters `publish` gave its version (TurnRequest.version;
     rollout.versions), which may change within a dialogue: a cache row written under another

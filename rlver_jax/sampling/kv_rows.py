@@ -10,7 +10,7 @@ feeding its last token and drawing the next, until no row is live. Each runs ove
 given (`rows`: indices, padded to a power of two; a padding index past the cache's rows writes
 nothing), gathering their slots, so a row waiting for its simulator costs nothing; or, `rows`
 None, over every row of the cache in order, gathering nothing (a row with nothing to do writes
-only masked-out slots past what it holds). Between calls the host (rlver_jax.rollout.engine)
+only masked-out slots past what it holds). Between calls the host (rlver_jax.engines.continuous)
 decides which rows enter and leave.
 
 Tokens are drawn as `generation.generate` draws them (`generation.choose`): column c of a reply

@@ -9,11 +9,11 @@ import jax
 import numpy as np
 import pytest
 
+from rlver_jax.engines.continuous import ContinuousEngine
+from rlver_jax.engines.seam import TurnRequest
+from rlver_jax.engines.table import EngineSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
-from rlver_jax.rollout.engine import JaxEngine
-from rlver_jax.rollout.policy import TurnRequest
-from rlver_jax.rollout.samplers import EngineSettings
 from rlver_jax.sampling import generation
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.text import chat
@@ -40,7 +40,7 @@ def versions(chat_tokens):
 
 def _reference(cfg, params, chat_tokens, requests, rng):
     """Today's generation of each request alone: `generate` on its whole prompt, from its turn key
-    fold_in(fold_in(rng, dialogue), turn), cut at the request's budget (as JaxPolicy does)."""
+    fold_in(fold_in(rng, dialogue), turn), cut at the request's budget (as StaticEngine does)."""
     base = np.asarray(jax.random.key_data(rng))
     out = []
     for r in requests:
@@ -66,7 +66,7 @@ def _prompts(seed, lengths):
 
 
 def _engine(cfg, chat_tokens, rows, chunk=4, prefill=16):
-    return JaxEngine(cfg, chat_tokens, SamplingSettings(max_new_tokens=MAX_NEW),
+    return ContinuousEngine(cfg, chat_tokens, SamplingSettings(max_new_tokens=MAX_NEW),
                      EngineSettings(engine_rows=rows, decode_chunk=chunk, prefill_chunk=prefill), jax.random.key(7))
 
 
