@@ -9,7 +9,7 @@ _HERE = pathlib.Path(__file__).parent
 
 def _requirements() -> list[str]:
     lines = (_HERE / "requirements.txt").read_text().splitlines()
-    return [l.strip() for l in lines if l.strip() and not l.startswith("#")]
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 setuptools.setup(

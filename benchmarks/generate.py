@@ -146,10 +146,12 @@ def main(argv):
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
 
     def report(r: Row) -> None:  # a row as soon as it is measured: a long run that dies keeps its rows
-        bound_ms = matmul_params(get_preset(_ARCH.get(r.preset, r.preset))) * jnp.dtype(r.dtype).itemsize / bandwidth * 1e3
+        bound_ms = (matmul_params(get_preset(_ARCH.get(r.preset, r.preset))) * jnp.dtype(r.dtype).itemsize
+                    / bandwidth * 1e3)
         peak = peaks[r.dtype]
         print(f"| {r.preset} | {r.dtype} | {r.batch} | {r.batch * n / r.ours_s:.1f} | {r.batch * n / r.hf_s:.1f} "
-              f"| {r.hf_s / r.ours_s:.2f}x | {r.ours_step_ms:.1f} | {r.hf_step_ms:.1f} | {r.hf_step_ms / r.ours_step_ms:.2f}x "
+              f"| {r.hf_s / r.ours_s:.2f}x | {r.ours_step_ms:.1f} | {r.hf_step_ms:.1f} "
+              f"| {r.hf_step_ms / r.ours_step_ms:.2f}x "
               f"| {bound_ms:.1f} | {r.flops / r.ours_s / peak:.1%} | {r.flops / r.hf_s / peak:.1%} "
               f"| {r.kv_bytes / 2**20:.2f} MiB | {r.load:.1f} |", flush=True)
 

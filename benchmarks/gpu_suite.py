@@ -163,7 +163,8 @@ def train_part(suite: Suite, peak: float) -> None:
         for result, parity in sides:
             flops = train_step.step_flops(config, batch_size, tokens, result.scored)
             suite.train.append({
-                **base, "side": result.side, "step_s": result.step_s, "tokens_per_s": batch_size * tokens / result.step_s,
+                **base, "side": result.side, "step_s": result.step_s,
+                "tokens_per_s": batch_size * tokens / result.step_s,
                 "model_tflops": flops / result.step_s / 1e12, "mfu": flops / result.step_s / peak,
                 "vs_torch": torch_s / result.step_s if torch_s else None, "logprob_parity": parity})
         print(f"  train {spec}: " + ", ".join(f"{r.side} {r.step_s:.3f} s" for r, _ in sides), flush=True)
@@ -203,7 +204,8 @@ def decode_part(suite: Suite, device: str) -> None:
         for side, cfg, side_batches in variants:
             params = jax.jit(functools.partial(qwen2.init_params, cfg))(jax.random.key(FLAGS.seed))
             for batch in side_batches:
-                ids, mask = random_prompts(config.vocab_size, batch, _PROMPT_LEN.value, np.random.default_rng(FLAGS.seed))
+                ids, mask = random_prompts(config.vocab_size, batch, _PROMPT_LEN.value,
+                                           np.random.default_rng(FLAGS.seed))
                 weight_bytes, kv_bytes, bound = roofline_ms(config, batch, mask.sum(1), n)
                 row = dict(model=preset, batch=batch, new_tokens=n, prompt_len=_PROMPT_LEN.value,
                            weight_bytes=weight_bytes, kv_bytes=kv_bytes, roofline_ms=bound)
@@ -291,13 +293,15 @@ def markdown(parts: dict) -> str:
                                _num(r.get("tokens_per_s"), ",.0f"), _num(r.get("model_tflops"), ".1f"),
                                _num(r.get("mfu"), ".1%"), _num(r.get("vs_torch"), ".2f")], ("skipped", "error"))
     lines += _table("Decode (bf16)", ["| model | batch | side | decode ms/step | decode tokens/s | roofline ms/step "
-                                      "| of roofline | whole call s | note |", "|---|---:|---|---:|---:|---:|---:|---:|---|"],
+                                      "| of roofline | whole call s | note |",
+                                      "|---|---:|---|---:|---:|---:|---:|---:|---|"],
                     parts["decode"],
                     lambda r: [r["model"], str(r.get("batch", "-")), r.get("side", "-"), _num(r.get("step_ms"), ".2f"),
                                _num(r.get("decode_tokens_per_s"), ",.0f"), _num(r.get("roofline_ms"), ".3f"),
                                _num(r.get("of_roofline"), ".1%"), _num(r.get("call_s"), ".2f")], ("skipped", "error"))
     lines += _table("Attention (causal, bf16)",
-                    ["| B x T x N x K x H | implementation | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | note |",
+                    ["| B x T x N x K x H | implementation | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s "
+                     "| note |",
                      "|---|---|---:|---:|---:|---:|---|"], parts["attention"],
                     lambda r: [r["shape"], r["implementation"], _num(r.get("fwd_ms"), ".2f"),
                                _num(r.get("fwd_tflops"), ".1f"), _num(r.get("fwd_bwd_ms"), ".2f"),

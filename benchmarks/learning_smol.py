@@ -3,7 +3,7 @@ simulator raise the Sentient score on held-out English profiles? Never in CI.
 
   .venv/bin/python benchmarks/learning_smol.py --out=/tmp/learning_smol                # docs/smol.md's commands
   .venv/bin/python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo,drgrpo
-  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/smol_seeds --seeds=0,1,2                  # docs/smol.md's table
+  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/smol_seeds --seeds=0,1,2    # docs/smol.md's table
   .venv/bin/python benchmarks/learning_smol.py --out=/tmp/split --protocol=split --algos=grpo,ppo --steps=10
 
 Everything goes through the project's own commands, so the numbers are what a user would get.

@@ -68,7 +68,7 @@ def train(algo: str, out: pathlib.Path) -> float:
 
 
 def summarise(algo: str, workdir: pathlib.Path, window: int, minutes: float) -> dict:
-    lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line]
     first, last = lines[:window], lines[-window:]
 
     def mean(rows, key):
@@ -99,7 +99,7 @@ def evaluations(algo: str, workdir: pathlib.Path) -> list[dict]:
     reply after </think>, or the raw text when the reply had none: format_failure=continue)."""
     rows = []
     for path in sorted((workdir / "transcripts").glob("eval_*.jsonl")):
-        records = [json.loads(l) for l in path.read_text().splitlines() if l]
+        records = [json.loads(line) for line in path.read_text().splitlines() if line]
         judged = [t for r in records for t in r["turns"] if "change" in t]
         thoughts = [t.get("simulator_thoughts", "") for t in judged]
         rows.append({"algo": algo, "step": int(path.stem.split("_")[1]),

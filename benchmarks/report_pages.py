@@ -80,7 +80,8 @@ def main() -> None:
     atomic_write_jsonl(out / "run" / "metrics.jsonl", metrics)
     start = time.perf_counter()
     index = run_view.write_run_view(out / "run")
-    print(f"training index, 1000 steps: render {time.perf_counter() - start:.2f} s, {index.stat().st_size / 1e6:.2f} MB")
+    print(f"training index, 1000 steps: render {time.perf_counter() - start:.2f} s, "
+          f"{index.stat().st_size / 1e6:.2f} MB")
     browser = _browser()
     if browser is None:
         print("no chromium/chromedriver: browser timings skipped")

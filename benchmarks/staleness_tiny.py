@@ -5,7 +5,8 @@ idle core, 3 runs by default.
   .venv/bin/python benchmarks/staleness_tiny.py --out=/tmp/staleness_tiny
   .venv/bin/python benchmarks/staleness_tiny.py --out=/tmp/staleness_tiny --variants=on_policy,stale2_tis
   # partial rollouts on and off, on dialogues of three policy turns:
-  .venv/bin/python benchmarks/staleness_tiny.py --out=/tmp/partial_tiny --variants=stale2_tis_3turns,stale2_tis_3turns_whole
+  .venv/bin/python benchmarks/staleness_tiny.py --out=/tmp/partial_tiny \
+      --variants=stale2_tis_3turns,stale2_tis_3turns_whole
 
 Every run is the project's own command, `launch/train.py --config=configs/grpo_think.py:tiny` and
 the variant's flags (VARIANTS below), in OUT/VARIANT, through benchmarks/recipes_tiny.py's `run`

@@ -9,19 +9,21 @@ r"""Train-step benchmark (issue 7): our jitted policy update vs a PyTorch step o
 For each run (preset:BATCHxTOKENS), random weights are drawn once (our init), written as a
 Hugging Face directory and loaded by transformers, so both sides train the same model on the same
 batch; the preset `smol` is the real SmolLM2-135M-Instruct of `.venv/bin/python launch/fetch_smollm2.py`
-(rlver_jax.models.smollm2.DEFAULT_DIR), its directory read by both sides: B rows of T random tokens, every row full length, alternating 64-token user and policy
-segments (the policy mask covers half the tokens), a GRPO reward on each row's last policy token.
+(rlver_jax.models.smollm2.DEFAULT_DIR), its directory read by both sides: B rows of T random tokens,
+every row full length, alternating 64-token user and policy segments (the policy mask covers half
+the tokens), a GRPO reward on each row's last policy token.
 
   ours: exactly what training runs per mini-batch: the actor's program of a train step
     (`make_update_program(...).actor`, `update.model_epochs` over `actor_update`), its params and
     AdamW state donated, with GRPO settings (no critic, no reference), the whole batch one
-    mini-batch; old log-probs and advantages come from the prepare program once, outside the timing. Forward, backward of the PPO loss
-    (plus the entropy metric), global-norm clipping and optax AdamW, one jitted program. The LM
-    head runs only at policy tokens (TrainBatch.arrays()["policy_positions"]), as in training.
+    mini-batch; old log-probs and advantages come from the prepare program once, outside the timing.
+    Forward, backward of the PPO loss (plus the entropy metric), global-norm clipping and optax AdamW,
+    one jitted program. The LM head runs only at policy tokens (TrainBatch.arrays()["policy_positions"]),
+    as in training.
   ours, all tokens: the same program with every token scored, as a plain step would.
-  torch: transformers' Qwen2ForCausalLM (LlamaForCausalLM for smol) in train mode: logits -> log_softmax -> gather -> the same
-    token-mean PPO clipped loss on the same old log-probs and advantages -> backward ->
-    clip_grad_norm_ -> torch.optim.AdamW step.
+  torch: transformers' Qwen2ForCausalLM (LlamaForCausalLM for smol) in train mode: logits -> log_softmax
+    -> gather -> the same token-mean PPO clipped loss on the same old log-probs and advantages ->
+    backward -> clip_grad_norm_ -> torch.optim.AdamW step.
 
 The two sides run one after the other and each frees its memory before the next (0.5B in fp32 with
 AdamW is ~8 GB per side). One warm-up step (ours compiles) precedes --steps timed steps; the
@@ -288,7 +290,8 @@ def main(argv):
             flops = step_flops(config, batch_size, tokens, r.scored)
             speedup = f"{torch_s / r.step_s:.2f}x" if torch_s else "-"
             print(f"| {preset} | {batch_size} x {tokens} | {r.side} | {r.step_s:.2f} | "
-                  f"{batch_size * tokens / r.step_s:,.0f} | {flops / r.step_s / 1e9:.1f} | {flops / r.step_s / peak:.1%} "
+                  f"{batch_size * tokens / r.step_s:,.0f} | {flops / r.step_s / 1e9:.1f} "
+                  f"| {flops / r.step_s / peak:.1%} "
                   f"| {speedup} | {r.load:.1f} |")
 
 

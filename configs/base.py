@@ -193,7 +193,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.value_clip = 0.5  # critic value clip range
     c.rl.entropy_coef = 0.001  # token-mean entropy bonus (the reference's verl default)
     c.rl.kl_coef = 0.0  # paper: no KL; non-zero builds a frozen reference model
-    c.rl.kl_mode = ""  # "" = the algorithm's (reward for REINFORCE++, else loss) | loss | reward (penalty on token rewards)
+    # "" = the algorithm's (reward for REINFORCE++, else loss) | loss | reward (penalty on token rewards)
+    c.rl.kl_mode = ""
     c.rl.kl_estimator = "k3"  # k1 | k3
     # "" = the algorithm's. seq_mean_token_mean: each row's token mean, averaged over rows (what the reference
     # optimises: a token mean per micro-batch of one sequence, averaged over ranks; ppo, grpo, rloo, gspo) |
@@ -205,7 +206,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # DAPO's overlong shaping: each policy turn's penalty at its token budget (rollout.max_new_tokens), ramping
     # up over the buffer before it, added to the rewards; None = the algorithm's (DAPO 1.0; else 0 = off)
     c.rl.overlong_penalty = _row(float)
-    c.rl.overlong_buffer = 0  # tokens before the budget where the penalty ramps; 0 = a fifth of it (DAPO's 4096 of 20480)
+    # tokens before the budget where the penalty ramps; 0 = a fifth of it (DAPO's 4096 of 20480)
+    c.rl.overlong_buffer = 0
     # DAPO's dynamic sampling: a group whose rewards are all equal is sampled again (a fresh profile), up to
     # dynamic_sampling_retries times; what stays without signal gets no loss weight (metric filtered_groups).
     # None = the algorithm's (DAPO: on)

@@ -1,4 +1,5 @@
-"""The Sentient benchmark under the SAGE protocol: `.venv/bin/python launch/eval.py --config=configs/eval.py[:tiny|smol]`.
+"""The Sentient benchmark under the SAGE protocol:
+`.venv/bin/python launch/eval.py --config=configs/eval.py[:tiny|smol]`.
 
 The simulated user opens with each profile's `first_talk`, starts at emotion 40, and the dialogue
 ends on a goodbye, at 100 (success), below 10 (failure) or after 10 rounds, the 10th reply not

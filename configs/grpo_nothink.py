@@ -1,4 +1,5 @@
-"""RLVER GRPO, no thinking: `.venv/bin/python launch/train.py --config=configs/grpo_nothink.py[:tiny|smol|0.5b|7b|7b_lora]`."""
+"""RLVER GRPO, no thinking:
+`.venv/bin/python launch/train.py --config=configs/grpo_nothink.py[:tiny|smol|0.5b|7b|7b_lora]`."""
 
 from configs.base import get_base_config, parse_preset
 

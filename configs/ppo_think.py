@@ -1,4 +1,5 @@
-"""RLVER PPO, think-then-say: `.venv/bin/python launch/train.py --config=configs/ppo_think.py[:tiny|smol|0.5b|7b|7b_lora]`."""
+"""RLVER PPO, think-then-say:
+`.venv/bin/python launch/train.py --config=configs/ppo_think.py[:tiny|smol|0.5b|7b|7b_lora]`."""
 
 from configs.base import get_base_config, parse_preset
 

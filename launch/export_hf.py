@@ -3,7 +3,8 @@ transformers 4.45+ and 5.x, vLLM and SGLang load, e.g. to serve it and evaluate 
 --config.policy.backend=openai. The tokenizer files follow Qwen2.5's own release (docs/tokenizers.md).
 
   .venv/bin/python launch/export_hf.py --checkpoint=runs/ppo_think_7b --out=exports/ppo_think_7b
-  .venv/bin/python launch/export_hf.py --checkpoint=/tmp/rlver_tiny/checkpoints/2 --out=/tmp/rlver_tiny_hf --dtype=float32
+  .venv/bin/python launch/export_hf.py --checkpoint=/tmp/rlver_tiny/checkpoints/2 --out=/tmp/rlver_tiny_hf \\
+    --dtype=float32
 
 --checkpoint is a training run's work directory (its latest step) or WORKDIR/checkpoints/STEP.
 Only the actor is read; the critic and optimizer states stay on disk. A LoRA run's export is the plain

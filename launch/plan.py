@@ -2,7 +2,8 @@ r"""Per-device memory of a training run's programs, compiled ahead of time from 
 
   .venv/bin/python launch/plan.py --config=configs/ppo_think.py:tiny
   .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4
-  .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4 --slices=2 --config.mesh.shape='(2,-1,4)'
+  .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4 --slices=2 \
+    --config.mesh.shape='(2,-1,4)'
   XLA_FLAGS=--xla_force_host_platform_device_count=16 JAX_PLATFORMS=cpu \
     .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --config.mesh.shape='(1,16,1)' --memory_gb=16
 

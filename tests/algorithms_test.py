@@ -135,7 +135,8 @@ def test_the_policy_losses_by_name():
     got, _ = loss_modes.POLICY_LOSSES["gspo_token"].function(rl, lp, old, adv, mask)
     want, _ = losses.gspo_policy_loss(lp, old, adv, mask, clip_eps_low=3e-4, clip_eps_high=4e-4)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    got, _ = loss_modes.POLICY_LOSSES["cispo"].function(settings.RLSettings(algo="cispo", cispo_clip_eps_high=0.1), lp, old, adv, mask)
+    got, _ = loss_modes.POLICY_LOSSES["cispo"].function(settings.RLSettings(algo="cispo", cispo_clip_eps_high=0.1),
+                                                        lp, old, adv, mask)
     want, _ = losses.cispo_policy_loss(lp, old, adv, mask, clip_eps_high=0.1)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     got, _ = loss_modes.POLICY_LOSSES["ppo"].function(settings.RLSettings(algo="dapo"), lp, old, adv, mask)
@@ -168,8 +169,9 @@ def test_the_run_view_shows_what_each_row_gives_a_dialogue(algo):
 def _formula_holds(records, algo):
     """The per-dialogue advantages a step's transcript records against the estimator's formula
     from the transcript's rewards: GRPO-family and RLOO exactly (float32), REINFORCE++ one
-    increasing affine map (REINFORCE++-baseline: of the group-centred rewards); DAPO (its overlong penalties are not in a transcript): each kept
-    group's advantages sum to 0 and a filtered group's are 0."""
+    increasing affine map (REINFORCE++-baseline: of the group-centred rewards); DAPO (its overlong
+    penalties are not in a transcript): each kept group's advantages sum to 0 and a filtered group's
+    are 0."""
     trained = [r for r in records if r["advantage"] is not None]
     groups = {}
     for r in trained:

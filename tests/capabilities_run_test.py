@@ -77,7 +77,8 @@ def test_think_mode_grades_after_the_last_close_and_counts_the_unclosed(tmp_path
         return "<think>maybe \\boxed{6}</think>" + reply  # only the text after </think> counts
 
     with ScriptedServer(script, model="policy") as server:
-        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, **{"policy.think": True})), progress=False)
+        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, **{"policy.think": True})),
+                            progress=False)
         assert "<think>" in server.requests[0]["messages"][0]["content"]  # the think instruction
     assert scores["math500"]["think_unclosed"] == 1
     assert scores["math500"]["accuracy"] == pytest.approx(1 / 3)  # item 2 wrong after </think>, item 1 unclosed
@@ -97,7 +98,8 @@ def test_unclosed_thinking_is_no_pass_in_pass_at_1_either(tmp_path):
 
     paths = {"livecodebench": fx.write_jsonl(tmp_path / "lcb.jsonl", rows)}
     with ScriptedServer(script, model="policy") as server:
-        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, **{"policy.think": True})), progress=False)
+        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, **{"policy.think": True})),
+                            progress=False)
     lcb = scores["livecodebench"]
     assert (lcb["n"], lcb["correct"], lcb["think_unclosed"]) == (6, 2, 4)
     assert lcb["pass@1"] == pytest.approx(2 / 6)
@@ -123,7 +125,7 @@ def test_resume_asks_and_grades_only_what_is_missing(tmp_path):
         # as if killed: the last answer never came, and the one before it was never graded
         (out / "answers.jsonl").write_text("\n".join(answers[:-1]) + "\n")
         lost = {json.loads(answers[-1])["key"], json.loads(answers[-2])["key"]}
-        (out / "items.jsonl").write_text("".join(l + "\n" for l in items if json.loads(l)["key"] not in lost))
+        (out / "items.jsonl").write_text("".join(item + "\n" for item in items if json.loads(item)["key"] not in lost))
         asked = len(server.requests)
         again = runner.run(CapabilitiesSpec.from_config(config), progress=False)
         assert len(server.requests) == asked + 1
@@ -142,7 +144,8 @@ def test_compare_to_the_base_shows_both_sides(tmp_path):
     with ScriptedServer(lambda r: fx.answer_for(r, base), model="policy") as server:
         runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, name="base")), progress=False)
     with ScriptedServer(lambda r: fx.answer_for(r, trained), model="policy") as server:
-        runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, compare_to=str(tmp_path / "base"))), progress=False)
+        runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, compare_to=str(tmp_path / "base"))),
+                   progress=False)
     result = json.loads((tmp_path / "run" / "compare_capabilities.json").read_text())["benchmarks"]["math500"]
     assert (result["base"], result["trained"]) == pytest.approx((2 / 3, 2 / 3))
     assert result["gained"] == [fx.MATH[0][0]["unique_id"]] and result["lost"] == [fx.MATH[1][0]["unique_id"]]
@@ -227,7 +230,8 @@ def test_an_endpoint_policy_fills_the_client_limit(tmp_path):
     rows = [{"problem": f"What is {i}+1?", "answer": str(i + 1), "unique_id": f"p{i}"} for i in range(12)]
     paths = {"math500": fx.write_jsonl(tmp_path / "m.jsonl", rows)}
     with ScriptedServer(lambda r: "\\boxed{1}", model="policy", delay_s=0.2) as server:
-        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, **{"eval.max_in_flight": 4})), progress=False)
+        scores = runner.run(CapabilitiesSpec.from_config(_config(tmp_path, server, paths, **{"eval.max_in_flight": 4})),
+                            progress=False)
         assert server.peak_in_flight == 4
     assert scores["math500"]["correct"] == 1  # only 0+1 is 1
 

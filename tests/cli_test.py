@@ -51,7 +51,8 @@ def _run(script, *args, pythonpath=None, timeout=120, **env):
 
 
 def test_config_flags_go_first_and_nothing_else_moves():
-    argv = ["p", "--config.rl.kl_coef=0.1", "--verbosity=1", "--config", "f.py:tiny", "--config.seed=2", "--", "--config=x"]
+    argv = ["p", "--config.rl.kl_coef=0.1", "--verbosity=1", "--config", "f.py:tiny", "--config.seed=2", "--",
+            "--config=x"]
     assert program.config_flags_first(argv, ["config"]) == [
         "p", "--config", "f.py:tiny", "--config.rl.kl_coef=0.1", "--verbosity=1", "--config.seed=2", "--", "--config=x"]
 
@@ -123,7 +124,8 @@ def test_help_exits_0_with_the_examples_continuations():
         done = _run(script, "--help", timeout=60)
         assert done.returncode == 0, (script, done.returncode, done.stderr)
         printed = [line.rstrip() for line in done.stdout.splitlines()]
-        assert any(line.lstrip().startswith((".venv/bin/python launch/", "pip ")) for line in printed), (script, done.stdout)
+        assert any(line.lstrip().startswith((".venv/bin/python launch/", "pip ")) for line in printed), (
+            script, done.stdout)
         for line in _docstring_lines(script):
             if line.endswith("\\\\"):
                 line = line[:-1]  # a non-raw docstring's escaped backslash prints as one
@@ -170,7 +172,8 @@ _START_UP_ERRORS = [
      ("--config.simulator.base_url set", "--config.simulator.backend='embedded'", "--config.simulator.backend=openai")),
     (("--config=configs/grpo_think.py:7b",), ("config.model.path is empty for preset 'qwen2.5-7b'",
                                               "config.data.train_profiles is empty")),
-    ((TINY, "--config.data.eval_profiles=/nowhere.jsonl"), ("config.data.eval_profiles='/nowhere.jsonl': no such file",)),
+    ((TINY, "--config.data.eval_profiles=/nowhere.jsonl"),
+     ("config.data.eval_profiles='/nowhere.jsonl': no such file",)),
 ]
 
 
@@ -238,8 +241,8 @@ def test_print_config_shows_every_field_with_its_comment_and_flags_come_in_any_o
     printed = [line.split(" = ", 1)[0] for line in lines[1:]]
     assert sorted(printed) == sorted(_fields(grpo_think.get_config("tiny").to_dict()))  # every field, once
     assert list(dict.fromkeys(path.split(".")[0] for path in printed)) == [  # in configs/base.py's order
-        "workdir", "seed", "compilation_cache_dir", "model", "lora", "critic", "mesh", "simulator", "data", "rollout", "rl",
-        "optim", "train", "checkpoint"]
+        "workdir", "seed", "compilation_cache_dir", "model", "lora", "critic", "mesh", "simulator", "data", "rollout",
+        "rl", "optim", "train", "checkpoint"]
     assert all("  # " in line for line in lines[1:]), [line for line in lines[1:] if "  # " not in line]
     assert "rl.kl_coef = 0.01  (--config.rl.kl_coef)  # paper: no KL; non-zero builds a frozen reference model" \
         in lines
@@ -265,8 +268,8 @@ def test_the_eval_config_names_the_shipped_profiles_without_importing_them():
 def test_chat_with_the_simulator_down_names_its_own_flags(no_jax):
     """Exit 1, in a fresh process that cannot import JAX (the chat never needs it)."""
     url = f"http://127.0.0.1:{free_port()}/v1"
-    done = _run("chat_with_simulator.py", "--profile=0", f"--config.base_url={url}", "--config=configs/simulator.py:eval",
-                pythonpath=no_jax)
+    done = _run("chat_with_simulator.py", "--profile=0", f"--config.base_url={url}",
+                "--config=configs/simulator.py:eval", pythonpath=no_jax)
     assert_one_line_error(done, 1, f"no server answers at --config.base_url={url}", "--config.backend=embedded")
     assert "--config.simulator." not in done.stderr
 
@@ -297,7 +300,8 @@ def test_export_of_a_run_without_its_tokenizer(tmp_path):
     (run / "config.json").write_text(grpo_think.get_config("tiny").to_json_best_effort())
     done = run_script("export_hf.py", f"--checkpoint={run}", f"--out={tmp_path / 'hf'}")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr  # a path that does not exist
-    assert done.stderr.startswith("export_hf.py: error: the run's tokenizer: ") and str(run / "tokenizer") in done.stderr
+    assert (done.stderr.startswith("export_hf.py: error: the run's tokenizer: ")
+            and str(run / "tokenizer") in done.stderr)
 
 
 def test_quiet_logs_hide_the_backend_probe_line():

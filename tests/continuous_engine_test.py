@@ -93,7 +93,8 @@ def test_replies_equal_generation_whatever_the_schedule(versions, chat_tokens):
     _check(asyncio.run(at_once.act(requests)), expected)
 
     async def staggered(engine):
-        return await asyncio.gather(*(_enter_after(engine, steps, r) for steps, r in zip([0, 3, 1, 9, 4, 14], requests)))
+        return await asyncio.gather(*(_enter_after(engine, steps, r)
+                                      for steps, r in zip([0, 3, 1, 9, 4, 14], requests)))
 
     later = _engine(cfg, chat_tokens, rows=0, chunk=2, prefill=32)
     later.publish(0, params)

@@ -32,8 +32,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
     ("when you go out to see how people feel to is what we all want from our life after work most days",
      "en", (), ["word_salad"]),
     ("I think that is a fair point, and to be honest an hour is not much for all of us.", "en", (), []),
-    ("我们时候工作因为所以但是已经可以自己朋友家里事情觉得一个没有什么这样那么非常还是今天生活知道喜欢", "zh", (), ["word_salad"]),  # 48 Han
-    ("我们时候工作因为所以但是已经可以自己朋友家里事情觉得一个没有什么这样那么非常还是今天生活知道喜", "zh", (), []),  # 47
+    ("我们时候工作因为所以但是已经可以自己朋友家里事情觉得一个没有什么这样那么非常还是今天生活知道喜欢",
+     "zh", (), ["word_salad"]),  # 48 Han
+    ("我们时候工作因为所以但是已经可以自己朋友家里事情觉得一个没有什么这样那么非常还是今天生活知道喜",
+     "zh", (), []),  # 47
 ])
 def test_reasons(reply, language, earlier, want):
     assert dg.reasons(reply, language, earlier) == want

@@ -72,8 +72,8 @@ def test_scores_equal_hand_computed_values(tmp_path):
 
 def test_each_dialogue_is_saved_when_it_ends(tmp_path):
     with Servers() as servers:  # one group of four dialogues in lockstep; they end at different turns
-        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path), **{"eval.group_size": 4})),
-                      progress=False)
+        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path),
+                                                   **{"eval.group_size": 4})), progress=False)
     order = [r["profile_id"] for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")]
     assert order == ["id-P4", "id-P2", "id-P1", "id-P3"]  # after 2, 4, 6 and 10 replies
 
@@ -81,7 +81,8 @@ def test_each_dialogue_is_saved_when_it_ends(tmp_path):
 def test_resume_skips_finished_profiles(tmp_path):
     profiles = profiles_file(tmp_path)
     with Servers() as servers:
-        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles, **{"eval.max_profiles": 2})), progress=False)
+        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles, **{"eval.max_profiles": 2})),
+                      progress=False)
         assert servers.policy_requests("P1") == 6 and servers.policy_requests("P3") == 0
     # A crash mid-append leaves a torn last line; the rerun drops it and starts a clean one.
     with open(tmp_path / "eval" / "transcripts.jsonl", "a") as f:
@@ -95,7 +96,8 @@ def test_resume_skips_finished_profiles(tmp_path):
     assert sorted(r["profile_id"] for r in records) == ["id-P1", "id-P2", "id-P3", "id-P4"]
     with Servers() as servers:  # a different set-up is not mixed into these results
         with pytest.raises(ValueError, match="different set-up .*policy.temperature: 0.7 -> 1.0"):
-            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles, **{"policy.temperature": 1.0})), progress=False)
+            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles, **{"policy.temperature": 1.0})),
+                          progress=False)
         assert not servers.policy.requests
 
 
@@ -112,7 +114,8 @@ def test_a_policy_endpoint_failing_mid_run_keeps_the_finished_dialogues(tmp_path
     saved = [r["profile_id"] for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")]
     assert saved == ["id-P1", "id-P2"]  # one dialogue at a time: P3 failed before P4 started
     with Servers() as servers:
-        assert run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles)), progress=False)["score"] == pytest.approx(SCORE)
+        assert (run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles)), progress=False)["score"]
+                == pytest.approx(SCORE))
         assert servers.policy_requests("P1") == servers.policy_requests("P2") == 0
 
 
@@ -133,7 +136,8 @@ def test_a_simulator_answering_malformed_text_is_counted_not_fatal(tmp_path):
 
 def test_all_simulator_errors_give_a_null_score(tmp_path):
     with Servers() as servers:
-        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path, ("P5",)))), progress=False)
+        run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path, ("P5",)))),
+                      progress=False)
     saved = json.loads((tmp_path / "eval" / "sentient.json").read_text())
     assert (saved["score"], saved["n"], saved["simulator_errors"]) == (None, 0, 1)
 
@@ -141,18 +145,21 @@ def test_all_simulator_errors_give_a_null_score(tmp_path):
 def test_bad_input_names_the_field(tmp_path):
     with Servers() as servers:
         with pytest.raises(ValueError, match="config.policy.backend='vllm'"):
-            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path), **{"policy.backend": "vllm"})))
+            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path),
+                                                       **{"policy.backend": "vllm"})))
         with pytest.raises(ValueError, match="config.eval.profiles: .*nowhere.jsonl: profile file not found"):
             run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, tmp_path / "nowhere.jsonl")))
         with pytest.raises(FileNotFoundError, match="config.policy.checkpoint='.*no_run': no such directory"):
             run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path), **{
                 "policy.backend": "jax", "policy.checkpoint": str(tmp_path / "no_run")})))
         with pytest.raises(EndpointUnavailableError, match="--config.policy.model='gpt'"):
-            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path), **{"policy.model": "gpt"})))
+            run_benchmark(EvalSpec.from_config(_config(tmp_path, servers, profiles_file(tmp_path),
+                                                       **{"policy.model": "gpt"})))
         stopped = servers.policy.base_url
     with ScriptedServer(route(emotion=_emotion(CHANGES), reply=_reply)) as simulator:
         with pytest.raises(EndpointUnavailableError, match="no server answers at --config.policy.base_url"):
-            run_benchmark(EvalSpec.from_config(config_urls(tmp_path / "eval", stopped, simulator.base_url, profiles_file(tmp_path))))
+            run_benchmark(EvalSpec.from_config(config_urls(tmp_path / "eval", stopped, simulator.base_url,
+                                                           profiles_file(tmp_path))))
 
 
 SAGE_POLICY_PROMPT = REPO.parent / "shared" / "data" / "sage" / "policy_system_prompt.txt"
@@ -208,7 +215,8 @@ def test_compare_pairs_runs_perprofile(tmp_path):
     assert (tmp_path / "cmp" / "compare.png").exists() and "paired comparison" in \
         (tmp_path / "cmp" / "compare.md").read_text()
     # With a capability run per evaluation run: one table of empathy and retention (percent).
-    for name, scores in {"caps_a": {"math500": {"n": 4, "accuracy": 0.75}, "ifeval": {"n": 2, "prompt_level_strict_acc": 0.5}},
+    for name, scores in {"caps_a": {"math500": {"n": 4, "accuracy": 0.75},
+                                    "ifeval": {"n": 2, "prompt_level_strict_acc": 0.5}},
                          "caps_b": {"math500": {"n": 4, "accuracy": 0.5}}}.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "capabilities.json").write_text(json.dumps(scores))
@@ -318,6 +326,6 @@ def test_an_old_runs_config_json_gets_the_fields_added_since(tmp_path):
     old["model"]["dtype"] = "bfloat16"
     (tmp_path / "config.json").write_text(json.dumps(old))
     run = locate_checkpoint(tmp_path, "--run").config()
-    assert model_source(run).overrides() == dict(param_dtype="float32", dtype="bfloat16", scan_layers=False, remat="none",
-                                     attention="auto", mlp_chunk=0)
+    assert model_source(run).overrides() == dict(param_dtype="float32", dtype="bfloat16", scan_layers=False,
+                                                 remat="none", attention="auto", mlp_chunk=0)
     assert run.to_dict() == {**old, "model": {**old["model"], "attention": "auto", "mlp_chunk": 0}}

@@ -273,7 +273,8 @@ def test_exported_tokenizer_files_are_the_qwen25_release_layout(exported):
     # The installed transformers reads it back: the same ids as the policy's tokenizer.
     loaded = transformers.AutoTokenizer.from_pretrained(out)
     for text in _TEXTS:
-        assert loaded.encode(text, add_special_tokens=False) == policy.chat.tokenizer.encode(text, add_special_tokens=False)
+        assert (loaded.encode(text, add_special_tokens=False)
+                == policy.chat.tokenizer.encode(text, add_special_tokens=False))
     assert loaded.get_added_vocab() == policy.chat.tokenizer.get_added_vocab()
     assert (loaded.eos_token_id, loaded.pad_token_id) == (policy.chat.im_end, policy.chat.end_of_text)
 

@@ -114,7 +114,7 @@ def test_sigterm_saves_the_last_complete_step_and_exits_143_a_second_trainer_is_
     out = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
     assert proc.returncode == 143, stderr
     line = _last_line(out)
-    steps = [json.loads(l)["step"] for l in metrics.read_text().split("\n") if l]
+    steps = [json.loads(row)["step"] for row in metrics.read_text().split("\n") if row]
     saved = len(steps)  # every finished step is in the checkpoint, and only those
     assert line == (f"train.py: stopped by SIGTERM: the checkpoint of step {saved} is in {workdir / 'checkpoints'}. "
                     f"Rerun the same command to resume (config.workdir={workdir}).")

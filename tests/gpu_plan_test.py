@@ -155,7 +155,8 @@ _DECODE_HLO = """HloModule decode
   %param_2 = s32[] parameter(2)
   %constant.1 = s32[] constant(0)
   %dus.1 = u16[10,4096,1024]{2,1,0} dynamic-update-slice(%bitcast.3, %bitcast.4, %param_2, %constant.1, %constant.1)
-  %ds = u16[1,4096,1024]{2,1,0} dynamic-slice(%dus.1, %param_2, %constant.1, %constant.1), dynamic_slice_sizes={1,4096,1024}
+  %ds = u16[1,4096,1024]{2,1,0} dynamic-slice(%dus.1, %param_2, %constant.1, %constant.1), \
+dynamic_slice_sizes={1,4096,1024}
   ROOT %bitcast.5 = bf16[1,4096,1024]{2,1,0} bitcast(%ds)
 }
 
@@ -201,7 +202,8 @@ _HEAD_HLO = """HloModule m
 %fused_lookup (t: bf16[1000,64], ids: s32[8]) -> bf16[8,64] {
   %t = bf16[1000,64]{1,0} parameter(0)
   %ids = s32[8]{0} parameter(1)
-  ROOT %g = bf16[8,64]{1,0} gather(%t, %ids), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
+  ROOT %g = bf16[8,64]{1,0} gather(%t, %ids), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, \
+index_vector_dim=1, slice_sizes={1,64}
 }
 
 %fused_view (v: bf16[64,1000]) -> bf16[64,1000] {

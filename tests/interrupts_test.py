@@ -215,7 +215,8 @@ def test_after_sigterm_the_message_and_status_say_so(tmp_path, manager, saves):
                               exit_status=143, signal=signal.SIGTERM)
     assert saves == [2] and error.exit_status == 143
     assert str(error).startswith(f"stopped by SIGTERM: the checkpoint of step 2 is in {tmp_path / 'checkpoints'}")
-    assert shutdown.interrupted(manager, None, None, {}, str(tmp_path)).exit_status == 130  # no state yet: nothing saved
+    # no state yet: nothing saved
+    assert shutdown.interrupted(manager, None, None, {}, str(tmp_path)).exit_status == 130
 
 
 def test_before_the_first_step_nothing_is_saved(tmp_path, manager, saves):

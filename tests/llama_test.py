@@ -103,5 +103,6 @@ def test_biases_the_config_lacks_are_an_error(tmp_path):
     _, path = make_hf_model(tmp_path, tied=True)
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    with pytest.raises(hf_io.CheckpointError, match=r"holds 6 bias tensors .*'model.layers.0.self_attn.k_proj.bias'.*model_type='llama'"):
+    with pytest.raises(hf_io.CheckpointError,
+                       match=r"holds 6 bias tensors .*'model.layers.0.self_attn.k_proj.bias'.*model_type='llama'"):
         hf_io.load_pretrained(path)

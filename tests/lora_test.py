@@ -199,7 +199,8 @@ def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     full = train_state.init_train_state(jax.tree.map(jnp.copy, base), _sgd().tx, critic, critic and _sgd().tx)
     critic = jax.tree.map(np.array, critic)  # the update donates the state
     full_program = rl_program.make_update_program(rl, cfg, critic_cfg, _sgd(), critic and _sgd())
-    full_after, full_metrics, _ = rl_program.train_on_batch(full_program, full, training_batch(), jax.tree.map(jnp.copy, base))
+    full_after, full_metrics, _ = rl_program.train_on_batch(full_program, full, training_batch(),
+                                                            jax.tree.map(jnp.copy, base))
 
     actor_ad = lora.init_adapters(settings, base, jax.random.key(1))
     critic_ad = None

@@ -43,7 +43,7 @@ def test_tensorboard_tags_are_grouped_by_section(tmp_path):
 def test_lines_of_steps_at_or_after_the_start_and_torn_lines_are_dropped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     lines = [{"step": 0, "r": 0.1}, {"step": 1, "r": 0.2}, {"step": 2, "r": 0.3}]
-    path.write_text("".join(json.dumps(l) + "\n" for l in lines)
+    path.write_text("".join(json.dumps(row) + "\n" for row in lines)
                     + '{"step": 3, "r": 0.' + '{"step": 2, "r": 0.3}\n'  # an older version's append to a torn line
                     + '{"step": 2, "r')  # and a torn last line
     keep_steps_before(path, 2)

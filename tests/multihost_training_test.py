@@ -176,7 +176,8 @@ def test_ppo_two_processes_train_as_one_and_resume(tmp_path):
 @pytest.mark.slow
 def test_a_mismatch_stops_every_process_with_the_fix(tmp_path):
     """3 profiles x 4 dialogues on 4 batch shards: a GRPO group would span the two processes."""
-    overrides = ["--config.rollout.profiles_per_step=3", "--config.mesh.shape=(1,4,2)", "--config.rl.micro_batch_size=4"]
+    overrides = ["--config.rollout.profiles_per_step=3", "--config.mesh.shape=(1,4,2)",
+                 "--config.rl.micro_batch_size=4"]
     results = finish(start("configs/grpo_think.py:tiny", tmp_path / "bad", overrides), check=False,
                      timeout=300)
     for code, log in results:

@@ -102,7 +102,8 @@ def test_plan_reports_every_phase_from_xlas_memory_analysis(tmp_path):
     assert prepare.resident == opt_states
     # The actor reads no values or returns, the critic no old log-probs, advantages or policy
     # positions (it values every token): hand lists.
-    own = {"actor": (actor, ("values", "returns")), "critic": (critic, ("old_logprobs", "advantages", "policy_positions"))}
+    own = {"actor": (actor, ("values", "returns")),
+           "critic": (critic, ("old_logprobs", "advantages", "policy_positions"))}
     for model, (phase, unread) in own.items():
         other = "critic" if model == "actor" else "actor"
         assert phase.arguments == device_bytes((s.state.step, s.state.model(model),
@@ -216,18 +217,24 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     monkeypatch.setattr(search, "run_phases", fake)
     update = ["prepare", "actor update"]
     # micro-batch 8 of 32 at 1024 tokens: 8192 "bytes"; 4 x 1024 fits 4096, 2 x 1024 = 2048 fits 2100.
-    assert search.fitting_shapes(RunSpec.from_config(config), 4096, update, 512, print) == ["--config.rl.micro_batch_size=4"]
-    assert search.fitting_shapes(RunSpec.from_config(config), 2100, update, 512, print) == ["--config.rl.micro_batch_size=2"]
-    assert search.fitting_shapes(RunSpec.from_config(config), 2100, ["prepare"], 512, print) == ["--config.rl.micro_batch_size=4"]
+    assert search.fitting_shapes(RunSpec.from_config(config), 4096, update, 512, print) == [
+        "--config.rl.micro_batch_size=4"]
+    assert search.fitting_shapes(RunSpec.from_config(config), 2100, update, 512, print) == [
+        "--config.rl.micro_batch_size=2"]
+    assert search.fitting_shapes(RunSpec.from_config(config), 2100, ["prepare"], 512, print) == [
+        "--config.rl.micro_batch_size=4"]
     # Below the smallest micro-batch (2, one per batch shard): the longest 64-multiple dialogue.
     assert search.fitting_shapes(RunSpec.from_config(config), 1000, update, 512, print) == [
         "--config.rl.micro_batch_size=2", "--config.rollout.max_total_tokens=448"]
     assert search.fitting_shapes(RunSpec.from_config(config), 100, update, 512, print)[-1].startswith("nothing")
     # The rollout: 32 dialogues x 2048 slots; more pipeline groups first, then fewer cache slots,
     # at least a turn of 8 new tokens plus the smallest feed (16): 32 x 32 fits 1100, not 1000.
-    assert search.fitting_shapes(RunSpec.from_config(config), 16384, ["rollout"], 512, print) == ["--config.rollout.pipeline_groups=4"]
-    assert search.fitting_shapes(RunSpec.from_config(config), 1100, ["rollout"], 512, print) == ["--config.rollout.cache_slots=32"]
-    assert search.fitting_shapes(RunSpec.from_config(config), 1000, ["rollout"], 512, print)[-1].startswith("nothing: rollout.cache_slots=32")
+    assert search.fitting_shapes(RunSpec.from_config(config), 16384, ["rollout"], 512, print) == [
+        "--config.rollout.pipeline_groups=4"]
+    assert search.fitting_shapes(RunSpec.from_config(config), 1100, ["rollout"], 512, print) == [
+        "--config.rollout.cache_slots=32"]
+    assert search.fitting_shapes(RunSpec.from_config(config), 1000, ["rollout"], 512, print)[-1].startswith(
+        "nothing: rollout.cache_slots=32")
     # The rollout engine: 32 KV rows of a longest prompt 1022 + 8 tokens -> 1152 slots (the 1536 bucket,
     # at most 1030 rounded up to 128); fewer rows first, then shorter dialogues: one row of
     # max_total_tokens 496 (494 + 8 -> 512 slots) fits 600, 512 (510 + 8 -> 640 slots) does not.

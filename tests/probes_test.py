@@ -23,8 +23,8 @@ def _turn(probe, *lines):
     """The probe's reply after the user's `lines`, each answered by "ok" but the last."""
     messages = [{"role": "system", "content": "Be kind."}]
     for k, line in enumerate(lines):
-        messages += [{"role": "user", "content": line}] + ([{"role": "assistant", "content": "ok"}] if k < len(lines) - 1
-                                                         else [])
+        messages += [{"role": "user", "content": line}] + ([{"role": "assistant", "content": "ok"}]
+                                                         if k < len(lines) - 1 else [])
     request = TurnRequest(prompt_ids=None, messages=messages, max_new_tokens=64)
     return asyncio.run(ProbePolicy(probe).act([request]))[0].text
 

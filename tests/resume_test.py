@@ -72,7 +72,8 @@ def test_a_resume_with_another_identity_or_rate_is_refused_and_nothing_is_writte
                                 "--config.checkpoint.allow_changes=optim.actor.lr")
     else:
         assert "defines what the run trains: train this config in a new config.workdir" in message
-    assert {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before  # config.json, no lock, no tokenizer
+    # config.json, no lock, no tokenizer
+    assert {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before
 
 
 def test_allowed_changes_are_returned_to_be_logged_and_others_still_refused(tmp_path):

@@ -33,8 +33,10 @@ def dialogue(rng, group, emotions, n_turns=2, ctx=5, turn=4, format_failure=Fals
     """Tokens: [ctx user tokens][turn policy tokens] repeated n_turns times; the paper's reward ("final")."""
     tokens, mask, ends = [], [], []
     for _ in range(n_turns):
-        tokens += list(rng.integers(1, 500, ctx)); mask += [0] * ctx
-        tokens += list(rng.integers(1, 500, turn)); mask += [1] * turn
+        tokens += list(rng.integers(1, 500, ctx))
+        mask += [0] * ctx
+        tokens += list(rng.integers(1, 500, turn))
+        mask += [1] * turn
         ends.append(len(tokens) - 1)
     return score(DialogueSequence(
         profile_id=f"p{group}", group=group, tokens=tokens, policy_mask=mask,

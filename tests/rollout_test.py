@@ -321,7 +321,8 @@ def test_drop_history_rows_equal_the_chat_template(chat_tokens):
         assert seq.tokens[start:end] == reference["input_ids"]
         want_mask = [m if i >= prompt_len else 0 for i, m in enumerate(reference["assistant_masks"])]
         assert seq.policy_mask[start:end] == want_mask and sum(want_mask) > 0
-        assert tok.decode([t for t, m in zip(seq.tokens[start:end], want_mask) if m]) == THINKING_TURNS[k] + "<|im_end|>"
+        assert (tok.decode([t for t, m in zip(seq.tokens[start:end], want_mask) if m])
+                == THINKING_TURNS[k] + "<|im_end|>")
         assert start <= turn_end < end and seq.tokens[turn_end] == chat_tokens.im_end
         # The request of turn k was exactly the row's prompt.
         assert policy.requests[k].prompt_ids == reference["input_ids"][:prompt_len]
@@ -338,7 +339,8 @@ def test_token_and_text_policies_see_the_same_context(chat_tokens):
     for think_history in ("drop", "keep"):
         settings = RolloutSettings(think=True, think_history=think_history)
         token_policy, text_policy = RecordingPolicy(THINKING_TURNS, chat_tokens), RecordingPolicy(THINKING_TURNS)
-        asyncio.run(EpisodeRunner(token_policy, embedded_simulator(max_turns=3), chat_tokens, settings).run(_requests(1, 1)))
+        asyncio.run(EpisodeRunner(token_policy, embedded_simulator(max_turns=3), chat_tokens, settings)
+                    .run(_requests(1, 1)))
         asyncio.run(EpisodeRunner(text_policy, embedded_simulator(max_turns=3), None, settings).run(_requests(1, 1)))
         assert len(token_policy.requests) == len(text_policy.requests) == 3
         for token_request, text_request in zip(token_policy.requests, text_policy.requests):
@@ -471,7 +473,8 @@ def test_switching_versions_mid_dialogue_is_exact(chat_tokens, engine, cache_slo
                                            format_failure="continue"))
     seqs = asyncio.run(runner.run(_requests(1, 2), VersionSchedule(0, 1)))
     assert [s.turn_versions() for s in seqs] == [[0, 1, 1]] * 2 and [s.policy_version for s in seqs] == [0, 0]
-    assert sorted((r.turn, r.version, t.version) for r, t in played) == [(0, 0, 0)] * 2 + [(1, 1, 1)] * 2 + [(2, 1, 1)] * 2
+    assert sorted((r.turn, r.version, t.version) for r, t in played) == (
+        [(0, 0, 0)] * 2 + [(1, 1, 1)] * 2 + [(2, 1, 1)] * 2)
     alone = {v: jax_sampler(cfg, chat_tokens, settings, p, jax.random.key(1)) for v, p in published.items()}
     for v, p in published.items():
         alone[v].publish(1, p)  # one parameter set whichever version a turn asks for

@@ -306,19 +306,23 @@ def test_distributed_starts_only_when_asked(fake_initialize, monkeypatch):
     assert not sharding.maybe_initialize_distributed(_dist("never", coordinator_address="h:1"))
     assert fake_initialize == []
     assert sharding.maybe_initialize_distributed(_dist("always"))
-    assert fake_initialize.pop() == dict(coordinator_address=None, num_processes=None, process_id=None, heartbeat_timeout_seconds=120)
+    assert fake_initialize.pop() == dict(coordinator_address=None, num_processes=None, process_id=None,
+                                         heartbeat_timeout_seconds=120)
     assert sharding.maybe_initialize_distributed(_dist(coordinator_address="h:1", num_processes=4, process_id=2))
-    assert fake_initialize.pop() == dict(coordinator_address="h:1", num_processes=4, process_id=2, heartbeat_timeout_seconds=120)
+    assert fake_initialize.pop() == dict(coordinator_address="h:1", num_processes=4, process_id=2,
+                                         heartbeat_timeout_seconds=120)
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
     monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
     monkeypatch.setenv("JAX_PROCESS_ID", "1")
     assert sharding.maybe_initialize_distributed(_dist())
-    assert fake_initialize.pop() == dict(coordinator_address="10.0.0.1:1234", num_processes=2, process_id=1, heartbeat_timeout_seconds=120)
+    assert fake_initialize.pop() == dict(coordinator_address="10.0.0.1:1234", num_processes=2, process_id=1,
+                                         heartbeat_timeout_seconds=120)
     monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
     monkeypatch.delenv("JAX_NUM_PROCESSES")
     monkeypatch.setenv("RLVER_MULTIHOST", "1")  # a Cloud TPU pod worker under launch/tpu_pod.sh
     assert sharding.maybe_initialize_distributed(_dist())
-    assert fake_initialize.pop() == dict(coordinator_address=None, num_processes=None, process_id=1, heartbeat_timeout_seconds=120)
+    assert fake_initialize.pop() == dict(coordinator_address=None, num_processes=None, process_id=1,
+                                         heartbeat_timeout_seconds=120)
 
 
 def test_distributed_config_errors(fake_initialize, monkeypatch):
@@ -373,7 +377,8 @@ def test_sampling_copy_is_cast_split_over_the_local_devices_and_its_own(referenc
     gate = copy["layer_0"]["mlp"]["gate_kernel"]
     assert gate.dtype == jnp.dtype(dtype) and dict(gate.sharding.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
     assert gate.addressable_shards[0].data.shape == (16, 64)  # width 64 over fsdp 4, mlp 128 over tensor 2
-    jax.tree.map(lambda c, p: np.testing.assert_array_equal(np.asarray(c), np.asarray(p).astype(jnp.dtype(dtype))), copy, params)
+    jax.tree.map(lambda c, p: np.testing.assert_array_equal(np.asarray(c), np.asarray(p).astype(jnp.dtype(dtype))),
+                 copy, params)
     per_device: dict = {}
     for leaf in jax.tree.leaves(copy):
         for shard in leaf.addressable_shards:

@@ -22,7 +22,8 @@ def test_pearson_and_spearman_match_hand_computed_values():
     assert agreement.spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)  # 1 - 6 * 2 / (4 * 15)
     # ties at their mean rank: ranks [1.5, 1.5, 3] against [1, 2, 3]; r = 1.5 / sqrt(1.5 * 2)
     assert agreement.spearman([1, 1, 2], [5, 6, 7]) == pytest.approx(1.5 / math.sqrt(3))
-    assert agreement.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / math.sqrt(2 * 114 / 9))  # deviations [-1, 0, 1], [-7, -1, 8] / 3
+    # deviations [-1, 0, 1], [-7, -1, 8] / 3
+    assert agreement.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / math.sqrt(2 * 114 / 9))
     assert math.isnan(agreement.pearson([1, 1], [2, 3]))
 
 
@@ -102,7 +103,8 @@ SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SAGE_RESULTS = sorted((SHARED / "sage" / "dialogues").glob("*.jsonl.xz"))
 TEST_PROFILES = SHARED / "rlver" / "test_profile.jsonl"
 needs_sage = pytest.mark.skipif(not (SAGE_RESULTS and TEST_PROFILES.exists()),
-                                reason="SAGE's released results and RLVER's test profiles (../shared/data) are not here")
+                                reason="SAGE's released results and RLVER's test profiles (../shared/data) are not "
+                                       "here")
 
 
 @needs_sage
@@ -124,8 +126,8 @@ def test_the_embedded_simulator_replays_sages_results(tmp_path):
     """launch/simulator_agreement.py with the embedded simulator on the 8 files writes the figures;
     the shipped judge, fitted on them, orders the models as SAGE's simulator did (Spearman >= 0.9)."""
     out = tmp_path / "agreement.json"
-    done = run_script("simulator_agreement.py", "--config.backend=embedded", f"--results={','.join(map(str, SAGE_RESULTS))}",
-                      f"--profiles={TEST_PROFILES}", f"--out={out}")
+    done = run_script("simulator_agreement.py", "--config.backend=embedded",
+                      f"--results={','.join(map(str, SAGE_RESULTS))}", f"--profiles={TEST_PROFILES}", f"--out={out}")
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert set(result["models"]) == {stem(p) for p in SAGE_RESULTS}

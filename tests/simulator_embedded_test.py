@@ -68,7 +68,8 @@ def test_replies_that_ignore_the_user_are_penalised(reply, penalties):
 def test_blame_hurts_a_user_who_wants_to_hear_it_was_not_their_fault():
     teacher = next(p for p in PROFILES if p.language == "en" and p.goal == "not_at_fault")
     said = teacher.first_talk
-    cleared = _score(f"About {said.split()[-1]} - it's not your fault; you did nothing wrong.", teacher, weights=_known())
+    cleared = _score(f"About {said.split()[-1]} - it's not your fault; you did nothing wrong.", teacher,
+                     weights=_known())
     blamed = _score(f"About {said.split()[-1]} - honestly it's partly your fault.", teacher, weights=_known())
     assert "blames you" not in [n for n, _, _ in cleared.parts]
     assert [p for n, p, _ in blamed.parts if n == "blames you"] == [-3.0]

@@ -116,8 +116,10 @@ def test_values_outside_the_contract(tmp_path):
                                  r["messages"][0]["content"] for r in sim.requests) for n in VALUES}
     assert (summary["n"], summary["simulator_errors"], summary["score"]) == (1, 3, 60)
     assert judge_requests == {"V1": 2, "V2": 2, "V3": 2, "V4": 2}  # V2-V4: one answer and one re-sample
-    errors = {r["profile_id"]: r["simulator_state"]["error"] for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")}
-    assert "beyond +-100" in errors["id-V2"] and "not an integer" in errors["id-V3"] and "5000 digits" in errors["id-V4"]
+    errors = {r["profile_id"]: r["simulator_state"]["error"]
+              for r in read_jsonl(tmp_path / "eval" / "transcripts.jsonl")}
+    assert ("beyond +-100" in errors["id-V2"] and "not an integer" in errors["id-V3"]
+            and "5000 digits" in errors["id-V4"])
     assert "| changes clipped to +-10 | 2 / 2 judged turns |" in (tmp_path / "eval" / "report.md").read_text()
 
 

@@ -190,7 +190,8 @@ def test_the_utterance_ends_where_the_contract_says(answer, utterance):
 
 def test_the_utterance_is_cut_at_the_length_cap():
     words = "It was long. " * 10 + "And then it was not"
-    assert parsing.parse_response(f"Response: {words}", max_chars=40).utterance == "It was long. It was long. It was long."
+    assert (parsing.parse_response(f"Response: {words}", max_chars=40).utterance
+            == "It was long. It was long. It was long.")
     assert parsing.parse_response("Response: " + "x" * 30 + " y" * 20, max_chars=40).utterance == "x" * 30 + " y y y y"
     assert parsing.parse_response("Response: " + "好" * 50, max_chars=12).utterance == "好" * 12
     assert parsing.parse_response(f"Response: {words}").utterance == words.strip()  # no cap

@@ -31,8 +31,8 @@ def test_english_profiles_are_english_and_extend_the_shipped_ones():
     shipped = [p for p in P.load_profiles() if p.language == "en"]
     assert english[:len(shipped)] == shipped
     lines = P.ENGLISH_PROFILES.read_text(encoding="utf-8").splitlines()
-    assert lines[:len(shipped)] == [l for l in P.DEFAULT_PROFILES.read_text(encoding="utf-8").splitlines()
-                                    if json.loads(l)["id"] in {p.id for p in shipped}]
+    assert lines[:len(shipped)] == [row for row in P.DEFAULT_PROFILES.read_text(encoding="utf-8").splitlines()
+                                    if json.loads(row)["id"] in {p.id for p in shipped}]
     assert {p.goal for p in english} == set(P.GOALS)
     counts = collections.Counter(p.personality for p in english)
     assert set(counts) == {"negative", "passive", "avoidant"} and min(counts.values()) >= 8
@@ -43,7 +43,7 @@ def test_every_reference_profile_loads(shared_profiles_dir):
     assert files
     for path in files:
         loaded = P.load_profiles(path)
-        lines = [l for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+        lines = [row for row in path.read_text(encoding="utf-8").splitlines() if row.strip()]
         assert len(loaded) == len(lines)
         assert all(p.language == "zh" for p in loaded)
         assert all(p.goal is not None for p in loaded), "a reference task is not a known goal"
@@ -92,7 +92,7 @@ def test_broken_lines_name_file_line_and_field(tmp_path):
         (11, "field 'player': expected a string"),
     ]
     for line, text in expected:
-        assert any(l.startswith(f"{path}:{line}: ") and text in l for l in message.splitlines()), (
+        assert any(entry.startswith(f"{path}:{line}: ") and text in entry for entry in message.splitlines()), (
             line, text, message)
     assert f"{path}:1:" not in message and f"{path}:7:" not in message
     shown = str(info.value).splitlines()

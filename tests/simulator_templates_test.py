@@ -72,7 +72,8 @@ def test_structured_requests_end_with_the_json_instruction():
         reply = templates.reply_messages(PROFILE, band="B", thoughts="", history=HISTORY, **kw)
         opening = templates.opening_messages(PROFILE, **kw)
         assert emotion[1]["content"].endswith('"change": <' + ("the Change value: an integer from -10 to 10>}"
-                                                               if language == "en" else "Change 的值：-10 到 10 之间的整数>}"))
+                                                               if language == "en"
+                                                               else "Change 的值：-10 到 10 之间的整数>}"))
         for messages in (reply, opening):
             assert '"utterance": "<' in messages[1]["content"].splitlines()[-1]
         text = templates.emotion_messages(PROFILE, emotion=30, history=HISTORY[:1], reply="Hi.",

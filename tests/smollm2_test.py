@@ -126,7 +126,7 @@ def test_one_training_step_of_the_smol_preset(smol_dir, tmp_path):
                           "--config.rollout.max_new_tokens=8", "--config.simulator.max_turns=1"],
                          capture_output=True, text=True, env=env, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [0]
 
 

@@ -152,7 +152,8 @@ def _placed_setup(mesh, rl, opt, offload="none"):
     critic_tx = critic_opt and critic_opt.tx
     state_sh = train_state.state_shardings(actor_opt.tx, actor, actor_sh, critic_tx, critic, critic_sh)
     state = train_state.init_train_state(actor, actor_opt.tx, critic, critic_tx, seed=0, shardings=state_sh)
-    return state, rl_program.make_update_program(rl, cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh, offload=offload)
+    return state, rl_program.make_update_program(rl, cfg, critic_cfg, actor_opt, critic_opt, mesh, state_sh,
+                                                 offload=offload)
 
 
 @pytest.mark.slow
@@ -210,8 +211,8 @@ def test_offload_moves_parts_and_changes_nothing(monkeypatch):
             return current[0]
 
         monkeypatch.setattr(offload, "place", tracked_place)
-        program = dataclasses.replace(program, prepare=watch("prepare", program.prepare), actor=watch("actor", program.actor),
-                                  critic=watch("critic", program.critic))
+        program = dataclasses.replace(program, prepare=watch("prepare", program.prepare),
+                                  actor=watch("actor", program.actor), critic=watch("critic", program.critic))
         seen.clear()
         for _ in range(2):
             state, metrics, _ = rl_program.train_on_batch(program, state, _batch())
@@ -372,7 +373,8 @@ def test_critic_has_no_lm_head_and_the_values_of_a_headed_critic():
 def test_minibatch_rows_put_padding_last():
     rl = RLSettings(mini_batch_size=2, micro_batch_size=1, ppo_epochs=2)
     padding = jnp.array([False, True, False, False, True, False])
-    rows = np.asarray(update.minibatch_rows(rl, train_state.step_keys(train_state.seed_keys(0).run, 0).order, 6, padding))
+    rows = np.asarray(update.minibatch_rows(rl, train_state.step_keys(train_state.seed_keys(0).run, 0).order, 6,
+                                            padding))
     for epoch in rows.reshape(2, 3, 2):  # the four real rows fill the first two mini-batches
         assert sorted(epoch[:2].ravel().tolist()) == [0, 2, 3, 5] and sorted(epoch[2].tolist()) == [1, 4]
 

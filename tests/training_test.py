@@ -70,7 +70,7 @@ def grpo_straight(tmp_path_factory):
 @pytest.mark.xdist_group("training_grpo")  # one worker runs the straight run once for both tests
 def test_grpo_tiny_trains_and_logs(grpo_straight):
     workdir = pathlib.Path(grpo_straight.workdir)
-    lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2, 3]
     assert REQUIRED_METRICS <= set(lines[0]) and "eval_score" in lines[1] and "eval_score" in lines[3]
     assert all(np.isfinite(m["policy_loss"]) for m in lines)

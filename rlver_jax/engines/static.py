@@ -108,7 +108,8 @@ class StaticEngine:
         cache of cache_slots at all (kv_sessions)."""
         if len({r.session for r in requests}) != 1:
             raise ValueError("one act() call must hold the dialogues of one session")
-        feed = self._sessions.feed(requests[0].session, [(r.slot, (r.episode, version), r.prompt_ids) for r in requests],
+        feed = self._sessions.feed(requests[0].session,
+                                   [(r.slot, (r.episode, version), r.prompt_ids) for r in requests],
                                    self.settings.max_new_tokens)
         if feed is None:
             return None

@@ -36,7 +36,8 @@ class SamplerRow:
 
 SAMPLERS: dict[str, SamplerRow] = {
     "jax": SamplerRow("rlver_jax.engines.continuous.ContinuousEngine",
-                      "continuous batching on the trainer's weights: KV slots, chunked prefill, replies leave as they stop"),
+                      "continuous batching on the trainer's weights: KV slots, chunked prefill, replies leave "
+                      "as they stop"),
     "static": SamplerRow("rlver_jax.engines.static.StaticEngine",
                          "static calls of the dialogues then waiting, each decoded until its longest reply stops"),
 }

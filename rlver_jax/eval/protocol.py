@@ -40,8 +40,8 @@ from rlver_jax.simulator.settings import SimulatorSettings
 from rlver_jax.simulator.templates import PROMPT_DIR
 
 MOVES_SCORES = ("simulator.", "rules.", "profiles.", "prompts.")
-NOT_COMPARED = ("run.date",)
-OWN_PROMPT = "the project's own (rlver_jax/rollout/prompts.py)"  # prompts.policy_system without a configured prompt  # differs between any two runs and says nothing about their scores
+NOT_COMPARED = ("run.date",)  # differs between any two runs and says nothing about their scores
+OWN_PROMPT = "the project's own (rlver_jax/rollout/prompts.py)"  # prompts.policy_system without a configured prompt
 _REPO = pathlib.Path(rlver_jax.__file__).resolve().parents[1]
 _GIT_TIMEOUT_S = 5  # a git that hangs (a network file system) must not hold up the report
 

@@ -146,9 +146,11 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         ["failure (left below the floor)", f"{summary['failure']} / {n}"],
         ["dialogues scored", n],
         ["simulator errors (not scored)", summary["simulator_errors"]],
-        [f"changes clipped to +-{rules['max_change']}", f"{clipped_changes(d.simulator_state for d in dialogues)} / {judged} judged turns"],
+        [f"changes clipped to +-{rules['max_change']}",
+         f"{clipped_changes(d.simulator_state for d in dialogues)} / {judged} judged turns"],
         ["mean policy turns", summary["mean_turns"]],
-        ["degenerate replies (noise, loops, wrong language, empty)", degeneration.describe(summary["degenerate_replies"])],
+        ["degenerate replies (noise, loops, wrong language, empty)",
+         degeneration.describe(summary["degenerate_replies"])],
         ["policy turns encoded afresh (beyond the KV cache)",
          f"{reencoded_turns(dialogues)} / {sum(len(d.turns) for d in dialogues)}"],
     ]))
@@ -162,13 +164,14 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         f"change per turn clipped to +-{rules['max_change']}.\n")
     if summary.get("probes"):
         rewarded = [name for name, p in summary["probes"].items() if p["rewarded"]]
-        out.append(f"\n## Robustness probes\n\nCanned policies a sound simulator must not reward, played under the same "
-                   f"protocol (initial emotion {rules['initial_emotion']}; eval/probes.py).\n\n")
+        out.append(f"\n## Robustness probes\n\nCanned policies a sound simulator must not reward, played under "
+                   f"the same protocol (initial emotion {rules['initial_emotion']}; eval/probes.py).\n\n")
         if rewarded:
             out.append(f"> **Warning: the simulator rewarded {', '.join(rewarded)}** (score above the initial "
                        "emotion): a policy trained against it can gain by such replies.\n\n")
         out.append(table(["probe", "score", "success", "failure", "n", "simulator errors", "rewarded"], [
-            [name, p["score"], p["success"], p["failure"], p["n"], p["simulator_errors"], "YES" if p["rewarded"] else "no"]
+            [name, p["score"], p["success"], p["failure"], p["n"], p["simulator_errors"],
+             "YES" if p["rewarded"] else "no"]
             for name, p in summary["probes"].items()]))
     if summary.get("protocol"):
         out.append("\n## Protocol\n\nHow this result was obtained; `launch/eval.py --compare` refuses results whose "

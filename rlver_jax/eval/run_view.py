@@ -106,7 +106,8 @@ def step_groups(records: Sequence[Mapping[str, Any]], settings: AdvantageSetting
     groups = []
     for gid, members in by_group.items():
         used = [t for _, t in members if _trainable(t)]
-        dialogues = [(html_report.dialogue_view(t, i), t.get("advantage") if settings.per_dialogue and _trainable(t) else None)
+        dialogues = [(html_report.dialogue_view(t, i),
+                      t.get("advantage") if settings.per_dialogue and _trainable(t) else None)
                      for i, t in members]
         rewards = [float(t.get("reward") or 0.0) for t in used]
         groups.append({"id": gid, "dialogues": dialogues, "first": dialogues[0][0],
@@ -173,7 +174,8 @@ def write_run_view(run_dir: str | pathlib.Path, out: str | pathlib.Path | None =
             continue
         records = read_jsonl(source)
         if kind == "eval":
-            summary = {**summarize([DialogueSequence.from_record(r) for r in records]), "run": {"policy": f"{name} step {step} (in-loop evaluation)"}}
+            summary = {**summarize([DialogueSequence.from_record(r) for r in records]),
+                       "run": {"policy": f"{name} step {step} (in-loop evaluation)"}}
             html = html_report.render_eval(summary, records)
         else:
             i = train_steps.index(step)

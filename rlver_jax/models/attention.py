@@ -171,19 +171,19 @@ def _scores(q_i, kb, mb, q_start, j):
 
 def _online_softmax(q_i, kb, vb, mb, q_start, key_blocks, dt):
     """Query block q_i (slots q_start + 0..q-1) over key blocks 0..key_blocks-1 with an online
-    softmax: the running max m, sum l and output accumulator (all fp32), rescaled by exp(m - m_new)
-    at each block. The output is acc / l, its log-sum-exp m + log(l)."""
+    softmax: the running max m, sum row_sum and output accumulator (all fp32), rescaled by exp(m - m_new)
+    at each block. The output is acc / row_sum, its log-sum-exp m + log(row_sum)."""
     f32 = jnp.float32
 
     def key_block(j, carry):
-        m, l, acc = carry
+        m, row_sum, acc = carry
         s = _scores(q_i, kb, mb, q_start, j)
         m_new = jnp.maximum(m, s.max(-1))
         p = jnp.exp(s - m_new[..., None])
         corr = jnp.exp(m - m_new)
         v_j = jax.lax.dynamic_index_in_dim(vb, j, keepdims=False)
         pv = jnp.einsum("BKGqs,BKsH->BKGqH", p.astype(dt), v_j, preferred_element_type=f32)
-        return m_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
+        return m_new, row_sum * corr + p.sum(-1), acc * corr[..., None] + pv
 
     init = (jnp.full(q_i.shape[:-1], NEG_INF, f32), jnp.zeros(q_i.shape[:-1], f32), jnp.zeros(q_i.shape, f32))
     return jax.lax.fori_loop(0, key_blocks, key_block, init)
@@ -194,8 +194,8 @@ def _flash_forward(qb, kb, vb, mb):
 
     def query_block(_, xs):
         i, q_i = xs
-        m, l, acc = _online_softmax(q_i, kb, vb, mb, i * size, i + 1, dt)  # causal: key blocks 0..i
-        return None, ((acc / l[..., None]).astype(dt), m + jnp.log(l))
+        m, row_sum, acc = _online_softmax(q_i, kb, vb, mb, i * size, i + 1, dt)  # causal: key blocks 0..i
+        return None, ((acc / row_sum[..., None]).astype(dt), m + jnp.log(row_sum))
 
     _, (ob, lse) = jax.lax.scan(query_block, None, (jnp.arange(qb.shape[0]), qb))
     return ob, lse
@@ -277,8 +277,8 @@ def cached_attention(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.A
     def query_block(_, xs):
         i, q_i = xs
         last = jnp.minimum((index + (i + 1) * block - 1) // block + 1, ns)  # key blocks at or before its slots
-        m, l, acc = _online_softmax(q_i, kb, vb, mb, index + i * block, last, dt)
-        return None, (acc / l[..., None]).astype(dt)
+        m, row_sum, acc = _online_softmax(q_i, kb, vb, mb, index + i * block, last, dt)
+        return None, (acc / row_sum[..., None]).astype(dt)
 
     _, ob = jax.lax.scan(query_block, None, (jnp.arange(nq), qb))  # [nq, B, K, G, block, H]
     return jnp.moveaxis(ob, (0, -2), (1, 2)).reshape(b, nq * block, n, h)[:, :t]

@@ -53,7 +53,8 @@ def build(out: str | os.PathLike = DEFAULT_DIR) -> pathlib.Path:
 
     from rlver_jax.text.tokenizer_files import save_tokenizer
 
-    transformers_logging.disable_progress_bar()  # three bars of the GGUF reader: launch/fetch_smollm2.py says what it does
+    # three bars of the GGUF reader: launch/fetch_smollm2.py says what it does
+    transformers_logging.disable_progress_bar()
 
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
     quantized = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name)

@@ -260,8 +260,8 @@ class StepCollation:
         if self.processes > 1:
             alone = row_extent([s for _, s in mine])
             log.info("step %d: batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues "
-                     "alone: T=%d, %d)", step, length, policy_tokens, rows, bucket(alone[0], multiple=self.length_multiple),
-                     alone[1])
+                     "alone: T=%d, %d)", step, length, policy_tokens, rows,
+                     bucket(alone[0], multiple=self.length_multiple), alone[1])
         return collate([s for _, s in mine], batch_size=share, rows=rows, length=length,
                        dialogue_ids=[d for d, _ in mine], padding_ids=rows * self.processes, pad_id=self.pad_id,
                        row_multiple=multiple), policy_tokens

@@ -66,7 +66,8 @@ async def refill(run: Callable[[list[Any]], Awaitable[list[DialogueSequence]]], 
             break
         slots = [i for i, r in enumerate(requests) if r.group in pending]
         drawn = {g: profile(retry, g) for g in pending}
-        again = [dataclasses.replace(requests[i], profile=drawn[requests[i].group], index=requests[i].index + retry * stride)
+        again = [dataclasses.replace(requests[i], profile=drawn[requests[i].group],
+                                     index=requests[i].index + retry * stride)
                  for i in slots]
         fresh = await run(again)
         better = pending - groups_without_signal(fresh)

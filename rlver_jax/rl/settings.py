@@ -50,7 +50,8 @@ class RLSettings:
     overlong_penalty: float | None = None
     overlong_buffer: int = 0
     dynamic_sampling: bool | None = None  # row; groups whose rewards are all equal get no loss weight
-    dynamic_sampling_retries: int = 2  # with dynamic_sampling: times such a group is sampled again (rl.dynamic_sampling)
+    # with dynamic_sampling: times such a group is sampled again (rl.dynamic_sampling)
+    dynamic_sampling_retries: int = 2
     turn_credit_weight: float = 0.0  # turn-level group advantages mixed in with this weight (grouped estimators)
     # The sampling policy's log-probs against the update's: loss_modes.CORRECTIONS (none | tis | mis | icepop |
     # decoupled), at token or sequence level, with the band [low, high] (None: the mode's default)

@@ -259,8 +259,9 @@ def prepare_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config
     """The train step's first program: `prepare` on the batch, the arrays the updates read
     (`update_inputs`), the step's mini-batch rows (`step_keys(state.rng, state.step).order`), its
     metrics (with the sampler's agreement, `correct_off_policy`) and each dialogue's advantage
-    (`dialogue_advantages`). `models` is the state without its optimizer states (unread). Rows without policy tokens to train on (padding,
-    and the rows dynamic sampling drops) go last in the mini-batch order."""
+    (`dialogue_advantages`). `models` is the state without its optimizer states (unread). Rows
+    without policy tokens to train on (padding, and the rows dynamic sampling drops) go last in the
+    mini-batch order."""
     prepared, metrics = prepare(rl, actor_cfg, critic_cfg, models, frozen, batch)
     inputs = update_inputs(batch, prepared)
     mask = batch["policy_mask"]

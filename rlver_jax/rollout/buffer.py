@@ -11,12 +11,12 @@ rollout.versions.VersionSchedule.for_batch(i, max_staleness, partial) gives it:
 The buffer publishes each version into the sampler (engines.table: `publish`, its weight
 sync), which keeps them (engines.published.Published). A batch starts once its first version is
 published (the oldest one when that one never was: the first batches of a run); a turn whose
-version is not published yet waits for it in the sampler (`Published.resolve`). The versions are a function of (batch index, turn), not of timing, so
-a run resumed at step S that publishes the versions S - max_staleness .. S (the checkpoint holds
-them) samples what the uninterrupted run sampled. Queues are bounded, and an exception in the
-producer is raised in the consumer (as RolloutError, caused by it). `close()` cancels the batch
-in progress and wakes the turns waiting for a version, so stopping a run does not wait for its
-dialogues to end.
+version is not published yet waits for it in the sampler (`Published.resolve`). The versions are
+a function of (batch index, turn), not of timing, so a run resumed at step S that publishes the
+versions S - max_staleness .. S (the checkpoint holds them) samples what the uninterrupted run
+sampled. Queues are bounded, and an exception in the producer is raised in the consumer (as
+RolloutError, caused by it). `close()` cancels the batch in progress and wakes the turns waiting
+for a version, so stopping a run does not wait for its dialogues to end.
 """
 
 from __future__ import annotations

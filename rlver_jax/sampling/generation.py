@@ -105,10 +105,11 @@ def generate(
 
     prompt_ids, prompt_mask [B, T]: token ids and 1 for real tokens; each row's real tokens are
     contiguous and end at the last column. rng: a PRNG key, or one key per row (`row_keys`); the
-    same keys and inputs give the same output. Rows and columns are padded to the buckets (`length_buckets`, `batch_buckets`: sorted
-    sizes, default powers of two), so calls whose shapes share a bucket share one compiled program;
-    the sampling settings are static (one program per setting). The KV cache holds bucketed prompt
-    length + max_new_tokens slots. Params keep their placement: sharded params run sharded.
+    same keys and inputs give the same output. Rows and columns are padded to the buckets
+    (`length_buckets`, `batch_buckets`: sorted sizes, default powers of two), so calls whose shapes
+    share a bucket share one compiled program; the sampling settings are static (one program per
+    setting). The KV cache holds bucketed prompt length + max_new_tokens slots. Params keep their
+    placement: sharded params run sharded.
     limits [B]: each row's own budget, at most max_new_tokens (default: max_new_tokens), so a call
     ends once each row has stopped or reached its own budget.
     """

@@ -171,8 +171,8 @@ class LLMUser:
     async def _ask(self, render: Callable[[bool], Messages], schema: tuple[str, dict[str, Any]],
                    parse_text: Callable[[str], _T], parse_json: Callable[[str], _T]
                    ) -> tuple[_T, str, tuple[str, ...]]:
-        """(parsed answer, raw answer, the malformed answers before it), retrying malformed answers; `render(structured)`
-        gives the request, `schema` its (name, JSON schema) when structured."""
+        """(parsed answer, raw answer, the malformed answers before it), retrying malformed answers;
+        `render(structured)` gives the request, `schema` its (name, JSON schema) when structured."""
         raws: list[str] = []
         for sample in range(self.settings.malformed_retries + 1):
             raw, structured = await self._request(render, schema, sample)

@@ -7,10 +7,10 @@ Qwen2.5 and SmolLM2 chat in ChatML: every message is
 and a generation prompt is `<|im_start|>assistant\\n`. Both are read from the model's own tokenizer:
 its <|im_start|>/<|im_end|> ids, and its chat template, rendered once on a probe conversation at
 start-up, must be ChatML (its generation prompt the text after the last message); a template of
-another family (Llama 3 headers, [INST], Gemma turns, ...) is refused, naming the family. Rollouts build one training sequence per
-dialogue from the token ids the sampler produced plus the template tokens around them
-(`generation_prompt_ids`, `assistant_turn_ids`, `encode_message`), never by decoding to text and
-re-tokenising, which drifts. The assistant mask is 1 on the assistant's content tokens and on
+another family (Llama 3 headers, [INST], Gemma turns, ...) is refused, naming the family. Rollouts
+build one training sequence per dialogue from the token ids the sampler produced plus the template
+tokens around them (`generation_prompt_ids`, `assistant_turn_ids`, `encode_message`), never by
+decoding to text and re-tokenising, which drifts. The assistant mask is 1 on the assistant's content tokens and on
 its closing `<|im_end|>` (the policy samples it as its stop token), 0 everywhere else.
 
 Agreement with `tokenizer.apply_chat_template` (tested in tests/chat_test.py): token for token

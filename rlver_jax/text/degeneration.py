@@ -69,7 +69,8 @@ _CLAUSE = re.compile(r"[^,.;:!?()\[\]\"“”\n]+")
 _EN_TOKEN = re.compile(r"[a-z]+(?:'[a-z]+)?")
 _HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]{%d,}" % SALAD_HAN)
 
-_WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*|\d+")  # a run of letters (hyphenated or with an apostrophe), or digits
+# a run of letters (hyphenated or with an apostrophe), or digits
+_WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*|\d+")
 
 
 @functools.lru_cache(maxsize=65536)

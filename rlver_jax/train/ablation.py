@@ -85,4 +85,5 @@ def banner_lines(changed: Mapping[str, tuple[Any, Any]], noop: Mapping[str, str]
         lines = ["ablation   none: the preset as it is"]
     else:
         lines = ["ablation   " + "; ".join(f"{k}={v!r} (preset {p!r})" for k, (p, v) in changed.items())]
-    return lines + [f"no-op      {k}={v!r} changes nothing here: {noop[k]}" for k, (_, v) in changed.items() if k in noop]
+    return lines + [f"no-op      {k}={v!r} changes nothing here: {noop[k]}" for k, (_, v) in changed.items()
+                    if k in noop]

@@ -265,7 +265,8 @@ def _rollout_buffer(run: Run, rng: np.ndarray, start: int) -> RolloutBuffer:
         sampler.reseed(train_state.step_keys(rng, index).rollout)
         profiles = profiles_for_step(run.train_profiles, index, k, run.spec.loop.seed)
         requests = [EpisodeRequest(profiles[d // n], int(d // n), index=int(d)) for d in run.own_dialogues]
-        dialogues = await runner.run(requests, versions)  # DAPO: groups without signal sampled again (rl.dynamic_sampling)
+        # DAPO: groups without signal sampled again (rl.dynamic_sampling)
+        dialogues = await runner.run(requests, versions)
         return await dynamic_sampling.refill_step(run.spec.rl, lambda again: runner.run(again, versions), requests,
                                                   dialogues, run.train_profiles, run.spec.loop.seed, index, k * n)
 

@@ -70,7 +70,8 @@ def policy_architecture(model: ModelSource, any_preset: bool = False) -> Qwen2Co
         return hf_io.config_from_hf(json.loads(cfg_file.read_text()), str(cfg_file), **overrides)
     if not model.random_init and not any_preset:
         raise ValueError(f"config.model.path is empty for preset {model.preset!r}: set "
-                         "--config.model.path to a local Hugging Face directory (config.model.random_init is for tiny models)")
+                         "--config.model.path to a local Hugging Face directory (config.model.random_init is for "
+                         "tiny models)")
     return get_preset(model.preset, **overrides)
 
 

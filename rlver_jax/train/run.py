@@ -203,8 +203,8 @@ def _check_workdir(spec: RunSpec, storage: WorkDir) -> None:
     if not loop.resume:
         if found:
             raise ValueError(f"{where} holds a run ({', '.join(found)}): config.checkpoint.resume=False would mix a "
-                             "new run into it. Use a new config.workdir, or --config.checkpoint.start_over=True to move "
-                             f"this one to {where}.previous-N and start from step 0")
+                             "new run into it. Use a new config.workdir, or --config.checkpoint.start_over=True to "
+                             f"move this one to {where}.previous-N and start from step 0")
         return
     newest = checkpoint.newest_record(storage.checkpoints)
     if newest is None:

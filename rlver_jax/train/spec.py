@@ -80,9 +80,9 @@ class LoopSettings:
                       "config.checkpoint.read_attempts": self.read_attempts,
                       "config.train.max_param_norm_growth": self.max_param_norm_growth,
                       "config.train.degenerate_alarm": self.degenerate_alarm},
-                     lowest={"steps": 0, "degenerate_alarm": 0, "eval_every": 0, "eval_max_profiles": 0, "length_multiple": 1, "n": 1,
-                             "profiles_per_step": 1, "max_staleness": 0, "save_every": 1, "keep": 1,
-                             "read_attempts": 1, "max_param_norm_growth": 0},
+                     lowest={"steps": 0, "degenerate_alarm": 0, "eval_every": 0, "eval_max_profiles": 0,
+                             "length_multiple": 1, "n": 1, "profiles_per_step": 1, "max_staleness": 0,
+                             "save_every": 1, "keep": 1, "read_attempts": 1, "max_param_norm_growth": 0},
                      positive=("stop_within_s",))
         if self.degenerate_alarm >= 1:
             raise ValueError(f"config.train.degenerate_alarm={self.degenerate_alarm} is a rise of a rate: use 0 (off) "
@@ -224,8 +224,8 @@ class RunSpec:
         fields = flat_fields(config.to_dict())
         unknown = [f for f in loop.allow_changes if f != "*" and not _names_a_field(f, fields)]
         if unknown:
-            raise ValueError(f"config.checkpoint.allow_changes names {', '.join(map(repr, unknown))}: not a field of the "
-                             "config (--print_config lists them)")
+            raise ValueError(f"config.checkpoint.allow_changes names {', '.join(map(repr, unknown))}: not a field "
+                             "of the config (--print_config lists them)")
         d = config.data
         return cls(model=model, critic=critic, lora=lora, mesh=MeshSpec(tuple(config.mesh.shape), config.mesh.rules),
                    rl=rl, actor_optim=actor_optim, critic_optim=critic_optim, loop=loop, rollout=rollout,
@@ -241,13 +241,14 @@ class RunSpec:
         problems = []
         if not self.model.path:
             if not self.model.random_init:
-                problems.append(f"config.model.path is empty for preset {self.model.preset!r}: set --config.model.path "
-                                "to a local Hugging Face directory (docs/training.md, \"Real weights and data\"), or use a "
-                                ":tiny config")
+                problems.append(f"config.model.path is empty for preset {self.model.preset!r}: set "
+                                "--config.model.path to a local Hugging Face directory (docs/training.md, \"Real "
+                                "weights and data\"), or use a :tiny config")
         elif not (pathlib.Path(self.model.path) / "config.json").is_file():
             what = "holds no config.json" if pathlib.Path(self.model.path).is_dir() else "does not exist"
             problems.append(f"config.model.path={self.model.path!r} {what}: point it at a Hugging Face model directory"
-                            + (smollm2.missing_hint(self.model.path) or " (docs/training.md, \"Real weights and data\": "
+                            + (smollm2.missing_hint(self.model.path)
+                               or " (docs/training.md, \"Real weights and data\": "
                                "`hf download Qwen/Qwen2.5-7B-Instruct --local-dir DIR`)"))
         for field, path in (("config.model.tokenizer_path", self.model.tokenizer_path),
                             ("config.critic.path", self.critic.path)):
@@ -261,8 +262,8 @@ class RunSpec:
             if path and pathlib.Path(path).is_dir():
                 problems.append(f"{field}={path!r} is a directory: give a JSON Lines profile file")
             elif path and not pathlib.Path(path).is_file():
-                problems.append(f"{field}={path!r}: no such file (the reference profiles: docs/training.md, \"Real weights "
-                                "and data\")")
+                problems.append(f"{field}={path!r}: no such file (the reference profiles: docs/training.md, "
+                                "\"Real weights and data\")")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -350,9 +351,9 @@ FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
         "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
         "train.degenerate_alarm_action", "model.remat", "model.attention",
-        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots", "engines.continuous",
-        "rollout.engine_rows", "rollout.decode_chunk", "rollout.prefill_chunk", "rl.micro_batch_size",
-        "rl.logprob_chunk", *(f"simulator.{f}" for f in sorted(TRANSPORT)))
+        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots",
+        "engines.continuous", "rollout.engine_rows", "rollout.decode_chunk", "rollout.prefill_chunk",
+        "rl.micro_batch_size", "rl.logprob_chunk", *(f"simulator.{f}" for f in sorted(TRANSPORT)))
 
 
 def _matches(field: str, names: tuple[str, ...]) -> bool:

@@ -156,9 +156,9 @@ class WorkDirLock:
                 continue
             where = "this host" if holder.get("host") == self.owner["host"] else f"host {holder.get('host')}"
             raise WorkDirBusyError(
-                f"{self.location} is in use by {holder.get('what', 'another run')} (pid {holder.get('pid')} on {where}, "
-                f"since {holder.get('started')}: {holder.get('command', '')}); wait for it to end or use another "
-                f"work directory (if that process is gone, remove {self.path})")
+                f"{self.location} is in use by {holder.get('what', 'another run')} (pid {holder.get('pid')} "
+                f"on {where}, since {holder.get('started')}: {holder.get('command', '')}); wait for it to end or use "
+                f"another work directory (if that process is gone, remove {self.path})")
         raise WorkDirBusyError(f"{self.path}: the lock could not be taken (it changed while it was being read)")
 
     def release(self) -> None:

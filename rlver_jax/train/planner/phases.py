@@ -115,8 +115,8 @@ class _OutOfHbm:
         return self
 
 
-_HBM_OOM = re.compile(r"CompileTimeHbmOom.*?temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)",
-                      re.S)
+_HBM_OOM = re.compile(r"CompileTimeHbmOom.*?temporaries \(([\d.]+)([KMGT]?)\) "
+                      r"exceeds available HBM \(([\d.]+)([KMGT]?)\)", re.S)
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 

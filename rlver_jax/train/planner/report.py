@@ -41,20 +41,24 @@ def format_plan(plan: Plan, label: str = "") -> str:
         f"attention={actor.attention} ({impl} {where})",
         *([f"target     {s.target.describe()}; compiled by {s.target.compiler}, compile-only devices on this host"]
           if s.target is not None else []),
-        f"mesh       {dict(mesh.shape)} = {mesh.size} {mesh.devices.flat[0].platform} devices; rules={s.spec.mesh.rules}",
+        f"mesh       {dict(mesh.shape)} = {mesh.size} {mesh.devices.flat[0].platform} devices; "
+        f"rules={s.spec.mesh.rules}",
         f"update     {b} dialogues x {t} tokens, every token scored; mini-batch {rl.mini_batch_size} "
         f"{'dialogues' if rl.batch_size else 'rows'}, micro-batch "
         f"{rl.micro_batch_size} ({rl.micro_batch_size / shards:g} per batch shard), {rl.ppo_epochs} epoch(s), "
         f"log-prob chunk {rl.logprob_chunk}",
         *([f"note       micro-batch {rl.micro_batch_size} does not split over the {shards} batch shards: XLA "
-           f"spreads its rows as it can (try --config.rl.micro_batch_size={shards * max(1, rl.micro_batch_size // shards)})"]
+           f"spreads its rows as it can "
+           f"(try --config.rl.micro_batch_size={shards * max(1, rl.micro_batch_size // shards)})"]
           if rl.micro_batch_size % shards else []),
-        f"rollout    {plan.rollout}; the host-local sampling layout {dict(sampling_layout(s, s.host_devices).local.shape)}",
+        f"rollout    {plan.rollout}; the host-local sampling layout "
+        f"{dict(sampling_layout(s, s.host_devices).local.shape)}",
         *([f"evaluation {plan.evaluation}"] if plan.evaluation else []),
         *([f"compiler   {s.compiler_options} (XLA:CPU's fp32 copies of bf16 saved activations left out)"]
           if s.compiler_options else []),
         f"state per device ({unit}): " + ", ".join(f"{k} {v / scale:.3f}" for k, v in plan.sizes.items()),
-        f"per device ({unit}){' ' * (width - 13)}{'resident':>9} {'arguments':>9} {'temps':>9} {'outputs':>9} {'total':>9} {'compile':>8}",
+        f"per device ({unit}){' ' * (width - 13)}{'resident':>9} {'arguments':>9} {'temps':>9} {'outputs':>9} "
+        f"{'total':>9} {'compile':>8}",
     ]
     for ph in plan.phases:
         lines.append(f"  {ph.name:<{width}}{ph.resident / scale:9.3f} {ph.arguments / scale:9.3f} "
@@ -72,10 +76,11 @@ def format_plan(plan: Plan, label: str = "") -> str:
             to_host, to_device = (sum(getattr(x, f) for x in plan.transfers) for f in ("to_host", "to_device"))
             temps = max(x.temporaries for x in plan.transfers)
             device, host = plan.at_rest
-            lines.append(f"offload    the moves as the target's compiler compiles them (memory kinds device / {offload.HOST_MEMORY}): "
-                         f"{to_host / scale:.3f} {unit}/device to host memory and {to_device / scale:.3f} back per step, "
-                         f"moves' temporaries up to {temps / scale:.3f}; between steps {host / scale:.3f} {unit}/device "
-                         f"in host memory, {device / scale:.3f} on the device")
+            lines.append(f"offload    the moves as the target's compiler compiles them (memory kinds device / "
+                         f"{offload.HOST_MEMORY}): {to_host / scale:.3f} {unit}/device to host memory and "
+                         f"{to_device / scale:.3f} back per step, moves' temporaries up to {temps / scale:.3f}; "
+                         f"between steps {host / scale:.3f} {unit}/device in host memory, {device / scale:.3f} on "
+                         f"the device")
     else:
         lines.append("offload    none; with --config.train.offload=state: " + ", ".join(
             f"{ph.name} {(ph.total - resident(s, ph.name) + resident(s, ph.name, 'state')) / scale:.3f}"
@@ -87,7 +92,8 @@ def format_plan(plan: Plan, label: str = "") -> str:
                      f"{'fits' if top.total <= plan.memory_gb * GB else 'does NOT fit'} in {plan.memory_gb:g} GB")
     peak = plan.peak
     verdict = "fits" if plan.fits else "does NOT fit"
-    lines.append(f"peak       {peak.total / scale:.3f} {unit} ({peak.name}): {verdict} in {plan.memory_gb:g} GB per device")
+    lines.append(f"peak       {peak.total / scale:.3f} {unit} ({peak.name}): {verdict} in {plan.memory_gb:g} GB "
+                 f"per device")
     lines += [f"           {ph.name}: {ph.total / GB:.3f} GB does not fit" for ph in plan.phases
               if ph.total > plan.memory_gb * GB]
     if s.target is not None:

@@ -129,14 +129,15 @@ def step_estimate(plan: Plan) -> StepEstimate | None:
 
 def format_roofline(plan: Plan) -> list[str]:
     """The roofline lines of a plan compiled for a target's chip or card (none otherwise)."""
-    s, chip = plan.setup, plan.setup.chip
+    chip = plan.setup.chip
     costed = [p for p in plan.phases if p.cost is not None]
     if chip is None or not costed:
         return []
     lines = [f"roofline   an ESTIMATE, not a measurement: each compiled program's FLOPs and HBM bytes per device "
              f"(loops by their trip counts) against {chip.name}'s published {chip.bf16_tflops:g} TFLOP/s bf16 and "
              f"{chip.hbm_gb_s:g} GB/s",
-             f"  {'program':<18}{'TFLOP':>9} {'HBM GB':>9} {'compute':>9} {'memory':>9} {'estimate':>9}  (per device, s)"]
+             f"  {'program':<18}{'TFLOP':>9} {'HBM GB':>9} {'compute':>9} {'memory':>9} {'estimate':>9}  "
+             f"(per device, s)"]
     for p in costed:
         c = p.cost
         compute, memory = c.flops / (chip.bf16_tflops * 1e12), c.bytes / (chip.hbm_gb_s * 1e9)
