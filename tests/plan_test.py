@@ -161,7 +161,7 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     arguments are that copy and the host's token ids, mask and row keys (replicated), by hand."""
     config = _config(ppo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 128, "rollout.cache_slots": 0,
                                                     "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2),
-                                                    "engines.continuous": "static"})
+                                                    "rollout.engine": "static"})
     s = abstract_setup(RunSpec.from_config(config), host_devices=4)
     shapes = rollout_shapes(RunSpec.from_config(config), 512, s.hosts)
     assert s.hosts == 2 and (shapes.rows, shapes.prompt) == (4, 128)
@@ -204,7 +204,7 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     re-plans) with each override and returns the largest shape under the budget."""
     config = _config(grpo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 1024, "mesh.shape": (1, 2, 4),
                                                       "rollout.max_new_tokens": 8, "rollout.cache_slots": 2048,
-                                                      "engines.continuous": "static"})
+                                                      "rollout.engine": "static"})
 
     def fake(s, phases, feed_tokens):
         if phases == ["rollout"]:  # rows per sampler call x cache slots
