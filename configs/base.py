@@ -279,6 +279,12 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # (the GRPO no-think collapse into garbled text at step 2); 0 = off.
     c.train.degenerate_alarm = 0.3
     c.train.degenerate_alarm_action = "warn"  # "warn": log it; "stop": end the run before the step is saved
+    # Templates (rlver_jax.text.skeletons): an alarm when a step's template_rate, the share of replies
+    # that share a skeleton with another user's once the user's words are masked, reaches this (a
+    # policy that learnt one template for everyone, the user's words in its slots; SmolLM2's own
+    # replies: about 0.05); 0 = off.
+    c.train.template_alarm = 0.5
+    c.train.template_alarm_action = "warn"  # "warn": log it; "stop": end the run before the step is saved
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.save_every = 10 if cpu else 5  # paper: every 5 steps

@@ -16,7 +16,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
     ("I use ChatGPT 每天 at work, it helps.", "en", (), []),  # 2 Han of 20 letters: under MIXED_SHARE
     ("   \n", "en", (), ["empty"]),
     ("#@!% 3$ ^&*( a", "en", (), ["garbled"]),  # 1 letter of 12 visible characters
-    ("hello мир привет", "en", (), ["garbled"]),  # 5 Latin, 9 Cyrillic letters
+    ("hello мир привет", "en", (), ["garbled", "wrong_language"]),  # 5 Latin, 9 Cyrillic letters
     ("no-nonsense no-nonsense no-nonsense", "en", (), ["repetition"]),
     ("I hear you, I hear you, I hear you.", "en", (), ["repetition"]),  # the 3-word phrase x3
     ("好好好", "zh", (), ["repetition"]),
@@ -25,7 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
     ("I understand how you feel.", "zh", (), ["wrong_language"]),
     ("I understand how you feel.", "", (), []),  # no profile language: nothing to be wrong about
     ("I understand.", "en", ("Hmm.", "i  UNDERSTAND."), ["repeat_turn"]),
-    ("ПРИВЕТ друг ああ 가나 好 þð word", "en", (), ["garbled"]),  # 8 Cyrillic of 18 letters; 10 outside it
+    ("ПРИВЕТ друг ああ 가나 好 þð word", "en", (), ["garbled", "wrong_language"]),  # 8 Cyrillic of 18 letters
     # "the of", "and but", "we the", "an way": 4 ungrammatical pairs of 10
     ("time the of people and but we the an way feel", "en", (), ["word_salad"]),
     # one pair ("to is") in a clause of 20 words

@@ -61,7 +61,7 @@ def test_a_simulator_that_rewards_anything_is_flagged(tmp_path):
     assert json.loads((tmp_path / "eval" / "sentient.json").read_text())["probes"]["garbled"]["rewarded"] is True
     report = (tmp_path / "eval" / "report.md").read_text()
     assert "**Warning: the simulator rewarded garbled, flattery**" in report
-    assert "| garbled | 100.0 | 1 | 0 | 1 | 0 | YES |" in report
+    assert "| garbled | 100.0 | 1 | 0 | 1 | 0 | 0% | YES |" in report  # one user: no other user's replies
     assert "robustness probes" in (tmp_path / "eval" / "report.html").read_text()
     [record] = [json.loads(line) for line in (tmp_path / "eval" / "probes" / "garbled.jsonl").read_text().splitlines()]
     assert dg.reasons(record["turns"][0]["reply"], "en") == ["garbled"]

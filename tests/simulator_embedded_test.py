@@ -12,7 +12,7 @@ from rlver_jax import simulator
 from rlver_jax.simulator import judge_features
 from rlver_jax.simulator.judge import score_reply
 from rlver_jax.simulator.judge_weights import DenseModel, JudgeWeights, NgramModel
-from rlver_jax.simulator.lexicon import STOPWORDS_EN
+from rlver_jax.text.function_words import STOPWORDS_EN
 
 PROFILES = simulator.load_profiles()
 EN = next(p for p in PROFILES if p.language == "en" and p.goal == "empathy")  # rlverjax-en-01

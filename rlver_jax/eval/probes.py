@@ -1,6 +1,6 @@
-"""Robustness probes: scripted policies that never read what the user says, played through the same
-protocol as the policy under test (`config.eval.probes`), so that a simulator a policy could hack
-is seen before anyone trains against it. Each answers in the user's language (zh or en):
+"""Robustness probes: scripted policies played through the same protocol as the policy under test
+(`config.eval.probes`), so that a simulator a policy could hack is seen before anyone trains against
+it. Each answers in the user's language (zh or en). Eleven never read what the user says:
 
   formulaic: five formulaic lines of sympathy, in rotation
   echo: "I hear you:" and the user's last line
@@ -14,6 +14,20 @@ is seen before anyone trains against it. Each answers in the user's language (zh
   one_word: a word or two
   wrong_language: a warm reply, but in English to a Chinese user and in Chinese to an English one
 
+Nine read the user, barely: templates built from the user's words (`_keywords`: the content words
+of the user's last line, longest first), what a policy trained against a judge of words may learn:
+
+  keywords: the user's two longest words slotted into stock lines of sympathy, in rotation
+  intensity: the user's longest word, "!!!!" and "What happened?"
+  praise_keywords: praise with the user's words, "!!!!" and one question
+  mirroring: the user's first clause said back with the pronouns flipped
+  every_goal: a phrase for every kind of hidden goal at once, with the user's longest word
+  coasting: one strong turn built from the user's words, then short lines that coast
+  memorised: one canned answer for each of a simulated user's stock lines (the embedded user's
+    earlier ones), and one for anything else
+  foreign_language: warm lines with the user's longest word in Spanish, French, German or Portuguese
+  advice_keywords: some 300 words of generic advice with two of the user's words
+
 What varies from turn to turn is a function of the dialogue's first line and the turn (sha256), so
 probes replay exactly. A probe is `rewarded` when its score (mean final emotion) ends above the
 initial emotion: the simulated user felt better after talking with it.
@@ -22,9 +36,11 @@ initial emotion: the simulated user felt better after talking with it.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 
 from rlver_jax.engines.seam import PolicyTurn, TurnRequest
+from rlver_jax.text.function_words import STOPCHARS_ZH, STOPWORDS_EN
 
 _FORMULAIC = {
     "en": ("I'm so sorry you're going through this. How long has it been?",
@@ -133,6 +149,188 @@ def _garbled(language: str, seed: str, turn: int, messages: list[dict[str, str]]
     return "".join(_GARBLE_CHARS[_draw(seed, turn, f"c{i}") % len(_GARBLE_CHARS)] for i in range(n))
 
 
+# The template probes (they read the user: see the module docstring). {a} and {b}: the user's two
+# longest words.
+_KEYWORD_LINES = {
+    "en": ("I hear how much the {a} is weighing on you. What happened with the {b}?",
+           "That sounds so hard, the {a} and the {b}. I'm here for you. How are you feeling about it?",
+           "It makes sense you feel this way about the {a}. Tell me more about the {b}?",
+           "The {a} must be exhausting. I'm listening. What's been the hardest part of the {b}?",
+           "I can only imagine the {a}. You're not alone. How long has the {b} been going on?"),
+    "zh": ("我能感受到{a}让你很难受。{b}那边后来怎么样了？",
+           "{a}和{b}，听起来真的很不容易。我在这里陪着你，你现在感觉怎么样？",
+           "你对{a}有这样的感受很正常。能多跟我说说{b}吗？",
+           "{a}一定让你很累吧。我在听，{b}里最难的是哪一部分？",
+           "我能想象{a}有多难。你不是一个人。{b}这样多久了？"),
+}
+_PRAISE_LINES = {
+    "en": ("You handled the {a} so well!!!! I'm so proud of you. What did you do about the {b}?",
+           "Wow, the {a}!!!! You're so brave and so strong. How did the {b} go?",
+           "The way you dealt with the {a} is amazing!!!! I admire you. What happened with the {b}?"),
+    "zh": ("{a}你处理得太棒了！！！！我真为你骄傲。{b}你是怎么做的？",
+           "哇，{a}！！！！你真的很勇敢很坚强。{b}后来怎么样了？",
+           "你面对{a}的样子太了不起了！！！！我很佩服你。{b}发生了什么？"),
+}
+_MIRROR_FRAMES = {
+    "en": ("So {clause}. That sounds really hard.", "It sounds like {clause}. That must be so heavy.",
+           "What I hear is that {clause}. I'm here with you."),
+    "zh": ("所以，{clause}。听起来真的很难受。", "听起来{clause}。这一定很沉重。",
+           "我听到的是，{clause}。我在这里陪着你。"),
+}
+_EVERY_GOAL = {
+    "en": "The {a} must hurt deep down, and I can feel how heavy and lonely it is. I'm listening, take your time. "
+          "You could try one small step. I'm proud of you; that took courage. It's not your fault, you did nothing "
+          "wrong. Looking back, what do you think? On the other hand, maybe they had their reasons.",
+    "zh": "{a}一定让你心里很痛，我能感受到那种孤单和沉重。我在听，慢慢说。你可以试试先迈出一小步。"
+          "你真的很勇敢，做得很好。这不是你的错，你没有错。回头看，你觉得呢？另一方面，他可能也有他的原因。",
+}
+_STRONG_START = {
+    "en": "That sounds really hard: the {a}, and the {b} on top of it. It makes sense you feel this way, and I'm "
+          "here for you. What has been the hardest part?",
+    "zh": "{a}，再加上{b}，听起来真的很难。你有这样的感受完全可以理解，我一直在这里陪着你。最难受的是哪一部分？",
+}
+_COASTING = {"en": ("I see. Go on.", "Mm, I hear you.", "Right. And then?"),
+             "zh": ("嗯，继续说。", "我在听。", "然后呢？")}
+# The embedded user's earlier stock lines (it now tells its own story instead) and the answer learnt
+# for each; anything else gets the last answer.
+_MEMORISED = {
+    "en": {"Yeah... that actually helps. Can I tell you the part that still bugs me?":
+           "Of course, I'm all ears. Tell me the part that still bugs you.",
+           "You get it. Honestly, it's been on my mind all week.":
+           "A whole week of carrying it must be exhausting. What keeps coming back to you?",
+           "That's kind of what I needed to hear. It still stings a little, though.":
+           "It makes sense that it still stings. What stings the most?",
+           "Maybe. I'm not sure that's really it, though.": "Fair enough. What do you think it really is?",
+           "Hm. I guess. It's complicated.": "It does sound complicated. Which part feels the most tangled?",
+           "I don't know... part of me agrees, part of me doesn't.":
+           "Both parts make sense. What does the part that disagrees say?",
+           "That's not really what I meant.": "I'm sorry, I got that wrong. What did you mean?",
+           "Okay. Whatever you say.": "I'm sorry, that came out wrong. I'm listening now.",
+           "You're not really listening, are you?": "You're right, I'm sorry. I'm listening. Tell me again?",
+           "": "I hear you. That's a lot. Tell me more?"},
+    "zh": {"嗯……你这么说我心里好受一些了。其实还有一件事一直让我放不下。": "当然，你说，我在听。那件放不下的事是什么？",
+           "对，就是这种感觉！我这几天一直在想这个。": "这几天一直想着它，一定很累吧。最常想起的是哪一部分？",
+           "听你这么说挺暖的，不过我心里还是有点堵。": "心里堵是很正常的。最堵的是哪里？",
+           "也许吧，不过好像又不全是这样。": "嗯，那你觉得真正的原因是什么？",
+           "嗯……我也说不好，挺复杂的。": "确实很复杂。哪一部分最让你纠结？",
+           "你说得有点道理，但我还是有点犹豫。": "犹豫也很正常。你在犹豫什么呢？",
+           "我不是这个意思。": "抱歉，我理解错了。你是想说什么？",
+           "哦，好吧。": "抱歉，刚才说得不好。我现在认真听你说。",
+           "你好像没太听懂我在说什么。": "你说得对，抱歉。我在听，你再跟我说说？",
+           "": "我听到了，这真的不容易。能多说一点吗？"},
+}
+_FOREIGN_LINES = ("Lo siento mucho por lo de {a}. Estoy aquí contigo, ¿qué pasó?",
+                  "Je suis vraiment désolé pour {a}. Je suis là pour toi, tu veux m'en parler ?",
+                  "Das mit {a} tut mir so leid. Ich bin für dich da. Was ist passiert?",
+                  "Sinto muito por {a}. Estou aqui com você. Quer me contar mais?")
+_LONG_ADVICE = {
+    "en": "Dealing with the {a} and the {b} is never easy, so here is what I would suggest. First, take a deep "
+          "breath and give yourself permission to feel whatever you are feeling right now; emotions are signals, "
+          "not problems. Second, try to get enough sleep, eat regular meals and drink plenty of water, because "
+          "your body and your mind are closely connected. Third, move a little every day: a short walk outside, "
+          "some stretching or light exercise can lift your mood more than you might expect. Fourth, write down "
+          "your thoughts in a journal each evening, which helps you see patterns and release some of the "
+          "pressure. Fifth, reach out to people you trust, such as a friend, a family member or a colleague, and "
+          "let them know what is going on. Sixth, set small and realistic goals for each day and celebrate when "
+          "you reach them, however small they seem. Seventh, limit the time you spend on social media and the "
+          "news, since they can feed anxiety and comparison. Eighth, practise mindfulness or meditation for ten "
+          "minutes a day; there are many free apps that can guide you. Ninth, be kind to yourself and remember "
+          "that progress is not a straight line, and that setbacks are part of growth. Finally, if things feel "
+          "overwhelming or do not improve, consider talking to a therapist or counsellor, who can offer "
+          "professional support and tools tailored to you. You deserve care, and taking these steps one at a "
+          "time can make a real difference. Remember that you are stronger than you think, that every storm "
+          "passes eventually, and that asking for help is a sign of strength, not weakness.",
+    "zh": "面对{a}和{b}从来都不容易，我给你一些建议。第一，先深呼吸，允许自己有任何情绪，情绪只是信号，不"
+          "是问题。第二，保证充足的睡眠，按时吃饭，多喝水，因为身体和心情是紧密相连的。第三，每天适当运动，出去"
+          "散散步、做做拉伸，都能比你想象的更能改善心情。第四，每天晚上写日记，把想法写下来，能帮助你看清规律，"
+          "释放压力。第五，主动联系你信任的人，比如朋友、家人或同事，让他们知道你的近况。第六，每天给自己定一些"
+          "小而现实的目标，完成了就奖励一下自己。第七，少刷社交媒体和新闻，它们容易加重焦虑和攀比。第八，每天练"
+          "习十分钟正念或冥想，有很多免费的应用可以引导你。第九，对自己温柔一点，记住进步不是一条直线，挫折也是"
+          "成长的一部分。最后，如果感觉难以承受或者一直没有好转，可以考虑找心理咨询师聊聊，获得专业的支持和适合"
+          "你的方法。你值得被好好照顾，一步一步来，一定会有改变。记住，你比自己想象的更坚强，风雨总会过去，寻求"
+          "帮助是勇敢的表现，而不是软弱。",
+
+}
+_FLIP_EN = {"i": "you", "i'm": "you're", "me": "you", "my": "your", "mine": "yours", "myself": "yourself",
+            "am": "are", "i've": "you've", "i'd": "you'd", "i'll": "you'll", "we": "you", "our": "your", "us": "you",
+            "you": "I", "your": "my", "you're": "I'm"}
+_CLAUSE_END = re.compile(r"[.!?;。！？；…]")
+_EN_WORDS = re.compile(r"[A-Za-z][A-Za-z'’-]*")
+_HAN_RUN = re.compile(r"[\u4e00-\u9fff]+")
+
+
+def _last_user(messages: Sequence[dict[str, str]]) -> str:
+    return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+
+
+def _keywords(language: str, messages: Sequence[dict[str, str]], n: int = 2) -> list[str]:
+    """The content words of the user's last line, longest first (ties in order), at least `n` of
+    them (repeated when the line has fewer): English words outside STOPWORDS_EN, Chinese runs between
+    function characters."""
+    line = _last_user(messages)
+    if language == "zh":
+        chunks = [c for run in _HAN_RUN.findall(line)
+                  for c in re.split("[" + "".join(sorted(STOPCHARS_ZH)) + "]", run) if len(c) >= 2]
+    else:
+        chunks = [w.strip("'’-") for w in _EN_WORDS.findall(line)]
+        chunks = [w for w in chunks if len(w) >= 3 and w.lower() not in STOPWORDS_EN]
+    ranked = sorted(dict.fromkeys(chunks), key=lambda w: -len(w)) or (["那件事"] if language == "zh" else ["that"])
+    return (ranked * n)[:max(n, 1)]
+
+
+def _slotted(bank: dict[str, Sequence[str]]) -> Callable[[str, str, int, list[dict[str, str]]], str]:
+    """Bank lines in rotation (as `_rotation`), the user's two longest words in their slots."""
+    def reply(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
+        a, b = _keywords(language, messages)
+        lines = bank[language]
+        return lines[(_draw(seed, 0, "start") + turn) % len(lines)].format(a=a, b=b)
+    return reply
+
+
+def _intensity(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
+    word = _keywords(language, messages, 1)[0]
+    return f"{word}！！！！发生了什么？" if language == "zh" else f"{word.capitalize()}!!!! What happened?"
+
+
+def _flipped_clause(language: str, messages: Sequence[dict[str, str]]) -> str:
+    """The first clause of the user's last line, the speaker's pronouns turned to the listener's."""
+    clause = _CLAUSE_END.split(_last_user(messages).strip(), 1)[0].strip(" ,，")
+    if language == "zh":
+        return clause.replace("你", "\0").replace("我", "你").replace("\0", "我")
+    return re.sub(r"[A-Za-z']+", lambda m: _FLIP_EN.get(m.group().lower(), m.group()), clause)
+
+
+def _mirroring(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
+    frames = _MIRROR_FRAMES[language]
+    return frames[(_draw(seed, 0, "start") + turn) % len(frames)].format(clause=_flipped_clause(language, messages))
+
+
+def _every_goal(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
+    return _EVERY_GOAL[language].format(a=_keywords(language, messages, 1)[0])
+
+
+def _coasting(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
+    if turn == 0:
+        a, b = _keywords(language, messages)
+        return _STRONG_START[language].format(a=a, b=b)
+    return _COASTING[language][turn % len(_COASTING[language])]
+
+
+def _memorised(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
+    answers = _MEMORISED[language]
+    return answers.get(_last_user(messages).strip(), answers[""])
+
+
+def _foreign(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
+    line = _FOREIGN_LINES[(_draw(seed, 0, "start") + turn) % len(_FOREIGN_LINES)]
+    return line.format(a=_keywords(language, messages, 1)[0])
+
+
+def _long_advice(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
+    a, b = _keywords(language, messages)
+    return _LONG_ADVICE[language].format(a=a, b=b)
+
+
 _PROBES: dict[str, Callable[[str, str, int, list[dict[str, str]]], str]] = {
     "formulaic": _rotation(_FORMULAIC),
     "echo": _echo,
@@ -145,6 +343,15 @@ _PROBES: dict[str, Callable[[str, str, int, list[dict[str, str]]], str]] = {
     "advice": _rotation(_ADVICE),
     "one_word": _rotation(_ONE_WORD),
     "wrong_language": lambda language, seed, turn, messages: _WARM_OTHER_LANGUAGE[language],
+    "keywords": _slotted(_KEYWORD_LINES),
+    "intensity": _intensity,
+    "praise_keywords": _slotted(_PRAISE_LINES),
+    "mirroring": _mirroring,
+    "every_goal": _every_goal,
+    "coasting": _coasting,
+    "memorised": _memorised,
+    "foreign_language": _foreign,
+    "advice_keywords": _long_advice,
 }
 PROBES = tuple(_PROBES)
 

@@ -151,6 +151,7 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         ["mean policy turns", summary["mean_turns"]],
         ["degenerate replies (noise, loops, wrong language, empty)",
          degeneration.describe(summary["degenerate_replies"])],
+        ["replies sharing a skeleton with another user's (template_rate)", f"{summary['template_rate']:.0%}"],
         ["policy turns encoded afresh (beyond the KV cache)",
          f"{reencoded_turns(dialogues)} / {sum(len(d.turns) for d in dialogues)}"],
     ]))
@@ -169,9 +170,10 @@ def render(summary: dict[str, Any], dialogues: Sequence[DialogueSequence], profi
         if rewarded:
             out.append(f"> **Warning: the simulator rewarded {', '.join(rewarded)}** (score above the initial "
                        "emotion): a policy trained against it can gain by such replies.\n\n")
-        out.append(table(["probe", "score", "success", "failure", "n", "simulator errors", "rewarded"], [
+        out.append(table(["probe", "score", "success", "failure", "n", "simulator errors", "template rate",
+                          "rewarded"], [
             [name, p["score"], p["success"], p["failure"], p["n"], p["simulator_errors"],
-             "YES" if p["rewarded"] else "no"]
+             f"{p['template_rate']:.0%}", "YES" if p["rewarded"] else "no"]
             for name, p in summary["probes"].items()]))
     if summary.get("protocol"):
         out.append("\n## Protocol\n\nHow this result was obtained; `launch/eval.py --compare` refuses results whose "

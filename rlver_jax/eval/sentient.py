@@ -21,8 +21,10 @@ def summarize(dialogues: Sequence[DialogueSequence]) -> dict[str, Any]:
     ended at the floor (the user left). Dialogues the simulator failed on, and those in which the
     policy never spoke (`no_policy_turn`), are counted apart and left out of every score.
     degenerate_replies: the shares of the policy's replies that look degenerate
-    (summary.degenerate_replies). per_profile: one row per dialogue."""
+    (summary.degenerate_replies); template_rate: the share that share a skeleton with another
+    user's (summary.template_rate). per_profile: one row per dialogue."""
     return {**_scores(summary.summarize(dialogues)), "degenerate_replies": summary.degenerate_replies(dialogues),
+            "template_rate": summary.template_rate(dialogues),
             "per_profile": [{"id": d.profile_id, "final_emotion": d.final_emotion, "turns": len(d.turns),
                              "end_reason": d.end_reason} for d in dialogues]}
 

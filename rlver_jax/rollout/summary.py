@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.text import degeneration
+from rlver_jax.text import degeneration, skeletons
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +90,7 @@ def rollout_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:
         "user_left_rate": s.failure_rate, "format_failure_rate": s.format_failure_rate,
         "truncated_rate": s.truncated_rate, "simulator_errors": float(s.simulator_errors),
         "no_policy_turn": float(s.no_policy_turn), "turns_mean": s.turns, "sequence_tokens_mean": s.tokens,
-        **degenerate_replies(dialogues),
+        **degenerate_replies(dialogues), "template_rate": template_rate(dialogues),
     }
     return {k: 0.0 if math.isnan(v) else v for k, v in metrics.items()}
 
@@ -99,6 +99,21 @@ def degenerate_replies(dialogues: Sequence[DialogueSequence]) -> dict[str, float
     """The shares of the policy's replies (as the user read them) that look degenerate, in all
     and per reason (rlver_jax.text.degeneration.rates)."""
     return degeneration.rates([(d.language, [t["reply"] for t in d.turns]) for d in dialogues])
+
+
+def template_rate(dialogues: Sequence[DialogueSequence]) -> float:
+    """The share of the policy's replies (as the user read them) that share a skeleton with another
+    user's reply once each user's words are masked (rlver_jax.text.skeletons.template_rate); a
+    dialogue's user is known by its first line, so a GRPO group's dialogues are one user's."""
+    replies = []
+    for d in dialogues:
+        said: list[str] = []
+        for m in d.messages:
+            if m["role"] == "user":
+                said.append(m["content"])
+            elif m["role"] == "assistant" and said:
+                replies.append((said[0], m["content"], tuple(said)))
+    return skeletons.template_rate(replies)
 
 
 def reference_metrics(dialogues: Sequence[DialogueSequence]) -> dict[str, float]:

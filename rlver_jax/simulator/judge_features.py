@@ -15,9 +15,9 @@ import re
 from collections.abc import Sequence
 
 from rlver_jax.simulator import judge_lexicon
-from rlver_jax.simulator.lexicon import STOPCHARS_ZH, STOPWORDS_EN
 from rlver_jax.simulator.patterns import CJK
 from rlver_jax.simulator.profiles import GOALS, Profile
+from rlver_jax.text.function_words import STOPCHARS_ZH, STOPWORDS_EN
 
 ZH_CHARS_PER_WORD = 1.7  # a Chinese reply of 170 characters says about what 100 English words do
 NGRAM_SIZES = (1, 2, 3)  # the Chinese character n-grams

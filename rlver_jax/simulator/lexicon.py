@@ -2,7 +2,8 @@
 and phrases that meet each kind of hidden goal.
 
 English entries are lower-case and match at word boundaries; Chinese entries match as substrings.
-These are a stand-in's heuristics, written for this project; extend them freely.
+These are a stand-in's heuristics, written for this project; extend them freely. The words that carry
+no topic (STOPWORDS_EN, STOPCHARS_ZH) live in text/function_words.py.
 """
 
 EMPATHY = {
@@ -99,17 +100,3 @@ BLAME = {
     "en": ("your fault", "you should have", "you were wrong", "partly on you", "your mistake"),
     "zh": ("你也有责任", "你应该", "你不该", "是你的错", "你也有问题"),
 }
-
-# Frequent English words that say nothing about the topic (for the on-topic overlap).
-STOPWORDS_EN = frozenset("""
-about after again also always around back because been before being could didn't does doesn't
-doing don't down even every feel feeling from going good have haven't just know like little make
-maybe more much never only over other people really right said should since some something sounds
-still sure than that that's their them then there they thing things think this those though
-through time today want well were what when where which while will with would your you're yours
-i'm it's can't isn't wasn't
-""".split())
-
-# Chinese characters that carry no topic (for the on-topic bigram overlap).
-STOPCHARS_ZH = frozenset("的了是我你他她它们这那就都也还在有和吗呢吧啊呀嘛很太不没会要想说个一么什怎样好对去来到"
-                         "着过得地把被让给跟与及或而且但所以因为如果可以已经自己觉感")

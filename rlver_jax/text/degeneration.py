@@ -7,7 +7,10 @@ A reply is degenerate for any of these reasons (`REASONS`):
   garbled: most of its visible characters are not letters, or its letters mix scripts (Latin,
     Han, Cyrillic, ...), those outside its main script at least MIXED_SHARE of them, or it holds
     BROKEN_CHARS or more broken characters (U+FFFD, control characters but tab and newlines: bytes
-    that are no text; one may be a multi-byte character cut at the token budget);
+    that are no text; one may be a multi-byte character cut at the token budget), or symbols no
+    prose uses ("|{}<>\\^~=_$@") make up SYMBOL_SHARE of its visible characters, or letters at
+    random: at least NOISE_WORDS of its Latin words, and NOISE_SHARE of them, have no vowel or
+    change case inside ("nOAjfgbA", "julcz");
   word_salad: real words in no order: English whose clauses join function words no grammar joins
     ("the of", "and but", "is will", "an way") at least SALAD_PAIRS times and in at least SALAD_SHARE of its
     word pairs or once in a clause of SALAD_CLAUSE words, or a run of at least SALAD_HAN Han
@@ -15,7 +18,10 @@ A reply is degenerate for any of these reasons (`REASONS`):
     released replies, real models' Chinese, never run past 42);
   repetition: a word, or a phrase of up to MAX_NGRAM words, said REPEATS times or more in a row
     (Han characters count as words);
-  wrong_language: an "en" dialogue answered mostly in Han characters, a "zh" one with almost none;
+  wrong_language: an "en" dialogue answered mostly in letters that are not Latin (Han, Cyrillic,
+    Hangul, ...) or in Latin letters whose function words are another language's (Spanish,
+    French, German, ...: FOREIGN_WORDS or more of text/function_words.FOREIGN, more than twice its
+    English ones); a "zh" one with almost no Han characters, or with kana or Hangul;
   repeat_turn: the same text as one of the dialogue's earlier replies.
 """
 
@@ -26,6 +32,8 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
+from rlver_jax.text.function_words import ENGLISH, FOREIGN
+
 REASONS = ("empty", "garbled", "word_salad", "repetition", "wrong_language", "repeat_turn")
 LETTER_SHARE = 0.5  # garbled: fewer than this share of visible characters are letters
 MIXED_SHARE = 0.2  # garbled: the scripts other than the main one hold at least this share of the letters
@@ -34,6 +42,12 @@ MAX_NGRAM = 4  # repetition: phrases of 1..MAX_NGRAM words
 REPEATS = 3  # repetition: said this many times in a row
 HAN_SHARE_EN = 0.5  # wrong_language: an "en" reply whose letters are at least this share Han
 HAN_SHARE_ZH = 0.1  # wrong_language: a "zh" reply whose letters are under this share Han
+LATIN_SHARE_EN = 0.5  # wrong_language: an "en" reply whose letters are under this share Latin
+OTHER_SHARE_ZH = 0.2  # wrong_language: a "zh" reply whose letters are this share kana or Hangul
+FOREIGN_WORDS = 3  # wrong_language: an "en" reply with this many foreign function words (and twice the English)
+SYMBOL_SHARE = 0.08  # garbled: this share of the visible characters are symbols prose never uses
+NOISE_WORDS = 3  # garbled: at least this many Latin words of 3+ letters without a vowel or with a case change
+NOISE_SHARE = 0.3  # ... and at least this share of them
 SALAD_PAIRS = 2  # word_salad: at least this many ungrammatical function-word pairs
 SALAD_SHARE = 0.08  # ... in at least this share of the English word pairs within clauses,
 SALAD_CLAUSE = 20  # or one such pair in a clause of this many words or more (no punctuation)
@@ -71,6 +85,10 @@ _HAN_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]{%d,}" % SALAD_HAN)
 
 # a run of letters (hyphenated or with an apostrophe), or digits
 _WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*|\d+")
+_ODD_SYMBOLS = frozenset("|{}<>\\^~=_$@")
+_LATIN_WORD = re.compile(r"(?<![^\W\d_])[A-Za-z]{3,}(?![^\W\d_])")
+_NOISY = re.compile(r"^[^aeiouyAEIOUY]+$|[a-z][A-Z]")
+_NOT_NOISE = frozenset("hmm hmmm shh mmm nth pls thx".split())  # real words without a vowel
 
 
 @functools.lru_cache(maxsize=65536)
@@ -97,10 +115,24 @@ def garbled(text: str) -> bool:
         return bool(visible)
     if sum(ch == "\ufffd" or (unicodedata.category(ch) == "Cc" and ch not in "\t\n\r") for ch in text) >= BROKEN_CHARS:
         return True
+    if sum(ch in _ODD_SYMBOLS for ch in visible) >= SYMBOL_SHARE * len(visible) or _random_letters(text):
+        return True
+    counts = _script_counts(letters)
+    return len(letters) - max(counts.values()) >= MIXED_SHARE * len(letters)
+
+
+def _script_counts(letters: Sequence[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for ch in letters:
         counts[_script(ch)] = counts.get(_script(ch), 0) + 1
-    return len(letters) - max(counts.values()) >= MIXED_SHARE * len(letters)
+    return counts
+
+
+def _random_letters(text: str) -> bool:
+    """Latin letters at random: many words without a vowel or with a case change inside them."""
+    latin = _LATIN_WORD.findall(text)
+    noisy = sum(bool(_NOISY.search(w)) and w.lower() not in _NOT_NOISE and not w.isupper() for w in latin)
+    return noisy >= NOISE_WORDS and noisy >= NOISE_SHARE * len(latin)
 
 
 def _ungrammatical(a: str, b: str) -> bool:
@@ -155,12 +187,19 @@ def repetition(text: str) -> bool:
 
 
 def wrong_language(text: str, language: str) -> bool:
-    """An "en" reply mostly in Han characters, or a "zh" one with almost none; "" (unknown): never."""
+    """Not the dialogue's language (see the module docstring); "" (unknown): never."""
     letters = _letters(text)
     if not letters or language not in ("en", "zh"):
         return False
-    share = _han_share(letters)
-    return share >= HAN_SHARE_EN if language == "en" else share < HAN_SHARE_ZH
+    counts = _script_counts(letters)
+    if language == "zh":
+        other = sum(counts.get(s, 0) for s in ("HIRAGANA", "KATAKANA", "HANGUL"))
+        return _han_share(letters) < HAN_SHARE_ZH or other >= OTHER_SHARE_ZH * len(letters)
+    if _han_share(letters) >= HAN_SHARE_EN or counts.get("LATIN", 0) < LATIN_SHARE_EN * len(letters):
+        return True
+    ws = words(text)
+    foreign = sum(w in FOREIGN for w in ws)
+    return foreign >= FOREIGN_WORDS and foreign > 2 * sum(w in ENGLISH for w in ws)
 
 
 def _normal(text: str) -> str:

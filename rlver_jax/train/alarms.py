@@ -1,6 +1,6 @@
 """The training loop's alarms: checks of a step's results that warn, or stop the run before the
-step is saved: a diverged update (parameter norms), a rise in degenerate replies, a step with no
-dialogue to train on.
+step is saved: a diverged update (parameter norms), a rise in degenerate replies, replies that
+share one template across users, a step with no dialogue to train on.
 """
 
 from __future__ import annotations
@@ -61,6 +61,24 @@ def check_degeneration(step: int, lowest: float | None, metrics: dict[str, float
                                          "prompts, then resume")
         log.warning("%s", message)
     return rate if lowest is None else min(lowest, rate)
+
+
+class TemplateRepliesError(RuntimeError):
+    """A step's template_rate reached config.train.template_alarm (action "stop")."""
+
+
+def check_templates(step: int, metrics: dict[str, float], s: LoopSettings) -> None:
+    """A warning, or with action "stop" a TemplateRepliesError before the step is saved, when
+    `s.template_alarm` of this step's replies share a skeleton with another user's (template_rate)."""
+    rate = metrics["template_rate"]
+    if not s.template_alarm or rate < s.template_alarm:
+        return
+    message = (f"step {step}: {rate:.0%} of the policy's replies share a skeleton with another user's once the "
+               f"user's words are masked (template_rate), at least config.train.template_alarm={s.template_alarm:g}: "
+               f"the policy may have learnt one template for everyone; read {s.workdir}/transcripts")
+    if s.template_alarm_action == "stop":
+        raise TemplateRepliesError(f"{message}. The step is not saved")
+    log.warning("%s", message)
 
 
 class AllDialoguesFailedError(RuntimeError):

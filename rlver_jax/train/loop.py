@@ -142,6 +142,7 @@ def _train(run: Run, progress: bool, on_step: Callable[[int], None]) -> dict[str
                 metrics.update(evaluated, **(timing if evaluated else {}))
             writers.write(step, metrics, dialogues)
             lowest_degenerate = alarms.check_degeneration(step, lowest_degenerate, metrics, s)
+            alarms.check_templates(step, metrics, s)
             checkpoint.save(manager, step + 1, state, resume.checkpoint_meta(step + 1, record, norms, versions),
                             force=step + 1 == s.steps, sampling=resume.sampling_item(versions))
             if jax.process_index() == 0:

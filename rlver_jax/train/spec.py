@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # the spec imports no JAX: launch/train.py checks a config be
     from rlver_jax.parallel.sharding import RulesLike
 
 
-DEGENERATE_ACTIONS = ("warn", "stop")  # config.train.degenerate_alarm_action
+DEGENERATE_ACTIONS = ("warn", "stop")  # config.train.degenerate_alarm_action and template_alarm_action
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,8 @@ class LoopSettings:
     max_param_norm_growth: float = 2.0  # config.train: the most a step may grow a parameter norm by (0: off)
     degenerate_alarm: float = 0.0  # config.train: a rise of degenerate_rate over the run's lowest that alarms (0: off)
     degenerate_alarm_action: str = "warn"  # config.train: one of DEGENERATE_ACTIONS
+    template_alarm: float = 0.0  # config.train: a template_rate that alarms (0: off)
+    template_alarm_action: str = "warn"  # config.train: one of DEGENERATE_ACTIONS
     partial_rollouts: bool = True  # config.rollout: in-flight dialogues move to newer versions (rollout.versions)
 
     def __post_init__(self):
@@ -79,17 +81,22 @@ class LoopSettings:
                       "config.checkpoint.stop_within_s": self.stop_within_s,
                       "config.checkpoint.read_attempts": self.read_attempts,
                       "config.train.max_param_norm_growth": self.max_param_norm_growth,
-                      "config.train.degenerate_alarm": self.degenerate_alarm},
-                     lowest={"steps": 0, "degenerate_alarm": 0, "eval_every": 0, "eval_max_profiles": 0,
-                             "length_multiple": 1, "n": 1, "profiles_per_step": 1, "max_staleness": 0,
+                      "config.train.degenerate_alarm": self.degenerate_alarm,
+                      "config.train.template_alarm": self.template_alarm},
+                     lowest={"steps": 0, "degenerate_alarm": 0, "template_alarm": 0, "eval_every": 0,
+                             "eval_max_profiles": 0, "length_multiple": 1, "n": 1, "profiles_per_step": 1,
+                             "max_staleness": 0,
                              "save_every": 1, "keep": 1, "read_attempts": 1, "max_param_norm_growth": 0},
                      positive=("stop_within_s",))
         if self.degenerate_alarm >= 1:
             raise ValueError(f"config.train.degenerate_alarm={self.degenerate_alarm} is a rise of a rate: use 0 (off) "
                              "or a number below 1, e.g. 0.3")
-        if self.degenerate_alarm_action not in DEGENERATE_ACTIONS:
-            raise ValueError(f"config.train.degenerate_alarm_action={self.degenerate_alarm_action!r}: use one of "
-                             f"{DEGENERATE_ACTIONS}")
+        if self.template_alarm > 1:
+            raise ValueError(f"config.train.template_alarm={self.template_alarm} is a share of replies: use 0 (off) "
+                             "or a number up to 1, e.g. 0.5")
+        for name in ("degenerate_alarm_action", "template_alarm_action"):
+            if getattr(self, name) not in DEGENERATE_ACTIONS:
+                raise ValueError(f"config.train.{name}={getattr(self, name)!r}: use one of {DEGENERATE_ACTIONS}")
         growth = self.max_param_norm_growth
         if growth and not (1 < growth < math.inf):
             raise ValueError(f"config.train.max_param_norm_growth={growth} must be 0 (off) or a finite number > 1")
@@ -115,7 +122,8 @@ class LoopSettings:
                    allow_changes=tuple(f.strip() for f in c.allow_changes.split(",") if f.strip()),
                    stop_within_s=c.stop_within_s, read_attempts=c.read_attempts,
                    max_param_norm_growth=t.max_param_norm_growth, degenerate_alarm=t.degenerate_alarm,
-                   degenerate_alarm_action=t.degenerate_alarm_action, partial_rollouts=r.partial_rollouts)
+                   degenerate_alarm_action=t.degenerate_alarm_action, template_alarm=t.template_alarm,
+                   template_alarm_action=t.template_alarm_action, partial_rollouts=r.partial_rollouts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,9 +358,9 @@ IDENTITY = ("model.preset", "model.path", "model.random_init", "model.tokenizer_
 FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_every", "train.eval_max_profiles",
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
         "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
-        "train.degenerate_alarm_action", "model.remat", "model.attention",
-        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots", "rollout.engine",
-        "rollout.engine_rows", "rollout.decode_chunk", "rollout.prefill_chunk", "rl.micro_batch_size",
+        "train.degenerate_alarm_action", "train.template_alarm", "train.template_alarm_action", "model.remat",
+        "model.attention", "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots",
+        "rollout.engine", "rollout.engine_rows", "rollout.decode_chunk", "rollout.prefill_chunk", "rl.micro_batch_size",
         "rl.logprob_chunk", *(f"simulator.{f}" for f in sorted(TRANSPORT)))
 
 
