@@ -3,7 +3,9 @@ simulator raise the Sentient score on held-out English profiles? Never in CI.
 
   .venv/bin/python benchmarks/learning_smol.py --out=/tmp/learning_smol                # docs/smol.md's commands
   .venv/bin/python benchmarks/learning_smol.py --out=/tmp/learning_smol --algos=grpo,drgrpo
-  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/smol_seeds --seeds=0,1,2    # docs/smol.md's table
+  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/smol_seeds --seeds=0,1,2    # the 16-dialogue table
+  .venv/bin/python benchmarks/learning_smol.py --out=/tmp/smol_power --seeds=0,1,2 --control_seeds=0 \
+      --eval_repeats=4 --attack=attack_smol.json --train_flags=--config.train.eval_every=0   # docs/smol.md's
   .venv/bin/python benchmarks/learning_smol.py --out=/tmp/split --protocol=split --algos=grpo,ppo --steps=10
 
 Everything goes through the project's own commands, so the numbers are what a user would get.
@@ -14,7 +16,11 @@ Everything goes through the project's own commands, so the numbers are what a us
   2. per algorithm and --seeds entry `launch/train.py --config=configs/grpo_nothink.py:smol` (PPO: ppo_nothink; any
      other recipe: grpo_nothink with --config.rl.algo=ALGO) with the preset's defaults (--steps
      and --train_flags change them; a seed but 0 is --config.seed=SEED): OUT/RUN, RUN = ALGO (seed 0)
-     or ALGO_seedSEED; then the same evaluation of its checkpoint: OUT/eval_RUN;
+     or ALGO_seedSEED; then the same evaluation of its checkpoint: OUT/eval_RUN; with --eval_repeats=R
+     above 1 each held-out profile is played R times (ids PROFILE~r, one mean each), the robustness
+     probes by the base evaluation only;
+  2b. per --control_seeds entry the random-reward control: the same run with each step's rewards
+     permuted among its dialogues (--config.rl.shuffle_rewards=true): OUT/ALGO_shuffled[_seedSEED];
 --protocol=split keeps a split of its own (--train_profiles, --eval_profiles, each eval profile
 played --eval_repeats times under ids PROFILE~r, one mean each; no in-loop evaluation, one
 checkpoint at the end). Then, either way:
@@ -25,8 +31,10 @@ checkpoint at the end). Then, either way:
      to the base with its interval (rlver_jax.eval.compare.paired_difference on the per-profile
      means), the shares of degenerate replies (repetition within a reply, a reply repeating the
      previous one), the reward curve of each run's metrics.jsonl with the means of its first and
-     last 5 steps, minutes per command, the spread over seeds, the robustness probes' scores (the
-     base evaluation's scripted policies, eval/probes.py) and the first judged reply per eval profile.
+     last 5 steps, minutes per command, the spread over seeds, each policy's template_rate (replies
+     that share a skeleton with another user's), the attack's ceiling (--attack: the JSON of
+     launch/attack_simulator.py on the same profiles), the robustness probes' scores (the base
+     evaluation's scripted policies, eval/probes.py) and the first judged reply per eval profile.
 """
 
 import collections
@@ -46,7 +54,7 @@ from absl import app, flags
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runs from a checkout
 
-from configs.eval import ENGLISH_PROFILES  # noqa: E402
+from configs.eval import ENGLISH_PROFILES, SMOL_HOLDOUT  # noqa: E402
 from rlver_jax.eval.compare import paired_difference  # noqa: E402
 from rlver_jax.rl.algorithms import ALGORITHMS  # noqa: E402
 
@@ -61,7 +69,12 @@ _TRAIN = flags.DEFINE_list("train_profiles", [f"rlverjax-en-0{i}" for i in range
                            "Profile ids (of the English profiles) trained on.")
 _EVAL = flags.DEFINE_list("eval_profiles", [f"rlverjax-en-0{i}" for i in range(5, 9)],
                           "Held-out profile ids evaluated on; none may be a training profile.")
-_REPEATS = flags.DEFINE_integer("eval_repeats", 4, "Dialogues per eval profile.")
+_REPEATS = flags.DEFINE_integer("eval_repeats", 0, "Dialogues per eval profile (0: 4 with --protocol=split, 1 "
+                                "with preset).")
+_CONTROL = flags.DEFINE_list("control_seeds", [], "Seeds of the random-reward control per recipe (rewards shuffled "
+                             "within each batch).")
+_ATTACK = flags.DEFINE_string("attack", None, "launch/attack_simulator.py's JSON on the held-out profiles: its "
+                              "ceiling goes in the table.")
 _TRAIN_FLAGS = flags.DEFINE_list("train_flags", [], "Extra launch/train.py flags for every run, e.g. "
                                  "--train_flags=--config.optim.actor.lr=2e-5 (commas separate flags).")
 _EVAL_FLAGS = flags.DEFINE_list("eval_flags", [], "Extra launch/eval.py flags for every evaluation.")
@@ -101,27 +114,34 @@ def run(name: str, args: list[str], out: pathlib.Path, minutes: dict[str, float]
 def evaluate(name: str, eval_file: pathlib.Path | None, out: pathlib.Path, minutes: dict[str, float],
              checkpoint: pathlib.Path | None = None) -> None:
     """SAGE's rules on the held-out profiles (the preset's, or EVAL_FILE's); the fetched SmolLM2, or a
-    run's checkpoint."""
-    policy = [] if checkpoint is None else ["--config.policy.path=", f"--config.policy.checkpoint={checkpoint}"]
+    run's checkpoint (without the probes, which the base evaluation plays)."""
+    policy = [] if checkpoint is None else ["--config.policy.path=", f"--config.policy.checkpoint={checkpoint}",
+                                            "--config.eval.probes="]
     split = [] if eval_file is None else [f"--config.eval.profiles={eval_file}", "--config.eval.holdout=0"]
     run(name, ["launch/eval.py", "--config=configs/eval.py:smol", f"--config.workdir={out / name}", *split, *policy,
                *_EVAL_FLAGS.value], out, minutes)
 
 
-def run_name(algo: str, seed: int) -> str:
-    """A run's directory name: the recipe, with its seed unless 0 (the preset's, and older runs' names)."""
-    return algo if seed == 0 else f"{algo}_seed{seed}"
+def run_name(algo: str, seed: int, control: bool = False) -> str:
+    """A run's directory name: the recipe (with "_shuffled" for the random-reward control), with its
+    seed unless 0 (the preset's, and older runs' names)."""
+    base = f"{algo}_shuffled" if control else algo
+    return base if seed == 0 else f"{base}_seed{seed}"
 
 
-def train(algo: str, seed: int, train_file: pathlib.Path | None, out: pathlib.Path, minutes: dict[str, float]
-          ) -> None:
+def repeats() -> int:
+    return _REPEATS.value or (4 if _PROTOCOL.value == "split" else 1)
+
+
+def train(algo: str, seed: int, train_file: pathlib.Path | None, out: pathlib.Path, minutes: dict[str, float],
+          control: bool = False) -> None:
     """The recipe's smol run: the preset's defaults (with --steps and --train_flags); with a split of
     our own, on TRAIN_FILE only, without in-loop evaluation (launch/eval.py's is the held-out one)
-    and with one checkpoint at the end."""
+    and with one checkpoint at the end; `control`: the random-reward control."""
     preset = "ppo_nothink" if algo == "ppo" else "grpo_nothink"
-    name = run_name(algo, seed)
+    name = run_name(algo, seed, control)
     args = ["launch/train.py", f"--config=configs/{preset}.py:smol", f"--config.workdir={out / name}",
-            f"--config.rl.algo={algo}"]
+            f"--config.rl.algo={algo}"] + (["--config.rl.shuffle_rewards=true"] if control else [])
     if seed:
         args.append(f"--config.seed={seed}")
     if _STEPS.value:
@@ -175,24 +195,29 @@ def score_table(out: pathlib.Path, names: Sequence[str], minutes: dict[str, floa
     means = {name: profile_means(out / f"eval_{name}") for name in names}
     common = sorted(set.intersection(*(set(m) for m in means.values())))
     base = np.array([means["base"][p] for p in common])
-    repeats = _REPEATS.value if _PROTOCOL.value == "split" else 1
     steps = _STEPS.value or "the preset's"
-    lines = [f"{len(common)} held-out profiles x {repeats} dialogue(s), {steps} training "
+    lines = [f"{len(common)} held-out profiles x {repeats()} dialogue(s), {steps} training "
              "steps; degenerate: the shares of judged replies that repeat themselves within the reply and that "
              "repeat the previous reply (sentient.json)\n",
              "| policy | score (95% CI over profiles) | vs base (paired, 95% CI) | better / equal / worse "
-             "| degenerate: repetition, repeated turn | minutes (train + eval) |",
-             "|---|---|---|---|---|---:|"]
+             "| degenerate: repetition, repeated turn | template_rate | minutes (train + eval) |",
+             "|---|---|---|---|---|---:|---:|"]
     for name in names:
         values = np.array([means[name][p] for p in common])
         mean, lo, hi = interval(values)
         diff = "-" if name == "base" else _paired(base, values)
         counts = "-" if name == "base" else "{} / {} / {}".format(
             int((values > base).sum()), int((values == base).sum()), int((values < base).sum()))
-        degenerate = json.loads((out / f"eval_{name}" / "sentient.json").read_text())["degenerate_replies"]
+        sentient = json.loads((out / f"eval_{name}" / "sentient.json").read_text())
+        degenerate = sentient["degenerate_replies"]
         rates = f"{degenerate['degenerate_repetition_rate']:.0%}, {degenerate['degenerate_repeat_turn_rate']:.0%}"
         spent = minutes.get(name, 0.0) + minutes.get(f"eval_{name}", 0.0)
-        lines.append(f"| {name} | {mean:.1f} [{lo:.1f}, {hi:.1f}] | {diff} | {counts} | {rates} | {spent:.1f} |")
+        lines.append(f"| {name} | {mean:.1f} [{lo:.1f}, {hi:.1f}] | {diff} | {counts} | {rates} "
+                     f"| {sentient.get('template_rate', float('nan')):.2f} | {spent:.1f} |")
+    if _ATTACK.value:
+        attack = json.loads(pathlib.Path(_ATTACK.value).read_text())
+        lines.append(f"| the attack's best template ({attack['best']}, {attack['played']} dialogues searched) "
+                     f"| {attack['best_score']:.1f} | | | | 1.00 | {attack['cpu_seconds'] / 60:.1f} (CPU) |")
     return lines
 
 
@@ -317,21 +342,27 @@ def main(argv):
     if _PROTOCOL.value == "split":
         if not _STEPS.value:
             raise app.UsageError("--protocol=split needs --steps (its runs keep one checkpoint, at the end)")
-        train_file, eval_file = write_profiles(out, _TRAIN.value, _EVAL.value, _REPEATS.value)
+        train_file, eval_file = write_profiles(out, _TRAIN.value, _EVAL.value, repeats())
+    elif repeats() > 1:  # the preset's held-out profiles, each played repeats() times
+        held_out = [json.loads(line)["id"] for line in ENGLISH_PROFILES.read_text(encoding="utf-8").splitlines()]
+        _, eval_file = write_profiles(out, [], held_out[-SMOL_HOLDOUT:], repeats())
     out.mkdir(parents=True, exist_ok=True)
     minutes: dict[str, float] = {}
     evaluate("eval_base", eval_file, out, minutes)
     try:
         seeds = [int(s) for s in _SEEDS.value]
+        controls = [int(s) for s in _CONTROL.value]
     except ValueError:
-        raise app.UsageError(f"--seeds: {_SEEDS.value} are not integers, e.g. --seeds=0,1,2") from None
-    runs = [run_name(algo, seed) for algo in _ALGOS.value for seed in seeds]
-    for algo in _ALGOS.value:
-        for seed in seeds:
-            name = run_name(algo, seed)
-            train(algo, seed, train_file, out, minutes)
-            evaluate(f"eval_{name}", eval_file, out, minutes, checkpoint=out / name)
-            run(f"view_{name}", ["launch/view.py", str(out / name)], out, minutes)
+        raise app.UsageError(f"--seeds, --control_seeds: {_SEEDS.value}, {_CONTROL.value} are not integers, "
+                             "e.g. --seeds=0,1,2") from None
+    planned = [(algo, seed, control) for algo in _ALGOS.value for control, chosen in ((False, seeds), (True, controls))
+               for seed in chosen]
+    runs = [run_name(*plan) for plan in planned]
+    for algo, seed, control in planned:
+        name = run_name(algo, seed, control)
+        train(algo, seed, train_file, out, minutes, control)
+        evaluate(f"eval_{name}", eval_file, out, minutes, checkpoint=out / name)
+        run(f"view_{name}", ["launch/view.py", str(out / name)], out, minutes)
     evals = ",".join(str(out / f"eval_{name}") for name in ["base", *runs])
     run("compare", ["launch/eval.py", f"--compare={evals}", f"--out={out / 'compare'}"], out, minutes)
     picture = screenshot(out / "compare" / "compare.html", out / "compare" / "compare_page.png")

@@ -178,6 +178,9 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.policy_loss = ""  # "" = the algorithm's; ppo | gspo | gspo_token | cispo
     # a row of rlver_jax/rollout/rewards.py: final (paper): final emotion / 100; per_turn: emotion changes
     c.rl.reward_mode = "final"
+    # The random-reward control of a learning claim: each step's rewards permuted among its dialogues
+    # before the update (a run that learns as much with them learnt nothing from the user); "final" only
+    c.rl.shuffle_rewards = False
     c.rl.gamma = 1.0  # GAE discount over policy tokens
     c.rl.lam = 1.0  # GAE lambda
     c.rl.whiten_advantages = True  # PPO: normalise GAE advantages over the batch's policy tokens

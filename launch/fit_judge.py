@@ -2,12 +2,17 @@ r"""Fit the embedded simulator's calibrated judge on SAGE's released results, an
 leaving one model out (rlver_jax/simulator/judge_fit.py, docs/simulator.md).
 
   .venv/bin/python launch/fit_judge.py --results=../shared/data/sage/dialogues/*.jsonl.xz (comma-separated) \
-      --profiles=../shared/data/rlver/test_profile.jsonl --out=rlver_jax/simulator/data/judge_weights.json
+      --profiles=../shared/data/rlver/test_profile.jsonl,rlver_jax/simulator/data/profiles_en.jsonl \
+      --adversarial=rlver_jax/simulator/data/adversarial/*.jsonl.xz (comma-separated) \
+      --out=rlver_jax/simulator/data/judge_weights.json
 
 fits on every file given and writes the weights (the shipped file comes from the 8 files of
-../shared/data/sage/dialogues: the same command reproduces it byte for byte); --lomo also fits on
-all files but one, judges that one, for each file, and prints the agreement of the whole judge and
-of its named features alone (what an English reply gets) with SAGE's simulator.
+../shared/data/sage/dialogues and the shipped adversarial turns: the same command reproduces it
+byte for byte); --lomo also fits on all files but one (and every adversarial turn), judges that
+one, for each file, and prints the agreement of the whole judge and of its named features alone
+(what an English reply gets) with SAGE's simulator. --adversarial: dialogues in SAGE's result
+format that launch/attack_simulator.py --adversarial_out wrote (templates and probes the judge
+overpaid), fitted as the lowest change SAGE's simulator recorded (judge_fit.py).
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from rlver_jax.cli import program  # noqa: E402  (first: one line outside the ve
 from absl import flags  # noqa: E402
 
 _RESULTS = flags.DEFINE_list("results", None, "SAGE result files (.jsonl or .jsonl.xz), comma-separated.")
-_PROFILES = flags.DEFINE_string("profiles", None, "The profiles of the results by id: RLVER's test_profile.jsonl.")
+_PROFILES = flags.DEFINE_list("profiles", None, "The profiles of the results by id, comma-separated: RLVER's "
+                              "test_profile.jsonl, and the profiles of the adversarial dialogues.")
+_ADVERSARIAL = flags.DEFINE_list("adversarial", [], "Adversarial dialogues (SAGE result lines, .jsonl or .jsonl.xz), "
+                                 "comma-separated, fitted as the lowest recorded change.")
 _OUT = flags.DEFINE_string("out", None, "Write the fitted weights here (JSON).")
 _LOMO = flags.DEFINE_bool("lomo", False, "Also measure the judge leaving one model (file) out.")
 _LOMO_OUT = flags.DEFINE_string("lomo_out", None, "Write the leave-one-model-out figures here (JSON).")
@@ -39,15 +47,21 @@ def main(argv: list[str]) -> None:
 
     if not (_OUT.value or _LOMO.value):
         raise program.UserError("nothing to do: give --out=FILE (the weights) and/or --lomo")
-    profiles = {p.id: p for p in load_profiles(_PROFILES.value)}
+    profiles = {p.id: p for path in _PROFILES.value for p in load_profiles(path)}
     results = {sage_results.stem(path): sage_results.read_results(path) for path in sorted(_RESULTS.value)}
-    if missing := sorted({r.dialogue for replies in results.values() for r in replies} - set(profiles)):
-        raise program.UserError(f"{len(missing)} dialogue(s) have no profile in --profiles={_PROFILES.value} "
+    adversarial = {sage_results.stem(path): sage_results.read_results(path) for path in sorted(_ADVERSARIAL.value)}
+    found = {r.dialogue for files in (results, adversarial) for replies in files.values() for r in replies}
+    if missing := sorted(found - set(profiles)):
+        raise program.UserError(f"{len(missing)} dialogue(s) have no profile in --profiles={','.join(_PROFILES.value)} "
                                 f"(first: {missing[0]!r})")
     data = judge_fit.rows(results, profiles)
+    if adversarial:
+        lowest = int(data.y.min())
+        data = data.joined(judge_fit.adversarial_rows(adversarial, profiles, lowest))
     if _OUT.value:
         pathlib.Path(_OUT.value).write_text(judge_fit.fit(data).to_json(), encoding="utf-8")
-        print(f"fitted on {len(data.y)} judged replies of {len(results)} files: {_OUT.value}")
+        print(f"fitted on {int(data.sage.sum())} judged replies of {len(results)} files and "
+              f"{int((~data.sage).sum())} adversarial turns: {_OUT.value}")
     if _LOMO.value:
         rules = EmotionRules.from_config(get_emotion_rules_config(eval_mode=True))
         figures = judge_fit.leave_one_model_out(results, profiles, data, rules)

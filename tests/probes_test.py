@@ -47,6 +47,23 @@ def test_probes_answer_in_their_way():
         parse_probes("garbled,rude")
 
 
+def test_the_probes_that_read_the_user_build_on_their_words():
+    line = "My landlord is selling the flat and I have a month to move out."
+    assert _turn("intensity", line) == "Landlord!!!! What happened?"  # the longest word
+    assert _turn("mirroring", line).count("your landlord is selling the flat and you have a month to move out") == 1
+    assert "landlord" in _turn("keywords", line) and "selling" in _turn("keywords", line)
+    assert _turn("every_goal", line).startswith("The landlord must hurt deep down")
+    advice = _turn("advice_keywords", line)
+    assert "the landlord and the selling" in advice and 250 < len(advice.split()) < 350  # some 300 words
+    first, later = _turn("coasting", line), _turn("coasting", line, "Anyway.")
+    assert "landlord" in first and later in ("I see. Go on.", "Mm, I hear you.", "Right. And then?")
+    assert _turn("memorised", line, "You're not really listening, are you?") == (
+        "You're right, I'm sorry. I'm listening. Tell me again?")
+    assert _turn("memorised", line) == "I hear you. That's a lot. Tell me more?"  # a line it never memorised
+    assert dg.reasons(_turn("foreign_language", line), "en") == ["wrong_language"]
+    assert _turn("intensity", "房东要卖房子，我一个月内得搬走。") == "卖房子！！！！发生了什么？"  # 要 splits the run
+
+
 def test_a_simulator_that_rewards_anything_is_flagged(tmp_path):
     # The user's emotion rises by 10 after any reply: from 40 to 100 in 6 turns, whatever is said.
     sycophant = route(emotion=lambda r: "Intent: ok\nFit: ok\nInner reaction: ok\nFeeling: glad\nChange: +10",

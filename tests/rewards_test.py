@@ -55,6 +55,23 @@ def test_the_emotion_rows_by_hand():
     assert rewards.emotion_final(_dialogue([40], turns=0)) == rewards.Reward(0.4, [], [])
 
 
+def test_the_random_reward_control_permutes_the_rewards_of_a_batch():
+    """rewards.shuffled: the trainable dialogues' final rewards permuted (a multiset kept), each on its
+    new owner's last turn; a simulator error keeps none; the same seed, the same permutation."""
+    batch = [rewards.score(_dialogue([40, e], turns=1 + k % 2), "final") for k, e in enumerate((10, 20, 30, 40))]
+    batch.append(_dialogue([40], turns=1, simulator_error=True, end_reason="simulator_error"))
+    out = rewards.shuffled(batch, seed=3)
+    assert sorted(d.reward for d in out[:4]) == [0.1, 0.2, 0.3, 0.4] and out[4].reward is None
+    assert [d.reward for d in out[:4]] != [0.1, 0.2, 0.3, 0.4]  # seed 3 moves them
+    for d in out[:4]:
+        assert d.episode_rewards == [None] * (d.policy_turns - 1) + [d.reward]
+        assert d.emotions == batch[out.index(d)].emotions  # the dialogue itself is its own
+    assert [d.reward for d in rewards.shuffled(batch, seed=3)] == [d.reward for d in out]
+    assert [d.reward for d in batch[:4]] == [0.1, 0.2, 0.3, 0.4]  # the originals unchanged
+    with pytest.raises(ValueError, match="shuffle_rewards with config.rl.reward_mode='per_turn'"):
+        RLSettings(algo="grpo", reward_mode="per_turn", shuffle_rewards=True)
+
+
 def test_an_unknown_name_is_one_error_naming_the_field():
     with pytest.raises(ValueError, match=r"config.rl.reward_mode='judge'; use one of \('final', 'per_turn'\)"):
         RLSettings(reward_mode="judge")

@@ -189,29 +189,21 @@ def _script(profile):
             f"I hear you. Tell me more about the {topic}?"]
 
 
-def test_the_users_words_agree_with_the_change_just_judged():
-    """Over many scripted turns in both languages and difficulties, every utterance comes from the
-    template group of the change the turn's judgement made: warmer after +3 or more, colder after
-    -3 or less (a goodbye when that leaves the emotion in band F), neutral in between."""
-    from rlver_jax.simulator.embedded import REPLIES, change_kind
+def test_the_user_tells_its_story_whatever_the_judgement():
+    """The user's lines are the profile's background and current state in the first person, one a
+    turn, the same after a warm reply as after a cold one (no verdict read out, no stock line to
+    memorise), then again after a lead-in; only a colder turn into band F is a goodbye."""
+    from rlver_jax.simulator import user_lines
 
-    group_of = {line: kind for language in REPLIES for kind, lines in REPLIES[language].items() for line in lines}
-    seen, warm_at_low_mood = set(), 0
-    for profile in PROFILES:
-        script = _script(profile)
-        for difficulty in ("vanilla", "challenging"):
-            for shift in range(len(script)):
-                replies = script[shift:] + script[:shift]
-                state = _dialogue(profile, replies * 2, difficulty=difficulty, max_turns=len(replies) * 2)
-                for record in state.records[1:]:
-                    if record.utterance is None:  # an end (success, failure, turn limit) says nothing
-                        continue
-                    kind = change_kind(record.change)
-                    assert kind == change_kind(record.change_proposed)  # clipping keeps sign and band
-                    expected = "leave" if kind == "colder" and record.band == "F" else kind
-                    assert group_of[record.utterance] == expected, (profile.id, record.change, record.band,
-                                                                    record.utterance)
-                    seen.add(expected)
-                    warm_at_low_mood += kind == "warmer" and record.band in ("C", "F")
-    assert seen == {"warmer", "neutral", "colder", "leave"}
-    assert warm_at_low_mood > 0  # the case that once drew "You're not really listening, are you?"
+    story = user_lines.story(EN)  # "Daniel's father died ..." told by Daniel
+    assert story[:2] == ("My father died of a heart attack two months ago.",
+                         "I went back to work a week after the funeral.")
+    assert story[-1] == "I have not cried once and wonder what is wrong with me."
+    assert user_lines.line(EN, 1) == story[0] and user_lines.line(EN, len(story) + 1).endswith(story[0])
+    assert user_lines.line(EN, len(story) + 1) != story[0]  # a lead-in the second time round
+    assert user_lines.story(ZH)[0] == "我带头做了三个月的新项目，几乎每天加班到凌晨。"  # 陈默带头做了...
+    warm, cold = _dialogue(EN, [LADDERS["en"][1][3]]), _dialogue(EN, ["Whatever. Calm down, it's nothing."])
+    assert warm.records[1].change > 0 > cold.records[1].change
+    assert warm.history[-1] == cold.history[-1] == {"role": "user", "content": story[0]}
+    leaving = _dialogue(EN, ["Whatever. Calm down, it's nothing."] * 8)
+    assert leaving.end_reason == "goodbye" and leaving.records[-1].band == "F"

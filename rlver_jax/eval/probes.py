@@ -14,7 +14,7 @@ it. Each answers in the user's language (zh or en). Eleven never read what the u
   one_word: a word or two
   wrong_language: a warm reply, but in English to a Chinese user and in Chinese to an English one
 
-Nine read the user, barely: templates built from the user's words (`_keywords`: the content words
+Nine read the user, barely: templates built from the user's words (`keywords`: the content words
 of the user's last line, longest first), what a policy trained against a judge of words may learn:
 
   keywords: the user's two longest words slotted into stock lines of sympathy, in rotation
@@ -40,7 +40,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from rlver_jax.engines.seam import PolicyTurn, TurnRequest
-from rlver_jax.text.function_words import STOPCHARS_ZH, STOPWORDS_EN
+from rlver_jax.text.function_words import ENGLISH, STOPCHARS_ZH, STOPWORDS_EN
 
 _FORMULAIC = {
     "en": ("I'm so sorry you're going through this. How long has it been?",
@@ -263,7 +263,7 @@ def _last_user(messages: Sequence[dict[str, str]]) -> str:
     return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
 
 
-def _keywords(language: str, messages: Sequence[dict[str, str]], n: int = 2) -> list[str]:
+def keywords(language: str, messages: Sequence[dict[str, str]], n: int = 2) -> list[str]:
     """The content words of the user's last line, longest first (ties in order), at least `n` of
     them (repeated when the line has fewer): English words outside STOPWORDS_EN, Chinese runs between
     function characters."""
@@ -273,7 +273,7 @@ def _keywords(language: str, messages: Sequence[dict[str, str]], n: int = 2) -> 
                   for c in re.split("[" + "".join(sorted(STOPCHARS_ZH)) + "]", run) if len(c) >= 2]
     else:
         chunks = [w.strip("'’-") for w in _EN_WORDS.findall(line)]
-        chunks = [w for w in chunks if len(w) >= 3 and w.lower() not in STOPWORDS_EN]
+        chunks = [w for w in chunks if len(w) >= 3 and w.lower() not in STOPWORDS_EN | ENGLISH]
     ranked = sorted(dict.fromkeys(chunks), key=lambda w: -len(w)) or (["那件事"] if language == "zh" else ["that"])
     return (ranked * n)[:max(n, 1)]
 
@@ -281,18 +281,18 @@ def _keywords(language: str, messages: Sequence[dict[str, str]], n: int = 2) -> 
 def _slotted(bank: dict[str, Sequence[str]]) -> Callable[[str, str, int, list[dict[str, str]]], str]:
     """Bank lines in rotation (as `_rotation`), the user's two longest words in their slots."""
     def reply(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
-        a, b = _keywords(language, messages)
+        a, b = keywords(language, messages)
         lines = bank[language]
         return lines[(_draw(seed, 0, "start") + turn) % len(lines)].format(a=a, b=b)
     return reply
 
 
 def _intensity(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
-    word = _keywords(language, messages, 1)[0]
+    word = keywords(language, messages, 1)[0]
     return f"{word}！！！！发生了什么？" if language == "zh" else f"{word.capitalize()}!!!! What happened?"
 
 
-def _flipped_clause(language: str, messages: Sequence[dict[str, str]]) -> str:
+def flipped_clause(language: str, messages: Sequence[dict[str, str]]) -> str:
     """The first clause of the user's last line, the speaker's pronouns turned to the listener's."""
     clause = _CLAUSE_END.split(_last_user(messages).strip(), 1)[0].strip(" ,，")
     if language == "zh":
@@ -302,16 +302,16 @@ def _flipped_clause(language: str, messages: Sequence[dict[str, str]]) -> str:
 
 def _mirroring(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
     frames = _MIRROR_FRAMES[language]
-    return frames[(_draw(seed, 0, "start") + turn) % len(frames)].format(clause=_flipped_clause(language, messages))
+    return frames[(_draw(seed, 0, "start") + turn) % len(frames)].format(clause=flipped_clause(language, messages))
 
 
 def _every_goal(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
-    return _EVERY_GOAL[language].format(a=_keywords(language, messages, 1)[0])
+    return _EVERY_GOAL[language].format(a=keywords(language, messages, 1)[0])
 
 
 def _coasting(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
     if turn == 0:
-        a, b = _keywords(language, messages)
+        a, b = keywords(language, messages)
         return _STRONG_START[language].format(a=a, b=b)
     return _COASTING[language][turn % len(_COASTING[language])]
 
@@ -323,11 +323,11 @@ def _memorised(language: str, seed: str, turn: int, messages: list[dict[str, str
 
 def _foreign(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
     line = _FOREIGN_LINES[(_draw(seed, 0, "start") + turn) % len(_FOREIGN_LINES)]
-    return line.format(a=_keywords(language, messages, 1)[0])
+    return line.format(a=keywords(language, messages, 1)[0])
 
 
 def _long_advice(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
-    a, b = _keywords(language, messages)
+    a, b = keywords(language, messages)
     return _LONG_ADVICE[language].format(a=a, b=b)
 
 

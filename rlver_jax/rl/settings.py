@@ -29,6 +29,7 @@ class RLSettings:
     policy_loss: str = ""  # row; loss_modes.POLICY_LOSSES
     loss_agg_mode: str = ""  # row; loss_modes.AGG_MODES
     reward_mode: str = "final"  # a row of rlver_jax.rollout.rewards.REWARDS (the rollouts score by it)
+    shuffle_rewards: bool = False  # the random-reward control: a step's rewards permuted among its dialogues
     gamma: float = 1.0
     lam: float = 1.0
     whiten_advantages: bool = True
@@ -98,6 +99,9 @@ class RLSettings:
         for name, value, valid in checks:
             if value not in valid:
                 raise ValueError(f"config.rl.{name}={value!r}; use one of {valid}")
+        if self.shuffle_rewards and self.reward_mode != "final":
+            raise ValueError(f"config.rl.shuffle_rewards with config.rl.reward_mode={self.reward_mode!r}: a dialogue's "
+                             "per-turn rewards cannot move to a dialogue of other turns; use reward_mode 'final'")
         if self.mini_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"config.rl.mini_batch_size={self.mini_batch_size} is not a multiple of "

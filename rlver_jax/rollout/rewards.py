@@ -12,7 +12,8 @@ ask which source gave it: a new source is its function and its row here.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Sequence
 
 from rlver_jax.rollout.sequence import DialogueSequence
 
@@ -77,6 +78,20 @@ def source(name: str) -> Callable[[DialogueSequence], Reward]:
     if name not in REWARDS:
         raise ValueError(f"config.rl.reward_mode={name!r}; use one of {tuple(REWARDS)}")
     return REWARDS[name]
+
+
+def shuffled(dialogues: Sequence[DialogueSequence], seed: int) -> list[DialogueSequence]:
+    """The random-reward control: `dialogues` (scored by "final") with their rewards permuted among
+    the trainable ones by a permutation `seed` draws, each on its own last policy turn; the emotions,
+    turns and summaries stay the dialogue's own. New records; the originals are not changed."""
+    trainable = [i for i, d in enumerate(dialogues) if d.trainable]
+    order = random.Random(seed).sample(trainable, len(trainable))
+    out = list(dialogues)
+    for i, j in zip(trainable, order):
+        d, value = dialogues[i], dialogues[j].reward
+        episode = [None] * (d.policy_turns - 1) + [value] if d.policy_turns else []
+        out[i] = dataclasses.replace(d, reward=value, episode_rewards=episode, turn_rewards=list(d.turn_rewards or []))
+    return out
 
 
 def score(seq: DialogueSequence, name: str) -> DialogueSequence:

@@ -7,11 +7,10 @@ per-turn r of about 0.6; docs/simulator.md), with outright verdicts for degenera
 penalties for replies that ignore the user. Still a stand-in: a fitted judge of a reply's form and
 words, not a reader of its meaning; scores on it say nothing certain about a real LLM simulator.
 
-Reply step: the user's words follow the change just judged (`reply_kind`), so that what the user
-says agrees with how the reply was felt: a warmer line after a change of +3 or more, a colder one
-after -3 or less, a neutral one in between; a colder turn that leaves the emotion in band F (below
-band_c) is a goodbye. Templates in the profile's language, picked by a hash of the profile id and
-turn (so runs are reproducible), never the same line twice in a row.
+Reply step: the user tells its own story, a sentence of the profile a turn (user_lines.py), whatever
+the change just judged, so its words neither read out the verdict nor come from a few stock lines a
+policy could memorise; a colder turn that leaves the emotion in band F (below band_c) is a goodbye
+(`reply_kind`), picked by a hash of the profile id and turn (so runs are reproducible).
 """
 
 from __future__ import annotations
@@ -19,43 +18,19 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from rlver_jax.simulator import user_lines
 from rlver_jax.simulator.interface import EmotionJudgement, Utterance
 from rlver_jax.simulator.judge import score_reply
 from rlver_jax.simulator.state import DialogueState
 
-# The user's lines by the kind of the change just judged (reply_kind). "leave": a colder turn in
-# band F, a goodbye that ends the dialogue. Band S (the ceiling) ends the dialogue before any reply.
-REPLIES = {
-    "en": {
-        "warmer": ("Yeah... that actually helps. Can I tell you the part that still bugs me?",
-                   "You get it. Honestly, it's been on my mind all week.",
-                   "That's kind of what I needed to hear. It still stings a little, though."),
-        "neutral": ("Maybe. I'm not sure that's really it, though.",
-                    "Hm. I guess. It's complicated.",
-                    "I don't know... part of me agrees, part of me doesn't."),
-        "colder": ("That's not really what I meant.",
-                   "Okay. Whatever you say.",
-                   "You're not really listening, are you?"),
-        "leave": ("Forget it. I'm done talking about this. Bye.",
-                  "I shouldn't have brought it up. Goodbye.",
-                  "This isn't helping. Bye."),
-    },
-    "zh": {
-        "warmer": ("嗯……你这么说我心里好受一些了。其实还有一件事一直让我放不下。",
-                   "对，就是这种感觉！我这几天一直在想这个。",
-                   "听你这么说挺暖的，不过我心里还是有点堵。"),
-        "neutral": ("也许吧，不过好像又不全是这样。",
-                    "嗯……我也说不好，挺复杂的。",
-                    "你说得有点道理，但我还是有点犹豫。"),
-        "colder": ("我不是这个意思。",
-                   "哦，好吧。",
-                   "你好像没太听懂我在说什么。"),
-        "leave": ("算了，不想说了，再见。",
-                  "早知道就不跟你说了，拜拜。",
-                  "这样聊下去没意思，再见吧。"),
-    },
+# The user's goodbyes: after a colder turn that leaves the emotion in band F (reply_kind). Band S
+# (the ceiling) ends the dialogue before any reply.
+GOODBYES = {
+    "en": ("Forget it. I'm done talking about this. Bye.", "I shouldn't have brought it up. Goodbye.",
+           "This isn't helping. Bye."),
+    "zh": ("算了，不想说了，再见。", "早知道就不跟你说了，拜拜。", "这样聊下去没意思，再见吧。"),
 }
-NEUTRAL_CHANGE = 2  # changes within +-2 get a neutral line
+NEUTRAL_CHANGE = 2  # changes within +-2 are neutral
 
 
 def change_kind(change: int) -> str:
@@ -68,8 +43,8 @@ def change_kind(change: int) -> str:
 
 
 def reply_kind(change: int, band: str) -> str:
-    """The template group of the user's reply after a turn that moved the emotion by `change`
-    into mood band `band`: change_kind, with a colder turn in band F a goodbye ("leave")."""
+    """What the user does after a turn that moved the emotion by `change` into mood band `band`:
+    change_kind, with a colder turn in band F a goodbye ("leave")."""
     kind = change_kind(change)
     return "leave" if kind == "colder" and band == "F" else kind
 
@@ -89,11 +64,9 @@ _OPENINGS = {
 }
 
 
-def _pick(options: Sequence[str], seed: str, avoid: str | None) -> str:
-    """A deterministic choice (stable across processes, unlike hash()), avoiding `avoid`."""
-    start = int.from_bytes(hashlib.sha256(seed.encode("utf-8")).digest()[:8], "big")
-    choice = options[start % len(options)]
-    return options[(start + 1) % len(options)] if choice == avoid else choice
+def _pick(options: Sequence[str], seed: str) -> str:
+    """A deterministic choice (stable across processes, unlike hash())."""
+    return options[int.from_bytes(hashlib.sha256(seed.encode("utf-8")).digest()[:8], "big") % len(options)]
 
 
 class EmbeddedBackend:
@@ -114,11 +87,12 @@ class EmbeddedBackend:
         # +-max_change, which keeps its sign): the last step of the emotion trajectory.
         change = state.emotions[-1] - state.emotions[-2] if len(state.emotions) >= 2 else 0
         band, kind = state.band, reply_kind(change, state.band)
-        last_user = next((m["content"] for m in reversed(state.history) if m["role"] == "user"),
-                         None)
-        text = _pick(REPLIES[state.language][kind], f"{state.profile.id}|{state.turns}|{kind}", last_user)
-        return Utterance(text, f"embedded template, change {change:+d} ({kind}), band {band}",
-                         f"Response: {text}")
+        turn = sum(m["role"] == "assistant" for m in state.history)  # the reply just judged included
+        if kind == "leave":
+            text = _pick(GOODBYES[state.language], f"{state.profile.id}|{turn}")
+        else:
+            text = user_lines.line(state.profile, turn)
+        return Utterance(text, f"embedded, change {change:+d} ({kind}), band {band}", f"Response: {text}")
 
     async def aclose(self) -> None:
         return None

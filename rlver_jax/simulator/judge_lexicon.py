@@ -82,6 +82,13 @@ def counts(text: str, language: str) -> dict[str, int]:
     return {family: _count(FAMILIES[family][language], text, language) for family in NAMES}
 
 
+def other_goal_kinds(text: str, language: str, goal: str | None) -> int:
+    """How many kinds of hidden goal other than `goal` the phrases of `text` meet (lexicon.GOAL_FIT):
+    a reply that tries every goal at once is aimed at nobody in particular."""
+    return sum(_count(phrases[language], text, language) > 0 for kind, phrases in lexicon.GOAL_FIT.items()
+               if kind != goal)
+
+
 def goal_counts(text: str, language: str, goal: str | None) -> tuple[int, int]:
     """Occurrences of the phrases that meet hidden goal `goal` (lexicon.GOAL_FIT), and of blame
     (lexicon.BLAME) said to a user who wants to hear it was not their fault, "not your fault" aside."""

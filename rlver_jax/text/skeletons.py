@@ -2,10 +2,10 @@
 builds its replies from the user's words (the user's two longest words in a stock line, the user's
 clause said back) leaves the same skeleton for every user; a reply written for one user does not.
 
-Two measures read them: `template_rate`, the share of replies that share a skeleton with another
-user's reply (the template alarm of training and evaluation), and `self_similarity`, how much a
-reply's skeleton is one of the dialogue's earlier replies' (the embedded user hears a reply that
-says the same thing turn after turn, whatever words it slots in, as not listening).
+`template_rate` reads them: the share of replies that share a skeleton with another user's reply
+(the template alarm of training and evaluation). The embedded user's judge reads how much of a
+reply's skeleton its earlier replies already said (simulator/judge_features.py: a reply that says
+the same thing turn after turn, whatever words it slots in, is not listening).
 
 A skeleton is the reply's tokens (lower-cased words, each Han character, digit runs as "#",
 punctuation runs) with the user's words masked: every token of a run of COPIED_RUN or more tokens
@@ -79,14 +79,6 @@ def shingles(skel: tuple[str, ...]) -> frozenset[tuple[str, ...]]:
 def similarity(a: frozenset, b: frozenset) -> float:
     """Jaccard similarity of two shingle sets (0 when both are empty)."""
     return len(a & b) / len(a | b) if a or b else 0.0
-
-
-def self_similarity(reply: str, earlier: Sequence[str], user_lines: Sequence[str]) -> float:
-    """The most `reply`'s skeleton is like one of the dialogue's `earlier` replies' (0 without
-    any), the user's words of `user_lines` masked in all of them."""
-    lines = tuple(user_lines)
-    mine = shingles(skeleton(reply, lines))
-    return max((similarity(mine, shingles(skeleton(e, lines))) for e in earlier), default=0.0)
 
 
 def template_rate(replies: Sequence[tuple[str, str, Sequence[str]]]) -> float:

@@ -39,6 +39,7 @@ from rlver_jax.parallel import hosts, sharding
 from rlver_jax.plots import training_curves
 from rlver_jax.rl import dynamic_sampling, train_state
 from rlver_jax.rl import program as rl_program
+from rlver_jax.rollout import rewards
 from rlver_jax.rollout.buffer import RolloutBatch, RolloutBuffer
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner
 from rlver_jax.rollout.evaluation import play_profiles
@@ -212,6 +213,8 @@ def _update(run: Run, step: int, state: train_state.TrainState, batch: RolloutBa
     staleness = staleness_metrics(step, run.spec.loop.max_staleness, dialogues)
     dropped = _drop_stale(step, run.spec.loop.max_staleness, dialogues)
     alarms.check_trainable(step, dialogues, run.workdir / "transcripts")
+    if run.spec.rl.shuffle_rewards:  # the random-reward control; every process draws the same permutation
+        dialogues = rewards.shuffled(dialogues, seed=run.spec.loop.seed * 1_000_003 + step)
     train_batch, policy_tokens = run.collation.collate(dialogues, share=len(batch.sequences), step=step)
     t1 = time.perf_counter()
     state, update_metrics, advantages = rl_program.train_on_batch(run.update, state, train_batch, run.frozen,
