@@ -146,7 +146,7 @@ def main(argv: list[str]) -> None:
     if _OUT.value:
         pathlib.Path(_OUT.value).write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     if _ADVERSARIAL_OUT.value:
-        kept = [n for n in result.top(len(result.scores)) if n in result.templates][:_ADVERSARIAL_TOP.value]
+        kept = [n for n in result.dialogues if n in result.templates]  # the --adversarial_top best templates
         lines = attack.sage_lines([s for n in [*PROBES, *kept] for s in result.dialogues.get(n, [])])
         text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
         path = pathlib.Path(_ADVERSARIAL_OUT.value)

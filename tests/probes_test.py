@@ -81,14 +81,21 @@ def test_a_simulator_that_rewards_anything_is_flagged(tmp_path):
     assert "| garbled | 100.0 | 1 | 0 | 1 | 0 | 0% | YES |" in report  # one user: no other user's replies
     assert "robustness probes" in (tmp_path / "eval" / "report.html").read_text()
     [record] = [json.loads(line) for line in (tmp_path / "eval" / "probes" / "garbled.jsonl").read_text().splitlines()]
-    assert dg.reasons(record["turns"][0]["reply"], "en") == ["garbled"]
+    assert dg.reasons(record["turns"][0]["reply"], "en")[0] == "garbled"
+
+
+# The probes that build a reply from the same frames for every user (all but the random ones).
+TEMPLATES = tuple(p for p in PROBES if p not in ("word_salad", "garbled", "questions"))
+READ_THE_USER = PROBES[PROBES.index("keywords"):]
 
 
 @pytest.mark.parametrize("preset", ["tiny", "smol"])
-def test_no_probe_scores_20_on_the_embedded_simulator(tmp_path, preset):
-    """Every script that ignores the user scores below 20 (SAGE's lowest published score, 19.1, is
-    a model that at least answers) under SAGE's rules on the preset's profiles, as launch/eval.py
-    --config=configs/eval.py:PRESET plays them; the policy here is a scripted endpoint."""
+def test_the_probes_on_the_embedded_simulator(tmp_path, preset):
+    """Under SAGE's rules on the preset's profiles, as launch/eval.py --config=configs/eval.py:PRESET
+    plays them (the policy here is a scripted endpoint): the eleven scripts that never read the user
+    score below 20 (SAGE's lowest published score, 19.1, is a model that at least answers), the nine
+    that build on the user's words below 55 (the keyword templates reach about 50: docs/protocol.md),
+    and every template's replies share a skeleton with another user's (template_rate >= 0.9)."""
     config = get_config(preset)
     config.workdir, config.eval.probes = str(tmp_path / "eval"), "all"
     with ScriptedServer(lambda r: WARM, model="policy") as policy:
@@ -97,7 +104,10 @@ def test_no_probe_scores_20_on_the_embedded_simulator(tmp_path, preset):
     probes = summary["probes"]
     held_out = {"tiny": 4, "smol": 16}[preset]  # the profiles the preset's training holds out
     assert summary["n"] == held_out and set(probes) == set(PROBES) and all(p["n"] == held_out for p in probes.values())
-    assert {name: p["score"] for name, p in probes.items() if p["score"] >= 20} == {}
+    assert {name: p["score"] for name, p in probes.items() if name not in READ_THE_USER and p["score"] >= 20} == {}
+    assert {name: p["score"] for name, p in probes.items() if p["score"] >= 55} == {}
+    rates = {name: p["template_rate"] for name, p in probes.items() if name in TEMPLATES}
+    assert {name: rate for name, rate in rates.items() if rate < 0.9} == {}
     assert probes["garbled"]["degenerate_replies"]["degenerate_garbled_rate"] == 1
     assert probes["word_salad"]["degenerate_replies"]["degenerate_word_salad_rate"] >= 0.9
     assert "## Robustness probes" in (tmp_path / "eval" / "report.md").read_text()

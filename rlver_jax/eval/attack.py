@@ -168,7 +168,7 @@ class Result:
     templates: dict[str, dict[str, int]]  # template name -> its genes
     played: int  # dialogues played
     best: str = ""
-    # The `keep` best candidates' and every probe's dialogues (DialogueState.to_dict()), by candidate
+    # The best candidate's, the `keep` best templates' and every probe's dialogues (DialogueState.to_dict())
     dialogues: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
     @property
@@ -208,7 +208,7 @@ async def search(sim: Any, profiles: Sequence[Any], budget: int, *, seed: int = 
                  ) -> Result:
     """The best template within `budget` dialogues (see the module docstring): the probes, then
     random templates for `explore` of the budget, then mutations of the `elite` best; the
-    dialogues of the `keep` best candidates and of the probes are kept."""
+    dialogues of the best candidate, the `keep` best templates and the probes are kept."""
     rng = random.Random(seed)
     result = Result({}, {}, 0)
     states: dict[str, list[Any]] = {}
@@ -239,7 +239,7 @@ async def search(sim: Any, profiles: Sequence[Any], budget: int, *, seed: int = 
         name = f"template {len(result.templates) + 1}"
         result.templates[name] = genome.describe()
         await evaluate(name, template_reply(genome))
-        best = set(result.top(max(keep, 1)))
+        best = set(result.top(1)) | set(sorted(result.templates, key=lambda n: -result.scores[n])[:keep])
         for old in [n for n in states if n not in best and n in result.templates]:
             del states[old]  # the dialogues of the best only
     result.best = result.top(1)[0] if result.scores else ""
