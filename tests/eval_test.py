@@ -40,7 +40,7 @@ def test_sentient_scores_of_crafted_dialogues():
     s = summarize(DIALOGUES)
     assert {k: v for k, v in s.items() if k not in ("per_profile", "degenerate_replies")} == {
         "score": 50.0, "success": 1, "failure": 1, "n": 4, "simulator_errors": 1, "no_policy_turn": 0,
-        "mean_turns": 2.0}
+        "mean_turns": 2.0, "template_rate": 0.0}  # no messages recorded: no replies to compare
     assert s["degenerate_replies"]["degenerate_repetition_rate"] == pytest.approx(3 / 9)  # C's 3 of the 9 replies
     assert s["per_profile"][3] == {"id": "D", "final_emotion": 55, "turns": 1, "end_reason": "simulator_error"}
     groups = breakdown(DIALOGUES, lambda d: "long" if len(d.turns) > 1 else "short")

@@ -46,7 +46,8 @@ def test_training_metrics_by_hand():
         "format_failure_rate": 0.2, "truncated_rate": 0.2, "simulator_errors": 1.0, "no_policy_turn": 0.0,
         "turns_mean": 1.8, "sequence_tokens_mean": 8.0, "degenerate_rate": 3 / 9, "degenerate_empty_rate": 0.0,
         "degenerate_garbled_rate": 0.0, "degenerate_word_salad_rate": 0.0, "degenerate_repetition_rate": 3 / 9,
-        "degenerate_wrong_language_rate": 0.0, "degenerate_repeat_turn_rate": 0.0})
+        "degenerate_wrong_language_rate": 0.0, "degenerate_repeat_turn_rate": 0.0,
+        "template_rate": 0.0})  # no messages recorded: no replies to compare (tests/skeletons_test.py)
 
 
 def test_a_dialogue_without_a_policy_turn_is_counted_and_never_scored():
