@@ -32,6 +32,8 @@ _PROFILES = flags.DEFINE_list("profiles", None, "The profiles of the results by 
                               "test_profile.jsonl, and the profiles of the adversarial dialogues.")
 _ADVERSARIAL = flags.DEFINE_list("adversarial", [], "Adversarial dialogues (SAGE result lines, .jsonl or .jsonl.xz), "
                                  "comma-separated, fitted as the lowest recorded change.")
+_SHARE = flags.DEFINE_float("adversarial_share", 0.02, "The adversarial turns' total weight in the fit, as a share of "
+                            "SAGE's judged replies.")
 _OUT = flags.DEFINE_string("out", None, "Write the fitted weights here (JSON).")
 _LOMO = flags.DEFINE_bool("lomo", False, "Also measure the judge leaving one model (file) out.")
 _LOMO_OUT = flags.DEFINE_string("lomo_out", None, "Write the leave-one-model-out figures here (JSON).")
@@ -59,12 +61,12 @@ def main(argv: list[str]) -> None:
         lowest = int(data.y.min())
         data = data.joined(judge_fit.adversarial_rows(adversarial, profiles, lowest))
     if _OUT.value:
-        pathlib.Path(_OUT.value).write_text(judge_fit.fit(data).to_json(), encoding="utf-8")
+        pathlib.Path(_OUT.value).write_text(judge_fit.fit(data, _SHARE.value).to_json(), encoding="utf-8")
         print(f"fitted on {int(data.sage.sum())} judged replies of {len(results)} files and "
               f"{int((~data.sage).sum())} adversarial turns: {_OUT.value}")
     if _LOMO.value:
         rules = EmotionRules.from_config(get_emotion_rules_config(eval_mode=True))
-        figures = judge_fit.leave_one_model_out(results, profiles, data, rules)
+        figures = judge_fit.leave_one_model_out(results, profiles, data, rules, _SHARE.value)
         for variant, summary in figures.items():
             print(f"\nleave one model out, {variant}:\n{agreement.table(summary)}")
         if _LOMO_OUT.value:

@@ -17,7 +17,7 @@ copying a little of the user's line) is clipped from above at its mean, so more 
 Adversarial turns (`adversarial`): replies of templates and probes that a search found the judge
 overpaid (eval/attack.py), each fitted as the lowest change SAGE's simulator recorded, with the
 mood neutralised (no emotion trajectory before them: what they are, not how the dialogue went), all
-of them together weighing ADVERSARIAL_SHARE of SAGE's replies. They refit only the features of the
+of them together weighing `adversarial_share` of SAGE's replies. They refit only the features of the
 reply's text: what they share with honest replies in this setting and not with SAGE's (length, the
 user, the turn, how many of the profile's keys it names: KEPT) keeps SAGE's weights, and the
 intercept, clipping and standardisation stay SAGE's. Deterministic: the same files give the same weights, to
@@ -44,7 +44,6 @@ NGRAM_PENALTY = 3.0  # ridge penalty of the n-gram model (unit-length rows)
 NGRAM_VOCAB = 20000
 CLIP_PERCENTILES = (1.0, 99.5)
 NGRAM_MIN_PERCENTILE = 2.0  # NgramModel.min_count: this percentile of the fitted replies' n-gram counts
-ADVERSARIAL_SHARE = 0.25  # the adversarial turns' total weight, as a share of SAGE's replies
 # Features that are not faults of the reply's text: its length and layout, the user, the mood, the turn.
 TWO_SIDED = ("log_words", "words_per_sentence", "paragraphs", "turn", "mood", "previous_change", "negative_user",
              "passive_user", "goal_")
@@ -109,9 +108,10 @@ def rows(results: Mapping[str, Sequence[JudgedReply]], profiles: Mapping[str, Pr
                 np.array(y, float))
 
 
-def _ridge(data: Rows, low: np.ndarray, high: np.ndarray, frozen: DenseModel | None = None) -> DenseModel:
+def _ridge(data: Rows, low: np.ndarray, high: np.ndarray, frozen: DenseModel | None = None,
+           adversarial_share: float = 0.0) -> DenseModel:
     """The named features' ridge model, clipped at `low`..`high` and standardised by SAGE's rows;
-    the adversarial rows weigh ADVERSARIAL_SHARE of those together. `frozen`: a model whose
+    the adversarial rows weigh `adversarial_share` of those together. `frozen`: a model whose
     weights of the KEPT features are kept, the others fitted."""
     sage = data.sage
     x = np.clip(data.x, low, high)
@@ -120,7 +120,7 @@ def _ridge(data: Rows, low: np.ndarray, high: np.ndarray, frozen: DenseModel | N
     z = (x - mean) / scale
     intercept = float(data.y[sage].mean())
     adversarial = (~sage).sum()
-    w = np.where(sage, 1.0, ADVERSARIAL_SHARE * sage.sum() / adversarial if adversarial else 0.0)
+    w = np.where(sage, 1.0, adversarial_share * sage.sum() / adversarial if adversarial else 0.0)
     kept = np.array([frozen is not None and n.startswith(KEPT) for n in data.names])
     weight = np.array(frozen.weight) * kept if frozen is not None else np.zeros(len(data.names))
     free = ~kept
@@ -132,7 +132,7 @@ def _ridge(data: Rows, low: np.ndarray, high: np.ndarray, frozen: DenseModel | N
                       intercept)
 
 
-def _dense(data: Rows) -> DenseModel:
+def _dense(data: Rows, adversarial_share: float) -> DenseModel:
     """The ridge model with faults one-sided, fitted on SAGE's rows; with adversarial rows, the
     features of the reply's text fitted again on both, the others (KEPT) as SAGE's rows alone fit
     them (see the module docstring)."""
@@ -143,7 +143,7 @@ def _dense(data: Rows) -> DenseModel:
     low = np.where(faults, np.maximum(low, first.mean), low)
     high = np.where([n in AT_MOST_AVERAGE for n in data.names], np.minimum(high, first.mean), high)
     model = _ridge(sage, low, high)
-    return model if data.sage.all() else _ridge(data, low, high, frozen=model)
+    return model if data.sage.all() else _ridge(data, low, high, frozen=model, adversarial_share=adversarial_share)
 
 
 def dense_predictions(model: DenseModel, x: np.ndarray) -> np.ndarray:
@@ -187,9 +187,10 @@ def ngram_predictions(model: NgramModel, grams: Sequence[frozenset[str]]) -> np.
     return np.array([model.contribution(set(g)) for g in grams])
 
 
-def fit(data: Rows) -> JudgeWeights:
-    """Both models fitted on every row of `data` (the n-gram model on SAGE's rows)."""
-    dense = _dense(data)
+def fit(data: Rows, adversarial_share: float = 0.0) -> JudgeWeights:
+    """Both models fitted on every row of `data` (the n-gram model on SAGE's rows; its adversarial
+    rows, if any, weighing `adversarial_share` of SAGE's together)."""
+    dense = _dense(data, adversarial_share)
     sage = data.subset(data.sage)
     ngrams = _ngram(sage, sage.y - dense_predictions(dense, sage.x))
     return JudgeWeights(dense, ngrams, tuple(sorted(set(sage.files))))
@@ -213,14 +214,14 @@ def applied_changes(replies: Sequence[JudgedReply], profiles: Mapping[str, Profi
 
 
 def leave_one_model_out(results: Mapping[str, Sequence[JudgedReply]], profiles: Mapping[str, Profile],
-                        data: Rows, rules: EmotionRules) -> dict[str, dict]:
+                        data: Rows, rules: EmotionRules, adversarial_share: float = 0.0) -> dict[str, dict]:
     """agreement.summary of the judge fitted on all files but one (and every adversarial row),
     judging that one, for every file of `results`: {"judge": the whole judge, "named features
     only": without the n-gram model}."""
     changes: dict[str, dict] = {"judge": {}, "named features only": {}}
     files = np.array(data.files)
     for name, replies in results.items():
-        weights = fit(data.subset((files != name) | ~data.sage))
+        weights = fit(data.subset((files != name) | ~data.sage), adversarial_share)
         recorded = [r.change for r in replies]
         changes["judge"][name] = (recorded, applied_changes(replies, profiles, weights, rules))
         changes["named features only"][name] = (recorded, applied_changes(replies, profiles, without_ngrams(weights),
