@@ -72,3 +72,20 @@ def test_adversarial_rows_refit_only_the_replys_text_features():
                            (zf * w[:, None]).T @ target)
     np.testing.assert_allclose(np.array(model.weight)[~kept], free, rtol=1e-9)
     assert model.weight[3] < sage_only.weight[3]  # the templates' skeleton reuse weighs more against them
+
+
+def test_a_refit_to_try_is_named_by_the_environment(tmp_path, monkeypatch):
+    from rlver_jax.simulator import judge_weights
+
+    shipped = judge_weights.load()
+    refit = tmp_path / "weights.json"
+    refit.write_text(shipped.to_json().replace('"intercept": ' + f"{shipped.dense.intercept:.6g}",
+                                               '"intercept": 7.5', 1))
+    monkeypatch.setenv(judge_weights.WEIGHTS_ENV, str(refit))
+    judge_weights.load.cache_clear()
+    try:
+        assert judge_weights.load().dense.intercept == 7.5
+    finally:
+        judge_weights.load.cache_clear()
+    monkeypatch.delenv(judge_weights.WEIGHTS_ENV)
+    assert judge_weights.load() == shipped

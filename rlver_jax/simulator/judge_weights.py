@@ -73,6 +73,11 @@ class JudgeWeights:
         return cls(DenseModel(**dense), NgramModel(**d["ngrams"]), tuple(d["fitted_on"]))
 
 
+WEIGHTS_ENV = "RLVER_JUDGE_WEIGHTS"  # a refit to try (launch/fit_judge.py --out) instead of the shipped weights
+
+
 @functools.lru_cache(maxsize=4)
-def load(path: str | os.PathLike[str] = DEFAULT_WEIGHTS) -> JudgeWeights:
+def load(path: str | os.PathLike[str] | None = None) -> JudgeWeights:
+    """The weights at `path`; by default $RLVER_JUDGE_WEIGHTS if set, else the shipped ones."""
+    path = path or os.environ.get(WEIGHTS_ENV) or DEFAULT_WEIGHTS
     return JudgeWeights.from_json(pathlib.Path(path).read_text(encoding="utf-8"))
