@@ -112,7 +112,7 @@ def main(argv):
         sys.stdout.flush()
         os._exit(1)
     except Exception as e:  # noqa: BLE001 - the producer's cause and disk faults as one line; cli sorts the rest
-        if pod is not None:
+        if pod is not None and program.exit_status(e) != program.EXIT_RESTART:
             pod.explain(e)  # a collective that failed because a peer was lost
         cause = e.__cause__ if isinstance(e, RolloutError) and e.__cause__ is not None else e
         if isinstance(cause, OSError):

@@ -82,6 +82,12 @@ class OutageError(EndpointUnavailableError):
     exit_status = EXIT_TEMPFAIL
 
 
+def restated(error: EndpointUnavailableError, message: str) -> EndpointUnavailableError:
+    """`error` told again as `message` (with what is saved and how to resume), keeping its exit
+    status: an OutageError stays one."""
+    return (OutageError if isinstance(error, OutageError) else EndpointUnavailableError)(message)
+
+
 class _NoAnswer(Exception):
     """A request unanswered past timeout_s, and the server does not answer GET /models either."""
 

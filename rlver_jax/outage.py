@@ -172,7 +172,8 @@ class Outage:
 
     def exhausted(self) -> str | None:
         """Why the wait is over, when it is: the budget is spent, or the server asks to wait past
-        it; None while there is time left (or no outage)."""
+        it; None while there is time left (or no outage). Once it is over the outage is forgotten:
+        a later request (a rerun in the same process) tries the endpoint afresh."""
         with self._lock:
             if self.since is None:
                 return None
@@ -180,13 +181,16 @@ class Outage:
             end = self.since + s.outage_budget_s
             budget = f"{field(s, 'outage_budget_s')}={s.outage_budget_s:g}"
             if now >= end:
-                return (f"{s.name} at {s.base_url} did not answer for {span(now - self.since)}, the outage budget "
-                        f"({budget}); last error: {self.last_error}")
-            if self._asked and self._open_at > end:
-                return (f"{s.name} at {s.base_url} asks to wait {span(self._open_at - now)} more (Retry-After), "
-                        f"past the outage budget ({budget}; down for {span(now - self.since)}); last error: "
-                        f"{self.last_error}")
-            return None
+                why = (f"{s.name} at {s.base_url} did not answer for {span(now - self.since)}, the outage budget "
+                       f"({budget}); last error: {self.last_error}")
+            elif self._asked and self._open_at > end:
+                why = (f"{s.name} at {s.base_url} asks to wait {span(self._open_at - now)} more (Retry-After), "
+                       f"past the outage budget ({budget}; down for {span(now - self.since)}); last error: "
+                       f"{self.last_error}")
+            else:
+                return None
+            self.since = None
+            return why
 
     def report(self) -> None:
         """While down, a line every REPORT_EVERY_S: how long so far, what failed last, how long more."""

@@ -14,7 +14,8 @@ without a traceback, `--print_config`, quiet library logs, the persistent compil
 This module imports neither JAX nor the library, so `--help`, `--print_config` and a bad flag
 answer in well under two seconds. `--help` (and absl's --helpshort, --helpfull, --helpxml) exits 0.
 An expected error prints `PROG: error: MESSAGE` and exits with one of the statuses below (EXIT_*: 1 a
-run failed; 2 a bad flag, override, config file, field, path or input); Ctrl-C exits 130. Run by an
+run failed; 2 a bad flag, override, config file, field, path or input; 75 rerun to resume: an
+outage past its budget); Ctrl-C exits 130. Run by an
 interpreter without the project's packages, a script says so in one line (exit 2). `--verbosity=1` (absl's flag) or
 RLVER_TRACEBACK=1 shows every traceback and the libraries' INFO logs (docs/cli.md). Off a TPU
 machine, JAX's probe of libtpu (its warnings about TPU_ACCELERATOR_TYPE and worker hostnames) is
@@ -50,8 +51,8 @@ EXIT_STATUSES = {
     EXIT_FAILED: "a run failed: the simulator, the disk, a divergence; the line says what to fix",
     EXIT_BAD_INPUT: ("a bad flag, config field or input file, a path that does not exist, or an interpreter "
                      "without the project's packages: nothing was started"),
-    EXIT_RESTART: ("restart the job: another process of a multi-process run was lost or preempted; rerun the "
-                   "same command on every host to resume"),
+    EXIT_RESTART: ("restart the job: another process of a multi-process run was lost or preempted, or the simulator "
+                   "stayed down past its outage budget; rerun the same command (on every host) to resume"),
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     EXIT_TERMINATED: "stopped by SIGTERM (a preemption)",
 }
@@ -292,6 +293,14 @@ def is_expected(e: BaseException) -> bool:
     return False
 
 
+def exit_status(e: BaseException) -> int:
+    """The status of an expected error: its own `exit_status` where it has one (an outage past its
+    budget, llm_client.OutageError: EXIT_RESTART), 2 for bad input, else 1."""
+    if isinstance(status := getattr(e, "exit_status", None), int):
+        return status
+    return EXIT_BAD_INPUT if isinstance(e, (InputError, FileNotFoundError)) else EXIT_FAILED
+
+
 class _PlainFormatter(logging.Formatter):
     """A log line as a user reads it, `train.py: MESSAGE` (`train.py: warning: MESSAGE` above INFO),
     without absl's prefix of level, date, thread and source line (those come back with --verbosity=1)."""
@@ -350,7 +359,7 @@ def _main(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
     except Exception as e:  # noqa: BLE001 - sorted into messages and bugs
         if loud or not is_expected(e):
             raise
-        _exit(str(e), EXIT_BAD_INPUT if isinstance(e, (InputError, FileNotFoundError)) else EXIT_FAILED)
+        _exit(str(e), exit_status(e))
 
 
 def compilation_cache_dir(setting: str) -> str | None:

@@ -38,7 +38,7 @@ from rlver_jax.eval.resume import load_records, record_setup, setup_conflict
 from rlver_jax.eval.spec import TRANSPORT as _TRANSPORT
 from rlver_jax.eval.spec import BenchmarkSettings, EvalSpec
 from rlver_jax.files import atomic_write_text
-from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
+from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, restated, served_models
 from rlver_jax.parallel.hosts import allgather_json, process_index
 from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.openings import check_openings
@@ -271,8 +271,8 @@ def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, P
         play_profiles(policy, chat_tokens, settings.simulator, rollout, pending, group_size=settings.group_size,
                       max_dialogues=settings.max_dialogues, append_to=transcripts,
                       progress="sentient" if progress else None)
-    except SimulatorUnavailableError as e:
-        raise SimulatorUnavailableError(f"{e}\n{resume}") from e
+    except SimulatorUnavailableError as e:  # an outage past its budget keeps its type: exit status 75
+        raise type(e)(f"{e}\n{resume}") from e
     except EndpointUnavailableError as e:  # not the simulator's (caught above): the policy's endpoint
-        raise EndpointUnavailableError(
-            f"the policy endpoint --config.policy.base_url={eval_spec.policy.base_url} failed: {e}.\n{resume}") from e
+        raise restated(e, f"the policy endpoint --config.policy.base_url={eval_spec.policy.base_url} failed: "
+                          f"{e}.\n{resume}") from e

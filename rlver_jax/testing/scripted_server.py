@@ -22,7 +22,8 @@ becomes an HTTP 500 and is kept in `server.errors`.
 
 Faults of a served simulator, from any thread while it serves (tests/outage_test.py):
 `down(for_s)` goes away for that long (connections refused, those open dropped, the requests in
-work lost; `downtimes` records when) and comes back on the same port; `throttle(for_s,
+work lost; `downtimes` records when) and comes back on the same port (`answered` lists the chat
+requests, by index, whose answers were sent whole: a request answered twice shows there); `throttle(for_s,
 retry_after_s)` answers every chat request HTTP 429 with a Retry-After header for that long
 (`throttled` records when each was sent and the seconds it asked); `slow_down(for_s, factor)`
 makes `delay_s` that many times longer for the requests arriving in that time.
@@ -164,7 +165,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
         pass
 
-    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> bool:
+        """Whether the answer was sent whole."""
         data = (body if isinstance(body, str) else json.dumps(body)).encode("utf-8")
         try:
             self.send_response(status)
@@ -176,8 +178,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (a timeout test); nothing to answer
+        except OSError:  # broken pipe, reset
+            return False  # the client gave up (a timeout test), or the server went down; nothing to answer
+        return True
 
     def do_GET(self) -> None:
         if self.path == "/health":
@@ -198,8 +201,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(429, {"error": {"message": "rate limited", "type": "scripted", "code": 429}},
                        {"Retry-After": f"{throttled:g}"})
             return
-        status, body = self.server.owner._answer(request)
-        self._send(status, body)
+        owner = self.server.owner
+        index, status, body = owner._answer(request)
+        if self._send(status, body) and status == 200:
+            with owner._lock:
+                owner.answered.append(index)
 
 
 class _HTTPServer(http.server.ThreadingHTTPServer):
@@ -274,6 +280,7 @@ class ScriptedServer:
         self.errors: list[BaseException] = []
         self.peak_in_flight = 0
         self.downtimes: list[tuple[float, float]] = []  # (from, to) in time.perf_counter()
+        self.answered: list[int] = []  # the indices of the chat requests answered (HTTP 200) and sent whole
         self.throttled: list[tuple[float, float]] = []  # (sent at, Retry-After seconds) of each 429
         self._throttle: tuple[float, float] = (float("-inf"), 0.0)  # (until, Retry-After seconds)
         self._slow: tuple[float, float] = (float("-inf"), 1.0)  # (until, factor)
@@ -295,7 +302,8 @@ class ScriptedServer:
         """What an OpenAI client takes as base_url."""
         return self.url + "/v1"
 
-    def _answer(self, request: dict[str, Any]) -> tuple[int, Any]:
+    def _answer(self, request: dict[str, Any]) -> tuple[int, int, Any]:
+        """(the request's index, the status and body of its answer)."""
         with self._lock:
             index = len(self.requests)
             self.requests.append(request)
@@ -304,7 +312,7 @@ class ScriptedServer:
             self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
         try:
             with self._turns:
-                return self._work(index, request)
+                return index, *self._work(index, request)
         finally:
             with self._lock:
                 self._in_flight -= 1

@@ -33,14 +33,16 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
+from rlver_jax.outage import EXIT_TEMPFAIL
+
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # The exit status of a run stopped by each signal (the shell's 128 + the signal's number).
 EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
-# The exit status of a process whose peer was lost or preempted: rerun the same command on every
-# host (sysexits.h's EX_TEMPFAIL; rlver_jax.train.pod).
-EXIT_RESTART = 75
+# The exit status of a process whose peer was lost or preempted (rlver_jax.train.pod), or whose
+# simulator was down past its outage budget: rerun the same command (on every host) to resume.
+EXIT_RESTART = EXIT_TEMPFAIL
 
 
 class TrainingInterrupted(KeyboardInterrupt):
