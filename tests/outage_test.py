@@ -1,19 +1,28 @@
 """A server that is down, throttled or slow (rlver_jax.outage, rlver_jax.llm_client): the outage's
 clock by hand, then the client against the scripted server going down, answering 429 with
-Retry-After, and answering ten times slower, in seconds. (Whole training runs and evaluations under
-the same faults: tests/simulator_outage_test.py.)"""
+Retry-After, and answering ten times slower, in seconds; an evaluation whose simulator stays down
+past its budget. (Whole training runs under the same faults: tests/simulator_outage_test.py.)"""
 
 import asyncio
 import logging
+import re
 import socket
+import threading
 import time
 
 import pytest
 
+from rlver_jax.cli import program
+from rlver_jax.eval.benchmark import run_benchmark
+from rlver_jax.eval.spec import EvalSpec
+from rlver_jax.files import read_jsonl
 from rlver_jax.inflight import shared_bound
 from rlver_jax.llm_client import ChatClient, ClientSettings, OutageError
 from rlver_jax.outage import Outage, backoff_s, retry_after_s, span
+from rlver_jax.simulator import SimulatorOutageError
 from rlver_jax.testing.scripted_server import ScriptedServer
+from tests.eval_test import EXPECTED
+from tests.fixtures_eval import Servers, config_urls, profiles_file
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -130,7 +139,7 @@ def test_a_server_that_restarts_is_waited_for_and_each_request_answered_once():
 def test_no_request_is_sent_inside_a_retry_after_window():
     with ScriptedServer(lambda r: "ok", delay_s=0.05) as server:
         settings = _settings(server.base_url, outage_budget_s=20.0, max_concurrency=8)
-        server.throttle(2.0, retry_after_s=0.7)
+        server.throttle(1.2, retry_after_s=0.5)
         answers = _many(settings, 8)
         assert [a.text for a in answers] == ["ok"] * 8
         assert len(server.throttled) >= 2  # throttled at first, tried again after each window
@@ -139,7 +148,7 @@ def test_no_request_is_sent_inside_a_retry_after_window():
             inside = [t for t in server.arrivals if sent + 0.2 < t < sent + retry_after - 0.01]
             assert not inside, (sent, retry_after, server.arrivals)
         # While throttled, one request at a time tries: a 429 per window, not one per request.
-        assert len(server.throttled) <= 8 + 2.0 / 0.7 + 1
+        assert len(server.throttled) <= 8 + 1.2 / 0.5 + 1
 
 
 def test_past_the_budget_the_wait_ends_with_exit_status_75():
@@ -178,6 +187,41 @@ def test_a_server_that_answers_nothing_is_down():
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
         with pytest.raises(OutageError, match=r"did not answer for .*last error: no answer within 0\.\d s, and none "
                                               r"to GET /models either"):
-            _many(_settings(url, timeout_s=0.4, outage_budget_s=1.0), 1)
+            _many(_settings(url, timeout_s=0.4, outage_budget_s=0.3), 1)
     finally:
         silent.close()
+
+
+def test_an_evaluation_past_its_budget_keeps_its_finished_dialogues_and_resumes_from_them(tmp_path):
+    """The Sentient benchmark of four scripted profiles (tests/fixtures_eval.py: P4 ends after 2
+    replies, P2 after 4, P1 after 6, P3 after 10): the simulator goes down for good once two
+    dialogues are saved; past a budget of 1 s the evaluation stops (exit status 75) with them kept,
+    and the rerun plays the other two, to the scores the hand computed (tests/eval_test.py)."""
+    workdir, profiles = tmp_path / "eval", profiles_file(tmp_path)
+    transcripts = workdir / "transcripts.jsonl"
+    with Servers() as servers:
+        servers.simulator.delay_s = 0.05  # P1 and P3 still have a second of turns to go when P2 ends
+        config = config_urls(workdir, servers.policy.base_url, servers.simulator.base_url, profiles,
+                             **{"simulator.outage_budget_s": 1.0})
+
+        def after_two_saved():
+            while not transcripts.exists() or len(transcripts.read_text().splitlines()) < 2:
+                time.sleep(0.01)
+            servers.simulator.down(60.0)
+
+        threading.Thread(target=after_two_saved, daemon=True).start()
+        with pytest.raises(SimulatorOutageError) as stopped:
+            run_benchmark(EvalSpec.from_config(config), progress=False)
+    assert program.exit_status(stopped.value) == 75
+    assert re.search(r"simulator at \S+ did not answer for 1\.\d s, the outage budget \(config\.simulator\."
+                     r"outage_budget_s=1\); last error: connection failed", str(stopped.value)), stopped.value
+    assert str(stopped.value).endswith(f"The finished dialogues are saved in {transcripts}; rerun the same command "
+                                       "to resume.")
+    kept = {r["profile_id"] for r in read_jsonl(transcripts)}
+    assert kept == {"id-P4", "id-P2"}
+    with Servers() as servers:  # back, at another address (not part of the set-up)
+        config = config_urls(workdir, servers.policy.base_url, servers.simulator.base_url, profiles)
+        summary = run_benchmark(EvalSpec.from_config(config), progress=False)
+        assert servers.policy_requests("P4") == servers.policy_requests("P2") == 0  # not played again
+    assert summary["per_profile"] == [{"id": f"id-{n}", "final_emotion": e, "turns": t, "end_reason": r}
+                                      for n, (e, t, r) in EXPECTED.items()]
