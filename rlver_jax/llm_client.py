@@ -15,15 +15,13 @@ One policy for every request, at most `max_concurrency` of them in flight:
 - HTTP 408/409 and the other 5xx are retried with exponential backoff and jitter up to
   `max_retries` times (but 501/505: the server does not speak this API).
 The bound on requests in flight adapts (`inflight.aimd`): it halves when the server shows itself
-overloaded (a request past `timeout_s`, HTTP 429/503) and grows back as answers come, so a server
-that answers one request at a time is not sent 64 that wait in its queue. HTTP 400, 413 and 422 are
-about the one request (too long for the model's context, stopped by a content filter, a value the
-server rejects): RequestRejectedError, which a caller may record against that request and go on
-(the simulator marks the dialogue `simulator_error`, the judge records a judge error). Any other
-HTTP error (wrong model name, missing or rejected key) is a configuration error that stops the run
-at once with the fix. All raise EndpointUnavailableError (RequestRejectedError and OutageError are
-ones): a caller that does not handle a rejection stops. What a caller does with a bad answer (the
-simulator's re-sampling, the judge's re-asking) is its own business.
+overloaded (a request past `timeout_s`, HTTP 429/503) and grows back as answers come. HTTP 400,
+413 and 422 are about the one request (too long for the model's context, a content filter):
+RequestRejectedError, which a caller may record against that request and go on (the simulator
+marks the dialogue `simulator_error`, the judge records a judge error). Any other HTTP error (wrong
+model name, missing or rejected key) stops the run at once with the fix. All raise
+EndpointUnavailableError (RequestRejectedError and OutageError are ones). What a caller does with
+a bad answer (the simulator's re-sampling, the judge's re-asking) is its own business.
 
 Clients built from equal ClientSettings share one bound on requests in flight, and one outage,
 across threads and event loops (training's in-loop evaluation and its rollout producer talk to one
@@ -440,23 +438,24 @@ def served_models(s: ClientSettings) -> list[str] | None:
         client.close()
 
 
-def check_chat_endpoint(s: ClientSettings, *, start_hint: str = _START_HINT) -> None:
+def check_chat_endpoint(s: ClientSettings, *, start_hint: str = _START_HINT, wait: bool = False) -> None:
     """Before a run: one GET /models. Raises EndpointUnavailableError naming the flags to fix when no
     server listens (and how to start one), rejects the key, or lists models without ours. A server
     that takes the connection but does not answer in time is busy or still loading, not down: a
-    warning says so and the run goes on (its requests are retried, and the retries logged)."""
+    warning says so and the run goes on. With `wait` (a run started before: its rerun after an
+    outage) a server that is down or throttled is waited for as requests wait for it, up to
+    outage_budget_s (then OutageError, exit status 75)."""
     import openai
 
     client = openai.OpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
                            timeout=min(s.timeout_s, _CHECK_TIMEOUT_S), max_retries=0)
     prefix, base_url = s.flag_prefix, s.base_url
     try:
-        served = [m.id for m in client.models.list()]
+        served = _models(client, Outage(s) if wait else None)
     except openai.APITimeoutError:
         log.warning("%s at %sbase_url=%s took the connection but did not answer GET /models within %g s: it is "
-                    "up but busy (serving other requests) or still loading the model. Going on: requests wait up "
-                    "to %s s each (%stimeout_s) and are retried; retries are logged", s.name, prefix, base_url,
-                    min(s.timeout_s, _CHECK_TIMEOUT_S), s.timeout_s, prefix)
+                    "up but busy (serving other requests) or still loading the model. Going on: a request waits "
+                    "as long as the server is there", s.name, prefix, base_url, min(s.timeout_s, _CHECK_TIMEOUT_S))
         return
     except openai.APIConnectionError as e:
         raise EndpointUnavailableError(
@@ -475,3 +474,23 @@ def check_chat_endpoint(s: ClientSettings, *, start_hint: str = _START_HINT) -> 
     if served and s.model not in served:
         raise EndpointUnavailableError(
             f"the server at {base_url} serves {served}, not {prefix}model={s.model!r}; set it to one of those")
+
+
+def _models(client: openai.OpenAI, outage: Outage | None) -> list[str]:
+    """The model ids GET /models lists; with `outage`, while the server is down or throttled it is
+    asked again as the outage paces it (OutageError past its budget)."""
+    import openai
+
+    while True:
+        sent = time.monotonic()
+        try:
+            return [m.id for m in client.models.list()]
+        except (openai.APIConnectionError, openai.APIStatusError) as e:
+            if outage is None or isinstance(e, openai.APITimeoutError) or not _is_outage(e):
+                raise
+            outage.failed(_describe(e), _retry_after(e), sent)
+        while (why := outage.exhausted()) is None and (wait := outage.wait_s()) > 0:
+            outage.report()
+            time.sleep(min(wait, REPORT_EVERY_S))
+        if why is not None:
+            raise OutageError(why)

@@ -17,7 +17,7 @@ from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.eval.spec import EvalSpec
 from rlver_jax.files import read_jsonl
 from rlver_jax.inflight import shared_bound
-from rlver_jax.llm_client import ChatClient, ClientSettings, OutageError
+from rlver_jax.llm_client import ChatClient, ClientSettings, EndpointUnavailableError, OutageError, check_chat_endpoint
 from rlver_jax.outage import Outage, backoff_s, retry_after_s, span
 from rlver_jax.simulator import SimulatorOutageError
 from rlver_jax.testing.scripted_server import ScriptedServer
@@ -190,6 +190,19 @@ def test_a_server_that_answers_nothing_is_down():
             _many(_settings(url, timeout_s=0.4, outage_budget_s=0.3), 1)
     finally:
         silent.close()
+
+
+def test_a_rerun_waits_at_start_up_for_a_simulator_still_down():
+    with ScriptedServer(lambda r: "ok", model="served") as server:
+        server.down(1.5)
+        with pytest.raises(EndpointUnavailableError, match="no server answers at --config.simulator.base_url="):
+            check_chat_endpoint(_settings(server.base_url))  # a first start: a wrong address is said at once
+        start = time.perf_counter()
+        check_chat_endpoint(_settings(server.base_url), wait=True)  # a rerun: it waits for the server
+        assert time.perf_counter() - start > 1.0
+        server.down(5.0)
+        with pytest.raises(OutageError, match=r"did not answer for 0\.\d s, the outage budget"):
+            check_chat_endpoint(_settings(server.base_url, outage_budget_s=0.5), wait=True)
 
 
 def test_an_evaluation_past_its_budget_keeps_its_finished_dialogues_and_resumes_from_them(tmp_path):

@@ -194,9 +194,9 @@ def _run_panel(spec: EvalSpec, members: tuple[panel.Member, ...], progress: bool
         named = f"config.eval.simulators: member {k + 1} of {len(members)}, {member.label!r}"
         try:
             ones.append(spec.panel_member(k, member))  # `spec` is already under the run's settings
-            check_endpoint(ones[-1].settings.simulator)
-        except SimulatorUnavailableError as e:
-            raise SimulatorUnavailableError(f"{named}: {e}") from e
+            check_endpoint(ones[-1].settings.simulator, wait=(pathlib.Path(ones[-1].workdir) / TRANSCRIPTS).exists())
+        except SimulatorUnavailableError as e:  # an outage past its budget keeps its type: exit status 75
+            raise type(e)(f"{named}: {e}") from e
         except ValueError as e:
             raise ValueError(f"{named}: {e}") from e
     results = []
@@ -252,7 +252,7 @@ def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, P
     share of them), appending each to the transcripts as it ends: process 0 its own at once, the
     other processes' when they are gathered at the end."""
     settings = eval_spec.settings
-    check_endpoint(settings.simulator)
+    check_endpoint(settings.simulator, wait=(workdir / TRANSCRIPTS).exists())  # a rerun waits as the run did
     if spec.source.client is not None:
         check_chat_endpoint(spec.source.client)
     policy, chat_tokens = spec.build(workdir, settings.sampling)
