@@ -19,6 +19,9 @@ FATAL = ("F1207 19:45:50.280936   15442 client.h:80] Terminating process because
 POLLED = ("E1207 19:45:50.280885   15442 coordination_service_agent.cc:289] Polled an error from coordination "
           "service (this can be an error from this or another task).")
 STACK = ["*** Check failure stack trace: ***", "    @     0x7efe1e440634  absl::log_internal::LogMessage::SendToLog()"]
+# The watch forks its child (to set PR_SET_PDEATHSIG) before the launcher imports JAX; a test
+# process may have JAX's threads already, of which JAX warns at every fork.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 
 
 def _child(tmp_path, body: str) -> list[str]:
