@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from rlver_jax.rollout.transcripts import discard_from
-from rlver_jax.train import checkpoint, shutdown
+from rlver_jax.train import checkpoint, interrupts, shutdown
 from rlver_jax.train.interrupts import EXIT_RESTART, StepGuard, TrainingInterrupted
 from tests.conftest import REPO
 
@@ -61,6 +61,20 @@ def test_sigterm_during_a_step_is_deferred_like_ctrl_c_and_exits_143(guard):
     assert guard.stopping and guard.signal == signal.SIGTERM and guard.exit_status == 143
     with pytest.raises(KeyboardInterrupt):
         guard.end_step()
+
+
+def test_a_sigterm_delivered_twice_counts_once_a_second_ctrl_c_stops_at_once(guard, monkeypatch):
+    """A scheduler signals every process of the job and the launcher's watch passes its own on
+    (rlver_jax/cli/watchdog.py): the run gets one SIGTERM twice, within interrupts.REPEAT_S."""
+    guard.begin_step(1)
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
+    except KeyboardInterrupt:
+        pytest.fail("a SIGTERM delivered twice stopped the step at once")
+    monkeypatch.setattr(interrupts.time, "monotonic", lambda: guard._first_at + interrupts.REPEAT_S + 1)
+    with pytest.raises(KeyboardInterrupt):  # later, another SIGTERM is a second signal
+        signal.raise_signal(signal.SIGTERM)
 
 
 def test_a_signal_in_an_interruptible_part_abandons_it_and_still_stops_at_the_step_end(guard):
