@@ -58,8 +58,9 @@ def _train(workdir: pathlib.Path, server: ScriptedServer, *extra: str) -> tuple[
 
 
 def _said(stderr: str) -> list[str]:
-    """The run's lines about the simulator, its address left out."""
-    return [line.split(": ", 1)[-1] for line in stderr.splitlines() if any(words in line for words in _SAID)]
+    """The run's lines about the simulator (a progress bar before one on its line left out)."""
+    lines = (line.rsplit("\r", 1)[-1] for line in stderr.split("\n"))
+    return [line for line in lines if any(words in line for words in _SAID)]
 
 
 def _scenario(name: str, out: pathlib.Path, reference: dict | None) -> dict:

@@ -64,6 +64,7 @@ _RETRY_STATUS = frozenset({408, 409})  # and every 5xx but _NOT_THIS_API and OUT
 _NOT_THIS_API = frozenset({501, 505})  # not implemented: retrying cannot help
 _REQUEST_STATUS = frozenset({400, 413, 422})  # about this request: context length, content filter, ...
 _CHECK_TIMEOUT_S = 30.0  # the start-up check waits at most this long
+_ALIVE_MIN_S = 5.0  # whether a server is there, asked after timeout_s, gets at least this long (a loaded host)
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _START_HINT = ("Start an OpenAI-compatible server for the model (e.g. `python -m sglang.launch_server "
                "--model-path MODEL --port PORT`)")
@@ -313,11 +314,11 @@ class ChatClient:
                 task.cancel()
 
     async def _alive(self, client: openai.AsyncOpenAI) -> bool:
-        """Whether the server answers GET /models (with anything, even a refusal) within
-        min(timeout_s, 30 s); an answer within the last such interval counts."""
+        """Whether the server answers GET /models (with anything, even a refusal) within timeout_s
+        (5 s at least, 30 s at most); an answer within the last such interval counts."""
         import openai
 
-        outage, wait = self._limit.outage, min(self.settings.timeout_s, _CHECK_TIMEOUT_S)
+        outage, wait = self._limit.outage, min(max(self.settings.timeout_s, _ALIVE_MIN_S), _CHECK_TIMEOUT_S)
         if outage.now() - outage.alive_at < wait:
             return True
         try:

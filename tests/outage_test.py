@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from rlver_jax import llm_client
 from rlver_jax.cli import program
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.eval.spec import EvalSpec
@@ -168,9 +169,9 @@ def test_past_the_budget_the_wait_ends_with_exit_status_75():
 
 
 def test_slow_is_not_down_a_request_is_waited_for_and_never_sent_twice(caplog):
-    with ScriptedServer(lambda r: "slow but sure", delay_s=0.1) as server:
-        settings = _settings(server.base_url, timeout_s=0.3, max_concurrency=4)
-        server.slow_down(1.0, factor=10)  # 1 s an answer, past timeout_s
+    with ScriptedServer(lambda r: "slow but sure", delay_s=0.2) as server:
+        settings = _settings(server.base_url, timeout_s=0.8, max_concurrency=4)
+        server.slow_down(1.0, factor=10)  # 2 s an answer, past timeout_s
         with caplog.at_level(logging.WARNING):
             answers = _many(settings, 4)
         assert [a.text for a in answers] == ["slow but sure"] * 4
@@ -179,7 +180,8 @@ def test_slow_is_not_down_a_request_is_waited_for_and_never_sent_twice(caplog):
     assert "now at most 2 request(s) in flight (was 4" in caplog.text  # fewer sent meanwhile
 
 
-def test_a_server_that_answers_nothing_is_down():
+def test_a_server_that_answers_nothing_is_down(monkeypatch):
+    monkeypatch.setattr(llm_client, "_ALIVE_MIN_S", 0.4)  # asked whether it is there: 0.4 s (5 s at least in runs)
     silent = socket.socket()  # takes connections, answers nothing: a hung server
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)

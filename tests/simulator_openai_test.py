@@ -103,10 +103,10 @@ def test_5xx_and_429_are_retried_with_exponential_backoff():
 
 
 def test_a_slow_answer_is_waited_for_not_asked_again():
-    with ScriptedServer(route(emotion=_judge(), reply=_speak), delays=[1.5]) as server:
+    with ScriptedServer(route(emotion=_judge(), reply=_speak), delays=[2.0]) as server:
         start = time.perf_counter()
-        [state] = _one_turn(_config(server.base_url, timeout_s=0.3), [EN])
-        assert time.perf_counter() - start >= 1.5
+        [state] = _one_turn(_config(server.base_url, timeout_s=0.8), [EN])
+        assert time.perf_counter() - start >= 2.0
         assert len(server.requests) == 2  # the emotion step once, then the reply
     assert state.emotion == 33
 

@@ -7,7 +7,7 @@ outage budget saves, exits 75 with one line naming the simulator and the time wa
 command resumes it to the same end.
 
 Time runs in proportion: the issue's minutes are seconds here (an outage of 3 s, Retry-After 1 s
-for 2.5 s, answers of 1 s past a timeout of 0.6 s for 2.5 s, a budget of 4 s passed);
+for 2.5 s, answers of 3 s past a timeout of 2 s for 3 s, a budget of 4 s passed);
 benchmarks/simulator_outage.py runs the literal scenarios."""
 
 import pytest
@@ -18,13 +18,13 @@ from rlver_jax.testing.scripted_server import ScriptedServer
 from tests.fixtures_cli import run_script
 
 STEPS = 2
-DELAY_S = 0.1  # each answer's time at the server; ten times that when slowed down
+DELAY_S = 0.3  # each answer's time at the server; ten times that when slowed down, past timeout_s
 
 
 def _train(workdir, server, budget_s=30.0):
     done = run_script("train.py", *train_flags(STEPS, workdir, server.base_url),
                       "--config.simulator.backoff_initial_s=0.05", "--config.simulator.backoff_max_s=0.5",
-                      "--config.simulator.timeout_s=0.6", f"--config.simulator.outage_budget_s={budget_s}")
+                      "--config.simulator.timeout_s=2", f"--config.simulator.outage_budget_s={budget_s}")
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     return done
 
@@ -48,7 +48,7 @@ def test_down_throttled_and_slow_the_run_ends_as_undisturbed(undisturbed, tmp_pa
     with ScriptedServer(SIMULATOR, delay_s=DELAY_S) as server:
         faults = [at_request(server, answered // 4, lambda: server.down(3.0)),  # in the middle of step 0
                   at_request(server, answered // 2 + 4, lambda: server.throttle(2.5, retry_after_s=1.0)),
-                  at_request(server, 3 * answered // 4, lambda: server.slow_down(2.5, factor=10))]
+                  at_request(server, 3 * answered // 4, lambda: server.slow_down(3.0, factor=10))]
         done = _train(tmp_path, server)
         assert done.returncode == 0, done.stderr[-3000:]
         for fault in faults:

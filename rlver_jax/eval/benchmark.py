@@ -252,9 +252,10 @@ def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, P
     share of them), appending each to the transcripts as it ends: process 0 its own at once, the
     other processes' when they are gathered at the end."""
     settings = eval_spec.settings
-    check_endpoint(settings.simulator, wait=(workdir / TRANSCRIPTS).exists())  # a rerun waits as the run did
+    rerun = (workdir / TRANSCRIPTS).exists()  # a rerun waits for a server still down, as the run did
+    check_endpoint(settings.simulator, wait=rerun)
     if spec.source.client is not None:
-        check_chat_endpoint(spec.source.client)
+        check_chat_endpoint(spec.source.client, wait=rerun)
     policy, chat_tokens = spec.build(workdir, settings.sampling)
     rollout = dataclasses.replace(settings.rollout, think=spec.source.think)
     if chat_tokens is not None:  # a profile whose opening fills the policy's budget would end before it spoke
