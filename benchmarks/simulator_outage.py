@@ -5,13 +5,14 @@ backoff. Never in CI: about 15 minutes, most of it the faults' own time.
 
   .venv/bin/python benchmarks/simulator_outage.py --out=/tmp/simulator_outage
 
-Each scenario starts its fault in the middle of step 1 (half the undisturbed run's requests):
+Each scenario starts its fault in the middle of step 1 (by the undisturbed run's requests a step):
   undisturbed  the reference
   down         the simulator gone for 150 s (connections refused, the requests in work lost), then back
   throttled    HTTP 429 with `Retry-After: 20` to every request for 60 s
   slow         every answer ten times slower (10 s, past timeout_s) for 60 s
   budget       gone for 150 s under --config.simulator.outage_budget_s=90: the run saves and exits 75;
                the same command, run again at once, waits for the simulator and finishes the run
+               (both with --config.simulator.cache_dir, so the step played again asks nothing twice)
 Each run is `launch/train.py` in a process of its own. For each: its wall time, exit status(es),
 whether its metrics (timings aside) and transcripts equal the undisturbed run's, the requests the
 server answered twice and those that came inside a Retry-After window, and the run's own lines
@@ -31,7 +32,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs fro
 from rlver_jax.testing.disturbed import (  # noqa: E402
     SIMULATOR,
     answered_twice,
-    at_request,
     inside_retry_after,
     outcome,
     train_flags,
@@ -66,13 +66,16 @@ def _said(stderr: str) -> list[str]:
 def _scenario(name: str, out: pathlib.Path, reference: dict | None) -> dict:
     workdir = out / name
     shutil.rmtree(workdir, ignore_errors=True)
-    half = reference["answered"] // 2 if reference else 0
+    step = reference["answered"] // (_STEPS.value + 1) if reference else 0  # the producer starts one step more
     with ScriptedServer(SIMULATOR, delay_s=_DELAY.value) as server:
         fault = {"down": lambda: server.down(150.0), "throttled": lambda: server.throttle(60.0, retry_after_s=20.0),
                  "slow": lambda: server.slow_down(60.0, factor=10), "budget": lambda: server.down(150.0)}.get(name)
         if fault is not None:
-            at_request(server, half, fault)
-        extra = ["--config.simulator.outage_budget_s=90"] if name == "budget" else []
+            server.at_request(step + step // 2, fault)
+        # The budget's run keeps the answers (config.simulator.cache_dir): its rerun, which plays the
+        # step it stopped in again, asks the simulator only what it had not answered.
+        extra = (["--config.simulator.outage_budget_s=90", f"--config.simulator.cache_dir={workdir / 'answers'}"]
+                 if name == "budget" else [])
         status, stderr, seconds = _train(workdir, server, *extra)
         statuses, said = [status], _said(stderr)
         if name == "budget":  # the same command again at once: it waits for the simulator at start-up

@@ -485,7 +485,10 @@ def _models(client: openai.OpenAI, outage: Outage | None) -> list[str]:
     while True:
         sent = time.monotonic()
         try:
-            return [m.id for m in client.models.list()]
+            served = [m.id for m in client.models.list()]
+            if outage is not None:
+                outage.answered()  # says so, after an outage
+            return served
         except (openai.APIConnectionError, openai.APIStatusError) as e:
             if outage is None or isinstance(e, openai.APITimeoutError) or not _is_outage(e):
                 raise

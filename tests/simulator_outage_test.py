@@ -13,7 +13,7 @@ benchmarks/simulator_outage.py runs the literal scenarios."""
 import pytest
 
 from rlver_jax.files import read_jsonl
-from rlver_jax.testing.disturbed import SIMULATOR, answered_twice, at_request, inside_retry_after, outcome, train_flags
+from rlver_jax.testing.disturbed import SIMULATOR, answered_twice, inside_retry_after, outcome, train_flags
 from rlver_jax.testing.scripted_server import ScriptedServer
 from tests.fixtures_cli import run_script
 
@@ -46,13 +46,12 @@ def undisturbed(tmp_path_factory):
 def test_down_throttled_and_slow_the_run_ends_as_undisturbed(undisturbed, tmp_path):
     metrics, transcripts, answered = undisturbed
     with ScriptedServer(SIMULATOR, delay_s=DELAY_S) as server:
-        faults = [at_request(server, answered // 4, lambda: server.down(3.0)),  # in the middle of step 0
-                  at_request(server, answered // 2 + 4, lambda: server.throttle(2.5, retry_after_s=1.0)),
-                  at_request(server, 3 * answered // 4, lambda: server.slow_down(3.0, factor=10))]
+        step = answered // (STEPS + 1)  # about a step's requests (the producer starts one more)
+        server.at_request(step // 2, lambda: server.down(3.0))  # in the middle of step 0
+        server.at_request(step + step // 3, lambda: server.throttle(2.5, retry_after_s=1.0))  # in step 1
+        server.at_request(step + 2 * step // 3 + 4, lambda: server.slow_down(3.0, factor=10))
         done = _train(tmp_path, server)
         assert done.returncode == 0, done.stderr[-3000:]
-        for fault in faults:
-            fault.join()
         assert server.downtimes and server.throttled
         assert inside_retry_after(server) == 0 and answered_twice(server) == 0
     assert "is down or throttled" in done.stderr and "answers again after" in done.stderr
@@ -65,7 +64,8 @@ def test_down_throttled_and_slow_the_run_ends_as_undisturbed(undisturbed, tmp_pa
 def test_past_its_budget_a_run_saves_exits_75_and_resumes_to_the_same_end(undisturbed, tmp_path):
     metrics, transcripts, answered = undisturbed
     with ScriptedServer(SIMULATOR, delay_s=DELAY_S) as server:  # down for good in the middle of step 1
-        at_request(server, 3 * answered // 4, lambda: server.down(60.0))
+        step = answered // (STEPS + 1)
+        server.at_request(step + step // 2, lambda: server.down(60.0))
         done = _train(tmp_path, server, budget_s=4.0)
     assert done.returncode == 75, done.stderr[-3000:]
     line = [line for line in done.stderr.splitlines() if line.strip()][-1]

@@ -1,7 +1,7 @@
 """Training runs against a simulator that goes down, throttles or slows down (the scripted server's
 faults), shared by tests/simulator_outage_test.py (in seconds) and benchmarks/simulator_outage.py
-(the literal minutes): the simulator, the run's flags, when a fault starts, what a run leaves to
-compare, and what the server saw."""
+(the literal minutes): the simulator, the run's flags, what a run leaves to compare, and what the
+server saw."""
 
 from __future__ import annotations
 
@@ -9,17 +9,15 @@ import collections
 import hashlib
 import json
 import pathlib
-import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 from rlver_jax.files import read_jsonl
 from rlver_jax.testing.scripted_server import ScriptedServer, route
 
-# Metrics that are timings, and the sampler's float noise (its batches form as the turns come).
+# Metrics that are timings, and those of the sampler's float noise (its batches form as the turns
+# come, so its log-probabilities differ in the 7th digit: the update's importance weights with them).
 TIMING = ("tokens_per_second", "update_tokens_per_second", "rollout_seconds", "update_seconds", "wait_seconds")
-NOISE = ("logprob_diff_sampler",)
+NOISE = ("logprob_diff_sampler", "offpolicy_weight_max", "offpolicy_weight_mean")
 
 
 def train_flags(steps: int, workdir: str | pathlib.Path, url: str) -> list[str]:
@@ -51,18 +49,6 @@ def _reply(request: dict[str, Any]) -> str:
 # A simulator whose answers are a function of the request: a run's dialogues do not depend on when
 # (or how many times) it was asked.
 SIMULATOR = route(emotion=_emotion, reply=_reply)
-
-
-def at_request(server: ScriptedServer, n: int, fault: Callable[[], None]) -> threading.Thread:
-    """Run `fault()` once the server has received `n` chat requests (in a thread of its own)."""
-    def watch() -> None:
-        while len(server.requests) < n:
-            time.sleep(0.005)
-        fault()
-
-    thread = threading.Thread(target=watch, name="fault", daemon=True)
-    thread.start()
-    return thread
 
 
 def outcome(workdir: pathlib.Path) -> tuple[list[dict], dict[str, list[dict]]]:

@@ -26,7 +26,8 @@ work lost; `downtimes` records when) and comes back on the same port (`answered`
 requests, by index, whose answers were sent whole: a request answered twice shows there); `throttle(for_s,
 retry_after_s)` answers every chat request HTTP 429 with a Retry-After header for that long
 (`throttled` records when each was sent and the seconds it asked); `slow_down(for_s, factor)`
-makes `delay_s` that many times longer for the requests arriving in that time.
+makes `delay_s` that many times longer for the requests arriving in that time. `at_request(n,
+fault)` runs `fault()` (one of those) as the n-th chat request arrives, before it is answered.
 
 `one_at_a_time=True` serves as llama-cpp-python's server does: one request at a time, in arrival
 order, the others queued; a request whose client gave up (a timeout) is still worked on, since
@@ -197,6 +198,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.path != "/v1/chat/completions":
             self._send(404, {"error": {"message": f"no route {self.path}", "code": 404}})
             return
+        self.server.owner._arrived()
         if (throttled := self.server.owner._throttled()) is not None:
             self._send(429, {"error": {"message": "rate limited", "type": "scripted", "code": 429}},
                        {"Retry-After": f"{throttled:g}"})
@@ -285,6 +287,8 @@ class ScriptedServer:
         self._throttle: tuple[float, float] = (float("-inf"), 0.0)  # (until, Retry-After seconds)
         self._slow: tuple[float, float] = (float("-inf"), 1.0)  # (until, factor)
         self._restart: threading.Timer | None = None
+        self._posted = 0  # chat requests arrived, answered or not
+        self._faults: dict[int, Callable[[], None]] = {}  # `at_request`
         self._in_flight = 0
         self._lock = threading.Lock()
         self._turns = _Turns() if one_at_a_time else contextlib.nullcontext()
@@ -375,6 +379,18 @@ class ScriptedServer:
     @staticmethod
     def _error(status: int, message: str) -> tuple[int, Any]:
         return status, {"error": {"message": message, "type": "scripted", "code": status}}
+
+    def at_request(self, n: int, fault: Callable[[], None]) -> None:
+        """Run `fault()` (down, throttle, slow_down) as the `n`-th chat request arrives (1-based),
+        before it is answered: it is the first the fault meets."""
+        self._faults[n] = fault
+
+    def _arrived(self) -> None:
+        with self._lock:
+            self._posted += 1
+            fault = self._faults.pop(self._posted, None)
+        if fault is not None:
+            fault()
 
     def _throttled(self) -> float | None:
         """The Retry-After seconds of a 429 for a chat request arriving now, None when not throttled."""
