@@ -58,8 +58,9 @@ def _train(workdir: pathlib.Path, server: ScriptedServer, *extra: str) -> tuple[
 
 
 def _said(stderr: str) -> list[str]:
-    """The run's lines about the simulator (a progress bar before one on its line left out)."""
-    lines = (line.rsplit("\r", 1)[-1] for line in stderr.split("\n"))
+    """The run's lines about the simulator, from "train.py: " on (a progress bar before one on its
+    line left out)."""
+    lines = (line[line.find("train.py: "):] for line in stderr.split("\n") if "train.py: " in line)
     return [line for line in lines if any(words in line for words in _SAID)]
 
 
