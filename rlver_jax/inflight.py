@@ -57,6 +57,7 @@ class Slot:
         self._bound, self._admitted = bound, admitted
         self.during_outage = during_outage  # admitted while the endpoint was down: a try, not a sign of load
         self.congested = False
+        self.sent_at: float | None = None  # when the request went (its outage's clock), told by the sender
 
     def slow(self) -> None:
         """The request has waited past timeout_s and the server is still there: it is overloaded,
@@ -103,7 +104,7 @@ class EndpointBound:
             raise
         else:
             self.answered += 1
-            self.outage.answered()
+            self.outage.answered(held.sent_at)
             self._settle(held._admitted, congested=False)  # admits the waiters an outage held back
         finally:
             self._release()

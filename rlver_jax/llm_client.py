@@ -247,7 +247,7 @@ class ChatClient:
                 async with limit.slot() as held:
                     if outage.wait_s() > 0:  # the endpoint went down while this request waited for its slot
                         raise _GateClosed
-                    sent_at = outage.now()
+                    sent_at = held.sent_at = outage.now()
                     return _completion(await self._answer(client, body, held), s)
             except _GateClosed:
                 continue

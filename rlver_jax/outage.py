@@ -155,10 +155,13 @@ class Outage:
         """The server answered something (GET /models): it is there, however slow."""
         self.alive_at = self._clock()
 
-    def answered(self) -> None:
-        """The endpoint answered: the outage, if any, is over."""
+    def answered(self, sent_at: float | None = None) -> None:
+        """The endpoint answered a request (sent at `sent_at`): the outage, if any, is over, unless
+        the request was sent before it began (a throttling server finishes what it had taken)."""
         with self._lock:
             self.alive_at = self._clock()
+            if self.since is not None and sent_at is not None and sent_at < self.since:
+                return
             since, self.since = self.since, None
         if since is not None:
             s = self.settings

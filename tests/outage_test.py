@@ -108,7 +108,9 @@ def test_a_line_every_few_minutes_while_down_and_one_when_it_answers(caplog):
         for _ in range(30):  # 5 minutes in 10 s steps
             clock.now += 10
             outage.report()
-        outage.answered()
+        outage.answered(sent_at=clock.now - 400)  # taken before the outage: the server finished it, no more
+        assert outage.down
+        outage.answered(sent_at=clock.now - 1)
         assert not outage.down and outage.wait_s() == 0.0 and outage.exhausted() is None
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 4  # the first, two reports (at 2 and 4 minutes), the answer
