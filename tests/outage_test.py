@@ -131,10 +131,10 @@ def _many(settings, n):
 def test_a_server_that_restarts_is_waited_for_and_each_request_answered_once():
     with ScriptedServer(lambda r: "back", delay_s=0.05) as server:
         settings = _settings(server.base_url, outage_budget_s=20.0)
-        server.down(1.5)
+        server.down(0.8)
         start = time.perf_counter()
         answers = _many(settings, 4)
-        assert time.perf_counter() - start >= 1.4
+        assert time.perf_counter() - start >= 0.7
         assert [a.text for a in answers] == ["back"] * 4 and len(server.requests) == 4
     assert not shared_bound(settings).outage.down
 
@@ -198,12 +198,12 @@ def test_a_server_that_answers_nothing_is_down(monkeypatch):
 
 def test_a_rerun_waits_at_start_up_for_a_simulator_still_down():
     with ScriptedServer(lambda r: "ok", model="served") as server:
-        server.down(1.5)
+        server.down(1.0)
         with pytest.raises(EndpointUnavailableError, match="no server answers at --config.simulator.base_url="):
             check_chat_endpoint(_settings(server.base_url))  # a first start: a wrong address is said at once
         start = time.perf_counter()
         check_chat_endpoint(_settings(server.base_url), wait=True)  # a rerun: it waits for the server
-        assert time.perf_counter() - start > 1.0
+        assert time.perf_counter() - start > 0.5
         server.down(5.0)
         with pytest.raises(OutageError, match=r"did not answer for 0\.\d s, the outage budget"):
             check_chat_endpoint(_settings(server.base_url, outage_budget_s=0.5), wait=True)
