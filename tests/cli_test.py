@@ -287,10 +287,10 @@ def test_a_start_that_fails_after_writing_its_config_leaves_no_new_work_director
     written: a work directory the start made goes again, one that was there before stays."""
     args = (TINY, "--config.rollout.max_total_tokens=64")
     done = run_script("train.py", *args, f"--config.workdir={tmp_path / 'new'}")
-    assert_one_line_error(done, 1, "would end before the policy spoke")
+    assert_one_line_error(done, 2, "would end before the policy spoke")
     assert not (tmp_path / "new").exists()
     (tmp_path / "old").mkdir()
-    assert run_script("train.py", *args, f"--config.workdir={tmp_path / 'old'}").returncode == 1
+    assert run_script("train.py", *args, f"--config.workdir={tmp_path / 'old'}").returncode == 2
     assert (tmp_path / "old").is_dir()
 
 

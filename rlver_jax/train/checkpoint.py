@@ -23,7 +23,6 @@ directly.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -38,6 +37,7 @@ from etils import epath
 
 from rlver_jax.checks import InputError
 from rlver_jax.parallel import sharding
+from rlver_jax.train.checkpoint_files import newest_record, read_record, saved_steps, steps_in  # noqa: F401 (here too)
 from rlver_jax.train.workdir import is_url
 
 log = logging.getLogger(__name__)
@@ -190,45 +190,8 @@ def _write_error(manager: ocp.CheckpointManager, step: int | None, error: Except
         "same command to resume")
 
 
-def steps_in(directory: str | os.PathLike) -> list[int]:
-    """The complete checkpoints' steps in `directory` (a path or a gs:// URL), from the folder names."""
-    if is_url(directory):
-        root = epath.Path(os.fspath(directory))
-        return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
-    return saved_steps(directory)
-
-
-def read_record(directory: str | os.PathLike, step: int) -> dict[str, Any]:
-    """The JSON record (`meta`) of checkpoint `step` in `directory`, read from its file without a
-    manager (and without touching the arrays)."""
-    root = epath.Path(os.fspath(directory)) if is_url(directory) else epath.Path(os.path.abspath(directory))
-    record = json.loads((root / str(step) / "meta" / "metadata").read_text())
-    if not isinstance(record, dict):
-        raise ValueError(f"{root / str(step)}: the record is not a JSON object")
-    return record
-
-
-def newest_record(directory: str | os.PathLike) -> tuple[int, dict[str, Any]] | None:
-    """(step, record) of the newest checkpoint in `directory` whose record reads; None when there is none."""
-    for step in reversed(steps_in(directory)):
-        try:
-            return step, read_record(directory, step)
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def latest_step(manager: ocp.CheckpointManager) -> int | None:
     return manager.latest_step()
-
-
-def saved_steps(directory: str | os.PathLike) -> list[int]:
-    """The complete checkpoints' steps in `directory` (a run's WORKDIR/checkpoints), read from the
-    folder names without opening a manager: orbax renames a step's folder to its number only when
-    the step is fully written."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
 
 
 def restore(manager: ocp.CheckpointManager, step: int | None, template: Any) -> tuple[Any, dict[str, Any]]:
