@@ -119,6 +119,7 @@ def main(argv):
     print(f"score {summary['score']:.1f}  success {summary['success']}  failure {summary['failure']}  "
           f"n {summary['n']}  simulator errors {errors}" + (f"  no policy turn {silent}" if silent else "")
           + (f"  DEGENERATE JUDGEMENTS ({degenerate})" if degenerate else "")
+          + f"  policy {summary['run']['policy']} ({'think' if summary['run']['think'] else 'no-think'})"
           + f"  ->  {workdir / 'report.html'} (and report.md)")
 
 

@@ -436,6 +436,8 @@ def test_eval_exits_non_zero_when_every_dialogue_is_a_simulator_error(tmp_path):
     assert partly.returncode == 0, partly.stderr
     assert "*** WARNING: 1 of 2 dialogues ended in a simulator error" in partly.stderr
     assert "score 100.0  success 1  failure 0  n 1  simulator errors 1" in partly.stdout
+    assert f"  policy {json.loads((tmp_path / 'some' / 'sentient.json').read_text())['run']['policy']} (no-think)" \
+        in partly.stdout  # the line names what was evaluated
     assert "HTTP Request" not in partly.stderr  # httpx logs each simulator request at INFO: quiet
 
 
