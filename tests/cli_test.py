@@ -363,7 +363,7 @@ def test_a_start_that_fails_after_writing_its_config_leaves_no_new_work_director
 
 def test_export_of_a_run_without_its_tokenizer(tmp_path):
     run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "1").mkdir(parents=True)  # a finished step's folder (before JAX: one is there)
     (run / "config.json").write_text(grpo_think.get_config("tiny").to_json_best_effort())
     done = run_script("export_hf.py", f"--checkpoint={run}", f"--out={tmp_path / 'hf'}")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr  # a path that does not exist

@@ -69,15 +69,31 @@ def quiet_orbax_errors() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _NotOrbax) for f in logger.filters):
             logger.addFilter(_NotOrbax())
+    _expect_closed_loop_callbacks()
+
+
+def _expect_closed_loop_callbacks() -> None:
+    """A checkpoint read or write that failed leaves tensorstore's other operations of it running:
+    orbax closes its event loop as soon as the first one fails (asyncio_utils.run_sync), and each
+    of the others, when it ends, calls back into that closed loop (loop.call_soon_threadsafe), which
+    Python reports as an unraisable "Event loop is closed" with a traceback. Their results are
+    discarded and nothing waits for them: drop exactly those reports (`_quiet_closed_loops`), once
+    a failure made them expected, in the library and in the launch scripts alike."""
     if not getattr(sys.unraisablehook, "_rlver_quiet", False):
         sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
 
 
 def _quiet_closed_loops(hook: Callable[[Any], None]) -> Callable[[Any], None]:
-    """`hook` but for "Event loop is closed" from tensorstore's callbacks into the event loop of a
-    checkpoint write or read that already failed (printed as unraisable, a traceback each)."""
+    """`hook` but for "Event loop is closed" raised by a callback into a closed event loop
+    (call_soon_threadsafe: tensorstore's, after a checkpoint write or read that already failed)."""
     def quiet(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+        error, tb = unraisable.exc_value, unraisable.exc_traceback
+        frames = []
+        while tb is not None:
+            frames.append(tb.tb_frame.f_code.co_name)
+            tb = tb.tb_next
+        if (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+                and "call_soon_threadsafe" in frames):
             return
         hook(unraisable)
 
@@ -259,6 +275,7 @@ def restore_newest_readable(manager: ocp.CheckpointManager, template: Any, *, at
             except CheckpointMismatchError:
                 raise
             except Exception as e:  # noqa: BLE001 - what damaged files raise varies (tensorstore, JSON, OS)
+                _expect_closed_loop_callbacks()  # the read's other operations end into orbax's closed loop
                 if attempt + 1 < attempts:
                     log.warning("reading the checkpoint of step %d in %s failed (%s); trying again", step,
                                 manager.directory, _reason(e))
