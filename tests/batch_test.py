@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 
 from rlver_jax.rl.batch import TrainBatch, collate, policy_positions, token_rewards
-from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
-from tests.rl_helpers import dialogue
+from tests.rl_helpers import dialogue, score
 
 
 def test_token_rewards_final_and_per_turn():

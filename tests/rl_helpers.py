@@ -1,12 +1,14 @@
-"""Shared inputs for the RL tests: multi-turn policy masks, strict rank promotion, and dialogues
-of random tokens collated into a training batch."""
+"""Shared inputs for the RL tests: multi-turn policy masks, strict rank promotion, dialogues of
+random tokens collated into a training batch, and a dialogue scored outside the rollouts."""
+
+import asyncio
 
 import jax
 import numpy as np
 import pytest
 
 from rlver_jax.rl.batch import collate
-from rlver_jax.rollout.rewards import score
+from rlver_jax.rollout import rewards
 from rlver_jax.rollout.sequence import DialogueSequence
 
 
@@ -14,6 +16,11 @@ from rlver_jax.rollout.sequence import DialogueSequence
 def strict_ranks():
     with jax.numpy_rank_promotion("raise"):
         yield
+
+
+def score(seq: DialogueSequence, name: str) -> DialogueSequence:
+    """`rewards.score` to its end, as the rollouts await it when a dialogue finishes."""
+    return asyncio.run(rewards.score(seq, name))
 
 
 def random_policy_mask(rng: np.random.Generator, batch: int, length: int) -> np.ndarray:

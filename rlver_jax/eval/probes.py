@@ -137,7 +137,7 @@ class Probe:
 
 PROBES: Table[Probe] = Table("config.eval.probes", {
     "formulaic": Probe(_rotation(_FORMULAIC), "five formulaic lines of sympathy, in rotation"),
-    "echo": Probe(_echo, '"I hear you:" and the user's last line'),
+    "echo": Probe(_echo, "'I hear you:' and the user's last line"),
     "apology": Probe(lambda language, seed, turn, messages: _APOLOGY[language],
                      "one fixed apology and question, every turn"),
     "word_salad": Probe(_word_salad, "25-40 common words in random order"),
