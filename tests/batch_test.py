@@ -17,7 +17,7 @@ def test_token_rewards_final_and_per_turn():
     assert token_rewards(score(failed, "final")) == {failed.turn_ends[-1]: 0.0}
     # The failed turn loses everything gained: the return is (0 - 30) / 100.
     assert sum(token_rewards(score(failed, "per_turn")).values()) == pytest.approx(-0.30)
-    with pytest.raises(ValueError, match=r"config.rl.reward_mode='sparse'; use one of \('final', 'per_turn'"):
+    with pytest.raises(ValueError, match=r"config.rl.reward_mode='sparse': use one of final \| per_turn"):
         score(seq, "sparse")
     unscored = _hand_made([1, 2, 3], [0, 1, 1], [2], [30, 20], reward_mode=None)
     with pytest.raises(ValueError, match="dialogue p carries no reward"):

@@ -1,8 +1,6 @@
 """Shared inputs for the RL tests: multi-turn policy masks, strict rank promotion, dialogues of
 random tokens collated into a training batch, and a dialogue scored outside the rollouts."""
 
-import asyncio
-
 import jax
 import numpy as np
 import pytest
@@ -19,8 +17,15 @@ def strict_ranks():
 
 
 def score(seq: DialogueSequence, name: str) -> DialogueSequence:
-    """`rewards.score` to its end, as the rollouts await it when a dialogue finishes."""
-    return asyncio.run(rewards.score(seq, name))
+    """`rewards.score` by a plain source, run to its end without an event loop (a plain source never
+    suspends it), so that code already inside one can call it too."""
+    coroutine = rewards.score(seq, name)
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise AssertionError(f"reward source {name!r} awaited: score it in the rollouts' event loop")
 
 
 def random_policy_mask(rng: np.random.Generator, batch: int, length: int) -> np.ndarray:

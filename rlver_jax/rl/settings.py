@@ -87,7 +87,7 @@ class RLSettings:
             table.row(getattr(self, name), f"config.rl.{name}")
         for name, words in (("kl_mode", KL_MODES), ("off_policy_level", loss_modes.LEVELS)):
             if getattr(self, name) not in words:
-                raise ValueError(f"config.rl.{name}={getattr(self, name)!r}; use one of {words}")
+                raise ValueError(f"config.rl.{name}={getattr(self, name)!r}: use one of {' | '.join(words)}")
         correction = self.off_policy_kind
         for name in ("low", "high"):  # the mode's default band
             if getattr(self, f"off_policy_{name}") is None:
