@@ -20,6 +20,11 @@ from rlver_jax.checks import InputError
 Row = TypeVar("Row")
 
 
+def first_clause(doc: str | None) -> str:
+    """A function row's words for `summary`: its docstring up to the first ';' or '. '."""
+    return (doc or "").split(";")[0].split(". ")[0].strip().rstrip(".")
+
+
 class UnknownNameError(InputError):
     """A config field names no row of its table (exit 2 in the launch/ scripts, as any bad field)."""
 

@@ -10,7 +10,7 @@ from configs import eval as eval_config
 from configs import grpo_think
 from rlver_jax.checks import InputError
 from rlver_jax.cli import config_doc, tables
-from rlver_jax.table import Table, UnknownNameError
+from rlver_jax.table import Table, UnknownNameError, first_clause
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -52,6 +52,10 @@ def test_words_describe_where_and_fields():
     assert t.where(lambda n: n > 1) == ("green",)
     assert t.fields == ("config.paint.colour", "config.paint.trim")
     assert repr(t) == "Table(config.paint.colour: red | green)"
+    assert first_clause("The paper's reward. Turn credit from the changes.") == "The paper's reward"
+    assert first_clause("Each change / 100 on its turn; the dialogue's reward stays the paper's.") == \
+        "Each change / 100 on its turn"
+    assert first_clause(None) == ""
 
 
 def test_a_row_added_for_a_block_is_seen_by_every_reader_then_gone():

@@ -36,8 +36,13 @@ def by_field() -> dict[str, Table]:
 
 
 def listing() -> str:
-    """One line per table: its config fields and its rows' names (the docs' list)."""
-    return "\n".join(f"{', '.join(t.fields)}: {t.words()}" for t in tables())
+    """Per table, its config fields and its rows' names, then each row with words of its own (the
+    docs' list)."""
+    lines = []
+    for t in tables():
+        lines.append(f"{', '.join(t.fields)}: {t.words()}")
+        lines += [f"  {line}" for line in t.describe() if ": " in line]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 from rlver_jax.rollout.sequence import DialogueSequence
-from rlver_jax.table import Table
+from rlver_jax.table import Table, first_clause
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +77,7 @@ Source = Callable[[DialogueSequence], Reward | Awaitable[Reward]]
 REWARDS: Table[Source] = Table("config.rl.reward_mode", {
     "final": emotion_final,
     "per_turn": emotion_per_turn,
-}, summary=lambda f: (f.__doc__ or "").split(";")[0].split(".")[0].strip())
+}, summary=lambda f: first_clause(f.__doc__))
 
 
 async def score(seq: DialogueSequence, name: str) -> DialogueSequence:
