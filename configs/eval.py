@@ -127,7 +127,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.simulators = ""
 
     c.policy = ml_collections.ConfigDict()
-    c.policy.backend = "jax"  # jax: our sampler on a checkpoint; openai: a chat endpoint
+    # a row of rlver_jax/eval/policy_source.py: jax, the policy in this process on JAX (a checkpoint, a Hugging
+    # Face directory or a fresh tiny model); openai, a chat endpoint
+    c.policy.backend = "jax"
     c.policy.checkpoint = ""  # jax: a training WORKDIR (latest step) or WORKDIR/checkpoints/STEP
     # jax: a Hugging Face Qwen2/Llama directory instead of a checkpoint (smol: the fetched SmolLM2)
     c.policy.path = str(smollm2.DEFAULT_DIR) if smol else ""
