@@ -155,8 +155,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.policy.base_url = "http://127.0.0.1:8000/v1"  # openai
     c.policy.model = "policy"  # openai: the served model name
     c.policy.api_key_env = "POLICY_API_KEY"  # openai: env var holding the key; unset for local servers
-    c.policy.timeout_s = 300.0  # openai: per request
-    c.policy.max_retries = 5  # openai: on connection errors, timeouts, 408/409/429 and 5xx
+    c.policy.timeout_s = 300.0  # openai: a request unanswered this long: is the server there? then it waits on
+    c.policy.max_retries = 5  # openai: on HTTP 408/409 and 5xx other than 502/503/504 (down: waited for 30 min)
     c.policy.backoff_initial_s = 1.0  # openai: first retry waits about this long, doubling each time
     c.policy.backoff_max_s = 30.0  # openai: cap of one wait
 

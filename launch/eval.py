@@ -17,11 +17,14 @@
 Writes WORKDIR/sentient.json, transcripts.jsonl, report.html (every dialogue, to read), report.md,
 trajectories.png and final_emotions.png. Rerunning the same command resumes: finished profiles are
 skipped. Exits 2 for a bad config field, a checkpoint that is not there or a mesh the devices do not
-fill (before JAX is imported), 1 when every dialogue ended in a simulator error (nothing was scored).
+fill (before JAX is imported), 1 when every dialogue ended in a simulator error (nothing was scored),
+75 when the simulator stayed down past config.simulator.outage_budget_s (the finished dialogues
+kept: rerun to resume).
 
 On several hosts run the same command on each (as launch/train.py: launch/tpu_pod.sh, or
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID): each plays its share of the profiles,
-process 0 writes the one set of outputs.
+process 0 writes the one set of outputs; each process runs its evaluation as a watched child
+(rlver_jax/cli/watchdog.py): losing process 0 ends the others with one line and exit 75.
 """
 
 import pathlib
@@ -78,6 +81,13 @@ def main(argv):
         spec = program.checked_config(lambda: EvalSpec.from_config(config, given))
     # The policy's checkpoint or directory, and the mesh where the devices are known, before JAX.
     program.checked_config(lambda: policy_source.resolve(spec.policy, spec.seed, spec.settings.max_dialogues))
+    if (arguments := spec.distributed.initialize_arguments()) is not None:  # one process of several: watch it
+        from rlver_jax.cli import watchdog
+
+        status = watchdog.run_watched(arguments["coordinator_address"], f"config.workdir={spec.workdir}",
+                                      keep_runtime_log=program.verbose())
+        if status is not None:
+            return status
     if benchmark.needs_jax(spec):  # a served policy on one process starts without JAX (~2 s)
         program.checked_config(lambda: program.check_mesh(spec.mesh.shape, spec.distributed))
         import jax

@@ -78,7 +78,10 @@ def start(config: str, workdir: pathlib.Path, overrides: list[str], *,
         argv = [f"--config={config}" if w.startswith("--config=") else
                 f"--config.workdir={workdir}" if w.startswith("--config.workdir=") else w for w in argv]
         own = {} if processes == 1 else own_env
+        # A session of its own: a test signals the whole process (the launcher's watch and its run, a
+        # child: rlver_jax/cli/watchdog.py) as a host's death or freeze would.
         procs.append(subprocess.Popen(argv + overrides, env={**env, **own}, cwd=REPO, stdout=subprocess.PIPE,
+                                      start_new_session=True,
                                       stderr=subprocess.STDOUT, text=True))
     return procs
 

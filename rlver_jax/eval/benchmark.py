@@ -40,7 +40,7 @@ from rlver_jax.eval.resume import load_records, record_setup, setup_conflict
 from rlver_jax.eval.spec import TRANSPORT as _TRANSPORT
 from rlver_jax.eval.spec import BenchmarkSettings, EvalSpec
 from rlver_jax.files import atomic_write_text
-from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
+from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, restated, served_models
 from rlver_jax.parallel.hosts import allgather_json, process_index, share
 from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.openings import check_openings
@@ -197,9 +197,9 @@ def _run_panel(spec: EvalSpec, members: tuple[panel.Member, ...], progress: bool
         named = f"config.eval.simulators: member {k + 1} of {len(members)}, {member.label!r}"
         try:
             ones.append(spec.panel_member(k, member))  # `spec` is already under the run's settings
-            check_endpoint(ones[-1].settings.simulator)
-        except SimulatorUnavailableError as e:
-            raise SimulatorUnavailableError(f"{named}: {e}") from e
+            check_endpoint(ones[-1].settings.simulator, wait=(pathlib.Path(ones[-1].workdir) / TRANSCRIPTS).exists())
+        except SimulatorUnavailableError as e:  # an outage past its budget keeps its type: exit status 75
+            raise type(e)(f"{named}: {e}") from e
         except ValueError as e:
             raise ValueError(f"{named}: {e}") from e
     results = []
@@ -261,9 +261,10 @@ def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, P
     share of them), appending each to the transcripts as it ends: process 0 its own at once, the
     other processes' when they are gathered at the end."""
     settings = eval_spec.settings
-    check_endpoint(settings.simulator)
+    rerun = (workdir / TRANSCRIPTS).exists()  # a rerun waits for a server still down, as the run did
+    check_endpoint(settings.simulator, wait=rerun)
     if spec.source.client is not None:
-        check_chat_endpoint(spec.source.client)
+        check_chat_endpoint(spec.source.client, wait=rerun)
     policy, chat_tokens = spec.build(workdir, settings.sampling)
     rollout = dataclasses.replace(settings.rollout, think=spec.source.think)
     if chat_tokens is not None:  # a profile whose opening fills the policy's budget would end before it spoke
@@ -280,8 +281,8 @@ def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, P
         play_profiles(policy, chat_tokens, settings.simulator, rollout, pending, group_size=settings.group_size,
                       max_dialogues=settings.max_dialogues, append_to=transcripts,
                       progress="sentient" if progress else None)
-    except SimulatorUnavailableError as e:
-        raise SimulatorUnavailableError(f"{e}\n{resume}") from e
+    except SimulatorUnavailableError as e:  # an outage past its budget keeps its type: exit status 75
+        raise type(e)(f"{e}\n{resume}") from e
     except EndpointUnavailableError as e:  # not the simulator's (caught above): the policy's endpoint
-        raise EndpointUnavailableError(
-            f"the policy endpoint --config.policy.base_url={eval_spec.policy.base_url} failed: {e}.\n{resume}") from e
+        raise restated(e, f"the policy endpoint --config.policy.base_url={eval_spec.policy.base_url} failed: "
+                          f"{e}.\n{resume}") from e

@@ -30,7 +30,7 @@ from rlver_jax.table import Table
 # are: a resumed run may change them (train/spec.FREE), an evaluation keeps its own under a training
 # run's settings (eval/spec.like_training), and setup.json does not record them.
 TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_concurrency", "max_retries", "backoff_initial_s",
-                       "backoff_max_s", "malformed_retries", "cache_dir", "cache_replay_only"})
+                       "backoff_max_s", "outage_budget_s", "malformed_retries", "cache_dir", "cache_replay_only"})
 # Where a served model answers (llm_client.ClientSettings): base_url, model, api_key_env, timeout_s, ...
 ENDPOINT_FIELDS = frozenset(f.name for f in dataclasses.fields(ClientSettings)) - {"name", "flag_prefix"}
 # How an LLM user asks: sampling, answer format, retries, prompt budget, answer cache.

@@ -248,7 +248,8 @@ def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
     workdir = storage.local
     train_profiles, eval_profiles = split_profiles(spec.data)
     tracking_settings = dataclasses.replace(spec.tracking, run_dir=str(workdir))
-    check_endpoint(spec.simulator)
+    # A rerun of a run (after its simulator stayed down past the budget, say) waits for it as the run did.
+    check_endpoint(spec.simulator, wait=spec.loop.resume and bool(run_files(storage.location)))
     chat_tokens = _tokenizer(spec.model, workdir)
     if jax.process_index() == 0:  # once the profiles, the simulator and the tokenizer were found
         atomic_write_text(workdir / "config.json", spec.config_json)
