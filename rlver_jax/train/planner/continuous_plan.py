@@ -33,7 +33,7 @@ class ContinuousPlan:
     rows: int  # KV rows
     chunk: int  # the prefill chunk's tokens
     new_tokens: int  # at most, a reply
-    slots: int  # each row's
+    cache_slots: int  # each KV row's slots
     decode_chunk: int  # decode steps per call
     fill: int  # a row's fill as its reply starts, every turn at the longest prompt
     hosts: int = 1
@@ -50,7 +50,7 @@ class ContinuousPlan:
     def describe(self) -> str:
         what = "profile" if self.evaluation else "dialogue"
         hosts = f" on each of {self.hosts} hosts" if self.hosts > 1 else ""
-        return (f"rollout engine{hosts}: {self.rows} KV rows of {self.slots} slots (one per {what}, its whole "
+        return (f"rollout engine{hosts}: {self.rows} KV rows of {self.cache_slots} slots (one per {what}, its whole "
                 f"history kept between turns), decode chunks of {self.decode_chunk} steps over the rows with a reply "
                 f"in progress, prefill chunks of {self.chunk} tokens, up to {self.new_tokens} tokens a reply")
 
@@ -59,12 +59,12 @@ class ContinuousPlan:
         cache donated and held between turns."""
         call = sampler_call(s, self.evaluation, host_devices)
         r = self.rows
-        cache = call.cache(r, self.slots)
+        cache = call.cache(r, self.cache_slots)
         per_row, keys = call.replicated((r,), jnp.int32), call.replicated((r, 2), jnp.uint32)
         compiled, secs = compile_program(s, kv_rows._decode_jit, call.cfg, call.settings, call.host,
                                          self.decode_chunk, call.params, cache, None, per_row, per_row, per_row,
                                          per_row, keys)
-        rows = (f"{r} KV rows x {self.slots} slots, {device_bytes(cache) / GB:.2f} GB/device (donated, "
+        rows = (f"{r} KV rows x {self.cache_slots} slots, {device_bytes(cache) / GB:.2f} GB/device (donated, "
                 f"held between turns)")
         phases = [program_phase(s, self.name, compiled, call.held, secs,
                                 f"decode chunk of {self.decode_chunk} steps; {rows}; {call.copy}")]
@@ -93,7 +93,7 @@ class ContinuousPlan:
         (hlo_cost.Cost.at_fill), assumed the longest prompt every turn (`fill`) plus the reply's
         mean position while decoding, the longest prompt while prefilling, each to the end of its
         key block (half a block past the fill on average)."""
-        decode, slots, new = costs[self.name], self.slots, self.new_tokens
+        decode, slots, new = costs[self.name], self.cache_slots, self.new_tokens
 
         def read(reply: float) -> float:  # slots a decode step reads of a row, to the end of its last key block
             return self.fill + reply / 2 + ragged_attention.DECODE_KEY_BLOCK / 2

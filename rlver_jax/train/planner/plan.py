@@ -39,7 +39,8 @@ class Plan:
 
     @property
     def peak(self) -> Phase:
-        return max(self.phases, key=lambda p: p.total)
+        """The phase of most bytes per device (none compiled: an engine that samples off the devices)."""
+        return max(self.phases, key=lambda p: p.total, default=Phase("no program", 0, 0, 0, 0, 0.0))
 
     @property
     def fits(self) -> bool:
