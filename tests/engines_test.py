@@ -52,33 +52,11 @@ class ScriptedEngine:
         del session
 
 
-class ScriptedPlan:
-    """The toy's plan: nothing compiled on the trainer's devices, nothing estimated."""
-
-    programs = ()
-
-    def __init__(self, hosts, evaluation):
-        self.hosts, self.evaluation = hosts, evaluation
-
-    def describe(self):
-        return "toy engine: replies served elsewhere, nothing sampled on the trainer's devices"
-
-    def phases(self, s, host_devices):
-        return []
-
-    def search(self, spec):
-        raise AssertionError("a plan of no program never exceeds a budget")
-
-    def rollout_seconds(self, costs, chip, **kwargs):
-        return None
-
-
-def scripted_plan(spec, feed_tokens, hosts=1, evaluation=False):
-    return ScriptedPlan(hosts, evaluation)
-
-
+# A served engine's row: its class, no field of its own, each turn straight in, the planner's plan of an
+# engine that samples off the trainer's devices, its words.
 TOY = EngineRow(build=f"{__name__}.ScriptedEngine", reads=frozenset(), continuous=True,
-                plan=f"{__name__}.scripted_plan", summary="scripted replies from a server, weights pushed in publish")
+                plan="rlver_jax.train.planner.sampler.off_device_plan",
+                summary="scripted replies from a server, weights pushed in publish")
 
 
 def _config(engine="toy"):
@@ -150,7 +128,9 @@ def test_a_toy_engine_row_is_read_everywhere_with_no_edit_elsewhere(chat_tokens)
         from rlver_jax.train.planner.sampler import rollout_shapes
 
         shapes = rollout_shapes(spec, 512, hosts=2)
-        assert isinstance(shapes, ScriptedPlan) and shapes.hosts == 2 and shapes.phases(None, None) == []
+        assert shapes.describe() == ("toy engine (scripted replies from a server, weights pushed in publish); "
+                                     "nothing sampled on the trainer's devices")
+        assert shapes.hosts == 2 and shapes.programs == () and shapes.phases(None, None) == []
         assert rollout_shapes(spec, 512, evaluation=True).evaluation
         # A tiny rollout: the engine built by its row, publish as the trainer does, each turn straight in.
         engine = spec.engine.build(get_preset("tiny"), chat_tokens, spec.sampling, jax.random.key(0))
@@ -173,7 +153,7 @@ def test_the_plan_of_a_toy_engine_compiles_nothing_and_says_so():
     with ENGINES.added("toy", TOY):
         result = plan.plan(RunSpec.from_config(_config()), phases=["rollout"], search=False)
         assert result.phases == []
-        assert "rollout    toy engine: replies served elsewhere" in report.format_plan(result, "toy")
+        assert "rollout    toy engine (scripted replies from a server" in report.format_plan(result, "toy")
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))

@@ -7,7 +7,7 @@ a KV cache's sharding and the abstract inputs of a sampler program (`sampler_cal
 A sampler phase runs on one host's sampling copy of the actor (SamplingLayout: replicated across
 hosts, split over the host's `host_devices` devices, in the compute dtype) on that host's share
 of the dialogues, beside what of the train state rests on the devices. An engine that samples
-off the trainer's devices (a served one) plans no program: its phases are none.
+off the trainer's devices (a served one) names `off_device_plan`: no program, its row's words.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import functools
 import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import jax
 from jax.sharding import Mesh, NamedSharding
@@ -77,6 +77,35 @@ class EnginePlan(Protocol):
         """The roofline of a step's rollout on one host (every host at once) from `costs` (`programs`'):
         (seconds with every reply at max_new_tokens, seconds with replies of `expected` tokens, the
         arithmetic in words, tokens the host samples or feeds); None where it is not estimated."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OffDevicePlan:
+    """The plan of an engine that samples off the trainer's devices (a served one: SGLang, vLLM):
+    no program compiled here, no roofline; its row's words say what it is."""
+
+    words: str
+    hosts: int = 1
+    evaluation: bool = False
+    programs: ClassVar[tuple[str, ...]] = ()
+
+    def describe(self) -> str:
+        return f"{self.words}; nothing sampled on the trainer's devices"
+
+    def phases(self, s: Setup, host_devices: int | None) -> list[Phase]:
+        return []
+
+    def search(self, spec: RunSpec) -> Search:
+        raise ValueError(f"{self.words} compiles no program here: nothing to search")
+
+    def rollout_seconds(self, costs: Mapping[str, hlo_cost.Cost], chip: chips.Chip, **kwargs: int) -> None:
+        return None
+
+
+def off_device_plan(spec: RunSpec, feed_tokens: int, hosts: int = 1, evaluation: bool = False) -> OffDevicePlan:
+    """The plan a served engine's row names (EngineRow.plan): "NAME engine (its row's words)"."""
+    del feed_tokens
+    return OffDevicePlan(f"{spec.engine.engine} engine ({spec.engine.row.summary})", hosts, evaluation)
 
 
 def rollout_shapes(spec: RunSpec, feed_tokens: int, hosts: int = 1, evaluation: bool = False) -> EnginePlan:
