@@ -28,8 +28,8 @@ def imported(path: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        raise ImportError(f"{path}: nothing of that name ({e}); a table row names what it builds by its "
-                          "module's dotted path and the name in it") from None
+        raise ImportError(f"{path}: no such function or class ({e}); a table row names what it builds or runs "
+                          "by its module's dotted path and the name in it") from None
 
 
 class UnknownNameError(InputError):
