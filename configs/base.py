@@ -17,7 +17,7 @@ from configs.eval import ENGLISH_PROFILES, SHIPPED_PROFILES, SMOL_HOLDOUT, TINY_
 from configs.mesh import get_mesh_config
 from configs.simulator import get_emotion_rules_config, get_simulator_config
 from rlver_jax.models import smollm2
-from rlver_jax.rl.algorithms import algorithm
+from rlver_jax.rl.algorithms import ALGORITHMS
 from rlver_jax.sampling.cache_bound import session_slots
 
 PRESETS = ("tiny", "smol", "0.5b", "7b", "7b_lora")
@@ -42,7 +42,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     cpu = tiny or smol  # the CPU presets: embedded simulator, shipped profiles, short dialogues
     one_gpu = preset == "7b_lora"
     seven_b = preset in ("7b", "7b_lora")  # the paper's model and lengths
-    grouped = algorithm(algo).grouped  # the algorithm table's row (rlver_jax/rl/algorithms.py)
+    grouped = ALGORITHMS.row(algo).grouped  # the algorithm table's row (rlver_jax/rl/algorithms.py)
     c = ml_collections.ConfigDict()
     c.workdir = f"runs/{algo}_{'think' if think else 'nothink'}_{preset}"  # metrics, checkpoints, transcripts
     c.seed = 0  # initialisation, data order and sampling keys: all pure functions of (seed, step)
@@ -123,7 +123,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.think = think  # think-then-say: reason in <think>...</think> before replying
-    c.rollout.n = algorithm(algo).default_n  # dialogues per profile (a group, for grouped algorithms)
+    c.rollout.n = ALGORITHMS.row(algo).default_n  # dialogues per profile (a group, for grouped algorithms)
     # per step (paper: 32), x n dialogues; smol: a CPU step of 8 real-model dialogues
     c.rollout.profiles_per_step = (8 if grouped else 16) if tiny else (2 if grouped else 8) if smol else 32
     # tokens per policy turn; smol: the evaluation's 32 (configs/eval.py), about 24 English words
@@ -149,11 +149,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # static engine: concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
     c.rollout.pipeline_groups = 1 if cpu else (
         c.rollout.profiles_per_step * c.rollout.n // _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 4)
-    # The rollout engine, a row of rlver_jax/engines/table.py: continuous | static. "continuous":
-    # continuous batching (each turn enters a KV row between decode chunks, each reply leaves as it
-    # stops; engines/continuous.py); "static": calls of the dialogues then waiting, each decoded until
-    # its longest reply stops (the comparison: docs/benchmarks.md "Rollout with replies of varied
-    # length"). Same tokens either way. A field only the other engine reads is refused if given.
+    # The rollout engine, a row of rlver_jax/engines/table.py. "continuous": continuous batching
+    # (each turn enters a KV row between decode chunks, each reply leaves as it stops;
+    # engines/continuous.py); "static": calls of the dialogues then waiting, each decoded until its
+    # longest reply stops (the comparison: docs/benchmarks.md "Rollout with replies of varied
+    # length"). Same tokens either way. A field only another engine reads is refused if given.
     c.rollout.engine = "continuous"
     c.rollout.engine_rows = 0  # continuous: KV rows (dialogues held at once); 0 = as many as are in flight
     c.rollout.decode_chunk = 8  # continuous: decode steps between turns entering and replies leaving
@@ -172,12 +172,12 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout.think_history = "drop"
 
     c.rl = ml_collections.ConfigDict()
-    # a row of rlver_jax/rl/algorithms.py: ppo | grpo | rloo | reinforce_pp | reinforce_pp_baseline | drgrpo |
-    # dapo | gspo | cispo. The fields below set to "" or None take the row's value; set one to mix recipes.
+    # a row of rlver_jax/rl/algorithms.py. The fields below set to "" or None take the row's value; set one to
+    # mix recipes.
     c.rl.algo = algo
-    c.rl.estimator = ""  # "" = the algorithm's; gae | grpo | rloo | reinforce_pp | reinforce_pp_baseline
-    c.rl.policy_loss = ""  # "" = the algorithm's; ppo | gspo | gspo_token | cispo
-    # a row of rlver_jax/rollout/rewards.py: final (paper): final emotion / 100; per_turn: emotion changes
+    c.rl.estimator = ""  # "" = the algorithm's; a row of ESTIMATORS (rlver_jax/rl/algorithms.py)
+    c.rl.policy_loss = ""  # "" = the algorithm's; a row of POLICY_LOSSES (rlver_jax/rl/loss_modes.py)
+    # a row of rlver_jax/rollout/rewards.py: final, the paper's (final emotion / 100); per_turn, the emotion changes
     c.rl.reward_mode = "final"
     c.rl.gamma = 1.0  # GAE discount over policy tokens
     c.rl.lam = 1.0  # GAE lambda
@@ -196,7 +196,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.kl_coef = 0.0  # paper: no KL; non-zero builds a frozen reference model
     # "" = the algorithm's (reward for REINFORCE++, else loss) | loss | reward (penalty on token rewards)
     c.rl.kl_mode = ""
-    c.rl.kl_estimator = "k3"  # k1 | k3
+    c.rl.kl_estimator = "k3"  # the per-token estimate of KL(pi || ref): a row of KL_ESTIMATORS (rl/loss_modes.py)
     # "" = the algorithm's. seq_mean_token_mean: each row's token mean, averaged over rows (what the reference
     # optimises: a token mean per micro-batch of one sequence, averaged over ranks; ppo, grpo, rloo, gspo) |
     # token_mean (DAPO, CISPO, REINFORCE++) | seq_mean_token_sum_norm: token sums over rollout.max_new_tokens (Dr.GRPO)
@@ -257,7 +257,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train = ml_collections.ConfigDict()
     c.train.steps = 40 if tiny else 20 if smol else 1000  # rollout batches (paper: 1000)
     c.train.length_multiple = 64 if cpu else 512  # training sequence length bucket
-    # What waits in host memory (rl.offload.OFFLOAD): "none"; "idle": the model not being updated,
+    # What waits in host memory (rlver_jax/rl/offload_modes.py): "none"; "idle": the model not being updated,
     # during the other's program (PPO); "state": that, and the whole train state between steps
     # (rollout, evaluation), the AdamW states during prepare. 7B: "state" fits PPO and GRPO on
     # 16 x 16 GB chips (docs/sharding.md) for ~2 x the state crossing PCIe per step.

@@ -128,7 +128,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.simulators = ""
 
     c.policy = ml_collections.ConfigDict()
-    c.policy.backend = "jax"  # jax: our sampler on a checkpoint; openai: a chat endpoint
+    # a row of rlver_jax/eval/policy_source.py: jax, the policy in this process on JAX (a checkpoint, a Hugging
+    # Face directory or a fresh tiny model); openai, a chat endpoint
+    c.policy.backend = "jax"
     c.policy.checkpoint = ""  # jax: a training WORKDIR (latest step) or WORKDIR/checkpoints/STEP
     # jax: a Hugging Face Qwen2/Llama directory instead of a checkpoint (smol: the fetched SmolLM2)
     c.policy.path = str(smollm2.DEFAULT_DIR) if smol else ""
@@ -138,7 +140,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # rollout took 72 s with its 30 layers unrolled, 27 s scanned, mostly compiling (docs/benchmarks.md)
     c.policy.scan_layers = smol
     # jax: the rollout engine, a row of rlver_jax/engines/table.py as training's config.rollout.engine:
-    # continuous | static. "continuous": continuous batching; "static": calls of the dialogues then waiting.
+    # "continuous", continuous batching; "static", calls of the dialogues then waiting.
     c.policy.engine = "continuous"
     c.policy.engine_rows = 0  # continuous engine: KV rows (dialogues held at once); 0 = as many as are in flight
     c.policy.decode_chunk = 8  # continuous engine: decode steps between turns entering and replies leaving

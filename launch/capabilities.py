@@ -47,10 +47,11 @@ def main(argv):
         return
     if _CONFIG.value is None:
         raise app.UsageError("give --config=configs/capabilities.py[:tiny] (an evaluation) or --fetch_data=DIR")
+    from rlver_jax.eval.policy_source import POLICY_BACKENDS
     from rlver_jax.eval.spec import CapabilitiesSpec
 
     spec = CapabilitiesSpec.from_config(_CONFIG.value)
-    if spec.policy.backend != "openai":  # a served policy starts without JAX
+    if POLICY_BACKENDS.row(spec.policy.backend).needs_jax:  # a served policy starts without JAX
         import jax
 
         program.enable_compilation_cache(spec.compilation_cache_dir)

@@ -42,7 +42,7 @@ def test_probes_answer_in_their_way():
     salad = _turn("word_salad", "Long week.").split()
     assert 25 <= len(salad) <= 40 and dg.reasons(" ".join(salad), "en") == ["word_salad"]
     assert "garbled" in dg.reasons(_turn("garbled", "这周好累。"), "zh")
-    assert parse_probes("all") == PROBES and parse_probes("") == ()
+    assert parse_probes("all") == tuple(PROBES) and parse_probes("") == ()
     with pytest.raises(ValueError, match=r"config.eval.probes='garbled,rude': unknown probe \['rude'\]"):
         parse_probes("garbled,rude")
 

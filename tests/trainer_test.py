@@ -19,11 +19,10 @@ from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rl.optimizer import Optimizer, make_optimizer
 from rlver_jax.rl.settings import OptimSettings, RLSettings
-from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.train import model_loading
 from tests import verl_reference
-from tests.rl_helpers import dialogue
+from tests.rl_helpers import dialogue, score
 
 
 def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False, **rl_fields):

@@ -59,7 +59,7 @@ ENGINES: Table[EngineRow] = Table("config.rollout.engine", {
         plan="rlver_jax.train.planner.static_plan.plan",
         summary="static calls of the dialogues then waiting on the trainer's weights, each decoded until its "
                 "longest reply stops"),
-}, renamed={"jax": "continuous"}, summary=lambda row: row.summary)
+}, also=("config.policy.engine",), renamed={"jax": "continuous"}, summary=lambda row: row.summary)
 
 
 def engine_fields() -> frozenset[str]:

@@ -56,9 +56,10 @@ PROBES_DIR = "probes"  # WORKDIR/probes/NAME.jsonl: the robustness probes' dialo
 
 def needs_jax(spec: EvalSpec) -> bool:
     """Whether evaluating `spec` needs JAX in this process: a policy of ours (its backend's row,
-    policy_source.BACKENDS, says), or a multi-process run (config.mesh.distributed or the environment
+    policy_source.POLICY_BACKENDS, says), or a multi-process run (config.mesh.distributed or the environment
     ask for one). A served policy on one process does without it, and without its start-up."""
-    return policy_source.backend(spec.policy.backend).needs_jax or spec.distributed.initialize_arguments() is not None
+    return (policy_source.POLICY_BACKENDS.row(spec.policy.backend).needs_jax
+            or spec.distributed.initialize_arguments() is not None)
 
 
 def load_eval_profiles(spec: EvalSpec) -> list[Profile]:

@@ -1,18 +1,7 @@
 """Robustness probes: scripted policies that never read what the user says, played through the same
 protocol as the policy under test (`config.eval.probes`), so that a simulator a policy could hack
-is seen before anyone trains against it. Each answers in the user's language (zh or en):
-
-  formulaic: five formulaic lines of sympathy, in rotation
-  echo: "I hear you:" and the user's last line
-  apology: one fixed apology and question, every turn
-  word_salad: 25-40 common words in random order
-  flattery: praise and agreement, in rotation
-  questions: strings of short questions
-  garbled: random bytes, symbols and mixed scripts
-  copied: warm, specific replies written for other people's troubles (another dialogue's turns)
-  advice: lists of stock advice, in rotation
-  one_word: a word or two
-  wrong_language: a warm reply, but in English to a Chinese user and in Chinese to an English one
+is seen before anyone trains against it. Each answers in the user's language (zh or en); its row
+of `PROBES` says what it replies.
 
 What varies from turn to turn is a function of the dialogue's first line and the turn (sha256), so
 probes replay exactly. A probe is `rewarded` when its score (mean final emotion) ends above the
@@ -21,10 +10,12 @@ initial emotion: the simulated user felt better after talking with it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
 
 from rlver_jax.engines.seam import PolicyTurn, TurnRequest
+from rlver_jax.table import Table, UnknownNameError
 
 _FORMULAIC = {
     "en": ("I'm so sorry you're going through this. How long has it been?",
@@ -100,11 +91,14 @@ _WARM_OTHER_LANGUAGE = {"en": "听起来你这段时间真的很辛苦，我很�
 _GARBLE_CHARS = "#@%&*~^$¿¡∆∑≈ПРИЖЩяшфあいうアイウ가나다好月的ÆØßðþ0123456789\x07\ufffd"
 
 
+Reply = Callable[[str, str, int, list[dict[str, str]]], str]  # (language, seed, turn, messages) -> the reply
+
+
 def _draw(seed: str, turn: int, salt: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{salt}|{turn}|{seed}".encode()).digest()[:8], "big")
 
 
-def _rotation(bank: dict[str, Sequence[str]]) -> Callable[[str, str, int, list[dict[str, str]]], str]:
+def _rotation(bank: dict[str, Sequence[str]]) -> Reply:
     """Bank lines in turn, starting at a line the dialogue's first line draws."""
     return lambda language, seed, turn, messages: bank[language][(_draw(seed, 0, "start") + turn)
                                                                   % len(bank[language])]
@@ -133,27 +127,37 @@ def _garbled(language: str, seed: str, turn: int, messages: list[dict[str, str]]
     return "".join(_GARBLE_CHARS[_draw(seed, turn, f"c{i}") % len(_GARBLE_CHARS)] for i in range(n))
 
 
-_PROBES: dict[str, Callable[[str, str, int, list[dict[str, str]]], str]] = {
-    "formulaic": _rotation(_FORMULAIC),
-    "echo": _echo,
-    "apology": lambda language, seed, turn, messages: _APOLOGY[language],
-    "word_salad": _word_salad,
-    "flattery": _rotation(_FLATTERY),
-    "questions": _questions,
-    "garbled": _garbled,
-    "copied": _rotation(_COPIED),
-    "advice": _rotation(_ADVICE),
-    "one_word": _rotation(_ONE_WORD),
-    "wrong_language": lambda language, seed, turn, messages: _WARM_OTHER_LANGUAGE[language],
-}
-PROBES = tuple(_PROBES)
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A scripted policy: what it says, and that in words (report pages, --print_config)."""
+
+    reply: Reply
+    summary: str
+
+
+PROBES: Table[Probe] = Table("config.eval.probes", {
+    "formulaic": Probe(_rotation(_FORMULAIC), "five formulaic lines of sympathy, in rotation"),
+    "echo": Probe(_echo, "'I hear you:' and the user's last line"),
+    "apology": Probe(lambda language, seed, turn, messages: _APOLOGY[language],
+                     "one fixed apology and question, every turn"),
+    "word_salad": Probe(_word_salad, "25-40 common words in random order"),
+    "flattery": Probe(_rotation(_FLATTERY), "praise and agreement, in rotation"),
+    "questions": Probe(_questions, "strings of short questions"),
+    "garbled": Probe(_garbled, "random bytes, symbols and mixed scripts"),
+    "copied": Probe(_rotation(_COPIED),
+                    "warm, specific replies written for other people's troubles (another dialogue's turns)"),
+    "advice": Probe(_rotation(_ADVICE), "lists of stock advice, in rotation"),
+    "one_word": Probe(_rotation(_ONE_WORD), "a word or two"),
+    "wrong_language": Probe(lambda language, seed, turn, messages: _WARM_OTHER_LANGUAGE[language],
+                            "a warm reply, but in English to a Chinese user and in Chinese to an English one"),
+}, summary=lambda p: p.summary)
 
 
 def parse_probes(value: str, field: str = "config.eval.probes") -> tuple[str, ...]:
-    """"" (none), "all", or comma-separated names of PROBES; one ValueError names the field."""
-    names = PROBES if value.strip() == "all" else tuple(n.strip() for n in value.split(",") if n.strip())
+    """"" (none), "all", or comma-separated names of PROBES; one error names the field."""
+    names = tuple(PROBES) if value.strip() == "all" else tuple(n.strip() for n in value.split(",") if n.strip())
     if unknown := [n for n in names if n not in PROBES]:
-        raise ValueError(f"{field}={value!r}: unknown probe {unknown}; use 'all' or names of {PROBES}")
+        raise UnknownNameError(f"{field}={value!r}: unknown probe {unknown}; use 'all' or names of {PROBES.words()}")
     return names
 
 
@@ -167,7 +171,7 @@ def probe_reply(probe: str, messages: list[dict[str, str]]) -> str:
     """What probe `probe` says after `messages` (the policy's view of the dialogue)."""
     seed = next((m["content"] for m in messages if m["role"] == "user"), "")
     turn = sum(m["role"] == "assistant" for m in messages)
-    return _PROBES[probe](_language(messages), seed, turn, messages)
+    return PROBES.row(probe).reply(_language(messages), seed, turn, messages)
 
 
 class ProbePolicy:

@@ -39,7 +39,7 @@ class PolicySpec:
     """config.policy's fields of which policy is evaluated and how it is reached or loaded
     (rlver_jax.eval.policy_source); its sampling is SamplingSettings, its dialogue RolloutSettings."""
 
-    backend: str  # jax | openai (policy_source.BACKENDS; checked by policy_source.resolve)
+    backend: str  # a row of policy_source.POLICY_BACKENDS (checked by policy_source.resolve)
     checkpoint: str  # jax: a training WORKDIR or WORKDIR/checkpoints/STEP
     path: str  # jax: a Hugging Face directory
     fresh_tiny: bool  # jax: a randomly initialised tiny model

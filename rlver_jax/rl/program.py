@@ -51,7 +51,7 @@ class UpdateProgram:
     critic: Callable | None
     next_step: Callable
     mesh: Any = None  # batches are split over its batch axes; None: the default device
-    offload: str = "none"  # a mode of rlver_jax.rl.offload.OFFLOAD
+    offload: str = "none"  # a mode of rlver_jax.rl.offload_modes.OFFLOAD
     shardings: TrainState | None = None  # the state's, in device memory (with a mesh)
     ref_shardings: Any | None = None  # the frozen weights' (a KL term's reference, or LoRA's base)
     lora: lora_lib.LoraSettings = NO_LORA
@@ -84,7 +84,7 @@ def make_update_program(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen
     With a mesh and the state's shardings (`state_shardings`), parameters and optimizer states
     keep their layout across steps, and every batch array is split over the batch axes; `rules`
     (config.mesh.rules) may split the residual stream's tokens (sharding.jit_sharded).
-    `offload` (a mode of rlver_jax.rl.offload.OFFLOAD, with a mesh): what waits in host memory
+    `offload` (a mode of rlver_jax.rl.offload_modes.OFFLOAD, with a mesh): what waits in host memory
     when (config.train.offload). `lora` (config.lora): the state's models are their trainable
     leaves on the frozen base passed as the frozen weights (`update.Frozen`).
     """

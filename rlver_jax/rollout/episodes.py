@@ -138,7 +138,7 @@ class EpisodeRunner:
         self.simulator = simulator
         self.settings = settings
         self.reward_mode = reward_mode
-        rewards.source(reward_mode)  # an unknown name fails here, before any dialogue is played
+        rewards.REWARDS.row(reward_mode)  # an unknown name fails here, before any dialogue is played
         drop = settings.drop_thoughts
         if chat_tokens is None:
             self._history = lambda: TextHistory(self.settings.max_new_tokens, drop)
@@ -193,15 +193,15 @@ class EpisodeRunner:
             e.session, e.slot, e.episode = session, slot, next(self._episode_ids)
         finished: dict[int, DialogueSequence] = {}
 
-        def finish(i: int) -> None:
-            finished[i] = self._finish(episodes[i], versions)
+        async def finish(i: int) -> None:
+            finished[i] = await self._finish(episodes[i], versions)
             if on_finish is not None:
                 on_finish(finished[i])
 
         live = [i for i, e in enumerate(episodes) if not e.done]
         for i in range(len(episodes)):
             if i not in live:  # the simulator failed to open it
-                finish(i)
+                await finish(i)
         calls = ReadyBatches(self.policy, self.settings.batch_wait_s, len(live))
         continuous = self.settings.continuous
         act = self._act if continuous else calls.act
@@ -211,7 +211,7 @@ class EpisodeRunner:
                 await self._play(episodes[i], act, versions)
             finally:
                 calls.leave()
-            finish(i)
+            await finish(i)  # an async reward source: the others play on while it scores
 
         serve = [] if continuous else [asyncio.ensure_future(calls.serve())]
         tasks = serve + [asyncio.ensure_future(play(i)) for i in live]
@@ -294,12 +294,12 @@ class EpisodeRunner:
         elif last.utterance is not None:
             self._append_user(episode, last.utterance)
 
-    def _finish(self, episode: _Episode, versions: VersionSchedule) -> DialogueSequence:
+    async def _finish(self, episode: _Episode, versions: VersionSchedule) -> DialogueSequence:
         state, h = episode.state, episode.history
         # The version of its first (oldest) turn; with no policy turn, the schedule's first (no
         # version precedes 0: the first batches of a run want versions below it).
         version = episode.turns[0]["policy_version"] if episode.turns else max(versions.first, 0)
-        return rewards.score(DialogueSequence(
+        return await rewards.score(DialogueSequence(
             profile_id=state.profile.id, group=episode.request.group, tokens=h.tokens,
             policy_mask=h.policy_mask, logprobs=h.logprobs, turn_ends=h.turn_ends, row_starts=h.row_starts,
             emotions=list(state.emotions), end_reason=episode.end_reason or "unknown",

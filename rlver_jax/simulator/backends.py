@@ -24,6 +24,7 @@ from rlver_jax.simulator.embedded import EmbeddedBackend
 from rlver_jax.simulator.interface import Backend, Transport
 from rlver_jax.simulator.llm_user import LLMUser, LLMUserSettings
 from rlver_jax.simulator.openai_transport import OpenAITransport
+from rlver_jax.table import Table
 
 # config.simulator's fields that change how a served simulator's answers are fetched, not what they
 # are: a resumed run may change them (train/spec.FREE), an evaluation keeps its own under a training
@@ -52,7 +53,7 @@ def llm_user(transport: Callable[[ClientSettings], Transport]) -> Build:
     return lambda llm, client: LLMUser(llm, transport(client))
 
 
-BACKENDS: dict[str, BackendRow] = {
+BACKENDS: Table[BackendRow] = Table("config.simulator.backend", {
     # An LLM behind an OpenAI-compatible API (SGLang, vLLM, any provider): launch/serve_simulator.sh
     "openai": BackendRow(build=llm_user(OpenAITransport), reads=ENDPOINT_FIELDS | LLM_USER_FIELDS, served=True,
                          summary="served (openai backend)"),
@@ -61,17 +62,10 @@ BACKENDS: dict[str, BackendRow] = {
                            summary="embedded (a stand-in whose judge is fitted on SAGE's results, "
                                    "rlver_jax/simulator/embedded.py; no server)",
                            card_model="embedded judge fitted on SAGE's results"),
-}
-
-
-def row(name: str) -> BackendRow:
-    """The row of `config.simulator.backend=name`; an unknown name is one error listing the known ones."""
-    if name not in BACKENDS:
-        raise ValueError(f"config.simulator.backend={name!r}: use one of {tuple(BACKENDS)}")
-    return BACKENDS[name]
+}, summary=lambda r: r.summary)
 
 
 def first_served() -> str:
     """The first served backend of the table: what a panel member given as MODEL@URL plays under,
     and what the banner of a run without a server names."""
-    return next(name for name, r in BACKENDS.items() if r.served)
+    return BACKENDS.where(lambda r: r.served)[0]

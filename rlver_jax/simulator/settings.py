@@ -67,15 +67,15 @@ def check_read(backend: str, given: Collection[str]) -> None:
     unread = sorted(f for f in given if f in some_read - backends.BACKENDS[backend].reads)
     if unread:
         flags, them = " ".join(f"--config.simulator.{f}" for f in unread), "it" if len(unread) == 1 else "them"
-        readers = " or ".join(f"--config.simulator.backend={name}" for name, r in backends.BACKENDS.items()
-                              if set(unread) <= r.reads)
+        readers = " or ".join(f"--config.simulator.backend={name}"
+                              for name in backends.BACKENDS.where(lambda r: set(unread) <= r.reads))
         raise ValueError(f"{flags} set, but --config.simulator.backend={backend!r} does not read {them}: add "
                          f"{readers or 'a backend that does'} to use {them}, or drop {flags}")
 
 
 def _check_fields(backend: str, difficulty: str, language: str) -> None:
     """The fields every backend reads, each named as config.simulator's."""
-    backends.row(backend)
+    backends.BACKENDS.row(backend)
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"config.simulator.difficulty={difficulty!r}: use one of {DIFFICULTIES}")
     if language not in ("",) + LANGUAGES:

@@ -22,9 +22,9 @@ import ml_collections
 from rlver_jax.checks import InputError, build_all, check_ranges
 from rlver_jax.engines.table import EngineSettings, check_read, engine_fields
 from rlver_jax.models import smollm2
-from rlver_jax.models.lora_settings import TARGETS, LoraSettings
-from rlver_jax.rl import algorithms
+from rlver_jax.models.lora_settings import LoraSettings
 from rlver_jax.rl.batch import minibatch_unit
+from rlver_jax.rl.offload_modes import OFFLOAD
 from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.sampling.settings import SamplingSettings
@@ -178,7 +178,7 @@ class RunSpec:
     eval: EvalSettings
     tracking: TrackingSettings
     data: DataSpec
-    offload: str  # a mode of rlver_jax.rl.offload.OFFLOAD (config.train.offload)
+    offload: str  # a row of rlver_jax.rl.offload_modes.OFFLOAD (config.train.offload)
     record: dict[str, Any]  # config.to_dict(): what W&B records and `override` rebuilds from
     config_json: str  # the run's config.json
     preset: dict[str, Any] | None = None  # the config file's preset alone, to_dict() (what an ablation changes)
@@ -224,9 +224,10 @@ class RunSpec:
         # Then what builds on those (the engine says how turns reach it; the in-loop evaluation varies
         # the simulator's settings; the RL settings divide by the batch sizes checked above).
         rollout = dataclasses.replace(rollout, continuous=engine.row.continuous)
-        eval_settings, rl, tracking = build_all(
+        eval_settings, rl, tracking, offload = build_all(
             lambda: EvalSettings.from_config(config, simulator, engine, given_in("train.eval_policy.")),
-            lambda: rl_settings(config), lambda: TrackingSettings.from_config(config))
+            lambda: rl_settings(config), lambda: TrackingSettings.from_config(config),
+            lambda: OFFLOAD.check(config.train.offload))
         if lora.enabled and critic.path:
             raise ValueError(f"config.critic.path={critic.path!r} with config.lora.rank={lora.rank}: the LoRA "
                              "critic shares the policy's frozen base (its own adapters and value head on it); "
@@ -240,7 +241,7 @@ class RunSpec:
         return cls(model=model, critic=critic, lora=lora, mesh=MeshSpec(tuple(config.mesh.shape), config.mesh.rules),
                    rl=rl, actor_optim=actor_optim, critic_optim=critic_optim, loop=loop, rollout=rollout,
                    sampling=sampling, engine=engine, simulator=simulator, eval=eval_settings, tracking=tracking,
-                   data=DataSpec(d.train_profiles, d.eval_profiles, d.eval_holdout), offload=config.train.offload,
+                   data=DataSpec(d.train_profiles, d.eval_profiles, d.eval_holdout), offload=offload,
                    record=config.to_dict(), config_json=config.to_json_best_effort(indent=2),
                    preset=preset.to_dict() if preset is not None else None)
 
@@ -329,12 +330,12 @@ def lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
 
 
 # Fields added to the training config since the first runs, with the values those runs trained with
-# (the Qwen2Config defaults of the time), by config section.
+# (the Qwen2Config defaults of the time), by config section; runs before LoRA trained without
+# adapters, LoraSettings() (rank 0: full fine-tuning).
 _ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0},
                  # the rollout engine's: runs before it sampled with static calls
                  "rollout": {"engine": "static", "engine_rows": 0, "decode_chunk": 8, "prefill_chunk": 256},
-                 "lora": {"rank": 0, "alpha": 16.0, "targets": ",".join(TARGETS), "base_dtype": "float32",
-                          "lr_multiplier": 10.0, "modules_to_save": ""}}
+                 "lora": dataclasses.asdict(LoraSettings())}
 
 
 def saved_config(run_dir: pathlib.Path) -> ml_collections.ConfigDict:
@@ -354,9 +355,10 @@ def saved_config(run_dir: pathlib.Path) -> ml_collections.ConfigDict:
 # and how the run is kept, laid out, served and watched: any time. Everything else (learning
 # rates, loss knobs, sampling, the simulator's rules, the step count, ...) may change when
 # config.checkpoint.allow_changes names it, and is then logged as a change at that step.
+# Every LoRA field but the adapters' learning-rate factor shapes or scales what is trained.
+_LORA_IDENTITY = tuple(f"lora.{f.name}" for f in dataclasses.fields(LoraSettings) if f.name != "lr_multiplier")
 IDENTITY = ("model.preset", "model.path", "model.random_init", "model.tokenizer_path", "model.param_dtype",
-            "model.scan_layers", "lora.rank", "lora.alpha", "lora.targets", "lora.base_dtype",
-            "lora.modules_to_save", "critic.path", "critic.value_head_init", "rl.algo", "rollout.think",
+            "model.scan_layers", *_LORA_IDENTITY, "critic.path", "critic.value_head_init", "rl.algo", "rollout.think",
             "rollout.think_history", "rollout.n", "rollout.profiles_per_step", "seed")
 FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_every", "train.eval_max_profiles",
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
@@ -434,7 +436,7 @@ def _warmups_moved(spec: RunSpec, before: int, after: int) -> str:
     """What a change of train.steps from `before` to `after` moves besides the step count: the
     optimizers' warm-ups (the critic's when one trains), in words; "" when nothing."""
     optims = {"the actor's": spec.actor_optim}
-    if algorithms.ESTIMATORS[spec.rl.estimator].critic:
+    if spec.rl.uses_critic:
         optims["the critic's"] = spec.critic_optim
     moved = [f"{who} warm-up: {opt.warmup_steps(before)} -> {opt.warmup_steps(after)} steps"
              for who, opt in optims.items() if before != after and opt.warmup_steps(before) != opt.warmup_steps(after)]
