@@ -13,7 +13,7 @@ own libraries (the `capabilities` extra: pip install -e '.[capabilities]').
   .venv/bin/python launch/capabilities.py --config=configs/capabilities.py --config.workdir=runs/caps_ppo \\
       --config.policy.checkpoint=runs/ppo_think_7b --config.data.math500=... --config.compare_to=runs/caps_base
   # tiny, on a CPU: the pipeline end to end
-  .venv/bin/python launch/capabilities.py --config=configs/capabilities.py:tiny --config.workdir=/tmp/caps_tiny \\
+  .venv/bin/python launch/capabilities.py --config=configs/capabilities.py:tiny --config.workdir=runs/caps_tiny \\
       --config.data.math500=FILE
 
 Writes WORKDIR/capabilities.json, items.jsonl, report.md, capabilities.html (and with
@@ -68,4 +68,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    program.run(main)
+    program.run(main, statuses=(*program.COMMON_STATUSES, program.EXIT_RESTART))

@@ -1,6 +1,6 @@
 r"""Train an empathetic dialogue policy with RLVER (PPO or GRPO).
 
-  .venv/bin/python launch/train.py --config=configs/grpo_think.py:tiny --config.workdir=/tmp/rlver_tiny
+  .venv/bin/python launch/train.py --config=configs/grpo_think.py:tiny --config.workdir=runs/tiny
   .venv/bin/python launch/train.py --config=configs/ppo_think.py --config.model.path=/models/Qwen2.5-7B-Instruct \
       --config.data.train_profiles=/data/rlver/train_profile.jsonl \
       --config.simulator.base_url=http://simhost:30000/v1
@@ -57,11 +57,14 @@ def _on_sigterm(workdir: pathlib.Path):
 
 
 def _spec(config):
-    """The run's spec, every field and path checked (no JAX imported)."""
+    """The run's spec, every field and path checked, and the mesh where the devices are known
+    without JAX (no JAX imported)."""
+    from rlver_jax.parallel.distributed import DistributedSettings
     from rlver_jax.train.spec import RunSpec
 
     spec = RunSpec.from_config(config, given=program.given_fields(), preset=program.preset_config())
     spec.check_paths()
+    program.check_mesh(spec.mesh.shape, DistributedSettings.from_config(config.mesh.distributed))
     return spec
 
 
@@ -70,6 +73,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
     config = _CONFIG.value
     spec = program.checked_config(lambda: _spec(config))
+    from rlver_jax.train.finished import finished_run
+
+    finished = program.checked_config(lambda: finished_run(spec))
+    if finished:  # train.steps reached: said before JAX is imported
+        print(finished)
+        return
     import jax
 
     from rlver_jax.train import checkpoint, loop
@@ -89,7 +98,10 @@ def main(argv):
     pod = None
     try:
         distributed = DistributedSettings.from_config(config.mesh.distributed)
-        if sharding.maybe_initialize_distributed(distributed) and jax.process_count() > 1:
+        joined = sharding.maybe_initialize_distributed(distributed)
+        # The mesh against the devices JAX found (before JAX where they were known: _spec): exit 2.
+        program.checked_config(lambda: sharding.resolve_mesh_shape(spec.mesh.shape, jax.device_count()))
+        if joined and jax.process_count() > 1:
             pod = PodWatch(workdir, distributed.peer_timeout_s).start()  # a lost process: one line, exit 75
         loop.train(spec, on_step=pod.on_step if pod else None)
         if pod is not None:
@@ -118,7 +130,7 @@ def main(argv):
         if isinstance(cause, OSError):
             raise program.UserError(_disk_message(cause, workdir)) from e
         if cause is not e and program.is_expected(cause):
-            raise program.UserError(str(cause)) from e
+            raise program.UserError(str(cause), program.exit_status(cause)) from e
         raise
     if jax.process_index() == 0:
         steps = checkpoint.saved_steps(workdir / "checkpoints")
@@ -127,4 +139,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    program.run(main, required=["config"])
+    program.run(main, required=["config"],
+                statuses=(*program.COMMON_STATUSES, program.EXIT_RESTART, program.EXIT_TERMINATED))

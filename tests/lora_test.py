@@ -98,7 +98,7 @@ def test_rank_zero_is_the_base_itself(tiny):
 @pytest.mark.parametrize("untied,modules", [(False, ()), (False, ("embed", "norms")), (True, ("embed", "norms"))])
 def test_merged_export_and_peft_adapter_give_our_logits(tmp_path, tiny, untied, modules):
     """PEFT loads modules_to_save whole (a tied model's LM head too: PEFT unties it)."""
-    peft = pytest.importorskip("peft")
+    peft = pytest.importorskip("peft", reason="peft is a test extra: pip install -e '.[test]'")
     config, base = tiny
     if untied:
         config = config.replace(tie_word_embeddings=False)

@@ -307,17 +307,20 @@ def test_planner_at_half_a_billion_parameters(tmp_path):
 
 @pytest.mark.slow
 def test_launch_plan_on_one_cpu_device_and_a_bad_mesh(tmp_path):
-    """launch/plan.py with the tiny preset on one CPU device prints a plan that fits; a mesh that
-    the device count cannot make is one line naming mesh.shape, no traceback."""
+    """launch/plan.py with the tiny preset on one CPU device prints a plan that fits, and of a GRPO
+    run compiles no critic update (nor says so); a mesh that the device count cannot make is one
+    line naming config.mesh.shape, no traceback, exit 2."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}
     base = [sys.executable, str(REPO / "launch" / "plan.py"), "--config=configs/grpo_think.py:tiny",
-            "--phases=actor update", "--config.rollout.max_total_tokens=128", f"--config.workdir={tmp_path}"]
+            "--phases=actor update,critic update", "--config.rollout.max_total_tokens=128",
+            f"--config.workdir={tmp_path}"]
     ok = subprocess.run(base, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "= 1 cpu devices" in ok.stdout and "fits in 16 GB" in ok.stdout
+    assert "compiling actor update" in ok.stderr and "critic" not in ok.stderr, ok.stderr
     bad = subprocess.run(base + ["--config.mesh.shape=(1,1,2)"], capture_output=True, text=True, cwd=REPO, env=env,
                          timeout=600)
-    assert bad.returncode == 1 and "mesh.shape" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "config.mesh.shape" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.mark.slow

@@ -32,6 +32,8 @@ import pathlib
 import threading
 from typing import Any
 
+from tqdm import tqdm
+
 from rlver_jax.eval import panel, policy_source, protocol, report
 from rlver_jax.eval.probes import ProbePolicy
 from rlver_jax.eval.resume import load_records, record_setup, setup_conflict
@@ -39,7 +41,7 @@ from rlver_jax.eval.spec import TRANSPORT as _TRANSPORT
 from rlver_jax.eval.spec import BenchmarkSettings, EvalSpec
 from rlver_jax.files import atomic_write_text
 from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
-from rlver_jax.parallel.hosts import allgather_json, process_index
+from rlver_jax.parallel.hosts import allgather_json, process_index, share
 from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.openings import check_openings
 from rlver_jax.sampling.settings import SamplingSettings
@@ -168,7 +170,7 @@ def run_benchmark(spec: EvalSpec, *, progress: bool = True) -> dict[str, Any]:
                  transcripts, len(pending))
         if pending:
             _evaluate(spec, policy, pending, workdir, progress)
-        probes = {name: _play_probe(name, settings, profiles, workdir, progress) for name in settings.probes}
+        probes = _play_probes(settings, profiles, workdir, progress)
         scores = None
         if process_index() == 0:
             done = {r["profile_id"]: r for r in load_records(transcripts)}
@@ -230,24 +232,30 @@ def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile], loc
     return {"pending": [p.id for p in profiles if p.id not in finished]}
 
 
-def _play_probe(name: str, settings: BenchmarkSettings, profiles: list[Profile], workdir: pathlib.Path,
-                progress: bool) -> list[dict[str, Any]]:
-    """The dialogues of robustness probe `name` (eval/probes.py) with every profile, under the
-    benchmark's simulator and rules; resumable like the policy's (WORKDIR/probes/NAME.jsonl).
-    Every process plays its share; process 0 returns the records in profile order ([] elsewhere)."""
-    path = workdir / PROBES_DIR / f"{name}.jsonl"
-    done = {r["profile_id"] for r in load_records(path)} if process_index() == 0 else set()
-    left = set(allgather_json(sorted(p.id for p in profiles if p.id not in done))[0])
-    pending = [(i, p) for i, p in enumerate(profiles) if p.id in left]
-    if pending:
-        rollout = dataclasses.replace(settings.rollout, think=False)  # a canned reply is all said, nothing thought
-        play_profiles(ProbePolicy(name), None, settings.simulator, rollout, pending, group_size=settings.group_size,
-                      max_dialogues=settings.max_dialogues, append_to=path,
-                      progress=f"probe {name}" if progress else None)
+def _play_probes(settings: BenchmarkSettings, profiles: list[Profile], workdir: pathlib.Path,
+                 progress: bool) -> dict[str, list[dict[str, Any]]]:
+    """The dialogues of every robustness probe of `settings.probes` (eval/probes.py) with every
+    profile, under the benchmark's simulator and rules, counted on one progress bar; resumable like
+    the policy's (WORKDIR/probes/NAME.jsonl). Every process plays its share; process 0 returns each
+    probe's records in profile order ([] elsewhere)."""
+    paths = {name: workdir / PROBES_DIR / f"{name}.jsonl" for name in settings.probes}
+    pending = {}
+    for name, path in paths.items():
+        done = {r["profile_id"] for r in load_records(path)} if process_index() == 0 else set()
+        left = set(allgather_json(sorted(p.id for p in profiles if p.id not in done))[0])
+        pending[name] = [(i, p) for i, p in enumerate(profiles) if p.id in left]
+    rollout = dataclasses.replace(settings.rollout, think=False)  # a canned reply is all said, nothing thought
+    todo = [name for name in paths if pending[name]]
+    with tqdm(total=sum(len(share(len(pending[n]))) for n in todo), unit="dialogue", dynamic_ncols=True,
+              disable=not (progress and todo) or process_index() != 0) as bar:
+        for k, name in enumerate(todo):
+            play_profiles(ProbePolicy(name), None, settings.simulator, rollout, pending[name],
+                          group_size=settings.group_size, max_dialogues=settings.max_dialogues, append_to=paths[name],
+                          progress=f"probes ({k + 1} of {len(todo)}: {name})", bar=bar)
     if process_index():
-        return []
-    by_id = {r["profile_id"]: r for r in load_records(path)}
-    return [by_id[p.id] for p in profiles]
+        return {name: [] for name in paths}
+    by_id = {name: {r["profile_id"]: r for r in load_records(path)} for name, path in paths.items()}
+    return {name: [by_id[name][p.id] for p in profiles] for name in paths}
 
 
 def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, Profile]], workdir: pathlib.Path,

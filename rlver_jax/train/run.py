@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from rlver_jax.checks import InputError
 from rlver_jax.files import atomic_write_text
 from rlver_jax.models import lora as lora_lib
 from rlver_jax.models import qwen2
@@ -202,7 +203,7 @@ def _check_workdir(spec: RunSpec, storage: WorkDir) -> None:
         return
     if not loop.resume:
         if found:
-            raise ValueError(f"{where} holds a run ({', '.join(found)}): config.checkpoint.resume=False would mix a "
+            raise InputError(f"{where} holds a run ({', '.join(found)}): config.checkpoint.resume=False would mix a "
                              "new run into it. Use a new config.workdir, or --config.checkpoint.start_over=True to "
                              f"move this one to {where}.previous-N and start from step 0")
         return

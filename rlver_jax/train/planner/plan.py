@@ -74,7 +74,7 @@ def plan(spec: RunSpec, memory_gb: float | None = 16.0, phases: Sequence[str] = 
         sizes["frozen base" if s.update.lora.enabled else "reference params"] = device_bytes(s.ref)
     sizes["train batch"] = device_bytes(s.batch)
     done = []
-    for name in phases:
+    for name in (n for n in phases if n != "critic update" or s.rl.uses_critic):  # GRPO: no critic to compile
         log(f"compiling {name} ...")
         for p in run_phases(s, [name], feed_tokens):
             done.append(p)
