@@ -129,7 +129,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # tokens per policy turn; smol: the evaluation's 32 (configs/eval.py), about 24 English words
     c.rollout.max_new_tokens = 48 if tiny else 32 if smol else 5000
     c.rollout.max_total_tokens = 1024 if cpu else 15000  # per training row (prompt 5000 + response 10000)
-    # KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
+    # static engine: KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
     # 0 re-encodes the history every turn (less memory held between turns). With think_history
     # "drop" a turn's prompt no longer extends what the cache holds (the thoughts are gone), so its
     # row is encoded afresh each turn and a cache only holds memory: off in think mode. On for 7B
@@ -146,18 +146,19 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # With max_staleness >= 2, dialogues in flight move to newer versions turn by turn (rollout.versions);
     # False: every turn of a batch by its oldest version (an ablation).
     c.rollout.partial_rollouts = True
-    # static: concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
+    # static engine: concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
     c.rollout.pipeline_groups = 1 if cpu else (
         c.rollout.profiles_per_step * c.rollout.n // _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 4)
-    # The sampler (rlver_jax.engines.table.SAMPLERS): "jax", the rollout engine (continuous batching:
-    # each turn enters a KV row between decode chunks, each reply leaves as it stops; engines/continuous.py);
-    # "static", calls of the dialogues then waiting, each decoded until its longest reply stops (the
-    # comparison: docs/benchmarks.md "Rollout with replies of varied length"). Same tokens either way.
-    c.rollout.engine = "jax"
-    c.rollout.engine_rows = 0  # jax: KV rows (dialogues held at once); 0 = as many as are in flight
-    c.rollout.decode_chunk = 8  # jax: decode steps between turns entering and replies leaving
-    c.rollout.prefill_chunk = 256  # jax: most prompt tokens a row writes per prefill call
-    # static: seconds a dialogue ready for its next turn waits for others of its group to join the policy
+    # The rollout engine, a row of rlver_jax/engines/table.py. "continuous": continuous batching
+    # (each turn enters a KV row between decode chunks, each reply leaves as it stops;
+    # engines/continuous.py); "static": calls of the dialogues then waiting, each decoded until its
+    # longest reply stops (the comparison: docs/benchmarks.md "Rollout with replies of varied
+    # length"). Same tokens either way. A field only another engine reads is refused if given.
+    c.rollout.engine = "continuous"
+    c.rollout.engine_rows = 0  # continuous: KV rows (dialogues held at once); 0 = as many as are in flight
+    c.rollout.decode_chunk = 8  # continuous: decode steps between turns entering and replies leaving
+    c.rollout.prefill_chunk = 256  # continuous: most prompt tokens a row writes per prefill call
+    # static engine: seconds a dialogue ready for its next turn waits for others of its group to join the policy
     # call (rollout.ready_batches; each moves on as soon as its user answers); inf: lockstep rounds.
     # 0.25: the users of a round answering together share one call (0.05 split them: +21% rollout
     # time at constant latency, docs/benchmarks.md "Rollout under heavy-tailed latency")

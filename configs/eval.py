@@ -67,7 +67,8 @@ def get_policy_sampling_config(*, tiny: bool = False) -> ml_collections.ConfigDi
     c.top_k = 0  # jax only; 0 = off
     c.max_new_tokens = 32 if tiny else 2048  # per policy turn
     c.max_total_tokens = 1024 if tiny else 16384  # jax: per training row (think_history), then "truncated"
-    # jax: KV-cache slots kept per dialogue between turns (0: re-encode the history every turn).
+    # jax with the static engine: KV-cache slots kept per dialogue between turns (0: re-encode the history
+    # every turn).
     # The most a session can need (rlver_jax.sampling.cache_bound); a turn beyond it is encoded afresh.
     c.cache_slots = session_slots(c.max_total_tokens, c.max_new_tokens) if tiny else 0
     # A think-mode reply without </think>: "continue" lets the simulated user judge the raw text
@@ -138,12 +139,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # jax with policy.path: one scanned decoder layer (a run keeps its own). smol: a first training
     # rollout took 72 s with its 30 layers unrolled, 27 s scanned, mostly compiling (docs/benchmarks.md)
     c.policy.scan_layers = smol
-    # jax: the sampler (rlver_jax.engines.table), as training's config.rollout.engine: "jax" the
-    # rollout engine (continuous batching), "static" calls of the dialogues then waiting.
-    c.policy.engine = "jax"
-    c.policy.engine_rows = 0  # jax engine: KV rows (dialogues held at once); 0 = as many as are in flight
-    c.policy.decode_chunk = 8  # jax engine: decode steps between turns entering and replies leaving
-    c.policy.prefill_chunk = 256  # jax engine: most prompt tokens a row writes per prefill call
+    # jax: the rollout engine, a row of rlver_jax/engines/table.py as training's config.rollout.engine:
+    # "continuous", continuous batching; "static", calls of the dialogues then waiting.
+    c.policy.engine = "continuous"
+    c.policy.engine_rows = 0  # continuous engine: KV rows (dialogues held at once); 0 = as many as are in flight
+    c.policy.decode_chunk = 8  # continuous engine: decode steps between turns entering and replies leaving
+    c.policy.prefill_chunk = 256  # continuous engine: most prompt tokens a row writes per prefill call
     c.policy.base_path = ""  # jax: HF dir for the run's architecture and tokenizer if its model.path moved
     # Think-then-say; None = the run's own setting for a checkpoint, else no-think.
     c.policy.think = config_dict.placeholder(bool)

@@ -59,8 +59,9 @@ _HOIST = flags.DEFINE_bool("hoist_converts", True, "On CPU: False compiles witho
 _HOST = flags.DEFINE_integer("host_devices", None, "Devices per host of the target, for the rollout's host-local "
                              "sampling layout (v5e/v4/v5p hosts: 4, GPU nodes: 8); default: the --topology's hosts or "
                              "the --gpu's nodes, else one host of every device.")
-_FEED = flags.DEFINE_integer("feed_tokens", 512, "With rollout.cache_slots > 0 or the rollout engine: tokens a turn "
-                             "feeds into the cache (the user's reply and the template), bucketed.")
+_FEED = flags.DEFINE_integer("feed_tokens", 512, "With the continuous engine, or the static engine's "
+                             "rollout.cache_slots > 0: tokens a turn feeds into the cache (the user's reply and the "
+                             "template), bucketed.")
 _REPLY = flags.DEFINE_integer("expected_reply_tokens", 0, "The roofline's second rollout figure: replies of this "
                               "many tokens on average (0: a quarter of rollout.max_new_tokens); the first has every "
                               "reply at max_new_tokens.")

@@ -12,12 +12,24 @@ config checks read the tables before JAX is imported.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from rlver_jax.checks import InputError
 
 Row = TypeVar("Row")
+
+
+def imported(path: str) -> Any:
+    """What `path` names ("package.module.name"), its module imported now: how a row names the class
+    or function it builds or runs while its table imports nothing heavy (no JAX)."""
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ImportError(f"{path}: no such function or class ({e}); a table row names what it builds or runs "
+                          "by its module's dotted path and the name in it") from None
 
 
 def first_clause(doc: str | None) -> str:

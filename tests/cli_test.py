@@ -180,6 +180,12 @@ _START_UP_ERRORS = [
     # The embedded simulator of the tiny preset reads no URL: refused, with the backend and the fix named.
     ((TINY, "--config.simulator.base_url=http://127.0.0.1:39999/v1"),
      ("--config.simulator.base_url set", "--config.simulator.backend='embedded'", "--config.simulator.backend=openai")),
+    # The rollout engine's old name, and a field only the static engine reads given to the continuous one.
+    ((TINY, "--config.rollout.engine=jax"),
+     ("config.rollout.engine='jax' is now called 'continuous'", "--config.rollout.engine=continuous")),
+    ((TINY, "--config.rollout.pipeline_groups=2"),
+     ("--config.rollout.pipeline_groups set", "--config.rollout.engine=continuous does not read it",
+      "--config.rollout.engine=static")),
     (("--config=configs/grpo_think.py:7b",), ("config.model.path is empty for preset 'qwen2.5-7b'",
                                               "config.data.train_profiles is empty")),
     ((TINY, "--config.data.eval_profiles=/nowhere.jsonl"),
@@ -201,7 +207,7 @@ def test_start_up_errors_are_one_line_exit_2_and_write_nothing(tmp_path, args, f
 def test_start_up_errors_come_before_jax_within_seconds(no_jax, tmp_path):
     """In a fresh process that cannot import JAX: about 0.5 s each on a loaded 2-core machine (a
     missing model path took 5-13 s, after the imports, before)."""
-    for args, fragments in _START_UP_ERRORS[:3]:
+    for args, fragments in _START_UP_ERRORS[:4]:
         t0 = time.perf_counter()
         done = _run("train.py", *args, f"--config.workdir={tmp_path / 'run'}", pythonpath=no_jax)
         assert_one_line_error(done, 2, *fragments)
@@ -273,6 +279,16 @@ def test_an_evaluation_refuses_an_unread_simulator_field_and_a_failed_start_writ
                       "--config.simulator.backend=openai", f"--config.simulator.base_url={url}")
     assert done.returncode == 1 and f"no server answers at --config.simulator.base_url={url}" in done.stderr
     assert not (tmp_path / "b" / "setup.json").exists()  # written once the simulator answered
+
+
+def test_an_evaluation_refuses_the_engines_old_name_and_a_field_its_engine_does_not_read(tmp_path):
+    for flag, fragments in (("--config.policy.engine=jax", ("config.policy.engine='jax' is now called 'continuous'",
+                                                            "--config.policy.engine=continuous")),
+                            ("--config.policy.cache_slots=64", ("--config.policy.cache_slots set",
+                                                                "--config.policy.engine=static"))):
+        done = run_script("eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={tmp_path}", flag)
+        assert_one_line_error(done, 2, *fragments)
+    assert not tmp_path.joinpath("setup.json").exists()
 
 
 def test_a_simulator_field_counts_where_the_backend_reads_it():

@@ -140,7 +140,7 @@ def test_rows_grow_by_buckets_up_to_what_a_dialogue_can_need():
     a turn beyond that bound still gets its bucket."""
     import ml_collections
 
-    section = ml_collections.ConfigDict(dict(engine="jax", engine_rows=0, decode_chunk=8, prefill_chunk=256,
+    section = ml_collections.ConfigDict(dict(engine="continuous", engine_rows=0, decode_chunk=8, prefill_chunk=256,
                                              max_total_tokens=1024, max_new_tokens=48))
     settings = EngineSettings.from_config(section, "config.rollout.")
     assert settings.row_slots == 1152

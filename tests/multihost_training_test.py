@@ -29,13 +29,12 @@ PPO_COMPARED = ("value_loss", "critic_grad_norm", "critic_param_norm")
 # What the actor's update makes of its advantages (noise when every reward is the same).
 ACTOR_FROM_SIGNAL = ("policy_loss", "entropy", "actor_grad_norm", "actor_update_norm", "actor_param_norm")
 # Shrink the tiny preset to seconds: 8 dialogues of one 16-token turn, raw replies shown to the
-# user (a random model rarely writes </think>, so emotions would not move otherwise), no KV
-# cache kept between turns (one turn), an in-loop evaluation of 8 held-out profiles (one turn
-# each) after step 2.
+# user (a random model rarely writes </think>, so emotions would not move otherwise), an in-loop
+# evaluation of 8 held-out profiles (one turn each) after step 2.
 SMALL = ["--config.rollout.max_new_tokens=16", "--config.rollout.format_failure=continue",
-         "--config.rollout.cache_slots=0", "--config.data.eval_holdout=8", "--config.train.eval_every=3",
+         "--config.data.eval_holdout=8", "--config.train.eval_every=3",
          "--config.train.eval_rules.max_turns=1", "--config.train.eval_policy.max_new_tokens=16",
-         "--config.train.eval_policy.cache_slots=0", "--config.checkpoint.async_save=False"]
+         "--config.checkpoint.async_save=False"]
 
 
 def readme_commands() -> tuple[dict[str, str], list[list[str]]]:

@@ -20,7 +20,9 @@ from rlver_jax.parallel import sharding, topology
 from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.train import run
 from rlver_jax.train.planner import hlo_cost, plan, report, search
-from rlver_jax.train.planner.phases import Phase, rollout_phase, rollout_shapes, run_phases, sampling_layout
+from rlver_jax.train.planner.compiled import Phase
+from rlver_jax.train.planner.phases import run_phases
+from rlver_jax.train.planner.sampler import rollout_shapes, sampling_layout
 from rlver_jax.train.planner.setup import abstract_setup, crossing_bytes, device_bytes, resident
 from rlver_jax.train.spec import RunSpec
 from tests.fixtures_eval import profile
@@ -167,7 +169,7 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     assert s.hosts == 2 and (shapes.rows, shapes.prompt) == (4, 128)
     layout = sampling_layout(s, 4)
     assert dict(layout.local.shape) == {"data": 1, "fsdp": 2, "tensor": 2}
-    phase = rollout_phase(s, shapes, 4)
+    phase = shapes.phases(s, 4)[0]
     assert phase.resident == device_bytes(s.state)
     b, e = shapes.rows, shapes.prompt
     assert phase.arguments == layout.device_bytes(s.update.actor_cfg) + b * e * (4 + 1) + b * 2 * 4 + b * 4
@@ -185,7 +187,7 @@ def test_the_rollout_engine_is_planned_on_its_kv_rows(tmp_path):
     spec = RunSpec.from_config(config)
     s = abstract_setup(spec, host_devices=4)
     shapes = rollout_shapes(spec, 40, s.hosts)
-    assert shapes.engine and (shapes.rows, shapes.cache_slots, shapes.prompt, shapes.groups) == (4, 192, 64, 1)
+    assert (shapes.rows, shapes.cache_slots, shapes.chunk) == (4, 192, 64)
     decode, prefill = run_phases(s, ["rollout"], 40)
     assert (decode.name, prefill.name) == ("rollout", "rollout prefill")
     cfg, layout = s.update.actor_cfg, sampling_layout(s, 4)
@@ -195,7 +197,7 @@ def test_the_rollout_engine_is_planned_on_its_kv_rows(tmp_path):
     assert decode.arguments == layout.device_bytes(cfg) + per_device_cache + mask + 4 * r * 4 + r * 2 * 4
     assert prefill.arguments == layout.device_bytes(cfg) + per_device_cache + mask + 2 * r * 4 + r * 64 * 4 + r * 2 * 4
     assert decode.resident == device_bytes(s.state)
-    assert "rollout engine on each of 2 hosts: 4 KV rows of 192 slots" in plan.describe_rollout(shapes)
+    assert "rollout engine on each of 2 hosts: 4 KV rows of 192 slots" in shapes.describe()
 
 
 @pytest.mark.slow  # recompiles the programs at each shape the search tries
@@ -238,7 +240,7 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     # The rollout engine: 32 KV rows of a longest prompt 1022 + 8 tokens -> 1152 slots (the 1536 bucket,
     # at most 1030 rounded up to 128); fewer rows first, then shorter dialogues: one row of
     # max_total_tokens 496 (494 + 8 -> 512 slots) fits 600, 512 (510 + 8 -> 640 slots) does not.
-    config.rollout.engine = "jax"
+    config.rollout.engine = "continuous"
     engine = RunSpec.from_config(config)
     assert search.fitting_shapes(engine, 8 * 1152, ["rollout"], 512, print) == ["--config.rollout.engine_rows=8"]
     assert search.fitting_shapes(engine, 600, ["rollout"], 512, print) == [

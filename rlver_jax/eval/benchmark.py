@@ -122,8 +122,11 @@ class _PolicySpec:
         ids an endpoint's server lists."""
         src = self.source
         served = served_models(src.client) if src.client is not None else None
+        # The engine a policy on our weights samples on, as its row is named (engines.table); none for a served one.
+        engine = self.spec.policy.engine.engine if src.client is None else None
         return {"source": src.source, "label": src.label, "backend": src.backend, "think": src.think,
-                "served_models": served, "url": src.client.base_url if src.client is not None else None}
+                "engine": engine, "served_models": served,
+                "url": src.client.base_url if src.client is not None else None}
 
     def run_info(self) -> dict[str, Any]:
         c = self.spec
@@ -266,7 +269,9 @@ def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, P
     if spec.source.client is not None:
         check_chat_endpoint(spec.source.client, wait=rerun)
     policy, chat_tokens = spec.build(workdir, settings.sampling)
-    rollout = dataclasses.replace(settings.rollout, think=spec.source.think)
+    # A token policy samples on config.policy.engine, whose row says whether it takes each turn as it comes.
+    rollout = dataclasses.replace(settings.rollout, think=spec.source.think,
+                                  continuous=chat_tokens is not None and eval_spec.policy.engine.row.continuous)
     if chat_tokens is not None:  # a profile whose opening fills the policy's budget would end before it spoke
         check_openings(chat_tokens, rollout, [p for _, p in pending], "config.eval.profiles",
                        language=settings.simulator.language)

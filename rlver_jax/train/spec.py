@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import ml_collections
 
 from rlver_jax.checks import InputError, build_all, check_ranges
-from rlver_jax.engines.table import EngineSettings
+from rlver_jax.engines.table import EngineSettings, check_read, engine_fields
 from rlver_jax.models import smollm2
 from rlver_jax.models.lora_settings import LoraSettings
 from rlver_jax.rl.batch import minibatch_unit
@@ -121,18 +121,23 @@ class LoopSettings:
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """The in-loop evaluation (`config.train.eval_*`): the training simulator's backend under SAGE's
-    rules, the benchmark's policy sampling (configs/eval.py)."""
+    rules, the benchmark's policy sampling (configs/eval.py) on the rollout's engine."""
 
     simulator: SimulatorSettings
     rollout: RolloutSettings
     sampling: SamplingSettings
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict, simulator: SimulatorSettings) -> EvalSettings:
+    def from_config(cls, config: ml_collections.ConfigDict, simulator: SimulatorSettings, engine: EngineSettings,
+                    given: Collection[str] = ()) -> EvalSettings:
+        """`given`: the fields of config.train.eval_policy the command line set, refused where the
+        rollout's engine does not read them (engines.table.check_read)."""
         p, where = config.train.eval_policy, "config.train.eval_policy."
-        rules, rollout, sampling = build_all(
+        _, rules, rollout, sampling = build_all(
+            lambda: check_read(engine.engine, given, where, engine_flag=f"{engine.where}engine"),
             lambda: EmotionRules.from_config(config.train.eval_rules),
-            lambda: RolloutSettings.from_config(p, where, think=config.rollout.think),
+            lambda: RolloutSettings.from_config(p, where, think=config.rollout.think,
+                                                continuous=engine.row.continuous),
             lambda: SamplingSettings.from_config(p, where))
         return cls(dataclasses.replace(simulator, rules=rules), rollout, sampling)
 
@@ -168,7 +173,7 @@ class RunSpec:
     loop: LoopSettings
     rollout: RolloutSettings
     sampling: SamplingSettings
-    engine: EngineSettings  # the sampler of the rollouts and the in-loop evaluation (engines.table)
+    engine: EngineSettings  # the engine of the rollouts and the in-loop evaluation (engines.table)
     simulator: SimulatorSettings
     eval: EvalSettings
     tracking: TrackingSettings
@@ -195,28 +200,34 @@ class RunSpec:
         """The specs of `config` (configs/base.py), before anything is touched: one ValueError names
         every bad field. `given`: the dotted fields the command line set (e.g. "simulator.base_url"),
         refused where what the config chose ignores them (a served simulator's URL given to the
-        embedded one). `preset`: the config file's own config, without the overrides (the banner
-        says what the run changes, rlver_jax.train.ablation). Imports no JAX, so launch/train.py
-        checks a config before importing it."""
+        embedded one, the static engine's pipeline_groups to the continuous one). `preset`: the
+        config file's own config, without the overrides (the banner says what the run changes,
+        rlver_jax.train.ablation). Imports no JAX, so launch/train.py checks a config before
+        importing it."""
         r = config.rollout
-        given_simulator = {f.split(".", 1)[1] for f in given if f.startswith("simulator.")}
+
+        def given_in(section: str) -> set[str]:
+            return {f[len(section):] for f in given if f.startswith(section)}
+
         loop, sampling, engine, rollout, simulator, model, critic, lora, actor_optim, critic_optim = build_all(
             lambda: LoopSettings.from_config(config),
             lambda: SamplingSettings.from_config(r, "config.rollout."),
-            lambda: EngineSettings.from_config(r, "config.rollout."),
+            lambda: EngineSettings.from_config(r, "config.rollout.", given_in("rollout.")),
             lambda: RolloutSettings.from_config(r, "config.rollout.", think=r.think, pipeline_groups=r.pipeline_groups,
                                                 batch_wait_s=r.batch_wait_s),
-            lambda: SimulatorSettings.from_config(config.simulator, given=given_simulator),
+            lambda: SimulatorSettings.from_config(config.simulator, given=given_in("simulator.")),
             lambda: model_source(config),
             lambda: CriticSource(config.critic.path, config.critic.value_head_init, config.seed),
             lambda: lora_settings(config),
             lambda: optim_settings(config.optim.actor, "config.optim.actor."),
             lambda: optim_settings(config.optim.critic, "config.optim.critic."))
-        # Then what builds on those (the in-loop evaluation varies the simulator's settings; the RL
-        # settings divide by the batch sizes checked above).
+        # Then what builds on those (the engine says how turns reach it; the in-loop evaluation varies
+        # the simulator's settings; the RL settings divide by the batch sizes checked above).
+        rollout = dataclasses.replace(rollout, continuous=engine.row.continuous)
         eval_settings, rl, tracking, offload = build_all(
-            lambda: EvalSettings.from_config(config, simulator), lambda: rl_settings(config),
-            lambda: TrackingSettings.from_config(config), lambda: OFFLOAD.check(config.train.offload))
+            lambda: EvalSettings.from_config(config, simulator, engine, given_in("train.eval_policy.")),
+            lambda: rl_settings(config), lambda: TrackingSettings.from_config(config),
+            lambda: OFFLOAD.check(config.train.offload))
         if lora.enabled and critic.path:
             raise ValueError(f"config.critic.path={critic.path!r} with config.lora.rank={lora.rank}: the LoRA "
                              "critic shares the policy's frozen base (its own adapters and value head on it); "
@@ -322,7 +333,8 @@ def lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
 # (the Qwen2Config defaults of the time), by config section; runs before LoRA trained without
 # adapters, LoraSettings() (rank 0: full fine-tuning).
 _ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0},
-                 "rollout": {"engine": "jax", "engine_rows": 0, "decode_chunk": 8, "prefill_chunk": 256},
+                 # the rollout engine's: runs before it sampled with static calls
+                 "rollout": {"engine": "static", "engine_rows": 0, "decode_chunk": 8, "prefill_chunk": 256},
                  "lora": dataclasses.asdict(LoraSettings())}
 
 
@@ -352,9 +364,9 @@ FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
         "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
         "train.degenerate_alarm_action", "model.remat", "model.attention",
-        "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots", "rollout.engine",
-        "rollout.engine_rows", "rollout.decode_chunk", "rollout.prefill_chunk", "rl.micro_batch_size",
-        "rl.logprob_chunk", *(f"simulator.{f}" for f in sorted(TRANSPORT)))
+        "model.mlp_chunk", "rl.micro_batch_size", "rl.logprob_chunk",
+        # the engine and every field an engine reads: how sampling is laid out, not what is trained
+        *(f"rollout.{f}" for f in sorted(engine_fields())), *(f"simulator.{f}" for f in sorted(TRANSPORT)))
 
 
 def _matches(field: str, names: tuple[str, ...]) -> bool:

@@ -13,15 +13,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from rlver_jax.parallel import topology
-from rlver_jax.train.planner.phases import (
-    Phase,
-    Transfer,
-    describe_rollout,
-    eval_profiles,
-    rollout_shapes,
-    run_phases,
-    transfer_plan,
-)
+from rlver_jax.train.planner.compiled import Phase
+from rlver_jax.train.planner.phases import Transfer, run_phases, transfer_plan
+from rlver_jax.train.planner.sampler import eval_profiles, rollout_shapes
 from rlver_jax.train.planner.search import fitting_shapes
 from rlver_jax.train.planner.setup import GB, PHASES, SAMPLERS, UPDATE, Setup, abstract_setup, device_bytes
 from rlver_jax.train.spec import RunSpec
@@ -45,7 +39,8 @@ class Plan:
 
     @property
     def peak(self) -> Phase:
-        return max(self.phases, key=lambda p: p.total)
+        """The phase of most bytes per device (none compiled: an engine that samples off the devices)."""
+        return max(self.phases, key=lambda p: p.total, default=Phase("no program", 0, 0, 0, 0, 0.0))
 
     @property
     def fits(self) -> bool:
@@ -91,10 +86,10 @@ def plan(spec: RunSpec, memory_gb: float | None = 16.0, phases: Sequence[str] = 
         n = eval_profiles(spec)
         evaluation = ("off (config.train.eval_every=0 or no held-out profiles)" if n == 0 else
                       f"profiles unknown ({spec.data.eval_profiles} not here): set config.train.eval_max_profiles"
-                      if n is None else describe_rollout(rollout_shapes(spec, feed_tokens, s.hosts, evaluation=True))
+                      if n is None else rollout_shapes(spec, feed_tokens, s.hosts, evaluation=True).describe()
                       + f"; {n} held-out profiles")
     moved = transfer_plan(s)
-    result = Plan(s, done, memory_gb, sizes, describe_rollout(rollout_shapes(spec, feed_tokens, s.hosts)),
+    result = Plan(s, done, memory_gb, sizes, rollout_shapes(spec, feed_tokens, s.hosts).describe(),
                   transfers=moved and moved[0], at_rest=moved and moved[1], evaluation=evaluation,
                   expected_reply_tokens=expected_reply_tokens or max(1, spec.sampling.max_new_tokens // 4),
                   feed_tokens=feed_tokens)

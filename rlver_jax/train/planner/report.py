@@ -9,9 +9,9 @@ import math
 from rlver_jax.models import attention
 from rlver_jax.parallel import sharding
 from rlver_jax.rl import offload
-from rlver_jax.train.planner.phases import sampling_layout
 from rlver_jax.train.planner.plan import Plan
 from rlver_jax.train.planner.roofline import format_roofline
+from rlver_jax.train.planner.sampler import sampling_layout
 from rlver_jax.train.planner.setup import GB, UPDATE, crossing_bytes, resident
 
 

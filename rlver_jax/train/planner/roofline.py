@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlver_jax.models import ragged_attention
-from rlver_jax.train.planner.phases import rollout_shapes
 from rlver_jax.train.planner.plan import Plan
+from rlver_jax.train.planner.sampler import rollout_shapes
 from rlver_jax.train.planner.setup import UPDATE
 
 
@@ -43,64 +42,17 @@ class StepEstimate:
         return self.update_flops / (self.devices * self.peak * self.update) if self.update else 0.0
 
 
-def _rollout(plan: Plan, by_name: dict, shapes, chip) -> tuple[float, float, str, float]:
-    """(seconds with every reply at max_new_tokens, seconds at the expected length, the arithmetic
-    in words, tokens each host samples or feeds) of a step's rollout on every host at once.
-
-    The rollout engine: each turn, every dialogue of the host decodes in one batch of its rows
-    (the chunks' steps: the reply's tokens, times dialogues / rows), a reply costing its own
-    tokens, then its feed is prefilled in chunks; the rows' attention kernel reads each row to its
-    fill (hlo_cost.Cost.at_fill), assumed the longest prompt every turn (RolloutShapes.fill) plus
-    the reply's mean position while decoding, the longest prompt while prefilling, each to the
-    end of its key block (half a block past the fill on average). Static calls:
-    each pipeline group's call per turn at the longest prompt, each call costing its longest row:
-    max_new_tokens either way."""
-    s = plan.setup
-    turns, new = s.spec.simulator.rules.max_turns, shapes.new_tokens
-    dialogues = max(1, s.spec.loop.dialogues // s.hosts)
-    if shapes.engine:
-        decode, slots = by_name["rollout"].cost, shapes.cache_slots
-
-        def read(reply: float) -> float:  # slots a decode step reads of a row, to the end of its last key block
-            return shapes.fill + reply / 2 + ragged_attention.DECODE_KEY_BLOCK / 2
-
-        def step(reply: int) -> float:  # a decode step at the rows' mean fill over a reply of `reply` tokens
-            return decode.at_fill(read(reply) / slots).seconds(chip) / shapes.decode_chunk
-
-        chunks = -(-plan.feed_tokens // shapes.prompt)
-        prefill = by_name["rollout prefill"].cost.at_fill(
-            (shapes.fill + ragged_attention.PREFILL_KEY_BLOCK / 2) / slots).seconds(chip) * chunks
-        waves = max(1.0, dialogues / shapes.rows)
-
-        def seconds(reply: int) -> float:
-            return turns * (reply * waves * step(reply) + prefill)
-
-        whole = decode.seconds(chip) / shapes.decode_chunk
-        how = (f"{turns} turns x ({new} tokens x {waves:g} wave(s) of {shapes.rows} rows x {step(new) * 1e3:.1f} ms "
-               f"a decode step + prefill {prefill:.2f} s); the cached attention reads each row to its fill, "
-               f"assumed the longest prompt ({shapes.fill} tokens) every turn plus the reply's mean position, "
-               f"to the end of its key block: {read(new) / slots:.0%} of its {slots} slots (every row whole: "
-               f"{whole * 1e3:.1f} ms a decode step)")
-        return (seconds(new), seconds(plan.expected_reply_tokens), how,
-                turns * dialogues * (plan.feed_tokens + new))
-    calls = shapes.groups * turns
-    call = by_name["rollout"].cost.seconds(chip)
-    how = (f"{calls} calls x {call:.2f} s (pipeline groups x {turns} turns, each at the longest prompt, a call "
-           f"costing its longest row: every reply's length gives max_new_tokens)")
-    return calls * call, calls * call, how, calls * shapes.rows * (shapes.prompt + new)
-
-
 def step_estimate(plan: Plan) -> StepEstimate | None:
     """The roofline of a train step from the compiled programs' costs (hlo_cost.program_cost): the
-    update's programs once each, and the rollout's sampler programs (`_rollout`) on every host at
-    once: with every reply at max_new_tokens, an upper bound, and at the plan's expected reply
-    length. MFU counts model FLOPs (6 x parameters per trained token, 4 x with LoRA, whose base
+    update's programs once each, and the rollout engine's programs (its plan's `rollout_seconds`)
+    on every host at once: with every reply at max_new_tokens, an upper bound, and at the plan's
+    expected reply length. MFU counts model FLOPs (6 x parameters per trained token, 4 x with LoRA, whose base
     takes no gradient; 2 x per token a program only reads or samples; attention left out) against
     the step's estimate with every reply at max_new_tokens."""
     s, chip = plan.setup, plan.setup.chip
     by_name = {p.name: p for p in plan.phases}
     shapes = rollout_shapes(s.spec, plan.feed_tokens, s.hosts)
-    sampler = ("rollout", "rollout prefill") if shapes.engine else ("rollout",)
+    sampler = shapes.programs  # the engine's programs its estimate reads (none for a served engine)
     needed = [by_name[n] for n in UPDATE if n in by_name] + [by_name[n] for n in sampler if n in by_name]
     if chip is None or not needed or not all(p.cost is not None for p in needed):
         return None
@@ -120,8 +72,12 @@ def step_estimate(plan: Plan) -> StepEstimate | None:
     if "critic update" in by_name:
         update_flops += train * critic_n * tokens * epochs
     rollout, expected, how, sampled = 0.0, 0.0, "", 0.0
-    if all(n in by_name for n in sampler):
-        rollout, expected, how, host_tokens = _rollout(plan, by_name, shapes, chip)
+    estimate = shapes.rollout_seconds(
+        {n: by_name[n].cost for n in sampler}, chip, turns=s.spec.simulator.rules.max_turns,
+        dialogues=max(1, s.spec.loop.dialogues // s.hosts), feed_tokens=plan.feed_tokens,
+        expected=plan.expected_reply_tokens) if all(n in by_name for n in sampler) else None
+    if estimate is not None:  # the rollout on every host at once
+        rollout, expected, how, host_tokens = estimate
         sampled = s.hosts * 2 * actor_n * host_tokens
     return StepEstimate(update, rollout, expected, how, update_flops + sampled, update_flops, s.mesh.size,
                         chip.bf16_tflops * 1e12)
