@@ -354,7 +354,7 @@ FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_
         "train.degenerate_alarm_action", "model.remat", "model.attention",
         "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots", "rollout.engine",
         "rollout.engine_rows", "rollout.decode_chunk", "rollout.prefill_chunk", "rl.micro_batch_size",
-        "rl.logprob_chunk", *(f"simulator.{f}" for f in sorted(TRANSPORT)))
+        "rl.logprob_chunk", "rl.pack_rows", *(f"simulator.{f}" for f in sorted(TRANSPORT)))
 
 
 def _matches(field: str, names: tuple[str, ...]) -> bool:
