@@ -17,7 +17,8 @@ sees unpacked, and only the model's summation order changes. A packed row holds 
 rows: cuDNN's packed attention sizes its arrays by a static bound.
 
 The count of packed rows is a bucket of its own (`packed_count`, ROW_COUNT_BUCKETS), so nothing
-recompiles per batch; `packed_rows` gives it from the rows' lengths (what the planner reads).
+recompiles per batch; the planner reads it from the rows' lengths: `packed_rows` (prepare's) and
+`micro_rows_bound` (the update's micro-batches', whatever the shuffle).
 """
 
 from __future__ import annotations
@@ -64,6 +65,17 @@ def packed_rows(lengths: Sequence[int], length: int, most: int, unit: int = 1, l
     """The packed rows of rows of `lengths` (0: padding) in rows of `length` slots holding at most
     `most` rows each, as `packed_count` buckets them (`limit` default: len(lengths))."""
     return packed_count(len(bins(lengths, length, most)), unit, len(lengths) if limit is None else limit)
+
+
+def micro_rows_bound(lengths: Sequence[int], length: int, micro: int, unit: int = 1) -> int:
+    """The most packed rows the update's micro-batches of `micro` of these rows can take, whatever
+    the shuffle (`micro_layouts` gives the step's own, often fewer): first fit leaves at most one
+    packed row half empty or less besides those full by count (SEGMENTS), so a micro-batch of S
+    tokens takes at most 2 S / T + 1 + micro / SEGMENTS, S at most the `micro` longest rows'; as
+    `micro_layouts` buckets it, at most `micro`. For the planner, with `packed_rows` for prepare."""
+    most = int(np.sum(np.sort(np.asarray(lengths))[::-1][:micro]))
+    needed = 2 * most // length + 1 + -(-micro // SEGMENTS)
+    return packed_count(needed, unit if micro % unit == 0 else 1, micro)
 
 
 def layout(packed: list[list[int]], lengths: Sequence[int], length: int, rows: int,

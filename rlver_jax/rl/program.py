@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 from typing import Any, Callable
 
@@ -33,6 +34,7 @@ from rlver_jax.rl.train_state import ModelState, TrainState
 from rlver_jax.rl.update import NO_LORA, Frozen, PackedOrder, actor_update, critic_update, model_epochs, prepare_step
 
 Params = Any
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +97,10 @@ class UpdateProgram:
         local = self._shards() // processes
         unit = math.lcm(local, micro // math.gcd(micro, processes))
         ids = None if owners is None else np.flatnonzero(owners == jax.process_index())
-        return packing.prepare_layout(table, jax.process_index(), unit, ids)
+        layout = packing.prepare_layout(table, jax.process_index(), unit, ids)
+        log.debug("packed rows: prepare's %d x %d rows (%d tokens) in %d", *table.policy.shape[1:],
+                  int(table.lengths.sum()), len(layout["pack_source"]))
+        return layout
 
     def packed_order(self, rows: jax.Array, table: RowTable) -> PackedOrder:
         """The update's order `rows` (prepare's, replicated) with each micro-batch's packed rows
@@ -107,6 +112,8 @@ class UpdateProgram:
             lengths, policy = lengths[np.argsort(where)], policy[np.argsort(where)]
         order = np.asarray(rows) if self.mesh is None else sharding.replicated_value(rows)
         source, positions = packing.micro_layouts(lengths, policy, order, self.rl.micro_batch_size, self._shards())
+        log.debug("packed rows: the update's micro-batches of %d rows in %d, scored slots %d", self.rl.micro_batch_size,
+                  source.shape[2], positions.shape[-1])
         if self.mesh is None:
             return PackedOrder(rows, jax.device_put(source), jax.device_put(positions))
         replicated = NamedSharding(self.mesh, P())
