@@ -54,12 +54,12 @@ def test_scored_slots_are_the_policy_tokens_but_a_segments_first():
 
 
 def test_packed_counts_are_buckets_of_micro_batches():
-    assert packing.packed_count(5, 1, 100) == 6  # 1, 2, 3, 4, 6, 8, ...
+    assert packing.packed_count(9, 1, 100) == 10  # 1, 2, ..., 8, 10, 12, ...
     assert packing.packed_count(5, 2, 100) == 6  # 3 micro-batches of 2
-    assert packing.packed_count(7, 2, 100) == 8
+    assert packing.packed_count(17, 2, 100) == 20  # 9 micro-batches: 10
     assert packing.packed_count(5, 2, 4) == 4  # never more than unpacked
     assert packing.packed_count(0, 4, 100) == 4
-    assert packing.packed_rows(_LENGTHS, 10, 16) == 3 and packing.packed_rows(_LENGTHS, 10, 1) == 6
+    assert packing.packed_rows(_LENGTHS, 10, 16) == 3 and packing.packed_rows(_LENGTHS, 10, 1) == 5
 
 
 def test_micro_layouts_hold_each_micro_batchs_rows():
@@ -150,7 +150,7 @@ def _think_drop_dialogue(rng, group, final, turns):
 def _update(algo: str, pack: bool, batch):
     cfg = get_preset("tiny")
     actor = qwen2.init_params(cfg, jax.random.key(0))
-    rl = RLSettings(algo=algo, pack_rows=pack, mini_batch_size=2, micro_batch_size=2, batch_size=8, ppo_epochs=2)
+    rl = RLSettings(algo=algo, pack_rows=pack, mini_batch_size=8, micro_batch_size=4, ppo_epochs=2)
     # Plain SGD: the parameters move by the gradients themselves (Adam would blow rounding up).
     make = lambda lr: Optimizer(optax.sgd(1.0), optax.constant_schedule(lr))  # noqa: E731
     actor_opt, critic_cfg, critic, critic_opt = make(0.1), None, None, None
@@ -164,17 +164,27 @@ def _update(algo: str, pack: bool, batch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_a_packed_update_is_the_padded_one(algo):
-    """8 dialogues of 1 to 4 turn rows (20 rows of 10 to 35 tokens, padded to 24 x 40), 4 mini-batches of
-    2 dialogues, micro-batches of 2 rows, 2 epochs: packed (12 rows for prepare) and padded, the same
-    parameters after the update (a move of ~0.03) and every metric, to float rounding."""
+def test_a_packed_update_is_the_padded_one(algo, monkeypatch):
+    """8 dialogues of 1 to 4 turn rows (20 rows of 10 to 35 tokens, padded to 24 x 64), mini-batches of
+    8 rows (3 an epoch, the last half padding), micro-batches of 4, 2 epochs: packed (prepare's rows in
+    8, each micro-batch's in 2) and padded, the same parameters after the update and every metric,
+    to float rounding."""
     rng = np.random.default_rng(0)
     seqs = [_think_drop_dialogue(rng, d // 2, float(f), 1 + d % 4)
             for d, f in enumerate([90, 10, 60, 40, 70, 70, 20, 80])]
-    batch = collate(seqs, batch_size=8, length_multiple=8)
-    assert batch.tokens.shape == (24, 40)
-    assert packing.prepare_layout(batch.rows(), 0, 1)["pack_source"].shape == (12, 40)
+    batch = collate(seqs, batch_size=8, length_multiple=64, row_multiple=8)
+    assert batch.tokens.shape == (24, 64)
+    assert packing.prepare_layout(batch.rows(), 0, 4)["pack_source"].shape == (8, 64)
+    micro_rows, layouts = [], packing.micro_layouts
+
+    def micro_layouts(*args):
+        out = layouts(*args)
+        micro_rows.append(out[0].shape[2])
+        return out
+
+    monkeypatch.setattr(rl_program.packing, "micro_layouts", micro_layouts)
     padded, packed = _update(algo, False, batch), _update(algo, True, batch)
+    assert micro_rows == [2]
     assert padded[1].keys() == packed[1].keys()
     for k, v in padded[1].items():
         assert packed[1][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k

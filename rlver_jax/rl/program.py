@@ -91,7 +91,8 @@ class UpdateProgram:
 
     def prepare_layout(self, table: RowTable) -> dict[str, np.ndarray]:
         """This process's packed rows for `prepare` (packing.prepare_layout), their slots numbered in
-        the global batch, their count a multiple of its batch shards and of its share of a micro-batch."""
+        the global batch, their count a multiple of its batch shards and of its share of a micro-batch;
+        none where they would be as many as the rows (prepare then runs on the rows)."""
         processes = len(table.lengths)
         owners, micro = self._owners(table), self.rl.micro_batch_size
         local = self._shards() // processes
@@ -100,11 +101,12 @@ class UpdateProgram:
         layout = packing.prepare_layout(table, jax.process_index(), unit, ids)
         log.debug("packed rows: prepare's %d x %d rows (%d tokens) in %d", *table.policy.shape[1:],
                   int(table.lengths.sum()), len(layout["pack_source"]))
-        return layout
+        return layout if len(layout["pack_source"]) < table.lengths.shape[1] else {}
 
-    def packed_order(self, rows: jax.Array, table: RowTable) -> PackedOrder:
+    def packed_order(self, rows: jax.Array, table: RowTable) -> PackedOrder | jax.Array:
         """The update's order `rows` (prepare's, replicated) with each micro-batch's packed rows
-        (packing.micro_layouts of every process's rows), placed replicated."""
+        (packing.micro_layouts of every process's rows), placed replicated; `rows` itself where a
+        micro-batch would take as many packed rows as rows (the update then runs on the rows)."""
         owners = self._owners(table)
         lengths, policy = table.lengths.reshape(-1), table.policy.reshape((-1,) + table.policy.shape[2:])
         if owners is not None:  # the processes' rows in global order: each one's ascending
@@ -114,6 +116,8 @@ class UpdateProgram:
         source, positions = packing.micro_layouts(lengths, policy, order, self.rl.micro_batch_size, self._shards())
         log.debug("packed rows: the update's micro-batches of %d rows in %d, scored slots %d", self.rl.micro_batch_size,
                   source.shape[2], positions.shape[-1])
+        if source.shape[2] == self.rl.micro_batch_size:
+            return rows
         if self.mesh is None:
             return PackedOrder(rows, jax.device_put(source), jax.device_put(positions))
         replicated = NamedSharding(self.mesh, P())
