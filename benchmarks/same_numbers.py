@@ -3,15 +3,17 @@ another commit, their metrics (timings left out) and transcripts compared exactl
 
   .venv/bin/python benchmarks/same_numbers.py --base=db91297 --out=/tmp/same_numbers
   .venv/bin/python benchmarks/same_numbers.py --base=HEAD~3 --presets=grpo_think,ppo_nothink --steps=6
-  .venv/bin/python benchmarks/same_numbers.py --base=HEAD --head_flags=--config.rl.pack_rows=True --rtol=1e-5
+  .venv/bin/python benchmarks/same_numbers.py --base=afb4a93 --flags=--config.simulator.max_turns=3 \
+      --head_flags=--config.rl.pack_rows=True --rtol=1e-5
 
 Each preset runs `--steps` steps with an in-loop evaluation every `--eval_every`, once from a
-temporary worktree of `--base` and once from this checkout (with `--head_flags`), with the same
-interpreter (this venv's). Prints IDENTICAL, or the first differences; exit status 0 when identical,
-1 otherwise. With `--rtol` a number (a metric, or one in a transcript) may differ by that much
-relative to the larger of 1 and its size (a change of summation order: packed rows), and a run
-that differs only so prints WITHIN RTOL; the rest is compared exactly. Transcript keys that only one
-side writes (a field added on purpose) are listed, not compared.
+temporary worktree of `--base` and once from this checkout (both with `--flags`, this checkout's
+also with `--head_flags`), with the same interpreter (this venv's). Prints IDENTICAL, or the first
+differences; exit status 0 when identical, 1 otherwise. With `--rtol` a number (a metric, or one
+in a transcript) may differ by that much relative to the larger of 1 and its size (a change of
+summation order: packed rows), and a run that differs only so prints WITHIN RTOL; the rest is
+compared exactly. Transcript keys that only one side writes (a field added on purpose) are listed,
+not compared.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ _PRESETS = flags.DEFINE_list("presets", ["grpo_think", "ppo_think"], "Config fil
 _STEPS = flags.DEFINE_integer("steps", 4, "Training steps of each run.")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 2, "In-loop evaluation every N steps (0: none).")
 _OUT = flags.DEFINE_string("out", None, "Directory for the runs (default: a temporary one).")
+_FLAGS = flags.DEFINE_list("flags", [], "More flags of every run (e.g. --config.simulator.max_turns=3).")
 _HEAD_FLAGS = flags.DEFINE_list("head_flags", [], "More flags of this checkout's runs (--config.rl.pack_rows=True).")
 _RTOL = flags.DEFINE_float("rtol", 0.0, "Numbers equal within this, relative to max(1, |x|) (0: exactly).")
 _TIMING = ("seconds", "per_second")  # metrics that measure the machine, not the run
@@ -89,7 +92,8 @@ def main(argv):
     try:
         found = {}
         for preset in _PRESETS.value:
-            for side, tree, more in (("base", base_tree, []), ("head", REPO, _HEAD_FLAGS.value)):
+            sides = (("base", base_tree, _FLAGS.value), ("head", REPO, _FLAGS.value + _HEAD_FLAGS.value))
+            for side, tree, more in sides:
                 train(tree, preset, out / side / preset, more)
             found[preset] = (differences(out / "base" / preset, out / "head" / preset),
                              differences(out / "base" / preset, out / "head" / preset, _RTOL.value))
