@@ -1,11 +1,11 @@
-r"""The smol training step with packed rows against a base commit's padded update (issue 62): the
+r"""The training step with packed rows against a base commit's padded update (issue 62): the
 rollout and update seconds of real training runs, side by side on one host.
 
   .venv/bin/python benchmarks/packed_step.py --base=eb94431 --out=/tmp/packed_step
-  .venv/bin/python benchmarks/packed_step.py --base=eb94431 --runs=grpo_think:3 --steps=4 --sides=base,packed,padded
+  .venv/bin/python benchmarks/packed_step.py --base=eb94431 --runs=grpo_think:tiny:3 --sides=base,packed,padded
 
-Each run CONFIG:TURNS is configs/CONFIG.py:smol with config.simulator.max_turns=TURNS (0: the preset's),
-trained for --steps steps (no in-loop evaluation, no checkpoint before the end, the XLA compilation
+Each run CONFIG:PRESET:TURNS is configs/CONFIG.py:PRESET with config.simulator.max_turns=TURNS (0: the
+preset's), trained for --steps steps (no in-loop evaluation, no checkpoint before the end, the XLA compilation
 cache off so that every side compiles its own programs) by each side in turn: `base`, a temporary
 worktree of --base (its padded update); `packed`, this checkout with config.rl.pack_rows=True;
 `padded`, this checkout with it off. Every side plays the same dialogues at step 0 (the same seed and
@@ -30,18 +30,18 @@ from absl import app, flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _BASE = flags.DEFINE_string("base", None, "The commit whose padded update is the baseline (e.g. eb94431).")
-_RUNS = flags.DEFINE_list("runs", ["grpo_nothink:0", "grpo_think:3"],
-                          "CONFIG:TURNS per run: configs/CONFIG.py:smol, simulator.max_turns (0: the preset's).")
+_RUNS = flags.DEFINE_list("runs", ["grpo_nothink:smol:0", "grpo_think:smol:4"],
+                          "CONFIG:PRESET:TURNS per run: configs/CONFIG.py:PRESET, simulator.max_turns (0: preset's).")
 _SIDES = flags.DEFINE_list("sides", ["base", "packed"], "Sides in the order they run: base, packed, padded.")
 _STEPS = flags.DEFINE_integer("steps", 4, "Training steps of each side (the first compiles).")
 _OUT = flags.DEFINE_string("out", None, "Directory for the runs (default: a temporary one).")
 _PACKED = re.compile(r"packed rows: (.*)")
 
 
-def train(tree: pathlib.Path, config: str, turns: int, pack: bool | None, workdir: pathlib.Path) -> str:
-    """launch/train.py of `tree` on configs/CONFIG.py:smol into `workdir`; its log. pack None: the
+def train(tree: pathlib.Path, config: str, preset: str, turns: int, pack: bool | None, workdir: pathlib.Path) -> str:
+    """launch/train.py of `tree` on configs/CONFIG.py:PRESET into `workdir`; its log. pack None: the
     tree's default (a base without the field)."""
-    args = [sys.executable, "launch/train.py", f"--config=configs/{config}.py:smol", f"--config.workdir={workdir}",
+    args = [sys.executable, "launch/train.py", f"--config=configs/{config}.py:{preset}", f"--config.workdir={workdir}",
             f"--config.train.steps={_STEPS.value}", "--config.train.eval_every=0", "--config.compilation_cache_dir=",
             f"--config.checkpoint.save_every={_STEPS.value}"]
     if turns:
@@ -78,12 +78,12 @@ def main(argv):
     tables = []
     try:
         for spec in _RUNS.value:
-            config, turns = spec.split(":")
+            config, preset, turns = spec.split(":")
             rows = []
             for side in _SIDES.value:
                 tree, pack = trees[side]
-                workdir = out / f"{config}_{turns}" / side
-                log = train(tree, config, int(turns), pack, workdir)
+                workdir = out / f"{config}_{preset}_{turns}" / side
+                log = train(tree, config, preset, int(turns), pack, workdir)
                 rows.append(summary(side, seconds(workdir)))
                 print(f"{spec} {side}: {rows[-1]}  load {os.getloadavg()[0]:.1f}", flush=True)
                 for line in sorted(set(m.group(1) for m in _PACKED.finditer(log))):
