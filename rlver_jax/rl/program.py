@@ -209,7 +209,9 @@ def train_on_batch(program: UpdateProgram, state: TrainState, batch: TrainBatch,
     process has all of them); nothing else crosses between host and device.
     `frozen`: the frozen weights (a KL term's reference, LoRA's base; None: neither); `policy_tokens`:
     see rl.batch.policy_positions. With config.rl.pack_rows the model passes run on packed rows
-    (rlver_jax.rl.packing). Returns the new state (step + 1)."""
+    (rlver_jax.rl.packing): the batch goes with prepare's layout, and the step's mini-batch order
+    comes to the host between prepare and the updates, which get their micro-batches' layouts.
+    Returns the new state (step + 1)."""
     arrays = batch.arrays(policy_tokens)
     table = batch.rows() if program.rl.pack_rows else None
     if table is not None:
