@@ -50,7 +50,7 @@ def train(tree: pathlib.Path, config: str, preset: str, turns: int, pack: bool |
         args += [f"--config.rl.pack_rows={pack}", "--logger_levels=rlver_jax.rl.program:DEBUG"]
     done = subprocess.run(args, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
     if done.returncode:
-        raise SystemExit(f"{tree}: {config} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{tree}: {config}:{preset} failed (exit status {done.returncode}):\n{done.stderr[-3000:]}")
     return done.stderr
 
 
