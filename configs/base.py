@@ -236,6 +236,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # XLA:CPU, 55.2 by the CUDA compiler for an H100: launch/plan.py --gpu=h100:1)
     c.rl.micro_batch_size = 8 if cpu else 1 if one_gpu else 4
     c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
+    # Run the update's model passes on the rows packed end to end (each row a segment of its own: attention,
+    # positions, log-probs, values and losses per row; rl/packing.py): fewer rows where many are under half the
+    # batch's longest (turn rows of short and long replies); the same numbers to float rounding. Off: the CPU
+    # presets' rows, mostly their system prompt, never fit two to a row; unmeasured on accelerators (docs/training.md)
+    c.rl.pack_rows = False
 
     c.optim = ml_collections.ConfigDict()
     c.optim.actor = ml_collections.ConfigDict(dict(

@@ -364,7 +364,7 @@ FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
         "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
         "train.degenerate_alarm_action", "model.remat", "model.attention",
-        "model.mlp_chunk", "rl.micro_batch_size", "rl.logprob_chunk",
+        "model.mlp_chunk", "rl.micro_batch_size", "rl.logprob_chunk", "rl.pack_rows",
         # the engine and every field an engine reads: how sampling is laid out, not what is trained
         *(f"rollout.{f}" for f in sorted(engine_fields())), *(f"simulator.{f}" for f in sorted(TRANSPORT)))
 
