@@ -276,7 +276,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train.eval_policy = get_policy_sampling_config(tiny=cpu)
     c.train.transcripts = True  # write every batch's dialogues to WORKDIR/transcripts
     c.train.wandb_project = ""  # Weights & Biases project (pip install -e '.[wandb]'); "" = no W&B logging
-    c.train.wandb_mode = "offline"  # offline: files in WORKDIR/wandb (`wandb sync` them later); online: stream
+    c.train.wandb_mode = "online"  # online: stream to W&B; offline: files in WORKDIR/wandb (`wandb sync` them later)
     # A step may multiply a model's parameter norm by at most this; beyond it the update diverged (a
     # learning rate far too high): the run stops before the step is saved (docs/faults.md). 0 = off.
     c.train.max_param_norm_growth = 2.0

@@ -67,7 +67,7 @@ def _records():
 
 def test_off_unless_a_project_is_given_and_the_config_has_the_fields():
     settings = tracking.TrackingSettings.from_config(get_config("tiny"))
-    assert settings == tracking.TrackingSettings(project="", mode="offline", run_dir="runs/grpo_think_tiny")
+    assert settings == tracking.TrackingSettings(project="", mode="online", run_dir="runs/grpo_think_tiny")
     assert tracking.WandbLogger.create(settings) is None
 
 
