@@ -3,8 +3,9 @@
 A training run with `config.train.wandb_project` set logs every step's metrics (the values of
 metrics.jsonl), its config, and tables of dialogues, streamed to the W&B server (`online`, the
 default: naming a project means uploading to it); `config.train.wandb_mode=offline` writes the run
-under WORKDIR/wandb only (`wandb sync WORKDIR/wandb/offline-run-*` uploads it later). The W&B run id is kept in WORKDIR/wandb_run_id, so a resumed training run
-continues the same W&B run. Only one process of a multi-host run should log (process 0).
+under WORKDIR/wandb only (`wandb sync WORKDIR/wandb/offline-run-*` uploads it later). The W&B run
+id is kept in WORKDIR/wandb_run_id, so a resumed training run continues the same W&B run.
+Only one process of a multi-host run should log (process 0).
 """
 
 from __future__ import annotations
