@@ -90,6 +90,7 @@ def test_dialogue_text_and_rows():
     assert rows[1][-1] == "" and len(rows[1]) == len(tracking.TRANSCRIPT_COLUMNS)
 
 
+@pytest.mark.slow  # wandb's service process
 def test_offline_run_holds_metrics_config_and_transcripts(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="wandb is an optional extra: pip install -e '.[wandb]'")
     monkeypatch.setenv("WANDB_MODE", "offline")
