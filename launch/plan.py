@@ -59,12 +59,22 @@ _HOIST = flags.DEFINE_bool("hoist_converts", True, "On CPU: False compiles witho
 _HOST = flags.DEFINE_integer("host_devices", None, "Devices per host of the target, for the rollout's host-local "
                              "sampling layout (v5e/v4/v5p hosts: 4, GPU nodes: 8); default: the --topology's hosts or "
                              "the --gpu's nodes, else one host of every device.")
-_FEED = flags.DEFINE_integer("feed_tokens", 512, "With the continuous engine, or the static engine's "
-                             "rollout.cache_slots > 0: tokens a turn feeds into the cache (the user's reply and the "
-                             "template), bucketed.")
-_REPLY = flags.DEFINE_integer("expected_reply_tokens", 0, "The roofline's second rollout figure: replies of this "
-                              "many tokens on average (0: a quarter of rollout.max_new_tokens); the first has every "
+_FEED = flags.DEFINE_integer("feed_tokens", 512, "Tokens a later turn adds to the context besides the kept reply (the "
+                             "user's answer and the template): the step estimate's, and the continuous engine's or "
+                             "a KV cache's prefill chunk, bucketed.")
+_PROMPT = flags.DEFINE_integer("prompt_tokens", 512, "The step estimate's first prompt: the policy's system prompt, "
+                               "the profile's opening and the template.")
+_SHOWN = flags.DEFINE_float("shown_fraction", 0.25, "think_history 'drop': the share of a turn's output (the reply "
+                            "after </think>) later turns' contexts keep, in the step estimate.")
+_REPLY = flags.DEFINE_integer("expected_reply_tokens", 0, "The step estimate's second case: replies drawn from a "
+                              "lognormal of this mean (0: a quarter of rollout.max_new_tokens); the first has every "
                               "reply at max_new_tokens.")
+_LOG_SD = flags.DEFINE_float("reply_log_sd", 1.0, "The log-sd of that lognormal (benchmarks/rollout.py's).")
+_MEASURE = flags.DEFINE_bool("measure_host", True, "Without --topology or --gpu: estimate the step on this host's CPU, "
+                             "its peak FLOP/s, bandwidth and fixed costs measured by a short microbenchmark "
+                             "(rlver_jax/parallel/host_peaks.py, cached).")
+_FRESH = flags.DEFINE_bool("fresh_host_peaks", False, "Measure this host again instead of reading the cache (the "
+                           "figures move with the host's load).")
 
 
 def main(argv):
@@ -78,6 +88,7 @@ def main(argv):
     import jax
 
     from rlver_jax.train.planner import plan, report
+    from rlver_jax.train.planner.lengths import Lengths
     from rlver_jax.checks import InputError
     from rlver_jax.parallel import gpu_topology, sharding, topology
     from rlver_jax.parallel.distributed import DistributedSettings
@@ -96,9 +107,17 @@ def main(argv):
         target = gpu_topology.gpu_target(_GPU.value)
     else:
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-    result = plan.plan(spec, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
+    host_chip = None
+    if target is None and _MEASURE.value:
+        from rlver_jax.parallel import host_peaks
+        from rlver_jax.train.planner import hlo_cost
+
+        host_chip = host_peaks.measure(config.model.dtype, lambda c: hlo_cost.program_cost(c).ops, _FRESH.value)
+    lengths = program.checked_config(lambda: Lengths(_PROMPT.value, _FEED.value, _SHOWN.value, _REPLY.value,
+                                                     _LOG_SD.value))
+    result = plan.plan(spec, _MEMORY.value, _PHASES.value, lengths, _SEARCH.value,
                        log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value,
-                       host_devices=_HOST.value, target=target, expected_reply_tokens=_REPLY.value)
+                       host_devices=_HOST.value, target=target, host_chip=host_chip)
     label = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
     print(report.format_plan(result, label), flush=True)
 
