@@ -22,32 +22,37 @@ def _chip_line(chip: chips.Chip) -> str:
             f"{chip.near_step_us:g} / {chip.far_step_us:g} us a ring step{grid}, {chip.host_gb_s:g} GB/s to the host")
 
 
+def secs(x: float) -> str:
+    """Seconds in three significant figures (a step of minutes, a tiny program's milliseconds)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def _terms(t: Terms) -> str:
-    return (f"compute {t.compute:.2f}, HBM {t.memory:.2f}, collectives {t.communication:.2f} "
-            f"({t.overlapped:.2f} overlapped), kernel grid steps {t.kernel_fixed:.2f}"
-            + (f", fixed per operation {t.op_fixed:.2f}" if t.op_fixed else ""))
+    return (f"compute {secs(t.compute)}, HBM {secs(t.memory)}, collectives {secs(t.communication)} "
+            f"({secs(t.overlapped)} overlapped), kernel grid steps {secs(t.kernel_fixed)}"
+            + (f", fixed costs {secs(t.op_fixed)}" if t.op_fixed else ""))
 
 
 def _case_lines(c: CaseEstimate) -> list[str]:
     u = c.update
-    programs = ", ".join(f"{name} {t.seconds:.2f}" for name, t in u.programs.items())
-    stale = f" (max_staleness {c.staleness}: {c.on_policy:.1f} s on-policy, {c.hidden:.1f} s hidden)"
-    lines = [f"step       {c.name}: {c.step:.1f} s" + (stale if c.staleness else "")]
+    programs = ", ".join(f"{name} {secs(t.seconds)}" for name, t in u.programs.items())
+    stale = f" (max_staleness {c.staleness}: {secs(c.on_policy)} s on-policy, {secs(c.hidden)} s hidden)"
+    lines = [f"step       {c.name}: {secs(c.step)} s" + (stale if c.staleness else "")]
     if c.rollout is not None:
         r = c.rollout
-        lines.append(f"  rollout  {r.wall:.1f} s the slowest host: device {r.device:.1f} s (decode "
-                     f"{r.decode.seconds:.1f} s, prefill {r.prefill.seconds:.1f} s in {r.calls} calls; "
+        lines.append(f"  rollout  {secs(r.wall)} s the slowest host: device {secs(r.device)} s (decode "
+                     f"{secs(r.decode.seconds)} s, prefill {secs(r.prefill.seconds)} s in {r.calls:,} calls; "
                      f"{_terms(r.decode + r.prefill)}), "
-                     f"idle waiting for the simulator {r.waiting:.1f} s; {r.sampled:,} tokens sampled, "
+                     f"idle waiting for the simulator {secs(r.waiting)} s; {r.sampled:,} tokens sampled, "
                      f"{r.fed:,} prefilled")
-    lines.append(f"  update   {u.seconds:.1f} s = {programs} ({_terms(u.total)}); "
+    lines.append(f"  update   {secs(u.seconds)} s = {programs} ({_terms(u.total)}); "
                  f"{u.shapes.optimizer_steps} optimizer step(s) per model at {u.shapes.rows} x {u.shapes.length}")
     if c.offload:
-        lines.append(f"  offload  {c.offload:.1f} s: the state's moves over the host link")
+        lines.append(f"  offload  {secs(c.offload)} s: the state's moves over the host link")
     if c.staleness and c.rollout is not None:
         lines.append(f"  async    the next batch's rollout runs during this update: the step is the longer of the "
-                     f"rollout ({c.rollout_wall:.1f} s) and its device time plus the update "
-                     f"({c.rollout.device + c.update.seconds + c.offload:.1f} s)")
+                     f"rollout ({secs(c.rollout_wall)} s) and its device time plus the update "
+                     f"({secs(c.rollout.device + c.update.seconds + c.offload)} s)")
     return lines
 
 
