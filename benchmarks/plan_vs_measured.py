@@ -28,6 +28,7 @@ import tempfile
 from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs from a checkout
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the plan is of this host's CPU
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _RUNS = flags.DEFINE_list("runs", ["ppo_think:tiny", "grpo_think:tiny", "ppo_nothink:tiny", "grpo_nothink:tiny",
@@ -69,8 +70,9 @@ def _lengths(spec, workdir: pathlib.Path):
             prompts.append(sum(len(chat.encode_message(ct, m["role"], m["content"])[0]) for m in messages[:2])
                            + len(ct.assistant_header))
             feeds += [len(chat.encode_message(ct, "user", m["content"])[0]) for m in users[1:]]
-            for turn in record["turns"]:
-                replies.append(max(1, text_tokens(turn["raw"]) + int(turn["stopped"])))
+            for turn in record["turns"]:  # a turn not stopped ran to its budget (decoded text re-tokenizes otherwise)
+                budget = spec.sampling.max_new_tokens
+                replies.append(min(budget, max(1, text_tokens(turn["raw"]) + 1)) if turn["stopped"] else budget)
                 if spec.rollout.drop_thoughts and turn.get("reply") is not None:
                     shown.append(text_tokens(turn["reply"]) / replies[-1])
     logs = [math.log(r) for r in replies]

@@ -73,6 +73,8 @@ _LOG_SD = flags.DEFINE_float("reply_log_sd", 1.0, "The log-sd of that lognormal 
 _MEASURE = flags.DEFINE_bool("measure_host", True, "Without --topology or --gpu: estimate the step on this host's CPU, "
                              "its peak FLOP/s, bandwidth and fixed costs measured by a short microbenchmark "
                              "(rlver_jax/parallel/host_peaks.py, cached).")
+_JSON = flags.DEFINE_string("json", "", "Also write the plan's figures as JSON here "
+                            "(rlver_jax/train/planner/record.py).")
 _FRESH = flags.DEFINE_bool("fresh_host_peaks", False, "Measure this host again instead of reading the cache (the "
                            "figures move with the host's load).")
 
@@ -120,6 +122,12 @@ def main(argv):
                        host_devices=_HOST.value, target=target, host_chip=host_chip)
     label = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
     print(report.format_plan(result, label), flush=True)
+    if _JSON.value:
+        import json
+
+        from rlver_jax.train.planner.record import plan_record
+
+        pathlib.Path(_JSON.value).write_text(json.dumps(plan_record(result, label), indent=1))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ measured by a short microbenchmark on its own devices, as XLA:CPU runs programs,
 
   peak FLOP/s   the best of a few [1024, 1024] x [1024, 1024] matmuls in the run's compute dtype
   bandwidth     the best of a few streaming fusions a * b + c over 16M-element arrays (bytes read
-                and written per second)
+                and written per second): memory's rate, beyond the last-level cache
   per operation the fixed cost of one operation a program runs: a loop of small operations, its
                 time over the operations the planner counts in it (hlo_cost.program_cost)
   per call      a program call from the host and the wait for its result, with nothing to compute
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from rlver_jax.parallel.chips import Chip
 
 CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "rlver_jax" / "host_peaks.json"
-REPEATS = 5
+REPEATS = 10
 
 
 def _best(fn: Callable[[], object], repeats: int = REPEATS) -> float:
@@ -49,6 +49,13 @@ def _cpu_name() -> str:
                         platform.processor())
     except OSError:
         return platform.processor() or platform.machine()
+
+
+def _stream(elements: int) -> float:
+    """Bytes per second of a * b + c over arrays of `elements` floats (three read, one written)."""
+    x = jnp.ones((elements,), jnp.float32)
+    fn = jax.jit(lambda p, q, r: p * q + r)
+    return 4 * x.nbytes / _best(lambda: fn(x, x, x))
 
 
 def _op_seconds(count_ops: Callable[[object], float]) -> float:
@@ -82,9 +89,7 @@ def measure(dtype: str, count_ops: Callable[[object], float], fresh: bool = Fals
     a = jnp.ones((n, n), dtype)
     mm = jax.jit(lambda x: x @ x)
     flops = 2 * n ** 3 / _best(lambda: mm(a))
-    x = jnp.ones((16 * 2 ** 20,), jnp.float32)
-    stream = jax.jit(lambda p, q, r: p * q + r)
-    bandwidth = 4 * x.nbytes / _best(lambda: stream(x, x, x))
+    bandwidth = _stream(16 * 2 ** 20)
     tiny = jnp.ones((4,), jnp.float32)
     call = jax.jit(lambda p: p)
     row = dict(name="cpu", device_kind=f"{_cpu_name()} ({os.cpu_count()} cores)", bf16_tflops=flops / 1e12,
