@@ -63,13 +63,14 @@ def _kind(name: str) -> str:
 def plan(spec: RunSpec, memory_gb: float | None = 16.0, phases: Sequence[str] = PHASES,
          lengths: Lengths = Lengths(), search: bool = True, log: Callable[[str], None] = lambda _: None,
          hoist_converts: bool = True, host_devices: int | None = None,
-         target: topology.Target | None = None, host_chip: chips.Chip | None = None) -> Plan:
+         target: topology.Target | None = None, host_chip: chips.Chip | None = None, estimate: bool = True) -> Plan:
     """Compile the phases of `spec`'s run and, with `search`, find the largest shapes that fit
     wherever the update (any of its programs), the rollout or the evaluation does not. `target`:
     compile for a TPU topology's or GPU target's devices (rlver_jax.parallel.topology,
     gpu_topology) instead of this host's; `memory_gb` None: the target's memory per device (16 on
     this host's). With a chip's figures (a target's, or `host_chip`: this host's CPU measured,
-    rlver_jax.parallel.host_peaks) the plan estimates a step (planner.cases) under `lengths`."""
+    rlver_jax.parallel.host_peaks) and `estimate` the plan estimates a step (planner.cases) under
+    `lengths`."""
     feed_tokens = lengths.feed
     s = abstract_setup(spec, hoist_converts, host_devices, target, host_chip=host_chip)
     if memory_gb is None:
@@ -98,10 +99,10 @@ def plan(spec: RunSpec, memory_gb: float | None = 16.0, phases: Sequence[str] = 
                       if n is None else rollout_shapes(spec, feed_tokens, s.hosts, evaluation=True).describe()
                       + f"; {n} held-out profiles")
     moved = transfer_plan(s)
-    estimate, cases = cases_lib.build(s, done, lengths, log)
+    step, cases = cases_lib.build(s, done, lengths, log) if estimate else (None, [])
     result = Plan(s, done, memory_gb, sizes, rollout_shapes(spec, feed_tokens, s.hosts).describe(),
                   transfers=moved and moved[0], at_rest=moved and moved[1], evaluation=evaluation,
-                  lengths=lengths, estimate=estimate, cases=cases)
+                  lengths=lengths, estimate=step, cases=cases)
     if search:
         over = [p.name for p in done if p.total > memory_gb * GB]
         for label, names in (("update", [n for n in over if n in UPDATE]),
