@@ -1,4 +1,4 @@
-r"""Per-device memory of a training run's programs, compiled ahead of time from the training config.
+r"""Per-device memory and a step estimate of a training run's programs, compiled ahead of time from the config.
 
   .venv/bin/python launch/plan.py --config=configs/ppo_think.py:tiny
   .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4
@@ -9,24 +9,29 @@ r"""Per-device memory of a training run's programs, compiled ahead of time from 
 
 Takes the config and overrides of launch/train.py and compiles, from abstract shapes (no weights
 are allocated or read), the programs of the train step the run executes (prepare, the actor's and
-the critic's updates), the sampler's programs and the in-loop evaluation's
-(rlver_jax/train/planner/). Prints per-device arguments, temporaries and totals per phase,
-the peak against --memory_gb, and, where a phase does not fit, the largest micro-batch or dialogue
-length that does.
+the critic's updates at the step's training rows: a row per turn with think_history "drop"), the
+sampler's programs and the in-loop evaluation's (rlver_jax/train/planner/). Prints per-device
+arguments, temporaries and totals per phase, the peak against --memory_gb, and, where a phase does
+not fit, the largest micro-batch or dialogue length that does. Then an estimate of the step, term
+by term: the update's optimizer steps, its collectives and kernel grid steps, the rollout played
+out turn by turn against the simulated user (config.simulator.latency_s), the offload; every reply
+at max_new_tokens and replies drawn from a lognormal, under the printed length assumptions
+(--prompt_tokens, --feed_tokens, --shown_fraction, --expected_reply_tokens, --reply_log_sd).
 
 --topology=NAME (with libtpu installed: pip install -e '.[tpu]') compiles for that TPU slice
 with the TPU compiler, on this host, without a TPU and without XLA_FLAGS: device kind and chip
 count, the attention kernel the TPU gets (splash), the TPU compiler's memory per device against
-the chip's HBM, the offload's transfers and a roofline estimate of the step
-(rlver_jax/parallel/topology.py, rlver_jax/train/planner/roofline.py). --gpu=CARD[:GPUS] or
-CARD:GPUSxNODES (h100:1, h100:8, h200:8, a100:8, h100:8x2) does the same for GPUs with the CUDA
-compiler of jax's CUDA plugin, run from a venv of its own (pip install -e '.[gpu-plan]': never the
-project's venv, where every process would probe for CUDA; e.g. `../gpu-venv/bin/python
-launch/plan.py --config=configs/ppo_think.py:7b --gpu=h100:8`): attention as the GPU gets it (cudnn), the
-card's memory as the budget, what the run must set for it, the card's published peaks for the
-roofline (rlver_jax/parallel/gpu_topology.py). Without either the plan is for this host's devices:
-on a CPU, fake the target's device count with XLA_FLAGS=--xla_force_host_platform_device_count=N.
-docs/sharding.md has the figures.
+the chip's HBM, the offload's transfers, and the step on the chip's published figures
+(rlver_jax/parallel/topology.py, chips.py). --gpu=CARD[:GPUS] or CARD:GPUSxNODES (h100:1, h100:8,
+h200:8, a100:8, h100:8x2) does the same for GPUs with the CUDA compiler of jax's CUDA plugin, run
+from a venv of its own (pip install -e '.[gpu-plan]': never the project's venv, where every
+process would probe for CUDA; e.g. `../gpu-venv/bin/python launch/plan.py
+--config=configs/ppo_think.py:7b --gpu=h100:8`): attention as the GPU gets it (cudnn), the card's
+memory as the budget, what the run must set for it, the card's published figures
+(rlver_jax/parallel/gpu_topology.py). Without either the plan is for this host's devices (on a
+CPU, fake the target's device count with XLA_FLAGS=--xla_force_host_platform_device_count=N) and
+the step is estimated on this host's CPU, measured (rlver_jax/parallel/host_peaks.py).
+--json=FILE writes the figures as data. docs/sharding.md has the figures.
 """
 
 import pathlib
