@@ -28,9 +28,9 @@ def _row(kind: type) -> ml_collections.FieldReference:
     return ml_collections.FieldReference(None, field_type=kind)
 _MODEL_PRESETS = {"tiny": "tiny", "smol": "smollm2-135m", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b",
                   "7b_lora": "qwen2.5-7b"}
-# Dialogues one sampling call of the 7b_lora preset plays (rollout.pipeline_groups = dialogues a step / this):
-# its KV caches are what a single 80 GB GPU holds beside the frozen base (PPO's 32 / 4 groups; GRPO's
-# 128 dialogues planned 128.8 GB in 4 groups, 76.6 GB in 16, by XLA:CPU; 45.2 GB by the CUDA compiler for an H100).
+# Dialogues the 7b_lora preset samples at once: the continuous engine's KV rows (rollout.engine_rows), or a
+# static call's (rollout.pipeline_groups = dialogues a step / this): their KV caches are what a single 80 GB
+# GPU holds beside the frozen base and the sampling copy (the CUDA compiler for an H100: 49.2 GB with 8 rows).
 _LORA_1GPU_DIALOGUES_PER_CALL = 8
 
 
@@ -155,7 +155,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # longest reply stops (the comparison: docs/benchmarks.md "Rollout with replies of varied
     # length"). Same tokens either way. A field only another engine reads is refused if given.
     c.rollout.engine = "continuous"
-    c.rollout.engine_rows = 0  # continuous: KV rows (dialogues held at once); 0 = as many as are in flight
+    # continuous: KV rows (dialogues held at once); 0 = as many as are in flight. 7b_lora: 8, what one 80 GB GPU
+    # holds beside the bf16 base and the sampling copy (49.2 GB/device for the CUDA compiler, launch/plan.py
+    # --gpu=h100:1; 16 rows 67.7, above the 63.7 GB a JAX process takes of an H100 by default; 128, GRPO's
+    # every dialogue, 327)
+    c.rollout.engine_rows = _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 0
     c.rollout.decode_chunk = 8  # continuous: decode steps between turns entering and replies leaving
     c.rollout.prefill_chunk = 256  # continuous: most prompt tokens a row writes per prefill call
     # static engine: seconds a dialogue ready for its next turn waits for others of its group to join the policy

@@ -112,7 +112,7 @@ def test_tiny_presets_update_and_sampler_compile_for_v5e(v5e):
     text = report.format_plan(result, "tiny")
     assert "attention=auto (splash on TPU v5 lite)" in text
     assert "target     v5e:2x2: 4 x TPU v5 lite (v5e), 1 host of 4" in text and "= 4 tpu devices" in text
-    assert "roofline   an ESTIMATE" in text and "step       estimate" in text
+    assert "estimate   an ESTIMATE" in text and "step       every reply at max_new_tokens" in text
     est = roofline.step_estimate(result)
     assert est is not None and est.step > 0 and 0 < est.mfu <= 1
     assert np.isfinite([p.cost.seconds(v5e.chip) for p in result.phases]).all()

@@ -335,7 +335,8 @@ def lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
 _ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0},
                  # the rollout engine's: runs before it sampled with static calls
                  "rollout": {"engine": "static", "engine_rows": 0, "decode_chunk": 8, "prefill_chunk": 256},
-                 "lora": dataclasses.asdict(LoraSettings())}
+                 "lora": dataclasses.asdict(LoraSettings()),
+                 "simulator": {"latency_s": 15.0}}
 
 
 def saved_config(run_dir: pathlib.Path) -> ml_collections.ConfigDict:

@@ -43,10 +43,13 @@ def format_plan(plan: Plan, label: str = "") -> str:
           if s.target is not None else []),
         f"mesh       {dict(mesh.shape)} = {mesh.size} {mesh.devices.flat[0].platform} devices; "
         f"rules={s.spec.mesh.rules}",
-        f"update     {b} dialogues x {t} tokens, every token scored; mini-batch {rl.mini_batch_size} "
-        f"{'dialogues' if rl.batch_size else 'rows'}, micro-batch "
-        f"{rl.micro_batch_size} ({rl.micro_batch_size / shards:g} per batch shard), {rl.ppo_epochs} epoch(s), "
-        f"log-prob chunk {rl.logprob_chunk}",
+        f"update     {b} rows x {t} tokens (the memory plan: every dialogue every turn, each row at max_total_tokens), "
+        f"every token scored; {s.shapes.optimizer_steps} optimizer step(s) per model ({rl.ppo_epochs} epoch(s) x "
+        f"mini-batches of {rl.mini_batch_size} {'dialogues' if rl.batch_size else 'rows'}), each "
+        f"{s.shapes.micro_batches} micro-batch(es) of {rl.micro_batch_size} rows ({rl.micro_batch_size / shards:g} "
+        f"per batch shard); log-prob chunk {rl.logprob_chunk}",
+        *([f"update     a step's rows: {c.shapes.describe(s.spec.rollout.drop_thoughts)} ({c.name})"
+           for c in plan.cases]),
         *([f"note       micro-batch {rl.micro_batch_size} does not split over the {shards} batch shards: XLA "
            f"spreads its rows as it can "
            f"(try --config.rl.micro_batch_size={shards * max(1, rl.micro_batch_size // shards)})"]
