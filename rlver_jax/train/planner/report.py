@@ -67,6 +67,30 @@ def format_plan(plan: Plan, label: str = "") -> str:
         lines.append(f"  {ph.name:<{width}}{ph.resident / scale:9.3f} {ph.arguments / scale:9.3f} "
                      f"{ph.temporaries / scale:9.3f} {ph.outputs / scale:9.3f} {ph.total / scale:9.3f} "
                      f"{ph.seconds:7.1f}s  {ph.note}")
+    lines += _offload_lines(plan, unit, scale)
+    update = [ph for ph in plan.phases if ph.name in UPDATE]
+    if update:
+        top = max(update, key=lambda ph: ph.total)
+        lines.append(f"update     peak {top.total / scale:.3f} {unit} ({top.name}): "
+                     f"{'fits' if top.total <= plan.memory_gb * GB else 'does NOT fit'} in {plan.memory_gb:g} GB")
+    peak = plan.peak
+    verdict = "fits" if plan.fits else "does NOT fit"
+    lines.append(f"peak       {peak.total / scale:.3f} {unit} ({peak.name}): {verdict} in {plan.memory_gb:g} GB "
+                 f"per device")
+    lines += [f"           {ph.name}: {ph.total / GB:.3f} GB does not fit" for ph in plan.phases
+              if ph.total > plan.memory_gb * GB]
+    if s.target is not None:
+        lines += [f"runtime    {note}" for note in s.target.runtime_notes(peak.total)]
+    lines += [f"fits with  {x}" for x in plan.suggestions]
+    lines += format_roofline(plan)
+    return "\n".join(lines)
+
+
+def _offload_lines(plan: Plan, unit: str, scale: float) -> list[str]:
+    """The offload's lines: what is in host memory in each stage and what crosses per step (the moves
+    as the target compiles them, where planned); without it, each phase's total with the state offloaded."""
+    s = plan.setup
+    lines: list[str] = []
     if s.offload != "none":
         away = {stage: s.in_host_memory(stage) for stage in offload.STAGES}
         label = {"prepare": "prepare", "actor": "actor update", "critic": "critic update", "rest": "between steps"}
@@ -88,19 +112,4 @@ def format_plan(plan: Plan, label: str = "") -> str:
         lines.append("offload    none; with --config.train.offload=state: " + ", ".join(
             f"{ph.name} {(ph.total - resident(s, ph.name) + resident(s, ph.name, 'state')) / scale:.3f}"
             for ph in plan.phases) + f" {unit}")
-    update = [ph for ph in plan.phases if ph.name in UPDATE]
-    if update:
-        top = max(update, key=lambda ph: ph.total)
-        lines.append(f"update     peak {top.total / scale:.3f} {unit} ({top.name}): "
-                     f"{'fits' if top.total <= plan.memory_gb * GB else 'does NOT fit'} in {plan.memory_gb:g} GB")
-    peak = plan.peak
-    verdict = "fits" if plan.fits else "does NOT fit"
-    lines.append(f"peak       {peak.total / scale:.3f} {unit} ({peak.name}): {verdict} in {plan.memory_gb:g} GB "
-                 f"per device")
-    lines += [f"           {ph.name}: {ph.total / GB:.3f} GB does not fit" for ph in plan.phases
-              if ph.total > plan.memory_gb * GB]
-    if s.target is not None:
-        lines += [f"runtime    {note}" for note in s.target.runtime_notes(peak.total)]
-    lines += [f"fits with  {x}" for x in plan.suggestions]
-    lines += format_roofline(plan)
-    return "\n".join(lines)
+    return lines
