@@ -6,7 +6,7 @@ lockstep rounds vs per-dialogue progress under heavy-tailed simulator latency; t
   .venv/bin/python benchmarks/rollout.py --engines=static --sequential_dialogues=0   # time the whole baseline
   .venv/bin/python benchmarks/rollout.py --engines=static --latency_s=2.5 --latency_log_sd=0,0.75,1.0 \
       --batch_wait_s=inf,0.05,0.25 --pipeline_groups=1 --max_new_tokens=48 --sequential_dialogues=-1   # issue 41
-  .venv/bin/python benchmarks/rollout.py --engines=jax,static --reply_lengths=budget,lognormal \
+  .venv/bin/python benchmarks/rollout.py --engines=continuous,static --reply_lengths=budget,lognormal \
       --pipeline_groups=1 --batch_wait_s=0.25 --sequential_dialogues=-1   # issue 53
 
 32 dialogues x 8 policy turns of the tiny random Qwen2 (StaticEngine, think=False) against the scripted
@@ -17,7 +17,7 @@ dialogue runs all turns: the emotion step every turn, the reply step on all but 
 
   ours: EpisodeRunner.run on each sampler of --engines (engines.table): "static" once per
     --latency_log_sd, --pipeline_groups and --batch_wait_s value (rollout.batch_wait_s: inf is
-    lockstep rounds, a finite wait per-dialogue progress); "jax", the rollout engine, once per
+    lockstep rounds, a finite wait per-dialogue progress); "continuous", the rollout engine, once per
     --latency_log_sd (it takes each dialogue's turn as it comes: no groups, no wait); each once per
     --reply_lengths value.
   sequential: the reference RLVER loop, for each turn, for each dialogue, a batch-of-one policy
@@ -71,7 +71,7 @@ from configs.simulator import get_simulator_config  # noqa: E402
 from rlver_jax.engines.continuous import ContinuousEngine, call_size, chunk_width  # noqa: E402
 from rlver_jax.engines.seam import PolicyTurn, TurnRequest  # noqa: E402
 from rlver_jax.engines.static import StaticEngine  # noqa: E402
-from rlver_jax.engines.table import EngineSettings  # noqa: E402
+from rlver_jax.engines.table import ENGINES, EngineSettings  # noqa: E402
 from rlver_jax.models import qwen2  # noqa: E402
 from rlver_jax.models.config import get_preset  # noqa: E402
 from rlver_jax.rollout.episodes import EpisodeRequest, EpisodeRunner, RolloutSettings  # noqa: E402
@@ -101,11 +101,11 @@ _WAITS = flags.DEFINE_list("batch_wait_s", ["inf", "0.25"], "rollout.batch_wait_
 _SEED = flags.DEFINE_integer("seed", 0, "Parameter and sampling seed.")
 _CACHE_SLOTS = flags.DEFINE_integer(
     "cache_slots", 16384, "Static: KV-cache slots kept per dialogue between turns (0: re-encode every turn).")
-_ENGINES = flags.DEFINE_list("engines", ["static"], "Samplers (config.rollout.engine): static, jax.")
+_ENGINES = flags.DEFINE_list("engines", ["static"], f"Engines (config.rollout.engine): {ENGINES.words()}.")
 _LENGTHS = flags.DEFINE_list("reply_lengths", ["budget"], "budget: replies to a stop or max_new_tokens; constant: "
                              "each ended at max_new_tokens / 4; lognormal: at a lognormal length of that mean.")
 _LENGTH_LOG_SD = flags.DEFINE_float("reply_length_log_sd", 1.0, "Log-sd of the lognormal reply lengths.")
-_DECODE_CHUNK = flags.DEFINE_integer("decode_chunk", 8, "jax: config.rollout.decode_chunk.")
+_DECODE_CHUNK = flags.DEFINE_integer("decode_chunk", 8, "continuous: config.rollout.decode_chunk.")
 
 # Scripted simulator answers: no emotion change and no farewell, so no dialogue ends early.
 _EMOTION_ANSWER = "Analysis: the reply is neither helpful nor hurtful.\nChange: 0"
@@ -269,7 +269,8 @@ class Timing:
     calls: int = 0  # policy device calls
     call_s: float = 0.0  # their median seconds
     slowest_user_s: float = 0.0  # the most simulator seconds of one dialogue
-    turn_s: float = 0.0  # a turn's generation on the critical path: static, the median call; jax, the median turn
+    # a turn's generation on the critical path: static, the median call; continuous, the median turn
+    turn_s: float = 0.0
     tokens: int = 0  # the replies' tokens
     waits: list[float] = dataclasses.field(default_factory=list)  # each reply's wait after its last token
 
@@ -313,7 +314,7 @@ def _compiles() -> int:
 
 
 async def timed(name: str, rollout: Callable[[], Awaitable[list[DialogueSequence]]], policy,
-                server: ScriptedServer, turns: int, simulator: TimedSimulator) -> Timing:
+                server: ScriptedServer, turns: int, simulator: TimedSimulator, continuous: bool = False) -> Timing:
     """Runs one rollout, checks that every dialogue ran all turns, and times it."""
     rec = policy.recorded
     rec.clear()
@@ -327,7 +328,7 @@ async def timed(name: str, rollout: Callable[[], Awaitable[list[DialogueSequence
     if short or server.errors:
         raise RuntimeError(f"{name}: dialogues ended early {short} or server errors {server.errors}")
     call_s = float(np.median([end - start for start, end in rec.intervals]))
-    turn_s = float(np.median([end - start for start, end in rec.turns])) if policy.continuous else call_s
+    turn_s = float(np.median([end - start for start, end in rec.turns])) if continuous else call_s
     return Timing(name, len(seqs), wall, rec.busy_seconds(), _compiles() - traces,
                   len(server.requests) - requests, server.peak_in_flight, len(rec.intervals), call_s,
                   max(sum(steps) for steps in simulator.steps), turn_s, rec.tokens, list(rec.waits))
@@ -379,12 +380,12 @@ def precompile_engine(engine: ContinuousEngine, rows: int, slots: Sequence[int])
 
 def _settings(engines: list[str], groups: list[int], waits: list[float]) -> list[tuple[str, int, float]]:
     """(engine, pipeline groups, batch wait) of each run: the engine takes each turn as it comes."""
-    return [(e, g, w) for e in engines for g, w in ([(1, 0.0)] if e == "jax" else
+    return [(e, g, w) for e in engines for g, w in ([(1, 0.0)] if ENGINES[e].continuous else
                                                      [(g, w) for g in groups for w in waits])]
 
 
 def _run_name(engine: str, groups: int, wait: float) -> str:
-    if engine == "jax":
+    if ENGINES[engine].continuous:
         return "engine"
     progress = "lockstep" if math.isinf(wait) else f"wait {wait:g} s"
     return f"static, groups={groups}, {progress}"
@@ -402,10 +403,11 @@ async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner
     start = time.perf_counter()
     if _SEQUENTIAL.value >= 0:
         await precompile(seq_runner.policy, {1}, lengths, chat_tokens.im_start)
-    if "jax" in runners:  # every row length from the first prompt to the last with a whole reply
-        top = bucket(lengths[-1] + _MAX_NEW_TOKENS.value, LENGTH_BUCKETS)
-        precompile_engine(runners["jax"].policy, bucket(len(requests)),
-                          [b for b in LENGTH_BUCKETS if lengths[0] <= b <= top])
+    for runner in runners.values():  # the engine's: every row length from the first prompt to the last with a reply
+        if isinstance(runner.policy, ContinuousEngine):
+            top = bucket(lengths[-1] + _MAX_NEW_TOKENS.value, LENGTH_BUCKETS)
+            precompile_engine(runner.policy, bucket(len(requests)),
+                              [b for b in LENGTH_BUCKETS if lengths[0] <= b <= top])
     # Zero-latency rollouts, one per sampler setting and reply lengths, compile ours' programs and
     # warm the HTTP client, the simulator path and the host code.
     latency.mean_s = 0.0
@@ -431,7 +433,7 @@ async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner
                 runner.settings = dataclasses.replace(runner.settings, pipeline_groups=g, batch_wait_s=wait)
                 name = f"{shape}, {reply_lengths}, {_run_name(engine, g, wait)}"
                 ours.append(await timed(name, lambda: runner.run(requests), runner.policy, server, turns,
-                                        runner.simulator))
+                                        runner.simulator, runner.settings.continuous))
                 print(f"  {ours[-1].name}: {ours[-1].wall_s:.2f} s", flush=True)
     if _SEQUENTIAL.value < 0:
         return ours, None
@@ -444,7 +446,7 @@ async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner
 
 def report(ours: list[Timing], seq: Timing | None, dialogues: int) -> None:
     latency_table(ours, dialogues)
-    if _LENGTHS.value != ["budget"] or "jax" in _ENGINES.value:
+    if _LENGTHS.value != ["budget"] or any(ENGINES[e].continuous for e in _ENGINES.value):
         lengths_table(ours)
     if seq is None:
         return
@@ -543,7 +545,7 @@ def main(argv: Sequence[str]) -> None:
     params = qwen2.init_params(model_cfg, key_params)
     engine = EngineSettings(decode_chunk=_DECODE_CHUNK.value)
     sampling = SamplingSettings(max_new_tokens=_MAX_NEW_TOKENS.value, cache_slots=_CACHE_SLOTS.value)
-    samplers = {"static": TimedPolicy, "jax": TimedEngine}
+    samplers = {"static": TimedPolicy, "continuous": TimedEngine}  # each engine's class, timed
     policies = {e: samplers[e](model_cfg, chat_tokens, sampling, engine, key_sampling) for e in _ENGINES.value}
     # The reference loop re-encodes each dialogue's history every turn.
     seq_policy = TimedPolicy(model_cfg, chat_tokens, SamplingSettings(max_new_tokens=_MAX_NEW_TOKENS.value),
@@ -560,7 +562,8 @@ def main(argv: Sequence[str]) -> None:
         # format_failure=continue: an empty random reply must not end a dialogue early.
         settings = RolloutSettings(think=False, max_new_tokens=_MAX_NEW_TOKENS.value, max_total_tokens=8192,
                                    format_failure="continue")
-        runners = {e: VariedLengths(p, simulator, chat_tokens, settings) for e, p in policies.items()}
+        runners = {e: VariedLengths(p, simulator, chat_tokens, dataclasses.replace(
+            settings, continuous=ENGINES[e].continuous)) for e, p in policies.items()}
         seq_runner = EpisodeRunner(seq_policy, simulator, chat_tokens, settings)
 
         async def run() -> tuple[list[Timing], Timing]:

@@ -17,7 +17,7 @@ from configs.eval import ENGLISH_PROFILES, SHIPPED_PROFILES, SMOL_HOLDOUT, TINY_
 from configs.mesh import get_mesh_config
 from configs.simulator import get_emotion_rules_config, get_simulator_config
 from rlver_jax.models import smollm2
-from rlver_jax.rl.algorithms import algorithm
+from rlver_jax.rl.algorithms import ALGORITHMS
 from rlver_jax.sampling.cache_bound import session_slots
 
 PRESETS = ("tiny", "smol", "0.5b", "7b", "7b_lora")
@@ -28,9 +28,9 @@ def _row(kind: type) -> ml_collections.FieldReference:
     return ml_collections.FieldReference(None, field_type=kind)
 _MODEL_PRESETS = {"tiny": "tiny", "smol": "smollm2-135m", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b",
                   "7b_lora": "qwen2.5-7b"}
-# Dialogues one sampling call of the 7b_lora preset plays (rollout.pipeline_groups = dialogues a step / this):
-# its KV caches are what a single 80 GB GPU holds beside the frozen base (PPO's 32 / 4 groups; GRPO's
-# 128 dialogues planned 128.8 GB in 4 groups, 76.6 GB in 16, by XLA:CPU; 45.2 GB by the CUDA compiler for an H100).
+# Dialogues the 7b_lora preset samples at once: the continuous engine's KV rows (rollout.engine_rows), or a
+# static call's (rollout.pipeline_groups = dialogues a step / this): their KV caches are what a single 80 GB
+# GPU holds beside the frozen base and the sampling copy (the CUDA compiler for an H100: 49.2 GB with 8 rows).
 _LORA_1GPU_DIALOGUES_PER_CALL = 8
 
 
@@ -42,7 +42,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     cpu = tiny or smol  # the CPU presets: embedded simulator, shipped profiles, short dialogues
     one_gpu = preset == "7b_lora"
     seven_b = preset in ("7b", "7b_lora")  # the paper's model and lengths
-    grouped = algorithm(algo).grouped  # the algorithm table's row (rlver_jax/rl/algorithms.py)
+    grouped = ALGORITHMS.row(algo).grouped  # the algorithm table's row (rlver_jax/rl/algorithms.py)
     c = ml_collections.ConfigDict()
     c.workdir = f"runs/{algo}_{'think' if think else 'nothink'}_{preset}"  # metrics, checkpoints, transcripts
     c.seed = 0  # initialisation, data order and sampling keys: all pure functions of (seed, step)
@@ -123,13 +123,13 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.think = think  # think-then-say: reason in <think>...</think> before replying
-    c.rollout.n = algorithm(algo).default_n  # dialogues per profile (a group, for grouped algorithms)
+    c.rollout.n = ALGORITHMS.row(algo).default_n  # dialogues per profile (a group, for grouped algorithms)
     # per step (paper: 32), x n dialogues; smol: a CPU step of 8 real-model dialogues
     c.rollout.profiles_per_step = (8 if grouped else 16) if tiny else (2 if grouped else 8) if smol else 32
     # tokens per policy turn; smol: the evaluation's 32 (configs/eval.py), about 24 English words
     c.rollout.max_new_tokens = 48 if tiny else 32 if smol else 5000
     c.rollout.max_total_tokens = 1024 if cpu else 15000  # per training row (prompt 5000 + response 10000)
-    # KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
+    # static engine: KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
     # 0 re-encodes the history every turn (less memory held between turns). With think_history
     # "drop" a turn's prompt no longer extends what the cache holds (the thoughts are gone), so its
     # row is encoded afresh each turn and a cache only holds memory: off in think mode. On for 7B
@@ -146,18 +146,23 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # With max_staleness >= 2, dialogues in flight move to newer versions turn by turn (rollout.versions);
     # False: every turn of a batch by its oldest version (an ablation).
     c.rollout.partial_rollouts = True
-    # static: concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
+    # static engine: concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
     c.rollout.pipeline_groups = 1 if cpu else (
         c.rollout.profiles_per_step * c.rollout.n // _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 4)
-    # The sampler (rlver_jax.engines.table.SAMPLERS): "jax", the rollout engine (continuous batching:
-    # each turn enters a KV row between decode chunks, each reply leaves as it stops; engines/continuous.py);
-    # "static", calls of the dialogues then waiting, each decoded until its longest reply stops (the
-    # comparison: docs/benchmarks.md "Rollout with replies of varied length"). Same tokens either way.
-    c.rollout.engine = "jax"
-    c.rollout.engine_rows = 0  # jax: KV rows (dialogues held at once); 0 = as many as are in flight
-    c.rollout.decode_chunk = 8  # jax: decode steps between turns entering and replies leaving
-    c.rollout.prefill_chunk = 256  # jax: most prompt tokens a row writes per prefill call
-    # static: seconds a dialogue ready for its next turn waits for others of its group to join the policy
+    # The rollout engine, a row of rlver_jax/engines/table.py. "continuous": continuous batching
+    # (each turn enters a KV row between decode chunks, each reply leaves as it stops;
+    # engines/continuous.py); "static": calls of the dialogues then waiting, each decoded until its
+    # longest reply stops (the comparison: docs/benchmarks.md "Rollout with replies of varied
+    # length"). Same tokens either way. A field only another engine reads is refused if given.
+    c.rollout.engine = "continuous"
+    # continuous: KV rows (dialogues held at once); 0 = as many as are in flight. 7b_lora: 8, what one 80 GB GPU
+    # holds beside the bf16 base and the sampling copy (49.2 GB/device for the CUDA compiler, launch/plan.py
+    # --gpu=h100:1; 16 rows 67.7, above the 63.7 GB a JAX process takes of an H100 by default; 128, GRPO's
+    # every dialogue, 327)
+    c.rollout.engine_rows = _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 0
+    c.rollout.decode_chunk = 8  # continuous: decode steps between turns entering and replies leaving
+    c.rollout.prefill_chunk = 256  # continuous: most prompt tokens a row writes per prefill call
+    # static engine: seconds a dialogue ready for its next turn waits for others of its group to join the policy
     # call (rollout.ready_batches; each moves on as soon as its user answers); inf: lockstep rounds.
     # 0.25: the users of a round answering together share one call (0.05 split them: +21% rollout
     # time at constant latency, docs/benchmarks.md "Rollout under heavy-tailed latency")
@@ -171,12 +176,12 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rollout.think_history = "drop"
 
     c.rl = ml_collections.ConfigDict()
-    # a row of rlver_jax/rl/algorithms.py: ppo | grpo | rloo | reinforce_pp | reinforce_pp_baseline | drgrpo |
-    # dapo | gspo | cispo. The fields below set to "" or None take the row's value; set one to mix recipes.
+    # a row of rlver_jax/rl/algorithms.py. The fields below set to "" or None take the row's value; set one to
+    # mix recipes.
     c.rl.algo = algo
-    c.rl.estimator = ""  # "" = the algorithm's; gae | grpo | rloo | reinforce_pp | reinforce_pp_baseline
-    c.rl.policy_loss = ""  # "" = the algorithm's; ppo | gspo | gspo_token | cispo
-    # a row of rlver_jax/rollout/rewards.py: final (paper): final emotion / 100; per_turn: emotion changes
+    c.rl.estimator = ""  # "" = the algorithm's; a row of ESTIMATORS (rlver_jax/rl/algorithms.py)
+    c.rl.policy_loss = ""  # "" = the algorithm's; a row of POLICY_LOSSES (rlver_jax/rl/loss_modes.py)
+    # a row of rlver_jax/rollout/rewards.py: final, the paper's (final emotion / 100); per_turn, the emotion changes
     c.rl.reward_mode = "final"
     # The random-reward control of a learning claim: each step's rewards permuted among its dialogues
     # before the update (a run that learns as much with them learnt nothing from the user); "final" only
@@ -198,7 +203,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.kl_coef = 0.0  # paper: no KL; non-zero builds a frozen reference model
     # "" = the algorithm's (reward for REINFORCE++, else loss) | loss | reward (penalty on token rewards)
     c.rl.kl_mode = ""
-    c.rl.kl_estimator = "k3"  # k1 | k3
+    c.rl.kl_estimator = "k3"  # the per-token estimate of KL(pi || ref): a row of KL_ESTIMATORS (rl/loss_modes.py)
     # "" = the algorithm's. seq_mean_token_mean: each row's token mean, averaged over rows (what the reference
     # optimises: a token mean per micro-batch of one sequence, averaged over ranks; ppo, grpo, rloo, gspo) |
     # token_mean (DAPO, CISPO, REINFORCE++) | seq_mean_token_sum_norm: token sums over rollout.max_new_tokens (Dr.GRPO)
@@ -238,6 +243,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # XLA:CPU, 55.2 by the CUDA compiler for an H100: launch/plan.py --gpu=h100:1)
     c.rl.micro_batch_size = 8 if cpu else 1 if one_gpu else 4
     c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
+    # Run the update's model passes on the rows packed end to end (each row a segment of its own: attention,
+    # positions, log-probs, values and losses per row; rl/packing.py): fewer rows where many are under half the
+    # batch's longest (turn rows of short and long replies); the same numbers to float rounding. Off: the CPU
+    # presets' rows, mostly their system prompt, never fit two to a row; unmeasured on accelerators (docs/training.md)
+    c.rl.pack_rows = False
 
     c.optim = ml_collections.ConfigDict()
     c.optim.actor = ml_collections.ConfigDict(dict(
@@ -259,7 +269,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train = ml_collections.ConfigDict()
     c.train.steps = 40 if tiny else 20 if smol else 1000  # rollout batches (paper: 1000)
     c.train.length_multiple = 64 if cpu else 512  # training sequence length bucket
-    # What waits in host memory (rl.offload.OFFLOAD): "none"; "idle": the model not being updated,
+    # What waits in host memory (rlver_jax/rl/offload_modes.py): "none"; "idle": the model not being updated,
     # during the other's program (PPO); "state": that, and the whole train state between steps
     # (rollout, evaluation), the AdamW states during prepare. 7B: "state" fits PPO and GRPO on
     # 16 x 16 GB chips (docs/sharding.md) for ~2 x the state crossing PCIe per step.
@@ -273,7 +283,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train.eval_policy = get_policy_sampling_config(tiny=cpu)
     c.train.transcripts = True  # write every batch's dialogues to WORKDIR/transcripts
     c.train.wandb_project = ""  # Weights & Biases project (pip install -e '.[wandb]'); "" = no W&B logging
-    c.train.wandb_mode = "offline"  # offline: files in WORKDIR/wandb (`wandb sync` them later); online: stream
+    c.train.wandb_mode = "online"  # online: stream to W&B; offline: files in WORKDIR/wandb (`wandb sync` them later)
     # A step may multiply a model's parameter norm by at most this; beyond it the update diverged (a
     # learning rate far too high): the run stops before the step is saved (docs/faults.md). 0 = off.
     c.train.max_param_norm_growth = 2.0

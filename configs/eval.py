@@ -67,7 +67,8 @@ def get_policy_sampling_config(*, tiny: bool = False) -> ml_collections.ConfigDi
     c.top_k = 0  # jax only; 0 = off
     c.max_new_tokens = 32 if tiny else 2048  # per policy turn
     c.max_total_tokens = 1024 if tiny else 16384  # jax: per training row (think_history), then "truncated"
-    # jax: KV-cache slots kept per dialogue between turns (0: re-encode the history every turn).
+    # jax with the static engine: KV-cache slots kept per dialogue between turns (0: re-encode the history
+    # every turn).
     # The most a session can need (rlver_jax.sampling.cache_bound); a turn beyond it is encoded afresh.
     c.cache_slots = session_slots(c.max_total_tokens, c.max_new_tokens) if tiny else 0
     # A think-mode reply without </think>: "continue" lets the simulated user judge the raw text
@@ -127,7 +128,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.simulators = ""
 
     c.policy = ml_collections.ConfigDict()
-    c.policy.backend = "jax"  # jax: our sampler on a checkpoint; openai: a chat endpoint
+    # a row of rlver_jax/eval/policy_source.py: jax, the policy in this process on JAX (a checkpoint, a Hugging
+    # Face directory or a fresh tiny model); openai, a chat endpoint
+    c.policy.backend = "jax"
     c.policy.checkpoint = ""  # jax: a training WORKDIR (latest step) or WORKDIR/checkpoints/STEP
     # jax: a Hugging Face Qwen2/Llama directory instead of a checkpoint (smol: the fetched SmolLM2)
     c.policy.path = str(smollm2.DEFAULT_DIR) if smol else ""
@@ -136,12 +139,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # jax with policy.path: one scanned decoder layer (a run keeps its own). smol: a first training
     # rollout took 72 s with its 30 layers unrolled, 27 s scanned, mostly compiling (docs/benchmarks.md)
     c.policy.scan_layers = smol
-    # jax: the sampler (rlver_jax.engines.table), as training's config.rollout.engine: "jax" the
-    # rollout engine (continuous batching), "static" calls of the dialogues then waiting.
-    c.policy.engine = "jax"
-    c.policy.engine_rows = 0  # jax engine: KV rows (dialogues held at once); 0 = as many as are in flight
-    c.policy.decode_chunk = 8  # jax engine: decode steps between turns entering and replies leaving
-    c.policy.prefill_chunk = 256  # jax engine: most prompt tokens a row writes per prefill call
+    # jax: the rollout engine, a row of rlver_jax/engines/table.py as training's config.rollout.engine:
+    # "continuous", continuous batching; "static", calls of the dialogues then waiting.
+    c.policy.engine = "continuous"
+    c.policy.engine_rows = 0  # continuous engine: KV rows (dialogues held at once); 0 = as many as are in flight
+    c.policy.decode_chunk = 8  # continuous engine: decode steps between turns entering and replies leaving
+    c.policy.prefill_chunk = 256  # continuous engine: most prompt tokens a row writes per prefill call
     c.policy.base_path = ""  # jax: HF dir for the run's architecture and tokenizer if its model.path moved
     # Think-then-say; None = the run's own setting for a checkpoint, else no-think.
     c.policy.think = config_dict.placeholder(bool)
@@ -153,8 +156,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.policy.base_url = "http://127.0.0.1:8000/v1"  # openai
     c.policy.model = "policy"  # openai: the served model name
     c.policy.api_key_env = "POLICY_API_KEY"  # openai: env var holding the key; unset for local servers
-    c.policy.timeout_s = 300.0  # openai: per request
-    c.policy.max_retries = 5  # openai: on connection errors, timeouts, 408/409/429 and 5xx
+    c.policy.timeout_s = 300.0  # openai: a request unanswered this long: is the server there? then it waits on
+    c.policy.max_retries = 5  # openai: on HTTP 408/409 and 5xx other than 502/503/504 (down: waited for 30 min)
     c.policy.backoff_initial_s = 1.0  # openai: first retry waits about this long, doubling each time
     c.policy.backoff_max_s = 30.0  # openai: cap of one wait
 

@@ -26,11 +26,20 @@ def get_simulator_config(*, eval_mode: bool = False) -> ml_collections.ConfigDic
     # 4x that before the final Change: line is cut. A reasoning simulator that returns its
     # thinking in the answer needs more.
     c.max_tokens = 2048
-    c.timeout_s = 120.0  # per request
+    c.timeout_s = 120.0  # a request unanswered this long: is the server there? then it waits on (slow is not down)
     c.max_concurrency = 64  # requests in flight at once, shared by all dialogues
-    c.max_retries = 6  # retries on connection errors, timeouts, 408/409/429 and 5xx
+    # Seconds a served simulator takes per request, for launch/plan.py's step estimate (a run times its
+    # own): Qwen2.5-72B-Instruct writes 29.9 tokens/s a request on 4 A100s under vLLM with a 6,144-token
+    # prompt (Qwen2.5's speed benchmark, batch 1), and an answer is 502 tokens (emotion step) or 395
+    # (reply step; docs/fidelity.md): 15.0 s a request on average
+    c.latency_s = 15.0
+    c.max_retries = 6  # retries on HTTP 408/409 and 5xx other than 502/503/504
     c.backoff_initial_s = 1.0  # first retry waits about this long, doubling each time
     c.backoff_max_s = 30.0  # cap of one wait
+    # A server that is down or throttling (refused or dropped connections, HTTP 429/502/503/504,
+    # Retry-After honoured) is waited for this long, then the run saves and exits 75: rerun it to
+    # resume (docs/faults.md). A served 72B simulator takes 5-15 minutes to restart.
+    c.outage_budget_s = 1800.0
     c.malformed_retries = 2  # fresh samples after an answer breaks the format; then simulator_error
     c.structured_output = "off"  # "off": text answers; "json_schema": JSON answers under a schema (docs/simulator.md)
     c.max_prompt_tokens = 6144  # estimated prompt tokens per request; older turns are left out to fit

@@ -55,4 +55,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    program.run(main, required=["runs", "out"])
+    program.run(main, required=["runs", "out"], statuses=(*program.COMMON_STATUSES, program.EXIT_RESTART))

@@ -13,7 +13,7 @@ own libraries (the `capabilities` extra: pip install -e '.[capabilities]').
   .venv/bin/python launch/capabilities.py --config=configs/capabilities.py --config.workdir=runs/caps_ppo \\
       --config.policy.checkpoint=runs/ppo_think_7b --config.data.math500=... --config.compare_to=runs/caps_base
   # tiny, on a CPU: the pipeline end to end
-  .venv/bin/python launch/capabilities.py --config=configs/capabilities.py:tiny --config.workdir=/tmp/caps_tiny \\
+  .venv/bin/python launch/capabilities.py --config=configs/capabilities.py:tiny --config.workdir=runs/caps_tiny \\
       --config.data.math500=FILE
 
 Writes WORKDIR/capabilities.json, items.jsonl, report.md, capabilities.html (and with
@@ -47,10 +47,11 @@ def main(argv):
         return
     if _CONFIG.value is None:
         raise app.UsageError("give --config=configs/capabilities.py[:tiny] (an evaluation) or --fetch_data=DIR")
+    from rlver_jax.eval.policy_source import POLICY_BACKENDS
     from rlver_jax.eval.spec import CapabilitiesSpec
 
     spec = CapabilitiesSpec.from_config(_CONFIG.value)
-    if spec.policy.backend != "openai":  # a served policy starts without JAX
+    if POLICY_BACKENDS.row(spec.policy.backend).needs_jax:  # a served policy starts without JAX
         import jax
 
         program.enable_compilation_cache(spec.compilation_cache_dir)
@@ -67,4 +68,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    program.run(main)
+    program.run(main, statuses=(*program.COMMON_STATUSES, program.EXIT_RESTART))

@@ -115,11 +115,11 @@ def main(argv: list[str]) -> None:
             raise
         # The library names training's flags (--config.simulator.base_url); this config is that
         # section, so here they are --config.base_url.
-        raise program.UserError(str(e).replace("config.simulator.", "config.")) from e
+        raise program.UserError(str(e).replace("config.simulator.", "config."), program.exit_status(e)) from e
     if _TRANSCRIPT.value:
         pathlib.Path(_TRANSCRIPT.value).write_text(
             json.dumps(state.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":
-    program.run(main)
+    program.run(main, statuses=(*program.COMMON_STATUSES, program.EXIT_RESTART))

@@ -1,11 +1,11 @@
 """The Sentient benchmark (SAGE protocol) of a policy, and paired comparisons of evaluations.
 
   # tiny, on a CPU in minutes: a run of launch/train.py (or, without a checkpoint, a fresh model)
-  .venv/bin/python launch/eval.py --config=configs/eval.py:tiny --config.workdir=/tmp/eval_tiny \\
-      --config.policy.checkpoint=/tmp/rlver_tiny
+  .venv/bin/python launch/eval.py --config=configs/eval.py:tiny --config.workdir=runs/eval_tiny \\
+      --config.policy.checkpoint=runs/tiny
   # the same run under the rules and lengths it was trained with, not SAGE's
-  .venv/bin/python launch/eval.py --config=configs/eval.py:tiny --config.workdir=/tmp/eval_tiny_like \\
-      --config.policy.checkpoint=/tmp/rlver_tiny --config.eval.like_training=/tmp/rlver_tiny
+  .venv/bin/python launch/eval.py --config=configs/eval.py:tiny --config.workdir=runs/eval_tiny_like \\
+      --config.policy.checkpoint=runs/tiny --config.eval.like_training=runs/tiny
   # a checkpoint of ours, or a served model: see configs/eval.py
   .venv/bin/python launch/eval.py --config=configs/eval.py --config.workdir=DIR --config.eval.profiles=FILE \\
       --config.policy.backend=openai --config.policy.base_url=URL --config.policy.model=NAME \\
@@ -16,12 +16,15 @@
 
 Writes WORKDIR/sentient.json, transcripts.jsonl, report.html (every dialogue, to read), report.md,
 trajectories.png and final_emotions.png. Rerunning the same command resumes: finished profiles are
-skipped. Exits 2 for a bad config field (before JAX is imported), 1 when every dialogue ended in a
-simulator error (nothing was scored).
+skipped. Exits 2 for a bad config field, a checkpoint that is not there or a mesh the devices do not
+fill (before JAX is imported), 1 when every dialogue ended in a simulator error (nothing was scored),
+75 when the simulator stayed down past config.simulator.outage_budget_s (the finished dialogues
+kept: rerun to resume).
 
 On several hosts run the same command on each (as launch/train.py: launch/tpu_pod.sh, or
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID): each plays its share of the profiles,
-process 0 writes the one set of outputs.
+process 0 writes the one set of outputs; each process runs its evaluation as a watched child
+(rlver_jax/cli/watchdog.py): losing process 0 ends the others with one line and exit 75.
 """
 
 import pathlib
@@ -49,6 +52,9 @@ def main(argv):
     if _COMPARE.value:
         if _CONFIG.value is not None or not _OUT.value:
             raise app.UsageError("--compare=DIR_A,DIR_B takes --out=DIR and no --config")
+        if len(_COMPARE.value) < 2:
+            raise app.UsageError(f"--compare={','.join(_COMPARE.value)}: give two or more evaluation directories, "
+                                 "the baseline first, separated by commas: --compare=DIR_A,DIR_B")
         from rlver_jax.eval import compare, protocol
 
         try:
@@ -64,7 +70,7 @@ def main(argv):
         return
     if _CONFIG.value is None:
         raise app.UsageError("give --config=configs/eval.py[:tiny] (an evaluation) or --compare=DIR_A,DIR_B")
-    from rlver_jax.eval import benchmark
+    from rlver_jax.eval import benchmark, policy_source
     from rlver_jax.eval.spec import EvalSpec
 
     config = _CONFIG.value
@@ -73,7 +79,17 @@ def main(argv):
         spec = EvalSpec.from_config(config, given)
     else:
         spec = program.checked_config(lambda: EvalSpec.from_config(config, given))
+    # The policy's checkpoint or directory, and the mesh where the devices are known, before JAX.
+    program.checked_config(lambda: policy_source.resolve(spec.policy, spec.seed, spec.settings.max_dialogues))
+    if (arguments := spec.distributed.initialize_arguments()) is not None:  # one process of several: watch it
+        from rlver_jax.cli import watchdog
+
+        status = watchdog.run_watched(arguments["coordinator_address"], f"config.workdir={spec.workdir}",
+                                      keep_runtime_log=program.verbose())
+        if status is not None:
+            return status
     if benchmark.needs_jax(spec):  # a served policy on one process starts without JAX (~2 s)
+        program.checked_config(lambda: program.check_mesh(spec.mesh.shape, spec.distributed))
         import jax
 
         from rlver_jax.parallel import sharding
@@ -81,6 +97,7 @@ def main(argv):
         program.enable_compilation_cache(spec.compilation_cache_dir)
         jax.config.update("jax_threefry_partitionable", True)  # the same random draws on any mesh
         sharding.maybe_initialize_distributed(spec.distributed)
+        program.checked_config(lambda: sharding.resolve_mesh_shape(spec.mesh.shape, jax.device_count()))
     summary = benchmark.run_benchmark(spec)
     if benchmark.process_index():  # process 0 reports for all
         return
@@ -112,8 +129,9 @@ def main(argv):
     print(f"score {summary['score']:.1f}  success {summary['success']}  failure {summary['failure']}  "
           f"n {summary['n']}  simulator errors {errors}" + (f"  no policy turn {silent}" if silent else "")
           + (f"  DEGENERATE JUDGEMENTS ({degenerate})" if degenerate else "")
+          + f"  policy {summary['run']['policy']} ({'think' if summary['run']['think'] else 'no-think'})"
           + f"  ->  {workdir / 'report.html'} (and report.md)")
 
 
 if __name__ == "__main__":
-    program.run(main)
+    program.run(main, statuses=(*program.COMMON_STATUSES, program.EXIT_RESTART))

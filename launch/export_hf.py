@@ -3,7 +3,7 @@ transformers 4.45+ and 5.x, vLLM and SGLang load, e.g. to serve it and evaluate 
 --config.policy.backend=openai. The tokenizer files follow Qwen2.5's own release (docs/tokenizers.md).
 
   .venv/bin/python launch/export_hf.py --checkpoint=runs/ppo_think_7b --out=exports/ppo_think_7b
-  .venv/bin/python launch/export_hf.py --checkpoint=/tmp/rlver_tiny/checkpoints/2 --out=/tmp/rlver_tiny_hf \\
+  .venv/bin/python launch/export_hf.py --checkpoint=runs/tiny/checkpoints/10 --out=exports/tiny \\
     --dtype=float32
 
 --checkpoint is a training run's work directory (its latest step) or WORKDIR/checkpoints/STEP.
@@ -35,12 +35,15 @@ _BASE_PATH = flags.DEFINE_string("base_path", "", "Hugging Face directory of the
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    from rlver_jax.eval.run_checkpoint import locate_checkpoint
+
+    # The checkpoint is found (its directory, config.json, a finished step) before JAX is imported.
+    ckpt = program.checked_config(lambda: locate_checkpoint(_CHECKPOINT.value, "--checkpoint"))
+    program.checked_config(ckpt.resolved_step)
     from rlver_jax.parallel import sharding
     from rlver_jax.eval.export import export_hf, export_peft_adapter
     from rlver_jax.eval.policy_loading import load_checkpoint_policy
-    from rlver_jax.eval.run_checkpoint import locate_checkpoint
 
-    ckpt = locate_checkpoint(_CHECKPOINT.value, "--checkpoint")
     # Any layout will do: writing gathers every parameter to the host.
     mesh = sharding.make_mesh((1, -1, 1))
     policy = load_checkpoint_policy(ckpt, mesh, "fsdp", _BASE_PATH.value)

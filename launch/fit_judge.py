@@ -25,7 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs fro
 
 from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from absl import flags  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 _RESULTS = flags.DEFINE_list("results", None, "SAGE result files (.jsonl or .jsonl.xz), comma-separated.")
 _PROFILES = flags.DEFINE_list("profiles", None, "The profiles of the results by id, comma-separated: RLVER's "
@@ -41,21 +41,22 @@ _LOMO_OUT = flags.DEFINE_string("lomo_out", None, "Write the leave-one-model-out
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise program.UserError(f"unexpected arguments: {argv[1:]}")
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from configs.simulator import get_emotion_rules_config
+    from rlver_jax.checks import InputError
     from rlver_jax.simulator import agreement, judge_fit, sage_results
     from rlver_jax.simulator.profiles import load_profiles
     from rlver_jax.simulator.state import EmotionRules
 
     if not (_OUT.value or _LOMO.value):
-        raise program.UserError("nothing to do: give --out=FILE (the weights) and/or --lomo")
+        raise app.UsageError("nothing to do: give --out=FILE (the weights) and/or --lomo")
     profiles = {p.id: p for path in _PROFILES.value for p in load_profiles(path)}
     results = {sage_results.stem(path): sage_results.read_results(path) for path in sorted(_RESULTS.value)}
     adversarial = {sage_results.stem(path): sage_results.read_results(path) for path in sorted(_ADVERSARIAL.value)}
     found = {r.dialogue for files in (results, adversarial) for replies in files.values() for r in replies}
     if missing := sorted(found - set(profiles)):
-        raise program.UserError(f"{len(missing)} dialogue(s) have no profile in --profiles={','.join(_PROFILES.value)} "
-                                f"(first: {missing[0]!r})")
+        raise InputError(f"{len(missing)} dialogue(s) have no profile in --profiles={','.join(_PROFILES.value)} "
+                         f"(first: {missing[0]!r})")
     data = judge_fit.rows(results, profiles)
     if adversarial:
         lowest = int(data.y.min())

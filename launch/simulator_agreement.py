@@ -27,7 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # runs fro
 
 from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
 
-from absl import flags  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 _CONFIG = program.config_flag(
     "config", str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "simulator.py") + ":eval",
@@ -54,7 +54,7 @@ async def _replay(settings, profiles) -> dict:
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise program.UserError(f"unexpected arguments: {argv[1:]}")
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from rlver_jax import simulator
     from rlver_jax.simulator import agreement
 
@@ -66,11 +66,11 @@ def main(argv: list[str]) -> None:
     except (ValueError, simulator.SimulatorUnavailableError) as e:
         if not program.is_expected(e):
             raise
-        raise program.UserError(str(e).replace("config.simulator.", "config.")) from e
+        raise program.UserError(str(e).replace("config.simulator.", "config."), program.exit_status(e)) from e
     print(agreement.table(result))
     if _OUT.value:
         pathlib.Path(_OUT.value).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
-    program.run(main, required=["results", "profiles"])
+    program.run(main, required=["results", "profiles"], statuses=(*program.COMMON_STATUSES, program.EXIT_RESTART))

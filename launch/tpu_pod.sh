@@ -11,6 +11,9 @@ Runs COMMAND on every worker of the Cloud TPU VM pod TPU (gcloud compute tpus tp
 --worker=all), after `cd REPO`, activating the virtual environment VENV and exporting
 RLVER_MULTIHOST=1 (so the program calls jax.distributed.initialize) plus any --env pairs.
 The checkout and the venv must already exist at the same path on every worker.
+launch/train.py and launch/eval.py watch their run on each worker (rlver_jax/cli/watchdog.py):
+when process 0 dies, every other worker ends with one line naming it and exit status 75
+(restart the job), not JAX's abort (134 and a C++ stack).
 
 Options:
   --name TPU        TPU VM name (default: $TPU_NAME)

@@ -1,6 +1,6 @@
 r"""Train an empathetic dialogue policy with RLVER (PPO or GRPO).
 
-  .venv/bin/python launch/train.py --config=configs/grpo_think.py:tiny --config.workdir=/tmp/rlver_tiny
+  .venv/bin/python launch/train.py --config=configs/grpo_think.py:tiny --config.workdir=runs/tiny
   .venv/bin/python launch/train.py --config=configs/ppo_think.py --config.model.path=/models/Qwen2.5-7B-Instruct \
       --config.data.train_profiles=/data/rlver/train_profile.jsonl \
       --config.simulator.base_url=http://simhost:30000/v1
@@ -11,7 +11,10 @@ override is an error: the config is locked. --print_config shows every field wit
 
 On Ctrl-C (exit 130) or SIGTERM (143, a preemption) the running step is finished and saved
 first, within config.checkpoint.stop_within_s; the line says where the checkpoint is; rerunning
-the same command resumes. A bad field stops it before JAX is imported and anything is written.
+the same command resumes. A simulator down past config.simulator.outage_budget_s saves the same way
+and exits 75. A bad field stops it before JAX is imported and anything is written. One process of
+several runs the run as its child and watches it (rlver_jax/cli/watchdog.py): losing process 0
+ends it with one line and exit 75.
 """
 
 import os
@@ -23,6 +26,7 @@ import traceback
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # configs/ and rlver_jax/
 
 from rlver_jax.cli import program  # noqa: E402  (first: one line outside the venv)
+from rlver_jax.cli import watchdog  # noqa: E402
 
 from absl import app  # noqa: E402
 
@@ -46,10 +50,16 @@ def _disk_message(error: OSError, workdir: pathlib.Path) -> str:
 
 def _on_sigterm(workdir: pathlib.Path):
     """The SIGTERM handler outside the training loop (loading, compiling, closing; the loop has its
-    own, interrupts.StepGuard): stop as Ctrl-C would, with status 143."""
+    own, interrupts.StepGuard): stop as Ctrl-C would, with status 143, once (a SIGTERM can come
+    twice: to every process of the job, and passed on by the launcher's watch)."""
+    raised = []
+
     def terminated(signum, frame):
         from rlver_jax.train.interrupts import TrainingInterrupted
 
+        if raised:
+            return
+        raised.append(signum)
         raise TrainingInterrupted(f"stopped by SIGTERM; rerun the same command to resume from the newest checkpoint "
                                   f"in {workdir / 'checkpoints'} (if any)", 143)
 
@@ -57,11 +67,14 @@ def _on_sigterm(workdir: pathlib.Path):
 
 
 def _spec(config):
-    """The run's spec, every field and path checked (no JAX imported)."""
+    """The run's spec, every field and path checked, and the mesh where the devices are known
+    without JAX (no JAX imported)."""
+    from rlver_jax.parallel.distributed import DistributedSettings
     from rlver_jax.train.spec import RunSpec
 
     spec = RunSpec.from_config(config, given=program.given_fields(), preset=program.preset_config())
     spec.check_paths()
+    program.check_mesh(spec.mesh.shape, DistributedSettings.from_config(config.mesh.distributed))
     return spec
 
 
@@ -70,11 +83,23 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.* flags")
     config = _CONFIG.value
     spec = program.checked_config(lambda: _spec(config))
+    from rlver_jax.parallel.distributed import DistributedSettings
+    from rlver_jax.train.finished import finished_run
+
+    finished = program.checked_config(lambda: finished_run(spec))
+    if finished:  # train.steps reached: said before JAX is imported
+        print(finished)
+        return
+    distributed = program.checked_config(lambda: DistributedSettings.from_config(config.mesh.distributed))
+    if (arguments := distributed.initialize_arguments()) is not None:  # one process of several: watch it
+        status = watchdog.run_watched(arguments["coordinator_address"], f"config.workdir={config.workdir}",
+                                      keep_runtime_log=program.verbose())
+        if status is not None:
+            return status
     import jax
 
     from rlver_jax.train import checkpoint, loop
     from rlver_jax.parallel import sharding
-    from rlver_jax.parallel.distributed import DistributedSettings
     from rlver_jax.rollout.buffer import RolloutError
     from rlver_jax.train.pod import PodWatch
 
@@ -88,8 +113,10 @@ def main(argv):
     jax.config.update("jax_threefry_partitionable", True)
     pod = None
     try:
-        distributed = DistributedSettings.from_config(config.mesh.distributed)
-        if sharding.maybe_initialize_distributed(distributed) and jax.process_count() > 1:
+        joined = sharding.maybe_initialize_distributed(distributed)
+        # The mesh against the devices JAX found (before JAX where they were known: _spec): exit 2.
+        program.checked_config(lambda: sharding.resolve_mesh_shape(spec.mesh.shape, jax.device_count()))
+        if joined and jax.process_count() > 1:
             pod = PodWatch(workdir, distributed.peer_timeout_s).start()  # a lost process: one line, exit 75
         loop.train(spec, on_step=pod.on_step if pod else None)
         if pod is not None:
@@ -112,13 +139,13 @@ def main(argv):
         sys.stdout.flush()
         os._exit(1)
     except Exception as e:  # noqa: BLE001 - the producer's cause and disk faults as one line; cli sorts the rest
-        if pod is not None:
+        if pod is not None and program.exit_status(e) != program.EXIT_RESTART:
             pod.explain(e)  # a collective that failed because a peer was lost
         cause = e.__cause__ if isinstance(e, RolloutError) and e.__cause__ is not None else e
         if isinstance(cause, OSError):
             raise program.UserError(_disk_message(cause, workdir)) from e
         if cause is not e and program.is_expected(cause):
-            raise program.UserError(str(cause)) from e
+            raise program.UserError(str(cause), program.exit_status(cause)) from e
         raise
     if jax.process_index() == 0:
         steps = checkpoint.saved_steps(workdir / "checkpoints")
@@ -127,4 +154,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    program.run(main, required=["config"])
+    program.run(main, required=["config"],
+                statuses=(*program.COMMON_STATUSES, program.EXIT_RESTART, program.EXIT_TERMINATED))

@@ -2,7 +2,7 @@
 
   # a training run of launch/train.py: RUN_DIR/view/index.html (curves, one row per step) and
   # one page per step's batch (GRPO groups side by side, rewards, advantages) and evaluation
-  .venv/bin/python launch/view.py runs/grpo_think_tiny
+  .venv/bin/python launch/view.py runs/tiny
   # an evaluation of launch/eval.py: WORKDIR/report.html again (eval.py writes it too)
   .venv/bin/python launch/view.py runs/eval_tiny
 

@@ -2,24 +2,32 @@
 all talk to their servers (SGLang, vLLM, any provider) through it, and the start-up check asks it
 first whether a server can serve.
 
-One policy for every request: at most `max_concurrency` requests in flight, a per-request
-timeout, and up to `max_retries` retries with exponential backoff and jitter on connection errors,
-timeouts, HTTP 408/409/429 and 5xx (but 501/505: the server does not speak this API). The bound on
-requests in flight adapts (`inflight.aimd`): it halves when timeouts or HTTP 429/503 show the server
-overloaded and grows back as answers come, so a server that answers one request at a time is not
-sent 64 that time out in its queue; a retry after a timeout waits at least `timeout_s`. HTTP 400,
-413 and 422 are about the one request (too long for the model's context, stopped by a content
-filter, a value the server rejects): RequestRejectedError, which a caller may record against that
-request and go on (the simulator marks the dialogue `simulator_error`, the judge records a judge
-error). Any other HTTP error (wrong model name, missing or rejected key) is a configuration error
-that stops the run at once with the fix. All raise EndpointUnavailableError (RequestRejectedError
-is one): a caller that does not handle a rejection stops. What a caller does with a bad answer
-(the simulator's re-sampling, the judge's re-asking) is its own business.
+One policy for every request, at most `max_concurrency` of them in flight:
+- Down is waited for: a server that refuses or drops connections or answers HTTP 429/502/503/504
+  (restarting, behind a proxy, throttling) is waited for as it asks (Retry-After) or with a backoff
+  doubling up to `backoff_max_s`, one request at a time trying it, for at most `outage_budget_s`
+  (rlver_jax.outage); past it OutageError, whose exit status (75) says "rerun to resume". The
+  requests are not given up meanwhile: a dialogue goes on where it was.
+- Slow is not down: a request unanswered after `timeout_s` asks the server whether it is there
+  (GET /models). While it answers, the request goes on waiting (it is never sent again while the
+  server may still be working on it) and the bound on requests in flight halves; a server that
+  answers neither is down, as above.
+- HTTP 408/409 and the other 5xx are retried with exponential backoff and jitter up to
+  `max_retries` times (but 501/505: the server does not speak this API).
+The bound on requests in flight adapts (`inflight.aimd`): it halves when the server shows itself
+overloaded (a request past `timeout_s`, HTTP 429/503) and grows back as answers come. HTTP 400,
+413 and 422 are about the one request (too long for the model's context, a content filter):
+RequestRejectedError, which a caller may record against that request and go on (the simulator
+marks the dialogue `simulator_error`, the judge records a judge error). Any other HTTP error (wrong
+model name, missing or rejected key) stops the run at once with the fix. All raise
+EndpointUnavailableError (RequestRejectedError and OutageError are ones). What a caller does with
+a bad answer (the simulator's re-sampling, the judge's re-asking) is its own business.
 
-Clients built from equal ClientSettings share one bound on requests in flight across threads and
-event loops (training's in-loop evaluation and its rollout producer talk to one simulator). Retries
-and changes of the bound are logged, each at most once per `inflight.LOG_EVERY_S` per endpoint (how
-many, the last error); rlver_jax.inflight holds the bound and the counts a progress bar shows.
+Clients built from equal ClientSettings share one bound on requests in flight, and one outage,
+across threads and event loops (training's in-loop evaluation and its rollout producer talk to one
+simulator). Retries and changes of the bound are logged, each at most once per `inflight.LOG_EVERY_S`
+per endpoint (how many, the last error); rlver_jax.inflight holds the bound and the counts a
+progress bar shows.
 """
 
 from __future__ import annotations
@@ -38,14 +46,25 @@ if TYPE_CHECKING:  # openai (0.3-0.7 s to import) loads with the first request o
     import openai  # settings of a config (ClientSettings) are checked without it (launch/train.py)
 
 from rlver_jax.checks import check_ranges, named
-from rlver_jax.inflight import LOG_EVERY_S, EndpointBound, notify, shared_bound
+from rlver_jax.inflight import LOG_EVERY_S, EndpointBound, Slot, notify, shared_bound
+from rlver_jax.outage import (
+    DEFAULT_BUDGET_S,
+    EXIT_TEMPFAIL,
+    OUTAGE_STATUS,
+    REPORT_EVERY_S,
+    Outage,
+    field,
+    retry_after_s,
+    span,
+)
 
 log = logging.getLogger(__name__)
 
-_RETRY_STATUS = frozenset({408, 409, 429})  # and every 5xx but _NOT_THIS_API
+_RETRY_STATUS = frozenset({408, 409})  # and every 5xx but _NOT_THIS_API and OUTAGE_STATUS
 _NOT_THIS_API = frozenset({501, 505})  # not implemented: retrying cannot help
 _REQUEST_STATUS = frozenset({400, 413, 422})  # about this request: context length, content filter, ...
 _CHECK_TIMEOUT_S = 30.0  # the start-up check waits at most this long
+_ALIVE_MIN_S = 5.0  # whether a server is there, asked after timeout_s, gets at least this long (a loaded host)
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _START_HINT = ("Start an OpenAI-compatible server for the model (e.g. `python -m sglang.launch_server "
                "--model-path MODEL --port PORT`)")
@@ -53,6 +72,27 @@ _START_HINT = ("Start an OpenAI-compatible server for the model (e.g. `python -m
 
 class EndpointUnavailableError(RuntimeError):
     """The server is down, refuses the key, or does not serve the model (after retries)."""
+
+
+class OutageError(EndpointUnavailableError):
+    """The server stayed down or throttled past its outage budget (rlver_jax.outage). A run that
+    stops on it keeps what it finished and exits with `exit_status`: the same command resumes."""
+
+    exit_status = EXIT_TEMPFAIL
+
+
+def restated(error: EndpointUnavailableError, message: str) -> EndpointUnavailableError:
+    """`error` told again as `message` (with what is saved and how to resume), keeping its exit
+    status: an OutageError stays one."""
+    return (OutageError if isinstance(error, OutageError) else EndpointUnavailableError)(message)
+
+
+class _NoAnswer(Exception):
+    """A request unanswered past timeout_s, and the server does not answer GET /models either."""
+
+
+class _GateClosed(Exception):
+    """The endpoint went down while this request waited for its slot: it waits again, unsent."""
 
 
 class ResponseFormatRejectedError(EndpointUnavailableError):
@@ -94,30 +134,33 @@ class ClientSettings:
     base_url: str
     model: str  # the served model name
     api_key_env: str  # environment variable holding the key; "" or unset: no key
-    timeout_s: float  # per request
+    timeout_s: float  # after this long without an answer, is the server there (GET /models)? then wait on
     max_concurrency: int  # requests in flight at once, shared by every caller of the client
-    max_retries: int  # retries after a connection error, a timeout, 408/409/429 or 5xx
+    max_retries: int  # retries after HTTP 408/409 or a 5xx other than 502/503/504
     backoff_initial_s: float = 1.0  # first retry waits about this long, doubling each time
     backoff_max_s: float = 30.0  # cap of one wait
+    outage_budget_s: float = DEFAULT_BUDGET_S  # wait this long for a server that is down or throttling
 
     def __post_init__(self):
         # Errors name the config field ("config.simulator.timeout_s") or the flag ("--timeout_s").
-        where = self.flag_prefix.removeprefix("--") if self.flag_prefix.startswith("--config.") else self.flag_prefix
-        check_ranges(named(self, where, ("max_concurrency", "max_retries", "backoff_initial_s", "backoff_max_s",
-                                         "timeout_s")),
-                     lowest={"max_concurrency": 1, "max_retries": 0, "backoff_initial_s": 0, "backoff_max_s": 0},
+        check_ranges(named(self, field(self, ""), ("max_concurrency", "max_retries", "backoff_initial_s",
+                                                   "backoff_max_s", "timeout_s", "outage_budget_s")),
+                     lowest={"max_concurrency": 1, "max_retries": 0, "backoff_initial_s": 0, "backoff_max_s": 0,
+                             "outage_budget_s": 0},
                      positive=("timeout_s",))
 
     @classmethod
     def from_config(cls, section: Any, *, name: str, flag_prefix: str,
                     max_concurrency: int | None = None) -> ClientSettings:
         """The endpoint fields of a config section (config.simulator, config.policy) or of any
-        settings with those fields (the judge's); `max_concurrency` in place of the section's."""
+        settings with those fields (the judge's); `max_concurrency` in place of the section's. A
+        section without `outage_budget_s` (config.policy, the judge's) waits DEFAULT_BUDGET_S."""
         return cls(name=name, flag_prefix=flag_prefix, base_url=section.base_url, model=section.model,
                    api_key_env=section.api_key_env, timeout_s=section.timeout_s,
                    max_concurrency=section.max_concurrency if max_concurrency is None else max_concurrency,
                    max_retries=section.max_retries, backoff_initial_s=section.backoff_initial_s,
-                   backoff_max_s=section.backoff_max_s)
+                   backoff_max_s=section.backoff_max_s,
+                   outage_budget_s=getattr(section, "outage_budget_s", DEFAULT_BUDGET_S))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,23 +199,17 @@ class ChatClient:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             s = self.settings
+            # No read timeout: a request past timeout_s is ours to judge (`_answer`); retries are ours.
             self._client = openai.AsyncOpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
-                                              timeout=s.timeout_s, max_retries=0)  # retries are ours
+                                              timeout=openai.Timeout(None, connect=min(s.timeout_s, _CHECK_TIMEOUT_S)),
+                                              max_retries=0)
             self._loop = loop
         return self._client, self._limit
 
-    def _backoff_s(self, attempt: int, error: Exception) -> float:
-        """The wait after failed attempt `attempt` (0-based): doubling, capped, jittered to 50-100%.
-        After a timeout at least timeout_s: a server that cannot cancel the abandoned request (most
-        cannot) may work on it about as long as it kept it queued, and a retry sent at once would
-        queue behind it and hand the server the same work twice."""
-        import openai
-
+    def _backoff_s(self, attempt: int) -> float:
+        """The wait after failed attempt `attempt` (0-based): doubling, capped, jittered to 50-100%."""
         s = self.settings
-        wait = min(s.backoff_max_s, s.backoff_initial_s * 2**attempt)
-        if isinstance(error, openai.APITimeoutError):
-            wait = max(wait, s.timeout_s)
-        return wait * self._rng.uniform(0.5, 1.0)
+        return min(s.backoff_max_s, s.backoff_initial_s * 2**attempt) * self._rng.uniform(0.5, 1.0)
 
     def _log_retry(self, error: Exception) -> None:
         """Count a retry; say so at once for the first, then at most every LOG_EVERY_S."""
@@ -184,54 +221,125 @@ class ChatClient:
         if now - limit.last_log >= LOG_EVERY_S:
             s = self.settings
             log.warning("%s at %s: %d request(s) retried since the last report (%d in flight of at most %d now, "
-                        "%d answered, %d retries in all); last error: %s. Slow is not down: each request may take "
-                        "up to %s s (%stimeout_s) and is retried up to %d times", s.name, s.base_url,
-                        limit.unlogged, limit.in_flight, int(limit.limit), limit.answered, limit.retried,
-                        limit.last_error, s.timeout_s, s.flag_prefix, s.max_retries)
+                        "%d answered, %d retries in all); last error: %s. Each request is retried up to %d times "
+                        "(%smax_retries)", s.name, s.base_url, limit.unlogged, limit.in_flight, int(limit.limit),
+                        limit.answered, limit.retried, limit.last_error, s.max_retries, s.flag_prefix)
             limit.unlogged, limit.last_log = 0, now
 
     async def complete(self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int,
                        response_format: dict | None = None) -> Completion:
-        """One answer of the model; EndpointUnavailableError once retrying cannot help
-        (RequestRejectedError when the server refused this request only, ResponseFormatRejectedError
-        when it refused `response_format`, sent when given)."""
+        """One answer of the model, however long the server is slow, and while it is down or
+        throttled for at most outage_budget_s (then OutageError); EndpointUnavailableError once
+        retrying cannot help (RequestRejectedError when the server refused this request only,
+        ResponseFormatRejectedError when it refused `response_format`, sent when given)."""
         import openai
 
         messages = _sendable(messages)
         client, limit = self._connection()
-        s = self.settings
+        s, outage = self.settings, limit.outage
         body = dict(model=s.model, messages=messages, temperature=temperature, max_tokens=max_tokens,
                     **({} if response_format is None else {"response_format": response_format}))
-        for attempt in range(s.max_retries + 1):
+        attempt = 0
+        while True:
+            await _wait_for(outage)
+            sent_at = outage.now()
             try:
-                async with limit.slot():
-                    # post(), not chat.completions.create(): create() first walks the messages
-                    # through openai's type transform (~6 ms of CPU for a 20-message dialogue),
-                    # and the body is read as JSON, not built into openai's ChatCompletion model
-                    # (~0.3 ms): CPU on the one event loop thread every dialogue's requests share.
-                    raw = await client.post("/chat/completions", body=body, cast_to=bytes)
-                return _completion(raw, s)
-            except openai.APIConnectionError as e:  # includes timeouts
+                async with limit.slot() as held:
+                    if outage.wait_s() > 0:  # the endpoint went down while this request waited for its slot
+                        raise _GateClosed
+                    sent_at = held.sent_at = outage.now()
+                    return _completion(await self._answer(client, body, held), s)
+            except _GateClosed:
+                continue
+            except (openai.APIConnectionError, openai.APIStatusError, _NoAnswer) as e:
                 error: Exception = e
-            except openai.APIStatusError as e:
-                status = e.status_code
-                if response_format is not None and _rejects_response_format(e):
-                    raise ResponseFormatRejectedError(
-                        f"{s.name} at {s.base_url} refused response_format (HTTP {status}: {e.message})") from e
-                if status in _NOT_THIS_API or (status not in _RETRY_STATUS and status < 500):
-                    message = (f"{s.name} at {s.base_url} refused the request with HTTP {status}: {e.message}. "
-                               f"{_refusal_hint(s, status)}")
-                    if status in _REQUEST_STATUS:
-                        raise RequestRejectedError(message, status) from e
-                    raise EndpointUnavailableError(message) from e
-                error = e
-            if attempt < s.max_retries:
-                self._log_retry(error)
-                await asyncio.sleep(self._backoff_s(attempt, error))
-        raise EndpointUnavailableError(
-            f"{s.name} at {s.base_url} failed {s.max_retries + 1} times; last error: {error!r}. Is the server "
-            f"up and keeping pace? ({s.flag_prefix}timeout_s={s.timeout_s}, at most {s.max_concurrency} "
-            "requests in flight)") from error
+            self._refuse(error, response_format)
+            if _is_outage(error):
+                outage.failed(_describe(error), _retry_after(error), sent_at)
+                limit.retried += 1
+                notify()
+                continue
+            if attempt >= s.max_retries:
+                raise EndpointUnavailableError(
+                    f"{s.name} at {s.base_url} failed {s.max_retries + 1} times; last error: {error!r}. Is the "
+                    f"server up and working? ({s.flag_prefix}max_retries={s.max_retries})") from error
+            self._log_retry(error)
+            await asyncio.sleep(self._backoff_s(attempt))
+            attempt += 1
+
+    def _refuse(self, error: Exception, response_format: dict | None) -> None:
+        """Raise the error of an HTTP status that retrying cannot help."""
+        import openai
+
+        if not isinstance(error, openai.APIStatusError):
+            return
+        s, status = self.settings, error.status_code
+        if response_format is not None and _rejects_response_format(error):
+            raise ResponseFormatRejectedError(
+                f"{s.name} at {s.base_url} refused response_format (HTTP {status}: {error.message})") from error
+        if status in _NOT_THIS_API or (status not in _RETRY_STATUS | OUTAGE_STATUS and status < 500):
+            message = (f"{s.name} at {s.base_url} refused the request with HTTP {status}: {error.message}. "
+                       f"{_refusal_hint(s, status)}")
+            if status in _REQUEST_STATUS:
+                raise RequestRejectedError(message, status) from error
+            raise EndpointUnavailableError(message) from error
+
+    async def _answer(self, client: openai.AsyncOpenAI, body: dict, held: Slot) -> bytes:
+        """The body of the server's answer to `body`. Past each timeout_s without one, the server is
+        asked whether it is there: while it is, the request waits on (slow is not down; `held`
+        tells the bound to send fewer meanwhile), up to outage_budget_s; when it is not, _NoAnswer."""
+        s, outage = self.settings, self._limit.outage
+        # post(), not chat.completions.create(): create() first walks the messages through openai's
+        # type transform (~6 ms of CPU for a 20-message dialogue), and the body is read as JSON, not
+        # built into openai's ChatCompletion model (~0.3 ms): CPU on the one event loop thread every
+        # dialogue's requests share.
+        task = asyncio.ensure_future(client.post("/chat/completions", body=body, cast_to=bytes))
+        started = outage.now()
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=s.timeout_s)
+                if done:
+                    return task.result()
+                waited = outage.now() - started
+                if not await self._alive(client):
+                    raise _NoAnswer(f"no answer within {span(waited)}, and none to GET /models either")
+                if waited >= s.outage_budget_s:
+                    raise OutageError(f"{s.name} at {s.base_url} has not answered a request for {span(waited)} "
+                                      f"though it answers GET /models: past the outage budget "
+                                      f"({field(s, 'outage_budget_s')}={s.outage_budget_s:g})")
+                held.slow()
+                self._log_slow(waited)
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _alive(self, client: openai.AsyncOpenAI) -> bool:
+        """Whether the server answers GET /models (with anything, even a refusal) within timeout_s
+        (5 s at least, 30 s at most); an answer within the last such interval counts."""
+        import openai
+
+        outage, wait = self._limit.outage, min(max(self.settings.timeout_s, _ALIVE_MIN_S), _CHECK_TIMEOUT_S)
+        if outage.now() - outage.alive_at < wait:
+            return True
+        try:
+            await client.get("/models", cast_to=bytes, options={"timeout": wait})
+        except openai.APIStatusError:
+            pass  # it answered, if only to refuse
+        except openai.APIConnectionError:
+            return False
+        outage.heard()
+        return True
+
+    def _log_slow(self, waited: float) -> None:
+        """Say, at most every LOG_EVERY_S, that a request waits on a server that is there."""
+        limit, now = self._limit, time.monotonic()
+        if now - limit.last_slow_log < LOG_EVERY_S:
+            return
+        limit.last_slow_log = now
+        s = self.settings
+        log.warning("%s at %s: a request has waited %s (%stimeout_s=%g); the server answers GET /models, so it is "
+                    "slow, not down: the request waits on (not sent twice) and fewer are sent meanwhile (%d in "
+                    "flight now)", s.name, s.base_url, span(waited), s.flag_prefix, s.timeout_s, limit.in_flight)
 
     async def aclose(self) -> None:
         # A client of an earlier, finished event loop cannot be closed from this one; its
@@ -256,13 +364,47 @@ def _completion(raw: bytes, s: ClientSettings) -> Completion:
             f"{s.flag_prefix}base_url at an OpenAI-compatible server (its URL usually ends in /v1).") from e
 
 
+async def _wait_for(outage: Outage) -> None:
+    """Wait while the endpoint is down and its gate closed (a line every REPORT_EVERY_S); OutageError
+    once the outage budget is spent or the server asks to wait past it."""
+    while True:
+        if (why := outage.exhausted()) is not None:
+            raise OutageError(why)
+        wait = outage.wait_s()
+        if wait <= 0:
+            return
+        outage.report()
+        await asyncio.sleep(min(wait, REPORT_EVERY_S))
+
+
+def _is_outage(error: Exception) -> bool:
+    """Down or throttled: no connection, no answer at all, or HTTP 429/502/503/504."""
+    import openai
+
+    return isinstance(error, (openai.APIConnectionError, _NoAnswer)) or (
+        isinstance(error, openai.APIStatusError) and error.status_code in OUTAGE_STATUS)
+
+
+def _retry_after(error: Exception) -> float | None:
+    """The seconds an HTTP error's response asks to wait (Retry-After), None when it asks nothing."""
+    import openai
+
+    if isinstance(error, openai.APIStatusError):
+        return retry_after_s(error.response.headers, time.time())
+    return None
+
+
 def _describe(error: Exception) -> str:
     import openai
 
     if isinstance(error, openai.APITimeoutError):
-        return "no answer within the timeout"
+        return "no connection within the timeout"
     if isinstance(error, openai.APIStatusError):
         return f"HTTP {error.status_code}: {error.message}"
+    if isinstance(error, openai.APIConnectionError):
+        return f"connection failed ({error.__cause__ or error})"
+    if isinstance(error, _NoAnswer):
+        return str(error)
     return f"{error.__class__.__name__}: {error}"
 
 
@@ -297,23 +439,24 @@ def served_models(s: ClientSettings) -> list[str] | None:
         client.close()
 
 
-def check_chat_endpoint(s: ClientSettings, *, start_hint: str = _START_HINT) -> None:
+def check_chat_endpoint(s: ClientSettings, *, start_hint: str = _START_HINT, wait: bool = False) -> None:
     """Before a run: one GET /models. Raises EndpointUnavailableError naming the flags to fix when no
     server listens (and how to start one), rejects the key, or lists models without ours. A server
     that takes the connection but does not answer in time is busy or still loading, not down: a
-    warning says so and the run goes on (its requests are retried, and the retries logged)."""
+    warning says so and the run goes on. With `wait` (a run started before: its rerun after an
+    outage) a server that is down or throttled is waited for as requests wait for it, up to
+    outage_budget_s (then OutageError, exit status 75)."""
     import openai
 
     client = openai.OpenAI(base_url=s.base_url, api_key=api_key(s.api_key_env),
                            timeout=min(s.timeout_s, _CHECK_TIMEOUT_S), max_retries=0)
     prefix, base_url = s.flag_prefix, s.base_url
     try:
-        served = [m.id for m in client.models.list()]
+        served = _models(client, Outage(s) if wait else None)
     except openai.APITimeoutError:
         log.warning("%s at %sbase_url=%s took the connection but did not answer GET /models within %g s: it is "
-                    "up but busy (serving other requests) or still loading the model. Going on: requests wait up "
-                    "to %s s each (%stimeout_s) and are retried; retries are logged", s.name, prefix, base_url,
-                    min(s.timeout_s, _CHECK_TIMEOUT_S), s.timeout_s, prefix)
+                    "up but busy (serving other requests) or still loading the model. Going on: a request waits "
+                    "as long as the server is there", s.name, prefix, base_url, min(s.timeout_s, _CHECK_TIMEOUT_S))
         return
     except openai.APIConnectionError as e:
         raise EndpointUnavailableError(
@@ -332,3 +475,26 @@ def check_chat_endpoint(s: ClientSettings, *, start_hint: str = _START_HINT) -> 
     if served and s.model not in served:
         raise EndpointUnavailableError(
             f"the server at {base_url} serves {served}, not {prefix}model={s.model!r}; set it to one of those")
+
+
+def _models(client: openai.OpenAI, outage: Outage | None) -> list[str]:
+    """The model ids GET /models lists; with `outage`, while the server is down or throttled it is
+    asked again as the outage paces it (OutageError past its budget)."""
+    import openai
+
+    while True:
+        sent = time.monotonic()
+        try:
+            served = [m.id for m in client.models.list()]
+            if outage is not None:
+                outage.answered()  # says so, after an outage
+            return served
+        except (openai.APIConnectionError, openai.APIStatusError) as e:
+            if outage is None or isinstance(e, openai.APITimeoutError) or not _is_outage(e):
+                raise
+            outage.failed(_describe(e), _retry_after(e), sent)
+        while (why := outage.exhausted()) is None and (wait := outage.wait_s()) > 0:
+            outage.report()
+            time.sleep(min(wait, REPORT_EVERY_S))
+        if why is not None:
+            raise OutageError(why)

@@ -28,6 +28,18 @@ END_COLORS = {
 }
 
 
+# How a legend names each way a dialogue can end (the end_reason identifiers in words).
+END_LABELS = {
+    "success": "success (reached 100)", "turn_limit": "turn limit", "goodbye": "goodbye",
+    "failure": "user left (floor)", "truncated": "token budget full", "format_failure": "format failure",
+    "simulator_error": "simulator error",
+}
+
+
+def end_label(end_reason: str) -> str:
+    return END_LABELS.get(end_reason, end_reason.replace("_", " "))
+
+
 def _figure(width: float, height: float) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -64,7 +76,7 @@ def emotion_trajectories(transcripts: Sequence[dict[str, Any]], path: pathlib.Pa
                           dtype=float)
         ax.plot(range(width), padded.mean(axis=0), color="black", linewidth=2.5, label="mean (final carried)")
         for reason in sorted({t["end_reason"] for t in rows}):
-            ax.plot([], [], color=end_color(reason), label=reason)
+            ax.plot([], [], color=end_color(reason), label=end_label(reason))
         ax.legend(loc="lower left", fontsize=8, ncol=2)
     for level in levels:
         ax.axhline(level, color="grey", linestyle=":", linewidth=0.8)
@@ -83,7 +95,7 @@ def final_emotion_histogram(transcripts: Sequence[dict[str, Any]], path: pathlib
     values = [[float(np.clip(t["final_emotion"], 0, 100)) for t in rows if t["end_reason"] == r] for r in reasons]
     if rows:
         ax.hist(values, bins=np.arange(0, 101, 10), stacked=True, color=[end_color(r) for r in reasons],
-                label=reasons, edgecolor="white")
+                label=[end_label(r) for r in reasons], edgecolor="white")
         score = float(np.mean([t["final_emotion"] for t in rows]))
         ax.axvline(score, color="black", linestyle="--", label=f"score {score:.1f}")
         ax.legend(fontsize=8)

@@ -12,12 +12,29 @@ config checks read the tables before JAX is imported.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from rlver_jax.checks import InputError
 
 Row = TypeVar("Row")
+
+
+def imported(path: str) -> Any:
+    """What `path` names ("package.module.name"), its module imported now: how a row names the class
+    or function it builds or runs while its table imports nothing heavy (no JAX)."""
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ImportError(f"{path}: no such function or class ({e}); a table row names what it builds or runs "
+                          "by its module's dotted path and the name in it") from None
+
+
+def first_clause(doc: str | None) -> str:
+    """A function row's words for `summary`: its docstring up to the first ';' or '. '."""
+    return (doc or "").split(";")[0].split(". ")[0].strip().rstrip(".")
 
 
 class UnknownNameError(InputError):
@@ -26,12 +43,15 @@ class UnknownNameError(InputError):
 
 class Table(Mapping[str, Row], Generic[Row]):
     """The rows of the extension point that config field `field` (e.g. "config.rollout.engine")
-    chooses from. `renamed`: old names a field once took -> the row they are now, refused with a line
-    naming the new one. `summary`: a row's words for --help and the docs ("" where a row has none)."""
+    chooses from; `also`: other fields that choose from the same rows (config.rl.value_loss_agg_mode
+    beside config.rl.loss_agg_mode), for --print_config. `renamed`: old names a field once took -> the
+    row they are now, refused with a line naming the new one. `summary`: a row's words for --help and
+    the docs ("" where a row has none)."""
 
-    def __init__(self, field: str, rows: Mapping[str, Row], *, renamed: Mapping[str, str] | None = None,
-                 summary: Callable[[Row], str] | None = None):
+    def __init__(self, field: str, rows: Mapping[str, Row], *, also: tuple[str, ...] = (),
+                 renamed: Mapping[str, str] | None = None, summary: Callable[[Row], str] | None = None):
         self.field = field
+        self.fields = (field, *also)  # every config field whose value names a row
         self._rows = dict(rows)
         self._renamed = dict(renamed or {})
         self._summary = summary
@@ -40,6 +60,12 @@ class Table(Mapping[str, Row], Generic[Row]):
 
     def __getitem__(self, name: str) -> Row:
         return self.row(name)
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would call row(): an error, not False
+        return name in self._rows
+
+    def get(self, name: str, default: Row | None = None) -> Row | None:
+        return self._rows.get(name, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._rows)

@@ -1,5 +1,5 @@
 """A training run's first lines say what it runs: the policy, the simulator (and its server when
-served), the profiles by language, the mesh and the algorithm."""
+served), the profiles by language, the mesh, the algorithm and the rollout engine."""
 
 import json
 
@@ -19,13 +19,14 @@ def test_the_tiny_run_names_its_embedded_simulator_and_its_profiles():
     lines = banner.describe(RunSpec.from_config(config), params=123_456, train_profiles=profiles[:-4],
                             eval_profiles=profiles[-4:], mesh_shape={"data": 1, "fsdp": 2, "tensor": 1},
                             platform="cpu")
-    policy, simulator, profile_line, mesh, algorithm = lines
+    policy, simulator, profile_line, mesh, algorithm, engine = lines
     assert "random weights of preset 'tiny', 0.1M parameters, float32 weights" in policy
     assert simulator.startswith("simulator  embedded") and "--config.simulator.backend=openai" in simulator
     assert f"{len(train_ids)} (en {en}, zh {len(train_ids) - en})" in profile_line
     assert "held out: the last 4 of them: 4 (en 4)" in profile_line and "evaluated every 10 steps" in profile_line
     assert mesh.startswith("mesh       {'data': 1, 'fsdp': 2, 'tensor': 1} = 2 cpu device(s)")
     assert algorithm.startswith("algorithm  grpo, 8 profiles x 4 dialogue(s) a step, think-then-say, 40 steps")
+    assert engine.startswith("engine     continuous: continuous batching on the trainer's weights")
 
 
 def test_a_served_simulator_is_named_with_its_url_and_model():

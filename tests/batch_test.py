@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 
 from rlver_jax.rl.batch import TrainBatch, collate, policy_positions, token_rewards
-from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
-from tests.rl_helpers import dialogue
+from tests.rl_helpers import dialogue, score
 
 
 def test_token_rewards_final_and_per_turn():
@@ -18,7 +17,7 @@ def test_token_rewards_final_and_per_turn():
     assert token_rewards(score(failed, "final")) == {failed.turn_ends[-1]: 0.0}
     # The failed turn loses everything gained: the return is (0 - 30) / 100.
     assert sum(token_rewards(score(failed, "per_turn")).values()) == pytest.approx(-0.30)
-    with pytest.raises(ValueError, match=r"config.rl.reward_mode='sparse'; use one of \('final', 'per_turn'"):
+    with pytest.raises(ValueError, match=r"config.rl.reward_mode='sparse': use one of final \| per_turn"):
         score(seq, "sparse")
     unscored = _hand_made([1, 2, 3], [0, 1, 1], [2], [30, 20], reward_mode=None)
     with pytest.raises(ValueError, match="dialogue p carries no reward"):

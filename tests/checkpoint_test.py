@@ -1,6 +1,7 @@
 """Checkpoints of the whole train state: exact round trips onto the mesh, the actor alone onto
 another layout, the save interval and retention, and errors that say what is there."""
 
+import asyncio
 import logging
 
 import jax
@@ -260,11 +261,17 @@ def test_orbax_failure_logs_are_kept_off_the_console(monkeypatch):
     ours = logging.LogRecord("absl", logging.ERROR, "/repo/rlver_jax/train/loop.py", 1, "kept", None, None)
     assert [logging.getLogger("absl").filter(r) for r in (record, ours)] == [False, True]
     assert len(logging.getLogger("asyncio").filters) == 1
-    closed = types.SimpleNamespace(exc_value=RuntimeError("Event loop is closed"))
-    other = types.SimpleNamespace(exc_value=RuntimeError("something else"))
-    sys.unraisablehook(closed)
-    sys.unraisablehook(other)
-    assert seen == [other]
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(print)  # what tensorstore's callback does after a failed read
+    except RuntimeError as e:
+        callback = types.SimpleNamespace(exc_value=e, exc_traceback=e.__traceback__)
+    elsewhere = types.SimpleNamespace(exc_value=RuntimeError("Event loop is closed"), exc_traceback=None)
+    other = types.SimpleNamespace(exc_value=RuntimeError("something else"), exc_traceback=None)
+    for unraisable in (callback, elsewhere, other):
+        sys.unraisablehook(unraisable)
+    assert seen == [elsewhere, other]  # only the callbacks into a closed loop are dropped
 
 
 def test_a_save_whose_folder_never_appears_is_a_failure_with_the_disks_cause(tmp_path, monkeypatch):

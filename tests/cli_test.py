@@ -150,7 +150,17 @@ def test_a_config_error_is_one_line_and_comes_before_jax(no_jax):
      ("--config=configs/grpo_think.py:huge", "unknown preset 'huge'", "tiny")),
     ("eval.py", ("--config=configs/nowhere.py",), ("--config=configs/nowhere.py", "no such config file")),
     ("train.py", (), ("--config is required",)),
-    ("train.py", (TINY, "--config.rl.gamma=high"), ("--config.rl.gamma=high", "could not convert")),
+    # A value the field's type does not take: the field, its type and an example, in the config's words.
+    ("train.py", (TINY, "--config.rl.gamma=high"), ("--config.rl.gamma=high: config.rl.gamma takes a number, "
+                                                     "e.g. --config.rl.gamma=1.0",)),
+    ("train.py", (TINY, "--config.train.steps=ten"), ("--config.train.steps=ten: config.train.steps takes an "
+                                                       "integer, e.g. --config.train.steps=40",)),
+    ("train.py", (TINY, "--config.rollout.think=yes"), ("config.rollout.think takes True or False",
+                                                         "e.g. --config.rollout.think=True")),
+    # An override without its config file: the flag to add, with the script's own example.
+    ("train.py", ("--config.workdir=x",), ("--config.workdir=x: overrides a field of --config, which is not given",
+                                           "add --config=configs/grpo_think.py:tiny")),
+    ("eval.py", ("--config.workdir=x",), ("add --config=configs/eval.py:tiny",)),
     ("train.py", (TINY, "--config.rl.clip_epsilon=0.1"), ("--config.rl.clip_epsilon", "no field 'clip_epsilon'")),
     # Training's spelling in the simulator chat is refused with the field it lacks, before anything is contacted.
     ("chat_with_simulator.py", ("--config.simulator.base_url=http://127.0.0.1:9/v1",),
@@ -170,10 +180,19 @@ _START_UP_ERRORS = [
     # The embedded simulator of the tiny preset reads no URL: refused, with the backend and the fix named.
     ((TINY, "--config.simulator.base_url=http://127.0.0.1:39999/v1"),
      ("--config.simulator.base_url set", "--config.simulator.backend='embedded'", "--config.simulator.backend=openai")),
+    # The rollout engine's old name, and a field only the static engine reads given to the continuous one.
+    ((TINY, "--config.rollout.engine=jax"),
+     ("config.rollout.engine='jax' is now called 'continuous'", "--config.rollout.engine=continuous")),
+    ((TINY, "--config.rollout.pipeline_groups=2"),
+     ("--config.rollout.pipeline_groups set", "--config.rollout.engine=continuous does not read it",
+      "--config.rollout.engine=static")),
     (("--config=configs/grpo_think.py:7b",), ("config.model.path is empty for preset 'qwen2.5-7b'",
                                               "config.data.train_profiles is empty")),
     ((TINY, "--config.data.eval_profiles=/nowhere.jsonl"),
      ("config.data.eval_profiles='/nowhere.jsonl': no such file",)),
+    # The tests' eight virtual CPU devices (tests/conftest.py), counted from XLA_FLAGS before JAX.
+    ((TINY, "--config.mesh.shape=(3,-1,1)"), ("config.mesh.shape=(3, -1, 1)", "does not divide the 8 devices")),
+    ((TINY, "--config.mesh.shape=(1,2,1)"), ("multiplies to 2 devices but this run has 8",)),
 ]
 
 
@@ -188,12 +207,66 @@ def test_start_up_errors_are_one_line_exit_2_and_write_nothing(tmp_path, args, f
 def test_start_up_errors_come_before_jax_within_seconds(no_jax, tmp_path):
     """In a fresh process that cannot import JAX: about 0.5 s each on a loaded 2-core machine (a
     missing model path took 5-13 s, after the imports, before)."""
-    for args, fragments in _START_UP_ERRORS[:3]:
+    for args, fragments in _START_UP_ERRORS[:4]:
         t0 = time.perf_counter()
         done = _run("train.py", *args, f"--config.workdir={tmp_path / 'run'}", pythonpath=no_jax)
         assert_one_line_error(done, 2, *fragments)
         assert time.perf_counter() - t0 < 10, args  # a sanity bound on a loaded machine
     assert not (tmp_path / "run").exists()
+
+
+# Paths and meshes that launch/eval.py and launch/export_hf.py check before JAX is imported (exit 2).
+def _path_errors(tmp_path):
+    nowhere, eval_dir = str(tmp_path / "nowhere"), f"--config.workdir={tmp_path / 'eval'}"
+    return [
+        ("eval.py", ("--config=configs/eval.py:tiny", eval_dir, f"--config.policy.checkpoint={nowhere}"),
+         (f"config.policy.checkpoint={nowhere!r}: no such directory",)),
+        ("eval.py", ("--config=configs/eval.py:tiny", eval_dir, "--config.mesh.shape=(3,1,1)"),
+         ("config.mesh.shape=(3, 1, 1) multiplies to 3 devices but this run has 8",)),
+        ("eval.py", (f"--compare={tmp_path / 'a'}", f"--out={tmp_path / 'c'}"),
+         (f"--compare={tmp_path / 'a'}: give two or more evaluation directories",)),
+        ("export_hf.py", (f"--checkpoint={nowhere}", f"--out={tmp_path / 'hf'}"),
+         (f"--checkpoint={nowhere!r}: no such directory",)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_path_and_mesh_errors_of_eval_and_export_are_one_line_exit_2(tmp_path, case):
+    script, args, fragments = _path_errors(tmp_path)[case]
+    assert_one_line_error(run_script(script, *args), 2, *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.slow
+def test_path_and_mesh_checks_come_before_jax(no_jax, tmp_path):
+    """In fresh processes that cannot import JAX: eval's and export's paths and meshes, training's
+    mesh (exit 2). About 1 s each on a loaded 2-core machine (15-33 s, exit 1 for some, before)."""
+    cases = [*_path_errors(tmp_path), ("train.py", (TINY, f"--config.workdir={tmp_path / 'run'}",
+                                                    "--config.mesh.shape=(1,3,1)"), ("multiplies to 3 devices",))]
+    for script, args, fragments in cases:
+        t0 = time.perf_counter()
+        assert_one_line_error(_run(script, *args, pythonpath=no_jax), 2, *fragments)
+        assert time.perf_counter() - t0 < 10, (script, args)  # a sanity bound on a loaded machine
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_device_count_is_known_before_jax_only_on_the_cpu(monkeypatch):
+    """JAX_PLATFORMS=cpu: XLA_FLAGS' host device count (or JAX_NUM_CPU_DEVICES); any other platform
+    named, or an accelerator's plugin that JAX may pick: unknown until JAX counts."""
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    assert program.known_device_count()[0] == 4
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "2")
+    assert program.known_device_count()[0] == 2
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES")
+    assert program.known_device_count()[0] == 1
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    assert program.known_device_count() is None
+    monkeypatch.delenv("JAX_PLATFORMS")
+    monkeypatch.setattr(program, "_other_pjrt_plugins", lambda: True)  # a GPU's plugin installed
+    assert program.known_device_count() is None
 
 
 def test_an_evaluation_refuses_an_unread_simulator_field_and_a_failed_start_writes_no_setup(tmp_path):
@@ -206,6 +279,16 @@ def test_an_evaluation_refuses_an_unread_simulator_field_and_a_failed_start_writ
                       "--config.simulator.backend=openai", f"--config.simulator.base_url={url}")
     assert done.returncode == 1 and f"no server answers at --config.simulator.base_url={url}" in done.stderr
     assert not (tmp_path / "b" / "setup.json").exists()  # written once the simulator answered
+
+
+def test_an_evaluation_refuses_the_engines_old_name_and_a_field_its_engine_does_not_read(tmp_path):
+    for flag, fragments in (("--config.policy.engine=jax", ("config.policy.engine='jax' is now called 'continuous'",
+                                                            "--config.policy.engine=continuous")),
+                            ("--config.policy.cache_slots=64", ("--config.policy.cache_slots set",
+                                                                "--config.policy.engine=static"))):
+        done = run_script("eval.py", "--config=configs/eval.py:tiny", f"--config.workdir={tmp_path}", flag)
+        assert_one_line_error(done, 2, *fragments)
+    assert not tmp_path.joinpath("setup.json").exists()
 
 
 def test_a_simulator_field_counts_where_the_backend_reads_it():
@@ -287,16 +370,16 @@ def test_a_start_that_fails_after_writing_its_config_leaves_no_new_work_director
     written: a work directory the start made goes again, one that was there before stays."""
     args = (TINY, "--config.rollout.max_total_tokens=64")
     done = run_script("train.py", *args, f"--config.workdir={tmp_path / 'new'}")
-    assert_one_line_error(done, 1, "would end before the policy spoke")
+    assert_one_line_error(done, 2, "would end before the policy spoke")
     assert not (tmp_path / "new").exists()
     (tmp_path / "old").mkdir()
-    assert run_script("train.py", *args, f"--config.workdir={tmp_path / 'old'}").returncode == 1
+    assert run_script("train.py", *args, f"--config.workdir={tmp_path / 'old'}").returncode == 2
     assert (tmp_path / "old").is_dir()
 
 
 def test_export_of_a_run_without_its_tokenizer(tmp_path):
     run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "1").mkdir(parents=True)  # a finished step's folder (before JAX: one is there)
     (run / "config.json").write_text(grpo_think.get_config("tiny").to_json_best_effort())
     done = run_script("export_hf.py", f"--checkpoint={run}", f"--out={tmp_path / 'hf'}")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr  # a path that does not exist
@@ -369,6 +452,8 @@ def test_eval_exits_non_zero_when_every_dialogue_is_a_simulator_error(tmp_path):
     assert partly.returncode == 0, partly.stderr
     assert "*** WARNING: 1 of 2 dialogues ended in a simulator error" in partly.stderr
     assert "score 100.0  success 1  failure 0  n 1  simulator errors 1" in partly.stdout
+    assert f"  policy {json.loads((tmp_path / 'some' / 'sentient.json').read_text())['run']['policy']} (no-think)" \
+        in partly.stdout  # the line names what was evaluated
     assert "HTTP Request" not in partly.stderr  # httpx logs each simulator request at INFO: quiet
 
 

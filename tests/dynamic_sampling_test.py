@@ -5,8 +5,8 @@ import asyncio
 import dataclasses
 
 from rlver_jax.rl import dynamic_sampling, settings
-from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
+from tests.rl_helpers import score
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,9 +7,9 @@ import pytest
 
 from rlver_jax.rl import estimators, settings
 from rlver_jax.rl.batch import collate
-from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
 from tests import verl_reference as ref
+from tests.rl_helpers import score
 
 
 def _seq(group, turn_lengths, emotions, rows="one", ctx=2):

@@ -129,7 +129,7 @@ def test_lora_run_exports_the_merged_model_and_its_peft_adapter(tmp_path, tiny_t
     the norms, as deltas): launch/export_hf.py writes the plain model with them merged (W + scale *
     A @ B, W + delta, in numpy here), which transformers loads with no adapter tensors and our
     logits, and with --peft_adapter the adapters alone, which peft puts on the base with the same."""
-    peft = pytest.importorskip("peft")
+    peft = pytest.importorskip("peft", reason="peft is a test extra: pip install -e '.[test]'")
     config = train_config("tiny")
     config.workdir = str(tmp_path / "run")
     config.lora.rank, config.lora.alpha, config.lora.targets = 4, 8.0, "q,v,o,down"

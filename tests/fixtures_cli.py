@@ -68,7 +68,7 @@ def run_script(script: str, *args: str, env: dict[str, str] | None = None, stdin
         return original_main(main, main_argv)
 
     with _restored(env, err), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        sys.argv, sys.stdin = argv, io.StringIO(stdin)
+        sys.argv, sys.stdin = list(argv), io.StringIO(stdin)  # a copy: restoring sys.argv keeps `argv`
         program._main = main_spy
         try:
             runpy.run_path(str(path), run_name="__main__")

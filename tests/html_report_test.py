@@ -15,6 +15,7 @@ import pytest
 from rlver_jax.eval import compare, html_report, run_view
 from rlver_jax.files import atomic_write_jsonl, read_jsonl
 from rlver_jax.simulator.profiles import load_profiles
+from tests.conftest import REPO
 from tests.fixtures_cli import run_script
 from tests.fixtures_report import (
     BROKEN_ID,
@@ -207,7 +208,12 @@ def test_training_run_view(tmp_path):
     for m in metrics:
         assert f'data-step="{m["step"]}" data-href="train_{m["step"]:06d}.html"' in page
     assert 'href="eval_000001.html"' in page and "best eval score (step 1)" in page
+    # Legends in words (the key in the line's tooltip), and the metrics glossary of this checkout linked.
+    assert "</i>final emotion (training)</span>" in page and "</i>emotion_mean</span>" not in page
+    assert run_view.GLOSSARY == (REPO / "docs" / "metrics.md").as_uri() and (REPO / "docs" / "metrics.md").is_file()
     step = (tmp_path / "view" / "train_000001.html").read_text()
+    assert page.count(f'<a href="{run_view.GLOSSARY}">docs/metrics.md</a>') == 1
+    assert step.count(f'<a href="{run_view.GLOSSARY}">docs/metrics.md</a>') == 1
     records = read_jsonl(tmp_path / "transcripts" / "train_000001.jsonl")
     p = parse(step)
     groups = run_view.step_groups(records, run_view.AdvantageSettings())

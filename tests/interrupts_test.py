@@ -20,8 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlver_jax.cli import program
+from rlver_jax.rollout.buffer import RolloutError
 from rlver_jax.rollout.transcripts import discard_from
-from rlver_jax.train import checkpoint, shutdown
+from rlver_jax.simulator import SimulatorOutageError
+from rlver_jax.train import checkpoint, interrupts, shutdown
 from rlver_jax.train.interrupts import EXIT_RESTART, StepGuard, TrainingInterrupted
 from tests.conftest import REPO
 
@@ -61,6 +64,20 @@ def test_sigterm_during_a_step_is_deferred_like_ctrl_c_and_exits_143(guard):
     assert guard.stopping and guard.signal == signal.SIGTERM and guard.exit_status == 143
     with pytest.raises(KeyboardInterrupt):
         guard.end_step()
+
+
+def test_a_sigterm_delivered_twice_counts_once_a_second_ctrl_c_stops_at_once(guard, monkeypatch):
+    """A scheduler signals every process of the job and the launcher's watch passes its own on
+    (rlver_jax/cli/watchdog.py): the run gets one SIGTERM twice, within interrupts.REPEAT_S."""
+    guard.begin_step(1)
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
+    except KeyboardInterrupt:
+        pytest.fail("a SIGTERM delivered twice stopped the step at once")
+    monkeypatch.setattr(interrupts.time, "monotonic", lambda: guard._first_at + interrupts.REPEAT_S + 1)
+    with pytest.raises(KeyboardInterrupt):  # later, another SIGTERM is a second signal
+        signal.raise_signal(signal.SIGTERM)
 
 
 def test_a_signal_in_an_interruptible_part_abandons_it_and_still_stops_at_the_step_end(guard):
@@ -217,6 +234,28 @@ def test_after_sigterm_the_message_and_status_say_so(tmp_path, manager, saves):
     assert str(error).startswith(f"stopped by SIGTERM: the checkpoint of step 2 is in {tmp_path / 'checkpoints'}")
     # no state yet: nothing saved
     assert shutdown.interrupted(manager, None, None, {}, str(tmp_path)).exit_status == 130
+
+
+def test_a_simulator_down_past_its_budget_saves_the_last_step_and_exits_75(tmp_path, manager, saves):
+    """The rollout producer's SimulatorOutageError (wrapped as buffer.get raises it): saved as for
+    SIGTERM, told as the outage with where the checkpoint is, exit status 75; in a step, the step
+    is lost; another error is not the loop's to turn into a stop."""
+    outage = SimulatorOutageError("simulator at http://sim/v1 did not answer for 30 min, the outage budget "
+                                  "(config.simulator.outage_budget_s=1800); last error: connection failed")
+    try:
+        raise RolloutError("rollout producer failed") from outage
+    except RolloutError as e:
+        wrapped = e
+    guard = StepGuard()
+    guard.close()
+    error = shutdown.stopped(wrapped, guard, manager, _state(3), {"seed": 0}, str(tmp_path))
+    assert saves == [3] and isinstance(error, SimulatorOutageError) and program.exit_status(error) == 75
+    assert str(error) == (f"{outage}. Stopped: the checkpoint of step 3 is in {tmp_path / 'checkpoints'}. Rerun "
+                          f"the same command to resume (config.workdir={tmp_path}).")
+    guard.begin_step(4)  # the in-loop evaluation of step 4 met it: step 4 is lost
+    error = shutdown.stopped(outage, guard, manager, _state(4), {"seed": 0}, str(tmp_path))
+    assert saves == [3] and "Stopped: step 4 was cut short and is not kept; the checkpoint of step 3" in str(error)
+    assert shutdown.stopped(ValueError("a bug"), guard, manager, _state(4), {}, str(tmp_path)) is None
 
 
 def test_before_the_first_step_nothing_is_saved(tmp_path, manager, saves):

@@ -98,7 +98,7 @@ def test_rank_zero_is_the_base_itself(tiny):
 @pytest.mark.parametrize("untied,modules", [(False, ()), (False, ("embed", "norms")), (True, ("embed", "norms"))])
 def test_merged_export_and_peft_adapter_give_our_logits(tmp_path, tiny, untied, modules):
     """PEFT loads modules_to_save whole (a tied model's LM head too: PEFT unties it)."""
-    peft = pytest.importorskip("peft")
+    peft = pytest.importorskip("peft", reason="peft is a test extra: pip install -e '.[test]'")
     config, base = tiny
     if untied:
         config = config.replace(tie_word_embeddings=False)
@@ -180,7 +180,8 @@ def _sgd():
     return Optimizer(optax.sgd(1.0), optax.constant_schedule(1.0))
 
 
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+# PPO (the critic too) in the slow tier: its two update programs took 35-70 s of the fast tier.
+@pytest.mark.parametrize("algo", [pytest.param("ppo", marks=pytest.mark.slow), "grpo"])
 def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     """One train step of the LoRA trainer against one of full fine-tuning from the same weights
     (plain SGD, a KL term to the reference): a fresh adapter (B = 0) leaves each model equal to its

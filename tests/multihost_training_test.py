@@ -29,13 +29,12 @@ PPO_COMPARED = ("value_loss", "critic_grad_norm", "critic_param_norm")
 # What the actor's update makes of its advantages (noise when every reward is the same).
 ACTOR_FROM_SIGNAL = ("policy_loss", "entropy", "actor_grad_norm", "actor_update_norm", "actor_param_norm")
 # Shrink the tiny preset to seconds: 8 dialogues of one 16-token turn, raw replies shown to the
-# user (a random model rarely writes </think>, so emotions would not move otherwise), no KV
-# cache kept between turns (one turn), an in-loop evaluation of 8 held-out profiles (one turn
-# each) after step 2.
+# user (a random model rarely writes </think>, so emotions would not move otherwise), an in-loop
+# evaluation of 8 held-out profiles (one turn each) after step 2.
 SMALL = ["--config.rollout.max_new_tokens=16", "--config.rollout.format_failure=continue",
-         "--config.rollout.cache_slots=0", "--config.data.eval_holdout=8", "--config.train.eval_every=3",
+         "--config.data.eval_holdout=8", "--config.train.eval_every=3",
          "--config.train.eval_rules.max_turns=1", "--config.train.eval_policy.max_new_tokens=16",
-         "--config.train.eval_policy.cache_slots=0", "--config.checkpoint.async_save=False"]
+         "--config.checkpoint.async_save=False"]
 
 
 def readme_commands() -> tuple[dict[str, str], list[list[str]]]:
@@ -78,7 +77,10 @@ def start(config: str, workdir: pathlib.Path, overrides: list[str], *,
         argv = [f"--config={config}" if w.startswith("--config=") else
                 f"--config.workdir={workdir}" if w.startswith("--config.workdir=") else w for w in argv]
         own = {} if processes == 1 else own_env
+        # A session of its own: a test signals the whole process (the launcher's watch and its run, a
+        # child: rlver_jax/cli/watchdog.py) as a host's death or freeze would.
         procs.append(subprocess.Popen(argv + overrides, env={**env, **own}, cwd=REPO, stdout=subprocess.PIPE,
+                                      start_new_session=True,
                                       stderr=subprocess.STDOUT, text=True))
     return procs
 
@@ -182,3 +184,23 @@ def test_a_mismatch_stops_every_process_with_the_fix(tmp_path):
                      timeout=300)
     for code, log in results:
         assert code != 0 and "make config.rollout.profiles_per_step a multiple of 2" in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_packed_rows_on_two_processes_train_as_one_process_unpacked(tmp_path):
+    """config.rl.pack_rows on two processes: each packs its own turn rows (two turns a dialogue,
+    rows of different lengths) to the shapes both need, and the update packs each micro-batch of
+    the global batch from both processes' rows; step 0 is one process's padded step, to rounding."""
+    overrides = SMALL + ["--config.rollout.profiles_per_step=8", "--config.rl.mini_batch_size=4",
+                         "--config.rl.micro_batch_size=4", "--config.simulator.max_turns=2",
+                         "--config.mesh.shape=(1,-1,2)", "--config.train.length_multiple=4", "--config.train.steps=1",
+                         "--config.train.eval_every=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    reference = start("configs/ppo_think.py:tiny", one, overrides, processes=1)
+    pair = start("configs/ppo_think.py:tiny", two, overrides + ["--config.rl.pack_rows=True"])
+    finish(reference)
+    finish(pair)
+    rewards = {r["reward"] for r in transcripts(one, "train_000000.jsonl")}
+    compare_step0(one, two, COMPARED + PPO_COMPARED if len(rewards) > 1 else
+                  tuple(k for k in COMPARED + PPO_COMPARED if k not in ACTOR_FROM_SIGNAL))
+    assert metrics(one)[0]["optimizer_steps"] == metrics(two)[0]["optimizer_steps"] > 1

@@ -152,8 +152,9 @@ def test_settings_resolve_each_modes_band_and_refuse_bad_combinations():
     assert (tis.off_policy_low, tis.off_policy_high, tis.off_policy_kind.weighs) == (None, 3.0, True)
     assert RLSettings(off_policy_correction="decoupled", off_policy_high=float("inf")).off_policy_high == np.inf
     refused = [
-        (dict(off_policy_correction="is"), r"config.rl.off_policy_correction='is'; use one of"),
-        (dict(off_policy_level="row"), r"config.rl.off_policy_level='row'; use one of"),
+        (dict(off_policy_correction="is"),
+         r"config.rl.off_policy_correction='is': use one of none \| tis \| mis \| icepop \| decoupled$"),
+        (dict(off_policy_level="row"), r"config.rl.off_policy_level='row': use one of token \| sequence$"),
         (dict(off_policy_correction="icepop", off_policy_level="sequence"),
          r"config.rl.off_policy_level='sequence' with config.rl.off_policy_correction='icepop'"),
         (dict(off_policy_correction="tis", off_policy_low=0.5), r"config.rl.off_policy_low=0.5 with .*'tis'"),

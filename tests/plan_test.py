@@ -17,10 +17,14 @@ import pytest
 
 from configs import grpo_think, ppo_think
 from rlver_jax.parallel import sharding, topology
+from rlver_jax.parallel.chips import Chip
 from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.train import run
 from rlver_jax.train.planner import hlo_cost, plan, report, search
-from rlver_jax.train.planner.phases import Phase, rollout_phase, rollout_shapes, run_phases, sampling_layout
+from rlver_jax.train.planner.compiled import Phase
+from rlver_jax.train.planner.lengths import Lengths
+from rlver_jax.train.planner.phases import run_phases
+from rlver_jax.train.planner.sampler import rollout_shapes, sampling_layout
 from rlver_jax.train.planner.setup import abstract_setup, crossing_bytes, device_bytes, resident
 from rlver_jax.train.spec import RunSpec
 from tests.fixtures_eval import profile
@@ -167,7 +171,7 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
     assert s.hosts == 2 and (shapes.rows, shapes.prompt) == (4, 128)
     layout = sampling_layout(s, 4)
     assert dict(layout.local.shape) == {"data": 1, "fsdp": 2, "tensor": 2}
-    phase = rollout_phase(s, shapes, 4)
+    phase = shapes.phases(s, 4)[0]
     assert phase.resident == device_bytes(s.state)
     b, e = shapes.rows, shapes.prompt
     assert phase.arguments == layout.device_bytes(s.update.actor_cfg) + b * e * (4 + 1) + b * 2 * 4 + b * 4
@@ -185,7 +189,7 @@ def test_the_rollout_engine_is_planned_on_its_kv_rows(tmp_path):
     spec = RunSpec.from_config(config)
     s = abstract_setup(spec, host_devices=4)
     shapes = rollout_shapes(spec, 40, s.hosts)
-    assert shapes.engine and (shapes.rows, shapes.cache_slots, shapes.prompt, shapes.groups) == (4, 192, 64, 1)
+    assert (shapes.rows, shapes.cache_slots, shapes.chunk) == (4, 192, 64)
     decode, prefill = run_phases(s, ["rollout"], 40)
     assert (decode.name, prefill.name) == ("rollout", "rollout prefill")
     cfg, layout = s.update.actor_cfg, sampling_layout(s, 4)
@@ -195,7 +199,7 @@ def test_the_rollout_engine_is_planned_on_its_kv_rows(tmp_path):
     assert decode.arguments == layout.device_bytes(cfg) + per_device_cache + mask + 4 * r * 4 + r * 2 * 4
     assert prefill.arguments == layout.device_bytes(cfg) + per_device_cache + mask + 2 * r * 4 + r * 64 * 4 + r * 2 * 4
     assert decode.resident == device_bytes(s.state)
-    assert "rollout engine on each of 2 hosts: 4 KV rows of 192 slots" in plan.describe_rollout(shapes)
+    assert "rollout engine on each of 2 hosts: 4 KV rows of 192 slots" in shapes.describe()
 
 
 @pytest.mark.slow  # recompiles the programs at each shape the search tries
@@ -238,7 +242,7 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
     # The rollout engine: 32 KV rows of a longest prompt 1022 + 8 tokens -> 1152 slots (the 1536 bucket,
     # at most 1030 rounded up to 128); fewer rows first, then shorter dialogues: one row of
     # max_total_tokens 496 (494 + 8 -> 512 slots) fits 600, 512 (510 + 8 -> 640 slots) does not.
-    config.rollout.engine = "jax"
+    config.rollout.engine = "continuous"
     engine = RunSpec.from_config(config)
     assert search.fitting_shapes(engine, 8 * 1152, ["rollout"], 512, print) == ["--config.rollout.engine_rows=8"]
     assert search.fitting_shapes(engine, 600, ["rollout"], 512, print) == [
@@ -305,17 +309,20 @@ def test_planner_at_half_a_billion_parameters(tmp_path):
 
 @pytest.mark.slow
 def test_launch_plan_on_one_cpu_device_and_a_bad_mesh(tmp_path):
-    """launch/plan.py with the tiny preset on one CPU device prints a plan that fits; a mesh that
-    the device count cannot make is one line naming mesh.shape, no traceback."""
+    """launch/plan.py with the tiny preset on one CPU device prints a plan that fits, and of a GRPO
+    run compiles no critic update (nor says so); a mesh that the device count cannot make is one
+    line naming config.mesh.shape, no traceback, exit 2."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": str(REPO)}
     base = [sys.executable, str(REPO / "launch" / "plan.py"), "--config=configs/grpo_think.py:tiny",
-            "--phases=actor update", "--config.rollout.max_total_tokens=128", f"--config.workdir={tmp_path}"]
+            "--phases=actor update,critic update", "--config.rollout.max_total_tokens=128",
+            f"--config.workdir={tmp_path}"]
     ok = subprocess.run(base, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "= 1 cpu devices" in ok.stdout and "fits in 16 GB" in ok.stdout
+    assert "compiling actor update" in ok.stderr and "critic" not in ok.stderr, ok.stderr
     bad = subprocess.run(base + ["--config.mesh.shape=(1,1,2)"], capture_output=True, text=True, cwd=REPO, env=env,
                          timeout=600)
-    assert bad.returncode == 1 and "mesh.shape" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "config.mesh.shape" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.mark.slow
@@ -358,3 +365,21 @@ def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
     assert actor.resident == device_bytes((s.state.rng, s.batch, s.state.model("critic")))
     text = report.format_plan(result, "lora")
     assert "LoRA rank 4 (alpha 16) on q,o,down of one frozen base in float32, also the reference" in text
+
+
+@pytest.mark.slow  # compiles the update at two shapes
+def test_a_think_update_grows_with_its_turn_rows(tmp_path):
+    """With think_history "drop" every turn is a training row: three turns are three times the
+    rows, each longer than the first turn's (its context holds the earlier replies), so the planned
+    update, compiled at each step's own shapes on a CPU of fixed figures, grows at least 2.5x."""
+    chip = Chip("cpu", "cpu", 0.05, 5.0, 16.0)
+    updates = []
+    for turns in (1, 3):
+        config = _config(ppo_think, "tiny", tmp_path / str(turns), **{"simulator.max_turns": turns})
+        result = plan.plan(RunSpec.from_config(config), 16.0, ("prepare", "actor update", "critic update"),
+                           Lengths(prompt=100, feed=20), search=False, host_chip=chip)
+        bound = result.estimate.bound.update
+        assert bound.shapes.real_rows == 16 * turns and bound.shapes.optimizer_steps == 1
+        updates.append(bound)
+    assert updates[1].seconds >= 2.5 * updates[0].seconds
+    assert updates[1].shapes.length > updates[0].shapes.length

@@ -62,3 +62,17 @@ def test_a_run_without_evaluations_or_format_failures_draws_the_reward_alone(tmp
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="no metrics"):
         plots.training_curves(tmp_path / "empty.jsonl", tmp_path / "x.png")
+
+
+def test_the_evaluation_figures_name_how_dialogues_ended_in_words(tmp_path, monkeypatch):
+    """trajectories.png and final_emotions.png: the legend says "user left (floor)", not `failure`."""
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    transcripts = [{"simulator_error": False, "emotions": e, "end_reason": r, "final_emotion": e[-1]}
+                   for e, r in (([40, 70, 100], "success"), ([40, 5], "failure"), ([40, 40], "format_failure"))]
+    plots.emotion_trajectories(transcripts, tmp_path / "t.png", title="t", levels=(10,))
+    plots.final_emotion_histogram(transcripts, tmp_path / "f.png", title="f")
+    for fig in figures:
+        legend = {t.get_text() for t in fig.axes[0].get_legend().get_texts()}
+        assert {"success (reached 100)", "user left (floor)", "format failure"} <= legend, legend
+        assert not {"success", "failure", "format_failure"} & legend, legend

@@ -3,7 +3,10 @@ TPU slice or a GPU node meets its faults: the survivor stops within a bounded ti
 naming the process and exit status 75 (restart the job), and the pair started again resumes.
 
 One run goes through every fault in turn (killed, frozen, preempted), each time restarted on the
-same work directory, then finishes: four launches of the pair instead of six."""
+same work directory, then finishes: four launches of the pair instead of six. A kill or a freeze
+reaches the whole process, its launcher's watch and the run (rlver_jax/cli/watchdog.py), as a
+host's death would; a preemption's SIGTERM goes to the command's process alone, which passes it on.
+Losing the coordinator is its own pair, stopped before it trains."""
 
 import os
 import signal
@@ -47,7 +50,7 @@ def test_a_pod_that_loses_a_process_says_so_and_resumes(tmp_path):
     # Killed (a host that dies: its sockets close) after step 2.
     pair = start(CONFIG, workdir, OVERRIDES)
     _after_steps(workdir, 2, pair)
-    pair[1].send_signal(signal.SIGKILL)
+    os.killpg(pair[1].pid, signal.SIGKILL)
     code, last, seconds = _survivor(pair[0])
     assert code == restart and seconds < 180, last
     assert "process 1 was lost: its connection closed" in last and "Rerun the same command on every host" in last, last
@@ -59,11 +62,11 @@ def test_a_pod_that_loses_a_process_says_so_and_resumes(tmp_path):
     # Frozen (SIGSTOP: a hung kernel, a partition; its sockets stay open) after one more step.
     pair = start(CONFIG, workdir, OVERRIDES)
     _after_steps(workdir, done + 1, pair)
-    pair[1].send_signal(signal.SIGSTOP)
+    os.killpg(pair[1].pid, signal.SIGSTOP)
     try:
         code, last, seconds = _survivor(pair[0])
     finally:
-        os.kill(pair[1].pid, signal.SIGKILL)
+        os.killpg(pair[1].pid, signal.SIGKILL)
         pair[1].wait()
     assert code == restart and seconds < 180, last
     assert "process 1 was lost: it stopped answering (no heartbeat for" in last, last
@@ -84,3 +87,24 @@ def test_a_pod_that_loses_a_process_says_so_and_resumes(tmp_path):
     # Started again, the pair finishes, each step once.
     finish(start(CONFIG, workdir, OVERRIDES))
     check_each_once(workdir, steps=STEPS, dialogues=8, n=4)
+
+
+@pytest.mark.slow
+def test_losing_the_coordinator_ends_the_other_process_with_one_line_and_75(tmp_path):
+    """Process 0 (it runs JAX's coordination service) killed once both processes are up: JAX's
+    runtime aborts process 1 with a C++ stack and 134; its launcher's watch says so in one line
+    naming process 0, exit 75, at once."""
+    workdir = tmp_path / "pod"
+    pair = start(CONFIG, workdir, OVERRIDES)
+    deadline = time.monotonic() + 300
+    while not (workdir / ".lock").exists():  # process 0 holds the work directory: both joined the run
+        assert time.monotonic() < deadline and all(p.poll() is None for p in pair), pair[1].communicate()[0][-3000:]
+        time.sleep(0.2)
+    os.killpg(pair[0].pid, signal.SIGKILL)
+    code, last, seconds = _survivor(pair[1])
+    pair[0].wait()
+    assert code == program.EXIT_RESTART and seconds < 180, last
+    assert last.startswith("train.py: error: process 0 (the coordinator at 127.0.0.1:") and (
+        "was lost: the JAX distributed service it ran stopped answering" in last
+        and f"Rerun the same command on every host to resume (config.workdir={workdir}; exit 75" in last), last
+    print(f"coordinator killed: {seconds:.1f} s: {last}")

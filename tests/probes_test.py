@@ -6,12 +6,15 @@ import asyncio
 import json
 
 import pytest
+from tqdm import tqdm
 
 from configs.eval import get_config
 from rlver_jax.engines.seam import TurnRequest
+from rlver_jax.eval import benchmark
 from rlver_jax.eval.benchmark import run_benchmark
 from rlver_jax.eval.probes import PROBES, ProbePolicy, parse_probes
 from rlver_jax.eval.spec import EvalSpec
+from rlver_jax.rollout import evaluation
 from rlver_jax.testing.scripted_server import ScriptedServer, route
 from rlver_jax.text import degeneration as dg
 from tests.fixtures_eval import config_urls, profiles_file
@@ -42,7 +45,7 @@ def test_probes_answer_in_their_way():
     salad = _turn("word_salad", "Long week.").split()
     assert 25 <= len(salad) <= 40 and dg.reasons(" ".join(salad), "en") == ["word_salad"]
     assert "garbled" in dg.reasons(_turn("garbled", "这周好累。"), "zh")
-    assert parse_probes("all") == PROBES and parse_probes("") == ()
+    assert parse_probes("all") == tuple(PROBES) and parse_probes("") == ()
     with pytest.raises(ValueError, match=r"config.eval.probes='garbled,rude': unknown probe \['rude'\]"):
         parse_probes("garbled,rude")
 
@@ -86,7 +89,28 @@ def test_a_simulator_that_rewards_anything_is_flagged(tmp_path):
 
 # The probes that build a reply from the same frames for every user (all but the random ones).
 TEMPLATES = tuple(p for p in PROBES if p not in ("word_salad", "garbled", "questions"))
-READ_THE_USER = PROBES[PROBES.index("keywords"):]
+READ_THE_USER = tuple(PROBES)[tuple(PROBES).index("keywords"):]
+
+
+def test_the_probes_share_one_progress_bar(tmp_path, monkeypatch):
+    """The policy's dialogues on a bar of their own, every probe's on one more (eleven probes gave
+    eleven bars): its total is all the probes' dialogues, and they all count on it."""
+    bars = []
+
+    class Counted(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(benchmark, "tqdm", Counted)
+    monkeypatch.setattr(evaluation, "tqdm", Counted)
+    plain = route(emotion=lambda r: "Intent: ok\nFit: ok\nInner reaction: ok\nFeeling: fine\nChange: +0",
+                  reply=lambda r: "Plan: go on\nResponse: Yeah... go on.")
+    with ScriptedServer(lambda r: WARM, model="policy") as policy, ScriptedServer(plain) as simulator:
+        config = config_urls(tmp_path / "eval", policy.base_url, simulator.base_url,
+                             profiles_file(tmp_path, ("P1", "P2")), **{"eval.probes": "garbled,flattery,apology"})
+        run_benchmark(EvalSpec.from_config(config), progress=True)
+    assert [(b.total, b.n) for b in bars] == [(2, 2), (6, 6)]
 
 
 @pytest.mark.parametrize("preset", ["tiny", "smol"])

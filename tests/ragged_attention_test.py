@@ -84,6 +84,7 @@ def _engine_run(cfg, params):
                    chunk.tokens)
 
 
+@pytest.mark.slow  # six engine programs, three of them with the kernel in interpret mode: 15-45 s
 def test_engine_programs_with_the_kernel_match_their_dense_form(monkeypatch):
     """The engine's prefill (every row, and gathered rows) and decode with the kernel (interpret
     mode) give the dense form's tokens and log-probs; every row's mask is a prefix of its slots,

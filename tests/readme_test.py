@@ -3,10 +3,12 @@
 script that exists; a launch/ command uses flags the script defines and a config file, preset and
 fields the config has; the README's commands with a config resolve it for real (`--print_config`
 added: no JAX, no run); every relative link and anchor points at something that exists; the README
-stays a front page; the quick start's training command runs as written (slow)."""
+stays a front page; the quick start's training command runs as written, every metric it logs has a
+row in docs/metrics.md, and its rerun answers before JAX is imported (slow)."""
 
 import functools
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -87,7 +89,7 @@ def test_the_readme_is_a_front_page():
         assert any(needle in line for line in lines), needle
     prose = re.sub(r"```.*?```", ".", text, flags=re.S)
     prose = "\n".join("." if line.startswith(("|", "#", "[", "!")) else line for line in prose.splitlines())
-    for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z`(])", " ".join(prose.split())):
+    for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z`(*])", " ".join(prose.split())):
         assert len(sentence.split()) <= 40, sentence
 
 
@@ -193,7 +195,7 @@ def test_the_quick_start_trains_as_written(tmp_path):
     make it twice as slow), no JAX_PLATFORMS, its compilation cache in the test's directory. Where
     libtpu is installed (the test extra) and no TPU is, it prints no libtpu warning about
     TPU_ACCELERATOR_TYPE or worker hostnames (JAX's probe of libtpu also took 6 s)."""
-    [(_, args, line)] = [c for c in README_COMMANDS if "--config.workdir=runs/tiny " in c[2] + " "]
+    [(_, args, line)] = [c for c in README_COMMANDS if "--config.workdir=runs/tiny --config.train.steps=10" in c[2]]
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", program.TRACEBACK_ENV)}
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "cache")
     env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
@@ -202,7 +204,20 @@ def test_the_quick_start_trains_as_written(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"outputs in {tmp_path / 'tiny'}" in done.stdout and "simulator  embedded" in done.stdout
     assert "= 1 cpu device(s)" in done.stdout, done.stdout[:2000]
-    assert len((tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()) == 10  # --config.train.steps=10
+    metrics = [json.loads(line) for line in (tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 10  # --config.train.steps=10
+    # Every key the run logged has its row in the metrics glossary.
+    glossary = set(re.findall(r"^\| `([^`]+)` \|", (REPO / "docs" / "metrics.md").read_text(), re.M))
+    assert not {k for m in metrics for k in m} - glossary, sorted({k for m in metrics for k in m} - glossary)
+    # Rerun, finished: answered before JAX is imported (a `jax` that cannot be imported), no resume.
+    (tmp_path / "no_jax" / "jax").mkdir(parents=True)
+    (tmp_path / "no_jax" / "jax" / "__init__.py").write_text("raise ImportError('jax imported')\n")
+    again = subprocess.run([sys.executable, *args, f"--config.workdir={tmp_path / 'tiny'}"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120,
+                           env={**env, "PYTHONPATH": str(tmp_path / "no_jax")})
+    assert again.returncode == 0 and not again.stderr, again.stderr
+    assert again.stdout.startswith(f"nothing left to train: {tmp_path / 'tiny' / 'checkpoints'} holds step 10 of "
+                                   "config.train.steps=10"), again.stdout
     if not program.tpu_may_be_attached():
         noise = [line for line in done.stderr.splitlines()
                  if any(word in line for word in ("libtpu", "TPU_ACCELERATOR_TYPE", "worker hostname", "TPU backend"))]

@@ -15,6 +15,7 @@ import pytest
 from configs import grpo_nothink, grpo_think, ppo_think
 from rlver_jax.train import checkpoint, loop
 from rlver_jax.train import run as run_lib
+from rlver_jax.train.finished import finished_run
 from rlver_jax.train.spec import RunChangedError, RunSpec, change_kind, resume_changes
 from rlver_jax.train.workdir import LOCK, WorkDir, WorkDirBusyError
 from tests.training_test import small
@@ -149,3 +150,21 @@ def test_rl_fields_are_compared_as_the_algorithm_row_resolves_them(tmp_path):
     assert implicit.record["rl"]["loss_agg_mode"] != explicit.record["rl"]["loss_agg_mode"] or \
         implicit.record["rl"]["clip_eps_high"] != explicit.record["rl"]["clip_eps_high"]
     assert resume_changes(implicit.resume_record, explicit, "here") == []
+
+
+def test_a_finished_run_is_answered_from_its_files_before_jax(tmp_path):
+    """A rerun whose newest checkpoint holds train.steps gets the loop's answer from the checkpoint's
+    folder and record alone (launch/train.py asks before it imports JAX); a resume the loop would
+    refuse is refused the same way; more steps, resume off, start over, no checkpoint or a bucket
+    take the loop's path (None)."""
+    workdir = tmp_path / "run"
+    _trained(workdir, step=4)
+    assert finished_run(_spec(workdir)) == (
+        f"nothing left to train: {workdir / 'checkpoints'} holds step 4 of config.train.steps=4; to train further "
+        "rerun with a larger --config.train.steps (e.g. 8): it extends this run")
+    with pytest.raises(RunChangedError, match=r"seed: 0 in the checkpoint, 1 now"):
+        finished_run(_spec(workdir, seed=1))
+    for fields in ({"train.steps": 6}, {"checkpoint.resume": False}, {"checkpoint.start_over": True}):
+        assert finished_run(_spec(workdir, **fields)) is None, fields
+    assert finished_run(_spec(tmp_path / "new")) is None and not (tmp_path / "new").exists()
+    assert finished_run(_spec("gs://bucket/run")) is None  # not listed: the loop reads the bucket

@@ -18,7 +18,7 @@ from rlver_jax.rollout.summary import rollout_metrics, summarize
 from rlver_jax.rollout.transcripts import write_transcripts
 from rlver_jax.simulator import SimulatorSettings, build_simulator
 from rlver_jax.simulator.profiles import load_profiles
-from rlver_jax.testing.scripted_server import ScriptedServer, route
+from rlver_jax.testing.scripted_server import ScriptedServer, route, system_prompt
 from rlver_jax.text import chat
 from tests.rollout_test import ScriptedTokenPolicy
 
@@ -73,7 +73,7 @@ def test_the_random_reward_control_permutes_the_rewards_of_a_batch():
 
 
 def test_an_unknown_name_is_one_error_naming_the_field():
-    with pytest.raises(ValueError, match=r"config.rl.reward_mode='judge'; use one of \('final', 'per_turn'\)"):
+    with pytest.raises(ValueError, match=r"config.rl.reward_mode='judge': use one of final \| per_turn$"):
         RLSettings(reward_mode="judge")
     with pytest.raises(ValueError, match=r"config.rl.reward_mode='judge'"):
         EpisodeRunner(None, None, None, RolloutSettings(), reward_mode="judge")
@@ -87,12 +87,17 @@ def brief(seq: DialogueSequence) -> rewards.Reward:
                           emotion.turns)
 
 
-def test_a_new_source_is_a_function_and_a_row(chat_tokens, monkeypatch, tmp_path):
+def test_a_new_source_is_a_function_and_a_row(chat_tokens, tmp_path):
     """The scripted simulator moves every user 30 -> 40 -> 50 -> 60 over 3 turns, each reply "That
     sounds hard." (17 characters): each turn costs 0.017, so the episode's rewards are -0.017,
     -0.017 and 0.6 - 0.017 = 0.583, the dialogue's reward 0.6 - 3 * 0.017 = 0.549; turn credit stays
     the emotion changes, 0.1 a turn."""
-    monkeypatch.setitem(rewards.REWARDS, "brief", brief)
+    with rewards.REWARDS.added("brief", brief):
+        seqs = _play_brief(chat_tokens)
+    _check_brief(seqs, tmp_path)
+
+
+def _play_brief(chat_tokens):
     assert RLSettings(algo="grpo", reward_mode="brief").reward_mode == "brief"
     script = route(emotion=lambda r: "Analysis: warm.\nChange: +15",
                    reply=lambda r: "Plan: keep talking.\nResponse: go on")
@@ -103,7 +108,10 @@ def test_a_new_source_is_a_function_and_a_row(chat_tokens, monkeypatch, tmp_path
                                build_simulator(SimulatorSettings.from_config(cfg)), chat_tokens,
                                RolloutSettings(think=False), reward_mode="brief")
         profile = next(p for p in load_profiles() if p.language == "en")
-        seqs = asyncio.run(runner.run([EpisodeRequest(profile, 0), EpisodeRequest(profile, 0)]))
+        return asyncio.run(runner.run([EpisodeRequest(profile, 0), EpisodeRequest(profile, 0)]))
+
+
+def _check_brief(seqs, tmp_path):
     for s in seqs:
         assert s.emotions == [30.0, 40.0, 50.0, 60.0] and [t["reply"] for t in s.turns] == ["That sounds hard."] * 3
         assert s.reward == pytest.approx(0.549) and s.episode_rewards == pytest.approx([-0.017, -0.017, 0.583])
@@ -120,3 +128,39 @@ def test_a_new_source_is_a_function_and_a_row(chat_tokens, monkeypatch, tmp_path
     assert [r["reward"] for r in records] == pytest.approx([0.549, 0.549])
     assert records[0]["episode_rewards"] == pytest.approx([-0.017, -0.017, 0.583])
     assert summarize([DialogueSequence.from_record(r) for r in records]).reward == pytest.approx(0.549)
+
+
+def test_an_async_source_is_awaited_while_the_other_dialogues_play(chat_tokens):
+    """A served judge's row: an `async def` that awaits. Two dialogues: the user of the first falls
+    to the floor on its first turn (30 - 40 < 0: a failure), the second's rises 30 -> 45 -> 60 -> 75
+    over 3 turns. The first's score waits until the second has been scored, so the second must play
+    its last two turns while the first is being scored (a blocked event loop would time out); each
+    reward reaches its record as a plain row's does (the paper's: 0 and 0.75)."""
+    short, long = [p for p in load_profiles() if p.language == "en"][:2]
+    scored, turns_seen, long_scored = [], {}, asyncio.Event()
+
+    async def judged(seq):
+        if seq.profile_id == short.id:
+            turns_seen["long at the short's score"] = policy.calls
+            await asyncio.wait_for(long_scored.wait(), timeout=30)
+        else:
+            long_scored.set()
+        scored.append(seq.profile_id)
+        return rewards.emotion_final(seq)
+
+    script = route(emotion=lambda r: "Analysis: cold.\nChange: -40" if short.player[:20] in system_prompt(r)
+                   else "Analysis: warm.\nChange: +15",
+                   reply=lambda r: "Plan: keep talking.\nResponse: go on")
+    policy = ScriptedTokenPolicy(chat_tokens, ["That sounds hard."])
+    with rewards.REWARDS.added("judged", judged), ScriptedServer(script) as server:
+        cfg = get_simulator_config()
+        cfg.update(base_url=server.base_url, max_turns=3, max_change=100, backoff_initial_s=0.01)
+        runner = EpisodeRunner(policy, build_simulator(SimulatorSettings.from_config(cfg)), chat_tokens,
+                               RolloutSettings(think=False), reward_mode="judged")
+        seqs = asyncio.run(runner.run([EpisodeRequest(short, 0), EpisodeRequest(long, 1)]))
+    assert scored == [long.id, short.id]  # the short dialogue's score finished last
+    assert turns_seen["long at the short's score"] < policy.calls  # policy turns were played meanwhile
+    assert [(s.end_reason, len(s.turns)) for s in seqs] == [("failure", 1), ("turn_limit", 3)]
+    assert [s.reward for s in seqs] == [0.0, pytest.approx(0.75)]
+    assert [s.to_record()["reward"] for s in seqs] == [0.0, pytest.approx(0.75)]
+    assert seqs[1].episode_rewards == [None, None, pytest.approx(0.75)]

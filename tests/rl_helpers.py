@@ -1,12 +1,12 @@
-"""Shared inputs for the RL tests: multi-turn policy masks, strict rank promotion, and dialogues
-of random tokens collated into a training batch."""
+"""Shared inputs for the RL tests: multi-turn policy masks, strict rank promotion, dialogues of
+random tokens collated into a training batch, and a dialogue scored outside the rollouts."""
 
 import jax
 import numpy as np
 import pytest
 
 from rlver_jax.rl.batch import collate
-from rlver_jax.rollout.rewards import score
+from rlver_jax.rollout import rewards
 from rlver_jax.rollout.sequence import DialogueSequence
 
 
@@ -14,6 +14,18 @@ from rlver_jax.rollout.sequence import DialogueSequence
 def strict_ranks():
     with jax.numpy_rank_promotion("raise"):
         yield
+
+
+def score(seq: DialogueSequence, name: str) -> DialogueSequence:
+    """`rewards.score` by a plain source, run to its end without an event loop (a plain source never
+    suspends it), so that code already inside one can call it too."""
+    coroutine = rewards.score(seq, name)
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise AssertionError(f"reward source {name!r} awaited: score it in the rollouts' event loop")
 
 
 def random_policy_mask(rng: np.random.Generator, batch: int, length: int) -> np.ndarray:

@@ -13,7 +13,7 @@ import pytest
 from configs.simulator import get_simulator_config
 from rlver_jax.engines.seam import PolicyTurn
 from rlver_jax.engines.static import StaticEngine
-from rlver_jax.engines.table import EngineSettings
+from rlver_jax.engines.table import ENGINES, EngineSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.rl.batch import collate
@@ -79,7 +79,7 @@ def _requests(n_profiles=2, n=2):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine, cache_slots", [("static", 0), ("static", 2048), ("jax", 0)])
+@pytest.mark.parametrize("engine, cache_slots", [("static", 0), ("static", 2048), ("continuous", 0)])
 def test_random_policy_sequences_are_exact(chat_tokens, engine, cache_slots):
     cfg = get_preset("tiny")
     params = qwen2.init_params(cfg, jax.random.key(0))
@@ -87,7 +87,7 @@ def test_random_policy_sequences_are_exact(chat_tokens, engine, cache_slots):
                          jax.random.key(1), engine)
     runner = EpisodeRunner(policy, embedded_simulator(max_turns=3), chat_tokens,
                            RolloutSettings(think=False, max_new_tokens=12, max_total_tokens=1024,
-                                           pipeline_groups=2))
+                                           continuous=ENGINES[engine].continuous, pipeline_groups=2))
     seqs = asyncio.run(runner.run(_requests()))
     assert [s.group for s in seqs] == [0, 0, 1, 1]
     assert len({s.profile_id for s in seqs[:2]}) == 1 and seqs[0].profile_id != seqs[2].profile_id
@@ -120,6 +120,7 @@ def test_random_policy_sequences_are_exact(chat_tokens, engine, cache_slots):
         assert batch.rewards[b, s.turn_ends[-1]] == pytest.approx(s.reward)
 
 
+@pytest.mark.slow  # two samplers' programs at every cache bucket: 14-34 s
 def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
     """Greedy dialogues are identical with the cache kept between turns (tight enough to force
     compaction) and with the whole history re-encoded every turn."""
@@ -429,14 +430,15 @@ def test_dialogues_that_move_on_alone_are_those_of_lockstep_rounds(chat_tokens):
         policy.act = lambda requests: calls.append(sorted(r.dialogue for r in requests)) or act(requests)
         runner = EpisodeRunner(policy, SlowUsers(embedded_simulator(max_turns=3)), chat_tokens,
                                RolloutSettings(think=False, max_new_tokens=8, max_total_tokens=1024,
-                                               format_failure="continue", batch_wait_s=batch_wait_s))
+                                               format_failure="continue", batch_wait_s=batch_wait_s,
+                                               continuous=ENGINES[engine].continuous))
         return asyncio.run(runner.run(_requests(3, 2))), calls
 
     (lockstep, rounds), (alone, calls) = rollout(float("inf")), rollout(0.0)
     assert rounds == [list(range(6))] * 3  # every dialogue runs 3 turns: a round is all of them
     assert len(calls) > len(rounds) and sorted(d for c in calls for d in c) == sorted(d for c in rounds for d in c)
     # The rollout engine: each dialogue's turn enters alone, the moment its user has answered.
-    engine, turns = rollout(0.0, "jax")
+    engine, turns = rollout(0.0, "continuous")
     assert all(len(c) == 1 for c in turns) and len(turns) == sum(len(c) for c in rounds)
     for other in (alone, engine):
         assert [s.tokens for s in other] == [s.tokens for s in lockstep]
@@ -445,7 +447,9 @@ def test_dialogues_that_move_on_alone_are_those_of_lockstep_rounds(chat_tokens):
                                    np.concatenate([s.logprobs for s in lockstep]), atol=1e-5)
 
 
-@pytest.mark.parametrize("engine, cache_slots", [("static", 0), ("static", 1024), ("jax", 0)])
+# A cache and the rollout engine in the slow tier: each case compiles its sampler's programs (10-26 s).
+@pytest.mark.parametrize("engine, cache_slots", [("static", 0), pytest.param("static", 1024, marks=pytest.mark.slow),
+                                                 pytest.param("continuous", 0, marks=pytest.mark.slow)])
 def test_switching_versions_mid_dialogue_is_exact(chat_tokens, engine, cache_slots):
     """Partial rollouts on a real StaticEngine: with versions 0 and 1 published (two parameter sets)
     and the schedule 0..1, each dialogue's first turn is sampled by version 0 and the later ones by
@@ -470,7 +474,7 @@ def test_switching_versions_mid_dialogue_is_exact(chat_tokens, engine, cache_slo
     policy.act = recording_act
     runner = EpisodeRunner(policy, embedded_simulator(max_turns=3), chat_tokens,
                            RolloutSettings(think=False, max_new_tokens=8, max_total_tokens=1024,
-                                           format_failure="continue"))
+                                           format_failure="continue", continuous=ENGINES[engine].continuous))
     seqs = asyncio.run(runner.run(_requests(1, 2), VersionSchedule(0, 1)))
     assert [s.turn_versions() for s in seqs] == [[0, 1, 1]] * 2 and [s.policy_version for s in seqs] == [0, 0]
     assert sorted((r.turn, r.version, t.version) for r, t in played) == (

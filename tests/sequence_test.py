@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import RECORD_KEYS, REWARD_KEYS, DialogueSequence
+from tests.rl_helpers import score
 
 TURN = {"turn": 1, "raw": "<think>hm</think>Oh no.", "thinking": "hm", "reply": "Oh no.", "stopped": True,
         "format_ok": True, "change": 8, "emotion": 38, "band": "C", "simulator_thoughts": "kind", "user": "Yes."}

@@ -18,6 +18,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs import mesh as mesh_config
+from rlver_jax.checks import InputError
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
 from rlver_jax.parallel import sharding
@@ -71,14 +72,17 @@ def reference():
 def test_mesh_shape_fills_one_axis_and_names_the_field_on_errors():
     assert sharding.resolve_mesh_shape((1, -1, 2), 8) == (1, 4, 2)
     assert sharding.resolve_mesh_shape([2, 2, 2], 8) == (2, 2, 2)
-    with pytest.raises(ValueError, match=r"mesh.shape=\(2, 2, 3\) multiplies to 12 .* jax.device_count\(\)=8"):
+    with pytest.raises(ValueError, match=r"mesh.shape=\(2, 2, 3\) multiplies to 12 devices but this run has 8 "
+                                         r"\(jax.device_count\(\)\)"):
         sharding.resolve_mesh_shape((2, 2, 3), 8)
     with pytest.raises(ValueError, match=r"mesh.shape.*does not divide"):
         sharding.resolve_mesh_shape((3, -1, 1), 8)
     with pytest.raises(ValueError, match="at most one -1"):
         sharding.resolve_mesh_shape((-1, -1, 1), 8)
-    with pytest.raises(ValueError, match="must have 3 entries"):
+    with pytest.raises(InputError, match=r"config.mesh.shape=\(8, 1\) must be 3 integers"):  # exit 2
         sharding.resolve_mesh_shape((8, 1), 8)
+    with pytest.raises(InputError, match=r"must be 3 integers"):  # --config.mesh.shape=abc reads as ('abc',)
+        sharding.resolve_mesh_shape(("abc",), 8)
     with pytest.raises(ValueError, match="mesh.shape"):
         sharding.make_mesh((4, 1, 1))
 

@@ -38,13 +38,13 @@ class InProcess:
 
 
 @pytest.fixture
-def in_process(monkeypatch):
+def in_process():
     """The transport of a backend "in_process" registered in the table: an LLM user, not served."""
     transport = InProcess()
-    monkeypatch.setitem(backends.BACKENDS, "in_process", backends.BackendRow(
-        build=backends.llm_user(lambda client: transport), reads=backends.LLM_USER_FIELDS | {"model"}, served=False,
-        summary="in process (a test's transport)"))
-    return transport
+    with backends.BACKENDS.added("in_process", backends.BackendRow(
+            build=backends.llm_user(lambda client: transport), reads=backends.LLM_USER_FIELDS | {"model"},
+            served=False, summary="in process (a test's transport)")):
+        yield transport
 
 
 def test_a_third_backend_is_built_from_its_row_and_plays_through_its_transport(in_process):

@@ -29,7 +29,7 @@ def test_a_simulator_module_imports_no_openai_client_and_the_package_names_still
 def test_every_public_name_resolves():
     from rlver_jax import simulator
 
-    assert len(simulator.__all__) == 20
+    assert len(simulator.__all__) == 21
     for name in simulator.__all__:  # a name mapped to the wrong module raises here
         assert getattr(simulator, name) is not None
         assert name in dir(simulator)

@@ -102,25 +102,26 @@ def test_5xx_and_429_are_retried_with_exponential_backoff():
     assert elapsed >= 0.5 * (0.05 + 0.1 + 0.2)
 
 
-def test_timeouts_are_retried():
+def test_a_slow_answer_is_waited_for_not_asked_again():
     with ScriptedServer(route(emotion=_judge(), reply=_speak), delays=[2.0]) as server:
         start = time.perf_counter()
-        [state] = _one_turn(_config(server.base_url, timeout_s=0.3), [EN])
-        assert time.perf_counter() - start < 1.5
-        assert len(server.requests) == 3
+        [state] = _one_turn(_config(server.base_url, timeout_s=0.8), [EN])
+        assert time.perf_counter() - start >= 2.0
+        assert len(server.requests) == 2  # the emotion step once, then the reply
     assert state.emotion == 33
 
 
-def test_exhausted_retries_and_client_errors_stop_the_run():
-    with ScriptedServer(route(emotion=_judge(), reply=_speak), fail_statuses=[502] * 3) as server:
+def test_exhausted_retries_client_errors_and_a_long_outage_stop_the_run():
+    with ScriptedServer(route(emotion=_judge(), reply=_speak), fail_statuses=[500] * 3) as server:
         with pytest.raises(simulator.SimulatorUnavailableError, match="failed 3 times"):
             _one_turn(_config(server.base_url, max_retries=2), [EN])
     with ScriptedServer(route(emotion=_judge(), reply=_speak), fail_statuses=[404]) as server:
         with pytest.raises(simulator.SimulatorUnavailableError, match="HTTP 404"):
             _one_turn(_config(server.base_url), [EN])
         assert len(server.requests) == 1  # not retried
-    with pytest.raises(simulator.SimulatorUnavailableError, match="failed 2 times"):
-        _one_turn(_config(_closed_port_url(), max_retries=1), [EN])
+    with pytest.raises(simulator.SimulatorOutageError, match=r"did not answer for 0\.\d s, the outage budget "
+                                                             r"\(config\.simulator\.outage_budget_s=0\.5\)"):
+        _one_turn(_config(_closed_port_url(), outage_budget_s=0.5), [EN])
 
 
 def test_32_dialogues_take_a_turn_concurrently():

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.rollout.summary import reference_metrics, rollout_metrics, summarize
+from tests.rl_helpers import score
 
 
 def dialogue(pid, emotions, end_reason, turns, tokens, reply="I hear you. Go on.", **flags):

@@ -19,11 +19,10 @@ from rlver_jax.rl.batch import collate
 from rlver_jax.rl.logprobs import token_logprobs, token_values
 from rlver_jax.rl.optimizer import Optimizer, make_optimizer
 from rlver_jax.rl.settings import OptimSettings, RLSettings
-from rlver_jax.rollout.rewards import score
 from rlver_jax.rollout.sequence import DialogueSequence
 from rlver_jax.train import model_loading
 from tests import verl_reference
-from tests.rl_helpers import dialogue
+from tests.rl_helpers import dialogue, score
 
 
 def _setup(algo, micro, lr=1e-2, epochs=1, sgd=False, **rl_fields):
@@ -464,7 +463,8 @@ def test_estimated_advantages_are_the_estimators_formula(algo):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", _ROWS)
+# GRPO's train step hands back its formula in test_grpo_dialogue_advantages_are_the_group_normalised_rewards.
+@pytest.mark.parametrize("algo", [a for a in _ROWS if a != "grpo"])
 def test_dialogue_advantages_are_the_estimators_formula(algo):
     """One tiny train step of each row of the algorithm table: it runs, and the per-dialogue
     advantages it hands back (the transcripts') are the estimator's formula computed in numpy

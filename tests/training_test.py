@@ -150,7 +150,7 @@ def test_pipeline_groups_and_the_engine_do_not_change_the_dialogues(tmp_path):
     one = step0(1)
     assert [len(s.turn_ends) for s in one] == [2] * 8
     assert len({tuple(s.tokens) for s in one}) == 8  # the n dialogues of a profile differ
-    for other in (step0(2), step0(1, "jax")):
+    for other in (step0(2), step0(1, "continuous")):
         assert [s.tokens for s in other] == [s.tokens for s in one]
         assert [s.messages for s in other] == [s.messages for s in one]
         np.testing.assert_allclose(np.concatenate([s.logprobs for s in other]),

@@ -5,7 +5,9 @@ The comments are read from the source of the config file and of the config modul
 line that sets it, after the comment lines right above that line. A field set inside a function
 of an imported module (`c.max_turns = ...` in configs/simulator.py) is found by the end of its
 path (`simulator.max_turns`). A comment on a value set inside an `if` (one preset's own value)
-is added after the field's own comment.
+is added after the field's own comment. A field whose value names a row of a table
+(rlver_jax.cli.tables: `rl.algo`, `simulator.backend`, ...) ends with the table's names, read
+from the table itself.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import ml_collections
+
+from rlver_jax.cli import tables
 
 
 def _comment_lines(source: str) -> tuple[dict[int, str], dict[int, str]]:
@@ -144,11 +148,13 @@ def field_comments(config: ml_collections.ConfigDict, config_file: str | pathlib
 
 def describe(config: ml_collections.ConfigDict, config_file: str | pathlib.Path,
              overrides: Mapping[str, Any] = (), flag: str = "config") -> str:
-    """One line per field, `path = value  # comment`; fields set on the command line are marked."""
+    """One line per field, `path = value  # comment`; fields set on the command line are marked, and
+    a field bound to a table ends with its rows' names ("one of: ppo | grpo | ...")."""
     comments = field_comments(config, config_file)
+    bound = tables.by_field()
     lines = []
     for path, value in leaves(config):
         mark = f"  (--{flag}.{path})" if path in overrides else ""
-        text = comments[path]
+        text = " ".join(t for t in (comments[path], f"(one of: {bound[path].words()})" if path in bound else "") if t)
         lines.append(f"{path} = {value!r}{mark}" + (f"  # {text}" if text else ""))
     return "\n".join(lines)

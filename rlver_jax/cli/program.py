@@ -13,10 +13,11 @@ without a traceback, `--print_config`, quiet library logs, the persistent compil
 
 This module imports neither JAX nor the library, so `--help`, `--print_config` and a bad flag
 answer in well under two seconds. `--help` (and absl's --helpshort, --helpfull, --helpxml) exits 0.
-An expected error prints `PROG: error: MESSAGE` and exits with one of the statuses below (EXIT_*: 1 a
-run failed; 2 a bad flag, override, config file, field, path or input); Ctrl-C exits 130. Run by an
-interpreter without the project's packages, a script says so in one line (exit 2). `--verbosity=1` (absl's flag) or
-RLVER_TRACEBACK=1 shows every traceback and the libraries' INFO logs (docs/cli.md). Off a TPU
+An expected error prints `PROG: error: MESSAGE` and exits with a status of EXIT_STATUSES: 2 for bad
+input (a flag, an override, a config file or field, a path, an `InputError`), the error's own
+`exit_status` where it has one (75, a temporary failure), else 1; Ctrl-C exits 130. Run by an
+interpreter without the project's packages, a script says so in one line (exit 2). `--verbosity=1`
+(absl's flag) or RLVER_TRACEBACK=1 shows every traceback and the libraries' INFO logs (docs/cli.md). Off a TPU
 machine, JAX's probe of libtpu (its warnings about TPU_ACCELERATOR_TYPE and worker hostnames) is
 skipped: `skip_tpu_probe`.
 """
@@ -38,8 +39,9 @@ from typing import Any, NoReturn, TypeVar
 
 from rlver_jax.train.interrupts import EXIT_RESTART, EXIT_STATUS  # standard library only
 
-# The exit statuses of every launch/ script, one table (each script's --help ends with it; docs/cli.md
-# has it with examples; tests/cli_exit_test.py holds both).
+# The exit statuses of the launch/ scripts, one table (docs/cli.md has it with examples; each
+# script's --help ends with the rows it can return, `run(statuses=...)`; tests/cli_exit_test.py
+# holds both).
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -47,14 +49,18 @@ EXIT_INTERRUPTED = EXIT_STATUS[signal.SIGINT]  # 130
 EXIT_TERMINATED = EXIT_STATUS[signal.SIGTERM]  # 143
 EXIT_STATUSES = {
     EXIT_OK: "done (or --help)",
-    EXIT_FAILED: "a run failed: the simulator, the disk, a divergence; the line says what to fix",
-    EXIT_BAD_INPUT: ("a bad flag, config field or input file, a path that does not exist, or an interpreter "
-                     "without the project's packages: nothing was started"),
-    EXIT_RESTART: ("restart the job: another process of a multi-process run was lost or preempted; rerun the "
-                   "same command on every host to resume"),
+    EXIT_FAILED: ("a run failed (the simulator, the disk, a divergence: the line says what to fix), or an "
+                  "unexpected error (it prints its traceback)"),
+    EXIT_BAD_INPUT: ("bad input: a flag, a config field or file, a path that does not exist, an input file's "
+                     "contents, or an interpreter without the project's packages; nothing was started"),
+    EXIT_RESTART: ("a temporary failure: a service stayed unreachable past its budget, or another process of "
+                   "a multi-process run was lost or preempted; rerun the same command (on every host) to resume"),
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
-    EXIT_TERMINATED: "stopped by SIGTERM (a preemption)",
+    EXIT_TERMINATED: "stopped by SIGTERM (a preemption); rerun the same command to resume",
 }
+# What every script can return: its one-line errors, a bug's traceback, Ctrl-C. A script that also
+# returns 75 or 143 names them (`run(statuses=...)`).
+COMMON_STATUSES = (EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED)
 
 
 def _not_installed(error: ModuleNotFoundError) -> str:
@@ -73,6 +79,7 @@ except ModuleNotFoundError as _missing:
     sys.exit(EXIT_BAD_INPUT)
 
 from rlver_jax.checks import InputError  # noqa: E402 - after the packages' check
+from rlver_jax.cli import flag_errors  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.disclaim_key_flags()  # flags defined here belong to the entry point calling us: its --help lists them
@@ -92,7 +99,11 @@ _HELP_FLAG = re.compile(r"--?(\?|help|helpshort|helpfull|helpxml)(=(true|t|1|yes
 
 
 class UserError(Exception):
-    """An expected failure an entry point reports in one line (exit status 1)."""
+    """An expected failure an entry point reports in one line (exit status 1, or `exit_status`)."""
+
+    def __init__(self, message: str, exit_status: int = EXIT_FAILED):
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 T = TypeVar("T")
@@ -140,16 +151,18 @@ def config_flag(name: str, default: str | None, help_text: str) -> flags.FlagHol
     except (AttributeError, KeyError) as e:  # an override of a field the default config lacks
         if verbose():
             raise
-        _exit(_unknown_field_message(e, sys.argv), EXIT_BAD_INPUT)
+        _exit(flag_errors.unknown_field_message(e, sys.argv), EXIT_BAD_INPUT)
 
 
-def run(main: Callable[[list[str]], Any], *, required: Sequence[str] = ()) -> None:
-    """absl's app.run with this module's flag parsing, --print_config and error reporting."""
+def run(main: Callable[[list[str]], Any], *, required: Sequence[str] = (),
+        statuses: Sequence[int] = COMMON_STATUSES) -> None:
+    """absl's app.run with this module's flag parsing, --print_config and error reporting; the
+    script's --help ends with the rows of EXIT_STATUSES it can return (`statuses`)."""
     main_module = sys.modules["__main__"]
-    statuses = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_STATUSES.items())
+    rows = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_STATUSES.items() if code in statuses)
     main_module.__doc__ = (main_module.__doc__ or "").rstrip() + (
         f"\n\nAn expected error prints one line; --verbosity=1 or {TRACEBACK_ENV}=1 adds its traceback and "
-        f"the libraries' INFO logs.\n\nExit status:\n{statuses}\n")
+        f"the libraries' INFO logs.\n\nExit status (docs/cli.md):\n{rows}\n")
     for name in required:
         flags.mark_flag_as_required(name)
     app.run(functools.partial(_main, main), flags_parser=_parse_flags)
@@ -214,15 +227,16 @@ def _parse_flags(argv: list[str]) -> list[str]:
     except flags.Error as e:  # a bad value, an unknown flag, a config file whose get_config raised
         if verbose():
             raise
-        _exit(f"{_flag_message(str(e))} (see --help)", EXIT_BAD_INPUT)
+        _exit(flag_errors.override_message(e, _config_flag_names) or f"{flag_errors.flag_message(str(e))} (see --help)",
+              EXIT_BAD_INPUT)
     except (AttributeError, KeyError) as e:  # an override of a field the config does not have
         if verbose():
             raise
-        _exit(_unknown_field_message(e, argv), EXIT_BAD_INPUT)
+        _exit(flag_errors.unknown_field_message(e, argv), EXIT_BAD_INPUT)
     except OSError as e:  # a config file that cannot be read
         if verbose():
             raise
-        _exit(_config_file_message(argv, e), EXIT_BAD_INPUT)
+        _exit(flag_errors.config_file_message(argv, e, _config_flag_names), EXIT_BAD_INPUT)
 
 
 def _check_loaded(name: str) -> None:
@@ -230,46 +244,6 @@ def _check_loaded(name: str) -> None:
     config = FLAGS[name].value
     if config is not None:
         getattr(config, "keys")  # an unreadable file's stand-in raises OSError on any attribute
-
-
-def _flag_message(text: str) -> str:
-    """absl's message without its `flag ` prefix and without a config file's embedded traceback."""
-    text = re.sub(r"^flag ", "", text.strip())
-    if required := re.match(r"(--[\w.]+)=None: Flag --[\w.]+ must have a value other than None", text):
-        return f"{required.group(1)} is required"
-    if "Traceback (most recent call last)" in text:
-        where = re.match(r"(--\S+?): Error whilst parsing", text)
-        where = where.group(1) if where else ""
-        lines = text.splitlines()
-        last = max(i for i, line in enumerate(lines) if re.match(r"\s*[\w.]+(Error|Exception)\b", line))
-        error = "\n".join(lines[last:]).strip()
-        error = re.sub(r"^[\w.]+(Error|Exception): ", "", error)
-        text = f"{where}: {error}" if where else error
-    return text
-
-
-def _unknown_field_message(e: BaseException, argv: Sequence[str]) -> str:
-    """The override naming a field the config lacks, with ml_collections' "did you mean"."""
-    detail = str(e.args[0] if e.args else e).strip("'\"").replace("\\'", "'").replace("\\n", " ").replace("\n", " ")
-    key = re.match(r"'?([^'\s]+)'?", detail)
-    key = key.group(1) if key else ""
-    flagged = [a for a in argv[1:] if a.startswith("--") and "." in a.split("=", 1)[0]
-               and key in a.split("=", 1)[0].split(".")[1:]]
-    where = flagged[0].split("=", 1)[0] if flagged else "an override"
-    hint = re.search(r"Did you mean (.*?)\??$", detail)
-    return (f"{where}: the config has no field {key!r}" + (f" (did you mean {hint.group(1)}?)" if hint else "")
-            + "; the config is locked: --print_config lists every field")
-
-
-def _config_file_message(argv: Sequence[str], e: OSError) -> str:
-    for name in _config_flag_names:
-        given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
-        if given:
-            path = given[0].split(":", 1)[0]
-            if not pathlib.Path(path).exists():
-                return (f"--{name}={given[0]}: no such config file {path!r} (relative paths start at "
-                        f"{pathlib.Path.cwd()}; the config files are in {_REPO / 'configs'})")
-    return str(e).splitlines()[-1].strip()
 
 
 def is_expected(e: BaseException) -> bool:
@@ -350,7 +324,17 @@ def _main(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
     except Exception as e:  # noqa: BLE001 - sorted into messages and bugs
         if loud or not is_expected(e):
             raise
-        _exit(str(e), EXIT_BAD_INPUT if isinstance(e, (InputError, FileNotFoundError)) else EXIT_FAILED)
+        _exit(str(e), exit_status(e))
+
+
+def exit_status(e: BaseException) -> int:
+    """The status an expected error exits with: its own `exit_status` (an int of EXIT_STATUSES, e.g.
+    75 for a service past its outage budget), 2 for bad input (InputError, a path that does not
+    exist), else 1."""
+    own = getattr(e, "exit_status", None)
+    if isinstance(own, int) and own in EXIT_STATUSES:
+        return own
+    return EXIT_BAD_INPUT if isinstance(e, (InputError, FileNotFoundError)) else EXIT_FAILED
 
 
 def compilation_cache_dir(setting: str) -> str | None:
@@ -373,6 +357,34 @@ def _virtual_cpu_devices() -> int:
     """The host device count XLA_FLAGS forces (1 when it forces none)."""
     found = re.findall(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
     return int(found[-1]) if found else 1
+
+
+def known_device_count() -> tuple[int, str] | None:
+    """(the devices one process of a run will have, what says so) where that is known before JAX is
+    imported: the platform is the CPU (JAX_PLATFORMS=cpu, which `skip_tpu_probe` sets off a TPU, or
+    unset with neither libtpu nor another PJRT plugin installed), whose count is $JAX_NUM_CPU_DEVICES
+    or XLA_FLAGS' host device count (1 without either). None on a TPU or GPU: JAX counts those."""
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms.strip().lower() != "cpu" and (
+            platforms.strip() or importlib.util.find_spec("libtpu") is not None or _other_pjrt_plugins()):
+        return None
+    if re.fullmatch(r"\d+", os.environ.get("JAX_NUM_CPU_DEVICES", "").strip()):
+        return int(os.environ["JAX_NUM_CPU_DEVICES"]), "CPU devices: JAX_NUM_CPU_DEVICES"
+    count = _virtual_cpu_devices()
+    return count, ("CPU devices: XLA_FLAGS' --xla_force_host_platform_device_count" if count > 1 else
+                   "the CPU, no accelerator found")
+
+
+def check_mesh(shape: Sequence[int], distributed: Any) -> None:
+    """config.mesh.shape against the devices of a one-process run, before JAX is imported, where
+    `known_device_count` knows them (an InputError, exit 2, within a second); `distributed`
+    (parallel.distributed.DistributedSettings) asking for several processes, or an accelerator,
+    leaves the check to the run once JAX has found its devices."""
+    from rlver_jax.parallel.mesh_shape import resolve_mesh_shape
+
+    known = known_device_count()
+    if known is not None and distributed.initialize_arguments() is None:
+        resolve_mesh_shape(shape, *known)
 
 
 def enable_compilation_cache(setting: str) -> str | None:

@@ -41,7 +41,7 @@ import numpy as np
 from rlver_jax.engines.published import Published
 from rlver_jax.engines.seam import PolicyTurn, TurnRequest
 from rlver_jax.engines.table import EngineSettings
-from rlver_jax.engines.turns import policy_turn, raw_key, sampler_settings, turn_keys
+from rlver_jax.engines.turns import own_copy, policy_turn, raw_key, sampler_settings, turn_keys
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.sampling import kv_rows as programs
@@ -95,8 +95,6 @@ class EngineStats:
 class ContinuousEngine:
     """Samples turns on published parameters with continuous batching (the module docstring)."""
 
-    continuous = True  # each dialogue's turn goes straight in: no ready batches (rollout.ready_batches)
-
     def __init__(self, model_cfg: Qwen2Config, chat_tokens: ChatTokens, settings: SamplingSettings,
                  engine: EngineSettings, rng: jax.Array):
         self.model_cfg, self.chat = model_cfg, chat_tokens
@@ -115,9 +113,10 @@ class ContinuousEngine:
 
     # ------------------------------------------------------------------ the sampler seam
 
-    def publish(self, version: int, params: Any) -> None:
-        """The parameters of `version` (this process's sampling copy) for the turns that want it."""
-        self.published.put(version, params)
+    def publish(self, version: int, params: Any, *, private: bool = False) -> None:
+        """The parameters of `version` (this process's sampling copy) for the turns that want it
+        (engines.seam.Engine.publish)."""
+        self.published.put(version, own_copy(params) if private else params)
 
     def reseed(self, rng: jax.Array) -> None:
         """Turns from now on draw from `rng` (a training batch's key); the rows' caches are dropped."""

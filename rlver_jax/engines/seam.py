@@ -43,9 +43,8 @@ class PolicyTurn:
 
 
 class Policy(Protocol):
-    """A policy may also say `continuous = True`: it schedules turns itself, so each dialogue's turn
-    goes straight to `act` (rollout.episodes; without the attribute, calls are formed from the
-    dialogues then waiting, rollout.ready_batches)."""
+    """What writes a dialogue's policy turns. How the turns reach it is the caller's to know
+    (rollout.episodes.RolloutSettings.continuous: a rollout engine's row says it)."""
 
     async def act(self, requests: list[TurnRequest]) -> list[PolicyTurn]:
         """One turn for each request (all of one session and one version)."""
@@ -55,15 +54,15 @@ class Policy(Protocol):
 
 
 class Engine(Policy, Protocol):
-    """A rollout engine: a `Policy` on the trainer's weights. `continuous`: it schedules turns
-    itself (each dialogue's turn goes straight in), else it wants calls formed from the dialogues
-    then waiting (rollout.ready_batches)."""
+    """A rollout engine (a row of rlver_jax.engines.table.ENGINES): a `Policy` on the trainer's weights."""
 
-    continuous: bool
     published: Published
 
-    def publish(self, version: int, params: Any) -> None:
-        """The parameters of `version` (this process's sampling copy) for the turns that want it."""
+    def publish(self, version: int, params: Any, *, private: bool = False) -> None:
+        """The parameters of `version` (this process's sampling copy) for the turns that want it.
+        `private`: the caller goes on to donate `params` to its update while turns still sample
+        (max_staleness > 0): sample on a copy of one's own. An engine that samples elsewhere (a
+        server) sends them there and keeps nothing of the caller's either way."""
 
     def reseed(self, rng: Any) -> None:
         """Turns from now on draw from `rng` (a training batch's key); caches kept so far are dropped."""

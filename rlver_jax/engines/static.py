@@ -20,7 +20,7 @@ from rlver_jax.engines.kv_sessions import KVSessions
 from rlver_jax.engines.published import Published
 from rlver_jax.engines.seam import PolicyTurn, TurnRequest
 from rlver_jax.engines.table import EngineSettings
-from rlver_jax.engines.turns import policy_turn, raw_key, sampler_settings, stop_ids, turn_keys
+from rlver_jax.engines.turns import own_copy, policy_turn, raw_key, sampler_settings, stop_ids, turn_keys
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.sampling import generation
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS
@@ -45,8 +45,6 @@ class StaticEngine:
     each dialogue's KV cache is kept between turns (kv_sessions).
     """
 
-    continuous = False  # calls are formed from the dialogues then waiting (rollout.ready_batches)
-
     def __init__(self, model_cfg: Qwen2Config, chat_tokens: ChatTokens, settings: SamplingSettings,
                  engine: EngineSettings, rng: jax.Array):
         del engine  # the engine's rows and chunks: static calls have none
@@ -59,8 +57,8 @@ class StaticEngine:
         self._device_lock = threading.Lock()
         self._sessions = KVSessions(model_cfg, settings.cache_slots, chat_tokens.end_of_text)
 
-    def publish(self, version: int, params: Any) -> None:
-        self.published.put(version, params)
+    def publish(self, version: int, params: Any, *, private: bool = False) -> None:
+        self.published.put(version, own_copy(params) if private else params)
 
     def reseed(self, rng: jax.Array) -> None:
         with self._device_lock:

@@ -1,12 +1,15 @@
-"""What the JAX samplers (engines.static, engines.continuous) share: their settings completed from
-the tokenizer, each turn's key, and the turn made of its sampled ids."""
+"""What the JAX engines (engines.static, engines.continuous) share: their settings completed from
+the tokenizer, each turn's key, the turn made of its sampled ids, and the copy of the parameters
+they sample on while the trainer's update donates the published ones."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rlver_jax.engines.seam import PolicyTurn
@@ -33,6 +36,12 @@ def policy_turn(chat_tokens: ChatTokens, ids: list[int], logprobs: list[float], 
     text = chat.decode_turn(chat_tokens, ids[:-1] if stopped else ids, cut=not stopped)
     return PolicyTurn(text=text, token_ids=ids, logprobs=logprobs, stopped=stopped, reencoded=reencoded,
                       version=version)
+
+
+def own_copy(params: Any) -> Any:
+    """A device copy of every array of `params` (other leaves as they are): what an engine samples on
+    while the update donates the published arrays (Engine.publish's `private`)."""
+    return jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, params)
 
 
 def raw_key(rng: jax.Array) -> np.ndarray:

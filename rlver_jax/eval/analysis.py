@@ -23,7 +23,7 @@ from rlver_jax.eval.llm_judge import CAPABILITIES, OTHER, STRATEGIES, Judge, Jud
 from rlver_jax.eval.report import json_text, table
 from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.files import append_jsonl, atomic_write_text, read_jsonl
-from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint
+from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, restated
 
 JUDGEMENTS = "judgements.jsonl"
 STRATEGY_LABELS = (*STRATEGIES, OTHER)
@@ -87,8 +87,8 @@ def analyze(run_dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, set
         try:
             asyncio.run(run())
         except EndpointUnavailableError as e:
-            raise EndpointUnavailableError(
-                f"{e}\nThe judgements so far are saved in {path}; rerun the same command to resume") from e
+            raise restated(e, f"{e}\nThe judgements so far are saved in {path}; rerun the same command to "
+                              "resume") from e
         finally:
             bar.close()
     wanted = {(str(d), t["profile_id"]) for d in dirs for t in dialogues[d]}

@@ -32,14 +32,16 @@ import pathlib
 import threading
 from typing import Any
 
+from tqdm import tqdm
+
 from rlver_jax.eval import panel, policy_source, protocol, report
 from rlver_jax.eval.probes import ProbePolicy
 from rlver_jax.eval.resume import load_records, record_setup, setup_conflict
 from rlver_jax.eval.spec import TRANSPORT as _TRANSPORT
 from rlver_jax.eval.spec import BenchmarkSettings, EvalSpec
 from rlver_jax.files import atomic_write_text
-from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, served_models
-from rlver_jax.parallel.hosts import allgather_json, process_index
+from rlver_jax.llm_client import EndpointUnavailableError, check_chat_endpoint, restated, served_models
+from rlver_jax.parallel.hosts import allgather_json, process_index, share
 from rlver_jax.rollout.evaluation import play_profiles
 from rlver_jax.rollout.openings import check_openings
 from rlver_jax.sampling.settings import SamplingSettings
@@ -56,9 +58,10 @@ PROBES_DIR = "probes"  # WORKDIR/probes/NAME.jsonl: the robustness probes' dialo
 
 def needs_jax(spec: EvalSpec) -> bool:
     """Whether evaluating `spec` needs JAX in this process: a policy of ours (its backend's row,
-    policy_source.BACKENDS, says), or a multi-process run (config.mesh.distributed or the environment
+    policy_source.POLICY_BACKENDS, says), or a multi-process run (config.mesh.distributed or the environment
     ask for one). A served policy on one process does without it, and without its start-up."""
-    return policy_source.backend(spec.policy.backend).needs_jax or spec.distributed.initialize_arguments() is not None
+    return (policy_source.POLICY_BACKENDS.row(spec.policy.backend).needs_jax
+            or spec.distributed.initialize_arguments() is not None)
 
 
 def load_eval_profiles(spec: EvalSpec) -> list[Profile]:
@@ -119,8 +122,11 @@ class _PolicySpec:
         ids an endpoint's server lists."""
         src = self.source
         served = served_models(src.client) if src.client is not None else None
+        # The engine a policy on our weights samples on, as its row is named (engines.table); none for a served one.
+        engine = self.spec.policy.engine.engine if src.client is None else None
         return {"source": src.source, "label": src.label, "backend": src.backend, "think": src.think,
-                "served_models": served, "url": src.client.base_url if src.client is not None else None}
+                "engine": engine, "served_models": served,
+                "url": src.client.base_url if src.client is not None else None}
 
     def run_info(self) -> dict[str, Any]:
         c = self.spec
@@ -164,7 +170,7 @@ def run_benchmark(spec: EvalSpec, *, progress: bool = True) -> dict[str, Any]:
                  transcripts, len(pending))
         if pending:
             _evaluate(spec, policy, pending, workdir, progress)
-        probes = {name: _play_probe(name, settings, profiles, workdir, progress) for name in settings.probes}
+        probes = _play_probes(settings, profiles, workdir, progress)
         scores = None
         if process_index() == 0:
             done = {r["profile_id"]: r for r in load_records(transcripts)}
@@ -194,9 +200,9 @@ def _run_panel(spec: EvalSpec, members: tuple[panel.Member, ...], progress: bool
         named = f"config.eval.simulators: member {k + 1} of {len(members)}, {member.label!r}"
         try:
             ones.append(spec.panel_member(k, member))  # `spec` is already under the run's settings
-            check_endpoint(ones[-1].settings.simulator)
-        except SimulatorUnavailableError as e:
-            raise SimulatorUnavailableError(f"{named}: {e}") from e
+            check_endpoint(ones[-1].settings.simulator, wait=(pathlib.Path(ones[-1].workdir) / TRANSCRIPTS).exists())
+        except SimulatorUnavailableError as e:  # an outage past its budget keeps its type: exit status 75
+            raise type(e)(f"{named}: {e}") from e
         except ValueError as e:
             raise ValueError(f"{named}: {e}") from e
     results = []
@@ -226,24 +232,30 @@ def _plan(workdir: pathlib.Path, spec: _PolicySpec, profiles: list[Profile], loc
     return {"pending": [p.id for p in profiles if p.id not in finished]}
 
 
-def _play_probe(name: str, settings: BenchmarkSettings, profiles: list[Profile], workdir: pathlib.Path,
-                progress: bool) -> list[dict[str, Any]]:
-    """The dialogues of robustness probe `name` (eval/probes.py) with every profile, under the
-    benchmark's simulator and rules; resumable like the policy's (WORKDIR/probes/NAME.jsonl).
-    Every process plays its share; process 0 returns the records in profile order ([] elsewhere)."""
-    path = workdir / PROBES_DIR / f"{name}.jsonl"
-    done = {r["profile_id"] for r in load_records(path)} if process_index() == 0 else set()
-    left = set(allgather_json(sorted(p.id for p in profiles if p.id not in done))[0])
-    pending = [(i, p) for i, p in enumerate(profiles) if p.id in left]
-    if pending:
-        rollout = dataclasses.replace(settings.rollout, think=False)  # a canned reply is all said, nothing thought
-        play_profiles(ProbePolicy(name), None, settings.simulator, rollout, pending, group_size=settings.group_size,
-                      max_dialogues=settings.max_dialogues, append_to=path,
-                      progress=f"probe {name}" if progress else None)
+def _play_probes(settings: BenchmarkSettings, profiles: list[Profile], workdir: pathlib.Path,
+                 progress: bool) -> dict[str, list[dict[str, Any]]]:
+    """The dialogues of every robustness probe of `settings.probes` (eval/probes.py) with every
+    profile, under the benchmark's simulator and rules, counted on one progress bar; resumable like
+    the policy's (WORKDIR/probes/NAME.jsonl). Every process plays its share; process 0 returns each
+    probe's records in profile order ([] elsewhere)."""
+    paths = {name: workdir / PROBES_DIR / f"{name}.jsonl" for name in settings.probes}
+    pending = {}
+    for name, path in paths.items():
+        done = {r["profile_id"] for r in load_records(path)} if process_index() == 0 else set()
+        left = set(allgather_json(sorted(p.id for p in profiles if p.id not in done))[0])
+        pending[name] = [(i, p) for i, p in enumerate(profiles) if p.id in left]
+    rollout = dataclasses.replace(settings.rollout, think=False)  # a canned reply is all said, nothing thought
+    todo = [name for name in paths if pending[name]]
+    with tqdm(total=sum(len(share(len(pending[n]))) for n in todo), unit="dialogue", dynamic_ncols=True,
+              disable=not (progress and todo) or process_index() != 0) as bar:
+        for k, name in enumerate(todo):
+            play_profiles(ProbePolicy(name), None, settings.simulator, rollout, pending[name],
+                          group_size=settings.group_size, max_dialogues=settings.max_dialogues, append_to=paths[name],
+                          progress=f"probes ({k + 1} of {len(todo)}: {name})", bar=bar)
     if process_index():
-        return []
-    by_id = {r["profile_id"]: r for r in load_records(path)}
-    return [by_id[p.id] for p in profiles]
+        return {name: [] for name in paths}
+    by_id = {name: {r["profile_id"]: r for r in load_records(path)} for name, path in paths.items()}
+    return {name: [by_id[name][p.id] for p in profiles] for name in paths}
 
 
 def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, Profile]], workdir: pathlib.Path,
@@ -252,11 +264,14 @@ def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, P
     share of them), appending each to the transcripts as it ends: process 0 its own at once, the
     other processes' when they are gathered at the end."""
     settings = eval_spec.settings
-    check_endpoint(settings.simulator)
+    rerun = (workdir / TRANSCRIPTS).exists()  # a rerun waits for a server still down, as the run did
+    check_endpoint(settings.simulator, wait=rerun)
     if spec.source.client is not None:
-        check_chat_endpoint(spec.source.client)
+        check_chat_endpoint(spec.source.client, wait=rerun)
     policy, chat_tokens = spec.build(workdir, settings.sampling)
-    rollout = dataclasses.replace(settings.rollout, think=spec.source.think)
+    # A token policy samples on config.policy.engine, whose row says whether it takes each turn as it comes.
+    rollout = dataclasses.replace(settings.rollout, think=spec.source.think,
+                                  continuous=chat_tokens is not None and eval_spec.policy.engine.row.continuous)
     if chat_tokens is not None:  # a profile whose opening fills the policy's budget would end before it spoke
         check_openings(chat_tokens, rollout, [p for _, p in pending], "config.eval.profiles",
                        language=settings.simulator.language)
@@ -271,8 +286,8 @@ def _evaluate(eval_spec: EvalSpec, spec: _PolicySpec, pending: list[tuple[int, P
         play_profiles(policy, chat_tokens, settings.simulator, rollout, pending, group_size=settings.group_size,
                       max_dialogues=settings.max_dialogues, append_to=transcripts,
                       progress="sentient" if progress else None)
-    except SimulatorUnavailableError as e:
-        raise SimulatorUnavailableError(f"{e}\n{resume}") from e
+    except SimulatorUnavailableError as e:  # an outage past its budget keeps its type: exit status 75
+        raise type(e)(f"{e}\n{resume}") from e
     except EndpointUnavailableError as e:  # not the simulator's (caught above): the policy's endpoint
-        raise EndpointUnavailableError(
-            f"the policy endpoint --config.policy.base_url={eval_spec.policy.base_url} failed: {e}.\n{resume}") from e
+        raise restated(e, f"the policy endpoint --config.policy.base_url={eval_spec.policy.base_url} failed: "
+                          f"{e}.\n{resume}") from e

@@ -117,7 +117,8 @@ def compare_runs(dirs: Sequence[str | pathlib.Path], out: str | pathlib.Path, *,
     (the paper's main table: empathy and what training kept)."""
     dirs = [pathlib.Path(d) for d in dirs]
     if len(dirs) < 2:
-        raise ValueError(f"--compare needs at least two run directories separated by commas, got {dirs}")
+        raise InputError(f"--compare needs two or more run directories separated by commas, got "
+                         f"{', '.join(map(str, dirs)) or 'none'}")
     retained = capability_scores(capabilities, len(dirs)) if capabilities else None
     labels = run_labels(dirs)
     loaded = {label: _load(d) for label, d in zip(labels, dirs)}

@@ -227,7 +227,7 @@ class JudgeSettings:
     temperature: float = 0.0
     max_tokens: int = 1024
     timeout_s: float = 120.0
-    max_retries: int = 5  # connection errors, timeouts, 408/409/429 and 5xx
+    max_retries: int = 5  # HTTP 408/409 and 5xx other than 502/503/504 (a server down is waited for)
     malformed_retries: int = 2  # fresh answers after one that cannot be parsed
     max_concurrency: int = 16  # requests in flight
     backoff_initial_s: float = 1.0  # first retry waits about this long, doubling each time

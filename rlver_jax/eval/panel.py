@@ -75,7 +75,7 @@ def _member(item: str, where: str) -> Member:
     else:
         backend, model = head, ""
     if backend not in backends.BACKENDS or (at and not (model and url.startswith(("http://", "https://")))):
-        raise ValueError(f"{where}: {item!r} is not MODEL@URL nor a backend of {tuple(backends.BACKENDS)}; give each "
+        raise ValueError(f"{where}: {item!r} is not MODEL@URL nor a backend ({backends.BACKENDS.words()}); give each "
                          "simulator as served-model-name@http://host:port/v1, BACKEND, BACKEND:MODEL or "
                          "BACKEND:MODEL@URL, separated by commas")
     unread = [name for name, given in (("model", model), ("base_url", url)) if given and name not in

@@ -4,7 +4,7 @@ evaluation alike: resolved without loading weights (`resolve`: what is evaluated
 and reports, and its think mode), then built (`build`) as an OpenAI-compatible endpoint through
 rlver_jax.llm_client, or a JAX checkpoint, Hugging Face directory or fresh tiny model
 (rlver_jax.eval.policy_loading) on our sampler; which of them, and whether it needs JAX, is the
-row of config.policy.backend in `BACKENDS`. JAX is imported only by `build` of a JAX policy."""
+row of config.policy.backend in `POLICY_BACKENDS`. JAX is imported only by `build` of a JAX policy."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ from rlver_jax.eval.spec import PolicySpec
 from rlver_jax.llm_client import ClientSettings
 from rlver_jax.models import smollm2
 from rlver_jax.sampling.settings import SamplingSettings
+from rlver_jax.table import Table
 from rlver_jax.train.spec import MeshSpec
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicySource:
-    backend: str  # a key of BACKENDS
+    backend: str  # a row of POLICY_BACKENDS
     source: str  # what is evaluated: the resolved checkpoint step, directory or served model
     label: str  # a short name for reports
     think: bool  # config.policy.think, or (None there) the training run's own think mode
@@ -108,23 +109,16 @@ class Backend:
     build: Callable[..., tuple[Any, Any]]
 
 
-BACKENDS: dict[str, Backend] = {
+POLICY_BACKENDS: Table[Backend] = Table("config.policy.backend", {
     "jax": Backend(needs_jax=True, resolve=_resolve_ours, build=_build_ours),  # a checkpoint, HF directory, tiny model
     "openai": Backend(needs_jax=False, resolve=_resolve_served, build=_build_served),  # an OpenAI-compatible endpoint
-}
-
-
-def backend(name: str) -> Backend:
-    """The row of config.policy.backend=`name`; an unknown name is one error listing the known ones."""
-    if name not in BACKENDS:
-        raise ValueError(f"config.policy.backend={name!r}: use one of {tuple(BACKENDS)}")
-    return BACKENDS[name]
+})
 
 
 def resolve(p: PolicySpec, seed: int, max_in_flight: int) -> PolicySource:
     """The policy `p` (config.policy) names; an endpoint's client allows `max_in_flight` requests at
     once; `seed` (config.seed) is a fresh tiny model's."""
-    return backend(p.backend).resolve(p, seed, max_in_flight)
+    return POLICY_BACKENDS.row(p.backend).resolve(p, seed, max_in_flight)
 
 
 def build(p: PolicySpec, spec: PolicySource, mesh_spec: MeshSpec, seed: int, workdir: pathlib.Path,
@@ -133,4 +127,4 @@ def build(p: PolicySpec, spec: PolicySource, mesh_spec: MeshSpec, seed: int, wor
     policy on the mesh of `mesh_spec` (config.mesh) with the sampling key of `seed` (config.seed). A
     fresh tiny model's tokenizer is built in WORKDIR/tokenizer by the first process, elsewhere in a
     temporary directory (the same tokenizer: no two processes write one file)."""
-    return backend(spec.backend).build(p, spec, mesh_spec, seed, workdir, sampling, first_process)
+    return POLICY_BACKENDS.row(spec.backend).build(p, spec, mesh_spec, seed, workdir, sampling, first_process)

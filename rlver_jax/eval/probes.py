@@ -1,32 +1,10 @@
 """Robustness probes: scripted policies played through the same protocol as the policy under test
 (`config.eval.probes`), so that a simulator a policy could hack is seen before anyone trains against
-it. Each answers in the user's language (zh or en). Eleven never read what the user says:
-
-  formulaic: five formulaic lines of sympathy, in rotation
-  echo: "I hear you:" and the user's last line
-  apology: one fixed apology and question, every turn
-  word_salad: 25-40 common words in random order
-  flattery: praise and agreement, in rotation
-  questions: strings of short questions
-  garbled: random bytes, symbols and mixed scripts
-  copied: warm, specific replies written for other people's troubles (another dialogue's turns)
-  advice: lists of stock advice, in rotation
-  one_word: a word or two
-  wrong_language: a warm reply, but in English to a Chinese user and in Chinese to an English one
-
-Nine read the user, barely: templates built from the user's words (`keywords`: the content words
-of the user's last line, longest first), what a policy trained against a judge of words may learn:
-
-  keywords: the user's two longest words slotted into stock lines of sympathy, in rotation
-  intensity: the user's longest word, "!!!!" and "What happened?"
-  praise_keywords: praise with the user's words, "!!!!" and one question
-  mirroring: the user's first clause said back with the pronouns flipped
-  every_goal: a phrase for every kind of hidden goal at once, with the user's longest word
-  coasting: one strong turn built from the user's words, then short lines that coast
-  memorised: one canned answer for each of a simulated user's stock lines (the embedded user's
-    earlier ones), and one for anything else
-  foreign_language: warm lines with the user's longest word in Spanish, French, German or Portuguese
-  advice_keywords: some 300 words of generic advice with two of the user's words
+it. Each answers in the user's language (zh or en); its row of `PROBES` says what it replies.
+Eleven never read what the user says (formulaic ... wrong_language); nine read the user, barely:
+templates built from the user's words (`keywords`: the content words of the user's last line,
+longest first), what a policy trained against a judge of words may learn (keywords ...
+advice_keywords).
 
 What varies from turn to turn is a function of the dialogue's first line and the turn (sha256), so
 probes replay exactly. A probe is `rewarded` when its score (mean final emotion) ends above the
@@ -35,11 +13,13 @@ initial emotion: the simulated user felt better after talking with it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Callable, Sequence
 
 from rlver_jax.engines.seam import PolicyTurn, TurnRequest
+from rlver_jax.table import Table, UnknownNameError
 from rlver_jax.text.function_words import ENGLISH, STOPCHARS_ZH, STOPWORDS_EN
 
 _FORMULAIC = {
@@ -116,11 +96,14 @@ _WARM_OTHER_LANGUAGE = {"en": "听起来你这段时间真的很辛苦，我很�
 _GARBLE_CHARS = "#@%&*~^$¿¡∆∑≈ПРИЖЩяшфあいうアイウ가나다好月的ÆØßðþ0123456789\x07\ufffd"
 
 
+Reply = Callable[[str, str, int, list[dict[str, str]]], str]  # (language, seed, turn, messages) -> the reply
+
+
 def _draw(seed: str, turn: int, salt: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{salt}|{turn}|{seed}".encode()).digest()[:8], "big")
 
 
-def _rotation(bank: dict[str, Sequence[str]]) -> Callable[[str, str, int, list[dict[str, str]]], str]:
+def _rotation(bank: dict[str, Sequence[str]]) -> Reply:
     """Bank lines in turn, starting at a line the dialogue's first line draws."""
     return lambda language, seed, turn, messages: bank[language][(_draw(seed, 0, "start") + turn)
                                                                   % len(bank[language])]
@@ -278,7 +261,7 @@ def keywords(language: str, messages: Sequence[dict[str, str]], n: int = 2) -> l
     return (ranked * n)[:max(n, 1)]
 
 
-def _slotted(bank: dict[str, Sequence[str]]) -> Callable[[str, str, int, list[dict[str, str]]], str]:
+def _slotted(bank: dict[str, Sequence[str]]) -> Reply:
     """Bank lines in rotation (as `_rotation`), the user's two longest words in their slots."""
     def reply(language: str, seed: str, turn: int, messages: list[dict[str, str]]) -> str:
         a, b = keywords(language, messages)
@@ -331,36 +314,49 @@ def _long_advice(language: str, seed: str, turn: int, messages: list[dict[str, s
     return _LONG_ADVICE[language].format(a=a, b=b)
 
 
-_PROBES: dict[str, Callable[[str, str, int, list[dict[str, str]]], str]] = {
-    "formulaic": _rotation(_FORMULAIC),
-    "echo": _echo,
-    "apology": lambda language, seed, turn, messages: _APOLOGY[language],
-    "word_salad": _word_salad,
-    "flattery": _rotation(_FLATTERY),
-    "questions": _questions,
-    "garbled": _garbled,
-    "copied": _rotation(_COPIED),
-    "advice": _rotation(_ADVICE),
-    "one_word": _rotation(_ONE_WORD),
-    "wrong_language": lambda language, seed, turn, messages: _WARM_OTHER_LANGUAGE[language],
-    "keywords": _slotted(_KEYWORD_LINES),
-    "intensity": _intensity,
-    "praise_keywords": _slotted(_PRAISE_LINES),
-    "mirroring": _mirroring,
-    "every_goal": _every_goal,
-    "coasting": _coasting,
-    "memorised": _memorised,
-    "foreign_language": _foreign,
-    "advice_keywords": _long_advice,
-}
-PROBES = tuple(_PROBES)
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A scripted policy: what it says, and that in words (report pages, --print_config)."""
+
+    reply: Reply
+    summary: str
+
+
+PROBES: Table[Probe] = Table("config.eval.probes", {
+    "formulaic": Probe(_rotation(_FORMULAIC), "five formulaic lines of sympathy, in rotation"),
+    "echo": Probe(_echo, "'I hear you:' and the user's last line"),
+    "apology": Probe(lambda language, seed, turn, messages: _APOLOGY[language],
+                     "one fixed apology and question, every turn"),
+    "word_salad": Probe(_word_salad, "25-40 common words in random order"),
+    "flattery": Probe(_rotation(_FLATTERY), "praise and agreement, in rotation"),
+    "questions": Probe(_questions, "strings of short questions"),
+    "garbled": Probe(_garbled, "random bytes, symbols and mixed scripts"),
+    "copied": Probe(_rotation(_COPIED),
+                    "warm, specific replies written for other people's troubles (another dialogue's turns)"),
+    "advice": Probe(_rotation(_ADVICE), "lists of stock advice, in rotation"),
+    "one_word": Probe(_rotation(_ONE_WORD), "a word or two"),
+    "wrong_language": Probe(lambda language, seed, turn, messages: _WARM_OTHER_LANGUAGE[language],
+                            "a warm reply, but in English to a Chinese user and in Chinese to an English one"),
+    "keywords": Probe(_slotted(_KEYWORD_LINES),
+                      "the user's two longest words slotted into stock lines of sympathy, in rotation"),
+    "intensity": Probe(_intensity, "the user's longest word, '!!!!' and 'What happened?'"),
+    "praise_keywords": Probe(_slotted(_PRAISE_LINES), "praise with the user's words, '!!!!' and one question"),
+    "mirroring": Probe(_mirroring, "the user's first clause said back with the pronouns flipped"),
+    "every_goal": Probe(_every_goal, "a phrase for every kind of hidden goal at once, with the user's longest word"),
+    "coasting": Probe(_coasting, "one strong turn built from the user's words, then short lines that coast"),
+    "memorised": Probe(_memorised, "one canned answer for each of a simulated user's stock lines (the embedded "
+                       "user's earlier ones), and one for anything else"),
+    "foreign_language": Probe(_foreign,
+                              "warm lines with the user's longest word in Spanish, French, German or Portuguese"),
+    "advice_keywords": Probe(_long_advice, "some 300 words of generic advice with two of the user's words"),
+}, summary=lambda p: p.summary)
 
 
 def parse_probes(value: str, field: str = "config.eval.probes") -> tuple[str, ...]:
-    """"" (none), "all", or comma-separated names of PROBES; one ValueError names the field."""
-    names = PROBES if value.strip() == "all" else tuple(n.strip() for n in value.split(",") if n.strip())
+    """"" (none), "all", or comma-separated names of PROBES; one error names the field."""
+    names = tuple(PROBES) if value.strip() == "all" else tuple(n.strip() for n in value.split(",") if n.strip())
     if unknown := [n for n in names if n not in PROBES]:
-        raise ValueError(f"{field}={value!r}: unknown probe {unknown}; use 'all' or names of {PROBES}")
+        raise UnknownNameError(f"{field}={value!r}: unknown probe {unknown}; use 'all' or names of {PROBES.words()}")
     return names
 
 
@@ -374,7 +370,7 @@ def probe_reply(probe: str, messages: list[dict[str, str]]) -> str:
     """What probe `probe` says after `messages` (the policy's view of the dialogue)."""
     seed = next((m["content"] for m in messages if m["role"] == "user"), "")
     turn = sum(m["role"] == "assistant" for m in messages)
-    return _PROBES[probe](_language(messages), seed, turn, messages)
+    return PROBES.row(probe).reply(_language(messages), seed, turn, messages)
 
 
 class ProbePolicy:

@@ -11,7 +11,8 @@ The card is one flat mapping of dotted fields to JSON values, grouped by their f
   profiles.*   the profile file's sha256 and the number of profiles played
   prompts.*    the sha256 of each simulator prompt template and of the policy's system prompt
                when the config gives one (else OWN_PROMPT)
-  policy.*     what was evaluated and how it sampled (what a comparison sets side by side)
+  policy.*     what was evaluated and how it sampled (what a comparison sets side by side), the
+               rollout engine of a policy on our weights by its row's name (engines.table)
   run.*        where: the endpoints' URLs, the profile file's path, the project version and git
                commit, the date
 
@@ -93,7 +94,7 @@ def card(simulator: SimulatorSettings, served: Sequence[str] | None, *, profiles
          profiles: int, policy: Mapping[str, Any], sampling: SamplingSettings, rollout: RolloutSettings,
          seed: int) -> dict[str, Any]:
     """The protocol card of an evaluation of `profiles` profiles (the first of `profiles_file`)
-    by the policy `policy` describes (policy.* fields: source, backend, think, url) sampling by
+    by the policy `policy` describes (policy.* fields: source, backend, think, engine, url) sampling by
     `sampling`, its system prompt `rollout.system_prompt` ("" = the project's own), against
     `simulator`."""
     path = pathlib.Path(profiles_file).expanduser()

@@ -27,11 +27,16 @@ VIEW_DIR = "view"
 _TEMPLATES = pathlib.Path(html_report.__file__).parent / "templates"
 INDEX_HTML = "index.html"
 _TRANSCRIPT = re.compile(r"^(train|eval)_(\d+)\.jsonl$")
-# Curves of the index page: (title, y range, metrics.jsonl keys).
+# Curves of the index page: (title, y range, metrics.jsonl keys); each line named in words (LABELS).
 CURVES = (
     ("reward and rates", (0.0, 1.0), ("reward_mean", "success_rate", "user_left_rate", "format_failure_rate")),
     ("emotion", (0.0, 100.0), ("emotion_mean", "eval_score")),
 )
+LABELS = {"reward_mean": "reward", "success_rate": "success (reached 100)", "user_left_rate": "user left (floor)",
+          "format_failure_rate": "format failures", "emotion_mean": "final emotion (training)",
+          "eval_score": "held-out score (in-loop evaluation)"}
+# What every number means (docs/metrics.md), linked from the pages as a file of this checkout.
+GLOSSARY = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "metrics.md").as_uri()
 CURVE_COLORS = ("#1f77b4", "#2a9d4a", "#d62728", "#8c564b")
 # Columns of the index's step table: (metrics.jsonl key, header, digits).
 STEP_COLUMNS = (("reward_mean", "reward", 3), ("emotion_mean", "emotion", 1), ("success_rate", "success", 2),
@@ -146,7 +151,7 @@ def _curves(metrics: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if not present:
             continue
         chart = html_report.line_chart(steps, {k: [m.get(k) for m in metrics] for k in present}, lo, hi)
-        out.append({"title": title, "chart": chart, "names": present,
+        out.append({"title": title, "chart": chart, "names": present, "labels": LABELS,
                     "colors": dict(zip(present, CURVE_COLORS))})
     return out
 
@@ -184,7 +189,7 @@ def write_run_view(run_dir: str | pathlib.Path, out: str | pathlib.Path | None =
                 groups=step_groups(records, settings), levels=html_report.levels_of(records),
                 prev=_page_name("train", train_steps[i - 1]) if i else None,
                 next=_page_name("train", train_steps[i + 1]) if i + 1 < len(train_steps) else None,
-                columns=STEP_COLUMNS)
+                columns=STEP_COLUMNS, glossary=GLOSSARY)
         atomic_write_text(page, html)
     steps = sorted(set(by_step) | {step for _, step in files})
     rows = [{"step": s, "metrics": by_step.get(s, {}),
@@ -195,5 +200,5 @@ def write_run_view(run_dir: str | pathlib.Path, out: str | pathlib.Path | None =
                "best_eval": max(evals, key=lambda m: m["eval_score"]) if evals else None,
                "simulator_errors": int(sum(m.get("simulator_errors") or 0 for m in metrics))}
     html = html_report.render("train_index.html.j2", run=name, run_dir=str(run_dir), rows=rows, summary=summary,
-                              curves=_curves(metrics), columns=STEP_COLUMNS, config=config or {})
+                              curves=_curves(metrics), columns=STEP_COLUMNS, config=config or {}, glossary=GLOSSARY)
     return atomic_write_text(out / INDEX_HTML, html)

@@ -39,7 +39,7 @@ class PolicySpec:
     """config.policy's fields of which policy is evaluated and how it is reached or loaded
     (rlver_jax.eval.policy_source); its sampling is SamplingSettings, its dialogue RolloutSettings."""
 
-    backend: str  # jax | openai (policy_source.BACKENDS; checked by policy_source.resolve)
+    backend: str  # a row of policy_source.POLICY_BACKENDS (checked by policy_source.resolve)
     checkpoint: str  # jax: a training WORKDIR or WORKDIR/checkpoints/STEP
     path: str  # jax: a Hugging Face directory
     fresh_tiny: bool  # jax: a randomly initialised tiny model
@@ -54,12 +54,14 @@ class PolicySpec:
     max_retries: int
     backoff_initial_s: float
     backoff_max_s: float
-    engine: EngineSettings  # jax: the sampler (engines.table; config.policy.engine*, decode_chunk, prefill_chunk)
+    engine: EngineSettings  # jax: the rollout engine (engines.table; config.policy.engine and the fields it reads)
 
     @classmethod
-    def from_config(cls, section: ml_collections.ConfigDict) -> PolicySpec:
+    def from_config(cls, section: ml_collections.ConfigDict, given: Collection[str] = ()) -> PolicySpec:
+        """`given`: the section's fields the command line set (an engine's field the chosen engine
+        does not read is refused: engines.table.check_read)."""
         plain = {f.name: section[f.name] for f in dataclasses.fields(cls) if f.name != "engine"}
-        return cls(**plain, engine=EngineSettings.from_config(section, "config.policy."))
+        return cls(**plain, engine=EngineSettings.from_config(section, "config.policy.", given))
 
 
 def policy_system_prompt(policy: ml_collections.ConfigDict) -> str:
@@ -136,12 +138,14 @@ class EvalSpec:
         names (`like_training`); one ValueError names every bad field. `given`: the dotted fields the
         command line set (BenchmarkSettings.from_config)."""
         config = like_training(config)
-        settings, distributed = build_all(lambda: BenchmarkSettings.from_config(config, given),
-                                          lambda: DistributedSettings.from_config(config.mesh.distributed))
+        given_policy = {f[len("policy."):] for f in given if f.startswith("policy.")}
+        settings, distributed, policy = build_all(lambda: BenchmarkSettings.from_config(config, given),
+                                                  lambda: DistributedSettings.from_config(config.mesh.distributed),
+                                                  lambda: PolicySpec.from_config(config.policy, given_policy))
         e = config.eval
         return cls(workdir=config.workdir, seed=config.seed, compilation_cache_dir=config.compilation_cache_dir,
                    profiles=e.profiles, holdout=e.holdout, like_training=e.like_training,
-                   policy=PolicySpec.from_config(config.policy), settings=settings,
+                   policy=policy, settings=settings,
                    mesh=MeshSpec(tuple(config.mesh.shape), config.mesh.rules), distributed=distributed,
                    record=config.to_dict())
 

@@ -10,6 +10,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from rlver_jax.models.attention import IMPLEMENTATIONS
+from rlver_jax.table import Table
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _REMAT = ("none", "full", "dots")
@@ -114,7 +115,7 @@ class Qwen2Config:
 
 
 # Architecture numbers of the released checkpoints (see docs: rlver-facts.md).
-PRESETS: dict[str, Qwen2Config] = {
+PRESETS: Table[Qwen2Config] = Table("config.model.preset", {
     "qwen2.5-0.5b": Qwen2Config(
         vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
         intermediate_size=4864, tie_word_embeddings=True),
@@ -134,11 +135,9 @@ PRESETS: dict[str, Qwen2Config] = {
         vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
         intermediate_size=1536, tie_word_embeddings=True, rope_theta=100_000.0, rms_norm_eps=1e-5,
         max_position_embeddings=8192, architecture="llama", attention_bias=False),
-}
+})
 
 
 def get_preset(name: str, **overrides) -> Qwen2Config:
     """A preset by name, with field overrides (e.g. dtype="bfloat16", scan_layers=True)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name].replace(**overrides)
+    return PRESETS.row(name).replace(**overrides)

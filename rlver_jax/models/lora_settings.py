@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 from rlver_jax import checks
+from rlver_jax.table import Table
 
 # target name -> (module, kernel, number of input dims, Hugging Face module name)
-TARGETS: dict[str, tuple[str, str, int, str]] = {
+TARGETS: Table[tuple[str, str, int, str]] = Table("config.lora.targets", {
     "q": ("attn", "q_kernel", 1, "self_attn.q_proj"),
     "k": ("attn", "k_kernel", 1, "self_attn.k_proj"),
     "v": ("attn", "v_kernel", 1, "self_attn.v_proj"),
@@ -17,13 +18,13 @@ TARGETS: dict[str, tuple[str, str, int, str]] = {
     "gate": ("mlp", "gate_kernel", 1, "mlp.gate_proj"),
     "up": ("mlp", "up_kernel", 1, "mlp.up_proj"),
     "down": ("mlp", "down_kernel", 1, "mlp.down_proj"),
-}
+})
 # modules_to_save name -> (our leaf paths, Hugging Face module names for PEFT's adapter_config)
-MODULES: dict[str, tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]] = {
+MODULES: Table[tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]] = Table("config.lora.modules_to_save", {
     "embed": ((("embed", "embedding"), ("lm_head",)), ("embed_tokens", "lm_head")),
     "norms": ((("input_norm", "scale"), ("post_attn_norm", "scale"), ("final_norm", "scale")),
               ("input_layernorm", "post_attention_layernorm", "norm")),
-}
+})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,11 +43,12 @@ class LoraSettings:
                             positive=("alpha", "lr_multiplier"))
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or (self.rank and not self.targets):
-            raise ValueError(f"config.lora.targets={self.targets!r}: use a non-empty subset of {tuple(TARGETS)}")
+            raise ValueError(f"config.lora.targets={self.targets!r}: use a non-empty subset of {TARGETS.words()} "
+                             "(comma-separated)")
         unknown = [m for m in self.modules_to_save if m not in MODULES]
         if unknown:
             raise ValueError(f"config.lora.modules_to_save={','.join(self.modules_to_save)!r}: use a subset of "
-                             f"{tuple(MODULES)} (comma-separated), or '' for adapters alone")
+                             f"{MODULES.words()} (comma-separated), or '' for adapters alone")
         if self.base_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"config.lora.base_dtype={self.base_dtype!r}; use float32 or bfloat16")
 

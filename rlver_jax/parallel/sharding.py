@@ -33,12 +33,12 @@ from jax.sharding import PartitionSpec as P
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.parallel.distributed import DistributedSettings
+from rlver_jax.parallel.mesh_shape import MESH_AXES, resolve_mesh_shape
 
 Params = Any
 # A preset name, (logical_name, mesh axes) pairs, or a table from `resolve_rules`.
 RulesLike = str | Sequence[Sequence[Any]] | Mapping[str, Any]
 
-MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 # Every logical name the model uses appears in every preset, so a preset works for any mesh
 # shape; axes of size 1 shard nothing.
@@ -70,35 +70,6 @@ _warned: set[tuple] = set()
 
 
 # ----------------------------------------------------------------------------- mesh
-
-
-# Where a mesh does not fit this host's devices because the host is not the target (a CPU planning a
-# 16-device run): the fix is the device count, not the mesh.
-_DEVICE_HINT = ("; to plan for other hardware on a CPU, fake its device count: XLA_FLAGS="
-                "--xla_force_host_platform_device_count=N before the command (or launch/plan.py --topology=v5e:4x4 "
-                "for a TPU slice)")
-
-
-def resolve_mesh_shape(shape: Sequence[int], device_count: int) -> tuple[int, int, int]:
-    """`mesh.shape` (data, fsdp, tensor) with at most one -1 replaced by the remaining devices."""
-    shape = tuple(int(s) for s in shape)
-    if len(shape) != len(MESH_AXES):
-        raise ValueError(f"mesh.shape={shape} must have {len(MESH_AXES)} entries {MESH_AXES}")
-    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-        raise ValueError(f"mesh.shape={shape}: use positive sizes and at most one -1 (the rest of the devices)")
-    known = math.prod(s for s in shape if s != -1)
-    if -1 in shape:
-        if device_count % known:
-            raise ValueError(
-                f"mesh.shape={shape}: the fixed axes multiply to {known}, which does not divide "
-                f"jax.device_count()={device_count}; change config.mesh.shape{_DEVICE_HINT}")
-        shape = tuple(device_count // known if s == -1 else s for s in shape)
-    if math.prod(shape) != device_count:
-        raise ValueError(
-            f"mesh.shape={shape} multiplies to {math.prod(shape)} devices but jax.device_count()="
-            f"{device_count}; set config.mesh.shape so the product is {device_count} (or put -1 on one axis)"
-            f"{_DEVICE_HINT}")
-    return shape
 
 
 def _dcn_split(shape: tuple[int, int, int], num_slices: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlver_jax.rl.function_path import FunctionPath
+from rlver_jax.table import Table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Estimator:
     summary: str  # the advantage a dialogue gets, in words (the run view's step pages)
 
 
-ESTIMATORS: dict[str, Estimator] = {
+ESTIMATORS: Table[Estimator] = Table("config.rl.estimator", {
     "gae": Estimator(FunctionPath("rlver_jax.rl.estimators.gae"), critic=True, grouped=False,
                      dialogue_advantages=False, summary="per token: GAE with the critic's values (not shown)"),
     "grpo": Estimator(FunctionPath("rlver_jax.rl.estimators.grpo"), critic=False, grouped=True,
@@ -52,15 +53,15 @@ ESTIMATORS: dict[str, Estimator] = {
     "reinforce_pp_baseline": Estimator(FunctionPath("rlver_jax.rl.estimators.reinforce_pp_baseline"), critic=False,
                                        grouped=True, dialogue_advantages=True,
                                        summary="(reward - group mean), whitened over the batch's policy tokens"),
-}
+}, summary=lambda e: e.summary.format(std=" / std"))
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     default_n: int  # config.rollout.n by default: the group size (1 when not grouped)
-    estimator: str  # a key of ESTIMATORS
-    policy_loss: str  # a key of rlver_jax.rl.loss_modes.POLICY_LOSSES: ppo | gspo | gspo_token | cispo
-    loss_agg_mode: str  # a key of rlver_jax.rl.loss_modes.AGG_MODES
+    estimator: str  # a row of ESTIMATORS
+    policy_loss: str  # a row of rlver_jax.rl.loss_modes.POLICY_LOSSES
+    loss_agg_mode: str  # a row of rlver_jax.rl.loss_modes.AGG_MODES
     normalize_std: bool = True  # GRPO: divide by the group's std (Dr.GRPO: no)
     clip_eps_high: float = 0.2  # the PPO loss's upper ratio clip (DAPO's clip-higher: 0.28)
     kl_mode: str = "loss"  # where a KL term goes when config.rl.kl_coef != 0: loss | reward (REINFORCE++)
@@ -97,7 +98,7 @@ def min_n(estimator: str) -> int:
     return 2 if ESTIMATORS[estimator].grouped else 1
 
 
-ALGORITHMS: dict[str, Algorithm] = {
+ALGORITHMS: Table[Algorithm] = Table("config.rl.algo", {
     # PPO with a critic and GAE (the paper's PPO)
     "ppo": Algorithm(default_n=1, estimator="gae", policy_loss="ppo", loss_agg_mode="seq_mean_token_mean"),
     # GRPO: rewards normalised within each profile's group of n dialogues (the paper's GRPO)
@@ -120,11 +121,4 @@ ALGORITHMS: dict[str, Algorithm] = {
     "gspo": Algorithm(default_n=4, estimator="grpo", policy_loss="gspo", loss_agg_mode="seq_mean_token_mean"),
     # CISPO: GRPO's advantages, the importance weight clipped and stop-gradient (MiniMax-M1 2025)
     "cispo": Algorithm(default_n=4, estimator="grpo", policy_loss="cispo", loss_agg_mode="token_mean"),
-}
-
-
-def algorithm(name: str) -> Algorithm:
-    """The row of `config.rl.algo=name`; an unknown name is one error listing the known ones."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"config.rl.algo={name!r}; use one of {tuple(ALGORITHMS)}")
-    return ALGORITHMS[name]
+})

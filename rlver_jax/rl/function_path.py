@@ -11,8 +11,9 @@ no second table to keep equal to the first.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any, Callable
+
+from rlver_jax.table import imported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,12 +24,7 @@ class FunctionPath:
     path: str
 
     def load(self) -> Callable[..., Any]:
-        module, _, name = self.path.rpartition(".")
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise ImportError(f"{self.path}: no such function ({e}); a table row names its function by its "
-                              "module's dotted path and the function's name") from None
+        return imported(self.path)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.load()(*args, **kwargs)

@@ -42,9 +42,7 @@ def kl_k3(logprobs: Array, ref_logprobs: Array) -> Array:
 
 def kl_divergence(logprobs: Array, ref_logprobs: Array, estimator: str) -> Array:
     """Per-token estimate of KL(pi || ref) by the named estimator of loss_modes.KL_ESTIMATORS."""
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {estimator!r}; valid: {sorted(KL_ESTIMATORS)}")
-    return KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
+    return KL_ESTIMATORS.row(estimator)(logprobs, ref_logprobs)
 
 
 def apply_kl_penalty(
@@ -244,9 +242,7 @@ def loss_weights(mask: Array, mode: str, *, norm_len: float | None = None) -> Ar
     accumulation gives exactly the mini-batch loss. `norm_len` is read by seq_mean_token_sum_norm
     only: its constant normaliser (None: the mini-batch's padded length T).
     """
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {sorted(AGG_MODES)}")
-    return AGG_MODES[mode](mask, norm_len)
+    return AGG_MODES.row(mode)(mask, norm_len)
 
 
 def aggregate_loss(

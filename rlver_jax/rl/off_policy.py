@@ -98,12 +98,11 @@ def correction(old_logprobs: Array, sample_logprobs: Array, mask: Array, *, mode
     or masking (verl's rollout_is_mean / _max); `offpolicy_clipped_frac`, the share truncated (tis);
     `offpolicy_masked_frac`, the share whose loss is dropped (w = 0 or keep = 0);
     `logprob_diff_sampler`, the mean |logp_old - logp_sample|."""
-    if mode not in CORRECTIONS:
-        raise ValueError(f"unknown off-policy correction {mode!r}; valid: {tuple(CORRECTIONS)}")
+    row = CORRECTIONS.row(mode)
     rho_BT = jnp.exp(log_ratios(old_logprobs, sample_logprobs, mask, level))
     lower = -math.inf if low is None else low
     upper = math.inf if high is None else high
-    weight_BT, keep_BT, clipped_BT = CORRECTIONS[mode].function(rho_BT, lower, upper)
+    weight_BT, keep_BT, clipped_BT = row.function(rho_BT, lower, upper)
     policy_BT = jnp.asarray(mask) > 0
     metrics = {
         "logprob_diff_sampler": masked_mean(jnp.abs(old_logprobs - sample_logprobs), mask),

@@ -1,10 +1,8 @@
 """What of the train state waits in host memory (config.train.offload), and moving it there and back.
 
-A train step is a program per stage (rlver_jax.rl.program.train_step): `prepare`, the `actor`'s
-update, the `critic`'s update; `rest` is between steps (the rollout, the evaluation,
-checkpoints). Per mode, OFFLOAD names the state's parts on the devices at each stage; the others
-are in host memory. Each program reads only parts its stage has on the devices; the run key and
-the step counter never move. The planner (rlver_jax.train.planner) reads the same table.
+Per mode, the table (rlver_jax.rl.offload_modes.OFFLOAD, no JAX) names the state's parts on the
+devices at each stage of a step; the others are in host memory. The planner
+(rlver_jax.train.planner) reads the same table, through this module.
 """
 
 from __future__ import annotations
@@ -13,39 +11,21 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+# READS and STAGES: the planner reads them here
+from rlver_jax.rl.offload_modes import OFFLOAD, PARTS, moves_nothing
+from rlver_jax.rl.offload_modes import READS as READS
+from rlver_jax.rl.offload_modes import STAGES as STAGES
+
 if TYPE_CHECKING:
     from rlver_jax.rl.train_state import TrainState
 
-PARTS = ("actor", "actor_opt", "critic", "critic_opt")  # the TrainState fields that can move
-STAGES = ("prepare", "actor", "critic", "rest")
-OFFLOAD: dict[str, dict[str, tuple[str, ...]]] = {
-    # everything on the devices all the time
-    "none": {"prepare": ("actor", "actor_opt", "critic", "critic_opt"),
-             "actor": ("actor", "actor_opt", "critic", "critic_opt"),
-             "critic": ("actor", "actor_opt", "critic", "critic_opt"),
-             "rest": ("actor", "actor_opt", "critic", "critic_opt")},
-    # the model not being updated in host memory during the other's program
-    "idle": {"prepare": ("actor", "actor_opt", "critic", "critic_opt"),
-             "actor": ("actor", "actor_opt"),
-             "critic": ("critic", "critic_opt"),
-             "rest": ("actor", "actor_opt", "critic", "critic_opt")},
-    # and the AdamW states during prepare, the whole state between steps
-    "state": {"prepare": ("actor", "critic"),
-              "actor": ("actor", "actor_opt"),
-              "critic": ("critic", "critic_opt"),
-              "rest": ()},
-}
-# The parts each program reads (its arguments): a stage has at least these on the devices.
-READS = {"prepare": ("actor", "critic"), "actor": ("actor", "actor_opt"), "critic": ("critic", "critic_opt")}
 HOST_MEMORY = "pinned_host"
 
 
 def check_mode(mode: str, mesh: Any) -> None:
     """One clear error for an offload mode the run cannot use: unknown, without a mesh (no
     shardings to move between), or on devices without host memory."""
-    if mode not in OFFLOAD:
-        raise ValueError(f"config.train.offload={mode!r}; use one of {tuple(OFFLOAD)}")
-    if mode == "none":
+    if moves_nothing(mode):  # (an unknown mode: one error naming the field)
         return
     if mesh is None:
         raise ValueError(f"config.train.offload={mode!r} needs the run's mesh (the state's shardings)")
@@ -83,7 +63,7 @@ def place(state: TrainState, stage: str, mode: str, shardings: TrainState | None
     in device memory): parts leaving the devices go first, so the memory is free before the others
     arrive. Moving frees the source buffers (device_put cannot donate across memory kinds), so
     `state` is consumed."""
-    if mode == "none":
+    if moves_nothing(mode):
         return state
     wanted = OFFLOAD[mode][stage]
 

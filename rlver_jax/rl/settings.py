@@ -54,8 +54,8 @@ class RLSettings:
     # with dynamic_sampling: times such a group is sampled again (rl.dynamic_sampling)
     dynamic_sampling_retries: int = 2
     turn_credit_weight: float = 0.0  # turn-level group advantages mixed in with this weight (grouped estimators)
-    # The sampling policy's log-probs against the update's: loss_modes.CORRECTIONS (none | tis | mis | icepop |
-    # decoupled), at token or sequence level, with the band [low, high] (None: the mode's default)
+    # The sampling policy's log-probs against the update's: a row of loss_modes.CORRECTIONS, at token or
+    # sequence level, with the band [low, high] (None: the mode's default)
     off_policy_correction: str = "none"
     off_policy_level: str = "token"
     off_policy_low: float | None = None
@@ -69,11 +69,13 @@ class RLSettings:
     # the batch's rows are a multiple of mini_batch_size (the last mini-batch's real rows may be fewer).
     batch_size: int = 0
     logprob_chunk: int = 1024  # tokens per row through the LM head at a time (rl.logprobs)
+    # The model passes run on the rows packed end to end (rl.packing): the same numbers to float rounding
+    pack_rows: bool = False
     max_new_tokens: int = 512  # config.rollout.max_new_tokens: a policy turn's token budget
     max_turns: int = 8  # config.simulator.max_turns: policy turns per dialogue (turn arrays' static size)
 
     def __post_init__(self):
-        row = algorithms.algorithm(self.algo)
+        row = algorithms.ALGORITHMS.row(self.algo)
         defaults = {"estimator": row.estimator, "policy_loss": row.policy_loss, "loss_agg_mode": row.loss_agg_mode,
                     "grpo_normalize_std": row.normalize_std, "clip_eps_high": row.clip_eps_high,
                     "kl_mode": row.kl_mode, "overlong_penalty": row.overlong_penalty,
@@ -81,24 +83,20 @@ class RLSettings:
         for name, value in defaults.items():
             if getattr(self, name) in ("", None):
                 object.__setattr__(self, name, value)
-        correction = loss_modes.CORRECTIONS.get(self.off_policy_correction)
+        for table, name in ((algorithms.ESTIMATORS, "estimator"), (loss_modes.POLICY_LOSSES, "policy_loss"),
+                            (loss_modes.KL_ESTIMATORS, "kl_estimator"), (loss_modes.AGG_MODES, "loss_agg_mode"),
+                            (loss_modes.AGG_MODES, "value_loss_agg_mode"), (rewards.REWARDS, "reward_mode"),
+                            (loss_modes.CORRECTIONS, "off_policy_correction")):
+            table.row(getattr(self, name), f"config.rl.{name}")
+        for name, words in (("kl_mode", KL_MODES), ("off_policy_level", loss_modes.LEVELS)):
+            if getattr(self, name) not in words:
+                raise ValueError(f"config.rl.{name}={getattr(self, name)!r}: use one of {' | '.join(words)}")
+        correction = self.off_policy_kind
         for name in ("low", "high"):  # the mode's default band
-            if correction and getattr(self, f"off_policy_{name}") is None:
+            if getattr(self, f"off_policy_{name}") is None:
                 object.__setattr__(self, f"off_policy_{name}", getattr(correction, name))
         if not self.overlong_buffer:
             object.__setattr__(self, "overlong_buffer", max(self.max_new_tokens // 5, 1))
-        checks = [("estimator", self.estimator, tuple(algorithms.ESTIMATORS)),
-                  ("policy_loss", self.policy_loss, tuple(loss_modes.POLICY_LOSSES)),
-                  ("kl_mode", self.kl_mode, KL_MODES),
-                  ("kl_estimator", self.kl_estimator, tuple(loss_modes.KL_ESTIMATORS)),
-                  ("loss_agg_mode", self.loss_agg_mode, tuple(loss_modes.AGG_MODES)),
-                  ("value_loss_agg_mode", self.value_loss_agg_mode, tuple(loss_modes.AGG_MODES)),
-                  ("reward_mode", self.reward_mode, tuple(rewards.REWARDS)),
-                  ("off_policy_correction", self.off_policy_correction, tuple(loss_modes.CORRECTIONS)),
-                  ("off_policy_level", self.off_policy_level, loss_modes.LEVELS)]
-        for name, value, valid in checks:
-            if value not in valid:
-                raise ValueError(f"config.rl.{name}={value!r}; use one of {valid}")
         if self.shuffle_rewards and self.reward_mode != "final":
             raise ValueError(f"config.rl.shuffle_rewards with config.rl.reward_mode={self.reward_mode!r}: a dialogue's "
                              "per-turn rewards cannot move to a dialogue of other turns; use reward_mode 'final'")
@@ -122,7 +120,7 @@ class RLSettings:
             raise ValueError(f"{loss} with config.rl.loss_agg_mode={self.loss_agg_mode!r}: its ratio is a sequence's, "
                              f"so its loss is a mean over sequences; use config.rl.loss_agg_mode in {modes}")
         if self.dual_clip and not self.policy_loss_kind.dual_clip:
-            bounded = tuple(k for k, v in loss_modes.POLICY_LOSSES.items() if v.dual_clip)
+            bounded = loss_modes.POLICY_LOSSES.where(lambda loss: loss.dual_clip)
             raise ValueError(f"config.rl.dual_clip={self.dual_clip} with {loss}: the dual clip bounds only "
                              f"config.rl.policy_loss in {bounded}; set --config.rl.dual_clip=0")
         kind = self.estimator_kind
@@ -130,7 +128,7 @@ class RLSettings:
             if on and not kind.grouped:
                 raise ValueError(f"config.rl.{name}={getattr(self, name)} with config.rl.estimator={self.estimator!r}: "
                                  "it compares the dialogues of a group; use a grouped estimator "
-                                 f"{tuple(k for k, v in algorithms.ESTIMATORS.items() if v.grouped)}")
+                                 f"{algorithms.ESTIMATORS.where(lambda e: e.grouped)}")
         if self.overlong_penalty < 0 or (self.overlong_penalty and not 0 < self.overlong_buffer <= self.max_new_tokens):
             raise ValueError(f"config.rl.overlong_penalty={self.overlong_penalty} with config.rl.overlong_buffer="
                              f"{self.overlong_buffer}: need a penalty >= 0 and 0 < buffer <= "

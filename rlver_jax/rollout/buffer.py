@@ -8,8 +8,10 @@ rollout.versions.VersionSchedule.for_batch(i, max_staleness, partial) gives it:
   max_staleness >= 2 with partial rollouts: a dialogue of batch i starts on version
     i - max_staleness and each later turn takes the next version, up to i - 1: dialogues in
     flight when the weights change continue under the new weights.
-The buffer publishes each version into the sampler (engines.table: `publish`, its weight
-sync), which keeps them (engines.published.Published). A batch starts once its first version is
+The buffer publishes each version into the engine (engines.seam.Engine.publish, its weight
+sync), which keeps them (engines.published.Published). No JAX here: with max_staleness > 0 the
+engine samples while the trainer's update donates the published parameters, so it takes them as
+`private` and keeps a copy of its own. A batch starts once its first version is
 published (the oldest one when that one never was: the first batches of a run); a turn whose
 version is not published yet waits for it in the sampler (`Published.resolve`). The versions are
 a function of (batch index, turn), not of timing, so a run resumed at step S that publishes the
@@ -28,9 +30,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-
-import jax
-import jax.numpy as jnp
 
 from rlver_jax.engines.seam import Engine
 from rlver_jax.rollout.sequence import DialogueSequence
@@ -79,15 +78,12 @@ class RolloutBuffer:
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
     def publish(self, version: int, params: Any) -> None:
-        """Publish `params` (version `version`) into the sampler, for the turns that want it.
+        """Publish `params` (version `version`) into the engine, for the turns that want it.
 
         The trainer's update donates its parameters. With max_staleness = 0 the producer has
-        finished sampling before the next update starts, so it samples on them directly; with
-        max_staleness > 0 it samples while the trainer updates, so it gets its own device copy
-        of every array in `params`."""
-        if self.max_staleness > 0:
-            params = jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, params)
-        self._sampler.publish(version, params)
+        finished sampling before the next update starts, so the engine samples on them directly;
+        with max_staleness > 0 it samples while the trainer updates: `private`, a copy of its own."""
+        self._sampler.publish(version, params, private=self.max_staleness > 0)
         if not self._thread.is_alive() and not self._stop:
             self._thread.start()
 

@@ -1,8 +1,9 @@
 """Multi-turn dialogues between the policy and simulated users, many at once.
 
 Each dialogue moves on its own: its next policy turn as soon as its simulator step returns.
-A policy that schedules turns itself (`continuous`: the rollout engine, engines.continuous) takes
-each dialogue's turn the moment it is asked for, every dialogue of the batch in one session.
+A policy that schedules turns itself (RolloutSettings.continuous: an engine whose row says so,
+engines.table) takes each dialogue's turn the moment it is asked for, every dialogue of the batch
+in one session.
 Otherwise the policy generates in one batched call for the dialogues of a group that are ready
 (rollout.ready_batches: with a short bounded wait for others to join; an infinite one is
 lockstep rounds), and a batch may be split into pipeline groups, each with its own KV-cache
@@ -51,8 +52,10 @@ class RolloutSettings:
     max_new_tokens: int = 512  # per policy turn
     max_total_tokens: int = 4096  # per training row; the dialogue ends as truncated beyond it
     format_failure: str = "end"  # end: the dialogue ends with reward 0; continue: send the raw text
-    # Static sampler only (config.rollout.engine="static"): concurrent groups of dialogues (overlap
-    # generation with the simulator); the rollout engine overlaps them by itself.
+    # The policy schedules turns itself (its engine's row, engines.table.EngineRow.continuous): each
+    # dialogue's turn goes straight to it, every dialogue in one session; else the fields below.
+    continuous: bool = False
+    # Concurrent groups of dialogues, each its own session (overlap generation with the simulator).
     pipeline_groups: int = 1
     # Per-dialogue progress (rollout.ready_batches): how long a dialogue ready for its next policy
     # turn waits for others of its group to join the call; inf: for all of them (lockstep rounds).
@@ -80,15 +83,16 @@ class RolloutSettings:
                      lowest={"max_total_tokens": 1, "pipeline_groups": 1, "batch_wait_s": 0})
 
     @classmethod
-    def from_config(cls, section: Any, where: str, *, think: bool, pipeline_groups: int = 1,
+    def from_config(cls, section: Any, where: str, *, think: bool, continuous: bool = False, pipeline_groups: int = 1,
                     batch_wait_s: float = batch_wait_s, system_prompt: str = "") -> RolloutSettings:
         """The dialogue fields of a config section (config.rollout, config.policy,
-        config.train.eval_policy; `where` names it in errors); the think mode, the pipeline
-        groups, the batch wait and a system prompt of the caller's own are the caller's (an
-        evaluation's think mode may come from the policy's run)."""
+        config.train.eval_policy; `where` names it in errors); the think mode, how turns reach the
+        policy and a system prompt of the caller's own are the caller's (an evaluation's think mode
+        may come from the policy's run)."""
         return cls(think=think, max_new_tokens=section.max_new_tokens, max_total_tokens=section.max_total_tokens,
-                   format_failure=section.format_failure, pipeline_groups=pipeline_groups, batch_wait_s=batch_wait_s,
-                   think_history=section.think_history, system_prompt=system_prompt, where=where)
+                   format_failure=section.format_failure, continuous=continuous, pipeline_groups=pipeline_groups,
+                   batch_wait_s=batch_wait_s, think_history=section.think_history, system_prompt=system_prompt,
+                   where=where)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,15 +138,13 @@ class EpisodeRunner:
         self.simulator = simulator
         self.settings = settings
         self.reward_mode = reward_mode
-        rewards.source(reward_mode)  # an unknown name fails here, before any dialogue is played
+        rewards.REWARDS.row(reward_mode)  # an unknown name fails here, before any dialogue is played
         drop = settings.drop_thoughts
         if chat_tokens is None:
             self._history = lambda: TextHistory(self.settings.max_new_tokens, drop)
         else:
             self._history = lambda: TokenHistory(chat_tokens, self.settings.max_new_tokens,
                                                  self.settings.max_total_tokens, drop)
-        # The policy takes each dialogue's turn as it comes (engines.seam.Policy.continuous).
-        self._continuous = getattr(policy, "continuous", False)
         self._episode_ids = itertools.count()
         self._session_ids = itertools.count()
 
@@ -151,7 +153,7 @@ class EpisodeRunner:
         """All dialogues of `requests` to the end, in the order given, each turn asking for the
         version `versions` gives it. `on_finish` is called with each dialogue as soon as it ends
         (evaluation saves it then, so a crash loses no result)."""
-        groups = 1 if self._continuous else self.settings.pipeline_groups
+        groups = 1 if self.settings.continuous else self.settings.pipeline_groups
         n_groups = min(groups, max(len(requests), 1))
         chunks = [list(range(i, len(requests), n_groups)) for i in range(n_groups)]
         results: list[DialogueSequence | None] = [None] * len(requests)
@@ -191,26 +193,27 @@ class EpisodeRunner:
             e.session, e.slot, e.episode = session, slot, next(self._episode_ids)
         finished: dict[int, DialogueSequence] = {}
 
-        def finish(i: int) -> None:
-            finished[i] = self._finish(episodes[i], versions)
+        async def finish(i: int) -> None:
+            finished[i] = await self._finish(episodes[i], versions)
             if on_finish is not None:
                 on_finish(finished[i])
 
         live = [i for i, e in enumerate(episodes) if not e.done]
         for i in range(len(episodes)):
             if i not in live:  # the simulator failed to open it
-                finish(i)
+                await finish(i)
         calls = ReadyBatches(self.policy, self.settings.batch_wait_s, len(live))
-        act = self._act if self._continuous else calls.act
+        continuous = self.settings.continuous
+        act = self._act if continuous else calls.act
 
         async def play(i: int) -> None:
             try:
                 await self._play(episodes[i], act, versions)
             finally:
                 calls.leave()
-            finish(i)
+            await finish(i)  # an async reward source: the others play on while it scores
 
-        serve = [] if self._continuous else [asyncio.ensure_future(calls.serve())]
+        serve = [] if continuous else [asyncio.ensure_future(calls.serve())]
         tasks = serve + [asyncio.ensure_future(play(i)) for i in live]
         try:
             await asyncio.gather(*tasks)
@@ -291,12 +294,12 @@ class EpisodeRunner:
         elif last.utterance is not None:
             self._append_user(episode, last.utterance)
 
-    def _finish(self, episode: _Episode, versions: VersionSchedule) -> DialogueSequence:
+    async def _finish(self, episode: _Episode, versions: VersionSchedule) -> DialogueSequence:
         state, h = episode.state, episode.history
         # The version of its first (oldest) turn; with no policy turn, the schedule's first (no
         # version precedes 0: the first batches of a run want versions below it).
         version = episode.turns[0]["policy_version"] if episode.turns else max(versions.first, 0)
-        return rewards.score(DialogueSequence(
+        return await rewards.score(DialogueSequence(
             profile_id=state.profile.id, group=episode.request.group, tokens=h.tokens,
             policy_mask=h.policy_mask, logprobs=h.logprobs, turn_ends=h.turn_ends, row_starts=h.row_starts,
             emotions=list(state.emotions), end_reason=episode.end_reason or "unknown",

@@ -36,8 +36,8 @@ from rlver_jax.text.chat import ChatTokens
 def play_profiles(policy: Policy, chat_tokens: ChatTokens | None, simulator: SimulatorSettings,
                   rollout: RolloutSettings, profiles: Sequence[tuple[int, Profile]], *, version: int = 0,
                   group_size: int = 0, max_dialogues: int = 0, append_to: pathlib.Path | None = None,
-                  transcripts_dir: pathlib.Path | None = None, progress: str | None = None
-                  ) -> list[DialogueSequence]:
+                  transcripts_dir: pathlib.Path | None = None, progress: str | None = None,
+                  bar: tqdm | None = None) -> list[DialogueSequence]:
     """Play one dialogue per profile; every process's dialogues, on every process (a collective).
 
     policy, chat_tokens: this process's policy and its chat tokens (None for a text policy); an
@@ -54,6 +54,8 @@ def play_profiles(policy: Policy, chat_tokens: ChatTokens | None, simulator: Sim
     transcripts_dir: process 0 writes every dialogue there at the end, as
       `eval_{version:06d}.jsonl` (rollout.transcripts; the training run's evaluations).
     progress: the label of a progress bar on process 0; None for none.
+    bar: a progress bar of the caller's to count the dialogues on (under the label `progress`), left
+      open: several calls under one bar (the benchmark's robustness probes); None: a bar of its own.
 
     Returns the dialogues from their records (no token view): process by process, each process's
     in the order of `profiles`.
@@ -61,8 +63,12 @@ def play_profiles(policy: Policy, chat_tokens: ChatTokens | None, simulator: Sim
     mine = [profiles[i] for i in hosts.share(len(profiles))]
     first = hosts.process_index() == 0
     finished: list[DialogueSequence] = []  # this process's dialogues, in the order they ended
-    bar = tqdm(total=len(mine), disable=progress is None or not first, desc=progress, unit="dialogue",
-               dynamic_ncols=True)
+    own_bar = bar is None
+    if own_bar:
+        bar = tqdm(total=len(mine), disable=progress is None or not first, desc=progress, unit="dialogue",
+                   dynamic_ncols=True)
+    else:
+        bar.set_description_str(progress or "")
     stop_showing_requests = show_requests(bar, progress or "")
 
     def on_finish(seq: DialogueSequence) -> None:
@@ -85,7 +91,8 @@ def play_profiles(policy: Policy, chat_tokens: ChatTokens | None, simulator: Sim
         played = asyncio.run(play())
     finally:
         stop_showing_requests()
-        bar.close()
+        if own_bar:
+            bar.close()
     place = {id(s): k for k, s in enumerate(played)}
     parts = hosts.allgather_json([[place[id(s)], s.to_record()] for s in finished])
     if first and append_to is not None:

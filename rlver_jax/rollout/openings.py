@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rlver_jax.checks import InputError
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.rollout.history import TokenHistory
 from rlver_jax.rollout.prompts import system_prompt
@@ -37,14 +38,14 @@ def openings_over_budget(chat_tokens: chat.ChatTokens, settings: RolloutSettings
 
 def check_openings(chat_tokens: chat.ChatTokens, settings: RolloutSettings, profiles: Sequence[Profile],
                    what: str, language: str = "") -> None:
-    """ValueError naming every profile of `profiles` (`what`: where they come from, e.g.
+    """InputError (exit 2) naming every profile of `profiles` (`what`: where they come from, e.g.
     "config.data.train_profiles") whose opening leaves the policy no turn (`openings_over_budget`)."""
     over = openings_over_budget(chat_tokens, settings, profiles, language)
     if not over:
         return
     shown = ", ".join(f"{pid} ({n} tokens)" for pid, n in over[:5]) + (f" and {len(over) - 5} more" if len(over) > 5
                                                                        else "")
-    raise ValueError(
+    raise InputError(
         f"{len(over)} profile(s) of {what} open with more than the policy's token budget leaves for a turn "
         f"({settings.where}max_total_tokens={settings.max_total_tokens}, system prompt and opening included): "
         f"{shown}. Their dialogues would end before the policy spoke; raise {settings.where}max_total_tokens or "

@@ -7,15 +7,21 @@ as each dialogue ends, not after its batch), and `score` stores its `Reward` on 
 travels with the dialogue between processes and into its transcript. The collation
 (rlver_jax.rl.batch), dynamic sampling, the summaries and the transcripts read it there and never
 ask which source gave it: a new source is its function and its row here.
+
+A source may be an `async def` (a served judge awaits its answer): `score` awaits it, so the event
+loop on which every dialogue runs goes on playing the others meanwhile. The embedded sources are
+plain functions, called directly.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from rlver_jax.rollout.sequence import DialogueSequence
+from rlver_jax.table import Table, first_clause
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,18 +72,13 @@ def emotion_per_turn(seq: DialogueSequence) -> Reward:
     return Reward(_paper_reward(seq), changes, changes)
 
 
-# config.rl.reward_mode -> the source: a function of the finished dialogue.
-REWARDS: dict[str, Callable[[DialogueSequence], Reward]] = {
+Source = Callable[[DialogueSequence], Reward | Awaitable[Reward]]
+
+# config.rl.reward_mode -> the source: a function of the finished dialogue (plain or async).
+REWARDS: Table[Source] = Table("config.rl.reward_mode", {
     "final": emotion_final,
     "per_turn": emotion_per_turn,
-}
-
-
-def source(name: str) -> Callable[[DialogueSequence], Reward]:
-    """The row `name` of REWARDS, or one error naming the config field and the valid names."""
-    if name not in REWARDS:
-        raise ValueError(f"config.rl.reward_mode={name!r}; use one of {tuple(REWARDS)}")
-    return REWARDS[name]
+}, summary=lambda f: first_clause(f.__doc__))
 
 
 def shuffled(dialogues: Sequence[DialogueSequence], seed: int) -> list[DialogueSequence]:
@@ -94,9 +95,11 @@ def shuffled(dialogues: Sequence[DialogueSequence], seed: int) -> list[DialogueS
     return out
 
 
-def score(seq: DialogueSequence, name: str) -> DialogueSequence:
-    """Store source `name`'s reward on `seq` (in place) and return it."""
-    reward = source(name)(seq)
+async def score(seq: DialogueSequence, name: str) -> DialogueSequence:
+    """Store source `name`'s reward on `seq` (in place) and return it; an async source is awaited."""
+    reward = REWARDS.row(name)(seq)
+    if inspect.isawaitable(reward):
+        reward = await reward
     if len(reward.episode) != seq.policy_turns or len(reward.turns) != seq.policy_turns:
         raise ValueError(f"reward source {name!r} gave dialogue {seq.profile_id} {len(reward.episode)} and "
                          f"{len(reward.turns)} turn rewards for its {seq.policy_turns} policy turns")

@@ -30,8 +30,10 @@ DialogueState (frozen, JSON via to_dict()/DialogueState.from_dict()):
 Reward for RL: max(state.emotion, 0) / 100. A dialogue with end_reason "simulator_error" has
 no valid reward: keep it in transcripts, leave it out of training and scoring.
 
-Errors: SimulatorUnavailableError (server down or refusing after retries; stop the run; a
-llm_client.EndpointUnavailableError), ProfileError (bad profile file: names file, line and field).
+Errors: SimulatorUnavailableError (server refusing, or failing after retries; stop the run; a
+llm_client.EndpointUnavailableError), SimulatorOutageError (one, down or throttled past
+config.simulator.outage_budget_s: stop, resumable, exit 75), ProfileError (bad profile file: names
+file, line and field).
 
 Modules: profiles (loading, validation, language), templates + prompts/ (the LLM prompts, zh/en,
 vanilla/challenging), parsing (tolerant answer parsing, label neutralising), patterns (regexes
@@ -57,7 +59,7 @@ from typing import Any
 _MODULE_OF = {  # public name -> the module that defines it
     "Simulator": "agent", "is_goodbye": "agent",
     "Backend": "interface", "EmotionJudgement": "interface", "SimulatorOutputError": "interface",
-    "SimulatorUnavailableError": "interface", "Utterance": "interface",
+    "SimulatorUnavailableError": "interface", "SimulatorOutageError": "interface", "Utterance": "interface",
     "CacheMissError": "cache",
     "build_simulator": "factory", "check_endpoint": "factory",
     "DEFAULT_PROFILES": "profiles", "Profile": "profiles", "ProfileError": "profiles",

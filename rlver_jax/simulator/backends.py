@@ -24,12 +24,16 @@ from rlver_jax.simulator.embedded import EmbeddedBackend
 from rlver_jax.simulator.interface import Backend, Transport
 from rlver_jax.simulator.llm_user import LLMUser, LLMUserSettings
 from rlver_jax.simulator.openai_transport import OpenAITransport
+from rlver_jax.table import Table
 
 # config.simulator's fields that change how a served simulator's answers are fetched, not what they
 # are: a resumed run may change them (train/spec.FREE), an evaluation keeps its own under a training
 # run's settings (eval/spec.like_training), and setup.json does not record them.
 TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_concurrency", "max_retries", "backoff_initial_s",
-                       "backoff_max_s", "malformed_retries", "cache_dir", "cache_replay_only"})
+                       "backoff_max_s", "outage_budget_s", "malformed_retries", "cache_dir", "cache_replay_only",
+                       "latency_s"})
+# What the planner reads of a served simulator (launch/plan.py's step estimate): seconds per request.
+PLANNING = frozenset({"latency_s"})
 # Where a served model answers (llm_client.ClientSettings): base_url, model, api_key_env, timeout_s, ...
 ENDPOINT_FIELDS = frozenset(f.name for f in dataclasses.fields(ClientSettings)) - {"name", "flag_prefix"}
 # How an LLM user asks: sampling, answer format, retries, prompt budget, answer cache.
@@ -52,26 +56,20 @@ def llm_user(transport: Callable[[ClientSettings], Transport]) -> Build:
     return lambda llm, client: LLMUser(llm, transport(client))
 
 
-BACKENDS: dict[str, BackendRow] = {
+BACKENDS: Table[BackendRow] = Table("config.simulator.backend", {
     # An LLM behind an OpenAI-compatible API (SGLang, vLLM, any provider): launch/serve_simulator.sh
-    "openai": BackendRow(build=llm_user(OpenAITransport), reads=ENDPOINT_FIELDS | LLM_USER_FIELDS, served=True,
+    "openai": BackendRow(build=llm_user(OpenAITransport), reads=ENDPOINT_FIELDS | LLM_USER_FIELDS | PLANNING,
+                         served=True,
                          summary="served (openai backend)"),
     # Deterministic rules, no network: a stand-in for demos and tests, not a benchmark
     "embedded": BackendRow(build=lambda llm, client: EmbeddedBackend(), reads=frozenset(), served=False,
                            summary="embedded (a stand-in whose judge is fitted on SAGE's results, "
                                    "rlver_jax/simulator/embedded.py; no server)",
                            card_model="embedded judge fitted on SAGE's results"),
-}
-
-
-def row(name: str) -> BackendRow:
-    """The row of `config.simulator.backend=name`; an unknown name is one error listing the known ones."""
-    if name not in BACKENDS:
-        raise ValueError(f"config.simulator.backend={name!r}: use one of {tuple(BACKENDS)}")
-    return BACKENDS[name]
+}, summary=lambda r: r.summary)
 
 
 def first_served() -> str:
     """The first served backend of the table: what a panel member given as MODEL@URL plays under,
     and what the banner of a run without a server names."""
-    return next(name for name, r in BACKENDS.items() if r.served)
+    return BACKENDS.where(lambda r: r.served)[0]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from rlver_jax.llm_client import EndpointUnavailableError
+from rlver_jax.llm_client import EndpointUnavailableError, OutageError
 from rlver_jax.simulator.state import DialogueState
 
 
@@ -60,12 +60,17 @@ class SimulatorUnavailableError(EndpointUnavailableError):
     """The simulator service could not be reached or refused the request (after retries)."""
 
 
+class SimulatorOutageError(SimulatorUnavailableError, OutageError):
+    """The simulator stayed down or throttled past config.simulator.outage_budget_s; a run stopped
+    by it keeps what it finished and exits with status 75 (OutageError.exit_status): rerun to resume."""
+
+
 class Backend(Protocol):
     """What the state machine asks of a simulated user.
 
     Each method may raise SimulatorOutputError (a malformed answer, or SimulatorRequestError for a
     refused request: the dialogue is then marked `simulator_error`) or SimulatorUnavailableError
-    (the run cannot go on; it propagates).
+    (the run cannot go on; it propagates; SimulatorOutageError: past the outage budget).
     """
 
     async def open(self, state: DialogueState) -> Utterance:

@@ -20,6 +20,15 @@ len(delays) requests sleep delays[i] seconds first; every request sleeps `delay_
 may return a Reply to set the status, add a delay or send a body of its own for that answer. An exception in the script
 becomes an HTTP 500 and is kept in `server.errors`.
 
+Faults of a served simulator, from any thread while it serves (tests/outage_test.py):
+`down(for_s)` goes away for that long (connections refused, those open dropped, the requests in
+work lost; `downtimes` records when) and comes back on the same port (`answered` lists the chat
+requests, by index, whose answers were sent whole: a request answered twice shows there); `throttle(for_s,
+retry_after_s)` answers every chat request HTTP 429 with a Retry-After header for that long
+(`throttled` records when each was sent and the seconds it asked); `slow_down(for_s, factor)`
+makes `delay_s` that many times longer for the requests arriving in that time. `at_request(n,
+fault)` runs `fault()` (one of those) as the n-th chat request arrives, before it is answered.
+
 `one_at_a_time=True` serves as llama-cpp-python's server does: one request at a time, in arrival
 order, the others queued; a request whose client gave up (a timeout) is still worked on, since
 the server cannot cancel it. `server.peak_in_flight` then counts the queued ones too.
@@ -48,6 +57,7 @@ import contextlib
 import dataclasses
 import http.server
 import json
+import socket
 import sys
 import threading
 import time
@@ -156,18 +166,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
         pass
 
-    def _send(self, status: int, body: Any) -> None:
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> bool:
+        """Whether the answer was sent whole."""
         data = (body if isinstance(body, str) else json.dumps(body)).encode("utf-8")
         try:
             self.send_response(status)
             self.send_header("Content-Type",
                              "text/plain" if isinstance(body, str) else "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (a timeout test); nothing to answer
+        except OSError:  # broken pipe, reset
+            return False  # the client gave up (a timeout test), or the server went down; nothing to answer
+        return True
 
     def do_GET(self) -> None:
         if self.path == "/health":
@@ -184,8 +198,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.path != "/v1/chat/completions":
             self._send(404, {"error": {"message": f"no route {self.path}", "code": 404}})
             return
-        status, body = self.server.owner._answer(request)
-        self._send(status, body)
+        self.server.owner._arrived()
+        if (throttled := self.server.owner._throttled()) is not None:
+            self._send(429, {"error": {"message": "rate limited", "type": "scripted", "code": 429}},
+                       {"Retry-After": f"{throttled:g}"})
+            return
+        owner = self.server.owner
+        index, status, body = owner._answer(request)
+        if self._send(status, body) and status == 200:
+            with owner._lock:
+                owner.answered.append(index)
 
 
 class _HTTPServer(http.server.ThreadingHTTPServer):
@@ -193,6 +215,26 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     block_on_close = False  # do not wait for handlers still sleeping when a test ends
     request_queue_size = 256  # many dialogues connect at once; a short backlog drops SYNs
     owner: ScriptedServer
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.connections: set[Any] = set()  # open connections, dropped when the server goes down
+        self.lock = threading.Lock()
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        with self.lock:
+            self.connections.add(request)
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            with self.lock:
+                self.connections.discard(request)
+
+    def drop_connections(self) -> None:
+        with self.lock:
+            for connection in self.connections:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):  # a client gave up: no news
@@ -239,6 +281,14 @@ class ScriptedServer:
         self.arrivals: list[float] = []
         self.errors: list[BaseException] = []
         self.peak_in_flight = 0
+        self.downtimes: list[tuple[float, float]] = []  # (from, to) in time.perf_counter()
+        self.answered: list[int] = []  # the indices of the chat requests answered (HTTP 200) and sent whole
+        self.throttled: list[tuple[float, float]] = []  # (sent at, Retry-After seconds) of each 429
+        self._throttle: tuple[float, float] = (float("-inf"), 0.0)  # (until, Retry-After seconds)
+        self._slow: tuple[float, float] = (float("-inf"), 1.0)  # (until, factor)
+        self._restart: threading.Timer | None = None
+        self._posted = 0  # chat requests arrived, answered or not
+        self._faults: dict[int, Callable[[], None]] = {}  # `at_request`
         self._in_flight = 0
         self._lock = threading.Lock()
         self._turns = _Turns() if one_at_a_time else contextlib.nullcontext()
@@ -256,7 +306,8 @@ class ScriptedServer:
         """What an OpenAI client takes as base_url."""
         return self.url + "/v1"
 
-    def _answer(self, request: dict[str, Any]) -> tuple[int, Any]:
+    def _answer(self, request: dict[str, Any]) -> tuple[int, int, Any]:
+        """(the request's index, the status and body of its answer)."""
         with self._lock:
             index = len(self.requests)
             self.requests.append(request)
@@ -265,13 +316,15 @@ class ScriptedServer:
             self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
         try:
             with self._turns:
-                return self._work(index, request)
+                return index, *self._work(index, request)
         finally:
             with self._lock:
                 self._in_flight -= 1
 
     def _work(self, index: int, request: dict[str, Any]) -> tuple[int, Any]:
-        time.sleep(self.delay_s + (self.delays[index] if index < len(self.delays) else 0.0))
+        until, factor = self._slow
+        delay_s = self.delay_s * (factor if self.arrivals[index] < until else 1.0)
+        time.sleep(delay_s + (self.delays[index] if index < len(self.delays) else 0.0))
         if index < len(self.fail_statuses):
             return self._error(self.fail_statuses[index], "scripted failure")
         if self.response_format == "reject" and request.get("response_format") is not None:
@@ -327,16 +380,67 @@ class ScriptedServer:
     def _error(status: int, message: str) -> tuple[int, Any]:
         return status, {"error": {"message": message, "type": "scripted", "code": status}}
 
-    def __enter__(self) -> ScriptedServer:
+    def at_request(self, n: int, fault: Callable[[], None]) -> None:
+        """Run `fault()` (down, throttle, slow_down) as the `n`-th chat request arrives (1-based),
+        before it is answered: it is the first the fault meets."""
+        self._faults[n] = fault
+
+    def _arrived(self) -> None:
+        with self._lock:
+            self._posted += 1
+            fault = self._faults.pop(self._posted, None)
+        if fault is not None:
+            fault()
+
+    def _throttled(self) -> float | None:
+        """The Retry-After seconds of a 429 for a chat request arriving now, None when not throttled."""
+        until, retry_after = self._throttle
+        now = time.perf_counter()
+        if now >= until:
+            return None
+        with self._lock:
+            self.throttled.append((now, retry_after))
+        return retry_after
+
+    def throttle(self, for_s: float, retry_after_s: float) -> None:
+        """For `for_s` seconds, answer every chat request HTTP 429 with `Retry-After: retry_after_s`."""
+        self._throttle = (time.perf_counter() + for_s, retry_after_s)
+
+    def slow_down(self, for_s: float, factor: float) -> None:
+        """For `for_s` seconds, requests arriving take `factor` times delay_s."""
+        self._slow = (time.perf_counter() + for_s, factor)
+
+    def down(self, for_s: float) -> None:
+        """Go away for `for_s` seconds (a crash and restart): connections are refused, those open
+        are dropped with the requests in work; then serve again on the same port."""
+        now = time.perf_counter()
+        self.downtimes.append((now, now + for_s))
+        self._stop()
+        self._restart = threading.Timer(for_s, self._start)
+        self._restart.daemon = True
+        self._restart.start()
+
+    def _start(self) -> None:
         self._httpd = _HTTPServer(("127.0.0.1", self.port), _Handler)
         self._httpd.owner = self
+        self.port = self._httpd.server_address[1]  # the same port when it comes back
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
                                         kwargs={"poll_interval": 0.05})
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def _stop(self) -> None:
         assert self._httpd is not None and self._thread is not None
         self._httpd.shutdown()
         self._httpd.server_close()
+        self._httpd.drop_connections()
         self._thread.join()
+
+    def __enter__(self) -> ScriptedServer:
+        self._start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._restart is not None:
+            self._restart.cancel()
+            self._restart.join()
+        self._stop()

@@ -5,7 +5,8 @@ a run where it could not).
 A no-op is said only where it follows from the run's own settings, each with its reason:
 - one update per batch (one epoch, one mini-batch): every PPO ratio is 1 when the gradient is taken,
   so the clip bounds never act, and the policy losses whose gradient at ratio 1 is the policy
-  gradient (`RATIO_ONE_LOSSES`) give the same update up to rounding;
+  gradient (their row's `ratio_one`, rlver_jax.rl.loss_modes.POLICY_LOSSES) give the same update up
+  to rounding;
 - one-turn dialogues: the per-turn reward is the final emotion less the initial one, a constant that
   a group baseline removes; turn-level credit is the dialogue's own;
 - partial rollouts with max_staleness below 2: every turn of a batch comes from one version.
@@ -18,12 +19,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from rlver_jax.rl import algorithms
+from rlver_jax.rl import algorithms, loss_modes
 from rlver_jax.train.spec import RunSpec, change_kind, flat_fields
 
-# Policy losses whose gradient at ratio 1 is the plain policy gradient: -A * grad log pi, aggregated
-# alike (rlver_jax.rl.policy_losses; cispo's truncated weight is 1 there too).
-RATIO_ONE_LOSSES = ("ppo", "gspo", "gspo_token", "cispo")
 CLIP_FIELDS = ("rl.clip_eps_low", "rl.clip_eps_high", "rl.dual_clip", "rl.gspo_clip_eps_low",
                "rl.gspo_clip_eps_high", "rl.cispo_clip_eps_high")
 
@@ -52,17 +50,17 @@ def no_ops(spec: RunSpec, changed: Mapping[str, tuple[Any, Any]]) -> dict[str, s
         for f in CLIP_FIELDS:
             if f in changed:
                 out[f] = f"{ratio_one}, so the clip never acts"
-        if "rl.policy_loss" in changed and {changed["rl.policy_loss"][0], rl.policy_loss} <= set(RATIO_ONE_LOSSES):
+        if "rl.policy_loss" in changed and _ratio_one(changed["rl.policy_loss"][0], rl.policy_loss):
             out["rl.policy_loss"] = f"{ratio_one}, where these losses give the same gradient (up to rounding)"
         if "rl.algo" in changed:
-            before = algorithms.algorithm(changed["rl.algo"][0])
-            now = algorithms.algorithm(rl.algo)
-            if before.estimator == now.estimator and {before.policy_loss, now.policy_loss} <= set(RATIO_ONE_LOSSES) \
+            before = algorithms.ALGORITHMS.row(changed["rl.algo"][0])
+            now = algorithms.ALGORITHMS.row(rl.algo)
+            if before.estimator == now.estimator and _ratio_one(before.policy_loss, now.policy_loss) \
                     and _same_but_loss(before, now):
                 out["rl.algo"] = (f"{changed['rl.algo'][0]} and {rl.algo} differ only in the policy loss; "
                                   f"{ratio_one}, where both give the same gradient (up to rounding)")
     one_turn = spec.simulator.rules.max_turns == 1
-    if one_turn and "rl.reward_mode" in changed and algorithms.ESTIMATORS[rl.estimator].grouped:
+    if one_turn and "rl.reward_mode" in changed and rl.estimator_kind.grouped:
         out["rl.reward_mode"] = ("one-turn dialogues: the per-turn reward is the final emotion less the initial "
                                  f"one, a constant that the {rl.estimator} group baseline removes")
     if one_turn and "rl.turn_credit_weight" in changed:
@@ -71,6 +69,12 @@ def no_ops(spec: RunSpec, changed: Mapping[str, tuple[Any, Any]]) -> dict[str, s
         out["rollout.partial_rollouts"] = (f"rollout.max_staleness={spec.loop.max_staleness}: every turn of a batch "
                                            "is sampled by one version anyway")
     return out
+
+
+def _ratio_one(*losses: str) -> bool:
+    """Whether every one of `losses` is a policy loss with the plain policy gradient at ratio 1 (a
+    preset's "", its algorithm's loss, is not known here: no)."""
+    return all(loss in loss_modes.POLICY_LOSSES and loss_modes.POLICY_LOSSES[loss].ratio_one for loss in losses)
 
 
 def _same_but_loss(a: algorithms.Algorithm, b: algorithms.Algorithm) -> bool:

@@ -1,5 +1,6 @@
 """The first lines of a training run: what it runs (the policy, the simulator, the profiles, the
-mesh, the algorithm), so that a run against the wrong model, simulator or data shows it at once."""
+mesh, the algorithm, the rollout engine), so that a run against the wrong model, simulator or data
+shows it at once."""
 
 from __future__ import annotations
 
@@ -42,4 +43,5 @@ def describe(spec: RunSpec, *, params: int, train_profiles: Sequence[Profile], e
     think = "think-then-say" if spec.rollout.think else "no thinking"
     algorithm = (f"algorithm  {spec.rl.algo}, {loop.profiles_per_step} profiles x {loop.n} dialogue(s) a step, "
                  f"{think}, {loop.steps} steps, work directory {loop.workdir}")
-    return [policy, simulator, profiles, mesh, algorithm]
+    engine = f"engine     {spec.engine.engine}: {spec.engine.row.summary}"  # its row's words (engines.table)
+    return [policy, simulator, profiles, mesh, algorithm, engine]

@@ -23,7 +23,6 @@ directly.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -38,6 +37,7 @@ from etils import epath
 
 from rlver_jax.checks import InputError
 from rlver_jax.parallel import sharding
+from rlver_jax.train.checkpoint_files import newest_record, read_record, saved_steps, steps_in  # noqa: F401 (here too)
 from rlver_jax.train.workdir import is_url
 
 log = logging.getLogger(__name__)
@@ -69,15 +69,31 @@ def quiet_orbax_errors() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _NotOrbax) for f in logger.filters):
             logger.addFilter(_NotOrbax())
+    _expect_closed_loop_callbacks()
+
+
+def _expect_closed_loop_callbacks() -> None:
+    """A checkpoint read or write that failed leaves tensorstore's other operations of it running:
+    orbax closes its event loop as soon as the first one fails (asyncio_utils.run_sync), and each
+    of the others, when it ends, calls back into that closed loop (loop.call_soon_threadsafe), which
+    Python reports as an unraisable "Event loop is closed" with a traceback. Their results are
+    discarded and nothing waits for them: drop exactly those reports (`_quiet_closed_loops`), once
+    a failure made them expected, in the library and in the launch scripts alike."""
     if not getattr(sys.unraisablehook, "_rlver_quiet", False):
         sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
 
 
 def _quiet_closed_loops(hook: Callable[[Any], None]) -> Callable[[Any], None]:
-    """`hook` but for "Event loop is closed" from tensorstore's callbacks into the event loop of a
-    checkpoint write or read that already failed (printed as unraisable, a traceback each)."""
+    """`hook` but for "Event loop is closed" raised by a callback into a closed event loop
+    (call_soon_threadsafe: tensorstore's, after a checkpoint write or read that already failed)."""
     def quiet(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+        error, tb = unraisable.exc_value, unraisable.exc_traceback
+        frames = []
+        while tb is not None:
+            frames.append(tb.tb_frame.f_code.co_name)
+            tb = tb.tb_next
+        if (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+                and "call_soon_threadsafe" in frames):
             return
         hook(unraisable)
 
@@ -190,45 +206,8 @@ def _write_error(manager: ocp.CheckpointManager, step: int | None, error: Except
         "same command to resume")
 
 
-def steps_in(directory: str | os.PathLike) -> list[int]:
-    """The complete checkpoints' steps in `directory` (a path or a gs:// URL), from the folder names."""
-    if is_url(directory):
-        root = epath.Path(os.fspath(directory))
-        return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
-    return saved_steps(directory)
-
-
-def read_record(directory: str | os.PathLike, step: int) -> dict[str, Any]:
-    """The JSON record (`meta`) of checkpoint `step` in `directory`, read from its file without a
-    manager (and without touching the arrays)."""
-    root = epath.Path(os.fspath(directory)) if is_url(directory) else epath.Path(os.path.abspath(directory))
-    record = json.loads((root / str(step) / "meta" / "metadata").read_text())
-    if not isinstance(record, dict):
-        raise ValueError(f"{root / str(step)}: the record is not a JSON object")
-    return record
-
-
-def newest_record(directory: str | os.PathLike) -> tuple[int, dict[str, Any]] | None:
-    """(step, record) of the newest checkpoint in `directory` whose record reads; None when there is none."""
-    for step in reversed(steps_in(directory)):
-        try:
-            return step, read_record(directory, step)
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def latest_step(manager: ocp.CheckpointManager) -> int | None:
     return manager.latest_step()
-
-
-def saved_steps(directory: str | os.PathLike) -> list[int]:
-    """The complete checkpoints' steps in `directory` (a run's WORKDIR/checkpoints), read from the
-    folder names without opening a manager: orbax renames a step's folder to its number only when
-    the step is fully written."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
 
 
 def restore(manager: ocp.CheckpointManager, step: int | None, template: Any) -> tuple[Any, dict[str, Any]]:
@@ -296,6 +275,7 @@ def restore_newest_readable(manager: ocp.CheckpointManager, template: Any, *, at
             except CheckpointMismatchError:
                 raise
             except Exception as e:  # noqa: BLE001 - what damaged files raise varies (tensorstore, JSON, OS)
+                _expect_closed_loop_callbacks()  # the read's other operations end into orbax's closed loop
                 if attempt + 1 < attempts:
                     log.warning("reading the checkpoint of step %d in %s failed (%s); trying again", step,
                                 manager.directory, _reason(e))

@@ -8,7 +8,7 @@ or Slurm send before they kill) alike: the first one during a step is deferred u
 done (update, metrics, transcripts, checkpoint; the in-loop evaluation is skipped, `stopping`) and
 raised then as KeyboardInterrupt; between steps (waiting for rollouts) it is raised at once. A
 second signal during a step stops at once: the step is torn, and the last checkpoint is what is
-kept.
+kept (but a SIGTERM within REPEAT_S of the first is the same one, delivered twice).
 
 The first signal also starts a clock: if the process has not ended `stop_within_s` seconds later
 (a step or a save slower than a preemption notice allows), `on_expiry` is called (it says what is
@@ -31,16 +31,24 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+
+from rlver_jax.outage import EXIT_TEMPFAIL
 
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # The exit status of a run stopped by each signal (the shell's 128 + the signal's number).
 EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
-# The exit status of a process whose peer was lost or preempted: rerun the same command on every
-# host (sysexits.h's EX_TEMPFAIL; rlver_jax.train.pod).
-EXIT_RESTART = 75
+# The exit status of a process whose peer was lost or preempted (rlver_jax.train.pod), or whose
+# simulator was down past its outage budget: rerun the same command (on every host) to resume.
+EXIT_RESTART = EXIT_TEMPFAIL
+
+
+# A SIGTERM again this soon after the first is the same one: a scheduler signals every process of
+# the job, and the launcher's watch (rlver_jax/cli/watchdog.py) passes its own on to the run.
+REPEAT_S = 2.0
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -78,6 +86,7 @@ class StepGuard:
         self.peer_signals: dict[int, int] = {}  # the other processes' signals, as last agreed
         self._agree = agree or (lambda signum: [signum])
         self._timer: threading.Timer | None = None
+        self._first_at = float("-inf")  # when the first signal came
         self._interruptible = False
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
@@ -144,8 +153,10 @@ class StepGuard:
 
     def _on_signal(self, signum, frame) -> None:
         first = self.signal is None
+        if not first and signum == self.signal == signal.SIGTERM and time.monotonic() - self._first_at < REPEAT_S:
+            return  # the same SIGTERM, delivered twice
         if first:
-            self.signal = signum
+            self.signal, self._first_at = signum, time.monotonic()
             self._start_clock(signum)
         if self.processes > 1 and first:
             self._pending = True  # every process stops at the same agreed point

@@ -72,9 +72,12 @@ def train_run(run: Run, *, progress: bool = True, on_step: Callable[[int], None]
     Ctrl-C or SIGTERM finishes the running step (interrupts.StepGuard; the in-loop evaluation is
     skipped, or abandoned when the signal comes during it), saves its checkpoint and raises
     interrupts.TrainingInterrupted, whose message says where the checkpoint is and how to resume; a
-    failed checkpoint or transcript write stops the run at once; any other error leaves the last
-    complete checkpoint and the finished steps' files as they are. `on_step(step)`: told as each
-    step begins (rlver_jax.train.pod names the step when a process is lost).
+    simulator down past config.simulator.outage_budget_s saves the last complete step the same way
+    and raises its llm_client.OutageError (exit status 75; one in the middle of a step's in-loop
+    evaluation loses that step); a failed checkpoint or transcript write stops the run at once; any
+    other error leaves the last complete checkpoint and the finished steps' files as they are.
+    `on_step(step)`: told as each step begins (rlver_jax.train.pod names the step when a process is
+    lost).
     """
     try:
         return _train(run, progress, on_step or (lambda step: None))
@@ -149,11 +152,12 @@ def _train(run: Run, progress: bool, on_step: Callable[[int], None]) -> dict[str
             if jax.process_index() == 0:
                 run.storage.push()
             guard.end_step()
-    except KeyboardInterrupt:
+    except BaseException as e:  # a signal or an outage past its budget saves the last complete step; others raise
         kept = {**record, "param_norms": norms, **({"sampling_versions": sorted(versions)} if versions else {})}
-        raise shutdown.interrupted(manager, state, guard.step, kept, s.workdir, sampling=resume.sampling_item(versions),
-                                   exit_status=guard.exit_status, signal=guard.signal,
-                                   peer_signals=guard.peer_signals if guard.processes > 1 else None) from None
+        stop = shutdown.stopped(e, guard, manager, state, kept, s.workdir, resume.sampling_item(versions))
+        if stop is None:
+            raise
+        raise stop from (None if isinstance(e, KeyboardInterrupt) else e)
     finally:
         guard.close()
         shutdown.shut_down(buffer, manager, writers)

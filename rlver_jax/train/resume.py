@@ -20,6 +20,7 @@ from rlver_jax.files import atomic_write_jsonl, read_jsonl
 from rlver_jax.parallel import sharding
 from rlver_jax.rl import offload, train_state
 from rlver_jax.train import checkpoint
+from rlver_jax.train.finished import finished_line
 from rlver_jax.train.spec import LoopSettings, RunSpec, resume_changes
 from rlver_jax.train.workdir import WorkDir
 
@@ -139,6 +140,4 @@ CHANGES = "changes.jsonl"
 def say_finished(directory: Any, start: int, steps: int) -> None:
     """A rerun of a finished run, said on stdout (process 0): not an error, and not chatter."""
     if jax.process_index() == 0:
-        print(f"nothing left to train: {directory} holds step {start} of config.train.steps={steps}; "
-              f"to train further rerun with a larger --config.train.steps (e.g. {2 * steps}): it extends "
-              "this run", flush=True)
+        print(finished_line(directory, start, steps), flush=True)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from rlver_jax.checks import InputError
 from rlver_jax.files import atomic_write_text
 from rlver_jax.models import lora as lora_lib
 from rlver_jax.models import qwen2
@@ -202,7 +203,7 @@ def _check_workdir(spec: RunSpec, storage: WorkDir) -> None:
         return
     if not loop.resume:
         if found:
-            raise ValueError(f"{where} holds a run ({', '.join(found)}): config.checkpoint.resume=False would mix a "
+            raise InputError(f"{where} holds a run ({', '.join(found)}): config.checkpoint.resume=False would mix a "
                              "new run into it. Use a new config.workdir, or --config.checkpoint.start_over=True to "
                              f"move this one to {where}.previous-N and start from step 0")
         return
@@ -247,7 +248,8 @@ def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
     workdir = storage.local
     train_profiles, eval_profiles = split_profiles(spec.data)
     tracking_settings = dataclasses.replace(spec.tracking, run_dir=str(workdir))
-    check_endpoint(spec.simulator)
+    # A rerun of a run (after its simulator stayed down past the budget, say) waits for it as the run did.
+    check_endpoint(spec.simulator, wait=spec.loop.resume and bool(run_files(storage.location)))
     chat_tokens = _tokenizer(spec.model, workdir)
     if jax.process_index() == 0:  # once the profiles, the simulator and the tokenizer were found
         atomic_write_text(workdir / "config.json", spec.config_json)
@@ -286,7 +288,7 @@ def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
                train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh, own_dialogues=own,
                collation=StepCollation(spec.rl.batch_size, spec.rl.mini_batch_size,
                                        spec.loop.length_multiple, chat_tokens.end_of_text, owner,
-                                       jax.process_index(), jax.process_count()),
+                                       jax.process_index(), jax.process_count(), spec.rl.pack_rows),
                sampling_layout=SamplingLayout.create(actor_cfg, mesh, spec.mesh.rules),
                update=prog, state=state, frozen=frozen, lora_base=lora_base(spec), lock=lock)
 

@@ -1,6 +1,7 @@
-"""How the training loop stops: after Ctrl-C or SIGTERM (the checkpoint of the last complete
-step, the error saying where it is), when the signal's clock runs out, and the closing of the
-producer, the checkpoint manager and the writers after the loop, with or without an error.
+"""How the training loop stops: after Ctrl-C or SIGTERM, or a simulator down past its outage
+budget (the checkpoint of the last complete step, the error saying where it is), when the signal's
+clock runs out, and the closing of the producer, the checkpoint manager and the writers after the
+loop, with or without an error.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from collections.abc import Callable
 from signal import SIGINT
 from typing import Any
 
+from rlver_jax.llm_client import OutageError
 from rlver_jax.parallel import hosts
 from rlver_jax.rl import train_state
 from rlver_jax.rollout.buffer import RolloutBuffer
 from rlver_jax.train import checkpoint
-from rlver_jax.train.interrupts import TrainingInterrupted, signal_name
+from rlver_jax.train.interrupts import StepGuard, TrainingInterrupted, signal_name
 from rlver_jax.train.metrics import Writers
 from rlver_jax.train.spec import LoopSettings
 from rlver_jax.train.workdir import WorkDirLock
@@ -53,16 +55,7 @@ def interrupted(manager, state: train_state.TrainState | None, torn_step: int | 
     and the actor versions of `sampling`) unless a checkpoint of it exists (or it is torn, or there
     is no state yet: then the last checkpoint is kept); the error that says so (`workdir`:
     config.workdir, to resume; `exit_status`: the process's)."""
-    if torn_step is None and state is not None:
-        step = int(state.step)  # every step up to here is complete, its metrics written
-        if step > 0 and checkpoint.latest_step(manager) != step:
-            log.warning("%s: saving the checkpoint of step %d", signal_name(signal), step)
-            checkpoint.save(manager, step, state, {"step": step, **record}, force=True, sampling=sampling)
-        checkpoint.wait(manager)
-    saved = checkpoint.latest_step(manager)
-    lost = f"step {torn_step} was cut short and is not kept; " if torn_step is not None else ""
-    where = (f"the checkpoint of step {saved} is in {manager.directory}" if saved is not None
-             else "no step was completed, nothing is saved")
+    where = _keep_last(manager, state, torn_step, record, sampling, signal_name(signal))
     if signal is None and peer_signals:
         what = "; ".join(f"process {i} was {'preempted' if s != SIGINT else 'interrupted'} ({signal_name(s)})"
                          for i, s in sorted(peer_signals.items()))
@@ -70,7 +63,63 @@ def interrupted(manager, state: train_state.TrainState | None, torn_step: int | 
     else:
         what = "interrupted" if signal in (None, SIGINT) else f"stopped by {signal_name(signal)}"
         rerun = "Rerun the same command" + (" on every host" if peer_signals is not None else "")
-    return TrainingInterrupted(f"{what}: {lost}{where}. {rerun} to resume (config.workdir={workdir}).", exit_status)
+    return TrainingInterrupted(f"{what}: {where}. {rerun} to resume (config.workdir={workdir}).", exit_status)
+
+
+def stopped(error: BaseException, guard: StepGuard, manager, state: train_state.TrainState | None, record: dict,
+            workdir: str, sampling: Any = None) -> BaseException | None:
+    """What the loop raises after `error` left it: after Ctrl-C or SIGTERM (KeyboardInterrupt)
+    `interrupted`'s error, after an outage past its budget `outage`'s, each once the last complete
+    step is saved (`record`, `sampling`: its checkpoint's); None for any other error."""
+    if isinstance(error, KeyboardInterrupt):
+        return interrupted(manager, state, guard.step, record, workdir, sampling=sampling,
+                           exit_status=guard.exit_status, signal=guard.signal,
+                           peer_signals=guard.peer_signals if guard.processes > 1 else None)
+    if isinstance(error, Exception) and (cause := outage_of(error)) is not None:
+        return outage(manager, state, guard.step, record, workdir, cause, sampling=sampling,
+                      save=guard.processes == 1)
+    return None
+
+
+def outage_of(error: BaseException) -> OutageError | None:
+    """The outage past its budget that `error` is, or was raised from (the rollout producer's
+    failure, rollout.buffer.RolloutError); None for any other error."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, OutageError):
+            return error
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+def outage(manager, state: train_state.TrainState | None, torn_step: int | None, record: dict, workdir: str,
+           error: OutageError, *, sampling: Any = None, save: bool = True) -> OutageError:
+    """After the simulator (or another endpoint) stayed down past its outage budget (`error`): save
+    the state of the last complete step as `interrupted` does (`save`; a run of several processes
+    keeps its last checkpoint instead: a save needs every process at the same point), and the error
+    of the same type that says so (exit status 75: the same command resumes)."""
+    if save:
+        where = _keep_last(manager, state, torn_step, record, sampling, "simulator outage")
+    else:
+        saved = checkpoint.latest_step(manager)
+        where = f"the newest checkpoint is step {saved} in {manager.directory}" if saved is not None else "none saved"
+    return type(error)(f"{error}. Stopped: {where}. Rerun the same command to resume (config.workdir={workdir}).")
+
+
+def _keep_last(manager, state: train_state.TrainState | None, torn_step: int | None, record: dict, sampling: Any,
+               why: str) -> str:
+    """Save the state of the last complete step unless a checkpoint of it exists (or it is torn, or
+    there is no state yet: then the last checkpoint is kept); what is kept, in words."""
+    if torn_step is None and state is not None:
+        step = int(state.step)  # every step up to here is complete, its metrics written
+        if step > 0 and checkpoint.latest_step(manager) != step:
+            log.warning("%s: saving the checkpoint of step %d", why, step)
+            checkpoint.save(manager, step, state, {"step": step, **record}, force=True, sampling=sampling)
+        checkpoint.wait(manager)
+    saved = checkpoint.latest_step(manager)
+    lost = f"step {torn_step} was cut short and is not kept; " if torn_step is not None else ""
+    return lost + (f"the checkpoint of step {saved} is in {manager.directory}" if saved is not None
+                   else "no step was completed, nothing is saved")
 
 
 def shut_down(buffer: RolloutBuffer | None, manager, writers: Writers | None) -> None:

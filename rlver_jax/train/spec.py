@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import ml_collections
 
 from rlver_jax.checks import InputError, build_all, check_ranges
-from rlver_jax.engines.table import EngineSettings
+from rlver_jax.engines.table import EngineSettings, check_read, engine_fields
 from rlver_jax.models import smollm2
-from rlver_jax.models.lora_settings import TARGETS, LoraSettings
-from rlver_jax.rl import algorithms
+from rlver_jax.models.lora_settings import LoraSettings
 from rlver_jax.rl.batch import minibatch_unit
+from rlver_jax.rl.offload_modes import OFFLOAD
 from rlver_jax.rl.settings import OptimSettings, RLSettings
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.sampling.settings import SamplingSettings
@@ -129,18 +129,23 @@ class LoopSettings:
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """The in-loop evaluation (`config.train.eval_*`): the training simulator's backend under SAGE's
-    rules, the benchmark's policy sampling (configs/eval.py)."""
+    rules, the benchmark's policy sampling (configs/eval.py) on the rollout's engine."""
 
     simulator: SimulatorSettings
     rollout: RolloutSettings
     sampling: SamplingSettings
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict, simulator: SimulatorSettings) -> EvalSettings:
+    def from_config(cls, config: ml_collections.ConfigDict, simulator: SimulatorSettings, engine: EngineSettings,
+                    given: Collection[str] = ()) -> EvalSettings:
+        """`given`: the fields of config.train.eval_policy the command line set, refused where the
+        rollout's engine does not read them (engines.table.check_read)."""
         p, where = config.train.eval_policy, "config.train.eval_policy."
-        rules, rollout, sampling = build_all(
+        _, rules, rollout, sampling = build_all(
+            lambda: check_read(engine.engine, given, where, engine_flag=f"{engine.where}engine"),
             lambda: EmotionRules.from_config(config.train.eval_rules),
-            lambda: RolloutSettings.from_config(p, where, think=config.rollout.think),
+            lambda: RolloutSettings.from_config(p, where, think=config.rollout.think,
+                                                continuous=engine.row.continuous),
             lambda: SamplingSettings.from_config(p, where))
         return cls(dataclasses.replace(simulator, rules=rules), rollout, sampling)
 
@@ -176,12 +181,12 @@ class RunSpec:
     loop: LoopSettings
     rollout: RolloutSettings
     sampling: SamplingSettings
-    engine: EngineSettings  # the sampler of the rollouts and the in-loop evaluation (engines.table)
+    engine: EngineSettings  # the engine of the rollouts and the in-loop evaluation (engines.table)
     simulator: SimulatorSettings
     eval: EvalSettings
     tracking: TrackingSettings
     data: DataSpec
-    offload: str  # a mode of rlver_jax.rl.offload.OFFLOAD (config.train.offload)
+    offload: str  # a row of rlver_jax.rl.offload_modes.OFFLOAD (config.train.offload)
     record: dict[str, Any]  # config.to_dict(): what W&B records and `override` rebuilds from
     config_json: str  # the run's config.json
     preset: dict[str, Any] | None = None  # the config file's preset alone, to_dict() (what an ablation changes)
@@ -203,28 +208,34 @@ class RunSpec:
         """The specs of `config` (configs/base.py), before anything is touched: one ValueError names
         every bad field. `given`: the dotted fields the command line set (e.g. "simulator.base_url"),
         refused where what the config chose ignores them (a served simulator's URL given to the
-        embedded one). `preset`: the config file's own config, without the overrides (the banner
-        says what the run changes, rlver_jax.train.ablation). Imports no JAX, so launch/train.py
-        checks a config before importing it."""
+        embedded one, the static engine's pipeline_groups to the continuous one). `preset`: the
+        config file's own config, without the overrides (the banner says what the run changes,
+        rlver_jax.train.ablation). Imports no JAX, so launch/train.py checks a config before
+        importing it."""
         r = config.rollout
-        given_simulator = {f.split(".", 1)[1] for f in given if f.startswith("simulator.")}
+
+        def given_in(section: str) -> set[str]:
+            return {f[len(section):] for f in given if f.startswith(section)}
+
         loop, sampling, engine, rollout, simulator, model, critic, lora, actor_optim, critic_optim = build_all(
             lambda: LoopSettings.from_config(config),
             lambda: SamplingSettings.from_config(r, "config.rollout."),
-            lambda: EngineSettings.from_config(r, "config.rollout."),
+            lambda: EngineSettings.from_config(r, "config.rollout.", given_in("rollout.")),
             lambda: RolloutSettings.from_config(r, "config.rollout.", think=r.think, pipeline_groups=r.pipeline_groups,
                                                 batch_wait_s=r.batch_wait_s),
-            lambda: SimulatorSettings.from_config(config.simulator, given=given_simulator),
+            lambda: SimulatorSettings.from_config(config.simulator, given=given_in("simulator.")),
             lambda: model_source(config),
             lambda: CriticSource(config.critic.path, config.critic.value_head_init, config.seed),
             lambda: lora_settings(config),
             lambda: optim_settings(config.optim.actor, "config.optim.actor."),
             lambda: optim_settings(config.optim.critic, "config.optim.critic."))
-        # Then what builds on those (the in-loop evaluation varies the simulator's settings; the RL
-        # settings divide by the batch sizes checked above).
-        eval_settings, rl, tracking = build_all(
-            lambda: EvalSettings.from_config(config, simulator), lambda: rl_settings(config),
-            lambda: TrackingSettings.from_config(config))
+        # Then what builds on those (the engine says how turns reach it; the in-loop evaluation varies
+        # the simulator's settings; the RL settings divide by the batch sizes checked above).
+        rollout = dataclasses.replace(rollout, continuous=engine.row.continuous)
+        eval_settings, rl, tracking, offload = build_all(
+            lambda: EvalSettings.from_config(config, simulator, engine, given_in("train.eval_policy.")),
+            lambda: rl_settings(config), lambda: TrackingSettings.from_config(config),
+            lambda: OFFLOAD.check(config.train.offload))
         if lora.enabled and critic.path:
             raise ValueError(f"config.critic.path={critic.path!r} with config.lora.rank={lora.rank}: the LoRA "
                              "critic shares the policy's frozen base (its own adapters and value head on it); "
@@ -238,7 +249,7 @@ class RunSpec:
         return cls(model=model, critic=critic, lora=lora, mesh=MeshSpec(tuple(config.mesh.shape), config.mesh.rules),
                    rl=rl, actor_optim=actor_optim, critic_optim=critic_optim, loop=loop, rollout=rollout,
                    sampling=sampling, engine=engine, simulator=simulator, eval=eval_settings, tracking=tracking,
-                   data=DataSpec(d.train_profiles, d.eval_profiles, d.eval_holdout), offload=config.train.offload,
+                   data=DataSpec(d.train_profiles, d.eval_profiles, d.eval_holdout), offload=offload,
                    record=config.to_dict(), config_json=config.to_json_best_effort(indent=2),
                    preset=preset.to_dict() if preset is not None else None)
 
@@ -327,11 +338,13 @@ def lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
 
 
 # Fields added to the training config since the first runs, with the values those runs trained with
-# (the Qwen2Config defaults of the time), by config section.
+# (the Qwen2Config defaults of the time), by config section; runs before LoRA trained without
+# adapters, LoraSettings() (rank 0: full fine-tuning).
 _ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0},
-                 "rollout": {"engine": "jax", "engine_rows": 0, "decode_chunk": 8, "prefill_chunk": 256},
-                 "lora": {"rank": 0, "alpha": 16.0, "targets": ",".join(TARGETS), "base_dtype": "float32",
-                          "lr_multiplier": 10.0, "modules_to_save": ""}}
+                 # the rollout engine's: runs before it sampled with static calls
+                 "rollout": {"engine": "static", "engine_rows": 0, "decode_chunk": 8, "prefill_chunk": 256},
+                 "lora": dataclasses.asdict(LoraSettings()),
+                 "simulator": {"latency_s": 15.0}}
 
 
 def saved_config(run_dir: pathlib.Path) -> ml_collections.ConfigDict:
@@ -351,17 +364,18 @@ def saved_config(run_dir: pathlib.Path) -> ml_collections.ConfigDict:
 # and how the run is kept, laid out, served and watched: any time. Everything else (learning
 # rates, loss knobs, sampling, the simulator's rules, the step count, ...) may change when
 # config.checkpoint.allow_changes names it, and is then logged as a change at that step.
+# Every LoRA field but the adapters' learning-rate factor shapes or scales what is trained.
+_LORA_IDENTITY = tuple(f"lora.{f.name}" for f in dataclasses.fields(LoraSettings) if f.name != "lr_multiplier")
 IDENTITY = ("model.preset", "model.path", "model.random_init", "model.tokenizer_path", "model.param_dtype",
-            "model.scan_layers", "lora.rank", "lora.alpha", "lora.targets", "lora.base_dtype",
-            "lora.modules_to_save", "critic.path", "critic.value_head_init", "rl.algo", "rollout.think",
+            "model.scan_layers", *_LORA_IDENTITY, "critic.path", "critic.value_head_init", "rl.algo", "rollout.think",
             "rollout.think_history", "rollout.n", "rollout.profiles_per_step", "seed")
 FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_every", "train.eval_max_profiles",
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
         "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
         "train.degenerate_alarm_action", "train.template_alarm", "train.template_alarm_action", "model.remat",
-        "model.attention", "model.mlp_chunk", "rollout.pipeline_groups", "rollout.batch_wait_s", "rollout.cache_slots",
-        "rollout.engine", "rollout.engine_rows", "rollout.decode_chunk", "rollout.prefill_chunk", "rl.micro_batch_size",
-        "rl.logprob_chunk", *(f"simulator.{f}" for f in sorted(TRANSPORT)))
+        "model.attention", "model.mlp_chunk", "rl.micro_batch_size", "rl.logprob_chunk", "rl.pack_rows",
+        # the engine and every field an engine reads: how sampling is laid out, not what is trained
+        *(f"rollout.{f}" for f in sorted(engine_fields())), *(f"simulator.{f}" for f in sorted(TRANSPORT)))
 
 
 def _matches(field: str, names: tuple[str, ...]) -> bool:
@@ -431,7 +445,7 @@ def _warmups_moved(spec: RunSpec, before: int, after: int) -> str:
     """What a change of train.steps from `before` to `after` moves besides the step count: the
     optimizers' warm-ups (the critic's when one trains), in words; "" when nothing."""
     optims = {"the actor's": spec.actor_optim}
-    if algorithms.ESTIMATORS[spec.rl.estimator].critic:
+    if spec.rl.uses_critic:
         optims["the critic's"] = spec.critic_optim
     moved = [f"{who} warm-up: {opt.warmup_steps(before)} -> {opt.warmup_steps(after)} steps"
              for who, opt in optims.items() if before != after and opt.warmup_steps(before) != opt.warmup_steps(after)]

@@ -30,7 +30,13 @@ from rlver_jax.eval.resume import check_setup, load_records
 from rlver_jax.eval.spec import CapabilitiesSpec
 from rlver_jax.files import append_jsonl
 from rlver_jax.inflight import show_requests
-from rlver_jax.llm_client import EndpointUnavailableError, RequestRejectedError, check_chat_endpoint, served_models
+from rlver_jax.llm_client import (
+    EndpointUnavailableError,
+    RequestRejectedError,
+    check_chat_endpoint,
+    restated,
+    served_models,
+)
 from rlver_jax.text.chat import THINK_CLOSE
 
 log = logging.getLogger(__name__)
@@ -226,7 +232,7 @@ def _ask_and_grade(spec: CapabilitiesSpec, source: policy_source.PolicySource, w
     try:
         asyncio.run(main())
     except EndpointUnavailableError as e:
-        raise EndpointUnavailableError(f"{e}\n{resume}") from e
+        raise restated(e, f"{e}\n{resume}") from e
     finally:
         stop_showing()
         bar.close()

@@ -1,5 +1,6 @@
 """Where a phase of the plan does not fit its budget: the largest shapes with which it does (a
-micro-batch, a dialogue length, the engine's KV rows, pipeline groups, cache slots, held-out profiles), each candidate
+micro-batch, a dialogue length, what the rollout engine's plan offers: the continuous engine's KV
+rows, the static engine's pipeline groups and cache slots; held-out profiles), each candidate
 compiled as the plan compiles it.
 """
 
@@ -9,8 +10,8 @@ import math
 from collections.abc import Callable, Sequence
 
 from rlver_jax.parallel import sharding, topology
-from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
-from rlver_jax.train.planner.phases import eval_profiles, run_phases
+from rlver_jax.train.planner.phases import run_phases
+from rlver_jax.train.planner.sampler import eval_profiles, rollout_shapes
 from rlver_jax.train.planner.setup import GB, abstract_setup
 from rlver_jax.train.spec import RunSpec
 
@@ -28,13 +29,17 @@ def _largest(candidates: Sequence[int], fits: Callable[[int], bool]) -> int | No
     return best
 
 
+def _flags(fields: dict) -> list[str]:
+    return [f"--config.{k}={v}" for k, v in fields.items()]
+
+
 def fitting_shapes(spec: RunSpec, budget: float, phases: Sequence[str], feed_tokens: int,
                    log: Callable[[str], None], hoist_converts: bool = True, host_devices: int | None = None,
                    target: topology.Target | None = None) -> list[str]:
     """Update phases (some of UPDATE): the largest micro-batch, else the longest dialogue, with
-    which each of them fits `budget` bytes. ["rollout"]: the rollout engine's most KV rows, else
-    the longest dialogue; static calls: the fewest pipeline groups (most dialogues per sampler
-    call), else the longest dialogue (no cache) or the most cache slots.
+    which each of them fits `budget` bytes. ["rollout"]: what the engine's plan offers
+    (train.planner.sampler.Search: the continuous engine's most KV rows, else the longest dialogue;
+    the static engine's fewest pipeline groups, else the longest dialogue or the most cache slots).
     ["evaluation"]: the most held-out profiles per evaluation. Each candidate is compiled as the
     plan is (for `target`: by the TPU compiler)."""
     s0 = abstract_setup(spec, hoist_converts, host_devices, target)
@@ -62,30 +67,15 @@ def fitting_shapes(spec: RunSpec, budget: float, phases: Sequence[str], feed_tok
             out.append(f"--config.rl.micro_batch_size={micro[0]}")
         field, step, limit = "rollout.max_total_tokens", spec.loop.length_multiple, s0.seq_len
         start = step
-    elif spec.engine.engine == "jax":  # fewer KV rows (dialogues held at once), else shorter dialogues
-        out, rows = [], (spec.engine.engine_rows or bucket(spec.loop.dialogues // s0.hosts)) // 2
-        while rows >= 1:
-            log(f"  search: engine_rows={rows}")
-            if total(spec.override(**{"rollout.engine_rows": rows})) <= budget:
-                return [f"--config.rollout.engine_rows={rows}"]
-            rows //= 2
-        spec = spec.override(**{"rollout.engine_rows": 1})
-        out.append("--config.rollout.engine_rows=1")
-        field, step, limit = "rollout.max_total_tokens", LENGTH_BUCKETS[0], spec.rollout.max_total_tokens
-        start = step
-    else:
-        r, cache_slots, out = spec.rollout, spec.sampling.cache_slots, []
-        dialogues = spec.loop.dialogues // s0.hosts  # one host's
-        groups = r.pipeline_groups * 2
-        while groups <= dialogues:  # fewer dialogues per sampler call
-            log(f"  search: pipeline_groups={groups}")
-            if total(spec.override(**{"rollout.pipeline_groups": groups})) <= budget:
-                return [f"--config.rollout.pipeline_groups={groups}"]
-            groups *= 2
-        field = "rollout.cache_slots" if cache_slots else "rollout.max_total_tokens"
-        step, limit = LENGTH_BUCKETS[0], cache_slots or r.max_total_tokens
-        # A cache must hold a turn's generation and the smallest feed (rollout_shapes).
-        start = r.max_new_tokens + LENGTH_BUCKETS[0] if cache_slots else step
+    else:  # the rollout: the engine's own shapes first (its plan's `search`), then a field to shrink
+        found = rollout_shapes(spec, feed_tokens, s0.hosts).search(spec)
+        for tried in found.tries:
+            log(f"  search: {' '.join(_flags(tried))}")
+            if total(spec.override(**tried)) <= budget:
+                return _flags(tried)
+        out = _flags(found.kept)
+        spec = spec.override(**found.kept) if found.kept else spec
+        field, step, limit, start = found.field, found.step, found.limit, found.start
     out = [] if list(phases) == ["evaluation"] else out
 
     def fits(n):
