@@ -2,15 +2,17 @@ r"""Fit the embedded simulator's calibrated judge on SAGE's released results, an
 leaving one model out (rlver_jax/simulator/judge_fit.py, docs/simulator.md).
 
   .venv/bin/python launch/fit_judge.py --results=../shared/data/sage/dialogues/*.jsonl.xz (comma-separated) \
+      --profiles=../shared/data/rlver/test_profile.jsonl --out=rlver_jax/simulator/data/judge_weights.json
+  # a refit with adversarial turns, tried through $RLVER_JUDGE_WEIGHTS=refit.json:
+  .venv/bin/python launch/fit_judge.py --results=... \
       --profiles=../shared/data/rlver/test_profile.jsonl,rlver_jax/simulator/data/profiles_en.jsonl \
-      --adversarial=rlver_jax/simulator/data/adversarial/*.jsonl.xz (comma-separated) \
-      --out=rlver_jax/simulator/data/judge_weights.json
+      --adversarial=runs/adversarial_smol.jsonl.xz (comma-separated) --out=refit.json
 
 fits on every file given and writes the weights (the shipped file comes from the 8 files of
-../shared/data/sage/dialogues and the shipped adversarial turns: the same command reproduces it
-byte for byte); --lomo also fits on all files but one (and every adversarial turn), judges that
-one, for each file, and prints the agreement of the whole judge and of its named features alone
-(what an English reply gets) with SAGE's simulator. --adversarial: dialogues in SAGE's result
+../shared/data/sage/dialogues alone: the first command reproduces it byte for byte); --lomo also
+fits on all files but one (and every adversarial turn), judges that one, for each file, and prints
+the agreement of the whole judge and of its named features alone (what an English reply gets)
+with SAGE's simulator. --adversarial: dialogues in SAGE's result
 format that launch/attack_simulator.py --adversarial_out wrote (templates and probes the judge
 overpaid), fitted as the lowest change SAGE's simulator recorded (judge_fit.py).
 """

@@ -58,7 +58,8 @@ def test_the_emotion_rows_by_hand():
 def test_the_random_reward_control_permutes_the_rewards_of_a_batch():
     """rewards.shuffled: the trainable dialogues' final rewards permuted (a multiset kept), each on its
     new owner's last turn; a simulator error keeps none; the same seed, the same permutation."""
-    batch = [rewards.score(_dialogue([40, e], turns=1 + k % 2), "final") for k, e in enumerate((10, 20, 30, 40))]
+    batch = [asyncio.run(rewards.score(_dialogue([40, e], turns=1 + k % 2), "final"))
+             for k, e in enumerate((10, 20, 30, 40))]
     batch.append(_dialogue([40], turns=1, simulator_error=True, end_reason="simulator_error"))
     out = rewards.shuffled(batch, seed=3)
     assert sorted(d.reward for d in out[:4]) == [0.1, 0.2, 0.3, 0.4] and out[4].reward is None
