@@ -117,8 +117,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # the English ones only (SmolLM2 is an English model: it answers Chinese profiles with gibberish)
     c.data.train_profiles = str(ENGLISH_PROFILES) if smol else str(SHIPPED_PROFILES) if tiny else ""
     c.data.eval_profiles = ""  # held-out profiles for in-loop evaluation; "" = hold out from train
-    # with eval_profiles "": the last N train profiles, never trained on. smol: SMOL_HOLDOUT (16), two of each
-    # hidden goal, the very profiles configs/eval.py:smol plays (a held-out base-vs-trained comparison)
+    # With eval_profiles "", the last N train profiles, never trained on (smol: 16, two of each hidden goal,
+    # the profiles configs/eval.py:smol plays).
     c.data.eval_holdout = TINY_HOLDOUT if tiny else SMOL_HOLDOUT if smol else 0
 
     c.rollout = ml_collections.ConfigDict()
@@ -146,7 +146,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # With max_staleness >= 2, dialogues in flight move to newer versions turn by turn (rollout.versions);
     # False: every turn of a batch by its oldest version (an ablation).
     c.rollout.partial_rollouts = True
-    # static engine: concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
+    # Static engine: concurrent dialogue groups per batch (7b_lora: groups of 8 dialogues).
     c.rollout.pipeline_groups = 1 if cpu else (
         c.rollout.profiles_per_step * c.rollout.n // _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 4)
     # The rollout engine, a row of rlver_jax/engines/table.py. "continuous": continuous batching
