@@ -90,7 +90,7 @@ def main(argv):
             result = json.loads(pathlib.Path(attacks[preset]).read_text())
             on = " / ".join(str(result["per_profile"].get(pid, "-")) for pid in written)
             minutes = result["cpu_seconds"] / 60
-            lines.append(f"| the attack's best ({result['played']} dialogues, {minutes:.0f} CPU min) "
+            lines.append(f"| the attack's best ({result['played']} dialogues, {minutes:.1f} CPU min) "
                          f"| {result['best_score']:.1f} | | | {on} |")
     text = "\n".join(lines) + "\n"
     print(text)
