@@ -269,7 +269,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # Templates (rlver_jax.text.skeletons): an alarm when a step's template_rate, the share of replies
     # that share a skeleton with another user's once the user's words are masked, reaches this (a
     # policy that learnt one template for everyone, the user's words in its slots; SmolLM2's own
-    # replies: about 0.05); 0 = off.
+    # replies: 0.01 in its 64 held-out smol dialogues); 0 = off.
     c.train.template_alarm = 0.5
     c.train.template_alarm_action = "warn"  # "warn": log it; "stop": end the run before the step is saved
 
