@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from rlver_jax.engines.continuous import ContinuousEngine
-from rlver_jax.engines.seam import TurnRequest
+from rlver_jax.engines.seam import PolicyTurn, TurnRequest
 from rlver_jax.engines.table import EngineSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
+from rlver_jax.rollout.history import TokenHistory
 from rlver_jax.sampling import generation
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.text import chat
@@ -134,14 +135,23 @@ def test_rows_kept_rewound_and_rewritten_between_turns(versions, chat_tokens):
     assert third.version == 1 and second[0].version == 0
 
 
-def test_rows_grow_by_buckets_up_to_what_a_dialogue_can_need():
-    """A row's slots: the length bucket of what a turn needs, at most the longest prompt plus a
-    reply rounded up to 128 (config.rollout: 1024 - 2 + 48 = 1070 -> 1152, under the 1536 bucket);
-    a turn beyond that bound still gets its bucket."""
+def test_rows_hold_what_a_dialogue_can_need(chat_tokens):
+    """A row's slots: a dialogue's max_total_tokens rounded up to 128 (config.rollout: 1024), whatever
+    max_new_tokens is, since a TokenHistory asks for a reply only within the dialogue's budget (its
+    last turn's prompt plus its reply stay within max_total_tokens); a turn beyond that bound (a
+    request from elsewhere) gets its length bucket."""
     import ml_collections
 
     section = ml_collections.ConfigDict(dict(engine="continuous", engine_rows=0, decode_chunk=8, prefill_chunk=256,
-                                             max_total_tokens=1024, max_new_tokens=48))
+                                             max_total_tokens=1000, max_new_tokens=48))
     settings = EngineSettings.from_config(section, "config.rollout.")
-    assert settings.row_slots == 1152
-    assert [settings.slots_for(n) for n in (100, 700, 1070, 1200)] == [128, 768, 1152, 1536]
+    assert settings.row_slots == 1024
+    assert [settings.slots_for(n) for n in (100, 700, 1024, 1200)] == [1024, 1024, 1024, 1536]
+    history = TokenHistory(chat_tokens, max_new_tokens=48, max_total_tokens=120)
+    history.add_system("Be kind.")
+    while history.add_user("I feel a little lost today, and nobody seems to notice it"):
+        request = history.request()
+        assert len(request.prompt_ids) + request.max_new_tokens <= 120
+        ids = [chat_tokens.end_of_text] * (request.max_new_tokens - 1) + [chat_tokens.im_end]
+        history.add_turn(PolicyTurn(text="", token_ids=ids, logprobs=[0.0] * len(ids)), "ok")
+    assert len(history.tokens) > 60  # the budget was reached, not the first turn's
