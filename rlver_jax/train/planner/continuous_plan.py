@@ -1,9 +1,10 @@
 """The planner's plan of the continuous engine (engines.continuous; config.rollout.engine="continuous"):
 every dialogue of the host in one engine, on a fixed set of KV rows (config.rollout.engine_rows,
 else every dialogue of the host), each holding a dialogue's whole history (the longest prompt plus
-a turn's tokens). Its programs (rlver_jax.sampling.kv_rows): one decode chunk
-(rollout.decode_chunk steps) over every row at once, then a prefill chunk (rollout.prefill_chunk
-tokens, at most the `feed_tokens` of a turn) into every row, each the most a call runs over.
+a turn's tokens). Its program (rlver_jax.sampling.kv_rows.chunk), compiled twice: a call of
+rollout.decode_chunk decode steps over every row at once, and the same call with a prefill piece
+(rollout.prefill_chunk tokens, at most the `feed_tokens` of a turn) for every row in its first
+step, each the most a call runs over.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rlver_jax.models import ragged_attention
 from rlver_jax.parallel import chips
 from rlver_jax.sampling import kv_rows
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
-from rlver_jax.sampling.cache_bound import longest_prompt
+from rlver_jax.sampling.cache_bound import longest_prompt, row_slots
 from rlver_jax.train.planner import hlo_cost
 from rlver_jax.train.planner.compiled import Phase, compile_program, program_phase
 from rlver_jax.train.planner.sampler import Search, sampler_call, section
@@ -55,24 +56,26 @@ class ContinuousPlan:
                 f"in progress, prefill chunks of {self.chunk} tokens, up to {self.new_tokens} tokens a reply")
 
     def phases(self, s: Setup, host_devices: int | None) -> list[Phase]:
-        """A decode chunk, then a prefill chunk, each over every row (nothing gathered); the rows'
-        cache donated and held between turns."""
+        """A decode call, then a call with a prefill piece for every row, each over every row
+        (nothing gathered); the rows' cache and state donated and held between turns."""
         call = sampler_call(s, self.evaluation, host_devices)
         r = self.rows
         cache = call.cache(r, self.cache_slots)
-        per_row, keys = call.replicated((r,), jnp.int32), call.replicated((r, 2), jnp.uint32)
-        compiled, secs = compile_program(s, kv_rows._decode_jit, call.cfg, call.settings, call.host,
-                                         self.decode_chunk, call.params, cache, None, per_row, per_row, per_row,
-                                         per_row, keys)
+        per_row = call.replicated((r,), jnp.int32)
+        state = kv_rows.RowState(*[per_row] * 4, call.replicated((r, 2), jnp.uint32), call.replicated((r,), jnp.bool_))
+        serving = call.replicated((r,), jnp.bool_)
+        compiled, secs = compile_program(s, kv_rows._chunk_jit, call.cfg, call.settings, call.host,
+                                         self.decode_chunk, call.params, cache, state, None, serving, None)
         rows = (f"{r} KV rows x {self.cache_slots} slots, {device_bytes(cache) / GB:.2f} GB/device (donated, "
                 f"held between turns)")
         phases = [program_phase(s, self.name, compiled, call.held, secs,
                                 f"decode chunk of {self.decode_chunk} steps; {rows}; {call.copy}")]
-        compiled, secs = compile_program(s, kv_rows._prefill_jit, call.cfg, call.settings, call.host, call.params,
-                                         cache, None, per_row, call.replicated((r, self.chunk), jnp.int32), per_row,
-                                         keys)
+        feed = kv_rows.Feed(per_row, per_row, call.replicated((r, self.chunk), jnp.int32), per_row,
+                            call.replicated((r, 2), jnp.uint32), per_row)
+        compiled, secs = compile_program(s, kv_rows._chunk_jit, call.cfg, call.settings, call.host,
+                                         self.decode_chunk, call.params, cache, state, None, serving, feed)
         phases.append(program_phase(s, f"{self.name} prefill", compiled, call.held, secs,
-                                    f"prefill chunk of {self.chunk} tokens into {r} rows"))
+                                    f"the same with a prefill piece of {self.chunk} tokens for each of {r} rows"))
         return phases
 
     def search(self, spec: RunSpec) -> Search:
@@ -88,22 +91,25 @@ class ContinuousPlan:
     def rollout_seconds(self, costs: Mapping[str, hlo_cost.Cost], chip: chips.Chip, *, turns: int, dialogues: int,
                         feed_tokens: int, expected: int) -> tuple[float, float, str, float]:
         """Each turn, every dialogue of the host decodes in one batch of its rows (the chunks' steps:
-        the reply's tokens, times dialogues / rows), a reply costing its own tokens, then its feed
-        is prefilled in chunks; the rows' attention kernel reads each row to its fill
-        (hlo_cost.Cost.at_fill), assumed the longest prompt every turn (`fill`) plus the reply's
-        mean position while decoding, the longest prompt while prefilling, each to the end of its
-        key block (half a block past the fill on average)."""
+        the reply's tokens, times dialogues / rows), a reply costing its own tokens, and its feed is
+        prefilled in pieces, each costing what a call with a piece costs beyond a decoding call
+        (the decode steps beside the piece are counted with the reply's); the rows' attention kernel
+        reads each row to its fill (hlo_cost.Cost.at_fill), assumed the longest prompt every turn
+        (`fill`) plus the reply's mean position while decoding, the longest prompt while
+        prefilling, each to the end of its key block (half a block past the fill on average), at
+        most the whole row."""
         decode, slots, new = costs[self.name], self.cache_slots, self.new_tokens
 
         def read(reply: float) -> float:  # slots a decode step reads of a row, to the end of its last key block
-            return self.fill + reply / 2 + ragged_attention.DECODE_KEY_BLOCK / 2
+            return min(self.fill + reply / 2 + ragged_attention.DECODE_KEY_BLOCK / 2, slots)
 
         def step(reply: int) -> float:  # a decode step at the rows' mean fill over a reply of `reply` tokens
             return decode.at_fill(read(reply) / slots).seconds(chip) / self.decode_chunk
 
         chunks = -(-feed_tokens // self.chunk)
-        prefill = costs[f"{self.name} prefill"].at_fill(
-            (self.fill + ragged_attention.PREFILL_KEY_BLOCK / 2) / slots).seconds(chip) * chunks
+        fill = min(self.fill + ragged_attention.PREFILL_KEY_BLOCK / 2, slots) / slots
+        prefill = max(costs[f"{self.name} prefill"].at_fill(fill).seconds(chip) - decode.at_fill(fill).seconds(chip),
+                      0.0) * chunks
         waves = max(1.0, dialogues / self.rows)
 
         def seconds(reply: int) -> float:
@@ -120,9 +126,9 @@ class ContinuousPlan:
 
 def plan(spec: RunSpec, feed_tokens: int, hosts: int = 1, evaluation: bool = False) -> ContinuousPlan:
     """The engine's rows: every dialogue of the host (bucketed) unless config.rollout.engine_rows
-    bounds them, each of the slots the longest prompt and a reply need (EngineSettings.slots_for)."""
+    bounds them, each of the slots a dialogue can need (sampling.cache_bound.row_slots)."""
     sec, e = section(spec, hosts, evaluation), spec.engine
     prompt = longest_prompt(sec.rollout.max_total_tokens)
-    new = sec.sampling.max_new_tokens
-    return ContinuousPlan(e.engine_rows or bucket(sec.dialogues), chunk_width(feed_tokens, e.prefill_chunk), new,
-                          e.slots_for(prompt + new), e.decode_chunk, prompt, hosts, evaluation)
+    return ContinuousPlan(e.engine_rows or bucket(sec.dialogues), chunk_width(feed_tokens, e.prefill_chunk),
+                          sec.sampling.max_new_tokens, row_slots(sec.rollout.max_total_tokens), e.decode_chunk, prompt,
+                          hosts, evaluation)
