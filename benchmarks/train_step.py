@@ -3,6 +3,7 @@ r"""Train-step benchmark (issue 7): our jitted policy update vs a PyTorch step o
   .venv/bin/python benchmarks/train_step.py                               # tiny and 0.5B
   .venv/bin/python benchmarks/train_step.py --runs=tiny:16x512 --steps=3  # seconds
   .venv/bin/python benchmarks/train_step.py --runs=smol:8x256 --scan_layers  # the real SmolLM2 (issue 25)
+  .venv/bin/python benchmarks/train_step.py --runs=smol:16x1024 --scan_layers --length_spread=0.8 --notorch
   .venv/bin/python benchmarks/train_step.py --dtype=bfloat16 --peak_tflops=989 \
       --runs=qwen2.5-0.5b:8x2048,qwen2.5-1.5b:8x2048                     # an H200 (torch on CUDA)
 
@@ -11,7 +12,8 @@ Hugging Face directory and loaded by transformers, so both sides train the same 
 batch; the preset `smol` is the real SmolLM2-135M-Instruct of `.venv/bin/python launch/fetch_smollm2.py`
 (rlver_jax.models.smollm2.DEFAULT_DIR), its directory read by both sides: B rows of T random tokens,
 every row full length, alternating 64-token user and policy segments (the policy mask covers half
-the tokens), a GRPO reward on each row's last policy token.
+the tokens), a GRPO reward on each row's last policy token. --length_spread s > 0: rows of lognormal
+lengths instead (median a quarter of T, sigma s, capped at T: turn rows of mixed lengths), right-padded.
 
   ours: exactly what training runs per mini-batch: the actor's program of a train step
     (`make_update_program(...).actor`, `update.model_epochs` over `actor_update`), its params and
@@ -21,6 +23,8 @@ the tokens), a GRPO reward on each row's last policy token.
     one jitted program. The LM head runs only at policy tokens (TrainBatch.arrays()["policy_positions"]),
     as in training.
   ours, all tokens: the same program with every token scored, as a plain step would.
+  ours, packed (with --length_spread): the same program on the rows packed (config.rl.pack_rows,
+    rlver_jax/rl/packing.py), their layouts made on the host once, outside the timing.
   torch: transformers' Qwen2ForCausalLM (LlamaForCausalLM for smol) in train mode: logits -> log_softmax
     -> gather -> the same token-mean PPO clipped loss on the same old log-probs and advantages ->
     backward -> clip_grad_norm_ -> torch.optim.AdamW step.
@@ -29,7 +33,8 @@ The two sides run one after the other and each frees its memory before the next 
 AdamW is ~8 GB per side). One warm-up step (ours compiles) precedes --steps timed steps; the
 median is reported.
 
-  model FLOPs per step = 6 x P x B x T + 6 x V x D x S + 6 x L x N x H x T (T + 1) x B
+  model FLOPs per step = 6 x P x B x T + 6 x V x D x S + 6 x L x N x H x T (T + 1) x B (rows of their own
+    lengths l: the sum over rows of 6 x P x l + 6 x L x N x H x l (l + 1), the padding not counted)
     P: parameters a token meets in the decoder layers (no embedding table, no LM head); the LM
     head (V x D) at the S tokens a side scores (ours: the policy tokens; the other sides: all);
     the last term is causal attention: QK^T and PV, 2 FLOPs per multiply-add, forward plus a
@@ -66,7 +71,7 @@ from rlver_jax.models import hf_io, qwen2, smollm2  # noqa: E402
 from rlver_jax.models.config import Qwen2Config, get_preset  # noqa: E402
 from rlver_jax.rl import program as rl_program  # noqa: E402
 from rlver_jax.rl import train_state
-from rlver_jax.rl.batch import TrainBatch  # noqa: E402
+from rlver_jax.rl.batch import RowTable, TrainBatch  # noqa: E402
 from rlver_jax.rl.optimizer import make_optimizer  # noqa: E402
 from rlver_jax.rl.settings import OptimSettings, RLSettings  # noqa: E402
 
@@ -82,6 +87,8 @@ _THREADS = flags.DEFINE_integer("torch_threads", 2, "torch.set_num_threads.")
 _SEED = flags.DEFINE_integer("seed", 0, "Weights and batch seed.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Matmul compute dtype (weights stay fp32 master copies; torch: autocast).")
+_SPREAD = flags.DEFINE_float("length_spread", 0.0, "0: every row full length; s > 0: lognormal row lengths, "
+                             "median T / 4, sigma s, capped at T; adds the side `ours, packed`.")
 _PEAK = flags.DEFINE_float("peak_tflops", 0.0, "MFU denominator in TFLOP/s (e.g. 989 for an H200 in bf16); "
                            "0: measure a 4096x4096 jnp.dot in --dtype.")
 
@@ -99,26 +106,37 @@ class Result:
     scored: int = 0  # tokens the LM head ran on
 
 
-def step_flops(config: Qwen2Config, batch: int, tokens: int, scored: int) -> float:
-    """Model FLOPs of one forward + backward over `batch` rows of `tokens`, the LM head at
-    `scored` tokens (formula in the docstring)."""
+def step_flops(config: Qwen2Config, batch: int, tokens: int, scored: int, lengths: np.ndarray | None = None) -> float:
+    """Model FLOPs of one forward + backward over `batch` rows of `tokens` (or of `lengths` each),
+    the LM head at `scored` tokens (formula in the docstring)."""
     head = config.vocab_size * config.hidden_size
     layer_params = matmul_params(config) - head
-    attention = 6 * config.num_layers * config.num_heads * config.head_dim * tokens * (tokens + 1)
-    return float(batch * (6 * layer_params * tokens + attention) + 6 * head * scored)
+    lengths = np.full(batch, tokens) if lengths is None else np.asarray(lengths)
+    attention = 6 * config.num_layers * config.num_heads * config.head_dim * lengths * (lengths + 1)
+    return float(np.sum(6 * layer_params * lengths + attention) + 6 * head * scored)
+
+
+def row_lengths(batch: int, tokens: int, rng: np.random.Generator) -> np.ndarray:
+    """Every row full length, or with --length_spread lognormal lengths (median tokens / 4, at least
+    two segments, at most `tokens`)."""
+    if not _SPREAD.value:
+        return np.full(batch, tokens)
+    drawn = tokens / 4 * np.exp(_SPREAD.value * rng.standard_normal(batch))
+    return np.clip(np.round(drawn), 2 * _SEGMENT, tokens).astype(int)
 
 
 def make_batch(config: Qwen2Config, batch: int, tokens: int, rng: np.random.Generator) -> TrainBatch:
-    """Full-length rows of alternating user / policy segments; groups of 2 rows for GRPO."""
+    """Rows of alternating user / policy segments (`row_lengths`, right-padded); groups of 2 rows
+    for GRPO, a reward on each row's last policy token."""
     shape = (batch, tokens)
-    policy = (np.arange(tokens) // _SEGMENT) % 2 == 1
-    last_policy = int(np.flatnonzero(policy)[-1])
+    real = np.arange(tokens)[None] < row_lengths(batch, tokens, rng)[:, None]
+    policy = ((np.arange(tokens) // _SEGMENT) % 2 == 1)[None] & real
+    last_policy = np.array([np.flatnonzero(row)[-1] for row in policy])
     rewards = np.zeros(shape, np.float32)
-    rewards[:, last_policy] = rng.uniform(0.0, 1.0, batch)
+    rewards[np.arange(batch), last_policy] = rng.uniform(0.0, 1.0, batch)
     return TrainBatch(
-        tokens=rng.integers(1, config.vocab_size, shape, dtype=np.int32),
-        attention_mask=np.ones(shape, np.int32),
-        policy_mask=np.broadcast_to(policy, shape).astype(np.float32),
+        tokens=np.where(real, rng.integers(1, config.vocab_size, shape, dtype=np.int32), 0).astype(np.int32),
+        attention_mask=real.astype(np.int32), policy_mask=policy.astype(np.float32),
         rewards=rewards, sample_logprobs=np.zeros(shape, np.float32),
         group=np.arange(batch, dtype=np.int32) // 2, dialogue=np.arange(batch, dtype=np.int32))
 
@@ -154,20 +172,26 @@ def init_params(preset: str, config: Qwen2Config):
     return qwen2.init_params(config, jax.random.key(_SEED.value))
 
 
-def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: bool
+def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: bool, packed: bool = False
              ) -> tuple[Result, dict[str, np.ndarray]]:
-    """Our update step; also returns the prepared old log-probs and advantages for torch."""
+    """Our update step (`packed`: on the rows packed); also returns the prepared old log-probs and
+    advantages for torch."""
     rows, length = batch.tokens.shape
     arrays = batch.arrays()
     if score_all:  # every index (0 is the pad index: position 0 has no log-prob anyway)
         arrays["policy_positions"] = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))
-    rl = RLSettings(algo="grpo", mini_batch_size=rows, micro_batch_size=_MICRO.value or rows)
+    rl = RLSettings(algo="grpo", mini_batch_size=rows, micro_batch_size=_MICRO.value or rows, pack_rows=packed)
     opt = make_optimizer(OptimSettings(), total_steps=100)
     state = train_state.init_train_state(init_params(preset, config), opt.tx, seed=_SEED.value)
     program = rl_program.make_update_program(rl, config, None, opt, None)
+    table = RowTable.of(batch)
+    if packed:
+        arrays.update(program.prepare_layout(table))
     device_batch = {k: jnp.asarray(v) for k, v in arrays.items()}
     frozen = program.frozen(None)
     inputs, minibatch_rows, _, _ = program.prepare(state.models(), frozen, device_batch)
+    if packed:
+        minibatch_rows = program.packed_order(minibatch_rows, table)
     params, opt_state = state.model("actor")
 
     def step() -> None:
@@ -178,9 +202,10 @@ def run_ours(preset: str, config: Qwen2Config, batch: TrainBatch, score_all: boo
 
     host = {k: np.asarray(inputs[k]) for k in ("old_logprobs", "advantages")}
     scored = rows * length if score_all else int((batch.policy_mask > 0).sum())
-    result = Result("ours, all tokens" if score_all else "ours", *median_step_seconds(step), scored)
+    side = "ours, packed" if packed else "ours, all tokens" if score_all else "ours"
+    result = Result(side, *median_step_seconds(step), scored)
     if _PROFILE.value:
-        name = f"{preset}-{'all-tokens' if score_all else 'policy-tokens'}"
+        name = f"{preset}-{'packed' if packed else 'all-tokens' if score_all else 'policy-tokens'}"
         with jax.profiler.trace(str(pathlib.Path(_PROFILE.value) / name), create_perfetto_trace=True):
             step()
     return result, host
@@ -253,8 +278,8 @@ def bench(preset: str, batch_size: int, tokens: int) -> tuple[str, Qwen2Config, 
         model_dir = _FETCHED.get(preset) or hf_io.save_pretrained(config, init_params(preset, config),
                                                                   pathlib.Path(tmp) / preset)
         free_memory()
-        for score_all in (False, True):
-            result, prepared = run_ours(preset, config, batch, score_all)
+        for score_all, packed in ((False, False), (True, False)) + (((False, True),) if _SPREAD.value else ()):
+            result, prepared = run_ours(preset, config, batch, score_all, packed)
             results.append(result)
             print(f"  {spec} {result.side}: {result.step_s:.3f} s/step, load {result.load:.1f}", flush=True)
             free_memory()
@@ -286,11 +311,12 @@ def main(argv):
           "|---|---|---|---:|---:|---:|---:|---:|---:|")
     for preset, config, batch_size, tokens, results in runs:
         torch_s = results[-1].step_s if results[-1].side == "torch" else None
+        lengths = row_lengths(batch_size, tokens, np.random.default_rng(_SEED.value))  # make_batch's
         for r in results:
-            flops = step_flops(config, batch_size, tokens, r.scored)
+            flops = step_flops(config, batch_size, tokens, r.scored, lengths)
             speedup = f"{torch_s / r.step_s:.2f}x" if torch_s else "-"
             print(f"| {preset} | {batch_size} x {tokens} | {r.side} | {r.step_s:.2f} | "
-                  f"{batch_size * tokens / r.step_s:,.0f} | {flops / r.step_s / 1e9:.1f} "
+                  f"{lengths.sum() / r.step_s:,.0f} | {flops / r.step_s / 1e9:.1f} "
                   f"| {flops / r.step_s / peak:.1%} "
                   f"| {speedup} | {r.load:.1f} |")
 

@@ -28,9 +28,9 @@ def _row(kind: type) -> ml_collections.FieldReference:
     return ml_collections.FieldReference(None, field_type=kind)
 _MODEL_PRESETS = {"tiny": "tiny", "smol": "smollm2-135m", "0.5b": "qwen2.5-0.5b", "7b": "qwen2.5-7b",
                   "7b_lora": "qwen2.5-7b"}
-# Dialogues one sampling call of the 7b_lora preset plays (rollout.pipeline_groups = dialogues a step / this):
-# its KV caches are what a single 80 GB GPU holds beside the frozen base (PPO's 32 / 4 groups; GRPO's
-# 128 dialogues planned 128.8 GB in 4 groups, 76.6 GB in 16, by XLA:CPU; 45.2 GB by the CUDA compiler for an H100).
+# Dialogues the 7b_lora preset samples at once: the continuous engine's KV rows (rollout.engine_rows), or a
+# static call's (rollout.pipeline_groups = dialogues a step / this): their KV caches are what a single 80 GB
+# GPU holds beside the frozen base and the sampling copy (the CUDA compiler for an H100: 49.2 GB with 8 rows).
 _LORA_1GPU_DIALOGUES_PER_CALL = 8
 
 
@@ -155,7 +155,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # longest reply stops (the comparison: docs/benchmarks.md "Rollout with replies of varied
     # length"). Same tokens either way. A field only another engine reads is refused if given.
     c.rollout.engine = "continuous"
-    c.rollout.engine_rows = 0  # continuous: KV rows (dialogues held at once); 0 = as many as are in flight
+    # continuous: KV rows (dialogues held at once); 0 = as many as are in flight. 7b_lora: 8, what one 80 GB GPU
+    # holds beside the bf16 base and the sampling copy (49.2 GB/device for the CUDA compiler, launch/plan.py
+    # --gpu=h100:1; 16 rows 67.7, above the 63.7 GB a JAX process takes of an H100 by default; 128, GRPO's
+    # every dialogue, 327)
+    c.rollout.engine_rows = _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 0
     c.rollout.decode_chunk = 8  # continuous: decode steps between turns entering and replies leaving
     c.rollout.prefill_chunk = 256  # continuous: most prompt tokens a row writes per prefill call
     # static engine: seconds a dialogue ready for its next turn waits for others of its group to join the policy
@@ -236,6 +240,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # XLA:CPU, 55.2 by the CUDA compiler for an H100: launch/plan.py --gpu=h100:1)
     c.rl.micro_batch_size = 8 if cpu else 1 if one_gpu else 4
     c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
+    # Run the update's model passes on the rows packed end to end (each row a segment of its own: attention,
+    # positions, log-probs, values and losses per row; rl/packing.py): fewer rows where many are under half the
+    # batch's longest (turn rows of short and long replies); the same numbers to float rounding. Off: the CPU
+    # presets' rows, mostly their system prompt, never fit two to a row; unmeasured on accelerators (docs/training.md)
+    c.rl.pack_rows = False
 
     c.optim = ml_collections.ConfigDict()
     c.optim.actor = ml_collections.ConfigDict(dict(
@@ -271,7 +280,7 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train.eval_policy = get_policy_sampling_config(tiny=cpu)
     c.train.transcripts = True  # write every batch's dialogues to WORKDIR/transcripts
     c.train.wandb_project = ""  # Weights & Biases project (pip install -e '.[wandb]'); "" = no W&B logging
-    c.train.wandb_mode = "offline"  # offline: files in WORKDIR/wandb (`wandb sync` them later); online: stream
+    c.train.wandb_mode = "online"  # online: stream to W&B; offline: files in WORKDIR/wandb (`wandb sync` them later)
     # A step may multiply a model's parameter norm by at most this; beyond it the update diverged (a
     # learning rate far too high): the run stops before the step is saved (docs/faults.md). 0 = off.
     c.train.max_param_norm_growth = 2.0

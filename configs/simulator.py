@@ -28,6 +28,11 @@ def get_simulator_config(*, eval_mode: bool = False) -> ml_collections.ConfigDic
     c.max_tokens = 2048
     c.timeout_s = 120.0  # a request unanswered this long: is the server there? then it waits on (slow is not down)
     c.max_concurrency = 64  # requests in flight at once, shared by all dialogues
+    # Seconds a served simulator takes per request, for launch/plan.py's step estimate (a run times its
+    # own): Qwen2.5-72B-Instruct writes 29.9 tokens/s a request on 4 A100s under vLLM with a 6,144-token
+    # prompt (Qwen2.5's speed benchmark, batch 1), and an answer is 502 tokens (emotion step) or 395
+    # (reply step; docs/fidelity.md): 15.0 s a request on average
+    c.latency_s = 15.0
     c.max_retries = 6  # retries on HTTP 408/409 and 5xx other than 502/503/504
     c.backoff_initial_s = 1.0  # first retry waits about this long, doubling each time
     c.backoff_max_s = 30.0  # cap of one wait

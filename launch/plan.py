@@ -1,4 +1,4 @@
-r"""Per-device memory of a training run's programs, compiled ahead of time from the training config.
+r"""Per-device memory and a step estimate of a training run's programs, compiled ahead of time from the config.
 
   .venv/bin/python launch/plan.py --config=configs/ppo_think.py:tiny
   .venv/bin/python launch/plan.py --config=configs/ppo_think.py:7b --topology=v5e:4x4
@@ -9,24 +9,29 @@ r"""Per-device memory of a training run's programs, compiled ahead of time from 
 
 Takes the config and overrides of launch/train.py and compiles, from abstract shapes (no weights
 are allocated or read), the programs of the train step the run executes (prepare, the actor's and
-the critic's updates), the sampler's programs and the in-loop evaluation's
-(rlver_jax/train/planner/). Prints per-device arguments, temporaries and totals per phase,
-the peak against --memory_gb, and, where a phase does not fit, the largest micro-batch or dialogue
-length that does.
+the critic's updates at the step's training rows: a row per turn with think_history "drop"), the
+sampler's programs and the in-loop evaluation's (rlver_jax/train/planner/). Prints per-device
+arguments, temporaries and totals per phase, the peak against --memory_gb, and, where a phase does
+not fit, the largest micro-batch or dialogue length that does. Then an estimate of the step, term
+by term: the update's optimizer steps, its collectives and kernel grid steps, the rollout played
+out turn by turn against the simulated user (config.simulator.latency_s), the offload; every reply
+at max_new_tokens and replies drawn from a lognormal, under the printed length assumptions
+(--prompt_tokens, --feed_tokens, --shown_fraction, --expected_reply_tokens, --reply_log_sd).
 
 --topology=NAME (with libtpu installed: pip install -e '.[tpu]') compiles for that TPU slice
 with the TPU compiler, on this host, without a TPU and without XLA_FLAGS: device kind and chip
 count, the attention kernel the TPU gets (splash), the TPU compiler's memory per device against
-the chip's HBM, the offload's transfers and a roofline estimate of the step
-(rlver_jax/parallel/topology.py, rlver_jax/train/planner/roofline.py). --gpu=CARD[:GPUS] or
-CARD:GPUSxNODES (h100:1, h100:8, h200:8, a100:8, h100:8x2) does the same for GPUs with the CUDA
-compiler of jax's CUDA plugin, run from a venv of its own (pip install -e '.[gpu-plan]': never the
-project's venv, where every process would probe for CUDA; e.g. `../gpu-venv/bin/python
-launch/plan.py --config=configs/ppo_think.py:7b --gpu=h100:8`): attention as the GPU gets it (cudnn), the
-card's memory as the budget, what the run must set for it, the card's published peaks for the
-roofline (rlver_jax/parallel/gpu_topology.py). Without either the plan is for this host's devices:
-on a CPU, fake the target's device count with XLA_FLAGS=--xla_force_host_platform_device_count=N.
-docs/sharding.md has the figures.
+the chip's HBM, the offload's transfers, and the step on the chip's published figures
+(rlver_jax/parallel/topology.py, chips.py). --gpu=CARD[:GPUS] or CARD:GPUSxNODES (h100:1, h100:8,
+h200:8, a100:8, h100:8x2) does the same for GPUs with the CUDA compiler of jax's CUDA plugin, run
+from a venv of its own (pip install -e '.[gpu-plan]': never the project's venv, where every
+process would probe for CUDA; e.g. `../gpu-venv/bin/python launch/plan.py
+--config=configs/ppo_think.py:7b --gpu=h100:8`): attention as the GPU gets it (cudnn), the card's
+memory as the budget, what the run must set for it, the card's published figures
+(rlver_jax/parallel/gpu_topology.py). Without either the plan is for this host's devices (on a
+CPU, fake the target's device count with XLA_FLAGS=--xla_force_host_platform_device_count=N) and
+the step is estimated on this host's CPU, measured (rlver_jax/parallel/host_peaks.py).
+--json=FILE writes the figures as data. docs/sharding.md has the figures.
 """
 
 import pathlib
@@ -59,12 +64,24 @@ _HOIST = flags.DEFINE_bool("hoist_converts", True, "On CPU: False compiles witho
 _HOST = flags.DEFINE_integer("host_devices", None, "Devices per host of the target, for the rollout's host-local "
                              "sampling layout (v5e/v4/v5p hosts: 4, GPU nodes: 8); default: the --topology's hosts or "
                              "the --gpu's nodes, else one host of every device.")
-_FEED = flags.DEFINE_integer("feed_tokens", 512, "With the continuous engine, or the static engine's "
-                             "rollout.cache_slots > 0: tokens a turn feeds into the cache (the user's reply and the "
-                             "template), bucketed.")
-_REPLY = flags.DEFINE_integer("expected_reply_tokens", 0, "The roofline's second rollout figure: replies of this "
-                              "many tokens on average (0: a quarter of rollout.max_new_tokens); the first has every "
+_FEED = flags.DEFINE_integer("feed_tokens", 512, "Tokens a later turn adds to the context besides the kept reply (the "
+                             "user's answer and the template): the step estimate's, and the continuous engine's or "
+                             "a KV cache's prefill chunk, bucketed.")
+_PROMPT = flags.DEFINE_integer("prompt_tokens", 512, "The step estimate's first prompt: the policy's system prompt, "
+                               "the profile's opening and the template.")
+_SHOWN = flags.DEFINE_float("shown_fraction", 0.25, "think_history 'drop': the share of a turn's output (the reply "
+                            "after </think>) later turns' contexts keep, in the step estimate.")
+_REPLY = flags.DEFINE_integer("expected_reply_tokens", 0, "The step estimate's second case: replies drawn from a "
+                              "lognormal of this mean (0: a quarter of rollout.max_new_tokens); the first has every "
                               "reply at max_new_tokens.")
+_LOG_SD = flags.DEFINE_float("reply_log_sd", 1.0, "The log-sd of that lognormal (benchmarks/rollout.py's).")
+_MEASURE = flags.DEFINE_bool("measure_host", True, "Without --topology or --gpu: estimate the step on this host's CPU, "
+                             "its peak FLOP/s, bandwidth and fixed costs measured by a short microbenchmark "
+                             "(rlver_jax/parallel/host_peaks.py, cached).")
+_JSON = flags.DEFINE_string("json", "", "Also write the plan's figures as JSON here "
+                            "(rlver_jax/train/planner/record.py).")
+_FRESH = flags.DEFINE_bool("fresh_host_peaks", False, "Measure this host again instead of reading the cache (the "
+                           "figures move with the host's load).")
 
 
 def main(argv):
@@ -78,6 +95,7 @@ def main(argv):
     import jax
 
     from rlver_jax.train.planner import plan, report
+    from rlver_jax.train.planner.lengths import Lengths
     from rlver_jax.checks import InputError
     from rlver_jax.parallel import gpu_topology, sharding, topology
     from rlver_jax.parallel.distributed import DistributedSettings
@@ -96,11 +114,25 @@ def main(argv):
         target = gpu_topology.gpu_target(_GPU.value)
     else:
         sharding.maybe_initialize_distributed(DistributedSettings.from_config(config.mesh.distributed))
-    result = plan.plan(spec, _MEMORY.value, _PHASES.value, _FEED.value, _SEARCH.value,
+    host_chip = None
+    if target is None and _MEASURE.value:
+        from rlver_jax.parallel import host_peaks
+        from rlver_jax.train.planner import hlo_cost
+
+        host_chip = host_peaks.measure(config.model.dtype, lambda c: hlo_cost.program_cost(c).ops, _FRESH.value)
+    lengths = program.checked_config(lambda: Lengths(_PROMPT.value, _FEED.value, _SHOWN.value, _REPLY.value,
+                                                     _LOG_SD.value))
+    result = plan.plan(spec, _MEMORY.value, _PHASES.value, lengths, _SEARCH.value,
                        log=lambda msg: print(msg, file=sys.stderr, flush=True), hoist_converts=_HOIST.value,
-                       host_devices=_HOST.value, target=target, expected_reply_tokens=_REPLY.value)
+                       host_devices=_HOST.value, target=target, host_chip=host_chip)
     label = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")), "")
     print(report.format_plan(result, label), flush=True)
+    if _JSON.value:
+        import json
+
+        from rlver_jax.train.planner.record import plan_record
+
+        pathlib.Path(_JSON.value).write_text(json.dumps(plan_record(result, label), indent=1))
 
 
 if __name__ == "__main__":

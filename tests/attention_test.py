@@ -1,6 +1,7 @@
 """Attention implementations against a plain softmax attention written here: values and
-gradients at odd lengths, left/right padding, grouped-query heads, fp32 and bf16; the choice of
-implementation; the memory growth of the blockwise backward; the whole model with each path."""
+gradients at odd lengths, left/right padding, packed rows (segment ids), grouped-query heads, fp32
+and bf16; the choice of implementation; the memory growth of the blockwise backward; the whole
+model with each path."""
 
 import jax
 import jax.numpy as jnp
@@ -12,13 +13,15 @@ from rlver_jax.models.config import Qwen2Config, get_preset
 
 
 def reference(q, k, v, mask):
-    """Causal-by-slot softmax attention over real slots, kv heads repeated: [B, T, N, H] (fp32)."""
+    """Causal-by-slot softmax attention over real slots, kv heads repeated: [B, T, N, H] (fp32).
+    An integer mask is segment ids: a query sees only its own segment's slots (0 is padding)."""
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     t, n, h = q.shape[1:]
     g = n // k.shape[2]
     k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
     s = jnp.einsum("btnh,bsnh->bnts", q, k, precision="highest") / np.sqrt(h)
-    ok = jnp.tril(jnp.ones((t, t), bool))[None, None] & mask[:, None, None, :]
+    seen = (mask[:, :, None] == mask[:, None, :]) & (mask[:, None, :] != 0)  # [B, query, key]
+    ok = jnp.tril(jnp.ones((t, t), bool))[None, None] & seen[:, None]
     p = jax.nn.softmax(jnp.where(ok, s, -1e30), axis=-1)  # finite: an all-padding row gives no NaN
     return jnp.einsum("bnts,bsnh->btnh", p, v, precision="highest")
 
@@ -29,15 +32,25 @@ def padded_mask(t: int) -> np.ndarray:
     return np.stack([slots >= 0, slots >= 3, slots < t - 6, slots < 0])
 
 
-def make_inputs(t, n, k, h, dtype=jnp.float32, seed=0):
+def packed_segments(t: int) -> np.ndarray:
+    """Rows of segments laid end to end (ids as rlver_jax.rl.packing gives them: row + 1): three
+    segments and padding, one segment and padding, one token segments then a long one, all padding."""
+    rows = np.zeros((4, t), np.int32)
+    rows[0, :7], rows[0, 7:9], rows[0, 9:t - 5] = 3, 8, 1
+    rows[1, :t - 9] = 5
+    rows[2, 0], rows[2, 1], rows[2, 2:] = 2, 4, 6
+    return rows
+
+
+def make_inputs(t, n, k, h, dtype=jnp.float32, seed=0, segments=False):
     keys = jax.random.split(jax.random.key(seed), 4)
-    mask = padded_mask(t)
+    mask = packed_segments(t) if segments else padded_mask(t)
     b = len(mask)
     q = jax.random.normal(keys[0], (b, t, n, h)).astype(dtype)
     kk = jax.random.normal(keys[1], (b, t, k, h)).astype(dtype)
     v = jax.random.normal(keys[2], (b, t, k, h)).astype(dtype)
     # Cotangent of the outputs: random at real query slots, zero at padding ones (as in the model).
-    w = jax.random.normal(keys[3], (b, t, n, h)) * mask[:, :, None, None]
+    w = jax.random.normal(keys[3], (b, t, n, h)) * (mask != 0)[:, :, None, None]
     return q, kk, v, jnp.asarray(mask), w
 
 
@@ -55,7 +68,7 @@ def max_errors(fn, q, k, v, mask, w):
     """Max |fn - reference| over real query slots, then over d/dq, d/dk, d/dv."""
     out, grads = values_and_grads(fn, q, k, v, mask, w)
     ref_out, ref_grads = values_and_grads(reference, q, k, v, mask, w)
-    real = np.asarray(mask)
+    real = np.asarray(mask) != 0
     errs = [np.abs(np.asarray(out, np.float32) - np.asarray(ref_out))[real].max()]
     errs += [np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max() for a, b in zip(grads, ref_grads)]
     return errs
@@ -76,6 +89,27 @@ _PATHS = {
 def test_fp32_values_and_grads_match_reference(path, t, n, k):
     errs = max_errors(_PATHS[path], *make_inputs(t, n, k, 8))
     assert max(errs) < 1e-5, errs
+
+
+_PACKED_PATHS = {**_PATHS, "cudnn_layout": lambda q, k, v, m: attention.cudnn_attention(
+    q, k, v, m, implementation="xla", max_segments=3)}
+
+
+@pytest.mark.parametrize("path", ["xla", "blockwise", "cudnn_layout"])
+def test_packed_rows_attend_within_their_segments(path):
+    """Rows of several segments (packed_segments, T = 37): each query attends only its own
+    segment's earlier slots, values and gradients as the reference's; cuDNN's packed call through
+    the mask its runs (first slots and lengths) describe."""
+    errs = max_errors(_PACKED_PATHS[path], *make_inputs(37, 6, 2, 8, segments=True))
+    assert max(errs) < 1e-5, errs
+
+
+def test_segment_runs_are_each_rows_first_slots_and_lengths():
+    """What cuDNN's packed call takes: per row the first slot of each run of one id (-1 after the
+    row's runs, M + 1 of them) and its length (-1 after, M of them), by hand."""
+    first, lengths = attention.segment_runs(jnp.asarray(packed_segments(20)), 3)
+    np.testing.assert_array_equal(first, [[0, 7, 9, -1], [0, -1, -1, -1], [0, 1, 2, -1], [-1, -1, -1, -1]])
+    np.testing.assert_array_equal(lengths, [[7, 2, 6], [11, -1, -1], [1, 1, 18], [-1, -1, -1]])
 
 
 @pytest.mark.slow
@@ -106,6 +140,7 @@ def test_splash_kernel_matches_reference_in_interpret_mode():
     inputs = make_inputs(150, 4, 2, 8)
     fn = lambda q, k, v, m: attention.splash_attention(q, k, v, m, interpret=True)  # noqa: E731
     assert max(max_errors(fn, *inputs)) < 1e-5
+    assert max(max_errors(fn, *make_inputs(150, 4, 2, 8, segments=True))) < 1e-5  # packed rows
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
     with jax.set_mesh(mesh):
         errs = max_errors(fn, *inputs)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
+from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, ROW_COUNT_BUCKETS, bucket
 
 
 def test_bucket_sizes():
@@ -24,3 +24,10 @@ def test_prompt_length_buckets():
     # At most a third of a bucket is padding: each bucket is at most 1.5x the one below.
     assert all(b / a <= 1.5 for a, b in zip(LENGTH_BUCKETS, LENGTH_BUCKETS[1:]))
     assert [bucket(n, LENGTH_BUCKETS) for n in (1, 17, 25, 100)] == [16, 24, 32, 128]
+
+
+def test_packed_row_count_buckets():
+    """Counts of packed rows in micro-batches (rlver_jax.rl.packing): every count to 8, then four a
+    doubling; less than a fifth of a bucket is padding."""
+    assert ROW_COUNT_BUCKETS[:14] == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24)
+    assert all((bucket(n, ROW_COUNT_BUCKETS) - n) / bucket(n, ROW_COUNT_BUCKETS) < 0.2 for n in range(1, 5000))

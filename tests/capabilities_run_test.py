@@ -179,6 +179,7 @@ def test_no_benchmark_is_one_clear_error(tmp_path):
         runner.run(CapabilitiesSpec.from_config(c), progress=False)
 
 
+@pytest.mark.slow  # a fresh interpreter: what it imports
 def test_launch_command_runs_a_served_policy_without_jax(tmp_path):
     paths = {"ifeval": fx.write_jsonl(tmp_path / "i.jsonl", [r for r, *_ in fx.IFEVAL])}
     table = fx.replies()

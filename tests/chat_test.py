@@ -64,13 +64,15 @@ def tokenizer_name(request):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(request, tokenizer_name):
-    return chat.load_tokenizer(request.getfixturevalue(TOKENIZERS[tokenizer_name]))
+def qwen_tokenizer(qwen_tokenizer_dir):
+    return chat.load_tokenizer(qwen_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
-def qwen_tokenizer(qwen_tokenizer_dir):
-    return chat.load_tokenizer(qwen_tokenizer_dir)
+def tokenizer(request, tokenizer_name):
+    if tokenizer_name == "qwen2.5":  # loaded once for the module (seconds each time)
+        return request.getfixturevalue("qwen_tokenizer")
+    return chat.load_tokenizer(request.getfixturevalue(TOKENIZERS[tokenizer_name]))
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,21 @@ HEAVY_FIRST = ("training_test", "trainer_test", "multihost_training_test", "plan
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module keeps its order
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        for item in items:
+            _join_group(item)
+
+
+def _join_group(item) -> None:
+    """Give a test marked `xdist_group(NAME)` the node id `ID@NAME`, by which the scheduler sends a
+    group to one worker (so a group's module or session fixture, a training run or the SmolLM2
+    directory, is built once). pytest-xdist 3.8 sets `item._nodeid` for it, which pytest 9.2's node
+    ids no longer read: without this every group was split over both workers."""
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    suffix = "@" + "_".join(names)
+    if names and not item.nodeid.endswith(suffix):
+        item._id = type(item._id).parse(item.nodeid + suffix)
 
 
 @pytest.fixture(scope="session")

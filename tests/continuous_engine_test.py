@@ -41,18 +41,21 @@ def versions(chat_tokens):
 
 
 def _reference(cfg, params, chat_tokens, requests, rng):
-    """Today's generation of each request alone: `generate` on its whole prompt, from its turn key
-    fold_in(fold_in(rng, dialogue), turn), cut at the request's budget (as StaticEngine does)."""
+    """Today's generation of each request: `generate` on its whole prompt, from its turn key
+    fold_in(fold_in(rng, dialogue), turn), cut at the request's budget (as StaticEngine does). The
+    requests share one call, of one shape in every test (one compile, not one per prompt length):
+    with a key per row, a row's tokens are those of its request alone (tests/sampling_test.py)."""
     base = np.asarray(jax.random.key_data(rng))
+    keys = np.stack([jax.random.fold_in(jax.random.fold_in(base, r.dialogue), r.turn) for r in requests])
+    ids, mask = generation.pad_left([r.prompt_ids for r in requests], max(len(r.prompt_ids) for r in requests),
+                                    chat_tokens.end_of_text)
+    g = generation.generate(cfg, params, ids, mask, max_new_tokens=MAX_NEW, rng=keys,
+                            stop_ids=(chat_tokens.im_end, chat_tokens.end_of_text), pad_id=chat_tokens.end_of_text,
+                            vocab_limit=len(chat_tokens.tokenizer), length_buckets=(128,), batch_buckets=(8,))
     out = []
-    for r in requests:
-        key = jax.random.fold_in(jax.random.fold_in(base, r.dialogue), r.turn)
-        ids, mask = generation.pad_left([r.prompt_ids], len(r.prompt_ids), chat_tokens.end_of_text)
-        g = generation.generate(cfg, params, ids, mask, max_new_tokens=MAX_NEW, rng=key[None],
-                                stop_ids=(chat_tokens.im_end, chat_tokens.end_of_text),
-                                pad_id=chat_tokens.end_of_text, vocab_limit=len(chat_tokens.tokenizer))
-        n = min(int(g.lengths[0]), r.max_new_tokens)
-        out.append((g.tokens[0, :n].tolist(), np.asarray(g.model_logprobs[0, :n])))
+    for k, r in enumerate(requests):
+        n = min(int(g.lengths[k]), r.max_new_tokens)
+        out.append((g.tokens[k, :n].tolist(), np.asarray(g.model_logprobs[k, :n])))
     return out
 
 

@@ -86,17 +86,21 @@ SAGE_RESULTS = sorted((REPO.parent / "shared" / "data" / "sage" / "dialogues").g
 
 @pytest.mark.skipif(not SAGE_RESULTS, reason="SAGE's released results (../shared/data/sage) are not here")
 def test_few_of_sages_released_replies_are_degenerate():
-    """Real models' answers (8 models' Sentient-benchmark dialogues): at most 5% flagged."""
+    """Real models' answers (8 models' Sentient-benchmark dialogues): at most 5% flagged, on every
+    fourth dialogue of each model's file (1,651 of the 6,645 replies, 3.0% flagged; all of them:
+    3.2%, and each of the four such samples 2.9-3.7%): judging all 3.2 M characters took a minute."""
     import json
     import lzma
 
-    dialogues = []
+    dialogues, sample = [], []
     for path in SAGE_RESULTS:
         with lzma.open(path, "rt", encoding="utf-8") as f:
-            dialogues += [("zh", [m["content"] for m in json.loads(line)["history"] if m["role"] == "assistant"])
-                          for line in f]
+            ours = [("zh", [m["content"] for m in json.loads(line)["history"] if m["role"] == "assistant"])
+                    for line in f]
+        dialogues += ours
+        sample += ours[::4]
     assert sum(len(replies) for _, replies in dialogues) == 6645  # every reply, judged or not
-    assert dg.rates(dialogues)["degenerate_rate"] <= 0.05
+    assert len(sample) == 200 and dg.rates(sample)["degenerate_rate"] <= 0.05
 
 
 @pytest.mark.parametrize("language", ["en", "zh"])

@@ -184,3 +184,23 @@ def test_a_mismatch_stops_every_process_with_the_fix(tmp_path):
                      timeout=300)
     for code, log in results:
         assert code != 0 and "make config.rollout.profiles_per_step a multiple of 2" in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_packed_rows_on_two_processes_train_as_one_process_unpacked(tmp_path):
+    """config.rl.pack_rows on two processes: each packs its own turn rows (two turns a dialogue,
+    rows of different lengths) to the shapes both need, and the update packs each micro-batch of
+    the global batch from both processes' rows; step 0 is one process's padded step, to rounding."""
+    overrides = SMALL + ["--config.rollout.profiles_per_step=8", "--config.rl.mini_batch_size=4",
+                         "--config.rl.micro_batch_size=4", "--config.simulator.max_turns=2",
+                         "--config.mesh.shape=(1,-1,2)", "--config.train.length_multiple=4", "--config.train.steps=1",
+                         "--config.train.eval_every=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    reference = start("configs/ppo_think.py:tiny", one, overrides, processes=1)
+    pair = start("configs/ppo_think.py:tiny", two, overrides + ["--config.rl.pack_rows=True"])
+    finish(reference)
+    finish(pair)
+    rewards = {r["reward"] for r in transcripts(one, "train_000000.jsonl")}
+    compare_step0(one, two, COMPARED + PPO_COMPARED if len(rewards) > 1 else
+                  tuple(k for k in COMPARED + PPO_COMPARED if k not in ACTOR_FROM_SIGNAL))
+    assert metrics(one)[0]["optimizer_steps"] == metrics(two)[0]["optimizer_steps"] > 1

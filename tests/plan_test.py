@@ -17,10 +17,12 @@ import pytest
 
 from configs import grpo_think, ppo_think
 from rlver_jax.parallel import sharding, topology
+from rlver_jax.parallel.chips import Chip
 from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.train import run
 from rlver_jax.train.planner import hlo_cost, plan, report, search
 from rlver_jax.train.planner.compiled import Phase
+from rlver_jax.train.planner.lengths import Lengths
 from rlver_jax.train.planner.phases import run_phases
 from rlver_jax.train.planner.sampler import rollout_shapes, sampling_layout
 from rlver_jax.train.planner.setup import abstract_setup, crossing_bytes, device_bytes, resident
@@ -366,3 +368,21 @@ def test_lora_plan_is_the_trainers_programs_on_adapters_and_one_base(tmp_path):
     assert actor.resident == device_bytes((s.state.rng, s.batch, s.state.model("critic")))
     text = report.format_plan(result, "lora")
     assert "LoRA rank 4 (alpha 16) on q,o,down of one frozen base in float32, also the reference" in text
+
+
+@pytest.mark.slow  # compiles the update at two shapes
+def test_a_think_update_grows_with_its_turn_rows(tmp_path):
+    """With think_history "drop" every turn is a training row: three turns are three times the
+    rows, each longer than the first turn's (its context holds the earlier replies), so the planned
+    update, compiled at each step's own shapes on a CPU of fixed figures, grows at least 2.5x."""
+    chip = Chip("cpu", "cpu", 0.05, 5.0, 16.0)
+    updates = []
+    for turns in (1, 3):
+        config = _config(ppo_think, "tiny", tmp_path / str(turns), **{"simulator.max_turns": turns})
+        result = plan.plan(RunSpec.from_config(config), 16.0, ("prepare", "actor update", "critic update"),
+                           Lengths(prompt=100, feed=20), search=False, host_chip=chip)
+        bound = result.estimate.bound.update
+        assert bound.shapes.real_rows == 16 * turns and bound.shapes.optimizer_steps == 1
+        updates.append(bound)
+    assert updates[1].seconds >= 2.5 * updates[0].seconds
+    assert updates[1].shapes.length > updates[0].shapes.length

@@ -143,6 +143,7 @@ def _engine_run(cfg, params):
     return state, [(o.tokens, o.model_logprobs, o.emitted) for o in outs]
 
 
+@pytest.mark.slow  # six engine programs, three of them with the kernel in interpret mode
 def test_engine_programs_with_the_kernel_match_their_blockwise_form(monkeypatch):
     """The engine's calls (every row, gathered rows, a prefill piece beside decoding rows) with the
     kernel (interpret mode) give the blockwise form's tokens and log-probs, and each row's fill."""

@@ -89,7 +89,7 @@ def test_the_readme_is_a_front_page():
         assert any(needle in line for line in lines), needle
     prose = re.sub(r"```.*?```", ".", text, flags=re.S)
     prose = "\n".join("." if line.startswith(("|", "#", "[", "!")) else line for line in prose.splitlines())
-    for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z`(])", " ".join(prose.split())):
+    for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z`(*])", " ".join(prose.split())):
         assert len(sentence.split()) <= 40, sentence
 
 

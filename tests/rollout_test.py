@@ -120,6 +120,7 @@ def test_random_policy_sequences_are_exact(chat_tokens, engine, cache_slots):
         assert batch.rewards[b, s.turn_ends[-1]] == pytest.approx(s.reward)
 
 
+@pytest.mark.slow  # two samplers' programs at every cache bucket: 14-34 s
 def test_kv_cache_reuse_across_turns_changes_nothing(chat_tokens, monkeypatch):
     """Greedy dialogues are identical with the cache kept between turns (tight enough to force
     compaction) and with the whole history re-encoded every turn."""
@@ -446,7 +447,9 @@ def test_dialogues_that_move_on_alone_are_those_of_lockstep_rounds(chat_tokens):
                                    np.concatenate([s.logprobs for s in lockstep]), atol=1e-5)
 
 
-@pytest.mark.parametrize("engine, cache_slots", [("static", 0), ("static", 1024), ("continuous", 0)])
+# A cache and the rollout engine in the slow tier: each case compiles its sampler's programs (10-26 s).
+@pytest.mark.parametrize("engine, cache_slots", [("static", 0), pytest.param("static", 1024, marks=pytest.mark.slow),
+                                                 pytest.param("continuous", 0, marks=pytest.mark.slow)])
 def test_switching_versions_mid_dialogue_is_exact(chat_tokens, engine, cache_slots):
     """Partial rollouts on a real StaticEngine: with versions 0 and 1 published (two parameter sets)
     and the schedule 0..1, each dialogue's first turn is sampled by version 0 and the later ones by

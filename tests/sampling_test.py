@@ -286,7 +286,8 @@ def test_ids_past_the_vocab_limit_are_never_sampled(hf_tiny):
     np.testing.assert_array_equal(np.asarray(greedy.tokens), logits[..., :limit].argmax(-1))
 
 
-@pytest.mark.parametrize("engine, cache_slots", [("static", 0), ("static", 512), ("continuous", 0)])
+@pytest.mark.parametrize("engine, cache_slots", [("static", 0), ("static", 512),
+                                                 pytest.param("continuous", 0, marks=pytest.mark.slow)])  # 18 s
 def test_policy_samples_only_ids_its_tokenizer_has(tiny_tokenizer_dir, engine, cache_slots):
     """The JAX samplers limit the draws to len(tokenizer): a tiny model with 1024 embedding rows and
     the 512-entry tiny tokenizer, where half of a random model's draws would have no entry."""

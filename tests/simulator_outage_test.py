@@ -10,6 +10,9 @@ Time runs in proportion: the issue's minutes are seconds here (an outage of 3 s,
 for 2.5 s, answers of 3 s past a timeout of 2 s for 3 s, a budget of 4 s passed);
 benchmarks/simulator_outage.py runs the literal scenarios."""
 
+import threading
+import time
+
 import pytest
 
 from rlver_jax.files import read_jsonl
@@ -27,6 +30,21 @@ def _train(workdir, server, budget_s=30.0):
                       "--config.simulator.timeout_s=2", f"--config.simulator.outage_budget_s={budget_s}")
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     return done
+
+
+def _down_after_step_0(server, workdir, stop: threading.Event) -> threading.Thread:
+    """Take the server down for good once step 0's metrics are written: the run is strictly
+    on-policy, so step 1's dialogues are in flight then (a request count would guess where step 0
+    ends: the undisturbed run's count holds a cut-short extra batch of any size)."""
+    def watch():
+        while not stop.is_set():
+            if (workdir / "metrics.jsonl").exists() and read_jsonl(workdir / "metrics.jsonl"):
+                server.down(60.0)
+                return
+            time.sleep(0.02)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +80,13 @@ def test_down_throttled_and_slow_the_run_ends_as_undisturbed(undisturbed, tmp_pa
 @pytest.mark.slow
 @pytest.mark.xdist_group("simulator_outage")
 def test_past_its_budget_a_run_saves_exits_75_and_resumes_to_the_same_end(undisturbed, tmp_path):
-    metrics, transcripts, answered = undisturbed
+    metrics, transcripts, _ = undisturbed
+    stop = threading.Event()
     with ScriptedServer(SIMULATOR, delay_s=DELAY_S) as server:  # down for good in the middle of step 1
-        step = answered // (STEPS + 1)
-        server.at_request(step + step // 2, lambda: server.down(60.0))
+        watcher = _down_after_step_0(server, tmp_path, stop)
         done = _train(tmp_path, server, budget_s=4.0)
+        stop.set()
+        watcher.join()
     assert done.returncode == 75, done.stderr[-3000:]
     line = [line for line in done.stderr.splitlines() if line.strip()][-1]
     assert line.startswith(f"train.py: error: simulator at {server.base_url} did not answer for 4."), line

@@ -26,7 +26,9 @@ from configs import grpo_think
 from rlver_jax.cli import program
 from rlver_jax.models import attention
 from rlver_jax.parallel import sharding, topology
+from rlver_jax.rl import update
 from rlver_jax.train.planner import hlo_cost, plan, report, roofline
+from rlver_jax.train.planner.setup import abstract_setup
 from rlver_jax.train.spec import RunSpec
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -57,11 +59,12 @@ def test_a_bad_topology_name_is_one_line_naming_the_valid_forms(name):
     assert "\n" not in str(e.value) and "v5e:4x4" in str(e.value) and "v5p:2x2x2" in str(e.value)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_splash_attention_compiles_in_its_shard_map_on_a_2x2_mesh(v5e, head_dim):
+@pytest.mark.parametrize("head_dim,mask", [(64, jnp.bool_), (128, jnp.bool_), (128, jnp.int32)])
+def test_splash_attention_compiles_in_its_shard_map_on_a_2x2_mesh(v5e, head_dim, mask):
     """Forward and backward of `attend` ("auto") in a jit_sharded program on mesh (1, 2, 2): the
     TPU target chooses splash; its kernels (forward, dq, dkv) get one row and one of the two
-    tensor shards' heads each (rows over fsdp, 4 query heads on 2 kv heads over tensor)."""
+    tensor shards' heads each (rows over fsdp, 4 query heads on 2 kv heads over tensor). An int32
+    mask is packed rows' segment ids, which splash takes as its own."""
     mesh = sharding.make_mesh((1, 2, 2), v5e.devices)
     b, t, n, k = 2, 512, 4, 2
     rows = NamedSharding(mesh, P(sharding.BATCH_AXES))
@@ -72,7 +75,7 @@ def test_splash_attention_compiles_in_its_shard_map_on_a_2x2_mesh(v5e, head_dim)
     grad = sharding.jit_sharded(jax.grad(loss, argnums=(0, 1, 2)), (rows,) * 4, (rows,) * 3)
     q = jax.ShapeDtypeStruct((b, t, n, head_dim), jnp.bfloat16, sharding=rows)
     kv = jax.ShapeDtypeStruct((b, t, k, head_dim), jnp.bfloat16, sharding=rows)
-    mask = jax.ShapeDtypeStruct((b, t), jnp.bool_, sharding=rows)
+    mask = jax.ShapeDtypeStruct((b, t), mask, sharding=rows)
     compiled = grad.lower(q, kv, kv, mask).compile()
     comps, _ = hlo_cost._computations(compiled.as_text())
     calls = [i for ins in comps.values() for i in ins if i.op == "custom-call" and i.name.startswith("splash_mha")]
@@ -109,10 +112,36 @@ def test_tiny_presets_update_and_sampler_compile_for_v5e(v5e):
     text = report.format_plan(result, "tiny")
     assert "attention=auto (splash on TPU v5 lite)" in text
     assert "target     v5e:2x2: 4 x TPU v5 lite (v5e), 1 host of 4" in text and "= 4 tpu devices" in text
-    assert "roofline   an ESTIMATE" in text and "step       estimate" in text
+    assert "estimate   an ESTIMATE" in text and "step       every reply at max_new_tokens" in text
     est = roofline.step_estimate(result)
     assert est is not None and est.step > 0 and 0 < est.mfu <= 1
     assert np.isfinite([p.cost.seconds(v5e.chip) for p in result.phases]).all()
+
+
+@pytest.mark.slow
+def test_the_packed_update_compiles_for_v5e(v5e):
+    """The tiny GRPO preset's prepare and actor programs on packed rows (config.rl.pack_rows: the batch
+    with its packed layout, the order with each micro-batch's), compiled by the TPU compiler for
+    v5e:2x2 with splash attention over the packed rows' segment ids."""
+    config = grpo_think.get_config("tiny")
+    config.workdir = "/tmp/unused"
+    config.rollout.max_total_tokens, config.train.length_multiple = 128, 128
+    config.rollout.profiles_per_step, config.rollout.max_new_tokens, config.rollout.cache_slots = 4, 16, 0
+    config.rl.pack_rows, config.rl.micro_batch_size = True, 4
+    s = abstract_setup(RunSpec.from_config(config), target=v5e)
+    rows_sh = NamedSharding(s.mesh, P(sharding.BATCH_AXES))
+    replicated = NamedSharding(s.mesh, P())
+    b, t = s.batch["tokens"].shape
+    packed = {"pack_source": jax.ShapeDtypeStruct((b // 2, t), jnp.int32, sharding=rows_sh),
+              "pack_positions": jax.ShapeDtypeStruct((b // 2, t // 4), jnp.int32, sharding=rows_sh)}
+    prepare = s.update.prepare.lower(s.models, s.frozen, {**s.batch, **packed}).compile()
+    assert "splash_mha" in prepare.as_text()
+    minis, micro = s.rows.shape[0], s.rl.micro_batch_size
+    order = update.PackedOrder(s.rows, *(jax.ShapeDtypeStruct((minis, s.rows.shape[1] // micro, 2, w), jnp.int32,
+                                                              sharding=replicated) for w in (t, t // 4)))
+    actor = s.update.actor.lower(s.state.step, *s.state.model("actor"), s.base, s.inputs, order).compile()
+    assert {"splash_mha_fwd", "splash_mha_dq", "splash_mha_dkv"} <= set(re.findall(r"splash_mha_(?:fwd|dq|dkv)",
+                                                                                   actor.as_text()))
 
 
 def test_roofline_counts_loops_by_their_trip_counts(v5e):

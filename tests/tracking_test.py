@@ -67,7 +67,7 @@ def _records():
 
 def test_off_unless_a_project_is_given_and_the_config_has_the_fields():
     settings = tracking.TrackingSettings.from_config(get_config("tiny"))
-    assert settings == tracking.TrackingSettings(project="", mode="offline", run_dir="runs/grpo_think_tiny")
+    assert settings == tracking.TrackingSettings(project="", mode="online", run_dir="runs/grpo_think_tiny")
     assert tracking.WandbLogger.create(settings) is None
 
 
@@ -90,6 +90,7 @@ def test_dialogue_text_and_rows():
     assert rows[1][-1] == "" and len(rows[1]) == len(tracking.TRANSCRIPT_COLUMNS)
 
 
+@pytest.mark.slow  # wandb's service process
 def test_offline_run_holds_metrics_config_and_transcripts(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="wandb is an optional extra: pip install -e '.[wandb]'")
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -1,9 +1,12 @@
 """Grouped-query softmax attention: the dense form, and causal self-attention in four forms.
 
 Shape letters as in qwen2.py: B batch, T queries, S key/value slots, N query heads, K kv heads,
-G = N // K, H head dim. Masking is by slot: a query at slot q attends slot s when s <= q and slot
-s holds a real token. Outputs at padding query slots are unspecified (no NaN); callers never read
-them and give them zero cotangents.
+G = N // K, H head dim. With a KV cache masking is by slot: a query at slot q attends slot s when
+s <= q and slot s holds a real token. Without one (`attend`) each row is split in segments by its
+segment ids [B, T] (int32): a query attends the slots at or before its own that carry its segment
+id, so rows packed end to end in one row (rlver_jax.rl.packing) never see each other; id 0 is
+padding, which attends only padding. A 0/1 mask is one segment a row. Outputs at padding query
+slots are unspecified (no NaN); callers never read them and give them zero cotangents.
 
 `attend` is the cache-free (training) self-attention, chosen by `config.model.attention`:
   xla        dense scores [B, N, T, T] in fp32, split into causal query blocks (memory ~ T^2).
@@ -96,25 +99,37 @@ def resolve(implementation: str, t: int, dtype, platform: str | None = None) -> 
     return implementation
 
 
-def attend(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
-           implementation: str = "auto") -> jax.Array:
-    """Causal self-attention of T tokens (slot = index) with slot mask mask_BT: [B, T, N, H].
+def attend(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, segments_BT: jax.Array,
+           implementation: str = "auto", max_segments: int = 1) -> jax.Array:
+    """Causal self-attention of T tokens (slot = index) within their segments (`segments_BT`: ids,
+    0 padding, or a 0/1 mask): [B, T, N, H]. `max_segments` (static): the most segments a row holds,
+    which cuDNN's packed call sizes its arrays by (1: each row's real tokens are contiguous).
 
     One token attends only itself, which every implementation computes alike: the dense form, on any
     platform (the parameters' shape-only init traces one token, wherever the run is compiled for)."""
+    segments_BT = segments_BT.astype(jnp.int32)
     if q_BTNH.shape[1] == 1:
-        return _causal_dense(q_BTNH, k_BTKH, v_BTKH, mask_BT)
+        return _causal_dense(q_BTNH, k_BTKH, v_BTKH, segments_BT)
     impl = resolve(implementation, q_BTNH.shape[1], q_BTNH.dtype)
     if impl == "xla":
-        return _causal_dense(q_BTNH, k_BTKH, v_BTKH, mask_BT)
+        return _causal_dense(q_BTNH, k_BTKH, v_BTKH, segments_BT)
     if impl == "blockwise":
-        return blockwise_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT)
+        return blockwise_attention(q_BTNH, k_BTKH, v_BTKH, segments_BT)
     if impl == "cudnn":
-        return cudnn_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT)
-    return splash_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT)
+        return cudnn_attention(q_BTNH, k_BTKH, v_BTKH, segments_BT, max_segments=max_segments)
+    return splash_attention(q_BTNH, k_BTKH, v_BTKH, segments_BT)
 
 
-def _causal_dense(q, k, v, mask_BT):
+def segment_bias(q_slots: jax.Array, q_segments_BT: jax.Array, k_segments_BS: jax.Array) -> jax.Array:
+    """Additive attention bias [B, T, S] without a cache: query t (at slot q_slots[t]) attends key
+    slot s <= its slot of its own segment id."""
+    s = k_segments_BS.shape[-1]
+    allowed = ((jnp.arange(s)[None, None, :] <= q_slots[None, :, None])
+               & (k_segments_BS[:, None, :] == q_segments_BT[:, :, None]))
+    return jnp.where(allowed, 0.0, NEG_INF).astype(jnp.float32)
+
+
+def _causal_dense(q, k, v, segments_BT):
     # Query block i attends to the keys of blocks 0..i only: the fully masked upper triangle is
     # skipped (10/16 of the scores with 4 blocks). Valid queries never see the skipped slots, so
     # their outputs are unchanged; only padding rows differ.
@@ -123,7 +138,8 @@ def _causal_dense(q, k, v, mask_BT):
     size = t // blocks
     return jnp.concatenate([
         dense_attention(q[:, i * size:(i + 1) * size], k[:, :(i + 1) * size], v[:, :(i + 1) * size],
-                        slot_bias(jnp.arange(i * size, (i + 1) * size), mask_BT[:, :(i + 1) * size]),
+                        segment_bias(jnp.arange(i * size, (i + 1) * size), segments_BT[:, i * size:(i + 1) * size],
+                                     segments_BT[:, :(i + 1) * size]),
                         q.dtype)
         for i in range(blocks)], axis=1)
 
@@ -131,9 +147,10 @@ def _causal_dense(q, k, v, mask_BT):
 # ----------------------------------------------------------------------------- blockwise
 
 
-def blockwise_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
+def blockwise_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, segments_BT: jax.Array,
                         block: int = BLOCK) -> jax.Array:
-    """Causal self-attention in query x key blocks of `block` tokens (T padded up to a multiple).
+    """Causal self-attention within segments (`attend`) in query x key blocks of `block` tokens (T
+    padded up to a multiple).
 
     Query block i visits key blocks 0..i with an online softmax (running max m, sum l, output
     accumulator, all fp32); the backward recomputes each block's probabilities from the saved
@@ -152,32 +169,34 @@ def blockwise_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
 
     qb = blocks(q_BTNH.reshape(b, t, kh, n // kh, h), (kh, n // kh))
     kb, vb = blocks(k_BTKH, (kh,)), blocks(v_BTKH, (kh,))
-    mb = jnp.pad(mask_BT.astype(bool), ((0, 0), (0, pad))).reshape(b, nb, size).transpose(1, 0, 2)
-    ob = _flash(qb, kb, vb, mb)  # [nb, B, K, G, size, H]
+    sb = jnp.pad(segments_BT.astype(jnp.int32), ((0, 0), (0, pad))).reshape(b, nb, size).transpose(1, 0, 2)
+    ob = _flash(qb, kb, vb, sb)  # [nb, B, K, G, size, H]
     return jnp.moveaxis(ob, (0, -2), (1, 2)).reshape(b, nb * size, n, h)[:, :t]
 
 
-def _scores(q_i, kb, mb, q_start, j):
-    """Scores [B, K, G, q, s] (fp32, scaled, masked) of query block q_i, at slots q_start + 0..q-1,
-    against key block j (slots j * s + 0..s-1, real where mb[j] is)."""
+def _scores(q_i, kb, kseg, q_start, j, q_seg):
+    """Scores [B, K, G, q, s] (fp32, scaled, masked) of query block q_i, at slots q_start + 0..q-1 of
+    segments q_seg [B, q], against key block j (slots j * s + 0..s-1 of segments kseg[j]; a cache's
+    slot mask: True where real, against True)."""
     q_slot = q_start + jnp.arange(q_i.shape[-2])
     size = kb.shape[-2]
     k_slot = j * size + jnp.arange(size)
-    ok = (k_slot[None, :] <= q_slot[:, None])[None] & jax.lax.dynamic_index_in_dim(mb, j, keepdims=False)[:, None, :]
+    k_seg = jax.lax.dynamic_index_in_dim(kseg, j, keepdims=False)
+    ok = (k_slot[None, :] <= q_slot[:, None])[None] & (k_seg[:, None, :] == q_seg[:, :, None])
     k_j = jax.lax.dynamic_index_in_dim(kb, j, keepdims=False)
     s = jnp.einsum("BKGqH,BKsH->BKGqs", q_i, k_j, preferred_element_type=jnp.float32)
     return s * (q_i.shape[-1] ** -0.5) + jnp.where(ok, 0.0, NEG_INF)[:, None, None]
 
 
-def _online_softmax(q_i, kb, vb, mb, q_start, key_blocks, dt):
-    """Query block q_i (slots q_start + 0..q-1) over key blocks 0..key_blocks-1 with an online
-    softmax: the running max m, sum row_sum and output accumulator (all fp32), rescaled by exp(m - m_new)
-    at each block. The output is acc / row_sum, its log-sum-exp m + log(row_sum)."""
+def _online_softmax(q_i, kb, vb, kseg, q_start, key_blocks, dt, q_seg):
+    """Query block q_i (slots q_start + 0..q-1, segments q_seg) over key blocks 0..key_blocks-1 with
+    an online softmax: the running max m, sum row_sum and output accumulator (all fp32), rescaled by
+    exp(m - m_new) at each block. The output is acc / row_sum, its log-sum-exp m + log(row_sum)."""
     f32 = jnp.float32
 
     def key_block(j, carry):
         m, row_sum, acc = carry
-        s = _scores(q_i, kb, mb, q_start, j)
+        s = _scores(q_i, kb, kseg, q_start, j, q_seg)
         m_new = jnp.maximum(m, s.max(-1))
         p = jnp.exp(s - m_new[..., None])
         corr = jnp.exp(m - m_new)
@@ -189,41 +208,41 @@ def _online_softmax(q_i, kb, vb, mb, q_start, key_blocks, dt):
     return jax.lax.fori_loop(0, key_blocks, key_block, init)
 
 
-def _flash_forward(qb, kb, vb, mb):
+def _flash_forward(qb, kb, vb, sb):
     dt, size = qb.dtype, qb.shape[-2]
 
     def query_block(_, xs):
-        i, q_i = xs
-        m, row_sum, acc = _online_softmax(q_i, kb, vb, mb, i * size, i + 1, dt)  # causal: key blocks 0..i
+        i, q_i, seg_i = xs
+        m, row_sum, acc = _online_softmax(q_i, kb, vb, sb, i * size, i + 1, dt, seg_i)  # causal: key blocks 0..i
         return None, ((acc / row_sum[..., None]).astype(dt), m + jnp.log(row_sum))
 
-    _, (ob, lse) = jax.lax.scan(query_block, None, (jnp.arange(qb.shape[0]), qb))
+    _, (ob, lse) = jax.lax.scan(query_block, None, (jnp.arange(qb.shape[0]), qb, sb))
     return ob, lse
 
 
 @jax.custom_vjp
-def _flash(qb, kb, vb, mb):
-    return _flash_forward(qb, kb, vb, mb)[0]
+def _flash(qb, kb, vb, sb):
+    return _flash_forward(qb, kb, vb, sb)[0]
 
 
-def _flash_fwd(qb, kb, vb, mb):
-    ob, lse = _flash_forward(qb, kb, vb, mb)
-    return ob, (qb, kb, vb, mb, ob, lse)
+def _flash_fwd(qb, kb, vb, sb):
+    ob, lse = _flash_forward(qb, kb, vb, sb)
+    return ob, (qb, kb, vb, sb, ob, lse)
 
 
 def _flash_bwd(res, dob):
     """FlashAttention-2's backward: p = exp(s - lse), ds = p * (dp - rowsum(do * o))."""
-    qb, kb, vb, mb, ob, lse = res
+    qb, kb, vb, sb, ob, lse = res
     f32, dt = jnp.float32, qb.dtype
     scale = qb.shape[-1] ** -0.5
     delta = jnp.sum(dob.astype(f32) * ob.astype(f32), axis=-1)
 
     def query_block(carry, xs):
-        i, q_i, do_i, lse_i, delta_i = xs
+        i, q_i, seg_i, do_i, lse_i, delta_i = xs
 
         def key_block(j, c):
             dq_i, dk, dv = c
-            p = jnp.exp(_scores(q_i, kb, mb, i * q_i.shape[-2], j) - lse_i[..., None])
+            p = jnp.exp(_scores(q_i, kb, sb, i * q_i.shape[-2], j, seg_i) - lse_i[..., None])
             k_j = jax.lax.dynamic_index_in_dim(kb, j, keepdims=False)
             v_j = jax.lax.dynamic_index_in_dim(vb, j, keepdims=False)
             dv_j = jnp.einsum("BKGqs,BKGqH->BKsH", p.astype(dt), do_i, preferred_element_type=f32)
@@ -237,7 +256,7 @@ def _flash_bwd(res, dob):
         return (dk, dv), dq_i.astype(dt)
 
     zeros = jnp.zeros(kb.shape, f32)
-    (dk, dv), dqb = jax.lax.scan(query_block, (zeros, zeros), (jnp.arange(qb.shape[0]), qb, dob, lse, delta))
+    (dk, dv), dqb = jax.lax.scan(query_block, (zeros, zeros), (jnp.arange(qb.shape[0]), qb, sb, dob, lse, delta))
     return dqb, dk.astype(kb.dtype), dv.astype(vb.dtype), None
 
 
@@ -277,7 +296,7 @@ def cached_attention(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.A
     def query_block(_, xs):
         i, q_i = xs
         last = jnp.minimum((index + (i + 1) * block - 1) // block + 1, ns)  # key blocks at or before its slots
-        m, row_sum, acc = _online_softmax(q_i, kb, vb, mb, index + i * block, last, dt)
+        m, row_sum, acc = _online_softmax(q_i, kb, vb, mb, index + i * block, last, dt, jnp.ones((b, block), bool))
         return None, (acc / row_sum[..., None]).astype(dt)
 
     _, ob = jax.lax.scan(query_block, None, (jnp.arange(nq), qb))  # [nq, B, K, G, block, H]
@@ -287,24 +306,29 @@ def cached_attention(q_BTNH: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.A
 # ----------------------------------------------------------------------------- platform kernels
 
 
-def cudnn_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
-                    implementation: str = "cudnn") -> jax.Array:
+def cudnn_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, segments_BT: jax.Array,
+                    implementation: str = "cudnn", max_segments: int = 1) -> jax.Array:
     """cuDNN flash attention (`implementation="xla"`: jax's reference of the same call, for tests).
 
     cuDNN masks by sequence length (real tokens first), not by an arbitrary slot mask (a mask
-    argument would become a [B, N, T, T] bias), so each row's real tokens must be contiguous: left
-    or right padding, as the trainer and sampler build them. Rows are rotated so their real tokens
-    come first, attended with a causal padding mask, and rotated back; rotary positions were
-    applied before, so the rotation changes no score.
+    argument would become a [B, N, T, T] bias). One segment a row (`max_segments` 1): its real
+    tokens must be contiguous, left or right padding, as the trainer and sampler build them. Rows
+    are rotated so their real tokens come first, attended with a causal padding mask, and rotated
+    back; rotary positions were applied before, so the rotation changes no score. Packed rows
+    (`max_segments` > 1, rlver_jax.rl.packing): cuDNN's ragged layout, each row's segments given by
+    their first slots and lengths (`segment_runs`), each attended causally on its own; jax's public
+    call has no such arguments, so this calls its cuDNN module's (`_cudnn_packed`).
 
     Inside a mesh context (the trainer's and the sampler's programs) it runs in a `shard_map`, as
     splash does (`kernel_partition`): jax's partitioning rule of the cuDNN call fails on shardings
     that XLA gives its per-row lengths and that no mesh axis expresses (the tiny preset in bf16 on
     8 GPUs, `launch/plan.py --gpu=h100:8`), and each row and head attends on its own anyway.
     """
-    def run(q, k, v, mask):  # one shard: [b, T, n, H], [b, T, kh, H], [b, T]
+    def run(q, k, v, segments):  # one shard: [b, T, n, H], [b, T, kh, H], [b, T]
+        if max_segments > 1:
+            return _cudnn_packed(q, k, v, segments, max_segments, implementation)
         t = q.shape[1]
-        mask = mask.astype(bool)
+        mask = segments != 0
         start_B = jnp.argmax(mask, axis=1)  # first real slot (0 for an all-padding row)
         length_B = jnp.maximum(mask.sum(axis=1), 1).astype(jnp.int32)  # >= 1: no empty softmax
         front = (jnp.arange(t)[None, :] + start_B[:, None]) % t  # rotated slot -> original slot
@@ -325,15 +349,49 @@ def cudnn_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mas
                                        q_BTNH.shape[2], k_BTKH.shape[2])
         spec = P(rows, None, heads)
         run = jax.shard_map(run, in_specs=(spec, spec, spec, P(rows)), out_specs=spec, check_vma=False)
-    return run(q_BTNH, k_BTKH, v_BTKH, mask_BT)
+    return run(q_BTNH, k_BTKH, v_BTKH, segments_BT.astype(jnp.int32))
 
 
-def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, mask_BT: jax.Array,
+def segment_runs(segments_BT: jax.Array, max_segments: int) -> tuple[jax.Array, jax.Array]:
+    """Each row's runs of one nonzero segment id as cuDNN's packed call takes them: (their first
+    slots [B, M + 1], their lengths [B, M]), M = max_segments, -1 past a row's runs. A row of more
+    runs than M loses the last ones: the packing caps a row's segments (rlver_jax.rl.packing)."""
+    before = jnp.pad(segments_BT[:, :-1], ((0, 0), (1, 0)))
+    after = jnp.pad(segments_BT[:, 1:], ((0, 0), (0, 1)))
+    real = segments_BT != 0
+    first = jax.vmap(lambda r: jnp.nonzero(r, size=max_segments + 1, fill_value=-1)[0])(real & (segments_BT != before))
+    last = jax.vmap(lambda r: jnp.nonzero(r, size=max_segments, fill_value=-1)[0])(real & (segments_BT != after))
+    return first.astype(jnp.int32), jnp.where(last >= 0, last - first[:, :-1] + 1, -1).astype(jnp.int32)
+
+
+def _cudnn_packed(q, k, v, segments_BT, max_segments: int, implementation: str):
+    """cuDNN's attention over packed rows (its ragged layout: compute capability 9.0, an H100 or
+    later); `implementation="xla"`: jax's XLA attention under the mask the same runs describe (a
+    padding slot attends itself). Padding slots come out 0."""
+    first, lengths = segment_runs(segments_BT, max_segments)
+    if implementation == "cudnn":
+        from jax._src.cudnn.fused_attention_stablehlo import MaskType
+        from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention as packed_call
+        out = packed_call(q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=first, kv_offsets=first,
+                          scale=q.shape[-1] ** -0.5, mask_type=MaskType.PADDING_CAUSAL)
+    else:
+        slot = jnp.arange(q.shape[1])
+        start, length = first[:, :-1, None], lengths[:, :, None]
+        inside = (start >= 0) & (slot >= start) & (slot < start + length)  # [B, M, T]
+        run = jnp.where(inside.any(1), jnp.argmax(inside, axis=1), -1)
+        same = (run[:, :, None] == run[:, None, :]) & (slot[None, None, :] <= slot[None, :, None])
+        mask = jnp.where((run < 0)[:, :, None], slot[None, None, :] == slot[None, :, None], same)
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=implementation)
+    return jnp.where((segments_BT != 0)[:, :, None, None], out, 0).astype(q.dtype)
+
+
+def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, segments_BT: jax.Array,
                      interpret: bool = False) -> jax.Array:
     """Pallas splash attention (TPU; `interpret=True` runs the kernel on CPU, for tests).
 
-    The slot mask becomes segment ids (1 real, 0 padding) and-ed with a causal mask, so any mask
-    is exact, and every query attends at least itself; grouped-query heads go to the kernel as
+    The segment ids (`attend`; a 0/1 mask: 1 real, 0 padding) go to the kernel as its own, and-ed
+    with a causal mask, so packed rows are exact, and every query attends at least itself
+    (padding attends padding); grouped-query heads go to the kernel as
     they are (N query heads on K kv heads). The kernel takes one sequence; it is vmapped over the
     batch. A Pallas kernel is not partitioned by XLA ("Mosaic kernels cannot be automatically
     partitioned"), so inside a mesh context (the trainer's programs: sharding.jit_sharded) it runs
@@ -365,7 +423,7 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, ma
         rows, heads = kernel_partition(dict(zip(mesh.axis_names, mesh.axis_sizes)), b, n, kh)
         spec = P(rows, heads)  # [B, heads, Tp, H]
         run = jax.shard_map(run, in_specs=(spec, spec, spec, P(rows)), out_specs=spec, check_vma=False)
-    seg = jnp.pad(mask_BT.astype(jnp.int32), ((0, 0), (0, tp - t)))
+    seg = jnp.pad(segments_BT.astype(jnp.int32), ((0, 0), (0, tp - t)))
     out = run(heads_first(q_BTNH * (h ** -0.5)), heads_first(k_BTKH), heads_first(v_BTKH), seg)
     return out.transpose(0, 2, 1, 3)[:, :t].astype(q_BTNH.dtype)
 

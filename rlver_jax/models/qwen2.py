@@ -9,7 +9,8 @@ V vocab, L layers.
 
 Attention masking is by slot: a query at slot q attends to slot s when s <= q and slot s holds a
 real token (`kv_mask`). Left-padded batches therefore need no special casing, and the same code
-serves a full forward (slots = the T tokens) and incremental decoding with a KV cache.
+serves a full forward (slots = the T tokens) and incremental decoding with a KV cache. Without a
+cache the mask may be segment ids instead (rows packed end to end: rlver_jax.models.attention.attend).
 """
 
 from __future__ import annotations
@@ -157,6 +158,7 @@ def _add(y: jax.Array, bias: jax.Array | None) -> jax.Array:
 
 class Attention(nn.Module):
     config: Qwen2Config
+    max_segments: int = 1  # without a cache: the most segments a row holds (attention.attend)
 
     @nn.compact
     def __call__(self, x_BTD, positions_BT, kv_mask_BS, cache: _StackCache | None, index):
@@ -183,7 +185,7 @@ class Attention(nn.Module):
         kk = rotary(kk, positions_BT, inv_freq)
 
         if cache is None:  # no cache: the keys are exactly the new tokens, slot = index
-            out = attention.attend(q, kk, vv, kv_mask_BS, cfg.attention)
+            out = attention.attend(q, kk, vv, kv_mask_BS, cfg.attention, self.max_segments)
         elif isinstance(index, tuple):  # rows at their own fills: a RowSlots, or groups of them side by side
             groups = (index,) if isinstance(index, row_attention.RowSlots) else index
             out, k_stack, v_stack = row_attention.attend(
@@ -244,11 +246,12 @@ class DecoderLayer(nn.Module):
     scanned and the unrolled stack, so both update the cache in place."""
 
     config: Qwen2Config
+    max_segments: int = 1
 
     @nn.compact
     def __call__(self, carry, positions_BT, kv_mask_BS, index):
         x_BTD, cache = carry
-        attn_out, cache = Attention(self.config, name="attn")(
+        attn_out, cache = Attention(self.config, self.max_segments, name="attn")(
             RMSNorm(self.config, name="input_norm")(x_BTD), positions_BT, kv_mask_BS, cache, index)
         x_BTD = x_BTD + attn_out
         x_BTD = x_BTD + MLP(self.config, name="mlp")(RMSNorm(self.config, name="post_attn_norm")(x_BTD))
@@ -269,6 +272,7 @@ class Qwen2(nn.Module):
     """The decoder stack; `__call__` returns final-normed hidden states and the updated cache."""
 
     config: Qwen2Config
+    max_segments: int = 1  # without a cache: the most segments a row holds (attention.attend)
 
     def setup(self):
         cfg = self.config
@@ -280,9 +284,9 @@ class Qwen2(nn.Module):
             self.layers = nn.scan(
                 layer, variable_axes={"params": 0}, split_rngs={"params": True},
                 in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
-                metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
+                metadata_params={nn.PARTITION_NAME: "layers"})(cfg, self.max_segments, name="layers")
         else:
-            self.layers = [layer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
+            self.layers = [layer(cfg, self.max_segments, name=f"layer_{i}") for i in range(cfg.num_layers)]
         self.final_norm = RMSNorm(cfg)
         if cfg.untied_lm_head:
             self.lm_head = self.param(
@@ -362,10 +366,13 @@ def hidden_states(
     position_ids: jax.Array | None = None,
     cache: KVCache | None = None,
     row_slots: row_attention.RowSlots | tuple[row_attention.RowSlots, ...] | None = None,
+    max_segments: int = 1,
 ) -> tuple[jax.Array, KVCache | None]:
     """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
 
-    attention_mask [B, T]: 1 for real tokens, 0 for padding (default all ones). position_ids
+    attention_mask [B, T]: 1 for real tokens, 0 for padding (default all ones); without a cache it
+    may hold segment ids instead (rows packed end to end, at most `max_segments` a row: each
+    attends only its own tokens; attention.attend), with position_ids restarting at each. position_ids
     default to `positions_from_mask(attention_mask)` without a cache; with a cache the caller
     passes them (they continue each row's own count). With a cache the T new tokens are written
     at slots [cache.index, cache.index + T), or, given `row_slots`, each fed row's at its own
@@ -376,14 +383,15 @@ def hidden_states(
     b, t = input_ids.shape
     if attention_mask is None:
         attention_mask = jnp.ones((b, t), bool)
+    segments = attention_mask.astype(jnp.int32)
     attention_mask = attention_mask.astype(bool)
     if position_ids is None:
         if cache is not None:
             raise ValueError("position_ids are required when decoding with a cache")
         position_ids = positions_from_mask(attention_mask)
-    model = Qwen2(config)
+    model = Qwen2(config, max_segments)
     if cache is None:
-        h, _ = model.apply({"params": params}, input_ids, position_ids, attention_mask, None, 0)
+        h, _ = model.apply({"params": params}, input_ids, position_ids, segments, None, 0)
         return h, None
     if row_slots is not None:
         h, (k, v) = model.apply({"params": params}, input_ids, position_ids, None, (cache.k, cache.v), row_slots)

@@ -21,6 +21,20 @@ from rlver_jax.sampling.buckets import bucket
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class RowTable:
+    """Every process's rows as packing reads them (rlver_jax.rl.packing): their lengths [Q, R] and
+    policy masks [Q, R, T] (bool), the R rows of each of Q processes in its batch's order."""
+
+    lengths: np.ndarray
+    policy: np.ndarray
+
+    @classmethod
+    def of(cls, batch: TrainBatch) -> RowTable:
+        """The table of one process's batch."""
+        return cls(batch.attention_mask.sum(-1)[None].astype(np.int32), (batch.policy_mask > 0)[None])
+
+
 @dataclasses.dataclass
 class TrainBatch:
     """Host arrays, rows right-padded to a bucketed length; padding rows have all-zero masks."""
@@ -39,6 +53,8 @@ class TrainBatch:
     turn: np.ndarray | None = None  # int32 [B, T], the dialogue's policy turn of each policy token; -1 elsewhere
     turn_rewards: np.ndarray | None = None  # float32 [B, T], a scored turn's reward (`turn_rewards`) on its last token
     turn_scored: np.ndarray | None = None  # float32 [B, T], 1 on the last policy token of each scored turn
+    # Every process's rows for packing (StepCollation, several processes); None: this batch's own.
+    table: RowTable | None = None
 
     def __post_init__(self):
         shape = self.policy_mask.shape
@@ -49,8 +65,13 @@ class TrainBatch:
                 setattr(self, name, np.zeros(shape, np.float32))
 
     def arrays(self, policy_tokens: int | None = None) -> dict[str, np.ndarray]:
-        """The fields, plus `policy_positions` derived from the policy mask (`policy_tokens`: see there)."""
-        return {**dataclasses.asdict(self), "policy_positions": policy_positions(self.policy_mask, policy_tokens)}
+        """The array fields, plus `policy_positions` derived from the policy mask (`policy_tokens`: see there)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "table"}
+        return {**fields, "policy_positions": policy_positions(self.policy_mask, policy_tokens)}
+
+    def rows(self) -> RowTable:
+        """Every process's rows (`table`), or this batch's."""
+        return self.table or RowTable.of(self)
 
 
 def _by_token(seq: DialogueSequence, rewards: list[float | None] | None) -> dict[int, float]:
@@ -226,6 +247,18 @@ def collate(
     return batch
 
 
+def row_table(per_process: Sequence[Sequence[DialogueSequence]], rows: int, length: int) -> RowTable:
+    """The RowTable of each process's dialogues (`per_process`, each process's as `collate` takes
+    them), `rows` rows of `length` slots each."""
+    lengths = np.zeros((len(per_process), rows), np.int32)
+    policy = np.zeros((len(per_process), rows, length), bool)
+    for q, sequences in enumerate(per_process):
+        for b, (seq, (start, end)) in enumerate((s, r) for s in sequences for r in s.rows):
+            lengths[q, b] = end - start
+            policy[q, b, :end - start] = np.asarray(seq.policy_mask[start:end]) > 0
+    return RowTable(lengths, policy)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepCollation:
     """How a step's dialogues become this process's rows of the one global train batch: the
@@ -239,6 +272,7 @@ class StepCollation:
     dialogue_process: np.ndarray  # [dialogues of a step] the process holding each one's rows
     process: int = 0  # this process
     processes: int = 1
+    pack_rows: bool = False  # config.rl.pack_rows: the batch carries every process's rows (RowTable)
 
     def collate(self, dialogues: Sequence[DialogueSequence], share: int, step: int = 0) -> tuple[TrainBatch, int]:
         """This process's rows of the batch of `dialogues` (every process's, in step order, at least
@@ -247,13 +281,15 @@ class StepCollation:
 
         The shapes come from every process's dialogues, so every process agrees on the rows per
         process (the most any process needs), T (the longest row, bucketed) and C without another
-        exchange; row and group ids are global."""
+        exchange; row and group ids are global. With `pack_rows` on several processes the batch
+        carries every process's rows (`row_table`), for the packed layouts (rlver_jax.rl.packing)."""
         # Rows mode (batch_size 0): rows a multiple of each process's share of a mini-batch, so the
         # global batch is whole mini-batches; one program per multiple, at most max_turns x dialogues / mini.
         multiple = row_multiple(self.batch_size, self.mini_batch_size, share, self.processes)
         owner = self.dialogue_process
-        rows = max(batch_rows([dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable], multiple)
-                   for p in range(self.processes))
+        held = [[dialogues[d] for d in np.flatnonzero(owner == p) if dialogues[d].trainable]
+                for p in range(self.processes)]
+        rows = max(batch_rows(h, multiple) for h in held)
         longest, policy_tokens = row_extent([s for s in dialogues if s.trainable])
         length = bucket(longest, multiple=self.length_multiple)
         mine = [(int(d), dialogues[d]) for d in np.flatnonzero(owner == self.process) if dialogues[d].trainable]
@@ -262,6 +298,9 @@ class StepCollation:
             log.info("step %d: batch length T=%d, policy tokens %d, rows %d per process (this process's dialogues "
                      "alone: T=%d, %d)", step, length, policy_tokens, rows,
                      bucket(alone[0], multiple=self.length_multiple), alone[1])
-        return collate([s for _, s in mine], batch_size=share, rows=rows, length=length,
-                       dialogue_ids=[d for d, _ in mine], padding_ids=rows * self.processes, pad_id=self.pad_id,
-                       row_multiple=multiple), policy_tokens
+        batch = collate([s for _, s in mine], batch_size=share, rows=rows, length=length,
+                        dialogue_ids=[d for d, _ in mine], padding_ids=rows * self.processes, pad_id=self.pad_id,
+                        row_multiple=multiple)
+        if self.pack_rows and self.processes > 1:
+            batch.table = row_table(held, rows, length)
+        return batch, policy_tokens

@@ -2,13 +2,14 @@
 (only at the policy tokens), and the critic's values.
 
 Alignment follows rlver_jax.rl.losses: logprobs[b, t] = log pi(token_t | tokens_<t) (0 at t = 0),
-and values[b, t] is the critic's value of the state before token t.
+and values[b, t] is the critic's value of the state before token t. Rows packed end to end
+(rlver_jax.rl.packing) run as `PackedRows` and come back in the rows' layout.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ import numpy as np
 
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
+from rlver_jax.rl.packing import SEGMENTS
 
 Params = Any
 
@@ -113,7 +115,8 @@ def _chunking(c: int, chunk: int) -> tuple[int, int]:
 
 
 def token_logprobs(cfg: Qwen2Config, params: Params, tokens, attention_mask, with_entropy: bool = False,
-                   positions: jax.Array | None = None, chunk: int = 1024):
+                   positions: jax.Array | None = None, chunk: int = 1024, position_ids: jax.Array | None = None,
+                   max_segments: int = 1):
     """log pi(token_t | tokens_<t) aligned to t (0 at t = 0), and optionally the entropy at t.
 
     positions [B, C] (rlver_jax.rl.batch.policy_positions): run the LM head only at these token
@@ -122,8 +125,9 @@ def token_logprobs(cfg: Qwen2Config, params: Params, tokens, attention_mask, wit
     losses never read the user and template tokens, so scoring only policy tokens saves both.
     chunk (config.rl.logprob_chunk): the head runs over at most this many tokens of each row at
     a time, forward and backward, so no [tokens, vocab] array is ever whole.
+    position_ids, max_segments: packed rows (`PackedRows`; qwen2.hidden_states).
     """
-    h, _ = qwen2.hidden_states(cfg, params, tokens, attention_mask)
+    h, _ = qwen2.hidden_states(cfg, params, tokens, attention_mask, position_ids, max_segments=max_segments)
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     b, c = positions.shape
@@ -142,7 +146,47 @@ def token_logprobs(cfg: Qwen2Config, params: Params, tokens, attention_mask, wit
     return (lp, ent) if with_entropy else lp
 
 
-def token_values(cfg: Qwen2Config, params: Params, tokens, attention_mask) -> jax.Array:
-    """V(state before token t), aligned to t."""
-    h, _ = qwen2.hidden_states(cfg, params, tokens, attention_mask)
-    return _shift_right(qwen2.values_from_hidden(cfg, params, h))
+def token_values(cfg: Qwen2Config, params: Params, tokens, attention_mask, position_ids: jax.Array | None = None,
+                 max_segments: int = 1) -> jax.Array:
+    """V(state before token t), aligned to t; 0 at t = 0 (with position_ids, packed rows: at each
+    segment's first token, which no state of its own precedes)."""
+    h, _ = qwen2.hidden_states(cfg, params, tokens, attention_mask, position_ids, max_segments=max_segments)
+    values = _shift_right(qwen2.values_from_hidden(cfg, params, h))
+    return values if position_ids is None else jnp.where(position_ids > 0, values, 0.0)
+
+
+class PackedRows(NamedTuple):
+    """Rows [R, T] laid end to end in P rows of T slots (rlver_jax.rl.packing): `source` [P, T] the
+    flat index (row x T + slot) of each packed slot's token, -1 empty; `positions` [P, C] the slots
+    the LM head scores (0 pads). The packed rows' segment ids are row + 1 (0 empty) and their
+    positions each row's own slots, so the model computes per row what it does unpacked; a packed row
+    holds at most SEGMENTS rows."""
+
+    source: jax.Array
+    positions: jax.Array
+
+    def inputs(self, tokens_RT: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(tokens, segment ids, position ids) [P, T] of the rows `tokens_RT` packed."""
+        t = tokens_RT.shape[1]
+        real = self.source >= 0
+        tokens = jnp.where(real, tokens_RT.reshape(-1)[jnp.maximum(self.source, 0)], 0)
+        return tokens, jnp.where(real, self.source // t + 1, 0), jnp.where(real, self.source % t, 0)
+
+    def unpack(self, x_PT: jax.Array, rows: int) -> jax.Array:
+        """`x_PT` (per packed slot) in the rows' layout [rows, T], 0 where no packed slot lands (a
+        scatter; its gradient is the gather back)."""
+        t = x_PT.shape[1]
+        index = jnp.where(self.source >= 0, self.source, rows * t).reshape(-1)
+        return jnp.zeros((rows * t + 1,), x_PT.dtype).at[index].add(x_PT.reshape(-1))[:-1].reshape(rows, t)
+
+    def logprobs(self, cfg: Qwen2Config, params: Params, tokens_RT: jax.Array, with_entropy: bool = False,
+                 chunk: int = 1024):
+        """`token_logprobs` of the rows `tokens_RT` at the scored slots, run packed, in the rows' layout."""
+        tokens, segments, ids = self.inputs(tokens_RT)
+        out = token_logprobs(cfg, params, tokens, segments, with_entropy, self.positions, chunk, ids, SEGMENTS)
+        return jax.tree.map(lambda x: self.unpack(x, tokens_RT.shape[0]), out)
+
+    def values(self, cfg: Qwen2Config, params: Params, tokens_RT: jax.Array) -> jax.Array:
+        """`token_values` of the rows `tokens_RT`, run packed, in the rows' layout."""
+        tokens, segments, ids = self.inputs(tokens_RT)
+        return self.unpack(token_values(cfg, params, tokens, segments, ids, SEGMENTS), tokens_RT.shape[0])

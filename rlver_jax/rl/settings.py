@@ -68,6 +68,8 @@ class RLSettings:
     # the batch's rows are a multiple of mini_batch_size (the last mini-batch's real rows may be fewer).
     batch_size: int = 0
     logprob_chunk: int = 1024  # tokens per row through the LM head at a time (rl.logprobs)
+    # The model passes run on the rows packed end to end (rl.packing): the same numbers to float rounding
+    pack_rows: bool = False
     max_new_tokens: int = 512  # config.rollout.max_new_tokens: a policy turn's token budget
     max_turns: int = 8  # config.simulator.max_turns: policy turns per dialogue (turn arrays' static size)
 

@@ -14,13 +14,15 @@ with think_history "drop"; rlver_jax.rl.batch):
   critic:     the same for the critic, on the same prepared inputs and mini-batch order.
 With LoRA the state's models are their trainable leaves and every program also reads the one frozen
 base (`Frozen`), which is the reference too. Per-token arrays follow rlver_jax.rl.losses
-(rlver_jax.rl.logprobs computes them).
+(rlver_jax.rl.logprobs computes them). With packed rows (rlver_jax.rl.packing: a batch carrying
+`pack_source`, an order `PackedOrder`) the model passes run on the packed rows and their outputs
+come back in the rows' layout, where everything else runs as without packing.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
@@ -29,8 +31,8 @@ import optax
 
 from rlver_jax.models import lora as lora_lib
 from rlver_jax.models.config import Qwen2Config
-from rlver_jax.rl import estimators, losses, off_policy
-from rlver_jax.rl.logprobs import token_logprobs, token_values
+from rlver_jax.rl import estimators, losses, off_policy, packing
+from rlver_jax.rl.logprobs import PackedRows, token_logprobs, token_values
 from rlver_jax.rl.optimizer import Optimizer
 from rlver_jax.rl.settings import RLSettings
 from rlver_jax.rl.train_state import TrainState, step_keys
@@ -85,25 +87,44 @@ def dialogue_advantages(advantages: jax.Array, mask: jax.Array, dialogue: jax.Ar
     return total / jnp.maximum(count, 1.0)
 
 
+def _model_rows(batch: dict) -> tuple[tuple, Callable, int]:
+    """What `prepare`'s model passes run on: (tokens, attention mask or segment ids, scored slots,
+    and with packed rows their position ids), the map of their per-token outputs to the batch's
+    rows, and the most segments a row holds (qwen2.hidden_states): the batch's rows, or its packed
+    rows (`pack_source`, rl.packing)."""
+    tokens = batch["tokens"]
+    if "pack_source" not in batch:
+        return (tokens, batch["attention_mask"], batch["policy_positions"]), lambda x: x, 1
+    packed = PackedRows(batch["pack_source"], batch["pack_positions"])
+    packed_tokens, segments, ids = packed.inputs(tokens)
+    return ((packed_tokens, segments, packed.positions, ids), lambda x: packed.unpack(x, tokens.shape[0]),
+            packing.SEGMENTS)
+
+
 def prepare(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config | None,
             state: TrainState, frozen: Frozen, batch: dict) -> tuple[dict, dict]:
     """Old log-probs, values, advantages and returns for a whole batch (no gradients), and metrics
     (`estimate`). `frozen.params`: the reference policy; with LoRA it is the frozen base (the
-    adapters off) that both models read."""
-    tokens, attn = batch["tokens"], batch["attention_mask"]
-    n_micro = tokens.shape[0] // rl.micro_batch_size
-    scored = (tokens, attn, batch["policy_positions"])
+    adapters off) that both models read. The model passes run in micro-batches of its rows (or
+    packed rows: `_model_rows`)."""
+    scored, place, segments = _model_rows(batch)
+    n_micro = scored[0].shape[0] // rl.micro_batch_size
 
-    def logprobs(params, t, a, p):
-        return token_logprobs(actor_cfg, params, t, a, positions=p, chunk=rl.logprob_chunk)
+    def logprobs(params, t, a, p, *ids):
+        return token_logprobs(actor_cfg, params, t, a, positions=p, chunk=rl.logprob_chunk,
+                              position_ids=ids[0] if ids else None, max_segments=segments)
+
+    def values(params, t, a, p, *ids):
+        del p  # every token's value
+        return token_values(critic_cfg, params, t, a, ids[0] if ids else None, segments)
 
     actor = frozen.model(actor_cfg, state.actor)
-    out = {"old_logprobs": _micro_map(functools.partial(logprobs, actor), n_micro, *scored)}
+    out = {"old_logprobs": place(_micro_map(functools.partial(logprobs, actor), n_micro, *scored))}
     if rl.uses_reference:
-        out["ref_logprobs"] = _micro_map(functools.partial(logprobs, frozen.params), n_micro, *scored)
+        out["ref_logprobs"] = place(_micro_map(functools.partial(logprobs, frozen.params), n_micro, *scored))
     if rl.uses_critic:
         critic = frozen.model(critic_cfg, state.critic)
-        out["values"] = _micro_map(lambda t, a: token_values(critic_cfg, critic, t, a), n_micro, tokens, attn)
+        out["values"] = place(_micro_map(functools.partial(values, critic), n_micro, *scored))
     estimated, metrics = estimate(rl, batch, out.get("values"), out["old_logprobs"], out.get("ref_logprobs"))
     corrected, off_metrics = correct_off_policy(rl, batch, out["old_logprobs"], estimated.get("policy_mask"))
     return {**out, **estimated, **corrected}, {**metrics, **off_metrics}
@@ -160,9 +181,17 @@ def estimate(rl: RLSettings, batch: dict, values: jax.Array | None = None, old_l
     return out, metrics
 
 
+def _packed(mb: dict) -> PackedRows | None:
+    """A micro-batch's packed rows (`micro_batches`), None when it runs unpacked."""
+    return PackedRows(mb["pack_source"], mb["pack_positions"]) if "pack_source" in mb else None
+
+
 def _actor_loss(rl: RLSettings, cfg: Qwen2Config, params, mb):
-    lp, ent = token_logprobs(cfg, params, mb["tokens"], mb["attention_mask"], with_entropy=True,
-                             positions=mb["policy_positions"], chunk=rl.logprob_chunk)
+    if (packed := _packed(mb)) is None:
+        lp, ent = token_logprobs(cfg, params, mb["tokens"], mb["attention_mask"], with_entropy=True,
+                                 positions=mb["policy_positions"], chunk=rl.logprob_chunk)
+    else:
+        lp, ent = packed.logprobs(cfg, params, mb["tokens"], with_entropy=True, chunk=rl.logprob_chunk)
     mask, w = mb["policy_mask"], mb["weights"]
     pg, pg_metrics = rl.policy_loss_kind.function(rl, lp, mb["old_logprobs"], mb["advantages"], mask)
     if rl.off_policy_kind.weighs:  # the correction to the sampling policy (correct_off_policy)
@@ -181,7 +210,10 @@ def _actor_loss(rl: RLSettings, cfg: Qwen2Config, params, mb):
 
 
 def _critic_loss(rl: RLSettings, cfg: Qwen2Config, params, mb):
-    values = token_values(cfg, params, mb["tokens"], mb["attention_mask"])
+    if (packed := _packed(mb)) is None:
+        values = token_values(cfg, params, mb["tokens"], mb["attention_mask"])
+    else:
+        values = packed.values(cfg, params, mb["tokens"])
     vl, vl_metrics = losses.value_loss(values, mb["values"], mb["returns"], mb["policy_mask"],
                                        clip_range=rl.value_clip)
     w = mb["value_weights"]
@@ -189,15 +221,29 @@ def _critic_loss(rl: RLSettings, cfg: Qwen2Config, params, mb):
     return jnp.sum(vl * w), {"value_loss": jnp.sum(vl * w), **{k: v * frac for k, v in vl_metrics.items()}}
 
 
-def micro_batches(rl: RLSettings, batch: dict, rows: jax.Array) -> dict:
-    """The mini-batch `batch[rows]` with its loss weights, as [micro-batches, micro_batch_size, ...].
-    The rows are gathered inside the program, so the batch stays on the mesh."""
+class PackedOrder(NamedTuple):
+    """The update's mini-batch order with each micro-batch's packed rows (rlver_jax.rl.packing.micro_layouts):
+    rows [S, R] (`minibatch_rows`), source [S, M, P, T] and positions [S, M, P, C] (logprobs.PackedRows)
+    of the M micro-batches of each of the S mini-batches."""
+
+    rows: jax.Array
+    source: jax.Array
+    positions: jax.Array
+
+
+def micro_batches(rl: RLSettings, batch: dict, rows: jax.Array, packed: PackedRows | None = None) -> dict:
+    """The mini-batch `batch[rows]` with its loss weights, as [micro-batches, micro_batch_size, ...],
+    and with `packed` ([micro-batches, P, ...]) each micro-batch's packed rows. The rows are gathered
+    inside the program, so the batch stays on the mesh."""
     mb = {k: v[rows] for k, v in batch.items()}
     # seq_mean_token_sum_norm's constant: a policy turn's token budget
     mb["weights"] = losses.loss_weights(mb["policy_mask"], rl.loss_agg_mode, norm_len=rl.max_new_tokens)
     mb["value_weights"] = losses.loss_weights(mb["policy_mask"], rl.value_loss_agg_mode, norm_len=rl.max_new_tokens)
     n_micro = mb["tokens"].shape[0] // rl.micro_batch_size
-    return jax.tree.map(lambda x: _micro_split(x, n_micro), mb)
+    mb = jax.tree.map(lambda x: _micro_split(x, n_micro), mb)
+    if packed is not None:
+        mb["pack_source"], mb["pack_positions"] = packed
+    return mb
 
 
 def _optimizer_step(name: str, loss_fn, tx, params, opt_state, micro: dict, lr: jax.Array):
@@ -250,7 +296,8 @@ def minibatch_rows(rl: RLSettings, key: jax.Array, batch_size: int, padding: jax
 def update_inputs(batch: dict, prepared: dict) -> dict:
     """The arrays the mini-batch updates read: the batch and `prepare`'s outputs, less what only
     `prepare` reads."""
-    only = ("sample_logprobs", "group", "dialogue", "rewards", "turn", "turn_rewards", "turn_scored")
+    only = ("sample_logprobs", "group", "dialogue", "rewards", "turn", "turn_rewards", "turn_scored", "pack_source",
+            "pack_positions")
     return {k: v for k, v in {**batch, **prepared}.items() if k not in only}
 
 
@@ -272,11 +319,12 @@ def prepare_step(rl: RLSettings, actor_cfg: Qwen2Config, critic_cfg: Qwen2Config
 
 
 def model_epochs(name: str, rl: RLSettings, update: Callable, opt: Optimizer, step: jax.Array, params: Params,
-                 opt_state, frozen: Frozen, inputs: dict, rows: jax.Array) -> tuple[Params, Any, dict]:
+                 opt_state, frozen: Frozen, inputs: dict, rows: jax.Array | PackedOrder) -> tuple[Params, Any, dict]:
     """One model's program of a train step: `ppo_epochs` x mini-batches of `update(params,
     opt_state, frozen, micro, lr) -> (params, opt_state, metrics)` (actor_update or critic_update;
     `frozen`: `Frozen.base`) in the order
-    `rows`, all at the train step's learning rate; a mini-batch of padding rows only (the processes of a
+    `rows` (a `PackedOrder`: with its micro-batches' packed rows), all at the train step's learning rate;
+    a mini-batch of padding rows only (the processes of a
     multi-host run pad to the most rows any of them holds) is skipped. Metrics are means over the
     mini-batches run, with `{name}_lr`, `optimizer_steps` (those run, all epochs) and the parameter norm
     after the step. The actor's and the critic's programs read the same prepared inputs and not each
@@ -284,12 +332,14 @@ def model_epochs(name: str, rl: RLSettings, update: Callable, opt: Optimizer, st
     lr = jnp.asarray(opt.learning_rate(step), jnp.float32)
 
     def run(carry, r):
-        p, o, m = update(*carry, frozen, micro_batches(rl, inputs, r), lr)
+        mini = (micro_batches(rl, inputs, r) if not isinstance(r, PackedOrder)
+                else micro_batches(rl, inputs, r.rows, PackedRows(r.source, r.positions)))
+        p, o, m = update(*carry, frozen, mini, lr)
         return (p, o), m
 
     def body(carry, r):
         zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(run, carry, r)[1])
-        real = jnp.any(inputs["policy_mask"][r] > 0)
+        real = jnp.any(inputs["policy_mask"][r.rows if isinstance(r, PackedOrder) else r] > 0)
         carry, m = jax.lax.cond(real, run, lambda c, _: (c, zeros), carry, r)
         return carry, (m, real.astype(jnp.float32))
 

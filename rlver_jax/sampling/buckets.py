@@ -9,6 +9,9 @@ MIN_PROMPT_BUCKET = 16  # prompt-length buckets start here: tiny prompts share o
 # The rollout policy's prompt-length buckets: powers of two and 1.5x powers of two from
 # MIN_PROMPT_BUCKET (at most a third of a bucket is padding).
 LENGTH_BUCKETS = tuple(sorted({2**k for k in range(4, 18)} | {3 * 2**k for k in range(3, 17)}))
+# Counts of packed training rows, in units of a micro-batch (rlver_jax.rl.packing): 1, 2, ..., 8, 10, 12, 14,
+# 16, 20, ...: less than a fifth of a count is padding, at most four programs per doubling of the count.
+ROW_COUNT_BUCKETS = tuple(sorted({1, 2, 3} | {m * 2**k for m in (4, 5, 6, 7) for k in range(20)}))
 
 
 def bucket(n: int, buckets: Sequence[int] | None = None, minimum: int = 1, *, multiple: int = 0) -> int:

@@ -30,7 +30,10 @@ from rlver_jax.table import Table
 # are: a resumed run may change them (train/spec.FREE), an evaluation keeps its own under a training
 # run's settings (eval/spec.like_training), and setup.json does not record them.
 TRANSPORT = frozenset({"base_url", "api_key_env", "timeout_s", "max_concurrency", "max_retries", "backoff_initial_s",
-                       "backoff_max_s", "outage_budget_s", "malformed_retries", "cache_dir", "cache_replay_only"})
+                       "backoff_max_s", "outage_budget_s", "malformed_retries", "cache_dir", "cache_replay_only",
+                       "latency_s"})
+# What the planner reads of a served simulator (launch/plan.py's step estimate): seconds per request.
+PLANNING = frozenset({"latency_s"})
 # Where a served model answers (llm_client.ClientSettings): base_url, model, api_key_env, timeout_s, ...
 ENDPOINT_FIELDS = frozenset(f.name for f in dataclasses.fields(ClientSettings)) - {"name", "flag_prefix"}
 # How an LLM user asks: sampling, answer format, retries, prompt budget, answer cache.
@@ -55,7 +58,8 @@ def llm_user(transport: Callable[[ClientSettings], Transport]) -> Build:
 
 BACKENDS: Table[BackendRow] = Table("config.simulator.backend", {
     # An LLM behind an OpenAI-compatible API (SGLang, vLLM, any provider): launch/serve_simulator.sh
-    "openai": BackendRow(build=llm_user(OpenAITransport), reads=ENDPOINT_FIELDS | LLM_USER_FIELDS, served=True,
+    "openai": BackendRow(build=llm_user(OpenAITransport), reads=ENDPOINT_FIELDS | LLM_USER_FIELDS | PLANNING,
+                         served=True,
                          summary="served (openai backend)"),
     # Deterministic rules, no network: a stand-in for demos and tests, not a benchmark
     "embedded": BackendRow(build=lambda llm, client: EmbeddedBackend(), reads=frozenset(), served=False,

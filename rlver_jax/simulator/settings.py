@@ -24,6 +24,7 @@ class SimulatorSettings:
     difficulty: str  # one of templates.DIFFICULTIES
     language: str  # "" = each profile's own, or one of templates.LANGUAGES
     rules: EmotionRules
+    latency_s: float = 15.0  # a served simulator's seconds per request, for the planner (config.simulator.latency_s)
 
     @property
     def row(self) -> backends.BackendRow:
@@ -48,13 +49,13 @@ class SimulatorSettings:
         section's fields the command line set (e.g. {"base_url"}), each refused where the backend
         ignores it (`check_read`)."""
         _, _, client, llm, rules = build_all(
-            lambda: _check_fields(cfg.backend, cfg.difficulty, cfg.language),
+            lambda: _check_fields(cfg.backend, cfg.difficulty, cfg.language, cfg.latency_s),
             lambda: check_read(cfg.backend, given),
             lambda: ClientSettings.from_config(cfg, name="simulator", flag_prefix="--config.simulator."),
             lambda: LLMUserSettings.from_config(cfg),
             lambda: EmotionRules.from_config(cfg))
         return cls(backend=cfg.backend, client=client, llm=llm, difficulty=cfg.difficulty, language=cfg.language,
-                   rules=rules)
+                   rules=rules, latency_s=cfg.latency_s)
 
 
 def check_read(backend: str, given: Collection[str]) -> None:
@@ -73,9 +74,11 @@ def check_read(backend: str, given: Collection[str]) -> None:
                          f"{readers or 'a backend that does'} to use {them}, or drop {flags}")
 
 
-def _check_fields(backend: str, difficulty: str, language: str) -> None:
+def _check_fields(backend: str, difficulty: str, language: str, latency_s: float) -> None:
     """The fields every backend reads, each named as config.simulator's."""
     backends.BACKENDS.row(backend)
+    if not 0 <= latency_s < float("inf"):
+        raise ValueError(f"config.simulator.latency_s={latency_s}: use a finite number of seconds >= 0")
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"config.simulator.difficulty={difficulty!r}: use one of {DIFFICULTIES}")
     if language not in ("",) + LANGUAGES:

@@ -289,7 +289,7 @@ def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
                train_profiles=train_profiles, eval_profiles=eval_profiles, mesh=mesh, own_dialogues=own,
                collation=StepCollation(spec.rl.batch_size, spec.rl.mini_batch_size,
                                        spec.loop.length_multiple, chat_tokens.end_of_text, owner,
-                                       jax.process_index(), jax.process_count()),
+                                       jax.process_index(), jax.process_count(), spec.rl.pack_rows),
                sampling_layout=SamplingLayout.create(actor_cfg, mesh, spec.mesh.rules,
                                                      split_devices(jax.devices(), spec.mesh.sampler_devices)[1]),
                update=prog, state=state, frozen=frozen, lora_base=lora_base(spec), lock=lock)

@@ -341,7 +341,8 @@ def lora_settings(config: ml_collections.ConfigDict) -> LoraSettings:
 _ADDED_FIELDS = {"model": {"attention": "auto", "mlp_chunk": 0},
                  # the rollout engine's: runs before it sampled with static calls
                  "rollout": {"engine": "static", "engine_rows": 0, "decode_chunk": 8, "prefill_chunk": 256},
-                 "lora": dataclasses.asdict(LoraSettings())}
+                 "lora": dataclasses.asdict(LoraSettings()),
+                 "simulator": {"latency_s": 15.0}}
 
 
 def saved_config(run_dir: pathlib.Path) -> ml_collections.ConfigDict:
@@ -370,7 +371,7 @@ FREE = ("workdir", "compilation_cache_dir", "mesh.", "checkpoint.", "train.eval_
         "train.eval_rules.", "train.eval_policy.", "train.transcripts", "train.wandb_project", "train.wandb_mode",
         "train.offload", "train.length_multiple", "train.max_param_norm_growth", "train.degenerate_alarm",
         "train.degenerate_alarm_action", "model.remat", "model.attention",
-        "model.mlp_chunk", "rl.micro_batch_size", "rl.logprob_chunk",
+        "model.mlp_chunk", "rl.micro_batch_size", "rl.logprob_chunk", "rl.pack_rows",
         # the engine and every field an engine reads: how sampling is laid out, not what is trained
         *(f"rollout.{f}" for f in sorted(engine_fields())), *(f"simulator.{f}" for f in sorted(TRANSPORT)))
 

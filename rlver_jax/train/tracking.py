@@ -1,10 +1,11 @@
 """Experiment tracking on Weights & Biases, an optional dependency (`pip install -e '.[wandb]'`).
 
 A training run with `config.train.wandb_project` set logs every step's metrics (the values of
-metrics.jsonl), its config, and tables of dialogues; `config.train.wandb_mode=offline` writes
-the run under WORKDIR/wandb only (`wandb sync WORKDIR/wandb/offline-run-*` uploads it later),
-`online` streams it. The W&B run id is kept in WORKDIR/wandb_run_id, so a resumed training run
-continues the same W&B run. Only one process of a multi-host run should log (process 0).
+metrics.jsonl), its config, and tables of dialogues, streamed to the W&B server (`online`, the
+default: naming a project means uploading to it); `config.train.wandb_mode=offline` writes the run
+under WORKDIR/wandb only (`wandb sync WORKDIR/wandb/offline-run-*` uploads it later). The W&B run
+id is kept in WORKDIR/wandb_run_id, so a resumed training run continues the same W&B run.
+Only one process of a multi-host run should log (process 0).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class TrackingSettings:
     """The `config.train.wandb_*` fields and the run's work directory."""
 
     project: str = ""  # W&B project; empty: no tracking
-    mode: str = "offline"  # offline: files under run_dir/wandb only; online: stream to the W&B server
+    mode: str = "online"  # online: stream to the W&B server; offline: files under run_dir/wandb only
     run_dir: str = ""  # the run's work directory (W&B files, the kept run id)
     name: str = ""  # run name; empty: the work directory's name
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from typing import Any
 
 import jax
 
+from rlver_jax.parallel import sharding
 from rlver_jax.train.planner import hlo_cost
 from rlver_jax.train.planner.setup import Setup, device_bytes
 
@@ -70,8 +72,21 @@ def compile_program(s: Setup, jitted, *args):
     return compiled, time.perf_counter() - t0
 
 
-def program_phase(s: Setup, name: str, compiled, resident: int, seconds: float, note: str = "") -> Phase:
-    """The Phase of a program `compile_program` gave, with `resident` bytes held beside it."""
+def domains(mesh: Any) -> list[int]:
+    """Each device's link domain, by the program's device ids (the mesh's devices in order): its
+    TPU slice (ICI inside, DCN between), its GPU node (NVLink inside, the network between), else one."""
+    devices = list(mesh.devices.flat)
+    if sharding.mesh_platform(mesh) == "tpu":
+        return [getattr(d, "slice_index", 0) for d in devices]
+    if sharding.mesh_platform(mesh) == "gpu":
+        return [d.process_index for d in devices]
+    return [0] * len(devices)
+
+
+def program_phase(s: Setup, name: str, compiled, resident: int, seconds: float, note: str = "",
+                  mesh: Any = None) -> Phase:
+    """The Phase of a program `compile_program` gave, with `resident` bytes held beside it; its
+    collectives' links by `mesh`'s devices (default: the run's)."""
     mem = compiled.memory_analysis()  # per device: the compiled program is one SPMD partition
     if isinstance(compiled, OutOfHbm):
         note = (f"OUT OF HBM: the TPU compiler needs {mem.temp_size_in_bytes / 2**30:.2f} GiB of temporaries, has "
@@ -79,7 +94,7 @@ def program_phase(s: Setup, name: str, compiled, resident: int, seconds: float, 
     cost = None
     if s.chip is not None and not isinstance(compiled, OutOfHbm):
         try:
-            cost = hlo_cost.program_cost(compiled)
+            cost = hlo_cost.program_cost(compiled, domains(s.mesh if mesh is None else mesh))
         except jax.errors.JaxRuntimeError as e:  # jaxlib cannot print every module libtpu builds
             note = f"no roofline: the compiled module has no HLO text here ({str(e).splitlines()[0][:80]}); {note}"
     return Phase(name, resident, mem.argument_size_in_bytes, mem.temp_size_in_bytes,

@@ -20,7 +20,7 @@ from rlver_jax.parallel import chips
 from rlver_jax.sampling import kv_rows
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
 from rlver_jax.sampling.cache_bound import longest_prompt, row_slots
-from rlver_jax.train.planner import hlo_cost
+from rlver_jax.train.planner import hlo_cost, lengths, rollout_time, terms
 from rlver_jax.train.planner.compiled import Phase, compile_program, program_phase
 from rlver_jax.train.planner.sampler import Search, sampler_call, section
 from rlver_jax.train.planner.setup import GB, Setup, device_bytes
@@ -69,13 +69,14 @@ class ContinuousPlan:
         rows = (f"{r} KV rows x {self.cache_slots} slots, {device_bytes(cache) / GB:.2f} GB/device (donated, "
                 f"held between turns)")
         phases = [program_phase(s, self.name, compiled, call.held, secs,
-                                f"decode chunk of {self.decode_chunk} steps; {rows}; {call.copy}")]
+                                f"decode chunk of {self.decode_chunk} steps; {rows}; {call.copy}", call.host)]
         feed = kv_rows.Feed(per_row, per_row, call.replicated((r, self.chunk), jnp.int32), per_row,
                             call.replicated((r, 2), jnp.uint32), per_row)
         compiled, secs = compile_program(s, kv_rows._chunk_jit, call.cfg, call.settings, call.host,
                                          self.decode_chunk, call.params, cache, state, None, serving, feed)
         phases.append(program_phase(s, f"{self.name} prefill", compiled, call.held, secs,
-                                    f"the same with a prefill piece of {self.chunk} tokens for each of {r} rows"))
+                                    f"the same with a prefill piece of {self.chunk} tokens for each of {r} rows",
+                                    call.host))
         return phases
 
     def search(self, spec: RunSpec) -> Search:
@@ -88,40 +89,28 @@ class ContinuousPlan:
         return Search(tuple(halved), {"rollout.engine_rows": 1}, "rollout.max_total_tokens", LENGTH_BUCKETS[0],
                       spec.rollout.max_total_tokens, LENGTH_BUCKETS[0])
 
-    def rollout_seconds(self, costs: Mapping[str, hlo_cost.Cost], chip: chips.Chip, *, turns: int, dialogues: int,
-                        feed_tokens: int, expected: int) -> tuple[float, float, str, float]:
-        """Each turn, every dialogue of the host decodes in one batch of its rows (the chunks' steps:
-        the reply's tokens, times dialogues / rows), a reply costing its own tokens, and its feed is
-        prefilled in pieces, each costing what a call with a piece costs beyond a decoding call
-        (the decode steps beside the piece are counted with the reply's); the rows' attention kernel
-        reads each row to its fill (hlo_cost.Cost.at_fill), assumed the longest prompt every turn
-        (`fill`) plus the reply's mean position while decoding, the longest prompt while
-        prefilling, each to the end of its key block (half a block past the fill on average), at
-        most the whole row."""
-        decode, slots, new = costs[self.name], self.cache_slots, self.new_tokens
+    def time_rollout(self, costs: Mapping[str, hlo_cost.Cost], chip: chips.Chip, dialogues: lengths.Dialogues,
+                     sim: rollout_time.Simulator) -> rollout_time.RolloutTime:
+        """One host's rollout on this engine (planner.rollout_time.continuous): a call's decode steps
+        cost the decoding program's (`terms`, per step) and its prefill piece what the program with a
+        piece costs beyond it, each with the rows' attention reading the rows it serves to their
+        fills, to the end of their last key block (half a block past the fill on average:
+        hlo_cost.Cost.at_fill, where the ragged kernel reads the rows; off a TPU every slot is
+        read), plus the host's fixed cost of a call (this host's CPU, measured)."""
+        decode, prefill, whole = costs[self.name], costs[f"{self.name} prefill"], self.rows * self.cache_slots
+        call = terms.Terms(op_fixed=chip.call_us * 1e-6)
 
-        def read(reply: float) -> float:  # slots a decode step reads of a row, to the end of its last key block
-            return min(self.fill + reply / 2 + ragged_attention.DECODE_KEY_BLOCK / 2, slots)
+        def at(cost: hlo_cost.Cost, block: int, slots: float, rows: int) -> terms.Terms:
+            return terms.terms(cost.at_fill(min((slots + rows * block / 2) / whole, 1.0)), chip)
 
-        def step(reply: int) -> float:  # a decode step at the rows' mean fill over a reply of `reply` tokens
-            return decode.at_fill(read(reply) / slots).seconds(chip) / self.decode_chunk
+        def steps(slots: float, rows: int, n: int) -> terms.Terms:
+            return at(decode, ragged_attention.DECODE_KEY_BLOCK, slots, rows).times(n / self.decode_chunk) + call
 
-        chunks = -(-feed_tokens // self.chunk)
-        fill = min(self.fill + ragged_attention.PREFILL_KEY_BLOCK / 2, slots) / slots
-        prefill = max(costs[f"{self.name} prefill"].at_fill(fill).seconds(chip) - decode.at_fill(fill).seconds(chip),
-                      0.0) * chunks
-        waves = max(1.0, dialogues / self.rows)
+        def piece(slots: float, rows: int) -> terms.Terms:
+            block = ragged_attention.PREFILL_KEY_BLOCK
+            return at(prefill, block, slots, rows).beyond(at(decode, block, slots, rows))
 
-        def seconds(reply: int) -> float:
-            return turns * (reply * waves * step(reply) + prefill)
-
-        whole = decode.seconds(chip) / self.decode_chunk
-        how = (f"{turns} turns x ({new} tokens x {waves:g} wave(s) of {self.rows} rows x {step(new) * 1e3:.1f} ms "
-               f"a decode step + prefill {prefill:.2f} s); the cached attention reads each row to its fill, "
-               f"assumed the longest prompt ({self.fill} tokens) every turn plus the reply's mean position, "
-               f"to the end of its key block: {read(new) / slots:.0%} of its {slots} slots (every row whole: "
-               f"{whole * 1e3:.1f} ms a decode step)")
-        return seconds(new), seconds(expected), how, turns * dialogues * (feed_tokens + new)
+        return rollout_time.continuous(dialogues, self.rows, self.decode_chunk, self.chunk, steps, piece, sim)
 
 
 def plan(spec: RunSpec, feed_tokens: int, hosts: int = 1, evaluation: bool = False) -> ContinuousPlan:

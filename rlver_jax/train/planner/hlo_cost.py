@@ -19,6 +19,7 @@ from typing import Any
 
 from rlver_jax.models import ragged_attention
 from rlver_jax.parallel.chips import Chip
+from rlver_jax.train.planner import collectives
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,17 @@ class Cost:
     kernel_flops: float = 0.0  # of `flops`, the attention kernels' (splash, cuDNN, ragged), by formula
     ragged_bytes: float = 0.0  # of `bytes`, the ragged kernel's key/value reads, every cache row whole
     ragged_flops: float = 0.0  # of `kernel_flops`, the ragged kernel's, every cache row whole
+    # Collectives (planner.collectives): bytes each device sends, inside a domain (ICI, NVLink) or
+    # across (DCN, a node's network), scheduled asynchronously or not; their ring steps (latency).
+    near_sync: float = 0.0
+    near_async: float = 0.0
+    far_sync: float = 0.0
+    far_async: float = 0.0
+    near_steps: float = 0.0
+    far_steps: float = 0.0
+    collectives: float = 0.0  # collective instructions run
+    grid_steps: float = 0.0  # the Pallas kernels' grid steps (splash's, the ragged kernel's)
+    ops: float = 0.0  # top-level operations run (fusions, matmuls, copies, collectives, kernels)
 
     def seconds(self, chip: Chip) -> float:
         """Roofline: the larger of compute time at the bf16 peak and HBM time at full bandwidth."""
@@ -115,6 +127,10 @@ def _trip_count(cond: list[_Instr], comps: dict[str, list[_Instr]] | None = None
                 return max(bound[0], 0)
     for i in cond if comps is not None and depth < 4 else ():
         if i.op == "fusion":
+            called = [comps.get(c, []) for c in _called(i.rest, "calls")]
+            bound = [consts[o] for o in _operands(i) if o in consts]
+            if bound and any(j.op == "compare" and re.search(r"direction=(LT|GT)", j.rest) for c in called for j in c):
+                return max(bound[0], 0)  # a compare fused with the counter, the bound an operand (XLA:CPU)
             for c in _called(i.rest, "calls"):
                 if (n := _trip_count(comps.get(c, []), comps, depth + 1)) is not None:
                     return n
@@ -306,26 +322,61 @@ def hlo_text(compiled: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _Work:
-    """What a computation does each time it runs (program_cost)."""
+    """What a computation does each time it runs (program_cost): Cost's figures, by field name."""
 
     flops: float = 0.0
-    kernel: float = 0.0
+    kernel_flops: float = 0.0
     bytes: float = 0.0
     unknown_loops: int = 0
-    ragged: float = 0.0  # of bytes, the ragged kernel's cache rows
+    ragged_bytes: float = 0.0  # of bytes, the ragged kernel's cache rows
     ragged_flops: float = 0.0  # of kernel, the ragged kernel's
+    near_sync: float = 0.0
+    near_async: float = 0.0
+    far_sync: float = 0.0
+    far_async: float = 0.0
+    near_steps: float = 0.0
+    far_steps: float = 0.0
+    collectives: float = 0.0
+    grid_steps: float = 0.0
+    ops: float = 0.0
 
     def __add__(self, other: _Work) -> _Work:
-        return _Work(self.flops + other.flops, self.kernel + other.kernel, self.bytes + other.bytes,
-                     self.unknown_loops + other.unknown_loops, self.ragged + other.ragged,
-                     self.ragged_flops + other.ragged_flops)
+        return _Work(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
 
     def times(self, n: float) -> _Work:
-        return dataclasses.replace(self, flops=n * self.flops, kernel=n * self.kernel, bytes=n * self.bytes,
-                                   ragged=n * self.ragged, ragged_flops=n * self.ragged_flops)
+        return _Work(**{f.name: getattr(self, f.name) * (1 if f.name == "unknown_loops" else n)
+                        for f in dataclasses.fields(self)})
 
 
-def program_cost(compiled: Any) -> Cost:
+def _grid_steps(instr: _Instr, shapes: dict[str, str]) -> float:
+    """A Pallas kernel's grid steps: splash's forward, dq and dkv kernels ([rows x] heads x query
+    blocks x key blocks, blocks of 512 where T is a multiple, else 128, every key block counted);
+    the ragged kernel's (ragged_attention.grid_steps of its operand q [rows, kv heads, query rows,
+    H]: a grid step per kv head and block of rows, looping over their key blocks inside)."""
+    if _is_ragged(instr):
+        q = next((d for d in (_dims(shapes, o) for o in _operands(instr)) if len(d) == 4), None)
+        return float(ragged_attention.grid_steps(*q[:3])) if q else 0.0
+    q = kernel_q_shape(instr)
+    if q is None or _CUDNN_ATTENTION.search(instr.rest):
+        return 0.0
+    *lead, t, _ = q
+    block = 512 if t % 512 == 0 else 128
+    return float(math.prod(lead) * (-(-t // block)) ** 2) if lead else 0.0
+
+
+def _collective_work(instr: _Instr, kind: str, shapes: dict[str, str], domains: Sequence[int] | None,
+                     asynchronous: bool) -> _Work:
+    """A collective's bytes per device and ring steps, by its link (planner.collectives)."""
+    arrays = [_BYTES.get(t, 4) * math.prod(d) for t, d in _arrays(instr.shape)]
+    out = max(arrays, default=0.0) if instr.op.endswith("-start") and kind != "all-reduce" else sum(arrays)
+    c = collectives.collective(kind, out, sum(_nbytes(shapes.get(o, "")) for o in _operands(instr)), instr.rest,
+                               domains, asynchronous or instr.op.endswith("-start"))
+    side = "far" if c.far else "near"
+    return _Work(**{f"{side}_{'async' if c.asynchronous else 'sync'}": c.bytes, f"{side}_steps": c.steps,
+                    "collectives": 1.0})
+
+
+def program_cost(compiled: Any, domains: Sequence[int] | None = None) -> Cost:
     """FLOPs and HBM bytes of a compiled program per device, from its optimized HLO, each operation
     weighted by how often it runs: a while loop's body by its trip count (XLA's own
     `cost_analysis()`, also returned, counts every loop body once, so a scan over 28 layers looks
@@ -338,9 +389,13 @@ def program_cost(compiled: Any) -> Cost:
     copy, a collective, a kernel) reads and writes (the ragged kernel: one layer of the key/value
     stacks it is given, every row whole, also counted apart as `Cost.ragged_bytes` and its FLOPs as
     `Cost.ragged_flops`, for `Cost.at_fill`), as XLA's cost model counts a fusion, so on-chip reuse
-    inside a fusion is free and every fusion boundary is an HBM round trip."""
+    inside a fusion is free and every fusion boundary is an HBM round trip. Besides: each
+    collective's bytes and ring steps by link (`domains`: each device's ICI / NVLink domain, by the
+    program's device ids; planner.collectives), the Pallas kernels' grid steps and the top-level
+    operations run."""
     comps, entry = _computations(hlo_text(compiled))
     fused = {c for ins in comps.values() for i in ins if i.op == "fusion" for c in _called(i.rest, "calls")}
+    in_async = {c for ins in comps.values() for i in ins if i.op == "async-start" for c in _called(i.rest, "calls")}
 
     @functools.cache
     def work(name: str) -> _Work:  # HLO's computations call each other without cycles
@@ -351,15 +406,19 @@ def program_cost(compiled: Any) -> Cost:
                 total += _Work(flops=_dot_flops(i, shapes))
             elif i.op == "custom-call" and _is_ragged(i):
                 k = _ragged_flops(i, shapes)
-                total += _Work(flops=k, kernel=k, ragged=_ragged_rows(i, shapes), ragged_flops=k)
+                total += _Work(flops=k, kernel_flops=k, ragged_bytes=_ragged_rows(i, shapes), ragged_flops=k,
+                               grid_steps=_grid_steps(i, shapes))
             elif i.op == "custom-call":
                 k = _kernel_flops(i)
-                total += _Work(flops=k, kernel=k)
+                total += _Work(flops=k, kernel_flops=k, grid_steps=_grid_steps(i, shapes))
+            elif kind := collectives.kind_of(i.op):
+                total += _collective_work(i, kind, shapes, domains, name in in_async)
             if name not in fused and i.op not in _FREE:
-                total += _Work(bytes=_traffic(i, shapes, comps))
+                total += _Work(bytes=_traffic(i, shapes, comps), ops=1.0)
             if i.op == "while":
                 (body,), (cond,) = _called(i.rest, "body"), _called(i.rest, "condition")
-                n = _trip_count(comps.get(cond, []), comps)
+                known = re.search(r'"known_trip_count":\{"n":"(\d+)"', i.rest)  # the compiler's own count
+                n = int(known.group(1)) if known else _trip_count(comps.get(cond, []), comps)
                 total += work(body).times(n or 1) + work(cond).times((n or 1) + 1) + _Work(unknown_loops=int(n is None))
             elif i.op == "fusion":
                 total = sum((work(c) for c in _called(i.rest, "calls")), total)
@@ -375,5 +434,5 @@ def program_cost(compiled: Any) -> Cost:
     xla = compiled.cost_analysis() or {}
     if isinstance(xla, Sequence):
         xla = xla[0] if xla else {}
-    return Cost(program.flops, program.bytes, float(xla.get("flops", 0.0)), float(xla.get("bytes accessed", 0.0)),
-                program.unknown_loops, program.kernel, program.ragged, program.ragged_flops)
+    figures = {f.name: getattr(program, f.name) for f in dataclasses.fields(program)}
+    return Cost(xla_flops=float(xla.get("flops", 0.0)), xla_bytes=float(xla.get("bytes accessed", 0.0)), **figures)

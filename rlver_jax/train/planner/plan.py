@@ -12,8 +12,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from rlver_jax.parallel import topology
+from rlver_jax.parallel import chips, topology
+from rlver_jax.train.planner import cases as cases_lib
 from rlver_jax.train.planner.compiled import Phase
+from rlver_jax.train.planner.estimate import Case, StepEstimate
+from rlver_jax.train.planner.lengths import Lengths
 from rlver_jax.train.planner.phases import Transfer, run_phases, transfer_plan
 from rlver_jax.train.planner.sampler import eval_profiles, rollout_shapes
 from rlver_jax.train.planner.search import fitting_shapes
@@ -34,8 +37,13 @@ class Plan:
     transfers: list[Transfer] | None = None  # the offload's moves as compiled (TPU), else None
     at_rest: tuple[int, int] | None = None  # (device, host) bytes of the state between steps, compiled
     evaluation: str = ""  # the evaluation phase's shapes, in words ("": none)
-    expected_reply_tokens: int = 0  # the roofline's second rollout figure: replies this long on average
-    feed_tokens: int = 512  # tokens a turn feeds into a KV cache kept between turns
+    lengths: Lengths = Lengths()  # the step estimate's length assumptions (its feed: a turn's tokens into a KV row)
+    estimate: StepEstimate | None = None  # the step estimate (a chip's figures: a target's, or this host's measured)
+    cases: list[Case] = dataclasses.field(default_factory=list)  # the estimate's dialogues and update shapes
+
+    @property
+    def feed_tokens(self) -> int:
+        return self.lengths.feed
 
     @property
     def peak(self) -> Phase:
@@ -53,16 +61,18 @@ def _kind(name: str) -> str:
 
 
 def plan(spec: RunSpec, memory_gb: float | None = 16.0, phases: Sequence[str] = PHASES,
-         feed_tokens: int = 512, search: bool = True, log: Callable[[str], None] = lambda _: None,
+         lengths: Lengths = Lengths(), search: bool = True, log: Callable[[str], None] = lambda _: None,
          hoist_converts: bool = True, host_devices: int | None = None,
-         target: topology.Target | None = None, expected_reply_tokens: int = 0) -> Plan:
+         target: topology.Target | None = None, host_chip: chips.Chip | None = None, estimate: bool = True) -> Plan:
     """Compile the phases of `spec`'s run and, with `search`, find the largest shapes that fit
     wherever the update (any of its programs), the rollout or the evaluation does not. `target`:
     compile for a TPU topology's or GPU target's devices (rlver_jax.parallel.topology,
     gpu_topology) instead of this host's; `memory_gb` None: the target's memory per device (16 on
-    this host's). `expected_reply_tokens`: the roofline's mean reply length besides every reply at
-    max_new_tokens (0: a quarter of max_new_tokens)."""
-    s = abstract_setup(spec, hoist_converts, host_devices, target)
+    this host's). With a chip's figures (a target's, or `host_chip`: this host's CPU measured,
+    rlver_jax.parallel.host_peaks) and `estimate` the plan estimates a step (planner.cases) under
+    `lengths`."""
+    feed_tokens = lengths.feed
+    s = abstract_setup(spec, hoist_converts, host_devices, target, host_chip=host_chip)
     if memory_gb is None:
         memory_gb = s.chip.hbm_gb if s.chip is not None else 16.0
     trained = "adapters" if s.update.lora.enabled else "params"  # LoRA: a critic's value head among them
@@ -89,10 +99,10 @@ def plan(spec: RunSpec, memory_gb: float | None = 16.0, phases: Sequence[str] = 
                       if n is None else rollout_shapes(spec, feed_tokens, s.hosts, evaluation=True).describe()
                       + f"; {n} held-out profiles")
     moved = transfer_plan(s)
+    step, cases = cases_lib.build(s, done, lengths, log) if estimate else (None, [])
     result = Plan(s, done, memory_gb, sizes, rollout_shapes(spec, feed_tokens, s.hosts).describe(),
                   transfers=moved and moved[0], at_rest=moved and moved[1], evaluation=evaluation,
-                  expected_reply_tokens=expected_reply_tokens or max(1, spec.sampling.max_new_tokens // 4),
-                  feed_tokens=feed_tokens)
+                  lengths=lengths, estimate=step, cases=cases)
     if search:
         over = [p.name for p in done if p.total > memory_gb * GB]
         for label, names in (("update", [n for n in over if n in UPDATE]),

@@ -43,10 +43,13 @@ def format_plan(plan: Plan, label: str = "") -> str:
           if s.target is not None else []),
         f"mesh       {dict(mesh.shape)} = {mesh.size} {mesh.devices.flat[0].platform} devices; "
         f"rules={s.spec.mesh.rules}",
-        f"update     {b} dialogues x {t} tokens, every token scored; mini-batch {rl.mini_batch_size} "
-        f"{'dialogues' if rl.batch_size else 'rows'}, micro-batch "
-        f"{rl.micro_batch_size} ({rl.micro_batch_size / shards:g} per batch shard), {rl.ppo_epochs} epoch(s), "
-        f"log-prob chunk {rl.logprob_chunk}",
+        f"update     {b} rows x {t} tokens (the memory plan: every dialogue every turn, each row at max_total_tokens), "
+        f"every token scored; {s.shapes.optimizer_steps} optimizer step(s) per model ({rl.ppo_epochs} epoch(s) x "
+        f"mini-batches of {rl.mini_batch_size} {'dialogues' if rl.batch_size else 'rows'}), each "
+        f"{s.shapes.micro_batches} micro-batch(es) of {rl.micro_batch_size} rows ({rl.micro_batch_size / shards:g} "
+        f"per batch shard); log-prob chunk {rl.logprob_chunk}",
+        *([f"update     a step's rows: {c.shapes.describe(s.spec.rollout.drop_thoughts)} ({c.name})"
+           for c in plan.cases]),
         *([f"note       micro-batch {rl.micro_batch_size} does not split over the {shards} batch shards: XLA "
            f"spreads its rows as it can "
            f"(try --config.rl.micro_batch_size={shards * max(1, rl.micro_batch_size // shards)})"]
@@ -64,6 +67,30 @@ def format_plan(plan: Plan, label: str = "") -> str:
         lines.append(f"  {ph.name:<{width}}{ph.resident / scale:9.3f} {ph.arguments / scale:9.3f} "
                      f"{ph.temporaries / scale:9.3f} {ph.outputs / scale:9.3f} {ph.total / scale:9.3f} "
                      f"{ph.seconds:7.1f}s  {ph.note}")
+    lines += _offload_lines(plan, unit, scale)
+    update = [ph for ph in plan.phases if ph.name in UPDATE]
+    if update:
+        top = max(update, key=lambda ph: ph.total)
+        lines.append(f"update     peak {top.total / scale:.3f} {unit} ({top.name}): "
+                     f"{'fits' if top.total <= plan.memory_gb * GB else 'does NOT fit'} in {plan.memory_gb:g} GB")
+    peak = plan.peak
+    verdict = "fits" if plan.fits else "does NOT fit"
+    lines.append(f"peak       {peak.total / scale:.3f} {unit} ({peak.name}): {verdict} in {plan.memory_gb:g} GB "
+                 f"per device")
+    lines += [f"           {ph.name}: {ph.total / GB:.3f} GB does not fit" for ph in plan.phases
+              if ph.total > plan.memory_gb * GB]
+    if s.target is not None:
+        lines += [f"runtime    {note}" for note in s.target.runtime_notes(peak.total)]
+    lines += [f"fits with  {x}" for x in plan.suggestions]
+    lines += format_roofline(plan)
+    return "\n".join(lines)
+
+
+def _offload_lines(plan: Plan, unit: str, scale: float) -> list[str]:
+    """The offload's lines: what is in host memory in each stage and what crosses per step (the moves
+    as the target compiles them, where planned); without it, each phase's total with the state offloaded."""
+    s = plan.setup
+    lines: list[str] = []
     if s.offload != "none":
         away = {stage: s.in_host_memory(stage) for stage in offload.STAGES}
         label = {"prepare": "prepare", "actor": "actor update", "critic": "critic update", "rest": "between steps"}
@@ -85,19 +112,4 @@ def format_plan(plan: Plan, label: str = "") -> str:
         lines.append("offload    none; with --config.train.offload=state: " + ", ".join(
             f"{ph.name} {(ph.total - resident(s, ph.name) + resident(s, ph.name, 'state')) / scale:.3f}"
             for ph in plan.phases) + f" {unit}")
-    update = [ph for ph in plan.phases if ph.name in UPDATE]
-    if update:
-        top = max(update, key=lambda ph: ph.total)
-        lines.append(f"update     peak {top.total / scale:.3f} {unit} ({top.name}): "
-                     f"{'fits' if top.total <= plan.memory_gb * GB else 'does NOT fit'} in {plan.memory_gb:g} GB")
-    peak = plan.peak
-    verdict = "fits" if plan.fits else "does NOT fit"
-    lines.append(f"peak       {peak.total / scale:.3f} {unit} ({peak.name}): {verdict} in {plan.memory_gb:g} GB "
-                 f"per device")
-    lines += [f"           {ph.name}: {ph.total / GB:.3f} GB does not fit" for ph in plan.phases
-              if ph.total > plan.memory_gb * GB]
-    if s.target is not None:
-        lines += [f"runtime    {note}" for note in s.target.runtime_notes(peak.total)]
-    lines += [f"fits with  {x}" for x in plan.suggestions]
-    lines += format_roofline(plan)
-    return "\n".join(lines)
+    return lines

@@ -30,7 +30,7 @@ from rlver_jax.parallel.sampling_copy import SamplingLayout
 from rlver_jax.rollout.episodes import RolloutSettings
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.table import imported
-from rlver_jax.train.planner import hlo_cost
+from rlver_jax.train.planner import hlo_cost, lengths, rollout_time
 from rlver_jax.train.planner.compiled import Phase
 from rlver_jax.train.planner.setup import GB, Setup, device_bytes, resident
 from rlver_jax.train.spec import RunSpec
@@ -61,7 +61,7 @@ class EnginePlan(Protocol):
 
     @property
     def programs(self) -> tuple[str, ...]:
-        """The phases `phases` compiles whose costs `rollout_seconds` reads."""
+        """The phases `phases` compiles whose costs `time_rollout` reads."""
 
     def describe(self) -> str:
         """The phase's shapes in words (the plan's text)."""
@@ -72,11 +72,11 @@ class EnginePlan(Protocol):
     def search(self, spec: RunSpec) -> Search:
         """Where the rollout phase does not fit: the engine's shapes to try, then the field to shrink."""
 
-    def rollout_seconds(self, costs: Mapping[str, hlo_cost.Cost], chip: chips.Chip, *, turns: int, dialogues: int,
-                        feed_tokens: int, expected: int) -> tuple[float, float, str, float] | None:
-        """The roofline of a step's rollout on one host (every host at once) from `costs` (`programs`'):
-        (seconds with every reply at max_new_tokens, seconds with replies of `expected` tokens, the
-        arithmetic in words, tokens the host samples or feeds); None where it is not estimated."""
+    def time_rollout(self, costs: Mapping[str, hlo_cost.Cost], chip: chips.Chip, dialogues: lengths.Dialogues,
+                     sim: rollout_time.Simulator) -> rollout_time.RolloutTime | None:
+        """One host's rollout (every host at once) of `dialogues` (their turns' contexts and
+        replies) against the simulator `sim`, from the compiled programs' `costs` (`programs`'):
+        planner.rollout_time; None where it is not estimated."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,8 @@ class OffDevicePlan:
     def search(self, spec: RunSpec) -> Search:
         raise ValueError(f"{self.words} compiles no program here: nothing to search")
 
-    def rollout_seconds(self, costs: Mapping[str, hlo_cost.Cost], chip: chips.Chip, **kwargs: int) -> None:
+    def time_rollout(self, costs: Mapping[str, hlo_cost.Cost], chip: chips.Chip, dialogues: lengths.Dialogues,
+                     sim: rollout_time.Simulator) -> None:
         return None
 
 

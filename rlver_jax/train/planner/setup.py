@@ -5,8 +5,10 @@ gpu_topology); and the
 bytes of the train state that stay on the devices through each phase (`resident`) or cross
 between host and device memory in a step (`crossing_bytes`) under config.train.offload.
 
-Update shapes are the worst case of a run: every dialogue of the batch at the bucketed
-max_total_tokens, every token scored (the widest policy_positions).
+The memory plan's update shapes are the worst case of a run (`worst_shapes`): every dialogue
+plays every turn, each training row (a dialogue's, or a turn's with think_history "drop") at the
+bucketed max_total_tokens, every token scored (the widest policy_positions). The step estimate
+compiles the update again where the rows' planned lengths give other shapes (planner.rows).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rlver_jax.rl.batch import TrainBatch
 from rlver_jax.rl.settings import RLSettings
 from rlver_jax.sampling.buckets import bucket
 from rlver_jax.train.abstract_run import AbstractRun, abstract_run
+from rlver_jax.train.planner.rows import UpdateShapes, update_shapes
 from rlver_jax.train.spec import RunSpec
 
 PHASES = ("prepare", "actor update", "critic update", "rollout", "evaluation")
@@ -47,6 +50,8 @@ class Setup:
     compiler_options: dict | None = None  # see abstract_setup(hoist_converts=...)
     host_devices: int | None = None  # devices per host for the rollout's layout; None: all of them
     target: topology.Target | None = None  # a TPU or GPU target compiled for, or None: this host's devices
+    shapes: UpdateShapes | None = None  # the update's shapes the batch has
+    host_chip: chips.Chip | None = None  # this host's CPU, measured (parallel.host_peaks): the chip off a target
 
     @property
     def spec(self) -> RunSpec:
@@ -84,8 +89,9 @@ class Setup:
 
     @property
     def chip(self) -> chips.Chip | None:
-        """The published figures of the devices' chip or card (a target's), or None."""
-        return chips.chip_of(self.mesh.devices.flat[0])
+        """The published figures of the devices' chip or card (a target's), this host's measured
+        CPU where the plan has them, or None."""
+        return chips.chip_of(self.mesh.devices.flat[0]) or self.host_chip
 
     @property
     def seq_len(self) -> int:
@@ -124,11 +130,19 @@ def _batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(sharding.BATCH_AXES))
 
 
-def abstract_batch(spec: RunSpec, mesh: Mesh) -> dict:
-    """The train batch of the longest dialogues: profiles_per_step x n rows of bucketed
-    max_total_tokens, every token a policy token (the widest policy_positions)."""
-    b = spec.loop.dialogues
+def worst_shapes(spec: RunSpec, hosts: int = 1) -> UpdateShapes:
+    """The update of the longest step: every dialogue plays every turn (simulator.max_turns), each
+    training row at max_total_tokens, bucketed."""
+    rows = spec.simulator.rules.max_turns if spec.rollout.drop_thoughts else 1
+    per_host = max(1, spec.loop.dialogues // hosts) * rows
     t = bucket(spec.rollout.max_total_tokens, multiple=spec.loop.length_multiple)
+    return update_shapes(spec, [[spec.rollout.max_total_tokens] * per_host] * hosts, hosts, t)
+
+
+def abstract_batch(shapes: UpdateShapes, mesh: Mesh) -> dict:
+    """The train batch of `shapes` (padded rows: R rows of T tokens), every token a policy token (the
+    widest policy_positions). Packed rows' layouts (planner.rows.LAYOUTS) add their arrays here."""
+    b, t = shapes.rows, shapes.length
     ones, zeros = np.ones((b, t), np.float32), np.zeros((b, t), np.float32)
     batch = TrainBatch(tokens=zeros.astype(np.int32), attention_mask=ones.astype(np.int32), policy_mask=ones,
                        rewards=zeros, sample_logprobs=zeros, group=np.arange(b, dtype=np.int32),
@@ -145,10 +159,13 @@ _NO_HOISTING = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
 
 
 def abstract_setup(spec: RunSpec, hoist_converts: bool = True, host_devices: int | None = None,
-                   target: topology.Target | None = None) -> Setup:
+                   target: topology.Target | None = None, shapes: UpdateShapes | None = None,
+                   host_chip: chips.Chip | None = None) -> Setup:
     """The abstract run of `spec` (rlver_jax.train.abstract_run, as build_run makes it) and the
-    step's abstract batch and update inputs, on this host's devices or a target's (`target`:
-    compile-only devices; `host_devices` then defaults to its hosts' and must equal them).
+    step's abstract batch (`shapes`, default `worst_shapes`) and update inputs, on this host's
+    devices or a target's (`target`: compile-only devices; `host_devices` then defaults to its
+    hosts' and must equal them). `host_chip`: this host's CPU measured, for a step estimate off a
+    target.
 
     hoist_converts=False on CPU compiles without XLA's loop-invariant code motion (_NO_HOISTING),
     a nearer estimate of bf16 accelerators than XLA:CPU's own figures (True: exactly XLA:CPU's)."""
@@ -163,9 +180,11 @@ def abstract_setup(spec: RunSpec, hoist_converts: bool = True, host_devices: int
     attention.resolve(run.actor_cfg.attention, t, run.actor_cfg.jnp_dtype, sharding.mesh_platform(run.mesh))
     cpu = sharding.mesh_platform(run.mesh) == "cpu"
     options = None if hoist_converts or not cpu else _NO_HOISTING
-    batch = abstract_batch(spec, run.mesh)
+    hosts = run.mesh.size // (host_devices or run.mesh.size)
+    shapes = shapes or worst_shapes(spec, hosts)
+    batch = abstract_batch(shapes, run.mesh)
     inputs, rows, _, _ = run.update.prepare.eval_shape(run.state.models(), run.update.frozen(run.frozen), batch)
-    return Setup(run, batch, inputs, rows, options, host_devices, target)
+    return Setup(run, batch, inputs, rows, options, host_devices, target, shapes, host_chip)
 
 
 def _parts(s: Setup, parts: Sequence[str]) -> int:

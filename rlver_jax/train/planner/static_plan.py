@@ -17,7 +17,7 @@ from rlver_jax.parallel import chips
 from rlver_jax.sampling import generation
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, MIN_PROMPT_BUCKET, bucket
 from rlver_jax.sampling.cache_bound import session_slots
-from rlver_jax.train.planner import hlo_cost
+from rlver_jax.train.planner import hlo_cost, lengths, rollout_time, terms
 from rlver_jax.train.planner.compiled import OutOfHbm, Phase, compile_program, program_phase
 from rlver_jax.train.planner.sampler import Search, sampler_call, section
 from rlver_jax.train.planner.setup import GB, Setup, device_bytes
@@ -67,7 +67,8 @@ class StaticPlan:
             compiled, secs = compile_program(s, generation._generate_jit, call.cfg,
                                              dataclasses.replace(call.settings, cache_slots=0), call.host,
                                              call.params, ids, mask, rng, per_row)
-            return [program_phase(s, name, compiled, call.held, secs, f"prefill + decode loop, no cache; {call.copy}")]
+            return [program_phase(s, name, compiled, call.held, secs, f"prefill + decode loop, no cache; {call.copy}",
+                                  call.host)]
         cache = call.cache(b, self.cache_slots)
         compiled, secs = compile_program(s, generation._continue_jit, call.cfg, call.settings, call.host, call.params,
                                          cache, ids, mask, per_row, rng, per_row)
@@ -78,16 +79,17 @@ class StaticPlan:
         per_group = device_bytes(cache_out)
         others = call.held + (self.groups - 1) * per_group
         phases = [program_phase(s, name, compiled, others, secs, f"cache {per_group / GB:.2f} GB/device per group of "
-                                f"{b}, {self.groups} groups held; {call.copy}")]
+                                f"{b}, {self.groups} groups held; {call.copy}", call.host)]
         # The cache's own programs, beside the other groups' caches: compaction at cache_slots, and
         # growth from the next smaller bucket into cache_slots (engines.kv_sessions._make_room).
         compiled, secs = compile_program(s, generation.compact_cache, cache_out)
-        phases.append(program_phase(s, f"{name} compact", compiled, others, secs, "KV cache compaction (donated)"))
+        phases.append(program_phase(s, f"{name} compact", compiled, others, secs, "KV cache compaction (donated)",
+                                    call.host))
         smaller = [x for x in LENGTH_BUCKETS if x < self.cache_slots]
         if smaller:
             compiled, secs = compile_program(s, generation.grow_cache, call.cache(b, smaller[-1]), self.cache_slots)
             phases.append(program_phase(s, f"{name} grow", compiled, others, secs,
-                                        f"KV cache growth {smaller[-1]} -> {self.cache_slots} slots"))
+                                        f"KV cache growth {smaller[-1]} -> {self.cache_slots} slots", call.host))
         return phases
 
     def search(self, spec: RunSpec) -> Search:
@@ -104,16 +106,16 @@ class StaticPlan:
         start = r.max_new_tokens + LENGTH_BUCKETS[0] if cache_slots else LENGTH_BUCKETS[0]
         return Search(tuple(tries), {}, field, LENGTH_BUCKETS[0], cache_slots or r.max_total_tokens, start)
 
-    def rollout_seconds(self, costs: Mapping[str, hlo_cost.Cost], chip: chips.Chip, *, turns: int, dialogues: int,
-                        feed_tokens: int, expected: int) -> tuple[float, float, str, float]:
-        """Each pipeline group's call per turn at the longest prompt, each call costing its longest
-        row: max_new_tokens either way."""
-        del dialogues, feed_tokens, expected
-        calls = self.groups * turns
-        call = costs[self.name].seconds(chip)
-        how = (f"{calls} calls x {call:.2f} s (pipeline groups x {turns} turns, each at the longest prompt, a call "
-               f"costing its longest row: every reply's length gives max_new_tokens)")
-        return calls * call, calls * call, how, calls * self.rows * (self.prompt + self.new_tokens)
+    def time_rollout(self, costs: Mapping[str, hlo_cost.Cost], chip: chips.Chip, dialogues: lengths.Dialogues,
+                     sim: rollout_time.Simulator) -> rollout_time.RolloutTime:
+        """One host's rollout on this engine (planner.rollout_time.static): each pipeline group's
+        call per turn at the compiled shape (the longest prompt), decoding until its longest reply
+        stops: the compiled call's cost, which runs every row to max_new_tokens, in proportion to
+        that reply (the decode loop dominates a call), plus the host's fixed cost of a call."""
+        whole = terms.terms(costs[self.name], chip)
+        call = terms.Terms(op_fixed=chip.call_us * 1e-6)
+        return rollout_time.static(dialogues, self.groups, lambda longest: whole.times(longest / self.new_tokens)
+                                   + call, sim)
 
 
 def plan(spec: RunSpec, feed_tokens: int, hosts: int = 1, evaluation: bool = False) -> StaticPlan:
