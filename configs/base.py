@@ -46,23 +46,23 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c = ml_collections.ConfigDict()
     c.workdir = f"runs/{algo}_{'think' if think else 'nothink'}_{preset}"  # metrics, checkpoints, transcripts
     c.seed = 0  # initialisation, data order and sampling keys: all pure functions of (seed, step)
-    # Persistent XLA compilation cache, so a resume or a second run does not compile again:
-    # "auto" = $JAX_COMPILATION_CACHE_DIR, else ~/.cache/rlver_jax/jax (shared by runs); "" = off.
-    # Always off on virtual CPU devices (docs/cli.md).
+    # persistent XLA compilation cache, so a rerun does not compile again: "auto" ($JAX_COMPILATION_CACHE_DIR,
+    # else ~/.cache/rlver_jax/jax), a directory, or "" (off; docs/cli.md)
     c.compilation_cache_dir = "auto"
 
     c.model = ml_collections.ConfigDict()
-    c.model.preset = _MODEL_PRESETS[preset]  # architecture (rlver_jax.models.config.PRESETS)
+    # architecture: tiny, smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b or qwen2.5-7b
+    c.model.preset = _MODEL_PRESETS[preset]
     # Hugging Face directory of the policy (required unless random_init); smol: the fetched SmolLM2
     c.model.path = str(smollm2.DEFAULT_DIR) if smol else ""
-    # With model.path "": random weights of the preset's architecture and a tokenizer built locally
-    # into WORKDIR/tokenizer (tiny: CPU minutes, no download); False: model.path is required.
+    # True: random weights of the preset's architecture and a tokenizer built into WORKDIR/tokenizer, for
+    # model.path "" (tiny: no download); False: model.path is required
     c.model.random_init = tiny
     c.model.tokenizer_path = ""  # "" = model.path (or the locally built one of random_init)
     c.model.param_dtype = "float32"  # master weights
     c.model.dtype = "float32" if cpu else "bfloat16"  # compute dtype
-    # Compile one layer, not 28. smol too: its 30 unrolled layers took 1.5x longer for a first
-    # step (269 s vs 183 s wall, docs/benchmarks.md); tiny's 2 layers compile fast either way.
+    # compile one decoder layer and scan it (smol's first step: 183 s against 269 s unrolled, docs/benchmarks.md;
+    # tiny's 2 layers compile fast either way)
     c.model.scan_layers = not tiny
     c.model.remat = "none" if cpu else "full"  # recompute activations in the backward pass
     c.model.attention = "auto"  # auto | xla | blockwise (memory ~ T) | cudnn (GPU) | splash (TPU): docs/attention.md
@@ -71,8 +71,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
 
     # LoRA (rlver_jax/models/lora.py): adapters on a frozen base. rank 0 = full fine-tuning.
     c.lora = ml_collections.ConfigDict()
-    # adapter rank; 0 = no adapters (every parameter trains, as before). 7b_lora: 64, the rank whose
-    # adapters and AdamW state (1.9 GB a model) fit one 80 GB GPU beside the bf16 base
+    # adapter rank; 0 = no adapters (every parameter trains); 7b_lora: 64, whose adapters and AdamW
+    # state (1.9 GB a model) fit one 80 GB GPU beside the bf16 base
     c.lora.rank = 64 if one_gpu else 0
     c.lora.alpha = 16.0  # the update is (alpha / rank) * A @ B; PEFT's default alpha/rank pair is 8/8
     c.lora.targets = "q,k,v,o,gate,up,down"  # adapted projections (all linear layers, as QLoRA)
@@ -80,17 +80,16 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # config.optim's learning rates x this with LoRA: adapters want ~10x full fine-tuning's rate
     # (Schulman et al. 2025, "LoRA Without Regret"; verl and the tinker cookbook use the same factor)
     c.lora.lr_multiplier = 10.0
-    # Whole modules trained beside the adapters, at config.optim's rate (PEFT's modules_to_save;
-    # LongLoRA's "LoRA+"): a subset of "embed,norms". "" for real models: adapters alone are what
-    # LoRA servers load. tiny: its frozen random tied head bounds every logit to about +-1.3, so
-    # adapters alone cannot sharpen its distributions (docs/benchmarks.md, LoRA).
+    # whole modules trained beside the adapters at config.optim's rate (PEFT's modules_to_save): "" (adapters
+    # alone, what LoRA servers load) or a subset of "embed,norms" (tiny's random tied head needs them:
+    # docs/benchmarks.md, LoRA)
     c.lora.modules_to_save = "embed,norms" if tiny else ""
 
     c.critic = ml_collections.ConfigDict()
     c.critic.path = ""  # PPO critic initialisation; "" = the actor's checkpoint (paper)
-    # "normal" (std model.initializer_range): as transformers initialises the reference's critic head;
-    # "zero": every first value is 0, no noise in the first advantages (the CPU presets, as before)
-    c.critic.value_head_init = "zero" if cpu else "normal"  # the value head on top of the actor's copy
+    # the value head on top of the actor's copy: "normal" (std model.initializer_range, as transformers
+    # initialises the reference's critic head) or "zero" (every first value 0, no noise in the first advantages)
+    c.critic.value_head_init = "zero" if cpu else "normal"
 
     # (data, fsdp, tensor) devices, one entry may be -1 (the remaining devices); rules: fsdp | tensor |
     # fsdp_tensor (sharding.RULE_PRESETS) or (logical axis, mesh axes) pairs. 7B: tensor=4 splits its
@@ -102,14 +101,10 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.simulator = get_simulator_config()
     if cpu:
         c.simulator.backend = "embedded"
-        # Short dialogues keep the CPU run to minutes. In think mode a random tiny model must
-        # first discover "</think>", and a format failure in any turn zeroes the dialogue's
-        # reward: one-turn dialogues give it a learning signal from the start.
-        # smol: 2 turns without thinking keep a step to about two minutes on 2 shared cores.
+        # the CPU presets: 1 in think mode, else 3 (smol 2), so a run takes minutes (docs/training.md)
         c.simulator.max_turns = 1 if think else 2 if smol else 3
     else:
-        # The reference's training simulator adds the change as written (the emotion capped at 100);
-        # +-100 is the parser's bound, so this is no clip. Evaluation (train.eval_rules) keeps SAGE's +-10.
+        # 0.5b, 7b, 7b_lora: 100, the parser's bound, so no clip, as the reference's training simulator
         c.simulator.max_change = 100
 
     c.data = ml_collections.ConfigDict()
@@ -117,8 +112,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # the English ones only (SmolLM2 is an English model: it answers Chinese profiles with gibberish)
     c.data.train_profiles = str(ENGLISH_PROFILES) if smol else str(SHIPPED_PROFILES) if tiny else ""
     c.data.eval_profiles = ""  # held-out profiles for in-loop evaluation; "" = hold out from train
-    # with eval_profiles "": the last N train profiles, never trained on. smol: SMOL_HOLDOUT (16), two of each
-    # hidden goal, the very profiles configs/eval.py:smol plays (a held-out base-vs-trained comparison)
+    # With eval_profiles "", the last N train profiles, never trained on (smol: 16, two of each hidden goal,
+    # the profiles configs/eval.py:smol plays).
     c.data.eval_holdout = TINY_HOLDOUT if tiny else SMOL_HOLDOUT if smol else 0
 
     c.rollout = ml_collections.ConfigDict()
@@ -129,59 +124,48 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # tokens per policy turn; smol: the evaluation's 32 (configs/eval.py), about 24 English words
     c.rollout.max_new_tokens = 48 if tiny else 32 if smol else 5000
     c.rollout.max_total_tokens = 1024 if cpu else 15000  # per training row (prompt 5000 + response 10000)
-    # static engine: KV-cache slots kept per dialogue between turns, so a turn encodes only its new tokens;
-    # 0 re-encodes the history every turn (less memory held between turns). With think_history
-    # "drop" a turn's prompt no longer extends what the cache holds (the thoughts are gone), so its
-    # row is encoded afresh each turn and a cache only holds memory: off in think mode. On for 7B
-    # without thinking (its memory per device, measured with launch/plan.py: docs/sharding.md, "The KV
-    # cache between turns"); off at 0.5B.
-    # The size: the most a session can need (a full row plus another row's fresh prompt plus the
-    # new tokens: rlver_jax.sampling.cache_bound); a turn beyond it is encoded afresh, with a warning.
+    # With think_history "drop" a turn's prompt no longer extends what the cache holds (the thoughts are
+    # gone), so its row is encoded afresh each turn and a cache only holds memory: off in think mode
+    # beyond the CPU presets, and at 0.5B.
     cached = cpu or (seven_b and not think)
+    # static engine: KV-cache slots kept per dialogue between turns, the most a session can need (a turn
+    # beyond it is encoded afresh); 0 re-encodes the history every turn (docs/sharding.md)
     c.rollout.cache_slots = session_slots(c.rollout.max_total_tokens, c.rollout.max_new_tokens) if cached else 0
     c.rollout.temperature = 1.0  # paper: 1.0
     c.rollout.top_p = 1.0  # paper: 1.0
     c.rollout.top_k = 0  # 0 = off
     c.rollout.max_staleness = 0  # policy versions a batch may lag; 0 = strictly on-policy (paper)
-    # With max_staleness >= 2, dialogues in flight move to newer versions turn by turn (rollout.versions);
-    # False: every turn of a batch by its oldest version (an ablation).
+    # with max_staleness >= 2, dialogues in flight move to newer versions turn by turn; False: every turn
+    # of a batch by its oldest version (an ablation)
     c.rollout.partial_rollouts = True
-    # static engine: concurrent dialogue groups per batch; 7b_lora: _LORA_1GPU_DIALOGUES_PER_CALL dialogues a group
+    # static engine: concurrent dialogue groups per batch (7b_lora: groups of 8 dialogues)
     c.rollout.pipeline_groups = 1 if cpu else (
         c.rollout.profiles_per_step * c.rollout.n // _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 4)
-    # The rollout engine, a row of rlver_jax/engines/table.py. "continuous": continuous batching
-    # (each turn enters a KV row between decode chunks, each reply leaves as it stops;
-    # engines/continuous.py); "static": calls of the dialogues then waiting, each decoded until its
-    # longest reply stops (the comparison: docs/benchmarks.md "Rollout with replies of varied
-    # length"). Same tokens either way. A field only another engine reads is refused if given.
+    # the rollout engine, with the same tokens either way: "continuous", continuous batching, or "static", calls
+    # of the dialogues then waiting, each decoded until its longest reply stops (docs/training.md)
     c.rollout.engine = "continuous"
-    # continuous: KV rows (dialogues held at once); 0 = as many as are in flight. 7b_lora: 8, what one 80 GB GPU
-    # holds beside the bf16 base and the sampling copy (49.2 GB/device for the CUDA compiler, launch/plan.py
-    # --gpu=h100:1; 16 rows 67.7, above the 63.7 GB a JAX process takes of an H100 by default; 128, GRPO's
-    # every dialogue, 327)
+    # continuous: KV rows (dialogues held at once); 0 = as many as are in flight; 7b_lora: 8, what one 80 GB GPU
+    # holds beside the bf16 base and the sampling copy (docs/sharding.md)
     c.rollout.engine_rows = _LORA_1GPU_DIALOGUES_PER_CALL if one_gpu else 0
     c.rollout.decode_chunk = 8  # continuous: decode steps between turns entering and replies leaving
     c.rollout.prefill_chunk = 256  # continuous: most prompt tokens a row writes per prefill call
-    # static engine: seconds a dialogue ready for its next turn waits for others of its group to join the policy
-    # call (rollout.ready_batches; each moves on as soon as its user answers); inf: lockstep rounds.
-    # 0.25: the users of a round answering together share one call (0.05 split them: +21% rollout
-    # time at constant latency, docs/benchmarks.md "Rollout under heavy-tailed latency")
+    # static engine: seconds a dialogue ready for its next turn waits for others of its group to share its policy
+    # call (inf: lockstep rounds), long enough for a round's users answering together (docs/benchmarks.md)
     c.rollout.batch_wait_s = 0.25
-    # Think-mode reply without </think>: "continue" shows the raw text to the user (the
-    # reference); "end" ends the dialogue with reward 0. The tiny presets end it: a random tiny
-    # model rarely closes </think> at first, and ending gives it the format as a clear signal.
+    # a think-mode reply without </think>: "continue" shows the raw text to the user (the reference);
+    # "end" ends the dialogue with reward 0 (tiny: docs/training.md)
     c.rollout.format_failure = "end" if tiny else "continue"
-    # Think mode: "drop" earlier thoughts from later turns' context and train each turn as its own
-    # row, every row with the dialogue's reward (the reference); "keep" them, one row per dialogue.
+    # think mode: "drop" earlier thoughts from later turns' context and train each turn as its own
+    # row, every row with the dialogue's reward (the reference); "keep" them, one row per dialogue
     c.rollout.think_history = "drop"
 
     c.rl = ml_collections.ConfigDict()
-    # a row of rlver_jax/rl/algorithms.py. The fields below set to "" or None take the row's value; set one to
-    # mix recipes.
+    # the algorithm, a row of rlver_jax/rl/algorithms.py whose values the fields below left "" or None take
+    # (set one to mix recipes)
     c.rl.algo = algo
-    c.rl.estimator = ""  # "" = the algorithm's; a row of ESTIMATORS (rlver_jax/rl/algorithms.py)
-    c.rl.policy_loss = ""  # "" = the algorithm's; a row of POLICY_LOSSES (rlver_jax/rl/loss_modes.py)
-    # a row of rlver_jax/rollout/rewards.py: final, the paper's (final emotion / 100); per_turn, the emotion changes
+    c.rl.estimator = ""  # the advantage estimator; "" = the algorithm's
+    c.rl.policy_loss = ""  # the policy loss; "" = the algorithm's
+    # "final": the paper's final emotion / 100; "per_turn": each turn's emotion change
     c.rl.reward_mode = "final"
     c.rl.gamma = 1.0  # GAE discount over policy tokens
     c.rl.lam = 1.0  # GAE lambda
@@ -200,57 +184,50 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.rl.kl_coef = 0.0  # paper: no KL; non-zero builds a frozen reference model
     # "" = the algorithm's (reward for REINFORCE++, else loss) | loss | reward (penalty on token rewards)
     c.rl.kl_mode = ""
-    c.rl.kl_estimator = "k3"  # the per-token estimate of KL(pi || ref): a row of KL_ESTIMATORS (rl/loss_modes.py)
-    # "" = the algorithm's. seq_mean_token_mean: each row's token mean, averaged over rows (what the reference
-    # optimises: a token mean per micro-batch of one sequence, averaged over ranks; ppo, grpo, rloo, gspo) |
-    # token_mean (DAPO, CISPO, REINFORCE++) | seq_mean_token_sum_norm: token sums over rollout.max_new_tokens (Dr.GRPO)
+    c.rl.kl_estimator = "k3"  # the per-token estimate of KL(pi || ref)
+    # the policy loss over rows, "" = the algorithm's: token_mean, one mean (DAPO, CISPO, REINFORCE++);
+    # seq_mean_token_mean, each row's token mean averaged over rows (the reference's); seq_mean_token_sum_norm,
+    # token sums over rollout.max_new_tokens (Dr.GRPO)
     c.rl.loss_agg_mode = ""
-    # seq_mean_token_mean: the reference's per-row token mean; token_mean: one mean over all tokens
-    # (long rows weigh more; the CPU presets, as before)
-    c.rl.value_loss_agg_mode = "token_mean" if cpu else "seq_mean_token_mean"  # the critic's loss over rows
+    # the critic's loss over rows: token_mean, one mean over all tokens (long rows weigh more);
+    # seq_mean_token_mean, each row's token mean averaged over rows (the reference's)
+    c.rl.value_loss_agg_mode = "token_mean" if cpu else "seq_mean_token_mean"
     # DAPO's overlong shaping: each policy turn's penalty at its token budget (rollout.max_new_tokens), ramping
     # up over the buffer before it, added to the rewards; None = the algorithm's (DAPO 1.0; else 0 = off)
     c.rl.overlong_penalty = _row(float)
     # tokens before the budget where the penalty ramps; 0 = a fifth of it (DAPO's 4096 of 20480)
     c.rl.overlong_buffer = 0
-    # DAPO's dynamic sampling: a group whose rewards are all equal is sampled again (a fresh profile), up to
-    # dynamic_sampling_retries times; what stays without signal gets no loss weight (metric filtered_groups).
-    # None = the algorithm's (DAPO: on)
+    # DAPO's dynamic sampling: a group whose rewards are all equal is sampled again from a fresh profile, up to
+    # dynamic_sampling_retries times, and one still without signal gets no loss weight; None = the algorithm's
     c.rl.dynamic_sampling = _row(bool)
     c.rl.dynamic_sampling_retries = 2  # rounds of re-sampling per step (each as long as a rollout); 0 = filter only
-    # Turn-level credit (grouped estimators): + this x each turn's emotion change normalised among the turns at
+    # turn-level credit (grouped estimators): + this x each turn's emotion change normalised among the turns at
     # its position in the group's dialogues (MT-GRPO / GiGPO turn groups); 0 = off
     c.rl.turn_credit_weight = 0.0
-    # Off-policy correction with ratio rho = pi_old / pi_sample of each policy token (the update's start against
-    # the actor version that sampled it: rollout.max_staleness > 0, or the sampler's arithmetic), the PPO clip
-    # staying around pi_old (rlver_jax/rl/off_policy.py): none (as before) | tis: loss x min(rho, high) |
-    # mis: tokens (rows) with rho outside [low, high] leave the loss mask | icepop: loss x rho inside [low, high],
-    # 0 outside | decoupled: AReaL's decoupled PPO, loss x rho, 0 where rho > high. Metrics offpolicy_*
+    # weighting of each policy token's loss by rho = pi_old / pi_sample, for tokens an older actor
+    # (rollout.max_staleness) or other arithmetic sampled (docs/training.md, "Off-policy correction")
     c.rl.off_policy_correction = "none"
     c.rl.off_policy_level = "token"  # token | sequence: rho of the whole row (tis, mis)
-    # The band [low, high]; None = the mode's: tis high 2 (verl); mis [0.5, 2] (verl); icepop [0.5, 5] (IcePop);
-    # decoupled high 5 (inf: no cap, AReaL's default); 0 <= low <= 1 <= high.
-    c.rl.off_policy_low = ml_collections.config_dict.placeholder(float)  # read by mis and icepop
-    c.rl.off_policy_high = ml_collections.config_dict.placeholder(float)  # read by every mode but none
+    # lower end of the band [low, high], 0 <= low <= 1 <= high, read by mis and icepop; None = the mode's (0.5)
+    c.rl.off_policy_low = ml_collections.config_dict.placeholder(float)
+    # upper end, read by every mode but none; None = the mode's (tis and mis 2, icepop and decoupled 5; inf: no cap)
+    c.rl.off_policy_high = ml_collections.config_dict.placeholder(float)
     c.rl.ppo_epochs = 1  # passes over each rollout batch
-    # Train-batch rows per optimizer step (turn rows in think mode with think_history "drop"): the paper's
+    # train-batch rows per optimizer step (turn rows in think mode with think_history "drop"): the paper's
     # 32 x n, about one step per turn; 0 = the whole batch, one step per epoch (tiny, smol: short CPU runs)
     c.rl.mini_batch_size = 0 if cpu else 32 * c.rollout.n
     # gradient accumulation unit (memory); 7b_lora: one 15,360-token row at a time fits 80 GB (78.2 GB planned by
     # XLA:CPU, 55.2 by the CUDA compiler for an H100: launch/plan.py --gpu=h100:1)
     c.rl.micro_batch_size = 8 if cpu else 1 if one_gpu else 4
     c.rl.logprob_chunk = 1024  # tokens per row through the LM head at a time: [chunk, vocab] fp32 logits live
-    # Run the update's model passes on the rows packed end to end (each row a segment of its own: attention,
-    # positions, log-probs, values and losses per row; rl/packing.py): fewer rows where many are under half the
-    # batch's longest (turn rows of short and long replies); the same numbers to float rounding. Off: the CPU
-    # presets' rows, mostly their system prompt, never fit two to a row; unmeasured on accelerators (docs/training.md)
+    # run the update's model passes on rows packed end to end, each a segment of its own, for fewer rows where
+    # many are under half the longest (the same numbers to float rounding; docs/training.md, "Packed training rows")
     c.rl.pack_rows = False
 
     c.optim = ml_collections.ConfigDict()
     c.optim.actor = ml_collections.ConfigDict(dict(
-        # paper: 1e-6 (a random tiny model needs far more). smol: 1e-4, measured: 20 AdamW updates move
-        # each weight by about 20 x lr, and at 1e-5 the reward stayed flat (0.30) and the held-out score
-        # did not move; at 1e-4 the reward rose 0.29 -> 0.33 and the score 28.2 -> 63.8 (docs/benchmarks.md)
+        # paper: 1e-6; tiny 2e-3 (a random model needs far more); smol 1e-4, where 1e-5 left the reward flat
+        # in 20 steps (docs/benchmarks.md)
         lr=2e-3 if tiny else 1e-4 if smol else 1e-6,
         warmup_ratio=0.02,  # paper: 0.02; linear warmup over this fraction of the updates, then constant
         weight_decay=0.01,  # AdamW decoupled weight decay
@@ -266,10 +243,8 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train = ml_collections.ConfigDict()
     c.train.steps = 40 if tiny else 20 if smol else 1000  # rollout batches (paper: 1000)
     c.train.length_multiple = 64 if cpu else 512  # training sequence length bucket
-    # What waits in host memory (rlver_jax/rl/offload_modes.py): "none"; "idle": the model not being updated,
-    # during the other's program (PPO); "state": that, and the whole train state between steps
-    # (rollout, evaluation), the AdamW states during prepare. 7B: "state" fits PPO and GRPO on
-    # 16 x 16 GB chips (docs/sharding.md) for ~2 x the state crossing PCIe per step.
+    # what waits in host memory: "none"; "idle", the model not being updated during the other's program (PPO);
+    # "state", that, the whole train state between steps and the AdamW states during prepare (docs/sharding.md)
     c.train.offload = "state" if seven_b else "none"
     c.train.eval_every = 10 if cpu else 25  # in-loop Sentient evaluation; 0 = off
     c.train.eval_max_profiles = 0  # 0 = every eval profile
@@ -281,12 +256,11 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     c.train.transcripts = True  # write every batch's dialogues to WORKDIR/transcripts
     c.train.wandb_project = ""  # Weights & Biases project (pip install -e '.[wandb]'); "" = no W&B logging
     c.train.wandb_mode = "online"  # online: stream to W&B; offline: files in WORKDIR/wandb (`wandb sync` them later)
-    # A step may multiply a model's parameter norm by at most this; beyond it the update diverged (a
-    # learning rate far too high): the run stops before the step is saved (docs/faults.md). 0 = off.
+    # the most a step may multiply a model's parameter norm by, beyond which the run stops as diverged before
+    # the step is saved (docs/faults.md); 0 = off
     c.train.max_param_norm_growth = 2.0
-    # Degenerate replies (noise, loops, the wrong language, empty: rlver_jax.text.degeneration): an
-    # alarm when a step's degenerate_rate rises this much above the lowest rate of the run so far
-    # (the GRPO no-think collapse into garbled text at step 2); 0 = off.
+    # an alarm when a step's degenerate_rate (replies of noise, loops, the wrong language or nothing) rises this
+    # much above the run's lowest so far; 0 = off
     c.train.degenerate_alarm = 0.3
     c.train.degenerate_alarm_action = "warn"  # "warn": log it; "stop": end the run before the step is saved
 
@@ -295,16 +269,15 @@ def get_base_config(preset: str, algo: str, think: bool) -> ml_collections.Confi
     # newest checkpoints kept; smol: 1 (a 135M model's fp32 weights and AdamW moments are 1.4 GB each)
     c.checkpoint.keep = 1 if smol else 3
     c.checkpoint.async_save = True  # write in the background while training goes on
-    # Resume from the newest checkpoint in WORKDIR/checkpoints. False is refused while WORKDIR holds a
-    # run (it would mix two runs): use a new workdir, or start_over.
+    # resume from the newest checkpoint in WORKDIR/checkpoints; False is refused while WORKDIR holds a run
+    # (use a new workdir, or start_over)
     c.checkpoint.resume = True
     c.checkpoint.start_over = False  # True: move the run in WORKDIR aside (to WORKDIR.previous-N) and start at step 0
-    # Fields a resume may change (comma-separated, e.g. "optim.actor.lr,train.steps"; "*": every one that
-    # may change), logged in WORKDIR/changes.jsonl. The run's identity (model, algorithm, think mode, dtypes,
-    # LoRA, seed, dialogues per step) never changes: a new workdir.
+    # fields a resume may change, comma-separated ("optim.actor.lr,train.steps"; "*": every one that may),
+    # logged in WORKDIR/changes.jsonl; the run's identity never changes (docs/faults.md)
     c.checkpoint.allow_changes = ""
-    # After SIGTERM (a preemption) or Ctrl-C: the checkpoint must be written within this many seconds, or the
-    # run stops keeping the previous one. Under a cloud preemption notice (30 s on Google Cloud and Azure).
+    # seconds after SIGTERM (a preemption) or Ctrl-C within which the checkpoint is written, else the previous
+    # one is kept; below the cloud's notice (30 s on Google Cloud and Azure: docs/faults.md)
     c.checkpoint.stop_within_s = 20.0
     c.checkpoint.read_attempts = 3  # reads of a checkpoint before it is declared unreadable (a transient error)
     return c

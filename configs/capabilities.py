@@ -39,7 +39,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.workdir = ""  # required: capabilities.json, items.jsonl, report.md and capabilities.html go here
     c.seed = shared.seed  # sampling key of a JAX policy; the init of a fresh tiny policy
     c.compilation_cache_dir = shared.compilation_cache_dir  # as configs/eval.py
-    # A finished run of the base model (its WORKDIR): write compare_capabilities.{json,md} here; "" = none.
+    # a finished run of the base model (its WORKDIR): write compare_capabilities.{json,md} here; "" = none
     c.compare_to = ""
 
     c.data = ml_collections.ConfigDict()
@@ -50,8 +50,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.eval = ml_collections.ConfigDict()
     c.eval.max_examples = 0  # per benchmark: 0 = all, else the first N
-    # Requests in flight at once; an openai policy's client limit, so it is filled (a JAX policy
-    # samples eval.group_size items per call).
+    # requests in flight at once; an openai policy's client limit, so it is filled (a JAX policy
+    # samples eval.group_size items per call)
     c.eval.max_in_flight = 16 if tiny else 64
     c.eval.group_size = 8  # items per JAX sampler call
     c.eval.think_instruction = THINK_INSTRUCTION  # think mode: the system message asking for <think> first
@@ -64,7 +64,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh = shared.mesh
 
     c.code = ml_collections.ConfigDict()  # LiveCodeBench: how generated programs run (sandbox.py)
-    # Per test case (LiveCodeBench's default); a program's wall limit is (this + 1) x tests + 5 s.
+    # seconds per test case (LiveCodeBench's default); a program's wall limit is (this + 1) x tests + 5 s
     c.code.test_timeout_s = 6
     c.code.memory_mb = 4096  # address-space limit of a program's process
     c.code.file_mb = 16  # largest file a program may write, in its scratch directory

@@ -47,7 +47,7 @@ PRESETS = ("sage", "tiny", "smol")
 # (openai, httpx) would cost every --help of launch/eval.py two seconds.
 SHIPPED_PROFILES = pathlib.Path(__file__).resolve().parents[1] / "rlver_jax" / "simulator" / "data" / "profiles.jsonl"
 # The project's English profiles (rlver_jax.simulator.profiles.ENGLISH_PROFILES), the smol presets' only ones:
-# SmolLM2-135M-Instruct is an English model and answers Chinese profiles with gibberish (issue 42).
+# SmolLM2-135M-Instruct is an English model and answers Chinese profiles with gibberish.
 ENGLISH_PROFILES = SHIPPED_PROFILES.with_name("profiles_en.jsonl")
 # The last SMOL_HOLDOUT of ENGLISH_PROFILES: held out of smol training (configs/base.py, data.eval_holdout)
 # and the smol evaluation's profiles. 16 (two of each hidden goal, all three personality types), so
@@ -67,15 +67,14 @@ def get_policy_sampling_config(*, tiny: bool = False) -> ml_collections.ConfigDi
     c.top_k = 0  # jax only; 0 = off
     c.max_new_tokens = 32 if tiny else 2048  # per policy turn
     c.max_total_tokens = 1024 if tiny else 16384  # jax: per training row (think_history), then "truncated"
-    # jax with the static engine: KV-cache slots kept per dialogue between turns (0: re-encode the history
-    # every turn).
-    # The most a session can need (rlver_jax.sampling.cache_bound); a turn beyond it is encoded afresh.
+    # jax with the static engine: KV-cache slots kept per dialogue between turns, the most a session can need
+    # (a turn beyond it is encoded afresh); 0 re-encodes the history every turn
     c.cache_slots = session_slots(c.max_total_tokens, c.max_new_tokens) if tiny else 0
-    # A think-mode reply without </think>: "continue" lets the simulated user judge the raw text
-    # (as an API model's output would be); "end" would freeze the emotion at its last value.
+    # a think-mode reply without </think>: "continue" lets the simulated user judge the raw text
+    # (as an API model's output would be); "end" would freeze the emotion at its last value
     c.format_failure = "continue"
-    # Think mode: "drop" the policy's earlier thoughts from its context, as the reference and as
-    # the conversation an endpoint policy would be sent; "keep" them.
+    # think mode: "drop" the policy's earlier thoughts from its context, as the reference and as
+    # the conversation an endpoint policy would be sent; "keep" them
     c.think_history = "drop"
     return c
 
@@ -90,80 +89,71 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.workdir = ""  # required: sentient.json, transcripts.jsonl, report.md and plots go here
     c.seed = 0  # sampling key of a JAX policy; the init of a fresh tiny policy
-    # Persistent XLA compilation cache: "auto" = $JAX_COMPILATION_CACHE_DIR, else
-    # ~/.cache/rlver_jax/jax (shared with training runs); "" = off.
+    # persistent XLA compilation cache: "auto" = $JAX_COMPILATION_CACHE_DIR, else
+    # ~/.cache/rlver_jax/jax (shared with training runs); "" = off
     c.compilation_cache_dir = "auto"
 
     c.eval = ml_collections.ConfigDict()
     # JSONL profiles with first_talk (SAGE: ../shared/data/rlver/test_profile.jsonl); tiny: our own;
     # smol: our English ones only (an English model), of which it plays the held-out ones (eval.holdout)
     c.eval.profiles = str(ENGLISH_PROFILES) if smol else str(SHIPPED_PROFILES) if tiny else ""
-    # Only the last N profiles of the file (0 = all): those a training run on the same file with
-    # data.eval_holdout=N held out. tiny and smol: their training presets' TINY_HOLDOUT and SMOL_HOLDOUT
-    # (set 0 to play every profile of another file)
+    # only the last N profiles of the file, those a training run on it with data.eval_holdout=N held out
+    # (0 = all; tiny 4 and smol 16, as their training presets)
     c.eval.holdout = SMOL_HOLDOUT if smol else TINY_HOLDOUT if tiny else 0
     c.eval.max_profiles = 0  # 0 = every profile (of the holdout); else the first N
-    # Dialogues in flight at once (simulator.max_concurrency bounds the simulator's requests); an
-    # openai policy also has at most this many requests in flight.
+    # dialogues in flight at once (simulator.max_concurrency bounds the simulator's requests); an
+    # openai policy also has at most this many requests in flight
     c.eval.max_dialogues = 16 if cpu else 64
-    # Dialogues per policy call: a JAX policy samples a group as one batch; the dialogues of a
-    # group advance in lockstep, so an endpoint policy does best with small groups. With several
-    # groups in flight a JAX policy's draws depend on the order of calls; max_dialogues equal
-    # to group_size makes a run exactly reproducible. smol: its 16 held-out dialogues in one
-    # group, so a rerun of the README's base-against-trained comparison gives the same numbers.
+    # dialogues per policy call, which advance in lockstep; max_dialogues equal to it makes a JAX policy's run
+    # reproducible (docs/evaluation.md)
     c.eval.group_size = 16 if smol else 8
-    # A training run's WORKDIR: play under the settings it was trained with (its simulator
-    # section but for the endpoint fields, its sampling, turn and dialogue lengths and think
-    # mode) instead of SAGE's; "" = off. The policy is still policy.checkpoint / path / fresh_tiny.
+    # a training run's WORKDIR whose settings (simulator but for its endpoint, sampling, turn and dialogue
+    # lengths, think mode) replace SAGE's; "" = off (docs/cli.md)
     c.eval.like_training = ""
-    # Robustness probes played beside the policy under the same protocol, each a canned policy a
-    # sound simulator must not reward (rlver_jax.eval.probes: garbled, formulaic, flattery,
-    # wrong_language): comma-separated names, "all", or "" = none. Their scores go in the report.
+    # robustness probes, canned policies a sound simulator must not reward, played beside the policy and
+    # scored in the report: comma-separated names, "all", or "" = none
     c.eval.probes = "all" if cpu else ""
-    # A panel of simulators (SAGE reports its leaderboard under four): "MODEL@URL,MODEL@URL", each a
-    # served simulator, or any backend of rlver_jax/simulator/backends.py as BACKEND ("embedded": on a
-    # CPU), BACKEND:MODEL or BACKEND:MODEL@URL; each plays every profile with config.simulator's other
-    # settings, in WORKDIR/simulators/; the report gives each one's scores and the panel's mean.
-    # "" = config.simulator alone.
+    # a panel of simulators, each playing every profile: comma-separated MODEL@URL (served), BACKEND,
+    # BACKEND:MODEL or BACKEND:MODEL@URL; "" = config.simulator alone (docs/evaluation.md)
     c.eval.simulators = ""
 
     c.policy = ml_collections.ConfigDict()
-    # a row of rlver_jax/eval/policy_source.py: jax, the policy in this process on JAX (a checkpoint, a Hugging
-    # Face directory or a fresh tiny model); openai, a chat endpoint
+    # "jax": the policy in this process on JAX (a checkpoint, a Hugging Face directory or a fresh tiny model);
+    # "openai": a chat endpoint
     c.policy.backend = "jax"
     c.policy.checkpoint = ""  # jax: a training WORKDIR (latest step) or WORKDIR/checkpoints/STEP
     # jax: a Hugging Face Qwen2/Llama directory instead of a checkpoint (smol: the fetched SmolLM2)
     c.policy.path = str(smollm2.DEFAULT_DIR) if smol else ""
     c.policy.fresh_tiny = tiny  # jax with neither checkpoint nor path: a randomly initialised tiny model
     c.policy.dtype = "float32" if cpu else "bfloat16"  # jax with policy.path (a run keeps its own)
-    # jax with policy.path: one scanned decoder layer (a run keeps its own). smol: a first training
-    # rollout took 72 s with its 30 layers unrolled, 27 s scanned, mostly compiling (docs/benchmarks.md)
+    # jax with policy.path: compile one decoder layer and scan it, not every layer (a run keeps its own;
+    # smol: docs/benchmarks.md)
     c.policy.scan_layers = smol
-    # jax: the rollout engine, a row of rlver_jax/engines/table.py as training's config.rollout.engine:
-    # "continuous", continuous batching; "static", calls of the dialogues then waiting.
+    # jax: the rollout engine, as training's config.rollout.engine: "continuous" (continuous batching) or
+    # "static" (calls of the dialogues then waiting)
     c.policy.engine = "continuous"
     c.policy.engine_rows = 0  # continuous engine: KV rows (dialogues held at once); 0 = as many as are in flight
     c.policy.decode_chunk = 8  # continuous engine: decode steps between turns entering and replies leaving
     c.policy.prefill_chunk = 256  # continuous engine: most prompt tokens a row writes per prefill call
     c.policy.base_path = ""  # jax: HF dir for the run's architecture and tokenizer if its model.path moved
-    # Think-then-say; None = the run's own setting for a checkpoint, else no-think.
+    # think-then-say; None = the run's own setting for a checkpoint, else no-think
     c.policy.think = config_dict.placeholder(bool)
-    # Published Sentient scores come from SAGE's own loop and its policy prompt: give that prompt (text
-    # or a UTF-8 file, one of the two) to compare with them (README, "Evaluation").
-    c.policy.system_prompt = ""  # the policy's system message; "" = the project's training prompt
+    # the policy's system message; "" = the project's training prompt (SAGE's, to compare with published
+    # scores: docs/evaluation.md)
+    c.policy.system_prompt = ""
     c.policy.system_prompt_file = ""  # or a file holding it
     c.policy.update(get_policy_sampling_config(tiny=cpu))
     c.policy.base_url = "http://127.0.0.1:8000/v1"  # openai
     c.policy.model = "policy"  # openai: the served model name
     c.policy.api_key_env = "POLICY_API_KEY"  # openai: env var holding the key; unset for local servers
-    c.policy.timeout_s = 300.0  # openai: a request unanswered this long: is the server there? then it waits on
+    c.policy.timeout_s = 300.0  # openai: a request unanswered this long waits on while the server answers
     c.policy.max_retries = 5  # openai: on HTTP 408/409 and 5xx other than 502/503/504 (down: waited for 30 min)
     c.policy.backoff_initial_s = 1.0  # openai: first retry waits about this long, doubling each time
     c.policy.backoff_max_s = 30.0  # openai: cap of one wait
 
     c.mesh = get_mesh_config(  # sampling: heads split, no gathers
         shape=(1, 1, -1),  # (data, fsdp, tensor) devices; one entry may be -1: the remaining devices
-        rules="tensor")  # fsdp | tensor | fsdp_tensor (sharding.RULE_PRESETS), or (logical axis, mesh axes) pairs
+        rules="tensor")  # fsdp | tensor | fsdp_tensor (sharding's presets), or (logical axis, mesh axes) pairs
     c.simulator = get_simulator_config(eval_mode=True)
     if cpu:
         c.simulator.backend = "embedded"

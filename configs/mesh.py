@@ -29,16 +29,15 @@ def get_mesh_config(
     cfg.sampler_devices = 0
     cfg.distributed = ml_collections.ConfigDict({
         # 'auto': start when an address / process count is set here or in the environment, or
-        # under launch/tpu_pod.sh; 'always': also with empty fields (Cloud TPU pods detect them).
+        # under launch/tpu_pod.sh; 'always': also with empty fields (Cloud TPU pods detect them)
         "initialize": "auto",
         # GPU clusters: host:port of process 0 (else JAX_COORDINATOR_ADDRESS), the process count
-        # (else JAX_NUM_PROCESSES) and this process's id (else JAX_PROCESS_ID).
+        # (else JAX_NUM_PROCESSES) and this process's id (else JAX_PROCESS_ID)
         "coordinator_address": config_dict.placeholder(str),
         "num_processes": config_dict.placeholder(int),
         "process_id": config_dict.placeholder(int),
-        # Seconds without a heartbeat after which a process counts as lost (killed, frozen,
-        # partitioned): every survivor then stops with one line naming it and exit status 75,
-        # "restart the job" (rlver_jax/parallel/peers.py; JAX's own timeout is set 60 s above it)
+        # seconds without a heartbeat after which a process counts as lost and every survivor stops
+        # with exit status 75, "restart the job" (docs/faults.md)
         "peer_timeout_s": 60.0,
     })
     return cfg

@@ -14,31 +14,25 @@ import ml_collections
 def get_simulator_config(*, eval_mode: bool = False) -> ml_collections.ConfigDict:
     """RLVER training settings, or SAGE benchmark settings when `eval_mode`."""
     c = ml_collections.ConfigDict()
-    # Backend.
-    # A row of rlver_jax/simulator/backends.py: "openai": an LLM behind an OpenAI-compatible API; "embedded": rules
+    # who plays the user: "openai", an LLM behind an OpenAI-compatible API, or "embedded", rules on the CPU
     c.backend = "openai"
     c.base_url = "http://127.0.0.1:30000/v1"  # launch/serve_simulator.sh prints this
     c.model = "simulator"  # served model name (serve_simulator.sh serves under this name)
     c.api_key_env = "SIMULATOR_API_KEY"  # env var holding the key; unset is fine for local servers
     c.temperature = 0.5  # simulator sampling temperature of the reference code
-    # Per simulator answer (analysis + change, or plan + utterance). A verbose Chinese emotion
-    # step measured ~500 tokens (benchmarks/simulator_budget.py, docs/fidelity.md); 2048 leaves
-    # 4x that before the final Change: line is cut. A reasoning simulator that returns its
-    # thinking in the answer needs more.
+    # tokens per simulator answer, 4x a verbose Chinese emotion step (docs/fidelity.md); more for a reasoning
+    # simulator that returns its thinking in the answer
     c.max_tokens = 2048
-    c.timeout_s = 120.0  # a request unanswered this long: is the server there? then it waits on (slow is not down)
+    c.timeout_s = 120.0  # a request unanswered this long waits on while the server answers (slow is not down)
     c.max_concurrency = 64  # requests in flight at once, shared by all dialogues
-    # Seconds a served simulator takes per request, for launch/plan.py's step estimate (a run times its
-    # own): Qwen2.5-72B-Instruct writes 29.9 tokens/s a request on 4 A100s under vLLM with a 6,144-token
-    # prompt (Qwen2.5's speed benchmark, batch 1), and an answer is 502 tokens (emotion step) or 395
-    # (reply step; docs/fidelity.md): 15.0 s a request on average
+    # seconds a served simulator takes per request, for launch/plan.py's step estimate (a run times its own):
+    # Qwen2.5-72B-Instruct's on 4 A100s under vLLM (docs/sharding.md)
     c.latency_s = 15.0
     c.max_retries = 6  # retries on HTTP 408/409 and 5xx other than 502/503/504
     c.backoff_initial_s = 1.0  # first retry waits about this long, doubling each time
     c.backoff_max_s = 30.0  # cap of one wait
-    # A server that is down or throttling (refused or dropped connections, HTTP 429/502/503/504,
-    # Retry-After honoured) is waited for this long, then the run saves and exits 75: rerun it to
-    # resume (docs/faults.md). A served 72B simulator takes 5-15 minutes to restart.
+    # seconds a server that is down or throttling is waited for, after which the run saves and exits 75,
+    # to be rerun (docs/faults.md)
     c.outage_budget_s = 1800.0
     c.malformed_retries = 2  # fresh samples after an answer breaks the format; then simulator_error
     c.structured_output = "off"  # "off": text answers; "json_schema": JSON answers under a schema (docs/simulator.md)
@@ -57,7 +51,7 @@ def get_emotion_rules_config(*, eval_mode: bool = False) -> ml_collections.Confi
     or SAGE's when `eval_mode` (also the in-loop evaluation's, configs/base.py)."""
     c = ml_collections.ConfigDict()
     c.initial_emotion = 40 if eval_mode else 30  # SAGE 40, RLVER training 30
-    c.max_change = 10  # per-turn change clipped to [-10, +10] (SAGE); the paper training configs set 100: no clip
+    c.max_change = 10  # per-turn emotion change clipped to [-this, +this] (SAGE: 10)
     c.ceiling = 100  # emotion cap; reaching it ends the dialogue as a success
     c.floor = 10 if eval_mode else 0  # reaching it ends the dialogue as a failure
     c.floor_inclusive = not eval_mode  # training ends at <= 0; SAGE at < 10

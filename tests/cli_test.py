@@ -13,6 +13,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -329,7 +330,7 @@ def test_print_config_shows_every_field_with_its_comment_and_flags_come_in_any_o
     assert all("  # " in line for line in lines[1:]), [line for line in lines[1:] if "  # " not in line]
     assert "rl.kl_coef = 0.01  (--config.rl.kl_coef)  # paper: no KL; non-zero builds a frozen reference model" \
         in lines
-    assert "simulator.max_turns = 1  # policy turns: 8 in training, 10 rounds in SAGE [Short dialogues" \
+    assert "simulator.max_turns = 1  # policy turns: 8 in training, 10 rounds in SAGE; the CPU presets: 1 in think" \
         in done.stdout  # the tiny preset's own reason after the field's comment
 
 
@@ -340,6 +341,39 @@ def test_print_config_of_the_evaluation_shows_every_field_with_its_comment():
     printed = sorted(line.split(" = ", 1)[0] for line in lines)
     assert printed == sorted(_fields(eval_config.get_config("tiny").to_dict()))
     assert all("  # " in line for line in lines), [line for line in lines if "  # " not in line]
+
+
+# A quoted value ("auto", `wandb sync`, 'fsdp'), its apostrophes (the run's) aside.
+_QUOTED = re.compile(r"\"[^\"]*\"|`[^`]*`|(?<!\w)'[^']*'")
+_SENTENCE_END = re.compile(r"[.!?] +[A-Z\"'`]")
+_PRIVATE_CONSTANT = re.compile(r"(?<![\w.])_[A-Z][A-Z0-9]*_[A-Z0-9_]*\b")
+
+
+def _not_one_sentence(comment: str) -> str | None:
+    """What makes a printed comment more than one sentence of values: a second sentence starting
+    outside quotes, or a private constant named instead of its value; None when neither is there."""
+    bare = _QUOTED.sub(lambda m: m[0][0] + "x" * (len(m[0]) - 2) + m[0][-1], comment)  # quotes kept, text masked
+    found = _SENTENCE_END.search(bare) or _PRIVATE_CONSTANT.search(comment)
+    return comment[found.start():found.start() + 40] if found else None
+
+
+def test_the_one_sentence_check_finds_a_second_sentence_and_a_private_constant():
+    assert _not_one_sentence('off. Always off on virtual devices') and _not_one_sentence('off. "auto" is')
+    assert _not_one_sentence("7b_lora: 8 (_LORA_1GPU_DIALOGUES_PER_CALL)")
+    assert _not_one_sentence('"auto" = the cache (shared; docs/cli.md); "" = off, at 0.5 s. A few') is not None
+    assert _not_one_sentence('"Stop. Now" ends it; the run\'s `wandb sync. X` and \'a. B\' (rl.PRESETS)') is None
+
+
+@pytest.mark.parametrize("script, config", [("train.py", f"configs/{name}.py:tiny") for name in (
+    "ppo_think", "ppo_nothink", "grpo_think", "grpo_nothink")] + [("eval.py", "configs/eval.py:tiny")])
+def test_every_printed_comment_is_one_sentence_of_values(script, config):
+    """One short sentence a field (semicolons and parentheses within it), values rather than the
+    names of private constants; the details are in docs/."""
+    done = run_script(script, "--print_config", f"--config={config}")
+    assert done.returncode == 0, done.stderr
+    comments = dict(line.split("  # ", 1) for line in done.stdout.strip().splitlines()[1:])
+    assert len(comments) > 20
+    assert {path: found for path, text in comments.items() if (found := _not_one_sentence(text))} == {}
 
 
 def test_the_eval_config_names_the_shipped_profiles_without_importing_them():

@@ -4,10 +4,11 @@ The comments are read from the source of the config file and of the config modul
 (configs/base.py, mesh.py, simulator.py): a field's comment is the comment at the end of the
 line that sets it, after the comment lines right above that line. A field set inside a function
 of an imported module (`c.max_turns = ...` in configs/simulator.py) is found by the end of its
-path (`simulator.max_turns`). A comment on a value set inside an `if` (one preset's own value)
-is added after the field's own comment. A field whose value names a row of a table
-(rlver_jax.cli.tables: `rl.algo`, `simulator.backend`, ...) ends with the table's names, read
-from the table itself.
+path (`simulator.max_turns`): in the config file itself first, then in a module the path names
+(`simulator.temperature` in configs/simulator.py, not in eval.py's policy sampling). A comment
+on a value set inside an `if` (one preset's own value) follows the field's own comment after a
+semicolon. A field whose value names a row of a table (rlver_jax.cli.tables: `rl.algo`,
+`simulator.backend`, ...) ends with the table's names, read from the table itself.
 """
 
 from __future__ import annotations
@@ -135,14 +136,16 @@ def leaves(config: ml_collections.ConfigDict, prefix: str = "") -> Iterator[tupl
 
 def field_comments(config: ml_collections.ConfigDict, config_file: str | pathlib.Path) -> dict[str, str]:
     """Dotted path -> comment ("" when the config files give none) of every field of `config`."""
-    modules = [module_comments(p.read_text(encoding="utf-8")) for p in _config_modules(pathlib.Path(config_file))]
+    files = _config_modules(pathlib.Path(config_file))
+    parsed = {p.stem: module_comments(p.read_text(encoding="utf-8")) for p in files}
     out = {}
     for path, _ in leaves(config):
         parts = path.split(".")
         suffixes = [".".join(parts[k:]) for k in range(len(parts))]
+        modules = [parsed[p.stem] for p in sorted(files, key=lambda p: (p != files[0], p.stem not in parts[:-1]))]
         own = next((fields[s] for s in suffixes for fields, _ in modules if s in fields), "")
         note = next((notes[s] for s in suffixes for _, notes in modules if s in notes), "")
-        out[path] = " ".join(t for t in (own, f"[{note}]" if note else "") if t)
+        out[path] = "; ".join(t for t in (own, note) if t)
     return out
 
 
