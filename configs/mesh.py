@@ -22,10 +22,8 @@ def get_mesh_config(
     cfg = ml_collections.ConfigDict()
     cfg.shape = tuple(shape)
     cfg.rules = rules if isinstance(rules, str) else [tuple(r) for r in rules]
-    # Devices of each process set aside for the rollout engine, a sampler group beside the trainer's
-    # (rlver_jax/parallel/device_groups.py): with rollout.max_staleness >= 1 the next batch samples
-    # there while the update runs on the others (the shape then covers the others); 0: every device
-    # trains and samples.
+    # devices of each process set aside for sampling while the others train (docs/sharding.md, the
+    # mesh); 0: every device trains and samples
     cfg.sampler_devices = 0
     cfg.distributed = ml_collections.ConfigDict({
         # 'auto': start when an address / process count is set here or in the environment, or
