@@ -41,8 +41,15 @@ lengths (the same tokens in all). A reply's wait: from its last token to its ret
 converted to seconds at its call's rate (static: the call's longest row minus its own length; the
 engine: the rest of its decode chunk).
 
+Spread: every timed run is repeated --repeats times (the repeats interleaved, so each setting
+meets the machine's load alike) and each figure is printed as the median of its runs with their
+range, [lowest, highest]; `vs constant` pairs each run with the constant-length run of the same
+repeat. The sequential baseline runs once.
+
 Generation time is the union of the intervals spent in the policy's device calls (concurrent
-pipeline groups queue on the policy's device lock, inside the running call's interval). Every
+pipeline groups queue on the policy's device lock, inside the running call's interval; the
+engine's: from a call's dispatch, or the previous call's end when later, to its tokens' arrival,
+its calls dispatched ahead of the device). Every
 generation program the timed runs can need is compiled beforehand, a zero-latency rollout warms
 the rest, and the number of compilations during timing is printed (it should be 0).
 Targets: ours >= 10x faster than sequential, and ours' wall time <= 1.5 x (turns x 2 x latency +
@@ -81,6 +88,7 @@ from rlver_jax.rollout.versions import VersionSchedule  # noqa: E402
 from rlver_jax.sampling import generation  # noqa: E402
 from rlver_jax.sampling import kv_rows as engine_programs  # noqa: E402
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket  # noqa: E402
+from rlver_jax.sampling.cache_bound import row_slots  # noqa: E402
 from rlver_jax.sampling.settings import SamplingSettings  # noqa: E402
 from rlver_jax.simulator import SimulatorSettings, build_simulator  # noqa: E402
 from rlver_jax.simulator.agent import DialogueState  # noqa: E402
@@ -106,6 +114,8 @@ _LENGTHS = flags.DEFINE_list("reply_lengths", ["budget"], "budget: replies to a 
                              "each ended at max_new_tokens / 4; lognormal: at a lognormal length of that mean.")
 _LENGTH_LOG_SD = flags.DEFINE_float("reply_length_log_sd", 1.0, "Log-sd of the lognormal reply lengths.")
 _DECODE_CHUNK = flags.DEFINE_integer("decode_chunk", 8, "continuous: config.rollout.decode_chunk.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs of each setting (figures: their median and range).")
+_MAX_TOTAL = 8192  # config.rollout.max_total_tokens of the dialogues: no dialogue here reaches it
 
 # Scripted simulator answers: no emotion change and no farewell, so no dialogue ends early.
 _EMOTION_ANSWER = "Analysis: the reply is neither helpful nor hurtful.\nChange: 0"
@@ -176,26 +186,20 @@ class TimedPolicy(StaticEngine):
 
 
 class TimedEngine(ContinuousEngine):
-    """The rollout engine, recording its device calls and each reply's wait for the end of its chunk."""
+    """The rollout engine, recording its calls (engines.continuous: each call's device interval) and
+    each reply's wait for the end of its call."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.recorded = Recorded()
         _record_turns(self)
 
-    def _prefill(self, params, flight) -> None:
-        start, lags = time.perf_counter(), len(self.stats.reply_lag_steps)
-        super()._prefill(params, flight)
-        self.recorded.intervals.append((start, time.perf_counter()))
-        self.recorded.waits += [0.0] * (len(self.stats.reply_lag_steps) - lags)  # its only token ends the call
-
-    def _decode(self, params, flight) -> None:
-        start, lags, steps = time.perf_counter(), len(self.stats.reply_lag_steps), self.stats.decode_steps
-        super()._decode(params, flight)
-        end = time.perf_counter()
+    def _read(self, call) -> None:
+        lags = len(self.stats.reply_lag_steps)
+        super()._read(call)
+        start, end, steps = self.stats.calls[-1]
         self.recorded.intervals.append((start, end))
-        ran = self.stats.decode_steps - steps
-        self.recorded.waits += [lag / ran * (end - start) for lag in self.stats.reply_lag_steps[lags:]]
+        self.recorded.waits += [lag / max(steps, 1) * (end - start) for lag in self.stats.reply_lag_steps[lags:]]
 
 
 class VariedLengths(EpisodeRunner):
@@ -357,25 +361,25 @@ async def precompile(policy: StaticEngine, batch_sizes: set[int], lengths: Seque
             await policy.act([TurnRequest([pad_id] * length, [], policy.settings.max_new_tokens)] * b)
 
 
-def precompile_engine(engine: ContinuousEngine, rows: int, slots: Sequence[int]) -> None:
-    """Traces the rollout engine's programs at every call size, prefill width and row length
-    (`slots`) the timed runs can reach (engines.continuous grows rows and slots as it goes)."""
+def precompile_engine(engine: ContinuousEngine, rows: int) -> None:
+    """Traces the rollout engine's program at every call size, prefill piece (rows and width) and
+    none the timed runs can reach on `rows` rows (engines.continuous; the rows hold the slots a
+    dialogue can need from the start)."""
     cfg, settings, params = engine.model_cfg, engine.settings, engine.published.resolve(0)[1]
     sizes = sorted({call_size(n, rows) for n in range(1, rows + 1)})
     widths = sorted({chunk_width(n, engine.engine.prefill_chunk) for n in range(1, engine.engine.prefill_chunk + 1)})
-    for s in slots:
-        cache = qwen2.init_cache(cfg, rows, s)
-        for b in sizes:
-            whole = b >= rows
-            ids = None if whole else np.full(b, rows, np.int32)
-            ints = np.zeros(b, np.int32)
-            keys = np.zeros((b, 2), np.uint32)
-            cache, _, _ = engine_programs.decode(cfg, settings, params, cache, rows=ids, last=ints, lengths=ints,
-                                                 columns=ints, limits=ints, keys=keys, steps=engine.engine.decode_chunk)
-            for w in widths:
-                cache, _ = engine_programs.prefill(cfg, settings, params, cache, rows=ids, starts=ints,
-                                                   ids=np.zeros((b, w), np.int32), counts=ints, keys=keys)
-        jax.block_until_ready(cache)
+    cache = qwen2.init_cache(cfg, rows, engine.engine.slots_for(1))
+    state = engine_programs.init_state(rows)
+    for b in sizes:
+        feeds = [None] + [engine_programs.Feed(np.full(p, b, np.int32), np.zeros(p, np.int32),
+                                               np.zeros((p, w), np.int32), np.zeros(p, np.int32),
+                                               np.zeros((p, 2), np.uint32), np.zeros(p, np.int32))
+                          for p in sorted({call_size(n, b) for n in range(1, b + 1)}) for w in widths]
+        for feed in feeds:
+            cache, state, _, _ = engine_programs.chunk(
+                cfg, settings, params, cache, state, rows=None if b >= rows else np.full(b, rows, np.int32),
+                serving=np.zeros(b, bool), feed=feed, steps=engine.engine.decode_chunk)
+    jax.block_until_ready(cache)
 
 
 def _settings(engines: list[str], groups: list[int], waits: list[float]) -> list[tuple[str, int, float]]:
@@ -403,11 +407,9 @@ async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner
     start = time.perf_counter()
     if _SEQUENTIAL.value >= 0:
         await precompile(seq_runner.policy, {1}, lengths, chat_tokens.im_start)
-    for runner in runners.values():  # the engine's: every row length from the first prompt to the last with a reply
+    for runner in runners.values():  # the engine's, on a row for each dialogue
         if isinstance(runner.policy, ContinuousEngine):
-            top = bucket(lengths[-1] + _MAX_NEW_TOKENS.value, LENGTH_BUCKETS)
-            precompile_engine(runner.policy, bucket(len(requests)),
-                              [b for b in LENGTH_BUCKETS if lengths[0] <= b <= top])
+            precompile_engine(runner.policy, bucket(len(requests)))
     # Zero-latency rollouts, one per sampler setting and reply lengths, compile ours' programs and
     # warm the HTTP client, the simulator path and the host code.
     latency.mean_s = 0.0
@@ -422,19 +424,21 @@ async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner
           f"{time.perf_counter() - start:.1f} s", flush=True)
 
     latency.mean_s = _LATENCY.value
-    ours = []
-    for reply_lengths in _LENGTHS.value:
-        for log_sd in [float(v) for v in _LOG_SD.value]:
-            latency.log_sd = log_sd
-            shape = f"lognormal {log_sd:g}" if log_sd else "constant"
-            for engine, g, wait in settings:
-                runner = runners[engine]
-                runner.lengths = reply_lengths
-                runner.settings = dataclasses.replace(runner.settings, pipeline_groups=g, batch_wait_s=wait)
-                name = f"{shape}, {reply_lengths}, {_run_name(engine, g, wait)}"
-                ours.append(await timed(name, lambda: runner.run(requests), runner.policy, server, turns,
-                                        runner.simulator, runner.settings.continuous))
-                print(f"  {ours[-1].name}: {ours[-1].wall_s:.2f} s", flush=True)
+    ours: dict[str, list[Timing]] = {}
+    for repeat in range(_REPEATS.value):
+        for reply_lengths in _LENGTHS.value:
+            for log_sd in [float(v) for v in _LOG_SD.value]:
+                latency.log_sd = log_sd
+                shape = f"lognormal {log_sd:g}" if log_sd else "constant"
+                for engine, g, wait in settings:
+                    runner = runners[engine]
+                    runner.lengths = reply_lengths
+                    runner.settings = dataclasses.replace(runner.settings, pipeline_groups=g, batch_wait_s=wait)
+                    name = f"{shape}, {reply_lengths}, {_run_name(engine, g, wait)}"
+                    run = await timed(name, lambda: runner.run(requests), runner.policy, server, turns,
+                                      runner.simulator, runner.settings.continuous)
+                    ours.setdefault(name, []).append(run)
+                    print(f"  {name} (run {repeat + 1}): {run.wall_s:.2f} s", flush=True)
     if _SEQUENTIAL.value < 0:
         return ours, None
     latency.log_sd = 0.0
@@ -444,21 +448,38 @@ async def benchmark(runners: dict[str, VariedLengths], seq_runner: EpisodeRunner
     return ours, seq
 
 
-def report(ours: list[Timing], seq: Timing | None, dialogues: int) -> None:
+def _median(values: Sequence[float]) -> float:
+    return float(np.median(values))
+
+
+def _spread(values: Sequence[float], digits: int = 2) -> str:
+    """The median of `values` and their range: "m [lo, hi]" (one run: its value)."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{_median(values):.{digits}f} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
+
+
+def _median_run(runs: list[Timing]) -> Timing:
+    """The run of median wall time (of an even count, the lower middle)."""
+    return sorted(runs, key=lambda t: t.wall_s)[(len(runs) - 1) // 2]
+
+
+def report(ours: dict[str, list[Timing]], seq: Timing | None, dialogues: int) -> None:
     latency_table(ours, dialogues)
     if _LENGTHS.value != ["budget"] or any(ENGINES[e].continuous for e in _ENGINES.value):
         lengths_table(ours)
     if seq is None:
         return
     turns, latency = _TURNS.value, _LATENCY.value
-    ours = [t for t in ours if t.name.startswith("constant")]
+    constant = [_median_run(runs) for name, runs in ours.items() if name.startswith("constant")]
     seq_all = seq.scaled(dialogues) if seq.dialogues != dialogues else seq
     print(f"\n{dialogues} dialogues x {turns} turns, simulator latency {latency * 1e3:.0f} ms/request, "
-          f"max_new_tokens {_MAX_NEW_TOKENS.value}, tiny random Qwen2 on {jax.devices()[0].platform}")
+          f"max_new_tokens {_MAX_NEW_TOKENS.value}, tiny random Qwen2 on {jax.devices()[0].platform}; each setting's "
+          f"run of median wall time")
     header = (f"{'run':<36} {'wall s':>8} {'gen s':>7} {'gen ms/turn':>11} {'idle':>6} {'bound s':>8} "
               f"{'wall/bound':>10} {'speed-up':>8} {'requests':>8} {'peak':>5} {'compiles':>8}")
     rows = []
-    for t in ours + [seq_all]:
+    for t in constant + [seq_all]:
         bound = turns * 2 * latency + t.generation_s
         rows.append(f"{t.name:<36} {t.wall_s:>8.2f} {t.generation_s:>7.2f} "
                     f"{t.generation_s / (t.dialogues * turns) * 1e3:>11.1f} {t.idle:>6.1%} {bound:>8.2f} "
@@ -469,7 +490,7 @@ def report(ours: list[Timing], seq: Timing | None, dialogues: int) -> None:
                 f"{2 * turns - 1} requests per dialogue). peak: simulator requests in flight at once.")
     if seq.dialogues != dialogues:
         print(f"sequential: timed on {seq.dialogues} of {dialogues} dialogues, extrapolated linearly.")
-    for t in ours:
+    for t in constant:
         speedup, ratio = seq_all.wall_s / t.wall_s, t.wall_s / (turns * 2 * latency + t.generation_s)
         print(f"{t.name}: speed-up {speedup:.1f}x (target >= 10x: {'PASS' if speedup >= 10 else 'FAIL'}), "
               f"wall/bound {ratio:.2f} (target <= 1.5: {'PASS' if ratio <= 1.5 else 'FAIL'})")
@@ -483,48 +504,56 @@ def print_table(header: str, rows: list[str], note: str) -> None:
     print(note)
 
 
-def latency_table(ours: list[Timing], dialogues: int) -> None:
-    """Every run against its critical-path bound and against the constant-latency run of its schedule."""
-    constant = {t.name.split(", ", 1)[1]: t.wall_s for t in ours if t.name.startswith("constant")}
+def latency_table(ours: dict[str, list[Timing]], dialogues: int) -> None:
+    """Every setting against its critical-path bound and against the constant-latency runs of its
+    schedule (run by run: the same repeat)."""
+    constant = {name.split(", ", 1)[1]: runs for name, runs in ours.items() if name.startswith("constant")}
     print(f"\n{dialogues} dialogues x {_TURNS.value} turns, request latency mean {_LATENCY.value:g} s, max_new_tokens "
-          f"{_MAX_NEW_TOKENS.value}, tiny random Qwen2 on {jax.devices()[0].platform}")
-    header = (f"{'run':<44} {'wall s':>8} {'gen s':>7} {'calls':>6} {'call s':>7} {'slowest user s':>14} "
-              f"{'bound s':>8} {'wall/bound':>10} {'vs constant':>11} {'compiles':>8}")
+          f"{_MAX_NEW_TOKENS.value}, tiny random Qwen2 on {jax.devices()[0].platform}; median [range] of "
+          f"{_REPEATS.value} run(s)")
+    header = (f"{'run':<44} {'wall s':>22} {'gen s':>7} {'calls':>6} {'call s':>7} {'slowest user s':>14} "
+              f"{'bound s':>8} {'wall/bound':>10} {'vs constant':>19} {'compiles':>8}")
     rows = []
-    for t in ours:
-        base = constant.get(t.name.split(", ", 1)[1])
-        rows.append(f"{t.name:<44} {t.wall_s:>8.2f} {t.generation_s:>7.2f} {t.calls:>6} {t.call_s:>7.3f} "
-                    f"{t.slowest_user_s:>14.2f} {t.critical_path:>8.2f} {t.wall_s / t.critical_path:>10.2f} "
-                    f"{t.wall_s / base if base else math.nan:>11.2f} {t.compiles:>8}")
+    for name, runs in ours.items():
+        base = constant.get(name.split(", ", 1)[1])
+        versus = _spread([t.wall_s / b.wall_s for t, b in zip(runs, base)]) if base else "-"
+        rows.append(f"{name:<44} {_spread([t.wall_s for t in runs]):>22} "
+                    f"{_median([t.generation_s for t in runs]):>7.2f} {_median([t.calls for t in runs]):>6.0f} "
+                    f"{_median([t.call_s for t in runs]):>7.3f} {_median([t.slowest_user_s for t in runs]):>14.2f} "
+                    f"{_median([t.critical_path for t in runs]):>8.2f} "
+                    f"{_median([t.wall_s / t.critical_path for t in runs]):>10.2f} {versus:>19} "
+                    f"{sum(t.compiles for t in runs):>8}")
     print_table(header, rows, "bound: the slowest dialogue's simulator seconds + turns x a turn's generation (static: "
                 "the median call; engine: the median turn, request to reply). vs constant: wall over the "
-                "constant-latency run of the same schedule.")
+                "constant-latency run of the same schedule and repeat. compiles: over every run.")
 
 
-def lengths_table(ours: list[Timing]) -> None:
+def lengths_table(ours: dict[str, list[Timing]]) -> None:
     """Useful tokens per device-busy second and per wall second, the device's busy share, and each
-    reply's wait after its last token; `vs constant`: the busy rate over that of the same run with
-    constant reply lengths (the same tokens in all)."""
-    def constant_key(t: Timing) -> str:
-        shape, lengths, schedule = t.name.split(", ", 2)
+    reply's wait after its last token (every run's replies); `vs constant`: the busy rate over that
+    of the same setting with constant reply lengths in the same repeat (the same tokens in all)."""
+    def constant_key(name: str) -> str:
+        shape, lengths, schedule = name.split(", ", 2)
         return f"{shape}, constant, {schedule}"
 
-    rate = {t.name: t.tokens / t.generation_s for t in ours}
     print(f"\nreplies: budget (to a stop token or max_new_tokens {_MAX_NEW_TOKENS.value}), constant "
           f"({_MAX_NEW_TOKENS.value / 4:g} tokens) or lognormal (mean {_MAX_NEW_TOKENS.value / 4:g}, log-sd "
-          f"{_LENGTH_LOG_SD.value:g}); decode_chunk {_DECODE_CHUNK.value}")
-    header = (f"{'run':<52} {'tokens':>7} {'busy s':>7} {'tok/busy s':>10} {'tok/wall s':>10} {'busy':>6} "
-              f"{'wait ms mean':>12} {'p95':>6} {'max':>6} {'vs constant':>11}")
+          f"{_LENGTH_LOG_SD.value:g}); decode_chunk {_DECODE_CHUNK.value}; median [range] of {_REPEATS.value} run(s)")
+    header = (f"{'run':<52} {'tokens':>7} {'busy s':>7} {'tok/busy s':>22} {'tok/wall s':>10} {'busy':>6} "
+              f"{'wait ms mean':>12} {'p95':>6} {'max':>6} {'vs constant':>19}")
     rows = []
-    for t in ours:
-        waits = np.asarray(t.waits) * 1e3
-        base = rate.get(constant_key(t))
-        rows.append(f"{t.name:<52} {t.tokens:>7} {t.generation_s:>7.2f} {rate[t.name]:>10.0f} "
-                    f"{t.tokens / t.wall_s:>10.0f} {1 - t.idle:>6.1%} {waits.mean():>12.1f} "
-                    f"{np.percentile(waits, 95):>6.1f} {waits.max():>6.1f} "
-                    f"{rate[t.name] / base if base else math.nan:>11.2f}")
+    for name, runs in ours.items():
+        rates = [t.tokens / t.generation_s for t in runs]
+        base = ours.get(constant_key(name))
+        versus = _spread([r / (b.tokens / b.generation_s) for r, b in zip(rates, base)]) if base else "-"
+        waits = np.concatenate([t.waits for t in runs]) * 1e3
+        rows.append(f"{name:<52} {_median([t.tokens for t in runs]):>7.0f} "
+                    f"{_median([t.generation_s for t in runs]):>7.2f} {_spread(rates, 0):>22} "
+                    f"{_median([t.tokens / t.wall_s for t in runs]):>10.0f} "
+                    f"{_median([1 - t.idle for t in runs]):>6.1%} {waits.mean():>12.1f} "
+                    f"{np.percentile(waits, 95):>6.1f} {waits.max():>6.1f} {versus:>19}")
     print_table(header, rows, "wait: from a reply's last token to its return (static: its call's longest row; "
-                "engine: the rest of its decode chunk), at its call's rate.")
+                "engine: the rest of its call), at its call's rate, over every run.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -543,7 +572,7 @@ def main(argv: Sequence[str]) -> None:
     model_cfg = get_preset("tiny")
     key_params, key_sampling = jax.random.split(jax.random.key(_SEED.value))
     params = qwen2.init_params(model_cfg, key_params)
-    engine = EngineSettings(decode_chunk=_DECODE_CHUNK.value)
+    engine = EngineSettings(decode_chunk=_DECODE_CHUNK.value, row_slots=row_slots(_MAX_TOTAL))
     sampling = SamplingSettings(max_new_tokens=_MAX_NEW_TOKENS.value, cache_slots=_CACHE_SLOTS.value)
     samplers = {"static": TimedPolicy, "continuous": TimedEngine}  # each engine's class, timed
     policies = {e: samplers[e](model_cfg, chat_tokens, sampling, engine, key_sampling) for e in _ENGINES.value}
@@ -560,7 +589,7 @@ def main(argv: Sequence[str]) -> None:
         sim_cfg.update(backend="openai", base_url=server.base_url, max_turns=_TURNS.value, max_concurrency=64)
         simulator = TimedSimulator(build_simulator(SimulatorSettings.from_config(sim_cfg)))
         # format_failure=continue: an empty random reply must not end a dialogue early.
-        settings = RolloutSettings(think=False, max_new_tokens=_MAX_NEW_TOKENS.value, max_total_tokens=8192,
+        settings = RolloutSettings(think=False, max_new_tokens=_MAX_NEW_TOKENS.value, max_total_tokens=_MAX_TOTAL,
                                    format_failure="continue")
         runners = {e: VariedLengths(p, simulator, chat_tokens, dataclasses.replace(
             settings, continuous=ENGINES[e].continuous)) for e, p in policies.items()}

@@ -22,6 +22,9 @@ def get_mesh_config(
     cfg = ml_collections.ConfigDict()
     cfg.shape = tuple(shape)
     cfg.rules = rules if isinstance(rules, str) else [tuple(r) for r in rules]
+    # devices of each process set aside for sampling while the others train (docs/sharding.md, the
+    # mesh); 0: every device trains and samples
+    cfg.sampler_devices = 0
     cfg.distributed = ml_collections.ConfigDict({
         # 'auto': start when an address / process count is set here or in the environment, or
         # under launch/tpu_pod.sh; 'always': also with empty fields (Cloud TPU pods detect them)

@@ -1,7 +1,8 @@
-"""The rollout engine (continuous batching, issue 53): its replies are today's generation's, row by
-row, whatever the schedule (turns entering at different times, into too few rows, long prompts
-prefilled in chunks, rows reused and rewound between turns, versions changing), and a reply goes
-back within one decode chunk of its last token."""
+"""The rollout engine (continuous batching): its replies are today's generation's, row by row,
+whatever the schedule (turns entering at different times, into too few rows, long prompts
+prefilled in pieces, rows reused and rewound between turns, versions changing), and a reply goes
+back within one decode chunk of its last token; a turn enters beside decoding rows in one call
+(none of them stalls), and the host dispatches each call before reading the one before it."""
 
 import asyncio
 
@@ -10,11 +11,12 @@ import numpy as np
 import pytest
 
 from rlver_jax.engines.continuous import ContinuousEngine
-from rlver_jax.engines.seam import TurnRequest
+from rlver_jax.engines.seam import PolicyTurn, TurnRequest
 from rlver_jax.engines.table import EngineSettings
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import get_preset
-from rlver_jax.sampling import generation
+from rlver_jax.rollout.history import TokenHistory
+from rlver_jax.sampling import generation, kv_rows
 from rlver_jax.sampling.settings import SamplingSettings
 from rlver_jax.text import chat
 
@@ -108,6 +110,56 @@ def test_replies_equal_generation_whatever_the_schedule(versions, chat_tokens):
         assert engine.stats.useful_tokens == sum(len(t) for t, _ in expected)
 
 
+def test_a_turn_enters_beside_decoding_rows_in_one_call():
+    """A call feeding a second row's whole prompt while the first decodes: in that call the first
+    row draws a token at every step (it does not stall) and the second draws its column 0 in the
+    first step and decodes in the next ones; both rows' tokens are `generate`'s on their prompts."""
+    cfg = get_preset("tiny")
+    params = qwen2.init_params(cfg, jax.random.key(2))
+    settings = SamplingSettings(max_new_tokens=MAX_NEW, stop_ids=(), pad_id=0)
+    prompts = _prompts(5, [9, 20])
+    keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(4), 2)))
+    cache, state = qwen2.init_cache(cfg, 2, 64), kv_rows.init_state(2)
+
+    def feed(row, prompt):
+        return kv_rows.Feed(np.array([row], np.int32), np.zeros(1, np.int32), np.array([prompt], np.int32),
+                            np.array([len(prompt)], np.int32), keys[row:row + 1], np.array([MAX_NEW], np.int32))
+
+    cache, state, first, _ = kv_rows.chunk(cfg, settings, params, cache, state, rows=None, serving=[True, False],
+                                           feed=feed(0, prompts[0]), steps=3)
+    cache, state, second, ran = kv_rows.chunk(cfg, settings, params, cache, state, rows=None, serving=[True, True],
+                                              feed=feed(1, prompts[1]), steps=4)
+    assert int(ran) == 4 and np.asarray(second.emitted).tolist() == [4, 4]
+    got = [np.concatenate([first.tokens[0], second.tokens[0]]), np.asarray(second.tokens[1])]
+    for row, (prompt, tokens) in enumerate(zip(prompts, got)):
+        ids, mask = generation.pad_left([prompt], len(prompt), 0)
+        want = generation.generate(cfg, params, ids, mask, max_new_tokens=len(tokens), rng=keys[row][None],
+                                   stop_ids=(), pad_id=0)
+        np.testing.assert_array_equal(np.asarray(tokens), np.asarray(want.tokens[0]))
+
+
+def test_each_call_is_dispatched_before_the_one_before_it_is_read(versions, chat_tokens, monkeypatch):
+    """One long reply (24 tokens, decode chunks of 4) and a long prompt (fed in pieces of 16): after
+    the first dispatch, every read of a call but the last comes after the next call's dispatch, so
+    the device always holds the next call while the host reads one."""
+    cfg, (params, _) = versions
+    engine = _engine(cfg, chat_tokens, rows=2)
+    engine.publish(0, params)
+    events = []
+    dispatch, read = engine._dispatch, engine._read
+    monkeypatch.setattr(engine, "_dispatch", lambda flight: events.append("dispatch") or dispatch(flight))
+    monkeypatch.setattr(engine, "_read", lambda call: events.append("read") or read(call))
+    request = TurnRequest(_prompts(3, [40])[0], [], MAX_NEW, episode=0, dialogue=0, turn=0)
+    (turn,) = asyncio.run(engine.act([request]))
+    _check([turn], _reference(cfg, params, chat_tokens, [request], jax.random.key(7)))
+    reads = events.count("read")
+    assert reads >= 4 and events[:2] == ["dispatch", "dispatch"]
+    # The last call was dispatched before the host read that the reply had stopped (on the device
+    # the row is no longer live: it runs no step); with nothing left to dispatch it is read right
+    # after the one before it, or not at all once the turn has returned.
+    assert all(events[i - 1] == "dispatch" for i, e in enumerate(events[:-1]) if e == "read")
+
+
 def test_rows_kept_rewound_and_rewritten_between_turns(versions, chat_tokens):
     """A dialogue's next turn extends its row (only the new tokens are fed), a prompt that no longer
     extends the row rewinds it to what they share, and a turn of another version writes the row
@@ -137,14 +189,23 @@ def test_rows_kept_rewound_and_rewritten_between_turns(versions, chat_tokens):
     assert third.version == 1 and second[0].version == 0
 
 
-def test_rows_grow_by_buckets_up_to_what_a_dialogue_can_need():
-    """A row's slots: the length bucket of what a turn needs, at most the longest prompt plus a
-    reply rounded up to 128 (config.rollout: 1024 - 2 + 48 = 1070 -> 1152, under the 1536 bucket);
-    a turn beyond that bound still gets its bucket."""
+def test_rows_hold_what_a_dialogue_can_need(chat_tokens):
+    """A row's slots: a dialogue's max_total_tokens rounded up to 128 (config.rollout: 1024), whatever
+    max_new_tokens is, since a TokenHistory asks for a reply only within the dialogue's budget (its
+    last turn's prompt plus its reply stay within max_total_tokens); a turn beyond that bound (a
+    request from elsewhere) gets its length bucket."""
     import ml_collections
 
     section = ml_collections.ConfigDict(dict(engine="continuous", engine_rows=0, decode_chunk=8, prefill_chunk=256,
-                                             max_total_tokens=1024, max_new_tokens=48))
+                                             max_total_tokens=1000, max_new_tokens=48))
     settings = EngineSettings.from_config(section, "config.rollout.")
-    assert settings.row_slots == 1152
-    assert [settings.slots_for(n) for n in (100, 700, 1070, 1200)] == [128, 768, 1152, 1536]
+    assert settings.row_slots == 1024
+    assert [settings.slots_for(n) for n in (100, 700, 1024, 1200)] == [1024, 1024, 1024, 1536]
+    history = TokenHistory(chat_tokens, max_new_tokens=48, max_total_tokens=120)
+    history.add_system("Be kind.")
+    while history.add_user("I feel a little lost today, and nobody seems to notice it"):
+        request = history.request()
+        assert len(request.prompt_ids) + request.max_new_tokens <= 120
+        ids = [chat_tokens.end_of_text] * (request.max_new_tokens - 1) + [chat_tokens.im_end]
+        history.add_turn(PolicyTurn(text="", token_ids=ids, logprobs=[0.0] * len(ids)), "ok")
+    assert len(history.tokens) > 60  # the budget was reached, not the first turn's

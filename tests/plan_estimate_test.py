@@ -94,29 +94,41 @@ def _flat(seconds):
     return lambda slots, n: terms.Terms(compute=seconds)
 
 
+def _per_step(seconds):
+    return lambda slots, n, steps: terms.Terms(compute=seconds * steps)
+
+
 def test_the_continuous_engine_plays_each_turn_then_waits_for_the_user():
-    """4 dialogues x 3 turns of 10 tokens, decode chunks of 4 (3 calls a turn at 0.1 s), prefill
-    chunks of 8 (the 20-token prompt in 3 calls at 0.05 s, a later turn's 5 new tokens in 1), the
-    user 2 requests of 1 s after a turn, 1 after the last: 0.45 + 2 + 0.35 + 2 + 0.35 + 1 = 6.15 s,
-    the device busy 0.9 + 0.25 s of it."""
+    """4 dialogues x 3 turns of 10 tokens, calls of up to 4 decode steps (0.025 s a step), prefill
+    pieces of 8 (0.05 s a call with one): turn 1's 20-token prompt in 3 calls, the third also
+    decoding 4 tokens (0.05, 0.05, 0.15), then 4 and 2 steps (0.1, 0.05); a later turn's 3 new
+    tokens in its first call beside 4 steps (0.15, 0.1, 0.05). The user 2 requests of 1 s after a
+    turn, 1 after the last: 0.4 + 2 + 0.3 + 2 + 0.3 + 1 = 6.0 s, the device busy 1.0 s of it."""
     d = lengths.play(4, 3, 10, 1000, False, lengths.Lengths(prompt=20, feed=3), at_max=True)
-    r = rollout_time.continuous(d, 4, 4, 8, _flat(0.1), _flat(0.05), _sim())
-    assert r.wall == pytest.approx(6.15) and r.device == pytest.approx(1.15) and r.calls == 14
-    assert (r.fed, r.sampled) == (4 * (20 + 3 + 3), 4 * 3 * 12)  # a later turn prefills its feed only
+    r = rollout_time.continuous(d, 4, 4, 8, _per_step(0.025), _flat(0.05), _sim())
+    assert r.wall == pytest.approx(6.0) and r.device == pytest.approx(1.0) and r.calls == 11
+    assert r.decode.seconds == pytest.approx(3 * 0.25) and r.prefill.seconds == pytest.approx(5 * 0.05)
+    assert (r.fed, r.sampled) == (4 * (20 + 3 + 3), 4 * 3 * 10)  # a later turn prefills its feed only
     # One request slot for the 4 dialogues: their 20 answers one at a time, the device work between.
-    slow = rollout_time.continuous(d, 4, 4, 8, _flat(0.1), _flat(0.05), _sim(concurrency=1))
-    assert 20 + 0.45 <= slow.wall <= 20 + 1.15
+    slow = rollout_time.continuous(d, 4, 4, 8, _per_step(0.025), _flat(0.05), _sim(concurrency=1))
+    assert 20 + 0.4 <= slow.wall <= 20 + 1.0
 
 
 def test_fewer_rows_than_dialogues_take_turns_and_refill_a_taken_row():
-    """2 rows for 4 dialogues of one 10-token turn: two waves of decoding; with "drop" a dialogue
-    that keeps its row prefills its context past the first prompt only."""
+    """2 rows for 4 dialogues of one 10-token turn: two waves, each one call (the 16-token prompt
+    and 10 decode steps); with "drop" a dialogue that keeps its row prefills its context past the
+    first prompt only."""
     d = lengths.play(4, 1, 10, 1000, False, lengths.Lengths(prompt=16, feed=3), at_max=True)
-    r = rollout_time.continuous(d, 2, 10, 16, _flat(1.0), _flat(0.5), _sim(latency=0.0))
-    assert r.decode.seconds == pytest.approx(2.0) and r.prefill.seconds == pytest.approx(1.0)
+    r = rollout_time.continuous(d, 2, 10, 16, _per_step(0.1), _flat(0.5), _sim(latency=0.0))
+    assert r.decode.seconds == pytest.approx(2.0) and r.prefill.seconds == pytest.approx(1.0) and r.calls == 2
     drop = lengths.play(1, 2, 10, 1000, True, lengths.Lengths(prompt=16, feed=3, shown=0.5), at_max=True)
-    kept = rollout_time.continuous(drop, 1, 10, 16, _flat(1.0), _flat(0.5), _sim(latency=0.0))
+    kept = rollout_time.continuous(drop, 1, 10, 16, _per_step(0.1), _flat(0.5), _sim(latency=0.0))
     assert kept.fed == 16 + (5 + 2 + 3)  # turn 2's context 26 less the 16-token prompt the row keeps
+
+
+def test_terms_beyond_another_program_never_go_below_zero():
+    more = terms.Terms(compute=3.0, memory=1.0, kernel_fixed=0.5)
+    assert more.beyond(terms.Terms(compute=1.0, memory=2.0)) == terms.Terms(compute=2.0, kernel_fixed=0.5)
 
 
 def test_the_static_engine_calls_each_group_until_its_longest_reply():
@@ -193,13 +205,15 @@ def test_collectives_are_counted_by_their_loops_groups_and_links():
     assert one_node.near_async == 0.75 * 4096 and one_node.far_async == 0
 
 
-def test_the_ragged_kernels_grid_steps_are_rows_kv_heads_and_key_blocks():
+def test_the_ragged_kernels_grid_steps_are_kv_heads_and_blocks_of_rows():
     """A decode step's ragged call: q [8 rows, 1 kv head, 7 query rows, 128], stacks [28, 8, 1,
-    20096, 128]: 8 x 1 x ceil(20096 / 2048) = 80 grid steps a layer (x 28 layers: 2,240 a step)."""
-    q, k = "bf16[8,1,7,128]", "u16[28,8,1,20096,128]"
-    instr = hlo_cost._Instr("ragged_decode_attention.1", "bf16[8,1,7,128]", "custom-call",
-                            "%q, %k, %v), custom_call_target=\"tpu_custom_call\"")
-    assert hlo_cost._grid_steps(instr, {"q": q, "k": k, "v": k}) == 80
+    15104, 128]: the 8 rows' 56 query rows fit one grid step (1 a layer, whatever the slots); a
+    prefill piece of 256 tokens a row (1,792 query rows): one row a step, 8."""
+    k = "u16[28,8,1,15104,128]"
+    for q, want in (("bf16[8,1,7,128]", 1), ("bf16[8,1,1792,128]", 8)):
+        instr = hlo_cost._Instr("ragged_decode_attention.1", q, "custom-call",
+                                "%q, %k, %v), custom_call_target=\"tpu_custom_call\"")
+        assert hlo_cost._grid_steps(instr, {"q": q, "k": k, "v": k}) == want
 
 
 def test_terms_add_what_the_roofline_leaves_out():

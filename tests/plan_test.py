@@ -180,26 +180,29 @@ def test_rollout_is_planned_on_one_hosts_sampling_copy(tmp_path):
 @pytest.mark.slow
 def test_the_rollout_engine_is_planned_on_its_kv_rows(tmp_path):
     """The rollout engine (the default): every dialogue of a host in one engine, its KV rows holding
-    a dialogue's whole history (the longest prompt and a turn: 126 + 16 tokens -> 192 slots). The
-    decode chunk's arguments are the host's copy of the actor, the cache (rows split over the host
-    mesh's batch axes, kv heads over tensor) and five replicated per-row arrays (keys: two words),
-    by hand; then the prefill chunk, at most a turn's feed, over every row."""
+    what a dialogue can hold (max_total_tokens 128 -> 128 slots). The decoding call's arguments are
+    the host's copy of the actor, the cache (rows split over the host mesh's batch axes, kv heads
+    over tensor), the rows' state (four int32 and a bool a row, keys: two words) and the rows
+    served (a bool a row), all replicated, by hand; then the same call with a prefill piece, at most
+    a turn's feed, for every row."""
     config = _config(ppo_think, "tiny", tmp_path, **{"rollout.max_total_tokens": 128, "rollout.max_new_tokens": 16,
                                                     "rollout.profiles_per_step": 8, "mesh.shape": (1, 4, 2)})
     spec = RunSpec.from_config(config)
     s = abstract_setup(spec, host_devices=4)
     shapes = rollout_shapes(spec, 40, s.hosts)
-    assert (shapes.rows, shapes.cache_slots, shapes.chunk) == (4, 192, 64)
+    assert (shapes.rows, shapes.cache_slots, shapes.chunk) == (4, 128, 64)
     decode, prefill = run_phases(s, ["rollout"], 40)
     assert (decode.name, prefill.name) == ("rollout", "rollout prefill")
     cfg, layout = s.update.actor_cfg, sampling_layout(s, 4)
     r = shapes.rows
-    per_device_cache = 2 * cfg.num_layers * r * 192 * cfg.num_kv_heads * cfg.head_dim * 4 // 4  # f32, over 4 devices
-    mask = r * 192 // 2 + 4  # bools, rows over the 2 batch shards; the cache's shared index (unused)
-    assert decode.arguments == layout.device_bytes(cfg) + per_device_cache + mask + 4 * r * 4 + r * 2 * 4
-    assert prefill.arguments == layout.device_bytes(cfg) + per_device_cache + mask + 2 * r * 4 + r * 64 * 4 + r * 2 * 4
+    per_device_cache = 2 * cfg.num_layers * r * 128 * cfg.num_kv_heads * cfg.head_dim * 4 // 4  # f32, over 4 devices
+    mask = r * 128 // 2 + 4  # bools, rows over the 2 batch shards; the cache's shared index (unused)
+    state = 4 * r * 4 + r * 2 * 4 + r + r  # last, fill, column, limit; key; live; and the rows served
+    assert decode.arguments == layout.device_bytes(cfg) + per_device_cache + mask + state
+    piece = 4 * r * 4 + r * 64 * 4 + r * 2 * 4  # place, starts, counts, limits; ids; keys
+    assert prefill.arguments == layout.device_bytes(cfg) + per_device_cache + mask + state + piece
     assert decode.resident == device_bytes(s.state)
-    assert "rollout engine on each of 2 hosts: 4 KV rows of 192 slots" in shapes.describe()
+    assert "rollout engine on each of 2 hosts: 4 KV rows of 128 slots" in shapes.describe()
 
 
 @pytest.mark.slow  # recompiles the programs at each shape the search tries
@@ -239,14 +242,14 @@ def test_plan_search_finds_the_largest_micro_batch_then_the_longest_dialogue(tmp
         "--config.rollout.cache_slots=32"]
     assert search.fitting_shapes(RunSpec.from_config(config), 1000, ["rollout"], 512, print)[-1].startswith(
         "nothing: rollout.cache_slots=32")
-    # The rollout engine: 32 KV rows of a longest prompt 1022 + 8 tokens -> 1152 slots (the 1536 bucket,
-    # at most 1030 rounded up to 128); fewer rows first, then shorter dialogues: one row of
-    # max_total_tokens 496 (494 + 8 -> 512 slots) fits 600, 512 (510 + 8 -> 640 slots) does not.
+    # The rollout engine: 32 KV rows of what a dialogue of max_total_tokens 1024 holds, 1024 slots;
+    # fewer rows first, then shorter dialogues: one row of max_total_tokens 512 (512 slots) fits 600,
+    # 528 (640 slots) does not.
     config.rollout.engine = "continuous"
     engine = RunSpec.from_config(config)
     assert search.fitting_shapes(engine, 8 * 1152, ["rollout"], 512, print) == ["--config.rollout.engine_rows=8"]
     assert search.fitting_shapes(engine, 600, ["rollout"], 512, print) == [
-        "--config.rollout.engine_rows=1", "--config.rollout.max_total_tokens=496"]
+        "--config.rollout.engine_rows=1", "--config.rollout.max_total_tokens=512"]
 
 
 def test_largest_bisects_a_monotone_predicate():

@@ -21,7 +21,7 @@ from configs import mesh as mesh_config
 from rlver_jax.checks import InputError
 from rlver_jax.models import hf_io, qwen2
 from rlver_jax.models.config import get_preset
-from rlver_jax.parallel import sharding
+from rlver_jax.parallel import device_groups, sharding
 from rlver_jax.parallel.distributed import DistributedSettings
 from rlver_jax.parallel.sampling_copy import SamplingLayout
 
@@ -391,3 +391,20 @@ def test_sampling_copy_is_cast_split_over_the_local_devices_and_its_own(referenc
     jax.tree.map(lambda x: x.delete(), copy)  # the copy owns its buffers: an update may donate the params
     np.testing.assert_array_equal(np.asarray(placed["layer_0"]["mlp"]["gate_kernel"]),
                                   np.asarray(params["layer_0"]["mlp"]["gate_kernel"]))
+
+
+def test_a_sampler_group_holds_the_sampling_copy_apart_from_the_training_mesh(reference):
+    """config.mesh.sampler_devices=2 of this process's 8: the training mesh spans the first 6, the
+    sampling copy (the same numbers) lives on the last 2 only; 8 leave nothing to train on."""
+    trainer, sampler = device_groups.split_devices(jax.devices(), 2)
+    assert [d.id for d in trainer] == list(range(6)) and [d.id for d in sampler] == [6, 7]
+    assert device_groups.split_devices(jax.devices(), 0) == (jax.devices(), [])
+    with pytest.raises(InputError, match=r"config.mesh.sampler_devices=8 leaves no device to train on: each "
+                                         r"process has 8; set it below 8"):
+        device_groups.split_devices(jax.devices(), 8)
+    params = reference[0]
+    mesh = sharding.make_mesh((1, 3, 2), trainer)
+    placed = jax.device_put(params, sharding.param_shardings(CONFIG, mesh, RULES))
+    copy = SamplingLayout.create(CONFIG, mesh, RULES, sampler).copy(placed)
+    assert {d.id for leaf in jax.tree.leaves(copy) for d in leaf.sharding.device_set} == {6, 7}
+    jax.tree.map(lambda c, p: np.testing.assert_array_equal(np.asarray(c), np.asarray(p)), copy, params)

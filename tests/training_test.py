@@ -157,6 +157,39 @@ def test_pipeline_groups_and_the_engine_do_not_change_the_dialogues(tmp_path):
                                    np.concatenate([s.logprobs for s in one]), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_a_sampler_group_samples_the_same_dialogues_beside_the_update(tmp_path):
+    """config.mesh.sampler_devices=4 of the 8: the rollout engine samples on a copy on 4 devices of
+    its own, the update runs on a mesh of the other 4. Step 0's dialogues are those of the run
+    without the split, and a max_staleness=1 run trains with batch 1 sampled on the sampler's
+    devices while step 0's update runs on the trainer's."""
+    def step0(sampler_devices):
+        config = small(grpo_think.get_config("tiny"), tmp_path / f"sampler{sampler_devices}", steps=1)
+        config.mesh.sampler_devices = sampler_devices
+        config.rollout.format_failure = "continue"  # raw replies reach the user: two turns each
+        run = run_lib.build_run(RunSpec.from_config(config))
+        buffer = loop._rollout_buffer(run, sharding.replicated_value(run.state.rng), 0)
+        copy = run.sampling_layout.copy(run.state.actor)
+        buffer.publish(0, copy)
+        try:
+            return run, copy, buffer.get().sequences
+        finally:
+            buffer.close()
+
+    split, copy, dialogues = step0(4)
+    assert dict(split.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
+    trainer = {d.id for d in split.mesh.devices.flat}
+    sampler = {d.id for leaf in jax.tree.leaves(copy) for d in leaf.sharding.device_set}
+    assert len(trainer) == len(sampler) == 4 and not trainer & sampler
+    _, _, whole = step0(0)
+    assert [s.tokens for s in dialogues] == [s.tokens for s in whole]
+    config = small(grpo_think.get_config("tiny"), tmp_path / "stale", steps=2)
+    config.mesh.sampler_devices, config.rollout.max_staleness, config.train.eval_every = 4, 1, 0
+    loop.train(RunSpec.from_config(config), progress=False)
+    lines = read_jsonl(tmp_path / "stale" / "metrics.jsonl")
+    assert [m["step"] for m in lines] == [0, 1] and lines[1]["policy_lag"] == 1.0
+
+
 def test_profiles_for_step_is_a_pure_function_of_step():
     profiles = load_profiles()
     a = [p.id for p in loop.profiles_for_step(profiles, 5, 3, seed=0)]

@@ -1,17 +1,26 @@
-"""`ContinuousEngine`: the rollout engine on the trainer's parameters (continuous batching, issue 53).
+"""`ContinuousEngine`: the rollout engine on the trainer's parameters (continuous batching).
 
 A fixed set of KV-cache rows (rlver_jax.sampling.kv_rows), each holding one dialogue's history
 between its turns. A turn enters the moment its dialogue asks for it (`act`), into its own row
 (the tokens its prompt shares with what the row holds are kept; the rest is written from the
-first slot that differs) or a free one; its new tokens are prefilled in chunks of at most
-`prefill_chunk` tokens, one chunk call between decode chunks, so a long prompt never stalls the
-rows that are decoding; decode runs `decode_chunk` steps at a time over the live rows, and a reply
-goes back to its dialogue at the end of the chunk it stopped in, while the others keep decoding.
+first slot that differs) or a free one. Each call runs `decode_chunk` decode steps over the rows
+with something to do, its first step also feeding up to `prefill_chunk` new prompt tokens of each
+row entering a turn, beside the decoding rows in the same forward: a long prompt enters over
+several calls and no decoding row stalls while it does; a row whose prompt ends in a call draws
+its first token there and decodes in the same call's next steps. A reply goes back to its
+dialogue at the end of the call it stopped in, while the others keep decoding.
+
+Dispatch runs ahead of the device: the rows' decoding state stays on the device (kv_rows.RowState),
+so the next call is dispatched before this one's tokens are read (its decoding rows go on from the
+device's state; one that stopped is no longer live there), and the host reads a call's tokens,
+returns its replies and admits new turns while the next call runs. A turn admitted meanwhile
+enters in the call after.
+
 A call runs over the rows with something to do, padded to a power of four (every row, gathering
 nothing, once that is all of them), so a row that waits for its simulator costs nothing. Rows are
-powers of two, calls and prefill chunks powers of four (`call_size`, `chunk_width`), the rows'
-slots grow by the length buckets up to what a dialogue can need (EngineSettings.slots_for): few
-programs.
+powers of two, calls and prefill pieces powers of four (`call_size`, `chunk_width`), and the rows
+hold the slots a dialogue can need from the start (EngineSettings.slots_for; a row is read to its
+fill): few programs.
 
 Versions: a turn samples with the parameters `publish` gave its version (rollout.versions:
 `Published.resolve`); the rows in flight share one version, so a turn of another version waits
@@ -22,8 +31,8 @@ written with other parameters is written afresh.
 Tokens: a turn's key is fold_in(fold_in(rng, dialogue), turn) (engines.static's) and reply
 column c is drawn from fold_in(key, c), so a dialogue's tokens are those of
 `generation.generate` on its prompt, whatever it shares the device with and whenever it enters.
-Every device call runs in a worker thread, one at a time, so the event loop keeps serving the
-simulator meanwhile.
+Every device call is dispatched and read in a worker thread, one at a time, so the event loop
+keeps serving the simulator meanwhile.
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from rlver_jax.text.chat import ChatTokens
 
 @dataclasses.dataclass
 class _Turn:
-    """A turn in the engine: waiting for a row, then prefilling, then decoding."""
+    """A turn in the engine: waiting for a row, then fed its prompt, then drawing its reply."""
 
     request: TurnRequest
     version: int
@@ -60,10 +69,11 @@ class _Turn:
     key: np.ndarray  # raw uint32 [2]
     future: asyncio.Future
     row: int = -1
-    pending: list[int] = dataclasses.field(default_factory=list)  # prompt tokens not yet in the row
-    tokens: list[int] = dataclasses.field(default_factory=list)
+    pending: list[int] = dataclasses.field(default_factory=list)  # prompt tokens not yet dispatched into the row
+    tokens: list[int] = dataclasses.field(default_factory=list)  # reply tokens read so far
     logprobs: list[float] = dataclasses.field(default_factory=list)
-    live: bool = False  # decoding
+    drawing: bool = False  # its whole prompt is dispatched: it draws its reply from that call on
+    done: bool = False  # its reply went back
 
     @property
     def limit(self) -> int:
@@ -74,22 +84,36 @@ class _Turn:
 class _Row:
     owner: tuple[int, int] | None = None  # (episode, version)
     session: int = -1
-    tokens: list[int] = dataclasses.field(default_factory=list)  # what the cache holds, in order
+    tokens: list[int] = dataclasses.field(default_factory=list)  # what the cache holds, in order, as far as read
     turn: _Turn | None = None
     used: int = 0  # when it last took a turn (least recently used rows are taken first)
 
 
 @dataclasses.dataclass
+class _Call:
+    """A dispatched call, read once the next one is dispatched: its outputs (device arrays), each
+    turn it served and the turn's place among its rows, and when it was dispatched."""
+
+    out: programs.Chunk
+    ran: jax.Array
+    turns: list[tuple[_Turn, int]]
+    dispatched: float
+
+
+@dataclasses.dataclass
 class EngineStats:
     """What the engine did (benchmarks/rollout.py reads it): device seconds, decode steps, and per
-    reply the decode steps of its chunk after its last token (0: it stopped at the chunk's end)."""
+    reply the decode steps of its call after its last token (0: it stopped at the call's end)."""
 
     busy_s: float = 0.0
-    calls: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # (start, end) of each device call
+    # (start, end, steps) of each call on the device: from its dispatch or the previous call's end,
+    # whichever is later, to its outputs' arrival
+    calls: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
     decode_steps: int = 0
     prefilled_tokens: int = 0  # prompt tokens written into rows (what rows kept between turns is not)
     useful_tokens: int = 0
     reply_lag_steps: list[int] = dataclasses.field(default_factory=list)
+    reply_calls: list[int] = dataclasses.field(default_factory=list)  # each reply's call (an index of `calls`)
 
 
 class ContinuousEngine:
@@ -105,6 +129,8 @@ class ContinuousEngine:
         self._rng = raw_key(rng)
         self._rows: list[_Row] = []
         self._cache: qwen2.KVCache | None = None
+        self._state: programs.RowState | None = None
+        self._ready = 0.0  # when the last call read was done on the device
         self._waiting: collections.deque[_Turn] = collections.deque()
         self._serving: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
@@ -163,39 +189,35 @@ class ContinuousEngine:
         return [row.turn for row in self._rows if row.turn is not None]
 
     async def _serve(self) -> None:
-        """Admit, prefill one chunk, decode one chunk; until no turn is waiting or in flight."""
+        """Admit, dispatch the next call, read the one before it; until no turn is waiting, in flight
+        or in a call not yet read."""
+        call: _Call | None = None
         try:
-            while self._waiting or self._in_flight():
+            while self._waiting or self._in_flight() or call is not None:
                 self._admit()
-                flight = self._in_flight()
-                if not flight:  # every waiting turn wants a row that is not there yet
+                flight = [t for t in self._in_flight() if t.pending or t.drawing]
+                following = await self._device(self._dispatch, flight) if flight else None
+                if call is not None:
+                    await self._device(self._read, call)
+                elif following is None:  # every waiting turn wants a row that is not there yet
                     self._wake.clear()
                     await self._wake.wait()
-                    continue
-                if any(t.pending for t in flight):
-                    await self._device(self._prefill, flight)
-                if any(t.live for t in self._in_flight()):
-                    await self._device(self._decode, self._in_flight())
+                call = following
         except Exception as e:  # every turn in the engine fails with it (a cancelled loop: its turns are cancelled)
             for turn in list(self._waiting) + self._in_flight():
                 if not turn.future.done():
                     turn.future.set_exception(e)
             self._waiting.clear()
-            self._rows, self._cache = [], None
+            self._rows, self._cache, self._state = [], None, None
             raise
 
-    async def _device(self, call, flight: list[_Turn]) -> None:
-        start = time.perf_counter()
-        params = flight[0].params
-        await asyncio.to_thread(self._locked, call, params, flight)
-        end = time.perf_counter()
-        self.stats.busy_s += end - start
-        self.stats.calls.append((start, end))
+    async def _device(self, work, *args):
+        return await asyncio.to_thread(self._locked, work, *args)
 
-    def _locked(self, call, params: Any, flight: list[_Turn]) -> None:
-        # A serving task cancelled with its event loop leaves its call running: the next waits for it.
+    def _locked(self, work, *args):
+        # A serving task cancelled with its event loop leaves its work running: the next waits for it.
         with self._device_lock:
-            call(params, flight)
+            return work(*args)
 
     def _admit(self) -> None:
         """Give waiting turns rows, first come first served, of the version in flight."""
@@ -247,12 +269,12 @@ class ContinuousEngine:
 
     def _grow(self, rows: int = 0, slots: int = 0) -> None:
         rows, slots = max(rows, len(self._rows)), max(slots, 0 if self._cache is None else self._cache.mask.shape[1])
-        slots = slots or MIN_PROMPT_BUCKET
+        slots = slots or self.engine.slots_for(MIN_PROMPT_BUCKET)
         self._rows += [_Row() for _ in range(rows - len(self._rows))]
         if self._cache is None:
-            self._cache = qwen2.init_cache(self.model_cfg, rows, slots)
+            self._cache, self._state = qwen2.init_cache(self.model_cfg, rows, slots), programs.init_state(rows)
         elif (rows, slots) != self._cache.mask.shape:
-            self._cache = programs.resize(self._cache, rows, slots)
+            self._cache, self._state = programs.resize(self._cache, self._state, rows, slots)
 
     # ------------------------------------------------------------------ device calls (worker thread)
 
@@ -267,64 +289,67 @@ class ContinuousEngine:
         rows[:len(turns)] = [t.row for t in turns]
         return rows, list(range(len(turns)))
 
-    def _prefill(self, params: Any, flight: list[_Turn]) -> None:
-        fed = [t for t in flight if t.pending]
-        rows, place = self._call_rows(fed)
-        b = len(self._rows) if rows is None else len(rows)
-        width = chunk_width(max(len(t.pending) for t in fed), self.engine.prefill_chunk)
-        # Rows with nothing to feed start at their fill: nothing cleared, nothing real written.
-        starts = np.array([len(row.tokens) for row in self._rows] if rows is None else [0] * b, np.int32)
-        counts, ids = np.zeros(b, np.int32), np.full((b, width), self.settings.pad_id, np.int32)
-        keys = np.zeros((b, 2), np.uint32)
-        for t, i in zip(fed, place):
-            piece = t.pending[:min(width, self.engine.prefill_chunk)]
-            starts[i], counts[i], keys[i], ids[i, :len(piece)] = len(self._rows[t.row].tokens), len(piece), t.key, piece
-        self._cache, draw = programs.prefill(self.model_cfg, self.settings, params, self._cache, rows=rows,
-                                             starts=starts, ids=ids, counts=counts, keys=keys)
-        tokens, logprobs = jax.device_get((draw.tokens, draw.model_logprobs))
+    def _feed(self, fed: list[tuple[_Turn, int]], b: int) -> programs.Feed:
+        """The call's prefill piece: each fed turn's next prompt tokens (at most prefill_chunk), from
+        its row's fill; a piece that ends its prompt draws column 0 (the turn draws from now on)."""
+        p = call_size(len(fed), b)
+        width = chunk_width(max(len(t.pending) for t, _ in fed), self.engine.prefill_chunk)
+        place, starts, counts, limits = np.full(p, b, np.int32), *(np.zeros(p, np.int32) for _ in range(3))
+        ids, keys = np.full((p, width), self.settings.pad_id, np.int32), np.zeros((p, 2), np.uint32)
+        for k, (t, i) in enumerate(fed):
+            row, piece = self._rows[t.row], t.pending[:min(width, self.engine.prefill_chunk)]
+            place[k], starts[k], counts[k], keys[k], ids[k, :len(piece)] = i, len(row.tokens), len(piece), t.key, piece
+            row.tokens += piece
+            t.pending = t.pending[len(piece):]
+            t.drawing = not t.pending
+            limits[k] = max(t.limit, 1) if t.drawing else 0  # a reply has at least one token
         self.stats.prefilled_tokens += int(counts.sum())
-        for t, i in zip(fed, place):
-            n = int(counts[i])
-            self._rows[t.row].tokens += t.pending[:n]
-            t.pending = t.pending[n:]
-            if not t.pending:  # the prompt is in: column 0 is drawn
-                self._emit(t, [int(tokens[i])], [float(logprobs[i])], lag=0)
+        return programs.Feed(place, starts, ids, counts, keys, limits)
 
-    def _decode(self, params: Any, flight: list[_Turn]) -> None:
-        live = [t for t in flight if t.live]
-        rows, place = self._call_rows(live)
+    def _dispatch(self, flight: list[_Turn]) -> _Call:
+        """Dispatch a call over the turns with something to do (a prompt piece to feed, or a reply to
+        draw), without waiting for the device."""
+        rows, place = self._call_rows(flight)
         b = len(self._rows) if rows is None else len(rows)
-        # A row with no reply in progress (limit 0) writes, masked out, at its first free slot.
-        lengths = np.array([len(row.tokens) for row in self._rows] if rows is None else [0] * b, np.int32)
-        last, columns, limits = (np.zeros(b, np.int32) for _ in range(3))
-        keys = np.zeros((b, 2), np.uint32)
-        for t, i in zip(live, place):
-            lengths[i], last[i], columns[i] = len(self._rows[t.row].tokens), t.tokens[-1], len(t.tokens)
-            limits[i], keys[i] = t.limit, t.key
-        self._cache, chunk, ran = programs.decode(self.model_cfg, self.settings, params, self._cache, rows=rows,
-                                                  last=last, lengths=lengths, columns=columns, limits=limits,
-                                                  keys=keys, steps=self.engine.decode_chunk)
-        tokens, logprobs, emitted, ran = jax.device_get((chunk.tokens, chunk.model_logprobs, chunk.emitted, ran))
+        serving = np.zeros(b, bool)
+        serving[place] = True
+        fed = [(t, i) for t, i in zip(flight, place) if t.pending]
+        feed = self._feed(fed, b) if fed else None
+        self._cache, self._state, out, ran = programs.chunk(
+            self.model_cfg, self.settings, flight[0].params, self._cache, self._state, rows=rows, serving=serving,
+            feed=feed, steps=self.engine.decode_chunk)
+        return _Call(out, ran, list(zip(flight, place)), time.perf_counter())
+
+    def _read(self, call: _Call) -> None:
+        """A call's tokens (waiting for the device): each drawing turn's new ones; a turn that stopped
+        leaves its row and goes back."""
+        tokens, logprobs, emitted, ran = jax.device_get((call.out.tokens, call.out.model_logprobs,
+                                                         call.out.emitted, call.ran))
+        ready = time.perf_counter()
+        start, self._ready = max(call.dispatched, self._ready), ready
+        self.stats.busy_s += ready - start
+        self.stats.calls.append((start, ready, int(ran)))
         self.stats.decode_steps += int(ran)
-        for t, i in zip(live, place):
+        for t, i in call.turns:
             n = int(emitted[i])
+            if t.done or not n or self._rows[t.row].turn is not t:  # nothing drawn, or cancelled meanwhile
+                continue
             new = tokens[i, :n].tolist()
-            # Fed this chunk: the last token before it and every new one but the last.
-            self._rows[t.row].tokens += [t.tokens[-1]] + new[:-1]
+            # Fed this call: the last token before it (when the reply had begun) and every new one but the last.
+            self._rows[t.row].tokens += t.tokens[-1:] + new[:-1]
             self._emit(t, new, logprobs[i, :n].tolist(), lag=int(ran) - n)
 
     def _emit(self, turn: _Turn, tokens: list[int], logprobs: list[float], lag: int) -> None:
         """Append a call's tokens to the turn; a turn that stopped leaves its row and goes back."""
         turn.tokens += tokens
         turn.logprobs += logprobs
-        stopped = turn.tokens[-1] in self.settings.stop_ids
-        turn.live = not stopped and len(turn.tokens) < turn.limit
-        if turn.live:
+        if turn.tokens[-1] not in self.settings.stop_ids and len(turn.tokens) < turn.limit:
             return
-        row = self._rows[turn.row]
-        row.turn = None
+        turn.done = True
+        self._rows[turn.row].turn = None
         self.stats.useful_tokens += len(turn.tokens)
         self.stats.reply_lag_steps.append(lag)
+        self.stats.reply_calls.append(len(self.stats.calls) - 1)
         result = policy_turn(self.chat, turn.tokens, turn.logprobs, reencoded=False, version=turn.version)
         turn.future.get_loop().call_soon_threadsafe(_settle, turn.future, result)
 

@@ -22,7 +22,7 @@ from typing import Any
 from rlver_jax.checks import check_ranges, named
 from rlver_jax.engines.seam import Engine
 from rlver_jax.sampling.buckets import LENGTH_BUCKETS, bucket
-from rlver_jax.sampling.cache_bound import longest_prompt
+from rlver_jax.sampling.cache_bound import row_slots
 from rlver_jax.table import Table, imported
 
 
@@ -96,8 +96,8 @@ class EngineSettings:
     engine_rows: int = 0
     decode_chunk: int = 8  # decode steps between two chances for turns to enter and replies to leave
     prefill_chunk: int = 256  # most new tokens a row writes in one prefill call (a long prompt stalls no one)
-    # The most slots a row can need (the longest prompt and a whole reply, sampling.cache_bound), a
-    # multiple of 128: the rows' slots grow by the length buckets up to it (0: no bound).
+    # The most slots a row can need (a dialogue's max_total_tokens, sampling.cache_bound.row_slots): the
+    # rows hold it from the start (0: no bound: they grow by the length buckets).
     row_slots: int = 0
 
     where: str = dataclasses.field(default="config.rollout.", compare=False)  # the config section, for errors
@@ -116,15 +116,14 @@ class EngineSettings:
         """The engine fields of a config section (config.rollout, config.policy); `given`: the
         section's fields the command line set, refused where the engine does not read them (`check_read`)."""
         check_read(section.engine, given, where)
-        most = longest_prompt(section.max_total_tokens) + section.max_new_tokens
         return cls(engine=section.engine, engine_rows=section.engine_rows, decode_chunk=section.decode_chunk,
-                   prefill_chunk=section.prefill_chunk, row_slots=bucket(most, multiple=128), where=where)
+                   prefill_chunk=section.prefill_chunk, row_slots=row_slots(section.max_total_tokens), where=where)
 
     def slots_for(self, needed: int) -> int:
-        """The slots rows grow to for a turn that needs `needed`: its length bucket, at most row_slots
-        (where the turn fits them)."""
-        slots = bucket(needed, LENGTH_BUCKETS)
-        return min(slots, self.row_slots) if needed <= self.row_slots else slots
+        """The slots the rows hold for a turn that needs `needed`: row_slots, the most a dialogue can
+        need (a row is read to its fill, so the slots past it cost memory, not time); a turn beyond
+        it (row_slots 0, or a request from outside a TokenHistory), its length bucket."""
+        return self.row_slots if needed <= self.row_slots else bucket(needed, LENGTH_BUCKETS)
 
     def build(self, model_cfg: Any, chat_tokens: Any, sampling: Any, rng: Any) -> Engine:
         """The engine (no weights yet: `publish` them)."""

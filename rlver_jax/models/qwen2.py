@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rlver_jax.models import attention, ragged_attention
+from rlver_jax.models import attention, row_attention
 from rlver_jax.models.config import Qwen2Config
 
 Params = Any  # nested dict of arrays
@@ -36,8 +36,8 @@ class KVCache(NamedTuple):
     to fp32 and back in every layer of every decode step, where on the bits it updates in place.
     mask: [B, S] bool, slots that hold real tokens;
     index: int32 scalar, the next slot to write (shared by all rows: batches are left-padded).
-    A caller that fills each row on its own (`RowSlots`: the rollout engine) tracks the rows' fill
-    itself; `index` is then left as it is.
+    A caller that fills each row on its own (row_attention.RowSlots: the rollout engine) tracks
+    the rows' fills itself: `mask` and `index` are then left as they are.
     """
 
     k: jax.Array
@@ -60,28 +60,6 @@ def _to_cache(x: jax.Array) -> jax.Array:
 
 def _from_cache(x: jax.Array, dtype) -> jax.Array:
     return jax.lax.bitcast_convert_type(x, dtype) if x.dtype == jnp.uint16 else x.astype(dtype)
-
-
-class RowSlots(NamedTuple):
-    """Where T new tokens go when every row has its own fill level: fed row b is cache row
-    `rows[b]` (None: row b, every row of the cache fed, nothing gathered) and its tokens take the
-    slots [starts[b], starts[b] + T). A write past the cache's end, or to a row index past its rows
-    (padding of a bucketed batch), is dropped."""
-
-    starts: jax.Array  # int32 [B]
-    rows: jax.Array | None = None  # int32 [B]
-
-    def slots(self, t: int) -> jax.Array:
-        """[B, T] the slot of each new token."""
-        return self.starts[:, None] + jnp.arange(t, dtype=jnp.int32)
-
-    def cache_rows(self, b: int) -> jax.Array:
-        """[B, 1] the cache row of each fed row."""
-        return (jnp.arange(b, dtype=jnp.int32) if self.rows is None else self.rows)[:, None]
-
-    def fed(self, x: jax.Array) -> jax.Array:
-        """The fed rows of a per-row array of the cache (leading axis: its rows)."""
-        return x if self.rows is None else x[self.rows]
 
 
 class _StackCache(NamedTuple):
@@ -208,22 +186,13 @@ class Attention(nn.Module):
 
         if cache is None:  # no cache: the keys are exactly the new tokens, slot = index
             out = attention.attend(q, kk, vv, kv_mask_BS, cfg.attention, self.max_segments)
-        elif isinstance(index, RowSlots):  # each row at its own slots (scatter; a TPU kernel, or dense)
-            slots_BT, rows_B1 = index.slots(t), index.cache_rows(b)
-
-            def write(stack, new_BTKH):
-                return stack.at[cache.layer, rows_B1, slots_BT].set(_to_cache(new_BTKH), mode="drop")
-
-            cache = cache._replace(k=write(cache.k, kk), v=write(cache.v, vv))
-            if _ragged_kernel(cfg, b):
-                # A row holds its tokens contiguously from slot 0 (sampling.kv_rows), so its valid
-                # keys are the slots before its last real one: [0, ends).
-                ends_B = jnp.max(jnp.where(kv_mask_BS, jnp.arange(kv_mask_BS.shape[1]) + 1, 0), axis=1)
-                out = ragged_attention.partitioned(q, cache.k, cache.v, cache.layer, index.rows, index.starts, ends_B)
-            else:
-                keys, values = index.fed(cache.k[cache.layer]), index.fed(cache.v[cache.layer])
-                out = attention.dense_attention(q, _from_cache(keys, dt), _from_cache(values, dt),
-                                                attention.slot_bias(slots_BT, kv_mask_BS), dt)
+        elif isinstance(index, tuple):  # rows at their own fills: a RowSlots, or groups of them side by side
+            groups = (index,) if isinstance(index, row_attention.RowSlots) else index
+            out, k_stack, v_stack = row_attention.attend(
+                q.reshape(b * t, n, h), kk.reshape(b * t, k, h), vv.reshape(b * t, k, h), cache.k, cache.v,
+                cache.layer, groups, attention_impl=cfg.attention, to_cache=_to_cache, from_cache=_from_cache)
+            cache = cache._replace(k=k_stack, v=v_stack)
+            out = out.reshape(b, t, n, h)
         else:
             def write(stack, new_BTKH):  # in place, in the whole stack's cache
                 return jax.lax.dynamic_update_slice(stack, _to_cache(new_BTKH[None]), (cache.layer, 0, index, 0, 0))
@@ -232,17 +201,6 @@ class Attention(nn.Module):
             keys, values = _from_cache(cache.k[cache.layer], dt), _from_cache(cache.v[cache.layer], dt)
             out = attention.cached_attention(q, keys, values, index, kv_mask_BS, dt)
         return _add(_dense(out.reshape(b * t, n, h), wo.astype(dt), in_dims=2), bo).reshape(b, t, d), cache
-
-
-def _ragged_kernel(config: Qwen2Config, b: int) -> bool:
-    """Whether the rows' cached attention runs the Pallas kernel (models.ragged_attention): where
-    config.model.attention resolves to a TPU kernel ("auto" or "splash" on a TPU target) and the
-    kernel reads this cache where it lies (one kv head per device); the dense form elsewhere."""
-    if attention.resolve(config.attention, 1, config.jnp_dtype) != "splash":
-        return False
-    mesh = jax.sharding.get_abstract_mesh()
-    sizes = {} if mesh.empty else dict(zip(mesh.axis_names, mesh.axis_sizes))
-    return ragged_attention.reads_in_place(sizes, b, config.num_heads, config.num_kv_heads)
 
 
 class MLP(nn.Module):
@@ -407,7 +365,7 @@ def hidden_states(
     attention_mask: jax.Array | None = None,
     position_ids: jax.Array | None = None,
     cache: KVCache | None = None,
-    row_slots: RowSlots | None = None,
+    row_slots: row_attention.RowSlots | tuple[row_attention.RowSlots, ...] | None = None,
     max_segments: int = 1,
 ) -> tuple[jax.Array, KVCache | None]:
     """Final-normed hidden states [B, T, D] (compute dtype) and the updated cache.
@@ -418,7 +376,9 @@ def hidden_states(
     default to `positions_from_mask(attention_mask)` without a cache; with a cache the caller
     passes them (they continue each row's own count). With a cache the T new tokens are written
     at slots [cache.index, cache.index + T), or, given `row_slots`, each fed row's at its own
-    slots (cache.index unchanged; the new tokens' mask replaces the mask at those slots).
+    slots and read to its own fill (row_attention; the cache's mask and index unchanged): one
+    RowSlots of B rows x T tokens, or groups of them whose tokens lie side by side on one flat
+    axis, input_ids [1, sum of B x T] (a decode step's rows beside a prefill chunk's).
     """
     b, t = input_ids.shape
     if attention_mask is None:
@@ -434,10 +394,8 @@ def hidden_states(
         h, _ = model.apply({"params": params}, input_ids, position_ids, segments, None, 0)
         return h, None
     if row_slots is not None:
-        kv_mask = cache.mask.at[row_slots.cache_rows(b), row_slots.slots(t)].set(attention_mask, mode="drop")
-        h, (k, v) = model.apply({"params": params}, input_ids, position_ids, row_slots.fed(kv_mask),
-                                (cache.k, cache.v), row_slots)
-        return h, KVCache(k=k, v=v, mask=kv_mask, index=cache.index)
+        h, (k, v) = model.apply({"params": params}, input_ids, position_ids, None, (cache.k, cache.v), row_slots)
+        return h, cache._replace(k=k, v=v)
     kv_mask = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
     h, (k, v) = model.apply({"params": params}, input_ids, position_ids, kv_mask, (cache.k, cache.v), cache.index)
     return h, KVCache(k=k, v=v, mask=kv_mask, index=cache.index + t)

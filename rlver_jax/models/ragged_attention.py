@@ -1,5 +1,5 @@
 """Attention of a few new tokens per row over the rows of a KV cache, each row at its own fill: a
-Pallas TPU kernel (the rollout engine's decode and prefill steps on a TPU, qwen2.Attention).
+Pallas TPU kernel (the rollout engine's decode and prefill steps on a TPU, models.row_attention).
 
 Shape letters as in qwen2.py (B rows, T new tokens, S slots, N = K x G heads, H head dim), plus
 L layers and R rows of the cache. Row b's T queries sit at slots starts[b] + 0..T-1 and its valid
@@ -8,8 +8,16 @@ keys are the slots [0, ends[b]): the rollout engine holds a row's tokens contigu
 when s < ends[b] and s <= starts[b] + t: the same maths as `attention.dense_attention` with
 `attention.slot_bias`'s mask (fp32 scores, probabilities in the compute dtype for the PV matmul),
 without [B, N, T, S] scores in HBM: an online softmax (running max, sum and accumulator in VMEM,
-fp32) over key blocks, grid (row, kv head, query block, key block). A key block past the last one
-a query block needs maps to that last block, so the pipeline fetches nothing past a row's fill.
+fp32) over key blocks.
+
+The grid is (kv head, block of rows): one grid step serves several rows (`rows_per_step`: all of
+a decode step's, one of a prefill chunk's 256 tokens), and inside it a loop walks its rows, each
+row's query blocks and, for each, its key blocks up to the last one it needs (a row's fill, or its
+query block's last slot), copying each key and value block from HBM itself, the next one's copy
+started before the current one's maths (two buffers), as vLLM's TPU kernel loops over sequences
+inside one call. So nothing past a row's fill is read, and a decode step of the 7B plan (8 rows,
+one kv head per device) runs one grid step per layer where a grid over (row, kv head, query
+block, key block) ran some 70 (`grid_steps`: the planner's count of them).
 
 The cache is read where it lies: the whole stack [L, R, S, K, H] (16-bit values as their uint16
 bits, qwen2.KVCache), the layer and each fed row's cache row prefetched as scalars, so no layer
@@ -28,20 +36,37 @@ from jax.sharding import PartitionSpec as P
 
 from rlver_jax.models.attention import NEG_INF, kernel_partition
 
-# Key block lengths: long for a decode step's few query rows (each grid step costs a fixed
-# overhead, ~0.35 us on a TPU, as much as a 512-slot block's DMA), shorter for a prefill chunk's
-# many, whose fp32 scores [query rows, block] live in VMEM. A row's last block reads up to a block
-# past its fill (half a block on average).
+# Key block lengths: long for a decode step's few query rows (each block's copy and loop step
+# cost a fixed overhead), shorter for a prefill chunk's many, whose fp32 scores [query rows, block]
+# live in VMEM. A row's last block reads up to a block past its fill (half a block on average).
 DECODE_KEY_BLOCK, PREFILL_KEY_BLOCK = 2048, 512
 QUERY_BLOCK = 256  # new tokens per query block when T is longer (a prefill chunk: one block each)
+# Query rows (tokens x groups, over its rows) one grid step holds in VMEM: every row of a decode
+# step (7B: 7 a row), one row of a 256-token prefill chunk (1,792).
+STEP_QUERY_ROWS = 2048
 NAME = "ragged_decode_attention"  # the kernel's custom call (the planner's cost model reads it)
 
 
 def key_block(s: int, query_rows: int) -> int:
     """The key block length over S slots for a query block of `query_rows` rows (tokens x groups):
-    S whole where it is shorter; else the last block may run past S (masked in the kernel)."""
+    S whole where it is shorter; else the last block starts early enough to end at S (its slots
+    already read are masked in the kernel)."""
     block = DECODE_KEY_BLOCK if query_rows <= 128 else PREFILL_KEY_BLOCK
     return min(block, s)
+
+
+def rows_per_step(b: int, query_rows: int) -> int:
+    """Rows one grid step serves, of B rows of `query_rows` query rows each (q's operand [B, K, M,
+    H]: M = tokens, padded to query blocks, x groups): the most that divide B and whose query rows
+    fit STEP_QUERY_ROWS, at least one."""
+    return max([d for d in range(1, b + 1) if b % d == 0 and d * query_rows <= STEP_QUERY_ROWS] or [1])
+
+
+def grid_steps(rows: int, kv_heads: int, query_rows: int) -> int:
+    """The kernel's grid steps per call on one device: kv heads x blocks of `rows_per_step` rows,
+    for the kernel's operand q [rows, kv_heads, query_rows, H] (a device's share, in the custom
+    call's operands). Each grid step then loops over its rows' key blocks up to their fills."""
+    return kv_heads * (rows // rows_per_step(rows, query_rows))
 
 
 def reads_in_place(mesh_sizes: dict[str, int], b: int, n: int, kh: int) -> bool:
@@ -54,43 +79,84 @@ def reads_in_place(mesh_sizes: dict[str, int], b: int, n: int, kh: int) -> bool:
     return kh // (mesh_sizes[heads] if heads else 1) == 1
 
 
-def _kernel(layer_ref, rows_ref, starts_ref, ends_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *,
-            groups: int, tq: int, bs: int, dt):
-    del layer_ref, rows_ref  # used by the index maps only
-    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-    start, end = starts_ref[b], ends_ref[b]
+def _kernel(layer_ref, rows_ref, starts_ref, ends_ref, q_ref, k_hbm, v_hbm, o_ref, k_buf, v_buf, sems, m_ref, l_ref,
+            acc_ref, *, rb: int, nq: int, tq: int, groups: int, bs: int, s: int, dt):
+    """One grid step: rows [block x rb, + rb) of kv head `head`, walked as a sequence of (row,
+    query block, key block) visits; the key and value blocks of the next visit are copied into the
+    other buffer while this one's are used."""
+    head, first_row = pl.program_id(0), pl.program_id(1) * rb
+    layer, mq = layer_ref[0], tq * groups
 
-    @pl.when(j == 0)
-    def _():
-        m_ref[...] = jnp.full(m_ref.shape, NEG_INF, jnp.float32)
-        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
-        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+    def last(r, i):  # the last key block query block i of row r reads
+        b = first_row + r
+        return _last_block(starts_ref[b], ends_ref[b], i, tq, bs)
 
-    @pl.when(j <= _last_block(start, end, i, tq, bs))
-    def _():
-        q = q_ref[...]
+    def copies(r, j, buf):  # the DMAs of row r's key block j into buffer `buf`
+        src = (layer, rows_ref[first_row + r], head, pl.ds(jnp.minimum(j * bs, s - bs), bs))
+        return [pltpu.make_async_copy(hbm.at[src], scratch.at[buf], sems.at[k, buf])
+                for k, (hbm, scratch) in enumerate(((k_hbm, k_buf), (v_hbm, v_buf)))]
+
+    def following(r, i, j):  # the visit after (r, i, j)
+        more_keys, more_queries = j < last(r, i), i + 1 < nq
+        next_i = jnp.where(more_keys, i, jnp.where(more_queries, i + 1, 0))
+        return jnp.where(more_keys | more_queries, r, r + 1), next_i, jnp.where(more_keys, j + 1, 0)
+
+    def visit(carry):
+        r, i, j, buf = carry
+        nr, ni, nj = following(r, i, j)
+
+        @pl.when(nr < rb)
+        def _():
+            for c in copies(nr, nj, 1 - buf):
+                c.start()
+
+        for c in copies(r, j, buf):
+            c.wait()
+
+        @pl.when(j == 0)
+        def _():
+            m_ref[...] = jnp.full(m_ref.shape, NEG_INF, jnp.float32)
+            l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+        b = first_row + r
+        start, end = starts_ref[b], ends_ref[b]
+        q = q_ref[r] if nq == 1 else q_ref[r, pl.ds(pl.multiple_of(i * mq, 8), mq), :]
         k, v = (jax.lax.bitcast_convert_type(x, dt) if x.dtype == jnp.uint16 else x.astype(dt)
-                for x in (k_ref[...], v_ref[...]))
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        s = s * (q.shape[-1] ** -0.5)
-        rows, slots = jax.lax.broadcasted_iota(jnp.int32, s.shape, 0), jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-        slot = j * bs + slots
+                for x in (k_buf[buf], v_buf[buf]))
+        scores = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        scores = scores * (q.shape[-1] ** -0.5)
+        rows = jax.lax.broadcasted_iota(jnp.int32, scores.shape, 0)
+        slot = jnp.minimum(j * bs, s - bs) + jax.lax.broadcasted_iota(jnp.int32, scores.shape, 1)
         q_slot = start + i * tq + rows // groups  # query rows are (token, group) pairs, token-major
-        s = jnp.where((slot < end) & (slot <= q_slot), s, NEG_INF)
-        # A block running past S holds unspecified values there, maybe NaN bits: 0 x NaN is NaN.
-        v = jnp.where(j * bs + jax.lax.broadcasted_iota(jnp.int32, (bs, 1), 0) < end, v, 0)
+        # A last block that starts early to end at S holds slots an earlier block counted.
+        scores = jnp.where((slot >= j * bs) & (slot < end) & (slot <= q_slot), scores, NEG_INF)
+        # Slots past the fill hold unspecified values, maybe NaN bits: 0 x NaN is NaN.
+        v_slot = jnp.minimum(j * bs, s - bs) + jax.lax.broadcasted_iota(jnp.int32, (bs, 1), 0)
+        v = jnp.where((v_slot >= j * bs) & (v_slot < end), v, 0)
         m = m_ref[...]
-        m_new = jnp.maximum(m, s.max(axis=-1, keepdims=True))
-        p = jnp.exp(s - m_new)
+        m_new = jnp.maximum(m, scores.max(axis=-1, keepdims=True))
+        p = jnp.exp(scores - m_new)
         corr = jnp.exp(m - m_new)
         l_ref[...] = l_ref[...] * corr + p.sum(axis=-1, keepdims=True)
         pv = jax.lax.dot_general(p.astype(dt), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
         acc_ref[...] = acc_ref[...] * corr + pv
         m_ref[...] = m_new
 
-    @pl.when(j == pl.num_programs(3) - 1)
-    def _():
-        o_ref[...] = (acc_ref[...] / l_ref[...]).astype(o_ref.dtype)
+        @pl.when(j == last(r, i))
+        def _():
+            out = (acc_ref[...] / l_ref[...]).astype(o_ref.dtype)
+            if nq == 1:
+                o_ref[r] = out
+            else:
+                o_ref[r, pl.ds(pl.multiple_of(i * mq, 8), mq), :] = out
+
+        return nr, ni, nj, 1 - buf
+
+    for c in copies(0, 0, 0):
+        c.start()
+    zero = jnp.int32(0)
+    jax.lax.while_loop(lambda c: c[0] < rb, visit, (zero, zero, zero, zero))
 
 
 def _last_block(start, end, i, tq: int, bs: int):
@@ -109,29 +175,23 @@ def ragged_attention(q_BTNH: jax.Array, k_stack: jax.Array, v_stack: jax.Array, 
     dt = q_BTNH.dtype
     tq = t if t <= QUERY_BLOCK else QUERY_BLOCK
     nq = -(-t // tq)
-    mb = tq * g
-    bs = key_block(s, mb)
-    ns = -(-s // bs)
+    mq = tq * g
+    bs = key_block(s, mq)
+    rb = rows_per_step(b, nq * mq)
     q = jnp.pad(q_BTNH, ((0, 0), (0, nq * tq - t), (0, 0), (0, 0)))
-    q = q.reshape(b, nq * tq, kh, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kh, nq * tq * g, h)
-
-    def q_map(bi, ki, i, j, layer_ref, rows_ref, starts_ref, ends_ref):
-        return bi, ki, i, 0
-
-    def kv_map(bi, ki, i, j, layer_ref, rows_ref, starts_ref, ends_ref):
-        last = _last_block(starts_ref[bi], ends_ref[bi], i, tq, bs)
-        return layer_ref[0], rows_ref[bi], ki, jnp.minimum(j, last), 0
-
-    q_spec = pl.BlockSpec((None, None, mb, h), q_map)
-    kv_spec = pl.BlockSpec((None, None, None, bs, h), kv_map)
+    q = q.reshape(b, nq * tq, kh, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kh, nq * mq, h)
+    q_spec = pl.BlockSpec((rb, None, nq * mq, h), lambda head, block, *refs: (block, head, 0, 0))
+    hbm = pl.BlockSpec(memory_space=pl.ANY)
+    cache_dtype = k_stack.dtype
     out = pl.pallas_call(
-        functools.partial(_kernel, groups=g, tq=tq, bs=bs, dt=dt),
+        functools.partial(_kernel, rb=rb, nq=nq, tq=tq, groups=g, bs=bs, s=s, dt=dt),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=4, grid=(b, kh, nq, ns), in_specs=[q_spec, kv_spec, kv_spec], out_specs=q_spec,
-            scratch_shapes=[pltpu.VMEM((mb, 1), jnp.float32), pltpu.VMEM((mb, 1), jnp.float32),
-                            pltpu.VMEM((mb, h), jnp.float32)]),
+            num_scalar_prefetch=4, grid=(kh, b // rb), in_specs=[q_spec, hbm, hbm], out_specs=q_spec,
+            scratch_shapes=[pltpu.VMEM((2, bs, h), cache_dtype), pltpu.VMEM((2, bs, h), cache_dtype),
+                            pltpu.SemaphoreType.DMA((2, 2)), pltpu.VMEM((mq, 1), jnp.float32),
+                            pltpu.VMEM((mq, 1), jnp.float32), pltpu.VMEM((mq, h), jnp.float32)]),
         out_shape=jax.ShapeDtypeStruct(q.shape, dt),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
         interpret=interpret, name=NAME,
     )(jnp.reshape(layer, (1,)).astype(jnp.int32), rows_B.astype(jnp.int32), starts_B.astype(jnp.int32),
       ends_B.astype(jnp.int32), q, jnp.swapaxes(k_stack, 2, 3), jnp.swapaxes(v_stack, 2, 3))

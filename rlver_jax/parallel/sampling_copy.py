@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -49,10 +50,13 @@ class SamplingLayout:
     dtype: Any  # the sampling dtype (the model's compute dtype)
 
     @classmethod
-    def create(cls, config: Qwen2Config, mesh: Mesh, rules: RulesLike) -> "SamplingLayout":
-        """The layout of the model `config` sampled in `config.dtype`, beside the training `mesh`."""
+    def create(cls, config: Qwen2Config, mesh: Mesh, rules: RulesLike,
+               devices: Sequence[jax.Device] = ()) -> "SamplingLayout":
+        """The layout of the model `config` sampled in `config.dtype`, beside the training `mesh`:
+        on the mesh's devices, or on `devices` (the sampler's group of a split run,
+        parallel.device_groups), each process on its own of them."""
         by_process: dict[int, list[jax.Device]] = {}
-        for d in sorted(mesh.devices.flat, key=lambda d: d.id):
+        for d in sorted(devices or mesh.devices.flat, key=lambda d: d.id):
             by_process.setdefault(d.process_index, []).append(d)
         local_count = len(by_process[jax.process_index()])
         if len({len(v) for v in by_process.values()}) != 1:

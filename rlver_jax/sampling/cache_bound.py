@@ -1,6 +1,13 @@
-"""How many KV-cache slots a multi-turn session can need (engines.kv_sessions), from what the
+"""How many KV-cache slots a dialogue can need: a row of the rollout engine (engines.continuous,
+`row_slots`) and a multi-turn session of the static engine (engines.kv_sessions), from what the
 sampler can place; free of JAX so that configs compute their `cache_slots` from it.
 
+A row of the rollout engine holds one dialogue's tokens from slot 0: its prompt and its reply but
+the last token (drawn, never fed). TokenHistory asks for a reply only within the dialogue's
+budget (the prompt, the reply and the closing template tokens within max_total_tokens), so a
+row never holds more than max_total_tokens tokens, whatever max_new_tokens is.
+
+The static engine's sessions:
 A session's rows share one fill level (the cache's index). When a call does not fit, the cache
 is compacted and the rows of no dialogue of the call (dialogues that are over, or not ready)
 give their slots back. What is left in the worst call:
@@ -28,6 +35,12 @@ _PROMPT_MARGIN = 2
 def longest_prompt(max_total_tokens: int) -> int:
     """The longest prompt (history plus generation prompt) a turn can send."""
     return max(max_total_tokens - _PROMPT_MARGIN, 1)
+
+
+def row_slots(max_total_tokens: int) -> int:
+    """The slots of a rollout engine's KV row (the module docstring): max_total_tokens, rounded up to a
+    multiple of 128 (a TPU tile)."""
+    return bucket(max_total_tokens, multiple=128)
 
 
 def session_slots(max_total_tokens: int, max_new_tokens: int) -> int:

@@ -22,6 +22,7 @@ from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.models.lora import LoraSettings
 from rlver_jax.parallel import sharding
+from rlver_jax.parallel.device_groups import split_devices
 from rlver_jax.rl import optimizer, program, settings, train_state
 from rlver_jax.train import model_loading
 from rlver_jax.train.spec import RunSpec
@@ -140,8 +141,10 @@ def abstract_run(spec: RunSpec, *, any_preset: bool = False, actor_cfg: Qwen2Con
     """The mesh, update program and abstract state of `spec`. `actor_cfg`: the actor's architecture
     when the caller has read it already; else from spec.model (`any_preset`: a preset's architecture
     without weights, for the planner). `devices`: the mesh's devices (default: jax.devices()), e.g.
-    a TPU topology's compile-only devices (rlver_jax.parallel.topology) for the planner."""
-    mesh = sharding.make_mesh(spec.mesh.shape, devices)
+    a TPU topology's compile-only devices (rlver_jax.parallel.topology) for the planner; the mesh
+    spans the trainer's group of them (config.mesh.sampler_devices: parallel.device_groups)."""
+    trainer, _ = split_devices(jax.devices() if devices is None else devices, spec.mesh.sampler_devices)
+    mesh = sharding.make_mesh(spec.mesh.shape, trainer)
     check_mesh(spec, mesh)
     actor_cfg = actor_cfg or model_loading.policy_architecture(spec.model, any_preset=any_preset)
     prog = update_program(spec, mesh, actor_cfg)

@@ -34,6 +34,7 @@ from rlver_jax.models import lora as lora_lib
 from rlver_jax.models import qwen2
 from rlver_jax.models.config import Qwen2Config
 from rlver_jax.parallel import hosts, sharding
+from rlver_jax.parallel.device_groups import split_devices
 from rlver_jax.parallel.sampling_copy import SamplingLayout
 from rlver_jax.rl import offload, train_state
 from rlver_jax.rl import program as rl_program
@@ -289,7 +290,8 @@ def _build(spec: RunSpec, storage: WorkDir, lock: WorkDirLock | None) -> Run:
                collation=StepCollation(spec.rl.batch_size, spec.rl.mini_batch_size,
                                        spec.loop.length_multiple, chat_tokens.end_of_text, owner,
                                        jax.process_index(), jax.process_count(), spec.rl.pack_rows),
-               sampling_layout=SamplingLayout.create(actor_cfg, mesh, spec.mesh.rules),
+               sampling_layout=SamplingLayout.create(actor_cfg, mesh, spec.mesh.rules,
+                                                     split_devices(jax.devices(), spec.mesh.sampler_devices)[1]),
                update=prog, state=state, frozen=frozen, lora_base=lora_base(spec), lock=lock)
 
 

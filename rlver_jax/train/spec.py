@@ -161,10 +161,15 @@ class DataSpec:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    """`config.mesh`: the (data, fsdp, tensor) device counts and the logical-axis rules."""
+    """`config.mesh`: the (data, fsdp, tensor) device counts, the logical-axis rules and the devices
+    of each process set aside for sampling (parallel.device_groups)."""
 
     shape: tuple[int, ...]
     rules: RulesLike
+    sampler_devices: int = 0
+
+    def __post_init__(self):
+        check_ranges({"config.mesh.sampler_devices": self.sampler_devices}, lowest={"sampler_devices": 0})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +251,8 @@ class RunSpec:
             raise ValueError(f"config.checkpoint.allow_changes names {', '.join(map(repr, unknown))}: not a field "
                              "of the config (--print_config lists them)")
         d = config.data
-        return cls(model=model, critic=critic, lora=lora, mesh=MeshSpec(tuple(config.mesh.shape), config.mesh.rules),
+        return cls(model=model, critic=critic, lora=lora, mesh=MeshSpec(tuple(config.mesh.shape), config.mesh.rules,
+                                                                config.mesh.sampler_devices),
                    rl=rl, actor_optim=actor_optim, critic_optim=critic_optim, loop=loop, rollout=rollout,
                    sampling=sampling, engine=engine, simulator=simulator, eval=eval_settings, tracking=tracking,
                    data=DataSpec(d.train_profiles, d.eval_profiles, d.eval_holdout), offload=offload,

@@ -351,16 +351,11 @@ class _Work:
 def _grid_steps(instr: _Instr, shapes: dict[str, str]) -> float:
     """A Pallas kernel's grid steps: splash's forward, dq and dkv kernels ([rows x] heads x query
     blocks x key blocks, blocks of 512 where T is a multiple, else 128, every key block counted);
-    the ragged kernel's (rows x kv heads x query blocks x key blocks over the stack's slots, exact
-    where its new tokens fit one query block: a decode step, a prefill chunk of up to 256 tokens)."""
+    the ragged kernel's (ragged_attention.grid_steps of its operand q [rows, kv heads, query rows,
+    H]: a grid step per kv head and block of rows, looping over their key blocks inside)."""
     if _is_ragged(instr):
-        ops = [_dims(shapes, o) for o in _operands(instr)]
-        q = next((d for d in ops if len(d) == 4), None)
-        stack = next((d for d in ops if len(d) == 5), None)
-        if not q or not stack:
-            return 0.0
-        slots = stack[3]
-        return float(q[0] * q[1] * -(-slots // ragged_attention.key_block(slots, q[2])))
+        q = next((d for d in (_dims(shapes, o) for o in _operands(instr)) if len(d) == 4), None)
+        return float(ragged_attention.grid_steps(*q[:3])) if q else 0.0
     q = kernel_q_shape(instr)
     if q is None or _CUDNN_ATTENTION.search(instr.rest):
         return 0.0

@@ -4,12 +4,15 @@ slowest dialogue (the host waits for it). An estimate, not a measurement. No JAX
 
 The continuous engine (`continuous`): KV rows (each dialogue keeps its own while rows suffice;
 fewer rows are handed out least recently used, and a dialogue whose row was taken prefills its
-whole context again); a turn entering prefills what its row lacks in chunks, one chunk call
-between two decode chunks; a decode chunk runs `decode_chunk` steps over the rows with a reply in
-progress, and a reply leaves at the end of the chunk it stopped in; then its dialogue waits for
-the simulator before its next turn. Its row keeps the common prefix: with think_history "drop"
-the first prompt (the later context is rewritten without the thoughts), else all but the turn's
-new tokens. A call's cost comes from the compiled program at the fill of the rows it serves.
+whole context again); one program (sampling.kv_rows.chunk): a call runs up to `decode_chunk`
+decode steps over the rows with a reply in progress, its first step also feeding a prefill piece
+(up to `prefill_chunk` tokens) of each row entering a turn beside them. A row whose prompt ends
+in its piece draws its first token in that step and decodes in the same call; a call ends when
+no row is left decoding, and a reply leaves at the end of the call it stopped in; then its
+dialogue waits for the simulator before its next turn. Its row keeps the common prefix: with
+think_history "drop" the first prompt (the later context is rewritten without the thoughts),
+else all but the turn's new tokens. A call's cost comes from the compiled program at the fill of
+the rows it serves: its decode steps', and its piece's beyond them.
 
 The static engine (`static`): pipeline groups of dialogues in lockstep, one call per group and
 turn decoding until the group's longest reply stops, the groups' calls one at a time.
@@ -60,10 +63,10 @@ class RolloutTime:
     """One host's rollout: its wall time to the end of its slowest dialogue, and what filled it."""
 
     wall: float
-    decode: Terms  # the decode calls, term by term
-    prefill: Terms  # the prefill calls
+    decode: Terms  # the decode calls (the continuous engine's: their decode steps), term by term
+    prefill: Terms  # the prefill calls (the continuous engine's: their pieces beyond the decode steps)
     calls: int  # device calls
-    sampled: int  # tokens sampled (the replies, and a chunk's steps past a reply's stop)
+    sampled: int  # tokens sampled (the replies, and a call's steps past a reply's stop)
     fed: int  # tokens prefilled
 
     @property
@@ -104,11 +107,12 @@ class _Rows:
 
 
 def continuous(d: Dialogues, rows: int, decode_chunk: int, prefill_chunk: int,
-               decode_call: Callable[[float, int], Terms], prefill_call: Callable[[float, int], Terms],
+               decode_call: Callable[[float, int, int], Terms], piece_call: Callable[[float, int], Terms],
                sim: Simulator) -> RolloutTime:
-    """The continuous engine's rollout (module docstring). `decode_call(slots, rows)` and
-    `prefill_call(slots, rows)`: a call's time when the `rows` rows it serves hold `slots` tokens
-    in all."""
+    """The continuous engine's rollout (module docstring). `decode_call(slots, rows, steps)`: a
+    call's time for `steps` decode steps over `rows` rows holding `slots` tokens in all (0 steps:
+    the call's fixed cost); `piece_call(slots, rows)`: what a prefill piece for `rows` rows
+    holding `slots` tokens adds to it."""
     turns, turn = d.turns, np.zeros(len(d.turns), np.int64)
     waiting = [(0.0, i) for i in range(len(turns)) if turns[i] > 0]
     servers, ready, state = [0.0] * max(1, sim.concurrency), [], _Rows(d, [-1] * rows, [0.0] * rows)
@@ -120,18 +124,20 @@ def continuous(d: Dialogues, rows: int, decode_chunk: int, prefill_chunk: int,
         while ready and state.enter(ready[0], int(turn[ready[0]])):
             ready.pop(0)
         filling = [i for i, (p, _) in state.busy.items() if p > 0]
-        if filling:  # one prefill chunk call over the rows with tokens to write
-            dt = prefill_call(float(sum(state.fill[i] for i in filling)), len(filling))
+        piece = Terms()
+        if filling:  # the call's prefill piece, in its first step
+            piece = piece_call(float(sum(state.fill[i] for i in filling)), len(filling))
             for i in filling:
                 n = min(prefill_chunk, state.busy[i][0])
                 state.busy[i][0] -= n
                 state.fill[i] += n
                 fed += n
-            t, prefill, calls = t + dt.seconds, prefill + dt, calls + 1
-        live = [i for i, (p, _) in state.busy.items() if p == 0]
-        if live:  # one decode chunk over the rows decoding
-            dt = decode_call(float(sum(state.fill[i] for i in live)), len(live))
-            t, decode, calls, sampled = t + dt.seconds, decode + dt, calls + 1, sampled + decode_chunk * len(live)
+        live = [i for i, (p, _) in state.busy.items() if p == 0]  # with the rows whose prompt just ended
+        if filling or live:
+            steps = max([min(decode_chunk, state.busy[i][1]) for i in live], default=0)
+            dt = decode_call(float(sum(state.fill[i] for i in live)), len(live), steps)
+            t, decode, prefill = t + (dt + piece).seconds, decode + dt, prefill + piece
+            calls, sampled = calls + 1, sampled + steps * len(live)
             for i in live:
                 n = min(decode_chunk, state.busy[i][1])
                 state.busy[i][1] -= n
@@ -143,7 +149,7 @@ def continuous(d: Dialogues, rows: int, decode_chunk: int, prefill_chunk: int,
                     turn[i] += 1
                     if turn[i] < turns[i]:
                         heapq.heappush(waiting, (end, i))
-        if not filling and not live and waiting:
+        elif waiting:
             t = max(t, waiting[0][0])
     return RolloutTime(max([t] + servers), decode, prefill, calls, sampled, fed)
 

@@ -52,6 +52,11 @@ class Terms:
     def __add__(self, other: Terms) -> Terms:
         return Terms(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
 
+    def beyond(self, other: Terms) -> Terms:
+        """What this program adds to `other` (a part of it), term by term, none below 0."""
+        return Terms(**{f.name: max(getattr(self, f.name) - getattr(other, f.name), 0.0)
+                        for f in dataclasses.fields(self)})
+
 
 def terms(cost: Cost, chip: Chip) -> Terms:
     """The terms of one run of a program of cost `cost` on `chip` (module docstring). Collectives
