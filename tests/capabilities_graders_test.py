@@ -127,6 +127,7 @@ def _run(code: str) -> sandbox.Outcome:
     return asyncio.run(sandbox.run_program(code, SUM_IO, FAST))
 
 
+@pytest.mark.slow
 def test_a_program_that_never_ends_fails_within_its_limit():
     import time
 

@@ -83,6 +83,7 @@ async def _enter_after(engine, steps, request):
     return turn
 
 
+@pytest.mark.slow
 def test_replies_equal_generation_whatever_the_schedule(versions, chat_tokens):
     """One long and several short replies; prompts longer than a prefill chunk; more turns than
     rows (turns wait for a row); turns entering while others decode: each reply, tokens and
@@ -160,6 +161,7 @@ def test_each_call_is_dispatched_before_the_one_before_it_is_read(versions, chat
     assert all(events[i - 1] == "dispatch" for i, e in enumerate(events[:-1]) if e == "read")
 
 
+@pytest.mark.slow
 def test_rows_kept_rewound_and_rewritten_between_turns(versions, chat_tokens):
     """A dialogue's next turn extends its row (only the new tokens are fed), a prompt that no longer
     extends the row rewinds it to what they share, and a turn of another version writes the row

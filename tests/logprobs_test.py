@@ -67,7 +67,7 @@ def _textbook(cfg, params, tokens, mask, w_lp, w_ent):
     return jnp.sum(w_lp[:, 1:] * lp + w_ent[:, 1:] * ent)
 
 
-@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("tied", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_chunked_head_matches_plain_log_softmax(tied):
     """Chunks of 1, 5 (12 tokens -> 3 chunks of 4) and 12 tokens (one chunk), tied and untied
     head: values and every gradient equal autodiff of the textbook form (compiled once for the

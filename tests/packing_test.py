@@ -106,6 +106,7 @@ def _uneven_rows():
     return tokens, policy, lengths
 
 
+@pytest.mark.slow
 def test_packed_log_probs_entropy_and_values_are_the_rows():
     """The tiny model's log-probs and entropy at the policy tokens and a critic's values, run on
     packed rows and unpacked, against the same rows run unpacked."""

@@ -106,6 +106,7 @@ def test_a_members_dead_server_is_named_by_the_panel(tmp_path):
     assert not (tmp_path / "panel").exists()  # the live first member did not start: nothing written
 
 
+@pytest.mark.slow
 def test_a_panel_of_two_simulators_scores_under_each(tmp_path):
     profiles = profiles_file(tmp_path)
     with Servers() as servers, ScriptedServer(route(emotion=_emotion(HARSHER_ON_P4), reply=_reply)) as second:

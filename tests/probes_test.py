@@ -113,7 +113,7 @@ def test_the_probes_share_one_progress_bar(tmp_path, monkeypatch):
     assert [(b.total, b.n) for b in bars] == [(2, 2), (6, 6)]
 
 
-@pytest.mark.parametrize("preset", ["tiny", "smol"])
+@pytest.mark.parametrize("preset", ["tiny", pytest.param("smol", marks=pytest.mark.slow)])
 def test_the_probes_on_the_embedded_simulator(tmp_path, preset):
     """Under SAGE's rules on the preset's profiles, as launch/eval.py --config=configs/eval.py:PRESET
     plays them (the policy here is a scripted endpoint): the eleven scripts that never read the user

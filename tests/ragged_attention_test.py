@@ -178,6 +178,7 @@ def test_the_kernel_runs_on_tpu_targets_only():
     assert ragged_attention.key_block(40, 7) == 40
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not topology.libtpu_available(), reason="libtpu is not installed: no TPU compiler here")
 def test_the_engine_program_compiles_for_v5e_with_the_kernel_and_no_scores():
     """The engine's call on a v5e:2x2 (rows over fsdp, 2 kv heads over tensor: one per device),

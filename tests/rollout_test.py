@@ -414,6 +414,7 @@ class SlowUsers:
         return await self.simulator.respond(state, reply)
 
 
+@pytest.mark.slow
 def test_dialogues_that_move_on_alone_are_those_of_lockstep_rounds(chat_tokens):
     """Per-dialogue progress (rollout.ready_batches) under varied latencies gives each dialogue the
     tokens and log-probs it has under lockstep rounds (batch_wait_s=inf), though the calls hold

@@ -85,6 +85,7 @@ def test_microbatch_accumulation_is_exact(algo):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), results[0], other)
 
 
+@pytest.mark.slow
 def test_grpo_dialogue_advantages_are_the_group_normalised_rewards():
     """train_on_batch hands back each dialogue's advantage (for the transcripts) by its dialogue
     id: with GRPO the dialogue's reward normalised within its group, in plain numpy; the ids past
