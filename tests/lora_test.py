@@ -181,7 +181,8 @@ def _sgd():
 
 
 # The slow tier: PPO's two update programs took 35-70 s of the fast tier, GRPO's 16 s.
-@pytest.mark.parametrize("algo", [pytest.param("ppo", marks=pytest.mark.slow), pytest.param("grpo", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_lora_train_step_is_the_chain_rule_of_the_full_one(algo):
     """One train step of the LoRA trainer against one of full fine-tuning from the same weights
     (plain SGD, a KL term to the reference): a fresh adapter (B = 0) leaves each model equal to its
