@@ -24,7 +24,8 @@ from configs import grpo_think
 from rlver_jax.checks import InputError
 from rlver_jax.models import attention
 from rlver_jax.parallel import gpu_topology, sharding
-from rlver_jax.train.planner import hlo_cost, plan, report, roofline
+from rlver_jax.train.planner import hlo_cost, plan, report
+from rlver_jax.train.planner.lengths import Lengths
 from rlver_jax.train.spec import RunSpec
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -314,7 +315,9 @@ def test_tiny_presets_programs_compile_for_h100(gpus):
     config.model.dtype = "bfloat16"  # cuDNN's attention takes bf16 (the tiny preset computes in fp32)
     config.rollout.max_total_tokens, config.train.length_multiple = 128, 128
     config.rollout.profiles_per_step, config.rollout.max_new_tokens, config.rollout.cache_slots = 4, 16, 0
-    result = plan.plan(RunSpec.from_config(config), None, ("prepare", "actor update", "rollout"), search=False,
+    # Lengths that fit 128 tokens (the default first prompt, 512, would leave no turn to estimate).
+    result = plan.plan(RunSpec.from_config(config), None, ("prepare", "actor update", "rollout"),
+                       Lengths(prompt=32, feed=8), search=False,
                        target=gpu_topology.gpu_target(f"h100:{gpus}"))
     assert result.memory_gb == 80.0  # the card's
     # The rollout engine (the default): its decode chunk and its prefill chunk.
@@ -329,7 +332,7 @@ def test_tiny_presets_programs_compile_for_h100(gpus):
     assert "compiled by the CUDA compiler (jax-cuda12-plugin" in text
     assert "estimate   an ESTIMATE" in text and "989 TFLOP/s" in text
     assert "step       every reply at max_new_tokens" in text
-    est = roofline.step_estimate(result)
+    est = result.estimate
     assert est is not None and est.step > 0 and 0 < est.mfu <= 1
 
 

@@ -53,7 +53,10 @@ def test_a_pod_that_loses_a_process_says_so_and_resumes(tmp_path):
     os.killpg(pair[1].pid, signal.SIGKILL)
     code, last, seconds = _survivor(pair[0])
     assert code == restart and seconds < 180, last
-    assert "process 1 was lost: its connection closed" in last and "Rerun the same command on every host" in last, last
+    # A collective that fails first says the connection closed; a survivor outside any collective
+    # for peer_timeout_s (host work on a loaded machine) meets the silence first: both name process 1.
+    assert any(f"process 1 was lost: {why}" in last for why in ("its connection closed", "it stopped answering"))
+    assert "Rerun the same command on every host" in last, last
     assert "during step" in last and "the newest checkpoint is step" in last, last
     print(f"killed: {seconds:.1f} s: {last}")
     pair[1].wait()

@@ -27,7 +27,8 @@ from rlver_jax.cli import program
 from rlver_jax.models import attention
 from rlver_jax.parallel import sharding, topology
 from rlver_jax.rl import update
-from rlver_jax.train.planner import hlo_cost, plan, report, roofline
+from rlver_jax.train.planner import hlo_cost, plan, report
+from rlver_jax.train.planner.lengths import Lengths
 from rlver_jax.train.planner.setup import abstract_setup
 from rlver_jax.train.spec import RunSpec
 
@@ -101,7 +102,9 @@ def test_tiny_presets_update_and_sampler_compile_for_v5e(v5e):
     config.workdir = "/tmp/unused"
     config.rollout.max_total_tokens, config.train.length_multiple = 128, 128
     config.rollout.profiles_per_step, config.rollout.max_new_tokens, config.rollout.cache_slots = 4, 16, 0
-    result = plan.plan(RunSpec.from_config(config), None, ("prepare", "actor update", "rollout"), search=False,
+    # Lengths that fit 128 tokens (the default first prompt, 512, would leave no turn to estimate).
+    result = plan.plan(RunSpec.from_config(config), None, ("prepare", "actor update", "rollout"),
+                       Lengths(prompt=32, feed=8), search=False,
                        target=v5e)
     assert result.memory_gb == 16.0  # the chip's HBM
     # The rollout engine (the default): its decode chunk and its prefill chunk.
@@ -113,7 +116,7 @@ def test_tiny_presets_update_and_sampler_compile_for_v5e(v5e):
     assert "attention=auto (splash on TPU v5 lite)" in text
     assert "target     v5e:2x2: 4 x TPU v5 lite (v5e), 1 host of 4" in text and "= 4 tpu devices" in text
     assert "estimate   an ESTIMATE" in text and "step       every reply at max_new_tokens" in text
-    est = roofline.step_estimate(result)
+    est = result.estimate
     assert est is not None and est.step > 0 and 0 < est.mfu <= 1
     assert np.isfinite([p.cost.seconds(v5e.chip) for p in result.phases]).all()
 
